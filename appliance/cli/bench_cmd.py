@@ -1,0 +1,40 @@
+"""``topicwire bench NAME ...``: run one benchmark from ``bench/`` and print its JSON report.
+
+Each benchmark module in ``BENCHMARKS`` exposes ``NAME``, ``HELP``, ``add_arguments(parser)``
+and ``run(args) -> dict`` (a report built with ``bench.report.build_report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCHMARKS = (
+    "bench.topics",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench`` and one sub-command per benchmark module."""
+    parser = subparsers.add_parser("bench", help="run a benchmark and print JSON")
+    benches = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name in BENCHMARKS:
+        module = importlib.import_module(name)
+        bench_parser = benches.add_parser(module.NAME, help=module.HELP)
+        module.add_arguments(bench_parser)
+        bench_parser.add_argument(
+            "--json", action="store_true", help="print JSON (the only output format; accepted for clarity)"
+        )
+        bench_parser.set_defaults(handler=_runner(module))
+
+
+def _runner(module: object):  # noqa: ANN202 - returns a handler closure
+    def handler(args: argparse.Namespace) -> int:
+        from bench.report import dumps
+
+        report = module.run(args)  # type: ignore[attr-defined]
+        sys.stdout.write(dumps(report) + "\n")
+        return 0
+
+    return handler

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``topicwire bench ...``: each prints JSON and measures its baseline in the same run."""

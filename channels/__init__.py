@@ -1,0 +1,1 @@
+"""Channels: one interface over UDP unicast/multicast, shared memory, RDMA and TCP."""

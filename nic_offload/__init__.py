@@ -1,0 +1,1 @@
+"""Offload pipeline: match-action tables (topic key, content ACLs) and their executors."""
