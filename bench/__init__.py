@@ -1,1 +1,1 @@
-"""Benchmarks behind ``topicwire bench ...``: each prints JSON and measures its baseline in the same run."""
+"""Benchmarks behind ``topicwire bench ...``: JSON out, baseline measured in the same run."""

@@ -49,7 +49,7 @@ def build_report(
     params: Mapping[str, Any],
     results: Mapping[str, Mapping[str, float]],
 ) -> dict[str, Any]:
-    """Assemble the report; ratios divide topicwire's figure by each baseline's, metric by metric."""
+    """Assemble the report; ratios divide topicwire's figure by each baseline's, per metric."""
     if PROJECT not in results:
         raise ValueError(f"bench: results must include {PROJECT!r}")
     ours = results[PROJECT]

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         bench_parser = benches.add_parser(module.NAME, help=module.HELP)
         module.add_arguments(bench_parser)
         bench_parser.add_argument(
-            "--json", action="store_true", help="print JSON (the only output format; accepted for clarity)"
+            "--json", action="store_true", help="print JSON (the only format)"
         )
         bench_parser.set_defaults(handler=_runner(module))
 

@@ -1,0 +1,201 @@
+"""Admin frame bodies of native protocol v1: one table of declarations.
+
+An admin body is an optional fixed body header, then ``msg_count`` entries (at least one).
+Each entry is a fixed part (below, network byte order) followed by its text fields (UTF-8,
+lengths given in the fixed part) and zero padding to a multiple of 8.
+
+    type             body header         entry fixed part                         text
+    HELLO/HEARTBEAT  -                   node_id u64, epoch u32, interval_ms u32,  name
+                                         role u8, name_len u8, reserved u16,
+                                         load_permille u32                 (24 B)
+    SUBSCRIBE/       -                   sub_id u32, namespace_id u32,             pattern
+    UNSUBSCRIBE                          pattern_len u16, qos u8, flags u8,
+                                         reserved u32                      (16 B)
+    REGISTRY_UPDATE  version u64 (8 B)   topic_key u64, namespace_id u32,          topic
+                                         topic_len u16, reserved u16       (16 B)
+    NAK, LOSS        -                   first_seq u64, last_seq u64       (16 B)
+    FLOW_CONTROL     -                   state u8, policy u8, reserved u16,
+                                         queue_depth u32, high_watermark u32,
+                                         low_watermark u32                 (16 B)
+    SESSION_MOVE     -                   session_id u32, reserved u32, from_node u64,
+                                         to_node u64, resume_seq u64       (32 B)
+    SUCCESSOR        -                   op u8, reserved u8, client_len u16,       client_id,
+                                         successor_len u16, reserved u16    (8 B)  successor_id
+    ACK              -                   ack_seq u64, window_bytes u32,
+                                         reserved u32                      (16 B)
+
+The NAK/LOSS/ACK stream is the frame header's ``stream_id``; ranges are inclusive.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+from datapath.config import MAX_TOPIC_BYTES
+from datapath.protocol.frame_layout import FrameType
+
+
+class NodeRole(IntEnum):
+    """Who sent a HELLO/HEARTBEAT."""
+
+    CLIENT = 0
+    CORE = 1
+    EDGE = 2
+    PM = 3
+    CACHE = 4
+
+
+class FlowState(IntEnum):
+    OFF = 0
+    ON = 1
+
+
+class FlowPolicy(IntEnum):
+    """What the sender does while flow control is on (seed 002, figure 7)."""
+
+    THROTTLE = 0
+    DROP_OLDEST = 1
+    CONFLATE = 2
+
+
+class SuccessorOp(IntEnum):
+    """Successor control (seed 004)."""
+
+    SET_SUCCESSOR = 1
+    NOTIFY_ANCESTOR = 2
+    SUBSCRIBE_SUCCESSORS = 3
+    SUCCESSOR_DATA = 4
+
+
+SUBSCRIPTION_FLAG_NONE = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    node_id: int
+    epoch: int
+    interval_ms: int
+    role: NodeRole
+    load_permille: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    sub_id: int
+    namespace_id: int
+    qos: int
+    flags: int
+    pattern: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryEntry:
+    topic_key: int
+    namespace_id: int
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class SeqRange:
+    first_seq: int
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowControl:
+    state: FlowState
+    policy: FlowPolicy
+    queue_depth: int
+    high_watermark: int
+    low_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionMove:
+    session_id: int
+    from_node: int
+    to_node: int
+    resume_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Successor:
+    op: SuccessorOp
+    client_id: str
+    successor_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    ack_seq: int
+    window_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdminLayout:
+    """How one admin frame type is laid out.
+
+    ``fields`` names the fixed part's struct members in order; names starting with ``_`` are
+    reserved (written as zero, ignored on read); names ending in ``_len`` give the byte length
+    of the text field named in ``texts`` at the same rank.
+    """
+
+    entry_type: type
+    entry_struct: struct.Struct
+    fields: tuple[str, ...]
+    texts: tuple[str, ...] = ()
+    body_header: struct.Struct | None = None
+    enums: tuple[tuple[str, type[IntEnum]], ...] = ()
+    text_limit_bytes: int = MAX_TOPIC_BYTES
+
+
+_HELLO = AdminLayout(
+    Hello, struct.Struct(">QIIBBHI"),
+    ("node_id", "epoch", "interval_ms", "role", "name_len", "_r", "load_permille"),
+    texts=("name",), enums=(("role", NodeRole),), text_limit_bytes=255,
+)
+_SUBSCRIPTION = AdminLayout(
+    Subscription, struct.Struct(">IIHBBI"),
+    ("sub_id", "namespace_id", "pattern_len", "qos", "flags", "_r"),
+    texts=("pattern",),
+)
+_RANGE = AdminLayout(SeqRange, struct.Struct(">QQ"), ("first_seq", "last_seq"))
+
+ADMIN_LAYOUTS: dict[FrameType, AdminLayout] = {
+    FrameType.HELLO: _HELLO,
+    FrameType.HEARTBEAT: _HELLO,
+    FrameType.SUBSCRIBE: _SUBSCRIPTION,
+    FrameType.UNSUBSCRIBE: _SUBSCRIPTION,
+    FrameType.REGISTRY_UPDATE: AdminLayout(
+        RegistryEntry, struct.Struct(">QIHH"), ("topic_key", "namespace_id", "topic_len", "_r"),
+        texts=("topic",), body_header=struct.Struct(">Q"),
+    ),
+    FrameType.NAK: _RANGE,
+    FrameType.LOSS: _RANGE,
+    FrameType.FLOW_CONTROL: AdminLayout(
+        FlowControl, struct.Struct(">BBHIII"),
+        ("state", "policy", "_r", "queue_depth", "high_watermark", "low_watermark"),
+        enums=(("state", FlowState), ("policy", FlowPolicy)),
+    ),
+    FrameType.SESSION_MOVE: AdminLayout(
+        SessionMove, struct.Struct(">IIQQQ"),
+        ("session_id", "_r", "from_node", "to_node", "resume_seq"),
+    ),
+    FrameType.SUCCESSOR: AdminLayout(
+        Successor, struct.Struct(">BBHHH"),
+        ("op", "_r", "client_id_len", "successor_id_len", "_r2"),
+        texts=("client_id", "successor_id"), enums=(("op", SuccessorOp),), text_limit_bytes=255,
+    ),
+    FrameType.ACK: AdminLayout(Ack, struct.Struct(">QII"), ("ack_seq", "window_bytes", "_r")),
+}
+"""Every admin frame type and its layout; DATA and RETRANSMISSION use message_layout."""
+
+BODY_HEADER_FIELDS: dict[FrameType, tuple[str, ...]] = {FrameType.REGISTRY_UPDATE: ("version",)}
+"""Names of the body header's fields, for the types that have one."""
+
+for _layout in ADMIN_LAYOUTS.values():
+    assert _layout.entry_struct.size % 8 == 0
+    assert len(_layout.fields) == len(_layout.entry_struct.format.lstrip(">"))
