@@ -1,0 +1,63 @@
+"""Agents run the same way in a caller's loop or on their own thread."""
+
+import time
+
+import pytest
+
+from datapath.agent import AgentRunner, BackoffIdle, CommandQueue, SleepingIdle
+
+
+class Counter:
+    name = "counter"
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.done = 0
+        self.closed = 0
+        self.commands = CommandQueue()
+
+    def do_work(self, now_ns):
+        work = self.commands.drain()
+        if self.done < self.budget:
+            self.done += 1
+            work += 1
+        return work
+
+    def on_close(self):
+        self.closed += 1
+
+
+def test_a_runner_in_the_callers_loop_stops_when_told_and_closes_its_agents():
+    agent = Counter(5)
+    runner = AgentRunner([agent], SleepingIdle(1000))
+    runner.run(until=lambda: agent.done == 5)
+    assert agent.done == 5 and agent.closed == 1
+
+
+def test_commands_reach_the_agent_inside_its_own_thread():
+    agent = Counter(0)
+    seen = []
+    with AgentRunner([agent], BackoffIdle()).start():
+        agent.commands.offer(lambda: seen.append("applied"))
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert seen == ["applied"] and agent.closed == 1
+
+
+def test_command_drain_is_bounded_per_cycle():
+    queue = CommandQueue()
+    for _ in range(40):
+        queue.offer(lambda: None)
+    assert queue.drain(limit=16) == 16 and len(queue) == 24
+
+
+def test_an_agent_failure_surfaces_when_the_runner_is_stopped():
+    class Broken(Counter):
+        def do_work(self, now_ns):
+            raise RuntimeError("boom")
+
+    runner = AgentRunner([Broken(0)]).start()
+    time.sleep(0.05)
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.stop()
