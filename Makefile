@@ -6,7 +6,7 @@
 PYTHON      ?= python3
 VENV        := .venv
 PY          := $(VENV)/bin/python
-APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump
+APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
 PYTEST_ARGS ?=
