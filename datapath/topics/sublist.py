@@ -1,0 +1,162 @@
+"""Subscription lists with positive and negative entries (seed 000, figures 4-8).
+
+A subscriber's list is ordered oldest to newest; ``+p`` delivers the topics of ``p``, ``-p``
+withholds them. The newest entry whose pattern includes a topic decides it, so a partial
+unsubscribe (``-a/b/#`` after ``+a/#``) needs no rewrite of the broader subscription.
+Requests keep the list short (seed 000's steps, figure 4):
+
+subscribe p:   41/42 remove every entry (+ or -) that p includes;
+               43/44 append +p if no positive entry includes p, or
+               45    if one does but p overlaps a negative entry (which could withhold part of p).
+unsubscribe p: 46/47 remove every entry that p includes;
+               48/49 append -p if it overlaps a remaining positive entry.
+Then negative entries at the head are dropped: nothing older remains for them to withhold.
+
+The result decides every topic exactly as the naive list of every request ever made, walked
+newest first (``naive_decision``); tests/datapath/topics/test_sublist.py checks that on random
+request sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from datapath.topics.algebra import (
+    TopicError,
+    includes_levels,
+    matches_levels,
+    overlaps_levels,
+    split_pattern,
+    split_topic,
+)
+
+_LEVEL_CACHE_ENTRIES = 65_536
+SUBSCRIBE = "+"
+UNSUBSCRIBE = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One list entry: a pattern and whether it delivers (+) or withholds (-) its topics."""
+
+    positive: bool
+    pattern: str
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        return _levels(self.pattern)
+
+    def __str__(self) -> str:
+        return (SUBSCRIBE if self.positive else UNSUBSCRIBE) + self.pattern
+
+
+@lru_cache(maxsize=_LEVEL_CACHE_ENTRIES)
+def _levels(pattern: str) -> tuple[str, ...]:
+    return split_pattern(pattern)
+
+
+def parse_request(request: str) -> Entry:
+    """``'+a/#'`` -> subscribe, ``'-a/b/#'`` -> unsubscribe, a bare pattern -> subscribe."""
+    text = request.strip()
+    if not text:
+        raise TopicError("empty request; write '+PATTERN' to subscribe or '-PATTERN' to "
+                         "unsubscribe")
+    positive = not text.startswith(UNSUBSCRIBE)
+    pattern = text[1:] if text[0] in (SUBSCRIBE, UNSUBSCRIBE) else text
+    split_pattern(pattern)
+    return Entry(positive, pattern)
+
+
+class SubscriptionList:
+    """One subscriber's list; see the module docstring for the rules."""
+
+    def __init__(self, requests: Iterable[str] = ()) -> None:
+        self._entries: list[Entry] = []
+        for request in requests:
+            self.apply(request)
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """Oldest first."""
+        return tuple(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self._entries)
+
+    def __repr__(self) -> str:
+        return f"SubscriptionList([{', '.join(repr(str(e)) for e in self._entries)}])"
+
+    def apply(self, request: str) -> None:
+        """Apply a request text: ``+p`` (or bare ``p``) subscribes, ``-p`` unsubscribes."""
+        entry = parse_request(request)
+        if entry.positive:
+            self.subscribe(entry.pattern)
+        else:
+            self.unsubscribe(entry.pattern)
+
+    def subscribe(self, pattern: str) -> None:
+        levels = split_pattern(pattern)
+        self._remove_included_in(levels)
+        covered = any(e.positive and includes_levels(e.levels, levels) for e in self._entries)
+        shadowed = any(not e.positive and overlaps_levels(e.levels, levels)
+                       for e in self._entries)
+        if not covered or shadowed:
+            self._entries.append(Entry(True, pattern))
+        self._drop_leading_negatives()
+
+    def unsubscribe(self, pattern: str) -> None:
+        levels = split_pattern(pattern)
+        self._remove_included_in(levels)
+        if any(e.positive and overlaps_levels(e.levels, levels) for e in self._entries):
+            self._entries.append(Entry(False, pattern))
+        self._drop_leading_negatives()
+
+    def decides(self, topic: str) -> bool:
+        """Deliver ``topic``? The newest entry whose pattern matches it decides; none: no."""
+        levels = split_topic(topic)
+        for entry in reversed(self._entries):
+            if matches_levels(entry.levels, levels):
+                return entry.positive
+        return False
+
+    def positive_patterns(self) -> list[str]:
+        """The patterns this list can deliver from (what a topic index needs to hold)."""
+        return [e.pattern for e in self._entries if e.positive]
+
+    def _remove_included_in(self, levels: tuple[str, ...]) -> None:
+        self._entries = [e for e in self._entries if not includes_levels(levels, e.levels)]
+
+    def _drop_leading_negatives(self) -> None:
+        while self._entries and not self._entries[0].positive:
+            self._entries.pop(0)
+
+
+def naive_decision(requests: Sequence[str], topic: str) -> bool:
+    """The reference: every request ever made, newest first; the first that matches decides."""
+    levels = split_topic(topic)
+    for request in reversed(requests):
+        entry = parse_request(request)
+        if matches_levels(entry.levels, levels):
+            return entry.positive
+    return False
+
+
+def replay(lines: Iterable[str]) -> SubscriptionList:
+    """Build a list from request lines (``+p``, ``-p`` or bare ``p``); blank lines are skipped.
+
+    There is no comment syntax: ``#`` starts a valid pattern. Errors name the line number.
+    """
+    sublist = SubscriptionList()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            sublist.apply(line)
+        except TopicError as exc:
+            raise TopicError(f"line {number}: {str(exc).removeprefix('topics: ')}") from None
+    return sublist

@@ -1,0 +1,83 @@
+"""Subscription lists reproduce seed 000's figures 5-7 and always decide like the naive list."""
+
+import random
+
+import pytest
+
+from datapath.topics.algebra import TopicError
+from datapath.topics.sublist import SubscriptionList, naive_decision, replay
+
+
+def lst(*requests):
+    return SubscriptionList(requests)
+
+
+def test_figure_5_subscribing_to_everything_discards_every_earlier_entry():
+    s = lst("+a/#", "+#/a")
+    assert [str(e) for e in s.entries] == ["+a/#", "+#/a"]
+    s.apply("+a/b")  # included in a/#: discarded
+    assert [str(e) for e in s.entries] == ["+a/#", "+#/a"]
+    s.apply("+#")
+    assert [str(e) for e in s.entries] == ["+#"]
+    assert s.decides("anything/at/all")
+
+
+def test_figure_6_partial_and_total_unsubscribe():
+    s = lst("+a/+")
+    s.apply("-a/b")
+    assert [str(e) for e in s.entries] == ["+a/+", "-a/b"]
+    assert s.decides("a/c") and not s.decides("a/b")
+    s.apply("-c")  # overlaps nothing subscribed: discarded
+    assert [str(e) for e in s.entries] == ["+a/+", "-a/b"]
+    s.apply("-a/#")  # includes every entry: the list empties
+    assert s.entries == ()
+    assert not s.decides("a/c")
+
+
+def test_figure_7_a_newer_subscription_overrides_an_older_unsubscribe():
+    s = lst("+a/#", "-a/b/#")
+    assert [str(e) for e in s.entries] == ["+a/#", "-a/b/#"]
+    s.apply("+a/c")  # inside a/#, no overlap with a/b/#: discarded
+    assert [str(e) for e in s.entries] == ["+a/#", "-a/b/#"]
+    s.apply("+a/+/c")  # inside a/#, overlaps a/b/#: appended
+    assert [str(e) for e in s.entries] == ["+a/#", "-a/b/#", "+a/+/c"]
+    assert s.decides("a/b/c")  # +a/+/c beats -a/b/#
+    assert not s.decides("a/b/d")  # -a/b/# beats +a/#
+    assert s.decides("a/x/y")
+
+
+NAMES = ("a", "b", "c")
+
+
+def random_pattern(rng):
+    return "/".join(rng.choice(NAMES + ("+", "#", "#")) for _ in range(rng.randint(1, 3)))
+
+
+TOPICS = ["/".join(levels) for n in range(1, 5)
+          for levels in __import__("itertools").product(NAMES + ("z",), repeat=n)]
+
+
+def test_the_optimized_list_decides_like_the_naive_list_of_all_requests():
+    rng = random.Random(20261122)
+    longest = 0
+    for _ in range(300):
+        requests = [rng.choice("+-") + random_pattern(rng) for _ in range(rng.randint(1, 8))]
+        s = lst(*requests)
+        longest = max(longest, len(requests) - len(s))
+        for topic in TOPICS[::3]:
+            assert s.decides(topic) is naive_decision(requests, topic), (requests, topic, s)
+    assert longest > 0  # the optimisation really shortened lists
+
+
+def test_negative_entries_never_lead_the_list():
+    rng = random.Random(7)
+    for _ in range(200):
+        s = lst(*(rng.choice("+-") + random_pattern(rng) for _ in range(6)))
+        assert not s.entries or s.entries[0].positive
+
+
+def test_replay_reads_requests_skips_blank_lines_and_names_a_bad_line():
+    s = replay(["+a/#", "", "-a/b/#", "a/+/c"])
+    assert [str(e) for e in s.entries] == ["+a/#", "-a/b/#", "+a/+/c"]
+    with pytest.raises(TopicError, match=r"^topics: line 2: invalid pattern 'a/b#'"):
+        replay(["+a/#", "-a/b#"])
