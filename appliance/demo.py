@@ -41,7 +41,9 @@ DEMO_FRAME_BYTES = 1_400
 DEMO_RECV_SLOTS = 256
 """Receive ring: datagrams drained per batch decode."""
 DEMO_SOCKET_BUFFER_BYTES = 8 << 20
-CAPTURE_START_WAIT_S = 1.0
+CAPTURE_START_TIMEOUT_S = 10.0
+CAPTURE_SETTLE_S = 0.5
+"""The capture is complete when the file has not grown for this long."""
 DEMO_SEED = 7
 CAPTURE_STOP_TIMEOUT_S = 10.0
 
@@ -92,15 +94,32 @@ def _start_capture(port: int, path: Path) -> subprocess.Popen | None:
     if tcpdump is None or os.geteuid() != 0:
         return None
     proc = subprocess.Popen(
-        [tcpdump, "-i", "lo", "-U", "-B", "16384", "-w", str(path), f"udp port {port}"],
+        [tcpdump, "-i", "lo", "--immediate-mode", "-U", "-B", "16384", "-w", str(path),
+         f"udp port {port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(CAPTURE_START_WAIT_S)
-    if proc.poll() is not None:
-        return None
-    return proc
+    # tcpdump says "listening on lo" once its capture socket is open: only then send.
+    deadline = time.monotonic() + CAPTURE_START_TIMEOUT_S
+    line = b""
+    while proc.poll() is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if b"listening on" in line:
+            return proc
+    proc.kill()
+    proc.wait()
+    return None
 
 
-def _stop_capture(proc: subprocess.Popen) -> str:
+def _stop_capture(proc: subprocess.Popen, path: Path) -> str:
+    # tcpdump writes each packet as it reads it (--immediate-mode -U); SIGINT discards what
+    # it has not read yet, so wait until the file stops growing before stopping it.
+    deadline = time.monotonic() + CAPTURE_STOP_TIMEOUT_S
+    size = -1
+    while time.monotonic() < deadline:
+        now = path.stat().st_size if path.exists() else 0
+        if now == size:
+            break
+        size = now
+        time.sleep(CAPTURE_SETTLE_S)
     proc.send_signal(signal.SIGINT)
     try:
         _, err = proc.communicate(timeout=CAPTURE_STOP_TIMEOUT_S)
@@ -154,7 +173,7 @@ def run_demo(messages: int, port: int, out_dir: Path, capture: bool = True) -> D
         _publish_and_receive(picks, port, keys, receivers_of_key, tx, rx, result)
         result.elapsed_s = time.perf_counter() - started
         if proc is not None:
-            result.capture_note = _stop_capture(proc)
+            result.capture_note = _stop_capture(proc, pcap_path)
             _dissect(pcap_path, port, registry, result)
     finally:
         rx.close()

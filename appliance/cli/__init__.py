@@ -42,11 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
-    except UserError as exc:
-        print(f"topicwire {args.command}: {exc}", file=sys.stderr)
+    except UserError as exc:  # the message names the component and what to do
+        print(f"topicwire: {exc}", file=sys.stderr)
         return 2
     except TopicwireError as exc:
-        print(f"topicwire {args.command}: {exc}", file=sys.stderr)
+        print(f"topicwire: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                       f"`topicwire pcap {args.out / 'demo.pcap'} --port {args.port} "
                       f"--registry {args.out / 'registry.json'}`:")
         for line in result.pcap_lines:
-            console.print("  " + line, highlight=False, markup=False)
+            console.print("  " + line, highlight=False, markup=False, soft_wrap=True)
     elif result.capture_note:
         console.print(result.capture_note)
     console.print("demo: OK" if result.ok else "demo: FAILED (see the counts above)")

@@ -27,8 +27,8 @@ def udp(payload, dport=NATIVE_UDP_PORT, src="127.0.0.1"):
 @pytest.fixture
 def capture(tmp_path):
     packets = [udp(bytes.fromhex(v["hex"])) for v in VECTORS]
-    packets.append(udp(b"not a frame at all, just bytes"))
-    packets.append(udp(data_frame(2)[:-8]))  # truncated: length mismatch
+    packets.append(udp(b"not a native frame at all, only some bytes"))  # bad magic
+    packets.append(udp(data_frame(2) + bytes(8)))  # datagram longer than its frame
     packets.append(udp(b"dns?", dport=53))
     packets.append(Ether() / IPv6(src="::1", dst="::1") / UDP(sport=1, dport=NATIVE_UDP_PORT)
                    / data_frame(1))
@@ -58,7 +58,7 @@ def test_pcap_json_lines_end_with_the_summary(capture, capsys):
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     summary = records[-1]["summary"]
     messages = [r for r in records[:-1] if r["kind"] == "message"]
-    assert summary["messages"] == len(messages) == 6 + 1 + 1
+    assert summary["messages"] == len(messages) == 5 + 1 + 1  # golden, IPv6, fragmented
     assert summary["malformed"] == {"bad_magic": 1, "length_mismatch": 1}
     assert {r["reason"] for r in records if r.get("kind") == "malformed"} == {
         "bad_magic", "length_mismatch"}
