@@ -21,6 +21,11 @@ MAX_TOPIC_BYTES = 1_024
 MAX_TOPIC_LEVELS = 64
 """Most levels a topic or pattern may have."""
 
+# --- topics ------------------------------------------------------------------------------
+TOPIC_MATCH_CACHE_ENTRIES = 4_096
+"""Bound of the topic index's result cache, in topics; 0 disables it (config key
+``topics.match_cache_entries``; nats-server's sublist uses 1,024)."""
+
 # --- topic-key registry -------------------------------------------------------------------
 REGISTRY_FILE_FORMAT_VERSION = 1
 """Format version of the registry's JSON file."""
@@ -32,5 +37,6 @@ BENCH_REPEATS = 5
 CONFIG_KEYS = {
     "protocol.udp_port": "NATIVE_UDP_PORT",
     "bench.repeats": "BENCH_REPEATS",
+    "topics.match_cache_entries": "TOPIC_MATCH_CACHE_ENTRIES",
 }
 """Config keys that may override a constant, mapped to the constant's name."""
