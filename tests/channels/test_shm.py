@@ -1,0 +1,169 @@
+"""Shared-memory rings: SPSC and MPSC between processes, wrap-around, backpressure, torn data."""
+
+import errno
+import mmap
+import os
+import uuid
+
+import pytest
+
+from channels.base import FrameBatch
+from channels.errors import ChannelDeviceError, ChannelUserError
+from channels.shm import (
+    FILE_HEADER_BYTES,
+    HEAD_OFFSET,
+    RING_HEADER_BYTES,
+    TAIL_OFFSET,
+    ShmChannel,
+    ring_path,
+)
+from tests.channels.helpers import frames_batch
+from tests.channels.peer import make_frame, without_ts
+
+
+@pytest.fixture
+def ring():
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    yield name
+    assert not os.path.exists(ring_path(name)), "the consumer must remove its ring on close"
+
+
+def test_spsc_moves_batches_between_two_processes(peers, ring):
+    receiver = peers("recv", "shm", "--ring", ring, "--ring-bytes", "8192", "--count", "2000")
+    receiver.wait_ready()
+    sender = peers("send", "shm", "--ring", ring, "--count", "2000", "--key", "5")
+    assert sender.result()["sent"] == 2000
+    got = receiver.result()
+    assert got["frames"] == 2000 and got["content_ok"] and got["in_order"]
+    assert got["by_key"] == {"5": 2000} and got["latency_count"] == 2000
+
+
+def test_mpsc_three_producer_processes_each_keep_their_order(peers, ring):
+    receiver = peers("recv", "shm", "--ring", ring, "--producers", "3", "--ring-bytes",
+                     "8192", "--count", "700")
+    receiver.wait_ready()
+    senders = [peers("send", "shm", "--ring", ring, "--count", "700", "--key", str(k))
+               for k in (11, 12, 13)]
+    for s in senders:
+        assert s.result()["sent"] == 700
+    got = receiver.result()
+    assert got["frames"] == 2100 and got["content_ok"] and got["in_order"]
+    assert got["by_key"] == {"11": 700, "12": 700, "13": 700}
+
+
+def test_wrap_around_keeps_every_frame_whole(ring):
+    with ShmChannel(rx=ring, ring_bytes=4096, max_frame_bytes=1024) as rx, \
+            ShmChannel(tx=ring) as tx:
+        got, one = FrameBatch(8, 2048), FrameBatch(1, 512)
+        seen = []
+        for i in range(300):  # sizes vary, so records meet the end at every offset
+            one.clear()
+            one.append(make_frame(1, i))
+            assert tx.send(one) == 1
+            assert rx.receive(got) == 1
+            seen.append(without_ts(bytes(got.frame(0))))
+        assert seen == [without_ts(make_frame(1, i)) for i in range(300)]
+        assert rx.stats.drops == 0 and rx.stats.frames_in == 300
+        assert tx.stats.bytes_out > 10 * 4096  # wrapped more than ten times
+
+
+def test_a_full_ring_takes_fewer_frames_and_counts_backpressure(ring):
+    with ShmChannel(rx=ring, ring_bytes=4096, max_frame_bytes=1024) as rx, \
+            ShmChannel(tx=ring) as tx:
+        batch = frames_batch(64)
+        taken = tx.send(batch)
+        assert 0 < taken < 64 and tx.stats.backpressure == 64 - taken
+        got = FrameBatch(64, 2048)
+        assert rx.receive(got) == taken
+        assert [without_ts(bytes(got.frame(i))) for i in range(taken)] == \
+            [without_ts(make_frame(1, i)) for i in range(taken)]
+        assert got.peer_ids[:taken].tolist() == [0] * taken
+
+
+def _ring_view(name):
+    fd = os.open(ring_path(name), os.O_RDWR)
+    mm = mmap.mmap(fd, os.fstat(fd).st_size)
+    os.close(fd)
+    return mm
+
+
+def test_a_torn_record_is_counted_and_the_consumer_resyncs(ring):
+    with ShmChannel(rx=ring, ring_bytes=4096, max_frame_bytes=1024) as rx, \
+            ShmChannel(tx=ring) as tx:
+        assert tx.send(frames_batch(3)) == 3
+        mm = _ring_view(ring)
+        data = FILE_HEADER_BYTES + RING_HEADER_BYTES
+        mm[data : data + 4] = (50_000).to_bytes(4, "little")  # a length nobody wrote
+        got = FrameBatch(8, 2048)
+        assert rx.receive(got) == 0
+        assert rx.stats.drop_reasons == {"torn_record": 1}
+        assert tx.send(frames_batch(2)) == 2  # after the resync, frames flow again
+        assert rx.receive(got) == 2
+        mm.close()
+
+
+def test_impossible_counters_fail_closed(ring):
+    rx = ShmChannel(rx=ring, ring_bytes=4096)
+    with ShmChannel(tx=ring) as tx:
+        tx.send(frames_batch(1))
+        mm = _ring_view(ring)
+        at = FILE_HEADER_BYTES + TAIL_OFFSET
+        mm[at : at + 8] = (10**9).to_bytes(8, "little")
+        with pytest.raises(ChannelDeviceError, match="corrupt.*fail closed") as info:
+            rx.receive(FrameBatch(4, 2048))
+        assert info.value.errno == errno.EBADMSG and rx.closed
+        mm[FILE_HEADER_BYTES + HEAD_OFFSET : FILE_HEADER_BYTES + HEAD_OFFSET + 8] = \
+            (10**10).to_bytes(8, "little")
+        with pytest.raises(ChannelDeviceError, match="corrupt"):
+            tx.send(frames_batch(1))
+        mm.close()
+    rx.close()
+
+
+def test_producer_slots_are_claimed_once_and_freed_when_the_producer_goes(ring):
+    with ShmChannel(rx=ring, producers=2, ring_bytes=4096) as rx:
+        a, b = ShmChannel(tx=ring), ShmChannel(tx=ring)
+        assert {a.producer_slot, b.producer_slot} == {0, 1}
+        assert sorted(rx.live_producers()) == [0, 1] and a.consumer_alive()
+        with pytest.raises(ChannelDeviceError, match="producer slots .* taken") as info:
+            ShmChannel(tx=ring)
+        assert info.value.errno == errno.EBUSY
+        freed = a.producer_slot
+        a.close()
+        assert rx.live_producers() == [1 - freed]
+        with ShmChannel(tx=ring) as c:
+            assert c.producer_slot == freed
+        b.close()
+
+
+def test_one_consumer_per_ring_and_clear_errors(ring):
+    with ShmChannel(rx=ring, ring_bytes=4096):
+        with pytest.raises(ChannelDeviceError, match="live consumer") as info:
+            ShmChannel(rx=ring, ring_bytes=4096)
+        assert info.value.errno == errno.EBUSY
+    with pytest.raises(ChannelDeviceError, match="ENOENT.*start the ring's creator"):
+        ShmChannel(tx=ring)
+    with pytest.raises(ChannelUserError, match="power of two"):
+        ShmChannel(rx=ring, ring_bytes=5000)
+    with pytest.raises(ChannelUserError, match="rx=RING, tx=RING"):
+        ShmChannel()
+
+
+def test_a_stale_ring_of_a_dead_consumer_is_replaced(ring):
+    path = ring_path(ring)
+    with open(path, "wb") as stale:
+        stale.write(b"left over by a crash")
+    with ShmChannel(rx=ring, ring_bytes=4096) as rx, ShmChannel(tx=ring) as tx:
+        assert tx.send(frames_batch(1)) == 1 and rx.receive(FrameBatch(2, 2048)) == 1
+
+
+def test_frames_larger_than_the_slot_are_dropped_and_counted(ring):
+    with ShmChannel(rx=ring, ring_bytes=8192) as rx, ShmChannel(tx=ring) as tx:
+        batch = FrameBatch(2, 2048)
+        batch.append(make_frame(1, 200))  # 280 bytes
+        batch.append(make_frame(1, 1))
+        assert tx.send(batch) == 2
+        small = FrameBatch(2, 128)
+        assert rx.receive(small) == 1 and rx.stats.drop_reasons == {"oversized": 1}
+        rx.close()
+        rx.close()
