@@ -1,0 +1,128 @@
+"""The sender's bounded retransmission buffer: the message bytes of its last frames.
+
+Frames are stored whole (their message bodies, one copy per frame on the hot path) in a byte
+ring; an index of (first_seq, last_seq, offset, length) per frame finds them again. A NAKed
+range is answered by walking only the frames that hold it (the cold path). Writing a frame
+evicts the oldest frames its bytes overlap, and frames beyond the message capacity: what is
+evicted can only be answered with LOSS.
+
+    arena (bytes ring)   | frame k | frame k+1 | ... | frame n |   free   |
+    index (per frame)      first_seq, last_seq, offset, length   (oldest first)
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator
+
+import numpy as np
+
+from datapath.protocol import message_layout as ml
+from datapath.protocol.frame_layout import align8
+from datapath.reliability.config import FIRST_SEQUENCE
+from datapath.reliability.wire import LENGTHS_STRUCT
+
+_NEVER_NS = -(1 << 62)
+
+
+class RetransmitBuffer:
+    """Message bytes of the most recent frames of one stream, bounded by bytes and messages."""
+
+    def __init__(self, capacity_bytes: int, capacity_messages: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.capacity_messages = capacity_messages
+        self._arena = bytearray(capacity_bytes)
+        self._view = memoryview(self._arena)
+        self._firsts: list[int] = []
+        self._frames: list[tuple[int, int, int, int]] = []
+        self._head = 0
+        self._write = 0
+        self.next_seq = FIRST_SEQUENCE
+        """One past the highest sequence stored (or ever stored)."""
+        self._mask = capacity_messages - 1
+        self._retransmitted_ns = np.full(capacity_messages, _NEVER_NS, dtype=np.int64)
+        self.evicted_frames = 0
+
+    @property
+    def lowest_seq(self) -> int:
+        """Lowest sequence still held (next_seq when empty)."""
+        if self._head < len(self._frames):
+            return self._frames[self._head][0]
+        return self.next_seq
+
+    @property
+    def frames(self) -> int:
+        return len(self._frames) - self._head
+
+    def _evict_oldest(self) -> None:
+        self._head += 1
+        self.evicted_frames += 1
+        if self._head > 1024 and self._head * 2 > len(self._frames):
+            del self._frames[: self._head]
+            del self._firsts[: self._head]
+            self._head = 0
+
+    def append(self, first_seq: int, count: int, body: memoryview | bytes) -> None:
+        """Store a frame body holding messages first_seq .. first_seq + count - 1."""
+        n = len(body)
+        last_seq = first_seq + count - 1
+        self.next_seq = last_seq + 1
+        if n > self.capacity_bytes or count > self.capacity_messages:
+            while self._head < len(self._frames):
+                self._evict_oldest()
+            return
+        pos = self._write
+        frames = self._frames
+        if pos + n > self.capacity_bytes:
+            # wrap: the frames left in the skipped tail [pos, end) are the oldest; drop them
+            while self._head < len(frames) and frames[self._head][2] >= pos:
+                self._evict_oldest()
+            pos = 0
+        while self._head < len(frames):
+            f0, _, off, length = frames[self._head]
+            overlaps = off < pos + n and off + length > pos
+            if overlaps or last_seq - f0 + 1 > self.capacity_messages:
+                self._evict_oldest()
+            else:
+                break
+        self._view[pos : pos + n] = body
+        frames.append((first_seq, last_seq, pos, n))
+        self._firsts.append(first_seq)
+        self._write = pos + n
+
+    def messages(self, first_seq: int, last_seq: int) -> Iterator[tuple[int, memoryview]]:
+        """(sequence, message bytes) for the held sequences in [first_seq, last_seq], in order."""
+        frames = self._frames
+        if self._head >= len(frames):
+            return
+        i = max(bisect_right(self._firsts, first_seq, lo=self._head) - 1, self._head)
+        view = self._view
+        while i < len(frames):
+            f0, f1, off, _ = frames[i]
+            if f0 > last_seq:
+                return
+            pos = off
+            for seq in range(f0, min(f1, last_seq) + 1):
+                payload_len, topic_len = LENGTHS_STRUCT.unpack_from(view, pos + 32)
+                size = ml.MESSAGE_HEADER_BYTES + align8(payload_len + topic_len)
+                if seq >= first_seq:
+                    yield seq, view[pos : pos + size]
+                pos += size
+            i += 1
+
+    def last_message(self) -> tuple[int, memoryview] | None:
+        """The highest held message (the tail-loss probe), or None when empty."""
+        if self._head >= len(self._frames):
+            return None
+        f0, f1, _, _ = self._frames[-1]
+        for seq, msg in self.messages(f1, f1):
+            return seq, msg
+        return None
+
+    def lingering(self, seq: int, now_ns: int, linger_ns: int) -> bool:
+        """True if ``seq`` was retransmitted less than ``linger_ns`` ago; else marks it now."""
+        slot = seq & self._mask
+        if now_ns - int(self._retransmitted_ns[slot]) < linger_ns:
+            return True
+        self._retransmitted_ns[slot] = now_ns
+        return False

@@ -1,0 +1,277 @@
+"""The sending end of one reliable stream: sequence, batch, keep, answer NAKs, probe the tail.
+
+``offer`` gives a message a sequence number and packs it into the open DATA frame; the
+``AdaptiveBatcher`` says when the frame leaves (full, target reached, or latency budget spent).
+Each frame sent is kept in a bounded ``RetransmitBuffer``. A NAK is answered at once with
+RETRANSMISSION frames (messages flagged RETRANSMITTED) for what the buffer holds and a LOSS
+frame for what it no longer holds; ranges never sent are ignored. While the stream is quiet
+the sender resends its last message as a tail-loss probe, backing off to a maximum interval.
+FLOW_CONTROL "on" from any receiver pauses new data: offers then wait in a pending queue under
+the receivers' policy (seed 002). Time is always passed in (``now_ns``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from datapath.batching import LATENCY_BUDGET_NS, AdaptiveBatcher
+from datapath.flow_control import PolicyQueue, SenderFlowControl
+from datapath.protocol import message_layout as ml
+from datapath.protocol.admin_layout import FlowPolicy, SeqRange
+from datapath.protocol.codec import Buffer, FrameWriter, decode_frame
+from datapath.protocol.errors import ProtocolError
+from datapath.protocol.frame_layout import FRAME_HEADER_BYTES, FrameType
+from datapath.reliability.config import FIRST_SEQUENCE, SenderConfig
+from datapath.reliability.errors import ReliabilityError
+from datapath.reliability.events import SenderCounters, StreamKey
+from datapath.reliability.retransmit import RetransmitBuffer
+from datapath.reliability.sink import FrameSink
+from datapath.reliability.wire import RawFrameBuilder, admin_frames
+
+_ADMIN_FOR_SENDER = frozenset({FrameType.NAK, FrameType.ACK, FrameType.FLOW_CONTROL})
+_APP_FLAGS = int(ml.MessageFlags.PARTIAL)
+MAX_ACKING_RECEIVERS = 1_024
+"""Receivers whose ACK position a sender remembers."""
+
+
+class ReliableSender:
+    """One stream (session_id, stream_id) of a publisher or appliance egress; an agent."""
+
+    name = "reliable-sender"
+
+    def __init__(self, sink: FrameSink, *, session_id: int, stream_id: int, dest: object = None,
+                 config: SenderConfig | None = None,
+                 latency_budget_ns: int = LATENCY_BUDGET_NS,
+                 flow: SenderFlowControl | None = None) -> None:
+        self.config = config = config or SenderConfig()
+        self.sink = sink
+        self.key = StreamKey(session_id, stream_id)
+        self.dest = dest
+        self.counters = SenderCounters()
+        self.batcher = AdaptiveBatcher(latency_budget_ns, max_frame_bytes=config.max_frame_bytes)
+        self.buffer = RetransmitBuffer(config.retransmit_buffer_bytes,
+                                       config.retransmit_buffer_messages)
+        self.flow = flow or SenderFlowControl()
+        self.pending = PolicyQueue(config.pending_messages, FlowPolicy.THROTTLE)
+        self.acks: dict[int, int] = {}
+        """Receiver session -> highest cumulative ACK seen from it."""
+        self.next_seq = FIRST_SEQUENCE
+        self._buf = bytearray(config.max_frame_bytes)
+        self._view = memoryview(self._buf)
+        self._writer = FrameWriter(self._buf)
+        self._frame_first_seq = FIRST_SEQUENCE
+        self._max_payload = config.max_frame_bytes - FRAME_HEADER_BYTES - ml.MESSAGE_HEADER_BYTES
+        self._probe_at_ns: int | None = None
+        self._probe_interval_ns = config.tail_probe_delay_ns
+        self._paused = False
+
+    # --- publishing -------------------------------------------------------------------------
+
+    @property
+    def highest_sent(self) -> int:
+        """Highest sequence that has left in a frame (0 before the first)."""
+        return self.buffer.next_seq - 1
+
+    @property
+    def paused(self) -> bool:
+        """Whether flow control held new data back at the last offer or duty cycle."""
+        return self._paused
+
+    def offer(self, topic_key: int, payload: Buffer, now_ns: int, *,
+              publish_ts_ns: int | None = None, namespace_id: int = 0, schema_id: int = 0,
+              qos: int = 0, flags: int = 0) -> bool:
+        """Publish one message; False when refused (paused, THROTTLE policy, pending full)."""
+        if len(payload) > self._max_payload:
+            raise ReliabilityError(f"a payload of {len(payload)} bytes does not fit one frame of "
+                                   f"{self.config.max_frame_bytes} bytes (at most "
+                                   f"{self._max_payload}); split it or raise max_frame_bytes")
+        if qos > ml.MAX_QOS or flags & ~_APP_FLAGS:
+            raise ReliabilityError(f"qos {qos} / flags {flags:#x} are not publishable; use qos "
+                                   "0..2 and only the PARTIAL flag")
+        ts = time.time_ns() if publish_ts_ns is None else publish_ts_ns
+        if self.pending or self.flow.paused(now_ns):
+            return self._hold(topic_key, (topic_key, bytes(payload), ts, namespace_id, schema_id,
+                                          qos, flags), now_ns)
+        self._append(topic_key, payload, ts, namespace_id, schema_id, qos, flags, now_ns)
+        return True
+
+    def _hold(self, topic_key: int, item: tuple, now_ns: int) -> bool:
+        paused = self._paused = self.flow.paused(now_ns)
+        pending = self.pending
+        pending.set_policy(self.flow.policy() if paused else FlowPolicy.THROTTLE)
+        ok = pending.offer(topic_key, item, conflate=paused)
+        c = self.counters
+        c.pending_dropped = pending.dropped
+        c.pending_conflated = pending.conflated
+        if not ok:
+            c.offers_refused += 1
+        return ok
+
+    def _append(self, topic_key: int, payload: Buffer, ts: int, namespace_id: int,
+                schema_id: int, qos: int, flags: int, now_ns: int) -> None:
+        size = ml.message_bytes(len(payload), 0)
+        batcher = self.batcher
+        if batcher.count and not batcher.fits(size):
+            self._flush(now_ns)
+        if batcher.count == 0:
+            self._writer.begin(FrameType.DATA, source_session=self.key.source_session,
+                               dest_session=self.config.dest_session,
+                               stream_id=self.key.stream_id)
+            self._frame_first_seq = self.next_seq
+        self._writer.append(topic_key, self.next_seq, ts, payload, namespace_id=namespace_id,
+                            schema_id=schema_id, qos=qos, flags=flags)
+        self.next_seq += 1
+        self.counters.messages += 1
+        if batcher.on_append(size, now_ns):
+            self._flush(now_ns)
+
+    def flush(self, now_ns: int) -> bool:
+        """Send the open frame now, whatever the batcher says; False if there was none."""
+        if not self.batcher.count:
+            return False
+        self._flush(now_ns)
+        return True
+
+    def _flush(self, now_ns: int) -> None:
+        length = self._writer.finish()
+        count = self.batcher.on_flush(now_ns)
+        frame = self._view[:length]
+        self.buffer.append(self._frame_first_seq, count, frame[FRAME_HEADER_BYTES:])
+        self.sink.send_frame(frame, self.dest)
+        c = self.counters
+        c.frames += 1
+        c.bytes += length
+        self._probe_interval_ns = self.config.tail_probe_delay_ns
+        self._probe_at_ns = now_ns + self._probe_interval_ns
+
+    # --- duty cycle -------------------------------------------------------------------------
+
+    def do_work(self, now_ns: int) -> int:
+        work = 0
+        self._paused = paused = self.flow.paused(now_ns)
+        if not paused and self.pending:
+            work += self._drain_pending(now_ns)
+        if self.batcher.due(now_ns):
+            self._flush(now_ns)
+            work += 1
+        if (self._probe_at_ns is not None and now_ns >= self._probe_at_ns
+                and not self.batcher.count):
+            work += self._probe_tail(now_ns)
+        return work
+
+    def _drain_pending(self, now_ns: int) -> int:
+        limit = self.counters.frames + self.config.frames_per_duty_cycle
+        poll = self.pending.poll
+        moved = 0
+        while self.counters.frames < limit:
+            slot = poll()
+            if slot is None:
+                break
+            _, (topic_key, payload, ts, namespace_id, schema_id, qos, flags) = slot
+            self._append(topic_key, payload, ts, namespace_id, schema_id, qos, flags, now_ns)
+            moved += 1
+        return moved
+
+    def _probe_tail(self, now_ns: int) -> int:
+        last = self.buffer.last_message()
+        self._probe_interval_ns = min(self._probe_interval_ns * 2,
+                                      self.config.tail_probe_max_interval_ns)
+        self._probe_at_ns = now_ns + self._probe_interval_ns
+        if last is None:
+            return 0
+        builder = self._builder(FrameType.RETRANSMISSION)
+        builder.add(last[1])
+        builder.flush()
+        self.counters.tail_probes += 1
+        return 1
+
+    def _builder(self, frame_type: FrameType) -> RawFrameBuilder:
+        return RawFrameBuilder(
+            self.config.max_frame_bytes, self._send, frame_type=frame_type,
+            source_session=self.key.source_session, dest_session=self.config.dest_session,
+            stream_id=self.key.stream_id, set_flags=int(ml.MessageFlags.RETRANSMITTED))
+
+    def _send(self, frame: memoryview) -> None:
+        self.sink.send_frame(frame, self.dest)
+
+    # --- control frames from receivers ------------------------------------------------------
+
+    def on_frame(self, frame: Buffer, now_ns: int, reply_to: object = None) -> bool:
+        """A NAK, ACK or FLOW_CONTROL frame; True when it was for this stream and used."""
+        c = self.counters
+        if len(frame) < FRAME_HEADER_BYTES or frame[3] not in _ADMIN_FOR_SENDER:
+            c.not_for_us += 1
+            return False
+        try:
+            parsed = decode_frame(frame)
+        except ProtocolError:
+            c.malformed += 1
+            return False
+        h = parsed.header
+        if h.stream_id != self.key.stream_id or h.dest_session != self.key.source_session:
+            c.not_for_us += 1
+            return False
+        _, entries = parsed.admin()
+        if h.frame_type is FrameType.NAK:
+            self._on_nak(entries, now_ns)
+        elif h.frame_type is FrameType.ACK:
+            c.acks += 1
+            if h.source_session in self.acks or len(self.acks) < MAX_ACKING_RECEIVERS:
+                best = max(e.ack_seq for e in entries)
+                self.acks[h.source_session] = max(self.acks.get(h.source_session, 0), best)
+        else:
+            c.flow_control_frames += 1
+            for entry in entries:
+                self.flow.on_signal(h.source_session, entry, now_ns)
+            self._paused = self.flow.paused(now_ns)
+        return True
+
+    def _on_nak(self, ranges: list[SeqRange], now_ns: int) -> None:
+        c = self.counters
+        c.nak_frames += 1
+        buffer = self.buffer
+        highest = buffer.next_seq - 1
+        low = buffer.lowest_seq
+        budget = self.config.max_retransmit_messages_per_nak
+        linger = self.config.retransmit_linger_ns
+        lost: list[SeqRange] = []
+        builder = self._builder(FrameType.RETRANSMISSION)
+        for r in ranges:
+            c.nak_ranges += 1
+            first, last = r.first_seq, r.last_seq
+            if first > last or first < FIRST_SEQUENCE:
+                c.nak_ranges_invalid += 1
+                continue
+            if first > highest:
+                c.nak_ranges_unsent += 1
+                continue
+            if last > highest:
+                c.nak_ranges_unsent += 1
+                last = highest
+            if first < low:
+                gone = min(last, low - 1)
+                lost.append(SeqRange(first, gone))
+                c.loss_messages += gone - first + 1
+                first = gone + 1
+            for seq, message in buffer.messages(first, last):
+                if budget <= 0:
+                    c.retransmits_capped += last - seq + 1
+                    break
+                if buffer.lingering(seq, now_ns, linger):
+                    c.retransmits_lingering += 1
+                    continue
+                builder.add(message)
+                budget -= 1
+                c.retransmitted += 1
+        builder.flush()
+        c.retransmit_frames += builder.frames
+        if lost:
+            for frame in admin_frames(FrameType.LOSS, lost, self.config.max_nak_ranges_per_frame,
+                                      source_session=self.key.source_session,
+                                      dest_session=self.config.dest_session,
+                                      stream_id=self.key.stream_id):
+                self.sink.send_frame(memoryview(frame), self.dest)
+                c.loss_frames += 1
+
+    def on_close(self) -> None:
+        return None
