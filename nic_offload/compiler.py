@@ -1,0 +1,382 @@
+"""The compiler from control state to table snapshots.
+
+Control state: egresses (a name, an egress port, the entitlement class of what is behind it),
+each with one subscription list per namespace (positive and negative entries, seed 000);
+schemas; ACL classes; the key registry (every registered topic gets a topic_key row).
+
+Decision of one key (namespace, topic): the egresses whose list delivers the topic.
+
+- none -> ``drop``;
+- egresses that disagree on their ACL class -> ``punt`` (one key carries one ``acl_class``
+  in the tables, so the control plane decides such keys itself);
+- one port -> ``forward(port, class)``; several -> ``forward_group(group, class)``, with one
+  multicast group per distinct port set (reference counted, ids reused).
+
+Incremental: a subscribe or unsubscribe of pattern p changes the decision of topics p
+matches only (seed 000: the list's answer outside p is unchanged), so only the registered
+topics ``TopicCatalog.matching(p)`` returns are recompiled; new registry entries are compiled
+as they appear. ``build()`` turns the changes into the next immutable snapshot, copying the
+previous key table and rewriting the changed rows (snapshot.py). Rows keep their key forever
+(their order is the registry's), so per-key counters survive snapshots.
+
+Two ways to find a key's egresses give the same answer (tests hold them to it): per topic,
+the topic index of positive patterns gives candidates and each candidate's list decides;
+in bulk (most rows dirty, e.g. the first build), each positive pattern's registered topics
+are collected from the catalog, and lists with negative entries confirm.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from datapath.topics.index import TopicCatalog, TopicIndex
+from datapath.topics.registry import KeyRegistry
+from datapath.topics.sublist import SubscriptionList
+from nic_offload import model
+from nic_offload.acl import AclClass, Verdict, compile_class
+from nic_offload.errors import CompileError
+from nic_offload.model import EntrySet, KeyAction, KeyRows, MulticastGroup, PipelineSpec
+from nic_offload.schema import Schema
+from nic_offload.snapshot import Snapshot
+
+BULK_DIRTY_FRACTION = 0.25
+"""Above this fraction of dirty rows, decisions are computed in bulk from the patterns."""
+
+INITIAL_ROWS = 1_024
+"""Initial capacity of the working row arrays, in rows (they double as keys register)."""
+
+
+@dataclass
+class Egress:
+    """An egress channel: its port in the tables, its ACL class, its subscription lists."""
+
+    name: str
+    port: int
+    acl_class: int = model.NO_ACL_CLASS
+    lists: dict[int, SubscriptionList] = field(default_factory=dict)
+
+    def delivers(self, namespace: int, topic: str) -> bool:
+        sublist = self.lists.get(namespace)
+        return sublist is not None and sublist.decides(topic)
+
+    def has_negatives(self, namespace: int) -> bool:
+        sublist = self.lists.get(namespace)
+        return sublist is not None and any(not e.positive for e in sublist.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the tables do with one key."""
+
+    action: KeyAction
+    target: int = 0
+    acl_class: int = model.NO_ACL_CLASS
+    ports: tuple[int, ...] = ()
+
+
+DROP = Decision(KeyAction.DROP)
+PUNT = Decision(KeyAction.PUNT)
+
+
+class OffloadCompiler:
+    """Owns the control state and compiles it into snapshots (see the module docstring).
+
+    Not thread-safe: one control-plane agent owns it; the data path only sees the published
+    snapshots.
+    """
+
+    def __init__(self, registry: KeyRegistry, spec: PipelineSpec = model.DEFAULT_SPEC) -> None:
+        self._registry = registry
+        self._spec = spec
+        self._synced_version = 0
+        self._egresses: dict[str, Egress] = {}
+        self._schemas: dict[str, Schema] = {}
+        self._classes: dict[int, AclClass] = {}
+        self._class_entries: dict[int, tuple[model.TableEntry, ...]] = {}
+        self._catalogs: dict[int, TopicCatalog] = defaultdict(TopicCatalog)
+        self._index: dict[int, TopicIndex[str]] = defaultdict(TopicIndex)
+        self._row_of: dict[int, int] = {}
+        self._names: list[tuple[int, str]] = []
+        self._keys = np.zeros(INITIAL_ROWS, np.uint64)
+        self._actions = np.zeros(INITIAL_ROWS, np.uint8)
+        self._targets = np.zeros(INITIAL_ROWS, np.uint32)
+        self._acl_classes = np.zeros(INITIAL_ROWS, np.uint16)
+        self._group_of_ports: dict[tuple[int, ...], int] = {}
+        self._group_refs: dict[int, int] = {}
+        self._ports_of_group: dict[int, tuple[int, ...]] = {}
+        self._free_groups: list[int] = []  # a heap: the lowest free id is reused first
+        self._next_group = model.NO_GROUP + 1
+        self._dirty: set[int] = set()
+        self._acl_dirty = True
+        self._snapshot: Snapshot | None = None
+        self._version = 0
+
+    # --- control state -------------------------------------------------------------------------
+    @property
+    def spec(self) -> PipelineSpec:
+        return self._spec
+
+    @property
+    def egresses(self) -> dict[str, Egress]:
+        """Egresses by name (read them; change them through the methods)."""
+        return dict(self._egresses)
+
+    @property
+    def acl_classes(self) -> dict[int, AclClass]:
+        return dict(self._classes)
+
+    def add_egress(self, name: str, port: int, acl_class: int = model.NO_ACL_CLASS) -> None:
+        """A new egress channel on ``port`` whose subscribers are entitled to ``acl_class``."""
+        if name in self._egresses:
+            raise CompileError(f"egress {name!r} exists; remove it first or pick another name")
+        self._check_port_class(name, port, acl_class)
+        self._egresses[name] = Egress(name, port, acl_class)
+
+    def set_egress(self, name: str, *, port: int | None = None,
+                   acl_class: int | None = None) -> None:
+        """Move an egress to another port and/or ACL class (its keys are recompiled)."""
+        egress = self._egress(name)
+        new_port = egress.port if port is None else port
+        new_class = egress.acl_class if acl_class is None else acl_class
+        self._check_port_class(name, new_port, new_class)
+        self._mark_egress(egress)
+        egress.port, egress.acl_class = new_port, new_class
+
+    def remove_egress(self, name: str) -> None:
+        egress = self._egress(name)
+        self._mark_egress(egress)
+        for namespace, sublist in egress.lists.items():
+            for pattern in sublist.positive_patterns():
+                self._index[namespace].remove(pattern, name)
+        del self._egresses[name]
+
+    def subscribe(self, egress: str, pattern: str, namespace: int = 0) -> None:
+        """Apply ``+pattern`` to the egress's list; the topics ``pattern`` matches recompile."""
+        self._change_list(egress, namespace, pattern, lambda s: s.subscribe(pattern))
+
+    def unsubscribe(self, egress: str, pattern: str, namespace: int = 0) -> None:
+        """Apply ``-pattern`` (a partial unsubscribe when a broader + entry stays)."""
+        self._change_list(egress, namespace, pattern, lambda s: s.unsubscribe(pattern))
+
+    def define_schema(self, schema: Schema) -> None:
+        self._schemas[schema.name] = schema
+
+    def define_acl_class(self, class_id: int, schema: str | Schema, rules: Iterable[str],
+                         default: Verdict | str = Verdict.REJECT) -> AclClass:
+        """Define (or redefine) entitlement class ``class_id`` from rule texts (acl.py)."""
+        if isinstance(schema, str):
+            if schema not in self._schemas:
+                raise CompileError(f"no schema {schema!r}; define_schema() it first (known: "
+                                   f"{', '.join(self._schemas) or 'none'})")
+            schema = self._schemas[schema]
+        acl = AclClass.parse(class_id, schema, rules, default)
+        self._class_entries[class_id] = tuple(compile_class(acl, self._spec))
+        self._classes[class_id] = acl
+        self._acl_dirty = True
+        return acl
+
+    def remove_acl_class(self, class_id: int) -> None:
+        users = [e.name for e in self._egresses.values() if e.acl_class == class_id]
+        if users:
+            raise CompileError(f"ACL class {class_id} is the class of egresses {users}; move "
+                               "them to another class first")
+        self._classes.pop(class_id, None)
+        self._class_entries.pop(class_id, None)
+        self._acl_dirty = True
+
+    # --- decisions -----------------------------------------------------------------------------
+    def decide(self, namespace: int, topic: str) -> Decision:
+        """The decision of (namespace, topic) under the current control state."""
+        candidates = self._index[namespace].match(topic) if namespace in self._index else ()
+        return self._decision([self._egresses[name] for name in candidates
+                               if self._egresses[name].delivers(namespace, topic)])
+
+    def _decision(self, receivers: list[Egress]) -> Decision:
+        if not receivers:
+            return DROP
+        classes = {e.acl_class for e in receivers}
+        if len(classes) > 1:
+            return PUNT
+        ports = tuple(sorted({e.port for e in receivers}))
+        (acl_class,) = classes
+        if len(ports) == 1:
+            return Decision(KeyAction.FORWARD, ports[0], acl_class, ports)
+        return Decision(KeyAction.FORWARD_GROUP, 0, acl_class, ports)
+
+    # --- snapshots -----------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The last snapshot built (None before the first ``build``)."""
+        return self._snapshot
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows a ``build`` would recompile now (registry additions not counted yet)."""
+        return len(self._dirty)
+
+    def build(self) -> Snapshot:
+        """Compile the changes since the last build into the next snapshot."""
+        self._sync_registry()
+        for acl_class in {e.acl_class for e in self._egresses.values()} - {0}:
+            if acl_class not in self._classes:
+                raise CompileError(f"egresses use ACL class {acl_class}, which is not "
+                                   "defined; define_acl_class() it")
+        dirty = np.fromiter(self._dirty, np.int64, len(self._dirty))
+        dirty.sort()
+        decisions = self._decide_rows(dirty)
+        for row, decision in zip(dirty.tolist(), decisions):
+            self._apply(row, decision)
+        self._version += 1
+        n = len(self._names)
+        rows = KeyRows(self._keys[:n].copy(), self._actions[:n].copy(),
+                       self._targets[:n].copy(), self._acl_classes[:n].copy())
+        acl_entries = tuple(e for c in sorted(self._class_entries) for e in self._class_entries[c])
+        groups = tuple(MulticastGroup(g, self._ports_of_group[g])
+                       for g in sorted(self._ports_of_group))
+        entries = EntrySet(self._spec, rows, acl_entries, groups, self._version)
+        if self._snapshot is None:
+            snapshot = Snapshot.build(entries)
+        else:
+            entries.validate(keys=False)  # the changed rows are checked while patching
+            snapshot = self._snapshot.evolve(entries, dirty, self._acl_dirty)
+        self._snapshot = snapshot
+        self._dirty.clear()
+        self._acl_dirty = False
+        return snapshot
+
+    # --- internals -----------------------------------------------------------------------------
+    def _egress(self, name: str) -> Egress:
+        try:
+            return self._egresses[name]
+        except KeyError:
+            raise CompileError(f"no egress {name!r}; add_egress() it first (known: "
+                               f"{', '.join(sorted(self._egresses)) or 'none'})") from None
+
+    def _check_port_class(self, name: str, port: int, acl_class: int) -> None:
+        if not 0 <= port <= model.MAX_EGRESS_PORT or port == model.CPU_PORT:
+            raise CompileError(f"egress {name!r}: port {port} must be 0..{model.MAX_EGRESS_PORT}"
+                               f" and not the CPU port {model.CPU_PORT}")
+        if not 0 <= acl_class <= model.MAX_ACL_CLASS:
+            raise CompileError(f"egress {name!r}: ACL class {acl_class} must be "
+                               f"0..{model.MAX_ACL_CLASS} (0: no ACL)")
+
+    def _change_list(self, name: str, namespace: int, pattern: str, change) -> None:  # noqa: ANN001
+        egress = self._egress(name)
+        sublist = egress.lists.setdefault(namespace, SubscriptionList())
+        before = set(sublist.positive_patterns())
+        change(sublist)
+        after = set(sublist.positive_patterns())
+        index = self._index[namespace]
+        for gone in before - after:
+            index.remove(gone, name)
+        for new in after - before:
+            index.add(new, name)
+        self._mark_pattern(namespace, pattern)
+
+    def _mark_pattern(self, namespace: int, pattern: str) -> None:
+        self._sync_registry()
+        catalog = self._catalogs.get(namespace)
+        if catalog is None:
+            return
+        row_of = self._row_of
+        registry = self._registry
+        for topic in catalog.matching(pattern):
+            key = registry.get(topic, namespace)
+            if key is not None:
+                self._dirty.add(row_of[key])
+
+    def _mark_egress(self, egress: Egress) -> None:
+        for namespace, sublist in egress.lists.items():
+            for pattern in sublist.positive_patterns():
+                self._mark_pattern(namespace, pattern)
+
+    def _sync_registry(self) -> None:
+        """Give every newly registered topic a row (dirty, so it gets compiled)."""
+        if self._registry.version == self._synced_version:
+            return
+        for record in self._registry.updates_since(self._synced_version):
+            row = len(self._names)
+            if row >= len(self._keys):
+                self._grow()
+            self._names.append((record.namespace_id, record.topic))
+            self._row_of[record.topic_key] = row
+            self._keys[row] = record.topic_key
+            self._actions[row] = KeyAction.DROP
+            self._catalogs[record.namespace_id].add(record.topic)
+            self._dirty.add(row)
+        self._synced_version = self._registry.version
+
+    def _grow(self) -> None:
+        size = 2 * len(self._keys)
+        for name in ("_keys", "_actions", "_targets", "_acl_classes"):
+            old = getattr(self, name)
+            new = np.zeros(size, old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def _decide_rows(self, rows: np.ndarray) -> list[Decision]:
+        if len(rows) > BULK_DIRTY_FRACTION * max(1, len(self._names)):
+            return self._decide_bulk(rows)
+        names = self._names
+        return [self.decide(*names[row]) for row in rows.tolist()]
+
+    def _decide_bulk(self, rows: np.ndarray) -> list[Decision]:
+        """Decisions of ``rows`` from the patterns' matching topics (see the module doc)."""
+        wanted = set(rows.tolist())
+        receivers: dict[int, list[Egress]] = defaultdict(list)
+        for egress in self._egresses.values():
+            for namespace, sublist in egress.lists.items():
+                catalog = self._catalogs.get(namespace)
+                if catalog is None:
+                    continue
+                confirm = egress.has_negatives(namespace)
+                seen: set[int] = set()
+                for pattern in sublist.positive_patterns():
+                    for topic in catalog.matching(pattern):
+                        row = self._row_of[self._registry.get(topic, namespace)]  # type: ignore[index]
+                        if row in seen or row not in wanted:
+                            continue
+                        seen.add(row)
+                        if not confirm or sublist.decides(topic):
+                            receivers[row].append(egress)
+        return [self._decision(receivers.get(row, [])) for row in rows.tolist()]
+
+    def _apply(self, row: int, decision: Decision) -> None:
+        old_action = self._actions[row]
+        if old_action == KeyAction.FORWARD_GROUP:
+            self._release_group(int(self._targets[row]))
+        target = decision.target
+        if decision.action is KeyAction.FORWARD_GROUP:
+            target = self._acquire_group(decision.ports)
+        self._actions[row] = decision.action
+        self._targets[row] = target
+        self._acl_classes[row] = decision.acl_class
+
+    def _acquire_group(self, ports: tuple[int, ...]) -> int:
+        group = self._group_of_ports.get(ports)
+        if group is None:
+            if self._free_groups:
+                group = heapq.heappop(self._free_groups)
+            elif self._next_group <= model.MAX_GROUP:
+                group = self._next_group
+                self._next_group += 1
+            else:
+                raise CompileError(f"all {model.MAX_GROUP} multicast groups are in use; "
+                                   "fewer distinct egress port sets are needed")
+            self._group_of_ports[ports] = group
+            self._ports_of_group[group] = ports
+            self._group_refs[group] = 0
+        self._group_refs[group] += 1
+        return group
+
+    def _release_group(self, group: int) -> None:
+        self._group_refs[group] -= 1
+        if self._group_refs[group] == 0:
+            del self._group_refs[group]
+            del self._group_of_ports[self._ports_of_group.pop(group)]
+            heapq.heappush(self._free_groups, group)
