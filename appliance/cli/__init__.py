@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "appliance.cli.topic_cmd",
     "appliance.cli.subs_cmd",
     "appliance.cli.pcap_cmd",
+    "appliance.cli.p4_cmd",
     "appliance.cli.bench_cmd",
     "appliance.cli.demo_cmd",
 )

@@ -12,6 +12,8 @@ import sys
 
 BENCHMARKS = (
     "bench.topics",
+    "bench.channel",
+    "bench.selectors",
 )
 
 

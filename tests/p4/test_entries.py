@@ -1,0 +1,151 @@
+"""``topicwire p4 entries``: golden runtime.json and commands for a small snapshot, and
+refusals of entries the P4 program cannot take."""
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from appliance.cli import p4_cmd
+from datapath.errors import UserError
+from nic_offload import runtime_json
+from nic_offload.model import AclField, EntrySet, PipelineSpec
+from tests.p4.p4text import P4INFO
+from tests.p4.snapshot import entry_set
+
+GOLDEN = Path(__file__).parent / "golden"
+SNAPSHOT = GOLDEN / "snapshot.json"
+
+
+def cli(argv):
+    parser = argparse.ArgumentParser(prog="topicwire")
+    p4_cmd.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+def test_the_stored_snapshot_is_the_documented_one():
+    stored = runtime_json.load(SNAPSHOT)
+    expected = entry_set()
+    assert list(stored.table_entries()) == list(expected.table_entries())
+    assert stored.groups == expected.groups and stored.version == expected.version
+
+
+def test_entries_for_the_small_snapshot_equal_the_golden_files(tmp_path, capsys):
+    assert cli(["p4", "entries", "--snapshot", str(SNAPSHOT), "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "runtime.json").read_text()) == json.loads(
+        (GOLDEN / "runtime.json").read_text())
+    assert (tmp_path / "commands.txt").read_text() == (GOLDEN / "commands.txt").read_text()
+    assert (tmp_path / "topicwire.p4info.txt").read_bytes() == P4INFO.read_bytes()
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'runtime.json'}" in out
+
+
+def test_runtime_json_uses_the_p4lang_tutorials_layout(tmp_path):
+    p4_cmd.write_entries(SNAPSHOT, tmp_path)
+    doc = json.loads((tmp_path / "runtime.json").read_text())
+    assert (doc["target"], doc["p4info"], doc["bmv2_json"]) == (
+        "bmv2", "topicwire.p4info.txt", "topicwire.json")
+    forward = next(e for e in doc["table_entries"]
+                   if e.get("match") == {"hdr.msg.topic_key": 0x1005})
+    assert forward["action_name"] == "TopicwireIngress.forward"
+    assert forward["action_params"] == {"egress_port": 4, "acl_class": 1}
+    ranges = [e for e in doc["table_entries"] if e["table"] == "TopicwireIngress.acl_1"
+              and not e.get("default_action")]
+    assert all(e["priority"] == 1 and len(e["match"]["meta.field_1"]) == 2 for e in ranges)
+    assert doc["multicast_group_entries"][0] == {
+        "multicast_group_id": 1,
+        "replicas": [{"egress_port": 2, "instance": 1}, {"egress_port": 3, "instance": 1}]}
+
+
+def test_a_compiled_program_is_copied_next_to_the_entries(tmp_path):
+    program = tmp_path / "built.json"
+    program.write_text('{"program": "topicwire"}')
+    written = p4_cmd.write_entries(SNAPSHOT, tmp_path / "out", bmv2_json=program)
+    assert (tmp_path / "out" / "topicwire.json").read_text() == program.read_text()
+    assert tmp_path / "out" / "topicwire.json" in written
+    with pytest.raises(p4_cmd.P4Error, match="no compiled program at"):
+        p4_cmd.write_entries(SNAPSHOT, tmp_path / "out2", bmv2_json=tmp_path / "missing.json")
+
+
+def _edited_p4info(tmp_path, old, new, count=1):
+    text = P4INFO.read_text()
+    assert old in text
+    path = tmp_path / "edited.p4info.txt"
+    path.write_text(text.replace(old, new, count))
+    return path
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('name: "TopicwireIngress.acl_3"', 'name: "TopicwireIngress.acl_9"',
+     "entry 4 (TopicwireIngress.acl_3): the P4 program has no table 'TopicwireIngress.acl_3'"),
+    ('name: "hdr.msg.topic_key"\n    bitwidth: 64', 'name: "hdr.msg.topic_key"\n    bitwidth: 8',
+     "hdr.msg.topic_key = 4097 does not fit the program's 8 bits"),
+    ('name: "egress_port"\n    bitwidth: 9', 'name: "egress_port"\n    bitwidth: 9\n  }\n'
+     '  params {\n    id: 3\n    name: "extra"\n    bitwidth: 8',
+     "action TopicwireIngress.forward takes parameters ['egress_port', 'extra', 'acl_class']"),
+    ('name: "meta.field_1"\n    bitwidth: 32\n    match_type: RANGE',
+     'name: "meta.field_1"\n    bitwidth: 32\n    match_type: TERNARY',
+     "meta.field_1 is a TERNARY field in the program, the entry gives a RANGE match"),
+    ("size: 65536", "size: 2", "gets 3 entries; the program's table holds 2"),
+])
+def test_entries_the_p4info_does_not_allow_are_refused(tmp_path, old, new, message):
+    p4info = _edited_p4info(tmp_path, old, new)
+    out = tmp_path / "out"
+    with pytest.raises(p4_cmd.P4Error, match=re.escape(message)) as info:
+        p4_cmd.write_entries(SNAPSHOT, out, p4info=p4info)
+    assert str(info.value).startswith("p4: ") and isinstance(info.value, UserError)
+    assert not out.exists()  # nothing written
+
+
+def test_an_action_missing_from_a_table_is_refused(tmp_path):
+    doc = p4_cmd.parse_text_proto(P4INFO.read_text())
+    log_id = next(a["preamble"][0]["id"][0] for a in doc["actions"]
+                  if a["preamble"][0]["name"][0] == "TopicwireIngress.acl_log")
+    text = P4INFO.read_text().replace(f"  action_refs {{\n    id: {log_id}\n  }}\n", "")
+    p4info = tmp_path / "p4info.txt"
+    p4info.write_text(text)
+    with pytest.raises(p4_cmd.P4Error, match="table TopicwireIngress.acl_1 has no action "
+                                             "'TopicwireIngress.acl_log'"):
+        p4_cmd.write_entries(SNAPSHOT, tmp_path / "out", p4info=p4info)
+
+
+def test_a_snapshot_with_other_acl_field_offsets_is_refused(tmp_path):
+    entries = entry_set()
+    spec = PipelineSpec(acl_fields=tuple(AclField(f"f{k}", 16 + 4 * k) for k in range(4)))
+    moved = EntrySet(spec, entries.key_rows, entries.acl_entries, entries.groups, 1)
+    runtime_json.save(moved, tmp_path / "moved.json")
+    with pytest.raises(p4_cmd.P4Error, match=r"ACL fields .* are \[\(16, 4\).*the P4 program "
+                                             r"parses \[\(0, 4\)"):
+        p4_cmd.write_entries(tmp_path / "moved.json", tmp_path / "out")
+
+
+def test_unreadable_inputs_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="cannot read entry file"):
+        p4_cmd.write_entries(tmp_path / "missing.json", tmp_path / "out")
+    with pytest.raises(p4_cmd.P4Error, match="cannot read the P4Info"):
+        p4_cmd.write_entries(SNAPSHOT, tmp_path / "out", p4info=tmp_path / "none.txt")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("tables { preamble { id: 1 }")
+    with pytest.raises(p4_cmd.P4Error, match="is never closed"):
+        p4_cmd.write_entries(SNAPSHOT, tmp_path / "out", p4info=bad)
+    bad.write_text("tables { preamble { id: 1 } }")
+    with pytest.raises(p4_cmd.P4Error, match="not a P4Info this tool understands"):
+        p4_cmd.write_entries(SNAPSHOT, tmp_path / "out", p4info=bad)
+
+
+def test_text_format_reader_handles_comments_strings_and_repeats():
+    doc = p4_cmd.parse_text_proto(
+        '# comment\na { b: 1 b: -2 c: "x\\"y\\000" }\na { d { e: ENUM } }\n')
+    assert doc == {"a": [{"b": [1, -2], "c": ['x"y\0']}, {"d": [{"e": ["ENUM"]}]}]}
+
+
+def test_the_cli_reports_a_missing_compiled_program(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(p4_cmd, "DEFAULT_BMV2_JSON", tmp_path / "none.json")
+    shutil.copyfile(SNAPSHOT, tmp_path / "snap.json")
+    assert cli(["p4", "entries", "--snapshot", str(tmp_path / "snap.json"), "--out",
+                str(tmp_path / "o")]) == 0
+    assert "note: no compiled program copied" in capsys.readouterr().out
