@@ -18,12 +18,12 @@ import shutil
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
-from scapy.layers.inet import IP, UDP
+from scapy.layers.inet import IP, UDP, IPOption_NOP
 from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap, wrpcap
 
@@ -48,9 +48,9 @@ PROGRAM = p4_cmd.P4_PROGRAM_DIR / "topicwire.p4"
 INGRESS_PORT = 0
 DATA_PORTS = (1, 2, 3, 4, 5, 6)
 CPU = model.CPU_PORT
-SWITCH_WAIT_S = 3
+SWITCH_WAIT_S = 10
 """Seconds simple_switch waits (``--use-files``) before reading the input pcaps: the time
-the entries have to be loaded in."""
+the entries have to be loaded in (the test fails, saying so, if loading takes longer)."""
 SWITCH_TIMEOUT_S = 60
 SETTLE_S = 2.0
 """Output counts unchanged this long after the wait: the switch is done."""
@@ -62,6 +62,17 @@ class Case:
     frame: NativeFrame
     single_message: bool = True
     """False: the program hands the frame to the CPU whatever its content."""
+    ip: dict = field(default_factory=dict)
+    """IPv4 fields to override (a bad checksum, options, a fragment)."""
+    udp: dict = field(default_factory=dict)
+    """UDP fields to override (a length that disagrees with the frame)."""
+    cut_bytes: int = 0
+    """Bytes cut off the end of the packet (a truncated capture)."""
+
+    @property
+    def program_decides(self) -> bool:
+        """Does the program decide this packet (else: the CPU port, whatever the frame)?"""
+        return self.single_message and not (self.ip or self.udp or self.cut_bytes)
 
 
 def _quote(symbol: str, price: int, schema: Schema = QUOTE) -> bytes:
@@ -100,13 +111,21 @@ def cases() -> list[Case]:
             HelloEntry(node_id=17, node_name=b"core-1")]), single_message=False),
         Case("bad magic", NativeFrame(magic=0x1234, entries=[
             NativeMessage(topic_key=0x1001, sequence=18, data=ibm)]), single_message=False),
+        Case("bad IPv4 checksum", _data(0x1001, 19, ibm), ip={"chksum": 0x1234}),
+        Case("IPv4 options", _data(0x1001, 20, ibm), ip={"options": [IPOption_NOP()] * 4}),
+        Case("IPv4 fragment", _data(0x1001, 21, ibm), ip={"flags": "MF"}),
+        Case("UDP length shorter than the frame", _data(0x1001, 22, ibm),
+             udp={"len": 8 + 72}),
+        Case("truncated packet", _data(0x1001, 23, ibm), cut_bytes=8),
     ]
 
 
-def _packet(case: Case) -> Ether:
-    return (Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
-            / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=40000, dport=NATIVE_UDP_PORT)
-            / case.frame)
+def _packet(case: Case) -> bytes:
+    """The Ethernet frame sent into the switch (never onto a network: a pcap file)."""
+    packet = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")
+                   / IP(src="10.0.0.1", dst="10.0.0.2", **case.ip)
+                   / UDP(sport=40000, dport=NATIVE_UDP_PORT, **case.udp) / case.frame)
+    return packet[:len(packet) - case.cut_bytes]
 
 
 def software_nic_ports(frames: list[bytes]) -> list[frozenset[int]]:
@@ -138,7 +157,7 @@ def expected_ports() -> dict[str, frozenset[int]]:
     """What BMv2 must do with each case: the software NIC's decision, or the CPU port."""
     all_cases = cases()
     decided = software_nic_ports([bytes(c.frame) for c in all_cases])
-    return {c.name: (ports if c.single_message else frozenset({CPU}))
+    return {c.name: (ports if c.program_decides else frozenset({CPU}))
             for c, ports in zip(all_cases, decided)}
 
 
@@ -153,7 +172,22 @@ def test_the_cases_cover_every_decision_of_the_software_nic():
     assert ports["ACL accept to a group"] == {5, 6}
     assert ports["ACL short payload"] == frozenset()
     assert ports["retransmission"] == ports["no payload, no ACL"] == {1}
-    assert ports["two messages"] == ports["admin frame"] == ports["bad magic"] == {CPU}
+    for name in ("two messages", "admin frame", "bad magic", "bad IPv4 checksum",
+                 "IPv4 options", "IPv4 fragment", "UDP length shorter than the frame",
+                 "truncated packet"):
+        assert ports[name] == {CPU}, name
+
+
+def test_wire_level_cases_really_are_broken_the_way_they_say():
+    by_name = {c.name: Ether(_packet(c)) for c in cases()}
+    good = by_name["forward to a port"]
+    assert IP(bytes(good[IP])).chksum == good[IP].chksum  # scapy computed a valid one
+    assert by_name["bad IPv4 checksum"][IP].chksum != good[IP].chksum
+    assert by_name["IPv4 options"][IP].ihl == 6
+    assert by_name["IPv4 fragment"][IP].flags.MF
+    assert by_name["UDP length shorter than the frame"][UDP].len < good[UDP].len
+    assert len(_packet(next(c for c in cases() if c.name == "truncated packet"))) == \
+        len(bytes(good)) - 8
 
 
 # --- BMv2 -----------------------------------------------------------------------------------------
@@ -174,39 +208,62 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build
 
 
-def _run_switch(program: Path, commands: list[str], packets: list[Ether],
+def _run_switch(program: Path, commands: list[str], packets: list[bytes],
                 workdir: Path) -> dict[int, list[bytes]]:
+    """Start simple_switch on pcap files, program it before it reads its input, return the
+    packets each port sent."""
     ports = (INGRESS_PORT, *DATA_PORTS, CPU)
     for port in ports:
-        wrpcap(str(workdir / f"pcap{port}_in.pcap"), packets if port == INGRESS_PORT else [])
+        wrpcap(str(workdir / f"pcap{port}_in.pcap"),
+               [Ether(p) for p in packets] if port == INGRESS_PORT else [])
     thrift = _free_port()
     argv = ["simple_switch", "--use-files", str(SWITCH_WAIT_S), "--thrift-port", str(thrift)]
     for port in ports:
         argv += ["-i", f"{port}@pcap{port}"]
-    switch = subprocess.Popen([*argv, str(program)], cwd=workdir, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        _load(thrift, commands)
-        return _collect(workdir, ports)
-    finally:
-        switch.terminate()
-        switch.wait(timeout=10)
+    log = workdir / "simple_switch.log"
+    with log.open("w") as log_file:
+        started = time.monotonic()
+        switch = subprocess.Popen([*argv, str(program)], cwd=workdir, stdout=log_file,
+                                  stderr=subprocess.STDOUT)
+        try:
+            _load(thrift, commands, switch, log)
+            loaded_s = time.monotonic() - started
+            assert loaded_s < SWITCH_WAIT_S, (
+                f"loading the entries took {loaded_s:.1f} s, longer than the switch waits "
+                f"before reading its input ({SWITCH_WAIT_S} s); raise SWITCH_WAIT_S")
+            time.sleep(max(0.0, SWITCH_WAIT_S - loaded_s))
+            return _collect(workdir, ports, log)
+        finally:
+            switch.terminate()
+            switch.wait(timeout=10)
 
 
-def _load(thrift: int, commands: list[str]) -> None:
+def _load(thrift: int, commands: list[str], switch: subprocess.Popen, log: Path) -> None:
+    """Wait for the switch's Thrift port, then run the commands once (a retry would add the
+    entries twice)."""
     deadline = time.monotonic() + SWITCH_WAIT_S
     while True:
-        run = subprocess.run(["simple_switch_CLI", "--thrift-port", str(thrift)],
-                             input="\n".join(commands) + "\n", capture_output=True, text=True,
-                             timeout=60)
-        if run.returncode == 0 and "Error" not in run.stdout:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"simple_switch_CLI failed:\n{run.stdout}\n{run.stderr}")
-        time.sleep(0.2)
+        if switch.poll() is not None:
+            raise AssertionError(f"simple_switch exited ({switch.returncode}):\n"
+                                 f"{log.read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", thrift), timeout=0.5).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"simple_switch's Thrift port {thrift} never opened; "
+                                     f"see {log}") from None
+            time.sleep(0.1)
+    run = subprocess.run(["simple_switch_CLI", "--thrift-port", str(thrift)],
+                         input="\n".join(commands) + "\n", capture_output=True, text=True,
+                         timeout=60)
+    if run.returncode != 0 or "Error" in run.stdout or "Invalid" in run.stdout:
+        raise AssertionError(f"simple_switch_CLI refused the entries:\n{run.stdout}\n"
+                             f"{run.stderr}")
 
 
-def _collect(workdir: Path, ports: tuple[int, ...]) -> dict[int, list[bytes]]:
+def _collect(workdir: Path, ports: tuple[int, ...], log: Path) -> dict[int, list[bytes]]:
+    """Every port's output once the counts stop changing (BMv2 flushes each packet)."""
     def read() -> dict[int, list[bytes]]:
         out = {}
         for port in ports:
@@ -216,7 +273,6 @@ def _collect(workdir: Path, ports: tuple[int, ...]) -> dict[int, list[bytes]]:
         return out
 
     deadline = time.monotonic() + SWITCH_TIMEOUT_S
-    time.sleep(SWITCH_WAIT_S)
     last, stable_since = None, time.monotonic()
     while time.monotonic() < deadline:
         outputs = read()
@@ -226,7 +282,7 @@ def _collect(workdir: Path, ports: tuple[int, ...]) -> dict[int, list[bytes]]:
         elif time.monotonic() - stable_since >= SETTLE_S:
             return outputs
         time.sleep(0.2)
-    raise AssertionError("simple_switch did not settle; see its log")
+    raise AssertionError(f"simple_switch did not settle; see {log}")
 
 
 @requires_bmv2
@@ -246,10 +302,11 @@ def test_bmv2_sends_every_frame_where_the_software_nic_does(compiled, tmp_path):
     packets = [_packet(c) for c in all_cases]
     outputs = _run_switch(compiled / "topicwire.json", commands, packets, tmp_path)
     sent_on: dict[str, set[int]] = {c.name: set() for c in all_cases}
-    by_bytes = {bytes(p): c.name for p, c in zip(packets, all_cases)}
+    by_bytes = {p: c.name for p, c in zip(packets, all_cases)}
+    assert len(by_bytes) == len(all_cases), "two cases send the same bytes"
     for port, frames in outputs.items():
         for raw in frames:
-            name = next((n for b, n in by_bytes.items() if raw[:len(b)] == b), None)
+            name = by_bytes.get(raw)  # the program forwards frames unchanged
             assert name is not None, f"port {port} sent a frame that was not sent in"
             sent_on[name].add(port)
     expected = expected_ports()

@@ -20,8 +20,9 @@
  *
  * The program decides single-message DATA / RETRANSMISSION frames it can validate; every
  * other frame (several messages, admin frames, an authentication trailer, IPv4 options or
- * fragments, anything malformed, other traffic) goes to the CPU port unchanged, where the
- * software NIC decides it (p4/README.md).
+ * fragments, a bad IPv4 checksum or inconsistent lengths, anything malformed, other traffic)
+ * goes to the CPU port unchanged, where the host and its software NIC decide it
+ * (p4/README.md).
  */
 
 #include <core.p4>
@@ -31,6 +32,9 @@
 const bit<16> ETHERTYPE_IPV4 = 0x0800;
 const bit<8>  IP_PROTO_UDP = 17;
 const bit<16> NATIVE_UDP_PORT = 47470;
+const bit<32> ETHERNET_HEADER_BYTES = 14;
+const bit<16> IPV4_HEADER_BYTES = 20;      /* no options: ihl 5 */
+const bit<16> UDP_HEADER_BYTES = 8;
 const bit<16> NATIVE_MAGIC = 0x5457;
 const bit<8>  NATIVE_VERSION = 1;
 const bit<8>  FRAME_DATA = 1;
@@ -214,8 +218,16 @@ parser TopicwireParser(packet_in packet, out headers hdr, inout metadata meta,
     }
 }
 
+/* The IPv4 header checksum, as the host stack checks it; a mismatch sets
+ * standard_metadata.checksum_error and the frame goes to the CPU port. */
 control TopicwireVerifyChecksum(inout headers hdr, inout metadata meta) {
-    apply { }
+    apply {
+        verify_checksum(hdr.ipv4.isValid(),
+            { hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.diffserv, hdr.ipv4.totalLen,
+              hdr.ipv4.identification, hdr.ipv4.flags, hdr.ipv4.fragOffset, hdr.ipv4.ttl,
+              hdr.ipv4.protocol, hdr.ipv4.srcAddr, hdr.ipv4.dstAddr },
+            hdr.ipv4.hdrChecksum, HashAlgorithm.csum16);
+    }
 }
 
 /* --- ingress: topic key, ACL stages, forwarding -------------------------------------------- */
@@ -342,10 +354,14 @@ control TopicwireIngress(inout headers hdr, inout metadata meta,
     apply {
         if (hdr.msg.isValid()
                 && standard_metadata.parser_error == error.NoError
+                && standard_metadata.checksum_error == 0
                 && hdr.ipv4.flags[0:0] == 0
+                && hdr.ipv4.totalLen == hdr.udp.length + IPV4_HEADER_BYTES
+                && standard_metadata.packet_length
+                       >= ETHERNET_HEADER_BYTES + (bit<32>)hdr.ipv4.totalLen
                 && hdr.frame.flags == 0
                 && hdr.frame.msg_count == 1
-                && hdr.frame.frame_len == (bit<32>)(hdr.udp.length - 8)
+                && hdr.frame.frame_len == (bit<32>)(hdr.udp.length - UDP_HEADER_BYTES)
                 && hdr.frame.frame_len <= MAX_FRAME_BYTES
                 && hdr.msg.qos <= MAX_QOS
                 && (hdr.msg.flags & ~KNOWN_MESSAGE_FLAGS) == 0

@@ -4,6 +4,8 @@ name, width, id and constant (golden comparisons; p4c is not needed)."""
 import re
 
 import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
 from appliance.cli import p4_cmd
 from datapath.config import NATIVE_UDP_PORT
@@ -157,6 +159,14 @@ def test_program_constants_agree_with_the_protocol():
     assert const("MAX_PAYLOAD_BYTES") == ml.MAX_PAYLOAD_BYTES
     assert const("KNOWN_MESSAGE_FLAGS") == ml.KNOWN_MESSAGE_FLAGS
     assert const("MAX_QOS") == ml.MAX_QOS
+
+
+def test_program_header_sizes_are_those_of_ethernet_ipv4_and_udp():
+    assert const("ETHERNET_HEADER_BYTES") == len(Ether()) == 14
+    assert const("IPV4_HEADER_BYTES") == len(IP()) == 20  # no options
+    assert const("UDP_HEADER_BYTES") == len(UDP()) == 8
+    for header, scapy_layer in (("ethernet_t", Ether()), ("ipv4_t", IP()), ("udp_t", UDP())):
+        assert sum(bits for _, bits in PROGRAM.layouts[header]) == len(scapy_layer) * 8
 
 
 def test_program_constants_agree_with_the_model():
