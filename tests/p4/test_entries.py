@@ -149,3 +149,15 @@ def test_the_cli_reports_a_missing_compiled_program(tmp_path, capsys, monkeypatc
     assert cli(["p4", "entries", "--snapshot", str(tmp_path / "snap.json"), "--out",
                 str(tmp_path / "o")]) == 0
     assert "note: no compiled program copied" in capsys.readouterr().out
+
+
+def test_the_written_runtime_json_loads_back_as_the_snapshot_the_software_nic_runs(tmp_path):
+    p4_cmd.write_entries(SNAPSHOT, tmp_path)
+    loaded = runtime_json.load(tmp_path / "runtime.json")
+    expected = entry_set()
+    assert list(loaded.table_entries()) == list(expected.table_entries())
+    assert loaded.groups == expected.groups and loaded.spec == expected.spec
+    commands = (tmp_path / "commands.txt").read_text().splitlines()
+    assert sum(c.startswith("table_add ") for c in commands) == len(
+        [e for e in expected.table_entries() if not e.is_default])
+    assert sum(c.startswith("mc_mgrp_create ") for c in commands) == len(expected.groups)
