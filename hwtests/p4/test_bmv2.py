@@ -1,7 +1,7 @@
 """BMv2 running p4/topicwire decides what the software NIC decides, frame by frame.
 
 Where ``p4c-bm2-ss``, ``simple_switch`` and ``simple_switch_CLI`` are on PATH (p4lang's
-packages; the project's Vagrantfile installs them) this compiles the program, checks that
+packages p4lang-p4c and p4lang-bmv2, not in Debian 12) this compiles the program, checks that
 p4c's P4Info is the checked-in one, programs the switch with ``topicwire p4 entries``'
 commands for the snapshot of tests/p4/snapshot.py, sends scapy-built frames through it
 (``simple_switch --use-files``: pcap files per port, no root needed) and compares the ports
@@ -42,7 +42,8 @@ TOOLS = ("p4c-bm2-ss", "simple_switch", "simple_switch_CLI")
 MISSING = [tool for tool in TOOLS if shutil.which(tool) is None]
 requires_bmv2 = pytest.mark.skipif(
     bool(MISSING), reason=f"needs {', '.join(MISSING)} on PATH (p4lang's p4c and behavioral-"
-                          "model packages, installed by the project's Vagrantfile)")
+                          "model: p4lang's packages p4lang-p4c and p4lang-bmv2, which "
+                          "Debian 12 does not carry)")
 
 PROGRAM = p4_cmd.P4_PROGRAM_DIR / "topicwire.p4"
 INGRESS_PORT = 0
