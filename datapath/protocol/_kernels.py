@@ -3,7 +3,10 @@
 Private: they take only arrays and scalars and trust their caller (``batch.py``) for types
 and sizes. Decisions and their order mirror ``codec.decode_frame`` exactly; the tests hold
 the two to the same verdicts on random and mutated frames. Every read is bounds-checked
-against the frame before it happens (numba itself does not check).
+against the frame before it happens (numba itself does not check). Module-level constants
+taken from other modules (``_MAX_TYPE``...) are frozen into the cached machine code: numba's
+cache follows this file only, so a change to them must touch this file too (frame type 14,
+CONTROL, was added that way).
 """
 
 from __future__ import annotations

@@ -23,8 +23,13 @@ lengths given in the fixed part) and zero padding to a multiple of 8.
                                          successor_len u16, reserved u16    (8 B)  successor_id
     ACK              -                   ack_seq u64, window_bytes u32,
                                          reserved u32                      (16 B)
+    CONTROL          -                   kind u8, reserved u8, reserved u16,      document
+                                         document_len u32                   (8 B)
 
 The NAK/LOSS/ACK stream is the frame header's ``stream_id``; ranges are inclusive.
+A CONTROL entry carries one JSON document (UTF-8) whose meaning its ``kind`` gives
+(docs/appliance.md: link state, interest, P&M updates, client login and replies); the
+codec checks only its length and encoding.
 """
 
 from __future__ import annotations
@@ -34,7 +39,11 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from datapath.config import MAX_TOPIC_BYTES
-from datapath.protocol.frame_layout import FrameType
+from datapath.protocol.frame_layout import (
+    AUTH_TRAILER_BYTES,
+    MAX_BODY_BYTES,
+    FrameType,
+)
 
 
 class NodeRole(IntEnum):
@@ -68,6 +77,32 @@ class SuccessorOp(IntEnum):
     SUBSCRIBE_SUCCESSORS = 3
     SUCCESSOR_DATA = 4
 
+
+class ControlKind(IntEnum):
+    """What the JSON document of a CONTROL entry is (docs/appliance.md)."""
+
+    LSA = 1
+    """Link-state advertisement: origin, sequence, live neighbours and link costs."""
+    INTEREST = 2
+    """The full set of patterns an origin appliance advertises (newest sequence wins)."""
+    PM_UPDATE = 3
+    """P&M's versioned document: entitlements, namespaces, schemas, route overrides."""
+    LOGIN = 4
+    """A client logs in: identity, reply ring."""
+    LOGIN_RESULT = 5
+    """The appliance's answer to LOGIN: accepted with a session id, or refused."""
+    REQUEST_RESULT = 6
+    """The answer to a client request (subscribe, unsubscribe, topic registration)."""
+    RESOLVE = 7
+    """A client asks for the topics of keys it received (answered by REGISTRY_UPDATE)."""
+    LOGOUT = 8
+    """A client session ends (either side)."""
+    ECHO = 9
+    """A neighbour echoes a heartbeat's send time back (round-trip time)."""
+
+
+MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES
+"""Largest CONTROL document: one entry filling an authenticated frame."""
 
 SUBSCRIPTION_FLAG_NONE = 0
 
@@ -135,6 +170,12 @@ class Ack:
 
 
 @dataclass(frozen=True, slots=True)
+class Control:
+    kind: ControlKind
+    document: str
+
+
+@dataclass(frozen=True, slots=True)
 class AdminLayout:
     """How one admin frame type is laid out.
 
@@ -190,6 +231,11 @@ ADMIN_LAYOUTS: dict[FrameType, AdminLayout] = {
         texts=("client_id", "successor_id"), enums=(("op", SuccessorOp),), text_limit_bytes=255,
     ),
     FrameType.ACK: AdminLayout(Ack, struct.Struct(">QII"), ("ack_seq", "window_bytes", "_r")),
+    FrameType.CONTROL: AdminLayout(
+        Control, struct.Struct(">BBHI"), ("kind", "_r", "_r2", "document_len"),
+        texts=("document",), enums=(("kind", ControlKind),),
+        text_limit_bytes=MAX_CONTROL_DOCUMENT_BYTES,
+    ),
 }
 """Every admin frame type and its layout; DATA and RETRANSMISSION use message_layout."""
 

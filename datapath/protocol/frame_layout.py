@@ -74,6 +74,7 @@ class FrameType(IntEnum):
     SUCCESSOR = 11
     ACK = 12
     LOSS = 13
+    CONTROL = 14
 
 
 MESSAGE_FRAME_TYPES = frozenset({FrameType.DATA, FrameType.RETRANSMISSION})

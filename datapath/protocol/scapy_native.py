@@ -175,6 +175,18 @@ class AckEntry(_Padded):
                    _pad_field()]
 
 
+class ControlEntry(_Padded):
+    name = "topicwire control"
+    fields_desc = [
+        ByteEnumField("kind", 1, {k.value: k.name for k in al.ControlKind}),
+        ByteField("reserved", 0),
+        ShortField("reserved2", 0),
+        FieldLenField("document_len", None, length_of="document", fmt="!I"),
+        StrLenField("document", b"", length_from=lambda p: p.document_len),
+        _pad_field("document_len"),
+    ]
+
+
 class AuthTrailer(Packet):
     name = "topicwire auth trailer"
     fields_desc = [
@@ -202,6 +214,7 @@ ENTRY_CLASSES: dict[int, type[Packet]] = {
     fl.FrameType.SESSION_MOVE: SessionMoveEntry,
     fl.FrameType.SUCCESSOR: SuccessorEntry,
     fl.FrameType.ACK: AckEntry,
+    fl.FrameType.CONTROL: ControlEntry,
 }
 """The entry class of each frame type (messages for DATA and RETRANSMISSION)."""
 

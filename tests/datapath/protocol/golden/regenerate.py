@@ -62,6 +62,10 @@ ADMIN_VECTORS = {
     "ack": (FrameType.ACK, [al.Ack(123456, 65536)], None, None),
     "subscribe_authenticated": (FrameType.SUBSCRIBE, [al.Subscription(7, 0, 2, 0, "a/#")], None,
                                 (3, 1, 99)),
+    "control_lsa": (FrameType.CONTROL, [al.Control(
+        al.ControlKind.LSA, '{"origin":1,"seq":5,"links":[[2,1],[3,1]]}')], None, None),
+    "control_login_authenticated": (FrameType.CONTROL, [al.Control(
+        al.ControlKind.LOGIN, '{"identity":"md-feed"}')], None, (1, 7, 12)),
 }
 
 
