@@ -76,8 +76,8 @@ class Case:
         return self.single_message and not (self.ip or self.udp or self.cut_bytes)
 
 
-def _quote(symbol: str, price: int, schema: Schema = QUOTE) -> bytes:
-    return schema.encode({"symbol": symbol, "price": price, "size": 1, "venue": 7})
+def _quote(symbol: str, price: int, venue: int = 7, schema: Schema = QUOTE) -> bytes:
+    return schema.encode({"symbol": symbol, "price": price, "size": 1, "venue": venue})
 
 
 def _data(key: int, seq: int, payload: bytes = b"", *, frame_type: int = FrameType.DATA,
@@ -101,6 +101,8 @@ def cases() -> list[Case]:
         Case("ACL reject", _data(0x1005, 9, msft_small)),
         Case("ACL accept to a group", _data(0x1006, 10, ibm)),
         Case("ACL short payload", _data(0x1005, 11, b"IBM\x00\x00\x00")),
+        Case("ACL accept in the last stage", _data(0x1007, 24, ibm)),
+        Case("ACL reject in the last stage", _data(0x1007, 25, _quote("IBM", 100, venue=8))),
         Case("no payload, no ACL", _data(0x1001, 12)),
         Case("retransmission", _data(0x1001, 13, ibm, frame_type=FrameType.RETRANSMISSION,
                                      flags=1)),
@@ -172,6 +174,8 @@ def test_the_cases_cover_every_decision_of_the_software_nic():
         == {4}
     assert ports["ACL accept to a group"] == {5, 6}
     assert ports["ACL short payload"] == frozenset()
+    assert ports["ACL accept in the last stage"] == {3}
+    assert ports["ACL reject in the last stage"] == frozenset()
     assert ports["retransmission"] == ports["no payload, no ACL"] == {1}
     for name in ("two messages", "admin frame", "bad magic", "bad IPv4 checksum",
                  "IPv4 options", "IPv4 fragment", "UDP length shorter than the frame",

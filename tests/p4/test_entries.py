@@ -90,7 +90,7 @@ def _edited_p4info(tmp_path, old, new, count=1):
     ('name: "meta.field_1"\n    bitwidth: 32\n    match_type: RANGE',
      'name: "meta.field_1"\n    bitwidth: 32\n    match_type: TERNARY',
      "meta.field_1 is a TERNARY field in the program, the entry gives a RANGE match"),
-    ("size: 65536", "size: 2", "gets 3 entries; the program's table holds 2"),
+    ("size: 65536", "size: 2", "gets 4 entries; the program's table holds 2"),
 ])
 def test_entries_the_p4info_does_not_allow_are_refused(tmp_path, old, new, message):
     p4info = _edited_p4info(tmp_path, old, new)

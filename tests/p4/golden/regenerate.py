@@ -2,7 +2,7 @@
 ``topicwire p4 entries`` makes of it. Run when the snapshot or the P4 program changes, and
 review the diff: the stored files are the contract the CLI is tested against.
 
-    .venv/bin/python tests/p4/golden/regenerate.py
+    .venv/bin/python -m tests.p4.golden.regenerate
 """
 
 from __future__ import annotations
