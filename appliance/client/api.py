@@ -1,0 +1,582 @@
+"""The client API: a session with one appliance over UDP or the shared-memory bus.
+
+A ``Client`` owns one channel and one background thread (an ``AgentRunner`` with the
+``_ClientAgent``): it receives frames, answers waiting requests, resolves unknown topic keys,
+delivers messages to subscriptions, heartbeats the appliance and sends the open publish
+frame when its latency budget (``CLIENT_BATCH_BUDGET_NS``) is spent. ``publish`` packs
+messages into that frame (batching): a frame leaves when full, when the budget is spent,
+or on ``flush()``.
+
+Requests (login, subscribe, unsubscribe, the first publish of a topic, which registers it)
+wait for the appliance's answer and raise ``EntitlementError`` when P&M's entitlements
+refuse them. Subscriptions follow seed 000: ``unsubscribe`` of a pattern narrower than a
+subscription is a partial unsubscribe (the client's list, kept here and at the appliance,
+decides delivery). Selectors are evaluated here on each message of the subscription.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from appliance.config import (
+    CLIENT_BATCH_BUDGET_NS,
+    CLIENT_HEARTBEAT_INTERVAL_NS,
+    REQUEST_TIMEOUT_S,
+)
+from datapath.agent import AgentRunner, BackoffIdle
+from datapath.config import MAX_FRAME_BYTES
+from datapath.errors import UserError
+from datapath.protocol import admin_layout as al
+from datapath.protocol import frame_layout as fl
+from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
+from datapath.protocol.errors import ProtocolError
+from datapath.topics.algebra import matches, split_pattern
+from datapath.topics.registry import KeyRegistry
+from datapath.topics.sublist import SubscriptionList
+
+QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
+"""QoS names and their wire values (docs/protocol.md, message ``qos``)."""
+
+SUBSCRIPTION_QUEUE_MESSAGES = 1_000_000
+"""Messages a subscription queue holds before the oldest are dropped (best-effort) and
+counted; last-value subscriptions keep one per topic instead."""
+RESOLVE_RETRY_NS = 200_000_000
+"""An unanswered key resolution is asked again after this long."""
+
+
+class ClientError(UserError):
+    """A refused client operation (component ``client``)."""
+
+    component = "client"
+
+
+class LoginError(ClientError):
+    """The appliance refused the login (unknown identity, no P&M yet, shutting down)."""
+
+
+class EntitlementError(ClientError):
+    """P&M's entitlements refused a subscription or a publish."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One received message."""
+
+    topic: str
+    payload: bytes
+    topic_key: int
+    sequence: int
+    publish_ts_ns: int
+    namespace: int
+    schema_id: int
+    qos: int
+    origin: int
+    """The appliance where the message entered the fabric (node id)."""
+    stream: int
+    """The publishing session at the origin."""
+    received_ns: int
+
+    @property
+    def latency_ns(self) -> int:
+        """Receive time minus publish time (wall clock; same host or synchronised clocks)."""
+        return self.received_ns - self.publish_ts_ns
+
+
+class Subscription:
+    """One ``subscribe`` call: iterate it, ``get()`` from it, or give a callback."""
+
+    def __init__(self, client: Client, sub_id: int, pattern: str, namespace: int,
+                 selector: Any, qos: str, callback: Callable[[Message], None] | None) -> None:
+        self.client = client
+        self.sub_id = sub_id
+        self.pattern = pattern
+        self.namespace = namespace
+        self.selector = selector
+        self.qos = qos
+        self.callback = callback
+        self.dropped = 0
+        self.delivered = 0
+        self._queue: deque[Message] = deque()
+        self._latest: OrderedDict[int, Message] = OrderedDict()
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def _put(self, msg: Message) -> None:
+        if self.callback is not None:
+            self.delivered += 1
+            self.callback(msg)
+            return
+        with self._cond:
+            if self.qos == "last-value":
+                self._latest.pop(msg.topic_key, None)
+                self._latest[msg.topic_key] = msg
+            else:
+                if len(self._queue) >= SUBSCRIPTION_QUEUE_MESSAGES:
+                    self._queue.popleft()
+                    self.dropped += 1
+                self._queue.append(msg)
+            self.delivered += 1
+            self._cond.notify()
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        """The next message; None on timeout or when the subscription is closed and empty."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._queue:
+                    return self._queue.popleft()
+                if self._latest:
+                    return self._latest.popitem(last=False)[1]
+                if self.closed:
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            msg = self.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    def unsubscribe(self) -> None:
+        """Withdraw this subscription's pattern (``Client.unsubscribe(self.pattern)``)."""
+        self.client.unsubscribe(self.pattern, namespace=self.namespace)
+
+
+class _Waiter:
+    __slots__ = ("event", "result")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.result: dict | None = None
+
+
+class Client:
+    """A logged-in session with one appliance; see the module docstring."""
+
+    def __init__(self, channel: Any, identity: str, *, ring: str | None = None,
+                 owned: Any = None, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.channel = channel
+        self.identity = identity
+        self.timeout_s = timeout_s
+        self._owned = owned
+        self._lock = threading.RLock()
+        self._waiters: dict[tuple, _Waiter] = {}
+        self._keys: dict[tuple[int, str], int] = {}
+        self._topics: dict[int, tuple[int, str]] = {}
+        self._pending: dict[int, list[Message]] = {}
+        self._asked: dict[int, int] = {}
+        self._seq: dict[int, int] = {}
+        self._subs: list[Subscription] = []
+        self._lists: dict[int, SubscriptionList] = {}
+        self._sub_ids = itertools.count(1)
+        self._keyer = KeyRegistry()
+        self._schemas: dict[int, Any] = {}
+        self.session = 0
+        self.node = ""
+        self.node_id = 0
+        self.closed = False
+        self.logged_out_reason: str | None = None
+        self.published = 0
+        self.received = 0
+        self._pub = bytearray(MAX_FRAME_BYTES)
+        self._pub_np = np.frombuffer(self._pub, dtype=np.uint8)
+        self._writer = FrameWriter(self._pub, capacity_bytes=min(MAX_FRAME_BYTES,
+                                                                 channel.max_frame_bytes))
+        self._open_since_ns = 0
+        self._one = np.zeros(1, np.int64)
+        self._runner = AgentRunner([_ClientAgent(self)], BackoffIdle(),
+                                   name=f"client-{identity}")
+        self._runner.start()
+        try:
+            self._login(ring)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- sending -------------------------------------------------------------------------------
+    def _send(self, frame: bytes | bytearray) -> None:
+        buf = np.frombuffer(bytearray(frame), dtype=np.uint8)
+        with self._lock:
+            self._one[0] = len(buf)
+            if self.channel.closed:
+                raise ClientError("the connection is closed; connect again")
+            sent = self.channel.send((buf, np.zeros(1, np.int64), self._one.copy(), 1))
+        if sent != 1:
+            raise ClientError("the appliance's channel is full; retry later")
+
+    def _admin(self, ftype: fl.FrameType, entries: list, body_header: dict | None = None) -> None:
+        self._send(encode_admin(ftype, entries, body_header=body_header,
+                                source_session=self.session, send_ts_ns=time.time_ns()))
+
+    def _control(self, kind: al.ControlKind, doc: dict) -> None:
+        self._admin(fl.FrameType.CONTROL, [al.Control(kind, json.dumps(doc))])
+
+    def _request(self, key: tuple, send: Callable[[], None]) -> dict:
+        waiter = _Waiter()
+        with self._lock:
+            self._waiters[key] = waiter
+        try:
+            send()
+            if not waiter.event.wait(self.timeout_s):
+                raise ClientError(f"no answer from the appliance to {key[0]} within "
+                                  f"{self.timeout_s} s; is it running?")
+        finally:
+            with self._lock:
+                self._waiters.pop(key, None)
+        assert waiter.result is not None
+        return waiter.result
+
+    def _login(self, ring: str | None) -> None:
+        result = self._request(("login",), lambda: self._control(
+            al.ControlKind.LOGIN, {"identity": self.identity, "ring": ring}))
+        if not result.get("accepted"):
+            raise LoginError(f"login as {self.identity!r} refused: {result.get('reason')}")
+        self.session = int(result["session"])
+        self.node = str(result.get("node", ""))
+        self.node_id = int(result.get("node_id", 0))
+        from nic_offload.schema import Schema
+
+        for doc in result.get("schemas", []):
+            schema = Schema.from_dict(doc)
+            self._schemas[schema.schema_id] = schema
+
+    # --- publishing ----------------------------------------------------------------------------
+    def _key(self, topic: str, namespace: int) -> int:
+        key = self._keys.get((namespace, topic))
+        if key is not None:
+            return key
+        key = self._keyer.key_of(topic, namespace)
+        result = self._request(("register", namespace, topic), lambda: self._admin(
+            fl.FrameType.REGISTRY_UPDATE, [al.RegistryEntry(key, namespace, topic)],
+            {"version": 0}))
+        if not result.get("accepted"):
+            raise EntitlementError(f"publish to {topic!r} refused: {result.get('reason')}")
+        self._keys[(namespace, topic)] = key
+        self._topics[key] = (namespace, topic)
+        return key
+
+    def publish(self, topic: str, payload: bytes | bytearray | memoryview = b"", *,
+                qos: str = "best-effort", namespace: int = 0, schema_id: int = 0,
+                flush: bool = False) -> int:
+        """Publish one message; returns its sequence number (per topic). The first publish
+        of a topic registers it (one round trip; EntitlementError if P&M refuses)."""
+        if qos not in QOS:
+            raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
+        key = self._key(topic, namespace)
+        now = time.time_ns()
+        with self._lock:
+            seq = self._seq.get(key, 0) + 1
+            self._seq[key] = seq
+            writer = self._writer
+            args = dict(namespace_id=namespace, schema_id=schema_id, qos=QOS[qos])
+            if self._open_since_ns == 0:
+                writer.begin(fl.FrameType.DATA, source_session=self.session,
+                             stream_id=self.session)
+                self._open_since_ns = time.monotonic_ns()
+            if not writer.append(key, seq, now, payload, **args):
+                self._flush_locked()
+                writer.begin(fl.FrameType.DATA, source_session=self.session,
+                             stream_id=self.session)
+                self._open_since_ns = time.monotonic_ns()
+                if not writer.append(key, seq, now, payload, **args):
+                    raise ClientError(f"a payload of {len(payload)} bytes does not fit one "
+                                      "frame; send smaller messages")
+            self.published += 1
+            if flush or qos == "guaranteed":
+                self._flush_locked()
+        return seq
+
+    def flush(self) -> None:
+        """Send the open publish frame now."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._open_since_ns == 0:
+            return
+        length = self._writer.finish()
+        self._open_since_ns = 0
+        if length:
+            self._one[0] = length
+            sent = self.channel.send((self._pub_np, np.zeros(1, np.int64), self._one.copy(), 1))
+            if sent != 1:
+                self.send_drops = getattr(self, "send_drops", 0) + 1
+
+    # --- subscribing ---------------------------------------------------------------------------
+    def subscribe(self, pattern: str, selector: str | None = None, *, qos: str = "best-effort",
+                  namespace: int = 0, callback: Callable[[Message], None] | None = None
+                  ) -> Subscription:
+        """Subscribe to ``pattern``; EntitlementError when P&M refuses it."""
+        if qos not in QOS:
+            raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
+        split_pattern(pattern)
+        compiled = None
+        if selector:
+            from nic_offload.selectors import compile_selector
+
+            compiled = compile_selector(selector)
+        sub_id = next(self._sub_ids)
+        result = self._request(("subscribe", sub_id), lambda: self._admin(
+            fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], 0, pattern)]))
+        if not result.get("accepted"):
+            raise EntitlementError(f"subscription to {pattern!r} refused: "
+                                   f"{result.get('reason')}")
+        sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback)
+        with self._lock:
+            self._lists.setdefault(namespace, SubscriptionList()).subscribe(pattern)
+            self._subs.append(sub)
+        return sub
+
+    def unsubscribe(self, pattern: str, *, namespace: int = 0) -> None:
+        """Seed 000 unsubscribe: withdraws ``pattern`` and what it includes; narrower than a
+        subscription, it is a partial unsubscribe."""
+        split_pattern(pattern)
+        sub_id = next(self._sub_ids)
+        result = self._request(("unsubscribe", sub_id), lambda: self._admin(
+            fl.FrameType.UNSUBSCRIBE, [al.Subscription(sub_id, namespace, 0, 0, pattern)]))
+        if not result.get("accepted"):
+            raise ClientError(f"unsubscribe {pattern!r} refused: {result.get('reason')}")
+        with self._lock:
+            lst = self._lists.setdefault(namespace, SubscriptionList())
+            lst.unsubscribe(pattern)
+            live = set(lst.positive_patterns())
+            keep = []
+            for sub in self._subs:
+                if sub.namespace == namespace and not any(matches_or_includes(p, sub.pattern)
+                                                          for p in live):
+                    sub._close()
+                else:
+                    keep.append(sub)
+            self._subs = keep
+
+    # --- receiving (the client thread) ---------------------------------------------------------
+    def _on_frame(self, data: memoryview, now_ns: int) -> None:
+        try:
+            frame = decode_frame(data)
+        except ProtocolError:
+            self.malformed = getattr(self, "malformed", 0) + 1
+            return
+        h = frame.header
+        if frame.is_message_frame:
+            view = MessageView()
+            for m in frame.messages(view):
+                key = m.topic_key
+                msg = Message("", bytes(m.payload), key, m.sequence, m.publish_ts_ns,
+                              m.namespace_id, m.schema_id, m.qos, h.source_session,
+                              h.stream_id, now_ns)
+                self.received += 1
+                known = self._topics.get(key)
+                if known is None:
+                    self._pending.setdefault(key, []).append(msg)
+                else:
+                    self._dispatch(msg, known[1])
+            return
+        _, entries = frame.admin()
+        if h.frame_type is fl.FrameType.CONTROL:
+            for entry in entries:
+                doc = json.loads(entry.document)
+                if entry.kind is al.ControlKind.LOGIN_RESULT:
+                    self._answer(("login",), doc)
+                elif entry.kind is al.ControlKind.REQUEST_RESULT:
+                    request = doc.get("request")
+                    if request == "register":
+                        self._answer(("register", doc.get("namespace", 0), doc.get("topic")),
+                                     doc)
+                    else:
+                        self._answer((request, doc.get("sub_id")), doc)
+                elif entry.kind is al.ControlKind.LOGOUT:
+                    self.logged_out_reason = str(doc.get("reason", "logged out"))
+                    for sub in list(self._subs):
+                        sub._close()
+        elif h.frame_type is fl.FrameType.REGISTRY_UPDATE:
+            for entry in entries:
+                self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
+                for msg in self._pending.pop(entry.topic_key, []):
+                    self._dispatch(msg, entry.topic)
+
+    def _answer(self, key: tuple, doc: dict) -> None:
+        with self._lock:
+            waiter = self._waiters.get(key)
+        if waiter is not None:
+            waiter.result = doc
+            waiter.event.set()
+
+    def _dispatch(self, msg: Message, topic: str) -> None:
+        msg = replace(msg, topic=topic)
+        lst = self._lists.get(msg.namespace)
+        if lst is None or not lst.decides(topic):
+            return
+        event = None
+        for sub in self._subs:
+            if sub.namespace != msg.namespace or not matches(sub.pattern, topic):
+                continue
+            if sub.selector is not None:
+                if event is None:
+                    event = self._event(msg)
+                if not sub.selector.evaluate(event):
+                    continue
+            sub._put(msg)
+
+    def _event(self, msg: Message) -> dict:
+        from nic_offload.selectors import message_event
+
+        header = {"topic_key": msg.topic_key, "sequence": msg.sequence,
+                  "publish_ts_ns": msg.publish_ts_ns, "namespace_id": msg.namespace,
+                  "schema_id": msg.schema_id, "qos": msg.qos}
+        return message_event(msg.payload, self._schemas.get(msg.schema_id), header)
+
+    def _housekeeping(self, now_ns: int) -> int:
+        work = 0
+        if self._pending:
+            keys = [k for k in self._pending if now_ns - self._asked.get(k, 0) > RESOLVE_RETRY_NS]
+            if keys:
+                for k in keys:
+                    self._asked[k] = now_ns
+                try:
+                    self._control(al.ControlKind.RESOLVE, {"keys": keys[:4096]})
+                except ClientError:
+                    pass
+                work += 1
+        with self._lock:
+            if self._open_since_ns and time.monotonic_ns() - self._open_since_ns >= \
+                    CLIENT_BATCH_BUDGET_NS:
+                self._flush_locked()
+                work += 1
+        return work
+
+    # --- closing -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush, log out, stop the client thread, close the channel (safe twice)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.session and not self.channel.closed:
+                self.flush()
+                self._control(al.ControlKind.LOGOUT, {"reason": "client closed"})
+        except Exception:
+            pass
+        try:
+            self._runner.stop()
+        finally:
+            for sub in self._subs:
+                sub._close()
+            self.channel.close()
+            if self._owned is not None:
+                self._owned.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def matches_or_includes(live: str, pattern: str) -> bool:
+    from datapath.topics.algebra import includes
+
+    return includes(live, pattern) or includes(pattern, live)
+
+
+class _ClientAgent:
+    name = "client"
+
+    def __init__(self, client: Client) -> None:
+        from channels.base import FrameBatch
+
+        self.client = client
+        self.batch = FrameBatch(64)
+        self._heartbeat_at = 0
+
+    def do_work(self, now_ns: int) -> int:
+        client = self.client
+        if client.channel.closed:
+            return 0
+        n = client.channel.receive(self.batch, 0)
+        wall = time.time_ns()
+        for i in range(n):
+            client._on_frame(memoryview(self.batch.frame(i)), wall)
+        work = n + client._housekeeping(now_ns)
+        if client.session and now_ns >= self._heartbeat_at:
+            self._heartbeat_at = now_ns + CLIENT_HEARTBEAT_INTERVAL_NS
+            try:
+                client._admin(fl.FrameType.HEARTBEAT, [al.Hello(
+                    client.session, 0, CLIENT_HEARTBEAT_INTERVAL_NS // 1_000_000,
+                    al.NodeRole.CLIENT, 0, client.identity[:255])])
+            except ClientError:
+                pass
+        return work
+
+    def on_close(self) -> None:
+        return None
+
+
+def connect(url: str, identity: str = "anonymous", *,
+            timeout_s: float = REQUEST_TIMEOUT_S) -> Client:
+    """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT`` or ``embedded:``."""
+    from channels.shm import ShmChannel
+    from channels.udp import UdpChannel
+
+    if url.startswith("udp://"):
+        from appliance.config import ConfigError, parse_address
+
+        try:
+            host, port = parse_address(url[len("udp://"):], "appliance address")
+        except ConfigError as exc:
+            raise ClientError(str(exc).removeprefix("config: ")) from None
+        bind = "127.0.0.1" if host.startswith("127.") else "0.0.0.0"
+        channel = UdpChannel((bind, 0), dest=(host, port), name=f"client:{host}:{port}")
+        return Client(channel, identity, timeout_s=timeout_s)
+    if url.startswith("shm://"):
+        bus = url[len("shm://"):]
+        ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        channel = ShmChannel(rx=ring, name=f"client:shm:{bus}")
+        try:
+            channel.connect(bus)
+        except BaseException:
+            channel.close()
+            raise
+        return Client(channel, identity, ring=ring, timeout_s=timeout_s)
+    if url.startswith("embedded:"):
+        from appliance.config import parse_config
+        from appliance.node import Appliance
+
+        name = f"embedded-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        config = parse_config({"appliance": {"name": name},
+                               "clients": {"shm": name},
+                               "pm": {"anonymous": True}})
+        appliance = Appliance(config).start()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client = connect(f"shm://{name}", identity, timeout_s=timeout_s)
+                client._owned = appliance
+                return client
+            except ClientError:
+                if time.monotonic() > deadline:
+                    appliance.stop()
+                    raise
+                time.sleep(0.05)
+    raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT or "
+                      "embedded:")
+

@@ -1,0 +1,382 @@
+"""Appliance configuration: the TOML keys (docs/appliance.md), their checks, and the tunables.
+
+``load_config(path)`` reads and checks the whole file before anything starts: an unknown key,
+a value of the wrong type or out of range, an address that does not parse, a file that does
+not exist raise ``ConfigError`` naming the key (``config: fabric.listen: ...``). Whether a
+port is free is checked when the channels open (``node.Appliance.start``), which also fails
+as a ``ConfigError`` naming the key, before any thread starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datapath.errors import UserError
+
+# --- tunables (units in the names) ---------------------------------------------------------
+HEARTBEAT_INTERVAL_MS = 100
+"""HELLO/HEARTBEAT period towards neighbours (config key ``appliance.heartbeat_interval_ms``)."""
+NEIGHBOUR_DEAD_INTERVALS = 4
+"""A neighbour silent for this many heartbeat intervals is down, unless
+``appliance.neighbour_dead_ms`` says otherwise."""
+LSA_REFRESH_MS = 2_000
+"""Link state, interest and the P&M document are re-flooded this often
+(``appliance.lsa_refresh_ms``)."""
+LSA_MAX_AGE_REFRESHES = 4
+"""An origin whose LSA was not refreshed for this many periods is forgotten."""
+DRAIN_TIMEOUT_MS = 500
+"""On shutdown, queued frames may take this long to leave (``appliance.drain_timeout_ms``)."""
+FABRIC_MAX_FRAME_BYTES = 1_472
+"""Frames built towards neighbours: one UDP datagram on a 1,500-byte Ethernet MTU
+(``fabric.max_frame_bytes``)."""
+CLIENT_MAX_FRAME_BYTES = 65_504
+"""Frames built towards local clients (loopback and shared memory carry large frames)."""
+CLIENT_MAX_SESSIONS = 256
+"""Client sessions one appliance holds (``clients.max_sessions``)."""
+CLIENT_SESSION_DEAD_MS = 5_000
+"""A client silent this long is logged out (``clients.session_dead_ms``)."""
+SHM_BUS_PRODUCERS = 32
+"""Producer slots of the shared-memory bus ring (clients that may send at once)."""
+STATUS_REFRESH_NS = 250_000_000
+"""How often the control agent rebuilds the status snapshot."""
+INBOX_FRAMES = 4_096
+"""Admin frames the data path may queue for the control agent; more are dropped and counted."""
+OUTBOX_FRAMES = 8_192
+"""Admin frames the control agent may queue for sending; more are dropped and counted."""
+PARKED_MESSAGES = 65_536
+"""Messages with a key not yet known that wait for the next snapshot, at most."""
+PARKED_MESSAGE_TTL_NS = 2_000_000_000
+"""How long a parked message waits for its key before it is dropped and counted."""
+AUTH_REPLAY_WINDOW = 1_024
+"""Auth sequence numbers per source remembered below the highest accepted (replay window)."""
+AUTH_LOG_INTERVAL_NS = 10_000_000_000
+"""A rejected admin frame is logged at most once per source per this interval."""
+CONTROL_IDLE_SLEEP_NS = 1_000_000
+"""The control agent sleeps this long when idle (it runs timers, not a hot loop)."""
+DATAPATH_RECEIVE_FRAMES = 256
+"""Frames one receive call takes from one channel."""
+REQUEST_TIMEOUT_S = 5.0
+"""How long a client waits for the appliance's answer to a request."""
+CLIENT_HEARTBEAT_INTERVAL_NS = 1_000_000_000
+"""A client heartbeats its appliance this often."""
+CLIENT_BATCH_BUDGET_NS = 200_000
+"""A client's open frame leaves at the latest this long after its first message."""
+SUBMIT_TIMEOUT_S = 5.0
+"""How long ``Appliance.submit`` waits for the control agent to apply a command."""
+
+MAX_NODE_ID = 2**31 - 1
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+FABRIC_KEY_BYTES = 32
+
+
+class ConfigError(UserError):
+    """A refused configuration: names the key and what to do."""
+
+    component = "config"
+
+
+# --- the parsed configuration ----------------------------------------------------------------
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class NeighbourConfig:
+    name: str
+    address: Address
+    cost: int = 1
+
+
+@dataclass(frozen=True)
+class IdentityConfig:
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ApplianceConfig:
+    name: str
+    node_id: int
+    role: str = "core"
+    namespaces: tuple[int, ...] = (0,)
+    idle: str = "backoff"
+    drain_timeout_ms: int = DRAIN_TIMEOUT_MS
+    heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
+    neighbour_dead_ms: int = HEARTBEAT_INTERVAL_MS * NEIGHBOUR_DEAD_INTERVALS
+    lsa_refresh_ms: int = LSA_REFRESH_MS
+    fabric_listen: Address | None = None
+    fabric_key: bytes | None = None
+    fabric_key_id: int = 1
+    fabric_max_frame_bytes: int = FABRIC_MAX_FRAME_BYTES
+    neighbours: tuple[NeighbourConfig, ...] = ()
+    clients_udp: Address | None = None
+    clients_shm: str | None = None
+    max_sessions: int = CLIENT_MAX_SESSIONS
+    session_dead_ms: int = CLIENT_SESSION_DEAD_MS
+    pm_mode: str = "embedded"
+    pm_registry: Path | None = None
+    pm_anonymous: bool = False
+    identities: dict[str, IdentityConfig] = field(default_factory=dict)
+    mgmt: dict[str, Any] = field(default_factory=dict)
+    log: dict[str, Any] = field(default_factory=dict)
+    source: Path | None = None
+
+
+# --- checking ----------------------------------------------------------------------------------
+
+def _fail(key: str, what: str) -> ConfigError:
+    return ConfigError(f"{key}: {what}")
+
+
+def _table(doc: dict, key: str, allowed: set[str], prefix: str) -> dict:
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise _fail(prefix + key, "must be a table ([" + prefix + key + "])")
+    _known(value, allowed, prefix + key + ".")
+    return value
+
+
+def _known(table: dict, allowed: set[str], prefix: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise _fail(prefix + key, "unknown key; known keys here: " + ", ".join(sorted(allowed)))
+
+
+def _int(table: dict, key: str, prefix: str, default: int, low: int, high: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(prefix + key, f"must be an integer in [{low}, {high}], not {value!r}")
+    return value
+
+
+def _str(table: dict, key: str, prefix: str, default: str | None, choices: tuple[str, ...] = ()
+         ) -> str | None:
+    value = table.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str) or (choices and value not in choices):
+        want = f"one of {', '.join(repr(c) for c in choices)}" if choices else "a string"
+        raise _fail(prefix + key, f"must be {want}, not {value!r}")
+    return value
+
+
+def parse_address(text: object, key: str, *, allow_zero_port: bool = False) -> Address:
+    """``"10.0.0.1:47470"`` -> ``("10.0.0.1", 47470)``; numeric IPv4 only (no name lookups)."""
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise _fail(key, f"must be \"IPv4:port\" such as \"127.0.0.1:47470\", not {text!r}")
+    host, port_text = text.split(":")
+    try:
+        address = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise _fail(key, f"{host!r} is not a numeric IPv4 address (names are not "
+                    "resolved)") from None
+    if address.is_multicast:
+        raise _fail(key, f"{host} is a multicast group; give a unicast address")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise _fail(key, f"port {port_text!r} is not a number") from None
+    if not (0 if allow_zero_port else 1) <= port <= 65535:
+        raise _fail(key, f"port {port} is outside [1, 65535]")
+    return str(address), port
+
+
+def _patterns(value: object, key: str) -> tuple[str, ...]:
+    from datapath.topics.algebra import TopicError, split_pattern
+
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise _fail(key, "must be a list of topic patterns such as [\"prices/#\"]")
+    for pattern in value:
+        try:
+            split_pattern(pattern)
+        except TopicError as exc:
+            raise _fail(key, f"{pattern!r}: {str(exc).removeprefix('topics: ')}") from None
+    return tuple(value)
+
+
+def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
+    if not isinstance(table, dict):
+        raise _fail(key, "must be a table of identities ([pm.identities.NAME])")
+    out = {}
+    for identity, spec in table.items():
+        where = f"{key}.{identity}"
+        if not isinstance(spec, dict):
+            raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
+        _known(spec, {"publish", "subscribe"}, where + ".")
+        out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
+                                       _patterns(spec.get("subscribe", []), where + ".subscribe"))
+    return out
+
+
+def _existing_file(value: object, key: str, base: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise _fail(key, "must be a file path")
+    path = Path(value)
+    if not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise _fail(key, f"no such file: {path}")
+    return path
+
+
+def _fabric_key(text: str, key: str) -> bytes:
+    try:
+        raw = bytes.fromhex(text.strip())
+    except ValueError:
+        raise _fail(key, "the fabric key must be hex (64 hex digits)") from None
+    if len(raw) != FABRIC_KEY_BYTES:
+        raise _fail(key, f"the fabric key must be {FABRIC_KEY_BYTES} bytes (64 hex digits), "
+                    f"not {len(raw)}")
+    return raw
+
+
+def node_id_of(name: str) -> int:
+    """The default node id of an appliance name: stable across restarts and machines."""
+    digest = hashlib.blake2b(name.encode(), digest_size=4, person=b"topicwire-node").digest()
+    return int.from_bytes(digest, "big") % MAX_NODE_ID + 1
+
+
+def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
+    """Check a parsed TOML document (see the module docstring)."""
+    base = source.parent if source else Path.cwd()
+    _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log"}, "")
+    app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle",
+                                    "drain_timeout_ms", "heartbeat_interval_ms",
+                                    "neighbour_dead_ms", "lsa_refresh_ms"}, "")
+    p = "appliance."
+    name = app.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _fail(p + "name", "required: 1..64 letters, digits, '.', '_' or '-'"
+                    + ("" if name is None else f", not {name!r}"))
+    node_id = _int(app, "id", p, node_id_of(name), 1, MAX_NODE_ID)
+    role = _str(app, "role", p, "core", ("core", "edge"))
+    namespaces = app.get("namespaces", [0])
+    if (not isinstance(namespaces, list) or not namespaces
+            or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**32
+                       for n in namespaces)):
+        raise _fail(p + "namespaces", "must be a non-empty list of integers in [0, 2^32)")
+    idle = _str(app, "idle", p, "backoff", ("busy", "backoff", "sleep"))
+    heartbeat = _int(app, "heartbeat_interval_ms", p, HEARTBEAT_INTERVAL_MS, 10, 60_000)
+    dead = _int(app, "neighbour_dead_ms", p, heartbeat * NEIGHBOUR_DEAD_INTERVALS,
+                2 * heartbeat, 600_000)
+    lsa = _int(app, "lsa_refresh_ms", p, LSA_REFRESH_MS, heartbeat, 600_000)
+    drain = _int(app, "drain_timeout_ms", p, DRAIN_TIMEOUT_MS, 0, 60_000)
+
+    fab = _table(doc, "fabric", {"listen", "key", "key_file", "key_id", "max_frame_bytes"}, "")
+    p = "fabric."
+    listen = parse_address(fab["listen"], p + "listen") if "listen" in fab else None
+    key = None
+    if "key" in fab and "key_file" in fab:
+        raise _fail(p + "key", "give fabric.key or fabric.key_file, not both")
+    if "key" in fab:
+        if not isinstance(fab["key"], str):
+            raise _fail(p + "key", "must be a hex string")
+        key = _fabric_key(fab["key"], p + "key")
+    elif "key_file" in fab:
+        path = _existing_file(fab["key_file"], p + "key_file", base)
+        key = _fabric_key(path.read_text(), p + "key_file")
+    key_id = _int(fab, "key_id", p, 1, 1, 2**32 - 1)
+    max_frame = _int(fab, "max_frame_bytes", p, FABRIC_MAX_FRAME_BYTES, 512, 65_504)
+    if max_frame % 8:
+        raise _fail(p + "max_frame_bytes", f"must be a multiple of 8, not {max_frame}")
+
+    raw_neighbours = doc.get("neighbours", [])
+    if not isinstance(raw_neighbours, list):
+        raise _fail("neighbours", "must be an array of tables ([[neighbours]])")
+    neighbours = []
+    for i, n in enumerate(raw_neighbours):
+        where = f"neighbours[{i}]."
+        if not isinstance(n, dict):
+            raise _fail(f"neighbours[{i}]", "must be a table with name and address")
+        _known(n, {"name", "address", "cost"}, where)
+        nname = n.get("name")
+        if not isinstance(nname, str) or not NAME_RE.match(nname):
+            raise _fail(where + "name", "required: the neighbour's appliance name")
+        if nname == name or any(x.name == nname for x in neighbours):
+            raise _fail(where + "name", f"{nname!r} is this appliance or listed twice")
+        if "address" not in n:
+            raise _fail(where + "address", "required: \"IPv4:port\" of the neighbour's "
+                        "fabric.listen")
+        neighbours.append(NeighbourConfig(nname, parse_address(n["address"], where + "address"),
+                                          _int(n, "cost", where, 1, 1, 65_535)))
+    if neighbours and listen is None:
+        raise _fail("fabric.listen", "required when neighbours are configured")
+    if neighbours and key is None:
+        raise _fail("fabric.key_file", "required when neighbours are configured (admin frames "
+                    "between appliances are authenticated with it); or give fabric.key")
+
+    cl = _table(doc, "clients", {"udp", "shm", "max_sessions", "session_dead_ms"}, "")
+    p = "clients."
+    clients_udp = parse_address(cl["udp"], p + "udp") if "udp" in cl else None
+    shm = _str(cl, "shm", p, None)
+    if shm is not None and not NAME_RE.match(shm):
+        raise _fail(p + "shm", f"must be a ring name (letters, digits, '.', '_', '-'), not "
+                    f"{shm!r}")
+    max_sessions = _int(cl, "max_sessions", p, CLIENT_MAX_SESSIONS, 1, 400)
+    session_dead = _int(cl, "session_dead_ms", p, CLIENT_SESSION_DEAD_MS, 100, 3_600_000)
+
+    pm = _table(doc, "pm", {"mode", "entitlements", "registry", "anonymous", "identities"}, "")
+    p = "pm."
+    mode = _str(pm, "mode", p, "embedded", ("embedded", "remote"))
+    identities: dict[str, IdentityConfig] = {}
+    registry = None
+    anonymous = pm.get("anonymous", False)
+    if not isinstance(anonymous, bool):
+        raise _fail(p + "anonymous", "must be true or false")
+    if mode == "remote":
+        for k in ("entitlements", "registry", "identities", "anonymous"):
+            if k in pm:
+                raise _fail(p + k, "only for pm.mode = \"embedded\" (the P&M appliance)")
+    else:
+        if "entitlements" in pm:
+            path = _existing_file(pm["entitlements"], p + "entitlements", base)
+            try:
+                ents = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise _fail(p + "entitlements", f"{path}: not TOML: {exc}") from None
+            _known(ents, {"identities"}, f"{path}: ")
+            identities.update(_identities(ents.get("identities", {}), "identities"))
+        identities.update(_identities(pm.get("identities", {}), p + "identities"))
+        if "registry" in pm:
+            registry = _existing_file(pm["registry"], p + "registry", base)
+
+    mgmt = _table(doc, "mgmt", {"listen", "token", "token_file"}, "")
+    if "listen" in mgmt:
+        parse_address(mgmt["listen"], "mgmt.listen", allow_zero_port=True)
+    if "token_file" in mgmt:
+        _existing_file(mgmt["token_file"], "mgmt.token_file", base)
+    log = _table(doc, "log", {"format", "level"}, "")
+    _str(log, "format", "log.", "text", ("text", "json"))
+    _str(log, "level", "log.", "info", ("debug", "info", "warning", "error"))
+
+    return ApplianceConfig(
+        name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
+        drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
+        lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
+        fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours),
+        clients_udp=clients_udp, clients_shm=shm, max_sessions=max_sessions,
+        session_dead_ms=session_dead, pm_mode=mode, pm_registry=registry,
+        pm_anonymous=anonymous, identities=identities, mgmt=dict(mgmt), log=dict(log),
+        source=source)
+
+
+def load_config(path: str | Path) -> ApplianceConfig:
+    """Read and check a TOML config file (raises ConfigError)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no such config file: {path}; pass --config FILE") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    return parse_config(doc, path.resolve())

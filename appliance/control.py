@@ -1,0 +1,816 @@
+"""The control agent: neighbours, link state, paths, interest, P&M, client sessions, the compiler.
+
+It runs on its own thread (an ``AgentRunner`` with a sleeping idle strategy: it runs timers
+and admin frames, not the hot path). It owns the routing state, the ``OffloadCompiler`` and
+the P&M document; it reaches the data path only through the data plane's ``CommandQueue``,
+its outbox of admin frames, and ``SnapshotSwitch.publish``. Wire behaviour:
+docs/appliance.md ("Control plane", "Clients").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance import pm as pmod
+from appliance.auth import FabricAuth
+from appliance.config import (
+    AUTH_LOG_INTERVAL_NS,
+    LSA_MAX_AGE_REFRESHES,
+    STATUS_REFRESH_NS,
+    ApplianceConfig,
+    NeighbourConfig,
+)
+from appliance.dataplane import (
+    CLIENT_SHM,
+    FABRIC,
+    DataPlaneAgent,
+    DpSession,
+    ForwardingTables,
+)
+from appliance.routing import Lsa, all_paths, graph_of, minimal_patterns, path_cost
+from channels.udp import peer_id_of
+from datapath.protocol import admin_layout as al
+from datapath.protocol.codec import decode_frame, encode_admin
+from datapath.protocol.errors import ProtocolError
+from datapath.protocol.frame_layout import FrameType
+from datapath.topics.algebra import TopicError
+from datapath.topics.registry import KeyRegistry, RegistryError
+from nic_offload.compiler import OffloadCompiler
+from nic_offload.errors import OffloadError
+from nic_offload.model import CPU_PORT, MAX_EGRESS_PORT
+from nic_offload.snapshot import SnapshotSwitch
+
+log = logging.getLogger("topicwire.appliance")
+
+ROLE = {"core": al.NodeRole.CORE, "edge": al.NodeRole.EDGE}
+REGISTRY_FRAME_BYTES = 60_000
+"""Registry entries per REGISTRY_UPDATE frame are packed up to about this many bytes."""
+INBOX_PER_CYCLE = 512
+"""Admin frames the control agent handles per duty cycle."""
+
+
+@dataclass
+class Neighbour:
+    config: NeighbourConfig
+    peer: int
+    node_id: int | None = None
+    epoch: int = 0
+    up: bool = False
+    last_heard_ns: int = 0
+    rtt_us: float | None = None
+
+
+@dataclass
+class Session:
+    session_id: int
+    identity: str
+    channel: str
+    peer: int
+    ents: pmod.Entitlements
+    port: int
+    ring: str | None = None
+    last_heard_ns: int = 0
+    patterns: Counter = field(default_factory=Counter)
+
+
+class ControlAgent:
+    """See the module docstring."""
+
+    name = "control"
+
+    def __init__(self, config: ApplianceConfig, dp: DataPlaneAgent, switch: SnapshotSwitch,
+                 compiler: OffloadCompiler, registry: KeyRegistry) -> None:
+        self.cfg = config
+        self.node_id = config.node_id
+        self.dp = dp
+        self.switch = switch
+        self.compiler = compiler
+        self.registry = registry
+        self.start_ns = time.monotonic_ns()
+        self.epoch = (time.time_ns() // 1_000_000) & 0xFFFFFFFF
+        self.auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch)
+        self.neighbours = {n.name: Neighbour(n, peer_id_of(*n.address))
+                           for n in config.neighbours}
+        self.by_peer = {nb.peer: nb for nb in self.neighbours.values()}
+        self.names: dict[int, str] = {self.node_id: config.name}
+        self.lsdb: dict[int, Lsa] = {}
+        self.lsa_heard_ns: dict[int, int] = {}
+        self.lsa_seq = 0
+        self.interest: dict[int, tuple[int, int, frozenset[tuple[int, str]]]] = {}
+        self.interest_seq = 0
+        self.advertised: frozenset[tuple[int, str]] = frozenset()
+        self.pm_doc: dict[str, Any] | None = (pmod.embedded_document(config)
+                                              if config.pm_mode == "embedded" else None)
+        self.overrides: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.command_overrides: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.paths: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+        self.sessions: dict[int, Session] = {}
+        self.session_of_peer: dict[tuple[str, int], int] = {}
+        self.denials: Counter[tuple[str, str, str]] = Counter()
+        self.counters: Counter[str] = Counter()
+        self.dest_egress: dict[int, tuple[int, frozenset[tuple[int, str]]]] = {}
+        self._free_ports = [p for p in range(1, MAX_EGRESS_PORT + 1) if p != CPU_PORT]
+        self._free_ports.reverse()
+        self._quarantine: list[int] = []
+        self._topology_dirty = True
+        self._interest_dirty = True
+        self._tables_dirty = True
+        self._lsa_due = True
+        self._heartbeat_at = 0
+        self._refresh_at = 0
+        self._status_at = 0
+        self._log_at: dict[tuple[str, int], int] = {}
+        self._pending_snapshot = None
+        self._synced_registry = registry.version
+        self.requests: list[tuple[str, dict, threading.Event, dict]] = []
+        self._requests_lock = threading.Lock()
+        self.accepting = True
+        self.status_snapshot: dict[str, Any] = {}
+        self._build_status(time.monotonic_ns())
+
+    # --- duty cycle ---------------------------------------------------------------------------
+    def do_work(self, now_ns: int) -> int:
+        work = 0
+        inbox = self.dp.inbox
+        while inbox and work < INBOX_PER_CYCLE:
+            channel, peer, data = inbox.popleft()
+            work += 1
+            try:
+                self._on_admin(channel, peer, data, now_ns)
+            except (ProtocolError, ValueError, KeyError, TypeError) as exc:
+                self.counters["bad_admin"] += 1
+                self._log_once(channel, peer, f"dropped a bad admin frame: {exc}", now_ns)
+        work += self._run_requests()
+        work += self._timers(now_ns)
+        if self.registry.version != self._synced_registry:
+            self._tables_dirty = True
+        if self._topology_dirty:
+            self._recompute_topology()
+            work += 1
+        if self._interest_dirty:
+            self._advertise_interest()
+            work += 1
+        if self._tables_dirty:
+            self._sync_destinations()
+            self._build_snapshot()
+            work += 1
+        if self._pending_snapshot is not None and len(self.dp.commands) == 0:
+            self.switch.publish(self._pending_snapshot)
+            self._pending_snapshot = None
+            for port in self._quarantine:
+                self._free_ports.append(port)
+            self._quarantine.clear()
+        if now_ns >= self._status_at:
+            self._build_status(now_ns)
+        return work
+
+    def on_close(self) -> None:
+        return None
+
+    # --- sending ------------------------------------------------------------------------------
+    def _signed(self, ftype: FrameType, entries: list, body_header: dict | None = None
+                ) -> bytes:
+        frame = encode_admin(ftype, entries, body_header=body_header,
+                             source_session=self.node_id, send_ts_ns=time.time_ns(),
+                             auth=self.auth.next_auth())
+        return bytes(self.auth.sign(frame))
+
+    def _to_neighbour(self, nb: Neighbour, ftype: FrameType, entries: list,
+                      body_header: dict | None = None) -> None:
+        if self.cfg.fabric_key is None:
+            return
+        self.dp.offer_admin(FABRIC, nb.peer, self._signed(ftype, entries, body_header))
+
+    def _control(self, kind: al.ControlKind, doc: dict) -> al.Control:
+        return al.Control(kind, json.dumps(doc, separators=(",", ":")))
+
+    def _flood(self, kind: al.ControlKind, doc: dict, skip: Neighbour | None = None) -> None:
+        entry = [self._control(kind, doc)]
+        for nb in self.neighbours.values():
+            if nb.up and nb is not skip:
+                self._to_neighbour(nb, FrameType.CONTROL, entry)
+
+    def _to_client(self, session_or_peer: tuple[str, int], ftype: FrameType, entries: list,
+                   body_header: dict | None = None, dest_session: int = 0) -> None:
+        channel, dest = session_or_peer
+        frame = encode_admin(ftype, entries, body_header=body_header,
+                             source_session=self.node_id, dest_session=dest_session,
+                             send_ts_ns=time.time_ns())
+        self.dp.offer_admin(channel, dest, frame)
+
+    def _reply(self, session: Session, kind: al.ControlKind, doc: dict) -> None:
+        dest = session.session_id if session.channel == CLIENT_SHM else session.peer
+        self._to_client((session.channel, dest), FrameType.CONTROL, [self._control(kind, doc)],
+                        dest_session=session.session_id)
+
+    # --- admin frames in ----------------------------------------------------------------------
+    def _log_once(self, channel: str, peer: int, text: str, now_ns: int) -> None:
+        key = (channel, peer)
+        if now_ns >= self._log_at.get(key, 0):
+            self._log_at[key] = now_ns + AUTH_LOG_INTERVAL_NS
+            log.warning("%s: %s (from %s peer %s)", self.cfg.name, text, channel, peer)
+
+    def _on_admin(self, channel: str, peer: int, data: bytes, now_ns: int) -> None:
+        if channel == FABRIC:
+            self._on_fabric(peer, data, now_ns)
+        else:
+            self._on_client(channel, peer, data, now_ns)
+
+    def _on_fabric(self, peer: int, data: bytes, now_ns: int) -> None:
+        nb = self.by_peer.get(peer)
+        try:
+            frame = decode_frame(data)
+        except ProtocolError as exc:
+            self.auth.reject("malformed")
+            self._log_once(FABRIC, peer, f"rejected a malformed admin frame ({exc})", now_ns)
+            return
+        if nb is None:
+            self.auth.reject("unknown_peer")
+            self._log_once(FABRIC, peer, "rejected an admin frame from an address that is not "
+                           "a configured neighbour", now_ns)
+            return
+        reason = self.auth.check(frame)
+        if reason is not None:
+            self._log_once(FABRIC, peer, f"rejected an admin frame: {reason}", now_ns)
+            return
+        ftype = frame.header.frame_type
+        _, entries = frame.admin()
+        if ftype in (FrameType.HELLO, FrameType.HEARTBEAT):
+            self._on_hello(nb, entries[0], frame.header.send_ts_ns, now_ns)
+        elif ftype is FrameType.CONTROL:
+            for entry in entries:
+                self._on_fabric_control(nb, entry, now_ns)
+        elif ftype is FrameType.REGISTRY_UPDATE:
+            self._merge_registry(entries, nb)
+        else:
+            self.counters["unexpected_admin"] += 1
+
+    def _on_hello(self, nb: Neighbour, hello: al.Hello, send_ts: int, now_ns: int) -> None:
+        if hello.name != nb.config.name:
+            self.counters["neighbour_name_mismatch"] += 1
+            self._log_once(FABRIC, nb.peer, f"neighbour at {nb.config.address} calls itself "
+                           f"{hello.name!r}, expected {nb.config.name!r}", now_ns)
+            return
+        restarted = nb.up and hello.epoch != nb.epoch
+        nb.last_heard_ns = now_ns
+        if not nb.up or restarted or nb.node_id != hello.node_id:
+            nb.up = True
+            nb.node_id = hello.node_id
+            nb.epoch = hello.epoch
+            self.names[hello.node_id] = hello.name
+            log.info("%s: neighbour %s (id %d) is up", self.cfg.name, hello.name, hello.node_id)
+            self._lsa_due = True
+            self._topology_dirty = True
+            self._send_hello(nb, FrameType.HELLO)
+            self._send_full_state(nb)
+        self._to_neighbour(nb, FrameType.CONTROL, [self._control(al.ControlKind.ECHO,
+                                                                 {"ts": send_ts})])
+
+    def _on_fabric_control(self, nb: Neighbour, entry: al.Control, now_ns: int) -> None:
+        doc = json.loads(entry.document)
+        kind = entry.kind
+        if kind is al.ControlKind.LSA:
+            lsa = Lsa(int(doc["origin"]), str(doc["name"]), int(doc["epoch"]), int(doc["seq"]),
+                      tuple((int(a), int(c)) for a, c in doc["links"]))
+            if lsa.origin == self.node_id:
+                if (lsa.epoch, lsa.seq) >= (self.epoch, self.lsa_seq):
+                    self.lsa_seq = lsa.seq + 1 if lsa.epoch == self.epoch else self.lsa_seq
+                return
+            self.lsa_heard_ns[lsa.origin] = now_ns
+            if lsa.newer_than(self.lsdb.get(lsa.origin)):
+                self.lsdb[lsa.origin] = lsa
+                self.names[lsa.origin] = lsa.name
+                self._topology_dirty = True
+                self._flood(kind, doc, skip=nb)
+        elif kind is al.ControlKind.INTEREST:
+            origin = int(doc["origin"])
+            if origin == self.node_id:
+                return
+            version = (int(doc["epoch"]), int(doc["seq"]))
+            old = self.interest.get(origin)
+            if old is None or version > old[:2]:
+                patterns = frozenset((int(ns), str(p)) for ns, p in doc["patterns"])
+                self.interest[origin] = (*version, patterns)
+                self._tables_dirty = True
+                self._flood(kind, doc, skip=nb)
+        elif kind is al.ControlKind.PM_UPDATE:
+            if self.cfg.pm_mode == "remote" and pmod.is_newer(doc, self.pm_doc):
+                self.pm_doc = doc
+                self._apply_pm(doc)
+                self._flood(kind, doc, skip=nb)
+        elif kind is al.ControlKind.ECHO:
+            sent = int(doc.get("ts", 0))
+            if sent:
+                nb.rtt_us = max(time.time_ns() - sent, 0) / 1e3
+        else:
+            self.counters["unexpected_control"] += 1
+
+    def _apply_pm(self, doc: dict) -> None:
+        routes = {}
+        for src, dst, path in doc.get("routes", []):
+            routes[(int(src), int(dst))] = tuple(int(x) for x in path)
+        self.overrides = routes
+        self._topology_dirty = True
+
+    def _merge_registry(self, entries: list, nb: Neighbour | None) -> list:
+        try:
+            new = self.registry.merge(entries)
+        except (RegistryError, TopicError) as exc:
+            self.counters["registry_refused"] += 1
+            log.warning("%s: refused registry entries: %s", self.cfg.name, exc)
+            return []
+        if new:
+            self._tables_dirty = True
+            for other in self.neighbours.values():
+                if other.up and other is not nb:
+                    self._send_registry(other, new)
+        return new
+
+    def _registry_frames(self, records: list) -> list[list[al.RegistryEntry]]:
+        chunks: list[list[al.RegistryEntry]] = [[]]
+        size = 0
+        for r in records:
+            entry = al.RegistryEntry(r.topic_key, r.namespace_id, r.topic)
+            cost = 16 + len(r.topic.encode()) + 8
+            if chunks[-1] and size + cost > REGISTRY_FRAME_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(entry)
+            size += cost
+        return [c for c in chunks if c]
+
+    def _send_registry(self, nb: Neighbour, records: list) -> None:
+        for chunk in self._registry_frames(records):
+            self._to_neighbour(nb, FrameType.REGISTRY_UPDATE, chunk,
+                               {"version": self.registry.version})
+
+    # --- neighbours and timers ----------------------------------------------------------------
+    def _send_hello(self, nb: Neighbour, ftype: FrameType) -> None:
+        hello = al.Hello(self.node_id, self.epoch, self.cfg.heartbeat_interval_ms,
+                         ROLE[self.cfg.role], 0, self.cfg.name)
+        self._to_neighbour(nb, ftype, [hello])
+
+    def _send_full_state(self, nb: Neighbour) -> None:
+        entries = [self._control(al.ControlKind.LSA, self._lsa_doc())]
+        for lsa in self.lsdb.values():
+            entries.append(self._control(al.ControlKind.LSA, _lsa_to_doc(lsa)))
+        entries.append(self._control(al.ControlKind.INTEREST, self._interest_doc()))
+        for origin, (epoch, seq, patterns) in self.interest.items():
+            entries.append(self._control(al.ControlKind.INTEREST, {
+                "origin": origin, "epoch": epoch, "seq": seq,
+                "patterns": sorted([ns, p] for ns, p in patterns)}))
+        if self.pm_doc is not None:
+            entries.append(self._control(al.ControlKind.PM_UPDATE, self.pm_doc))
+        for entry in entries:  # one per frame: documents may be large
+            self._to_neighbour(nb, FrameType.CONTROL, [entry])
+        if len(self.registry):
+            self._send_registry(nb, self.registry.entries())
+
+    def _lsa_doc(self) -> dict:
+        links = sorted([nb.node_id, nb.config.cost] for nb in self.neighbours.values()
+                       if nb.up and nb.node_id is not None)
+        return {"origin": self.node_id, "name": self.cfg.name, "epoch": self.epoch,
+                "seq": self.lsa_seq, "links": links}
+
+    def _interest_doc(self) -> dict:
+        return {"origin": self.node_id, "epoch": self.epoch, "seq": self.interest_seq,
+                "patterns": sorted([ns, p] for ns, p in self.advertised)}
+
+    def _timers(self, now_ns: int) -> int:
+        work = 0
+        cfg = self.cfg
+        if now_ns >= self._heartbeat_at:
+            self._heartbeat_at = now_ns + cfg.heartbeat_interval_ms * 1_000_000
+            dead_ns = cfg.neighbour_dead_ms * 1_000_000
+            for nb in self.neighbours.values():
+                if nb.up and now_ns - nb.last_heard_ns > dead_ns:
+                    nb.up = False
+                    log.info("%s: neighbour %s is down", cfg.name, nb.config.name)
+                    self._lsa_due = True
+                    self._topology_dirty = True
+                self._send_hello(nb, FrameType.HEARTBEAT if nb.up else FrameType.HELLO)
+            self._expire_sessions(now_ns)
+            work += 1
+        if now_ns >= self._refresh_at:
+            self._refresh_at = now_ns + cfg.lsa_refresh_ms * 1_000_000
+            self._lsa_due = True
+            self._flood(al.ControlKind.INTEREST, self._interest_doc())
+            if cfg.pm_mode == "embedded" and self.pm_doc is not None:
+                self._flood(al.ControlKind.PM_UPDATE, self.pm_doc)
+            max_age = LSA_MAX_AGE_REFRESHES * cfg.lsa_refresh_ms * 1_000_000
+            for origin, heard in list(self.lsa_heard_ns.items()):
+                if now_ns - heard > max_age:
+                    del self.lsa_heard_ns[origin]
+                    self.lsdb.pop(origin, None)
+                    self.interest.pop(origin, None)
+                    self._topology_dirty = True
+            work += 1
+        if self._lsa_due:
+            self._lsa_due = False
+            self.lsa_seq += 1
+            self._flood(al.ControlKind.LSA, self._lsa_doc())
+            work += 1
+        return work
+
+    # --- topology -----------------------------------------------------------------------------
+    def _own_lsa(self) -> Lsa:
+        doc = self._lsa_doc()
+        return Lsa(self.node_id, self.cfg.name, self.epoch, self.lsa_seq,
+                   tuple((a, c) for a, c in doc["links"]))
+
+    def _recompute_topology(self) -> None:
+        self._topology_dirty = False
+        lsas = dict(self.lsdb)
+        lsas[self.node_id] = self._own_lsa()
+        graph = graph_of(lsas)
+        overrides = {**self.overrides, **self.command_overrides}
+        self.paths = all_paths(graph, overrides)
+        self.graph = graph
+        me = self.node_id
+        peer_of = {nb.node_id: nb.peer for nb in self.neighbours.values() if nb.up}
+        next_hop = {}
+        transit: dict[tuple[int, int], tuple[int, int | None]] = {}
+        for (src, dst), (_cost, path) in self.paths.items():
+            if src == me:
+                hop = peer_of.get(path[1])
+                if hop is not None:
+                    next_hop[dst] = hop
+            elif me in path:
+                i = path.index(me)
+                nxt = None if i == len(path) - 1 else peer_of.get(path[i + 1])
+                if i == len(path) - 1 or nxt is not None:
+                    transit[(src, dst)] = (path[i - 1], nxt)
+        self._fwd = (next_hop, transit, {nb.peer: nb.node_id for nb in self.neighbours.values()
+                                         if nb.up and nb.node_id is not None})
+        self._tables_dirty = True
+
+    def _install_tables(self) -> None:
+        next_hop, transit, peer_node = getattr(self, "_fwd", ({}, {}, {}))
+        ports: dict[int, tuple[str, int]] = {}
+        for sid, s in self.sessions.items():
+            ports[s.port] = ("client", sid)
+        for node, (port, _) in self.dest_egress.items():
+            ports[port] = ("node", node)
+        tables = ForwardingTables(self.node_id, ports, dict(next_hop), dict(transit),
+                                  dict(peer_node))
+        self.dp.commands.offer(lambda: self.dp.set_tables(tables))
+
+    def _sync_destinations(self) -> None:
+        """One destination egress per reachable appliance with interest."""
+        reachable = {dst for (src, dst) in self.paths if src == self.node_id}
+        wanted = {origin: patterns for origin, (_, _, patterns) in self.interest.items()
+                  if origin in reachable and patterns}
+        for node in list(self.dest_egress):
+            port, patterns = self.dest_egress[node]
+            if wanted.get(node) != patterns:
+                self.compiler.remove_egress(f"n:{node}")
+                self._quarantine.append(port)
+                del self.dest_egress[node]
+        for node, patterns in wanted.items():
+            if node in self.dest_egress:
+                continue
+            port = self._free_ports.pop()
+            self.compiler.add_egress(f"n:{node}", port)
+            for ns, pattern in sorted(patterns):
+                self.compiler.subscribe(f"n:{node}", pattern, ns)
+            self.dest_egress[node] = (port, patterns)
+
+    def _build_snapshot(self) -> None:
+        self._tables_dirty = False
+        self._synced_registry = self.registry.version
+        self._install_tables()
+        try:
+            self._pending_snapshot = self.compiler.build()
+        except OffloadError as exc:
+            self.counters["compile_failed"] += 1
+            log.error("%s: compiling tables failed: %s", self.cfg.name, exc)
+
+    def _advertise_interest(self) -> None:
+        self._interest_dirty = False
+        by_ns: dict[int, list[str]] = {}
+        for s in self.sessions.values():
+            for ns, pattern in s.patterns:
+                by_ns.setdefault(ns, []).append(pattern)
+        advertised = frozenset((ns, p) for ns, patterns in by_ns.items()
+                               for p in minimal_patterns(patterns))
+        if advertised != self.advertised:
+            self.advertised = advertised
+            self.interest_seq += 1
+            self._flood(al.ControlKind.INTEREST, self._interest_doc())
+
+    # --- clients ------------------------------------------------------------------------------
+    def _on_client(self, channel: str, peer: int, data: bytes, now_ns: int) -> None:
+        try:
+            frame = decode_frame(data)
+        except ProtocolError:
+            self.counters["client_malformed"] += 1
+            return
+        ftype = frame.header.frame_type
+        _, entries = frame.admin()
+        sid = self.session_of_peer.get((channel, peer))
+        session = self.sessions.get(sid) if sid is not None else None
+        if ftype is FrameType.CONTROL and entries[0].kind is al.ControlKind.LOGIN:
+            self._login(channel, peer, json.loads(entries[0].document), now_ns)
+            return
+        if session is None or frame.header.source_session != session.session_id:
+            self.counters["client_no_session"] += 1
+            return
+        session.last_heard_ns = now_ns
+        if ftype in (FrameType.SUBSCRIBE, FrameType.UNSUBSCRIBE):
+            for entry in entries:
+                self._subscribe(session, entry, ftype is FrameType.SUBSCRIBE)
+        elif ftype is FrameType.REGISTRY_UPDATE:
+            self._register(session, entries)
+        elif ftype is FrameType.CONTROL:
+            for entry in entries:
+                doc = json.loads(entry.document)
+                if entry.kind is al.ControlKind.RESOLVE:
+                    self._resolve(session, doc.get("keys", []))
+                elif entry.kind is al.ControlKind.LOGOUT:
+                    self._end_session(session, "logout")
+        elif ftype is FrameType.HEARTBEAT:
+            pass
+        else:
+            self.counters["client_unexpected"] += 1
+
+    def _deny(self, identity: str, action: str, pattern: str) -> None:
+        self.denials[(identity, action, pattern)] += 1
+
+    def _login(self, channel: str, peer: int, doc: dict, now_ns: int) -> None:
+        identity = str(doc.get("identity", ""))
+        ring = doc.get("ring")
+        answer = (channel, peer)
+        refuse = None
+        ents = pmod.entitlements_of(self.pm_doc, identity)
+        if not self.accepting:
+            refuse = "the appliance is shutting down"
+        elif self.pm_doc is None:
+            refuse = "no P&M document yet; retry in a moment"
+        elif ents is None:
+            refuse = f"identity {identity!r} is not known to P&M"
+            self._deny(identity, "login", "")
+        elif len(self.sessions) >= self.cfg.max_sessions:
+            refuse = f"all {self.cfg.max_sessions} client sessions are taken"
+        elif channel == CLIENT_SHM and not isinstance(ring, str):
+            refuse = "a shared-memory client must name its reply ring"
+        old = self.session_of_peer.get((channel, peer))
+        if old is not None and old in self.sessions:
+            self._end_session(self.sessions[old], "replaced by a new login")
+        tx = None
+        if refuse is None and channel == CLIENT_SHM:
+            from channels.shm import ShmChannel
+
+            try:
+                tx = ShmChannel(tx=ring)
+            except Exception as exc:
+                refuse = f"cannot open reply ring {ring!r}: {exc}"
+        if refuse is not None:
+            doc_out = {"accepted": False, "reason": refuse, "node": self.cfg.name}
+            frame = encode_admin(FrameType.CONTROL, [self._control(al.ControlKind.LOGIN_RESULT,
+                                                                   doc_out)],
+                                 source_session=self.node_id, send_ts_ns=time.time_ns())
+            if channel == CLIENT_SHM:
+                if isinstance(ring, str):
+                    self.dp.offer_admin("ring", ring, frame)  # type: ignore[arg-type]
+            else:
+                self.dp.offer_admin(channel, peer, frame)
+            return
+        sid = random.randrange(1, 2**31)
+        while sid in self.sessions or sid in self.names:
+            sid = random.randrange(1, 2**31)
+        port = self._free_ports.pop()
+        self.compiler.add_egress(f"c:{sid}", port)
+        session = Session(sid, identity, channel, peer, ents, port, ring, now_ns)
+        self.sessions[sid] = session
+        self.session_of_peer[(channel, peer)] = sid
+        dest = sid if channel == CLIENT_SHM else peer
+        dps = DpSession(sid, identity, channel, dest, tx)
+        self.dp.commands.offer(lambda: self.dp.add_session(dps, (channel, peer)))
+        self._tables_dirty = True
+        log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
+                 channel)
+        self._reply(session, al.ControlKind.LOGIN_RESULT, {
+            "accepted": True, "session": sid, "node": self.cfg.name, "node_id": self.node_id,
+            "schemas": (self.pm_doc or {}).get("schemas", [])})
+        del answer
+
+    def _end_session(self, session: Session, why: str) -> None:
+        if self.sessions.pop(session.session_id, None) is None:
+            return
+        for key, sid in list(self.session_of_peer.items()):
+            if sid == session.session_id:
+                del self.session_of_peer[key]
+        self.compiler.remove_egress(f"c:{session.session_id}")
+        self._quarantine.append(session.port)
+        sid = session.session_id
+        self.dp.commands.offer(lambda: self.dp.remove_session(sid))
+        self._interest_dirty = True
+        self._tables_dirty = True
+        log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
+                 session.session_id, why)
+
+    def _expire_sessions(self, now_ns: int) -> None:
+        dead_ns = self.cfg.session_dead_ms * 1_000_000
+        for session in list(self.sessions.values()):
+            if now_ns - session.last_heard_ns > dead_ns:
+                self._end_session(session, "silent")
+
+    def _subscribe(self, session: Session, entry: al.Subscription, add: bool) -> None:
+        pattern, ns = entry.pattern, entry.namespace_id
+        result = {"request": "subscribe" if add else "unsubscribe", "sub_id": entry.sub_id,
+                  "pattern": pattern, "accepted": True}
+        egress = f"c:{session.session_id}"
+        try:
+            if add:
+                if not session.ents.may_subscribe(pattern):
+                    self._deny(session.identity, "subscribe", pattern)
+                    result.update(accepted=False, reason=f"identity {session.identity!r} may "
+                                  f"not subscribe to {pattern!r}")
+                else:
+                    self.compiler.subscribe(egress, pattern, ns)
+            else:
+                self.compiler.unsubscribe(egress, pattern, ns)
+        except (TopicError, OffloadError) as exc:
+            result.update(accepted=False, reason=str(exc))
+        if result["accepted"]:
+            sublist = self.compiler.egresses[egress].lists.get(ns)
+            session.patterns = Counter({(n, p): 1 for n, lst in
+                                        self.compiler.egresses[egress].lists.items()
+                                        for p in lst.positive_patterns()})
+            del sublist
+            self._interest_dirty = True
+            self._tables_dirty = True
+        self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+
+    def _register(self, session: Session, entries: list) -> None:
+        granted = []
+        for entry in entries:
+            result = {"request": "register", "topic": entry.topic,
+                      "namespace": entry.namespace_id, "accepted": True}
+            try:
+                key = self.registry.key_of(entry.topic, entry.namespace_id)
+                if key != entry.topic_key:
+                    raise RegistryError(f"key {entry.topic_key:#x} is not the key of "
+                                        f"{entry.topic!r}")
+                if not session.ents.may_publish(entry.topic):
+                    self._deny(session.identity, "publish", entry.topic)
+                    result.update(accepted=False, reason=f"identity {session.identity!r} may "
+                                  f"not publish to {entry.topic!r}")
+                else:
+                    new = self._merge_registry([entry], None)
+                    del new
+                    granted.append(key)
+            except (RegistryError, TopicError) as exc:
+                result.update(accepted=False, reason=str(exc))
+            self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+        if granted:
+            sid = session.session_id
+            self.dp.commands.offer(lambda: self.dp.allow_keys(sid, granted))
+
+    def _resolve(self, session: Session, keys: list) -> None:
+        records = []
+        for key in keys[:4096]:
+            found = self.registry.lookup(int(key))
+            if found is not None:
+                records.append(al.RegistryEntry(int(key), found[0], found[1]))
+        if not records:
+            return
+        dest = session.session_id if session.channel == CLIENT_SHM else session.peer
+        chunk: list = []
+        size = 0
+        for r in records:
+            cost = 24 + len(r.topic.encode())
+            if chunk and size + cost > REGISTRY_FRAME_BYTES:
+                self._to_client((session.channel, dest), FrameType.REGISTRY_UPDATE, chunk,
+                                {"version": self.registry.version}, session.session_id)
+                chunk, size = [], 0
+            chunk.append(r)
+            size += cost
+        self._to_client((session.channel, dest), FrameType.REGISTRY_UPDATE, chunk,
+                        {"version": self.registry.version}, session.session_id)
+
+    def logout_all(self) -> None:
+        """Tell every client the appliance is going away (shutdown)."""
+        self.accepting = False
+        for session in list(self.sessions.values()):
+            self._reply(session, al.ControlKind.LOGOUT, {"reason": "appliance shutting down"})
+
+    # --- management commands ------------------------------------------------------------------
+    def submit(self, command: str, args: dict, timeout_s: float) -> dict:
+        done = threading.Event()
+        out: dict = {}
+        with self._requests_lock:
+            self.requests.append((command, args, done, out))
+        if not done.wait(timeout_s):
+            return {"ok": False, "error": f"control: {command!r} not applied within "
+                    f"{timeout_s} s; the appliance is busy or stopping"}
+        return out
+
+    def _run_requests(self) -> int:
+        with self._requests_lock:
+            requests, self.requests = self.requests, []
+        for command, args, done, out in requests:
+            try:
+                out.update(self._command(command, args))
+            except (KeyError, TypeError, ValueError) as exc:
+                out.update(ok=False, error=f"control: {command}: bad arguments ({exc})")
+            done.set()
+        return len(requests)
+
+    def _node_named(self, name: object) -> int:
+        for node, known in self.names.items():
+            if known == name:
+                return node
+        raise ValueError(f"no appliance named {name!r}")
+
+    def _command(self, command: str, args: dict) -> dict:
+        if command == "disconnect_client":
+            session = self.sessions.get(int(args["session"]))
+            if session is None:
+                return {"ok": False, "error": f"control: no client session {args['session']}"}
+            self._reply(session, al.ControlKind.LOGOUT, {"reason": "disconnected by management"})
+            self._end_session(session, "disconnected by management")
+            return {"ok": True}
+        if command == "set_route":
+            src, dst = self._node_named(args["source"]), self._node_named(args["destination"])
+            path = tuple(self._node_named(n) for n in args["path"])
+            graph = getattr(self, "graph", {})
+            if path[0] != src or path[-1] != dst or path_cost(graph, path) is None:
+                return {"ok": False, "error": "control: set_route: the path must go from source "
+                        "to destination over links that are up"}
+            self.command_overrides[(src, dst)] = path
+            self._topology_dirty = True
+            return {"ok": True}
+        if command == "clear_route":
+            pair = (self._node_named(args["source"]), self._node_named(args["destination"]))
+            self.command_overrides.pop(pair, None)
+            self._topology_dirty = True
+            return {"ok": True}
+        return {"ok": False, "error": f"control: unknown command {command!r}; known: "
+                "disconnect_client, set_route, clear_route"}
+
+    # --- status -------------------------------------------------------------------------------
+    def _build_status(self, now_ns: int) -> None:
+        self._status_at = now_ns + STATUS_REFRESH_NS
+        name = self.names.get
+        published = self.dp.published
+        dp_counters = published.get("counters", {})
+        offload = dict(published.get("offload", {}))
+        offload.setdefault("verdicts", {})
+        offload.setdefault("malformed", {})
+        offload["keys"] = len(self.registry)
+        for k in ("off_path", "unknown_peer", "transit_frames", "unroutable", "parked_expired",
+                  "publish_denied", "no_port"):
+            offload[k] = int(dp_counters.get(k, 0))
+        subs = []
+        local: Counter = Counter()
+        for s in self.sessions.values():
+            for key in s.patterns:
+                local[key] += 1
+        for (ns, pattern), n in sorted(local.items()):
+            subs.append({"origin": self.cfg.name, "pattern": pattern, "namespace": ns,
+                         "qos": "best-effort", "clients": n})
+        for origin, (_, _, patterns) in sorted(self.interest.items()):
+            for ns, pattern in sorted(patterns):
+                subs.append({"origin": name(origin, str(origin)), "pattern": pattern,
+                             "namespace": ns, "qos": "best-effort", "clients": 0})
+        sessions = published.get("sessions", {})
+        self.status_snapshot = {
+            "node": {"name": self.cfg.name, "id": self.node_id, "role": self.cfg.role,
+                     "epoch": self.epoch, "uptime_s": (now_ns - self.start_ns) / 1e9,
+                     "pm": (self.pm_doc or {}).get("pm")},
+            "neighbours": [{
+                "name": nb.config.name, "id": nb.node_id,
+                "address": f"{nb.config.address[0]}:{nb.config.address[1]}",
+                "state": "up" if nb.up else "down",
+                "last_heard_ms": (now_ns - nb.last_heard_ns) / 1e6 if nb.last_heard_ns else None,
+                "rtt_us": nb.rtt_us} for nb in self.neighbours.values()],
+            "subscriptions": subs,
+            "routes": [{"source": name(s, str(s)), "destination": name(d, str(d)),
+                        "path": [name(x, str(x)) for x in path], "cost": cost}
+                       for (s, d), (cost, path) in sorted(self.paths.items())],
+            "channels": list(published.get("channels", [])),
+            "offload": offload,
+            "denials": [{"identity": i, "action": a, "pattern": p, "count": n}
+                        for (i, a, p), n in sorted(self.denials.items())],
+            "auth": {"rejected": dict(self.auth.rejected), "accepted": self.auth.accepted},
+            "clients": [{"session": s.session_id, "identity": s.identity, "channel": s.channel,
+                         "subscriptions": sorted(p for _, p in s.patterns),
+                         "published": sessions.get(s.session_id, {}).get("published", 0),
+                         "delivered": sessions.get(s.session_id, {}).get("delivered", 0)}
+                        for s in self.sessions.values()],
+            "counters": {**{k: int(v) for k, v in dp_counters.items()},
+                         **{f"control_{k}": int(v) for k, v in self.counters.items()}},
+        }
+
+
+def _lsa_to_doc(lsa: Lsa) -> dict:
+    return {"origin": lsa.origin, "name": lsa.name, "epoch": lsa.epoch, "seq": lsa.seq,
+            "links": [list(x) for x in lsa.links]}

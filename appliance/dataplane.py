@@ -1,0 +1,506 @@
+"""The data-path agent: channels -> classify -> software NIC -> per-destination frames -> channels.
+
+One ``DataPlaneAgent`` owns the channels, the ``SoftNic`` and the forwarding tables; it runs
+on its own thread under an ``AgentRunner``. Each duty cycle:
+
+1. apply control commands (``CommandQueue``) and send the control agent's admin frames
+   (``outbox``);
+2. run parked messages again if a new snapshot arrived (their keys may be known now);
+3. receive a burst from each channel and classify every frame by its header:
+   admin frames go to the control agent (``inbox``, with the channel and peer);
+   DATA from a local client session is *ingress* (tables once, per-destination framing);
+   DATA for this node from a neighbour is *local delivery* (tables, local clients only);
+   DATA for another node is *transit*, forwarded whole by (source, destination) after the
+   off-path guard (the sender must be the hop before this node on path(source, destination));
+4. run the ingress and local frames through ``SoftNic.process`` and turn its descriptors into
+   frames per (egress, source, destination, stream): a destination appliance's frames go to
+   the next hop of path(self, destination), a client's to its channel;
+5. send everything and publish counters every ``STATUS_REFRESH_NS``.
+
+Frames for a client carry ``source_session`` = the origin appliance, ``dest_session`` = the
+client's session and ``stream_id`` = the publishing session at the origin, so a subscriber
+tells publishers apart and checks each one's per-topic sequence numbers.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from appliance.config import (
+    CLIENT_MAX_FRAME_BYTES,
+    DATAPATH_RECEIVE_FRAMES,
+    INBOX_FRAMES,
+    OUTBOX_FRAMES,
+    PARKED_MESSAGE_TTL_NS,
+    PARKED_MESSAGES,
+    STATUS_REFRESH_NS,
+)
+from channels.base import EACH_SLOT, FrameArrays, FrameBatch
+from datapath.agent import CommandQueue
+from datapath.protocol import frame_layout as fl
+from datapath.protocol import message_layout as ml
+from nic_offload.softnic import SoftNic
+from nic_offload.softnic.layout import DescriptorKind, MessageVerdict
+
+FABRIC = "fabric"
+CLIENT_UDP = "clients-udp"
+CLIENT_SHM = "clients-shm"
+
+_DATA = int(fl.FrameType.DATA)
+_RETX = int(fl.FrameType.RETRANSMISSION)
+_HEADER = fl.FRAME_HEADER_STRUCT
+_GROUP = int(DescriptorKind.GROUP)
+_UNKNOWN = int(MessageVerdict.UNKNOWN_KEY)
+_U32 = struct.Struct(">I")
+
+
+@dataclass(frozen=True)
+class ForwardingTables:
+    """What the data path forwards with; the control agent builds a new one on every change."""
+
+    node_id: int
+    ports: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Offload egress port -> ("client", session) or ("node", destination node id)."""
+    next_hop: dict[int, int] = field(default_factory=dict)
+    """Destination node -> fabric peer id of the next hop on path(self, destination)."""
+    transit: dict[tuple[int, int], tuple[int, int | None]] = field(default_factory=dict)
+    """(source, destination) through or to this node -> (the node before this one on the
+    path, fabric peer id of the next hop, or None when this node is the destination)."""
+    peer_node: dict[int, int] = field(default_factory=dict)
+    """Fabric peer id -> node id of a neighbour that is up."""
+
+
+@dataclass
+class DpSession:
+    """A client session as the data path sees it."""
+
+    session_id: int
+    identity: str
+    channel: str
+    """CLIENT_UDP or CLIENT_SHM."""
+    dest: int
+    """UDP peer id, or the session id for shared memory (its ring is ``tx``)."""
+    tx: Any = None
+    """The ShmChannel towards the client's ring (shared memory only)."""
+    allowed: set[int] = field(default_factory=set)
+    """Topic keys this session may publish (granted at registration)."""
+    published: int = 0
+    delivered: int = 0
+    denied: int = 0
+
+
+class _OutQueue:
+    """Frames being built and queued for one channel kind, in a preallocated batch.
+
+    ``add_message`` appends a message to the open frame of its (dest, source, destination,
+    stream); ``add_frame`` queues a whole frame. ``flush`` finishes open frames and sends.
+    """
+
+    def __init__(self, send: Callable[[FrameBatch], None], max_frame_bytes: int,
+                 capacity: int = DATAPATH_RECEIVE_FRAMES) -> None:
+        self.batch = FrameBatch(capacity, fl.align8(max(max_frame_bytes, 512)))
+        self._view = memoryview(self.batch.buf)
+        self.max_frame_bytes = max_frame_bytes
+        self._send = send
+        self._open: dict[tuple[int, int, int, int], list[int]] = {}
+
+    def add_message(self, dest: int, src: int, dst: int, stream: int, buf: np.ndarray,
+                    off: int, length: int) -> None:
+        key = (dest, src, dst, stream)
+        state = self._open.get(key)
+        if state is not None and (state[1] + length > self.max_frame_bytes
+                                  or state[2] >= ml.MAX_MESSAGES_PER_FRAME):
+            self._finish(key, state)
+            state = None
+        if state is None:
+            slot = self._new_slot(dest)
+            state = self._open[key] = [slot, fl.FRAME_HEADER_BYTES, 0]
+        slot, pos, _ = state
+        start = int(self.batch.offsets[slot]) + pos
+        self.batch.buf[start : start + length] = buf[off : off + length]
+        state[1] = pos + length
+        state[2] += 1
+
+    def add_frame(self, dest: int, frame: bytes | bytearray | memoryview | np.ndarray) -> None:
+        if len(frame) > self.batch.slot_bytes:
+            return
+        slot = self._new_slot(dest)
+        start = int(self.batch.offsets[slot])
+        data = frame if isinstance(frame, np.ndarray) else np.frombuffer(frame, np.uint8)
+        self.batch.buf[start : start + len(data)] = data
+        self.batch.lengths[slot] = len(data)
+
+    def _new_slot(self, dest: int) -> int:
+        if self.batch.count == self.batch.capacity:
+            self.flush()
+        slot = self.batch.count
+        self.batch.count = slot + 1
+        self.batch.peer_ids[slot] = dest
+        self.batch.lengths[slot] = 0
+        return slot
+
+    def _finish(self, key: tuple[int, int, int, int], state: list[int]) -> None:
+        slot, pos, count = state
+        _dest, src, dst, stream = key
+        _HEADER.pack_into(self._view, int(self.batch.offsets[slot]), fl.FRAME_MAGIC,
+                          fl.PROTOCOL_VERSION, _DATA, 0, count, pos, src, dst, stream, 0)
+        self.batch.lengths[slot] = pos
+        del self._open[key]
+
+    def flush(self) -> None:
+        for key, state in list(self._open.items()):
+            self._finish(key, state)
+        if self.batch.count:
+            self._send(self.batch)
+            self.batch.count = 0
+
+
+class DataPlaneAgent:
+    """See the module docstring. Runs on the data-path thread only (except ``offer``s)."""
+
+    name = "dataplane"
+
+    def __init__(self, node_id: int, nic: SoftNic, channels: dict[str, Any], *,
+                 fabric_max_frame_bytes: int) -> None:
+        self.node_id = node_id
+        self.nic = nic
+        self.channels = channels
+        self.commands = CommandQueue()
+        self.inbox: deque[tuple[str, int, bytes]] = deque()
+        self.outbox: deque[tuple[str, int, bytes]] = deque()
+        self.tables = ForwardingTables(node_id)
+        self.sessions: dict[int, DpSession] = {}
+        self._by_peer: dict[tuple[str, int], DpSession] = {}
+        self.counters: Counter[str] = Counter()
+        self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels}
+        self._out = {
+            FABRIC: _OutQueue(self._send_udp(FABRIC), fabric_max_frame_bytes),
+            CLIENT_UDP: _OutQueue(self._send_udp(CLIENT_UDP), CLIENT_MAX_FRAME_BYTES),
+            CLIENT_SHM: _OutQueue(self._send_shm, CLIENT_MAX_FRAME_BYTES),
+        }
+        self._parked: deque[tuple[tuple, bytes]] = deque()
+        self._parked_version = -1
+        self._scratch = FrameBatch(DATAPATH_RECEIVE_FRAMES, CLIENT_MAX_FRAME_BYTES)
+        self._groups: dict[int, tuple[int, ...]] = {}
+        self._groups_version = -1
+        self._publish_at_ns = 0
+        self.published: dict[str, Any] = {"channels": [], "counters": {}, "offload": {}}
+        self.closing = False
+
+    # --- called from the control thread -------------------------------------------------------
+    def offer_admin(self, channel: str, dest: int, frame: bytes | bytearray) -> bool:
+        """Queue an admin frame to send; False (counted) when the outbox is full."""
+        if len(self.outbox) >= OUTBOX_FRAMES:
+            self.counters["outbox_full"] += 1
+            return False
+        self.outbox.append((channel, dest, bytes(frame)))
+        return True
+
+    # --- commands (run on the data-path thread) -----------------------------------------------
+    def set_tables(self, tables: ForwardingTables) -> None:
+        self.tables = tables
+
+    def add_session(self, session: DpSession, peer: tuple[str, int]) -> None:
+        self.sessions[session.session_id] = session
+        self._by_peer[peer] = session
+
+    def remove_session(self, session_id: int) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        for peer, s in list(self._by_peer.items()):
+            if s is session:
+                del self._by_peer[peer]
+        self._out[CLIENT_SHM].flush()
+        if session.tx is not None:
+            session.tx.close()
+
+    def allow_keys(self, session_id: int, keys: list[int]) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.allowed.update(keys)
+
+    # --- the duty cycle -----------------------------------------------------------------------
+    def do_work(self, now_ns: int) -> int:
+        work = self.commands.drain(1_024)
+        work += self._send_outbox()
+        snap_version = self.nic.switch.current.version
+        if self._parked and snap_version != self._parked_version:
+            work += self._rerun_parked(now_ns)
+        for name, channel in self.channels.items():
+            batch = self._rx[name]
+            n = channel.receive(batch, 0)
+            if n:
+                work += n
+                self._on_batch(name, batch, now_ns)
+        for out in self._out.values():
+            out.flush()
+        if self._parked:
+            self._expire_parked(now_ns)
+        if now_ns >= self._publish_at_ns:
+            self._publish(now_ns)
+        return work
+
+    def _send_outbox(self) -> int:
+        done = 0
+        outbox = self.outbox
+        while outbox and done < OUTBOX_FRAMES:
+            channel, dest, frame = outbox.popleft()
+            done += 1
+            if channel == "ring":  # a refused shm login: answer on the client's ring once
+                self._answer_ring(dest, frame)
+                continue
+            if channel not in self.channels and channel != CLIENT_SHM:
+                self.counters["outbox_no_channel"] += 1
+                continue
+            self._out[channel].add_frame(dest, frame)
+        return done
+
+    def _answer_ring(self, ring: object, frame: bytes) -> None:
+        from channels.shm import ShmChannel
+
+        try:
+            with ShmChannel(tx=str(ring)) as tx:
+                b = FrameBatch(1, fl.align8(len(frame)))
+                b.append(frame)
+                tx.send(b)
+        except Exception:  # the client went away: nothing to answer
+            self.counters["ring_answer_failed"] += 1
+
+    # --- classification -----------------------------------------------------------------------
+    def _on_batch(self, name: str, batch: FrameBatch, now_ns: int) -> None:
+        n = batch.count
+        buf = batch.buf
+        tables = self.tables
+        run_idx: list[int] = []
+        ctxs: list[tuple] = []
+        deadline = now_ns + PARKED_MESSAGE_TTL_NS
+        fabric = name == FABRIC
+        for i in range(n):
+            off = int(batch.offsets[i])
+            length = int(batch.lengths[i])
+            peer = int(batch.peer_ids[i])
+            if length < fl.FRAME_HEADER_BYTES or buf[off] != 0x54 or buf[off + 1] != 0x57:
+                run_idx.append(i)  # malformed: the NIC counts it per reason
+                ctxs.append((False, 0, 0, None, deadline))
+                continue
+            ftype = int(buf[off + fl.TYPE_OFFSET])
+            if ftype != _DATA and ftype != _RETX:
+                if len(self.inbox) < INBOX_FRAMES:
+                    self.inbox.append((name, peer, buf[off : off + length].tobytes()))
+                else:
+                    self.counters["inbox_full"] += 1
+                continue
+            src = _U32.unpack_from(buf, off + fl.SOURCE_SESSION_OFFSET)[0]
+            dst = _U32.unpack_from(buf, off + fl.DEST_SESSION_OFFSET)[0]
+            stream = _U32.unpack_from(buf, off + fl.STREAM_ID_OFFSET)[0]
+            if fabric:
+                prev = tables.peer_node.get(peer)
+                if prev is None:
+                    self.counters["unknown_peer"] += 1
+                    continue
+                route = tables.transit.get((src, dst))
+                if route is None or route[0] != prev:
+                    self.counters["off_path"] += 1
+                    continue
+                if route[1] is not None:
+                    self._out[FABRIC].add_frame(route[1], buf[off : off + length])
+                    self.counters["transit_frames"] += 1
+                    continue
+                run_idx.append(i)
+                ctxs.append((False, src, stream, None, deadline))
+            else:
+                session = self._by_peer.get((name, peer))
+                if session is None or src != session.session_id:
+                    self.counters["unknown_client_frames"] += 1
+                    continue
+                run_idx.append(i)
+                ctxs.append((True, self.node_id, session.session_id, session, deadline))
+        if run_idx:
+            self._run(batch, run_idx, ctxs, now_ns)
+
+    # --- tables and framing -------------------------------------------------------------------
+    def _run(self, batch: FrameBatch, idx: list[int], ctxs: list[tuple], now_ns: int) -> None:
+        nic = self.nic
+        sel = np.asarray(idx, dtype=np.int64)
+        offsets = batch.offsets[sel]
+        lengths = batch.lengths[sel]
+        done = 0
+        while done < len(idx):
+            result = nic.process(batch.buf, offsets[done:], lengths[done:])
+            self._deliver(batch.buf, result, ctxs[done:], now_ns)
+            if result.frames == 0:
+                break
+            done += result.frames
+
+    def _ports_of_group(self, group: int) -> tuple[int, ...]:
+        snap = self.nic.snapshot
+        if snap.version != self._groups_version:
+            self._groups = {g.group_id: g.ports for g in snap.entries.groups}
+            self._groups_version = snap.version
+        return self._groups.get(group, ())
+
+    def _deliver(self, buf: np.ndarray, result: Any, ctxs: list[tuple], now_ns: int) -> None:
+        nic = self.nic
+        msgs = nic.batch
+        m = result.messages
+        frame_index = msgs["frame_index"][:m].tolist()
+        keys = msgs["topic_key"][:m].tolist()
+        tables = self.tables
+        ports_map = tables.ports
+        out_fabric = self._out[FABRIC]
+        me = self.node_id
+        counters = self.counters
+        checked: dict[int, bool] = {}
+        if result.descriptors:
+            d = nic.descriptors[: result.descriptors]
+            for off, length, target, kind, index in zip(
+                    d["offset"].tolist(), d["length"].tolist(), d["target"].tolist(),
+                    d["kind"].tolist(), d["index"].tolist()):
+                ingress, origin, stream, session, _ = ctxs[frame_index[index]]
+                if ingress:
+                    ok = checked.get(index)
+                    if ok is None:
+                        ok = checked[index] = keys[index] in session.allowed
+                        if ok:
+                            session.published += 1
+                        else:
+                            session.denied += 1
+                            counters["publish_denied"] += 1
+                    if not ok:
+                        continue
+                ports = self._ports_of_group(target) if kind == _GROUP else (target,)
+                for port in ports:
+                    what = ports_map.get(port)
+                    if what is None:
+                        counters["no_port"] += 1
+                    elif what[0] == "client":
+                        client = self.sessions.get(what[1])
+                        if client is not None:
+                            self._out[client.channel].add_message(
+                                client.dest, origin, client.session_id, stream, buf, off, length)
+                            client.delivered += 1
+                    elif ingress:
+                        hop = tables.next_hop.get(what[1])
+                        if hop is None:
+                            counters["unroutable"] += 1
+                        else:
+                            out_fabric.add_message(hop, me, what[1], stream, buf, off, length)
+        verdicts = nic.verdicts[:m]
+        unknown = np.flatnonzero(verdicts == _UNKNOWN)
+        if len(unknown):
+            starts = msgs["payload_offset"][unknown] - ml.MESSAGE_HEADER_BYTES
+            sizes = ml.MESSAGE_HEADER_BYTES + ((msgs["payload_len"][unknown].astype(np.int64)
+                                                + msgs["topic_len"][unknown] + 7) & ~7)
+            for j, start, size in zip(unknown.tolist(), starts.tolist(), sizes.tolist()):
+                ctx = ctxs[frame_index[j]]
+                if ctx[4] <= now_ns:
+                    counters["parked_expired"] += 1
+                elif len(self._parked) >= PARKED_MESSAGES:
+                    counters["parked_full"] += 1
+                else:
+                    self._parked.append((ctx, buf[start : start + size].tobytes()))
+                    counters["parked"] += 1
+
+    # --- parked messages ----------------------------------------------------------------------
+    def _rerun_parked(self, now_ns: int) -> int:
+        self._parked_version = self.nic.switch.current.version
+        parked, self._parked = self._parked, deque()
+        scratch = self._scratch
+        total = len(parked)
+        while parked:
+            scratch.count = 0
+            ctxs = []
+            while parked and scratch.count < scratch.capacity:
+                ctx, message = parked.popleft()
+                slot = scratch.count
+                start = int(scratch.offsets[slot])
+                size = fl.FRAME_HEADER_BYTES + len(message)
+                _HEADER.pack_into(memoryview(scratch.buf), start, fl.FRAME_MAGIC,
+                                  fl.PROTOCOL_VERSION, _DATA, 0, 1, size, 0, 0, 0, 0)
+                scratch.buf[start + fl.FRAME_HEADER_BYTES : start + size] = np.frombuffer(
+                    message, np.uint8)
+                scratch.lengths[slot] = size
+                scratch.count = slot + 1
+                ctxs.append(ctx)
+            self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
+        self.counters["parked_reruns"] += total
+        return total
+
+    def _expire_parked(self, now_ns: int) -> None:
+        parked = self._parked
+        while parked and parked[0][0][4] <= now_ns:
+            parked.popleft()
+            self.counters["parked_expired"] += 1
+
+    # --- sending ------------------------------------------------------------------------------
+    def _send_udp(self, name: str) -> Callable[[FrameBatch], None]:
+        def send(batch: FrameBatch) -> None:
+            channel = self.channels.get(name)
+            if channel is None:
+                self.counters[f"{name}_no_channel"] += batch.count
+                return
+            sent = channel.send(batch, EACH_SLOT)
+            if sent < batch.count:
+                self.counters[f"{name}_backpressure_drops"] += batch.count - sent
+        return send
+
+    def _send_shm(self, batch: FrameBatch) -> None:
+        n = batch.count
+        dests = batch.peer_ids[:n]
+        for sid in np.unique(dests).tolist():
+            session = self.sessions.get(sid)
+            if session is None or session.tx is None:
+                self.counters["shm_no_session"] += 1
+                continue
+            sel = np.flatnonzero(dests == sid)
+            frames = FrameArrays(batch.buf, batch.offsets[sel], batch.lengths[sel], len(sel))
+            try:
+                sent = session.tx.send(frames)
+            except Exception:  # the client's ring is gone: its session will time out
+                self.counters["shm_send_failed"] += len(sel)
+                continue
+            if sent < len(sel):
+                self.counters["shm_backpressure_drops"] += len(sel) - sent
+
+    # --- counters -----------------------------------------------------------------------------
+    def _publish(self, now_ns: int) -> None:
+        self._publish_at_ns = now_ns + STATUS_REFRESH_NS
+        channels = []
+        for name, channel in self.channels.items():
+            s = channel.stats
+            jitter = s.jitter_by_peer()
+            channels.append({
+                "name": name, "kind": channel.kind, "frames_in": s.frames_in,
+                "frames_out": s.frames_out, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
+                "loss": s.lost + s.drops, "naks": s.naks, "retransmissions": s.retransmissions,
+                "p50_us": s.latency_ns_at(50) / 1e3, "p99_us": s.latency_ns_at(99) / 1e3,
+                "jitter_us": (max(jitter.values()) / 1e3) if jitter else 0.0})
+        nic = self.nic
+        self.published = {
+            "channels": channels,
+            "counters": dict(self.counters),
+            "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),
+                        "snapshot_version": nic.snapshot.version,
+                        "parked": len(self._parked)},
+            "sessions": {sid: {"published": s.published, "delivered": s.delivered,
+                               "denied": s.denied} for sid, s in self.sessions.items()},
+        }
+
+    def drain(self) -> None:
+        """Send what is queued (shutdown)."""
+        self._send_outbox()
+        for out in self._out.values():
+            out.flush()
+
+    def on_close(self) -> None:
+        self.drain()
+        for session in self.sessions.values():
+            if session.tx is not None:
+                session.tx.close()

@@ -1,0 +1,187 @@
+"""One appliance process: channels, the data-path agent, the control agent, start and stop.
+
+``Appliance(config).start()`` opens every channel first (a port in use or a missing ring
+fails here, as a ``ConfigError`` naming the key, before any thread starts), compiles the
+first table snapshot, then starts the data-path thread and the control thread.
+``stop()`` stops accepting logins, tells clients, lets queued frames leave within
+``appliance.drain_timeout_ms``, stops both threads and closes the channels.
+``status()`` and ``submit()`` are the management contract (docs/appliance.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import Any
+
+from appliance.config import (
+    CONTROL_IDLE_SLEEP_NS,
+    SHM_BUS_PRODUCERS,
+    SUBMIT_TIMEOUT_S,
+    ApplianceConfig,
+    ConfigError,
+)
+from appliance.control import ControlAgent
+from appliance.dataplane import CLIENT_SHM, CLIENT_UDP, FABRIC, DataPlaneAgent
+from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
+from datapath.errors import TopicwireError
+from datapath.topics.registry import KeyRegistry
+
+log = logging.getLogger("topicwire.appliance")
+
+
+def _open(key: str, what: str, opener: Any) -> Any:
+    from channels.errors import ChannelDeviceError, ChannelUserError
+
+    try:
+        return opener()
+    except ChannelDeviceError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"{key}: {what} is in use by another socket; pick another port "
+                              "or stop its owner") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(f"{key}: {what} is not an address of this host or namespace") \
+                from None
+        raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
+    except ChannelUserError as exc:
+        raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
+
+
+class Appliance:
+    """See the module docstring."""
+
+    def __init__(self, config: ApplianceConfig) -> None:
+        self.config = config
+        self.channels: dict[str, Any] = {}
+        self.dataplane: DataPlaneAgent | None = None
+        self.control: ControlAgent | None = None
+        self._dp_runner: AgentRunner | None = None
+        self._cp_runner: AgentRunner | None = None
+        self.mgmt: Any = None
+        self._stopped = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> Appliance:
+        from channels import warm_up
+        from channels.shm import ShmChannel
+        from channels.udp import UdpChannel
+        from nic_offload.compiler import OffloadCompiler
+        from nic_offload.snapshot import SnapshotSwitch
+        from nic_offload.softnic import SoftNic
+
+        cfg = self.config
+        registry = KeyRegistry()
+        if cfg.pm_registry is not None:
+            from datapath.topics.registry import RegistryError
+
+            try:
+                registry.merge(KeyRegistry.load(cfg.pm_registry).entries())
+            except RegistryError as exc:
+                raise ConfigError(f"pm.registry: {exc}") from None
+        warm_up()
+        try:
+            if cfg.fabric_listen is not None:
+                host, port = cfg.fabric_listen
+                self.channels[FABRIC] = _open("fabric.listen", f"{host}:{port}", lambda: UdpChannel(
+                    (host, port), name=f"fabric:{host}:{port}"))
+            if cfg.clients_udp is not None:
+                host, port = cfg.clients_udp
+                self.channels[CLIENT_UDP] = _open("clients.udp", f"{host}:{port}",
+                                                  lambda: UdpChannel((host, port),
+                                                                     name=f"clients:{host}:{port}"))
+            if cfg.clients_shm is not None:
+                self.channels[CLIENT_SHM] = _open(
+                    "clients.shm", f"ring {cfg.clients_shm!r}",
+                    lambda: ShmChannel(rx=cfg.clients_shm, producers=SHM_BUS_PRODUCERS,
+                                       name=f"clients:shm:{cfg.clients_shm}"))
+            compiler = OffloadCompiler(registry)
+            switch = SnapshotSwitch(compiler.build())
+            nic = SoftNic(switch)
+            self.dataplane = DataPlaneAgent(cfg.node_id, nic, self.channels,
+                                            fabric_max_frame_bytes=cfg.fabric_max_frame_bytes)
+            self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
+            idle = {"busy": BusySpinIdle, "backoff": BackoffIdle,
+                    "sleep": SleepingIdle}[cfg.idle]()
+            self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane")
+            self._cp_runner = AgentRunner([self.control], SleepingIdle(CONTROL_IDLE_SLEEP_NS),
+                                          name=f"{cfg.name}-control")
+            self._dp_runner.start()
+            self._cp_runner.start()
+            self._start_mgmt()
+        except BaseException:
+            self._close_channels()
+            raise
+        log.info("%s: appliance %s (id %d) running", cfg.name, cfg.role, cfg.node_id)
+        return self
+
+    def _start_mgmt(self) -> None:
+        """The management API, when configured and available (appliance.mgmt.serve)."""
+        if not self.config.mgmt.get("listen"):
+            return
+        try:
+            from appliance import mgmt  # type: ignore[attr-defined]
+        except ImportError:
+            log.warning("%s: mgmt.listen is set but the management API is not installed",
+                        self.config.name)
+            return
+        serve = getattr(mgmt, "serve", None)
+        if serve is not None:
+            self.mgmt = serve(self, self.config)
+
+    def stop(self) -> None:
+        """Drain and stop (safe to call twice)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        cfg = self.config
+        if self.mgmt is not None and hasattr(self.mgmt, "close"):
+            self.mgmt.close()
+        if self._cp_runner is not None:
+            self._stop_runner(self._cp_runner)
+        if self.control is not None:
+            self.control.logout_all()  # the control thread has stopped: safe from here
+        deadline = time.monotonic() + cfg.drain_timeout_ms / 1e3
+        dp = self.dataplane
+        while dp is not None and (dp.outbox or len(dp.commands)) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if self._dp_runner is not None:
+            self._stop_runner(self._dp_runner)
+        self._close_channels()
+        log.info("%s: appliance stopped", cfg.name)
+
+    def _stop_runner(self, runner: AgentRunner) -> None:
+        try:
+            runner.stop()
+        except TopicwireError as exc:
+            log.error("%s: %s stopped with an error: %s", self.config.name, runner.name, exc)
+
+    def _close_channels(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+
+    def __enter__(self) -> Appliance:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def failure(self) -> BaseException | None:
+        """The error that stopped an agent thread, if one did (the process should exit)."""
+        for runner in (self._dp_runner, self._cp_runner):
+            if runner is not None and runner.error is not None:
+                return runner.error
+        return None
+
+    # --- the management contract --------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """The latest status snapshot (docs/appliance.md, "Status contract"); read-only."""
+        if self.control is None:
+            return {}
+        return self.control.status_snapshot
+
+    def submit(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Apply a state-changing command on the control agent; ``{"ok": ...}``."""
+        if self.control is None or self._stopped:
+            return {"ok": False, "error": "appliance: not running"}
+        return self.control.submit(command, dict(args), SUBMIT_TIMEOUT_S)

@@ -1,0 +1,104 @@
+"""Link state, per-(source, destination) paths and interest suppression: pure functions.
+
+Every appliance holds the same link-state database (flooded LSAs) and so computes the same
+paths: Dijkstra over links both ends advertise, ties broken by the lexicographically smallest
+sequence of node ids (the heap orders by (cost, path)). Route overrides replace the path of a
+pair when every link on them is up.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from datapath.topics.algebra import includes
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Lsa:
+    """One origin's link-state advertisement."""
+
+    origin: int
+    name: str
+    epoch: int
+    seq: int
+    links: tuple[tuple[int, int], ...]
+    """(neighbour node id, cost) of its live neighbours."""
+
+    def newer_than(self, other: Lsa | None) -> bool:
+        return other is None or (self.epoch, self.seq) > (other.epoch, other.seq)
+
+
+def graph_of(lsas: Mapping[int, Lsa]) -> dict[int, dict[int, int]]:
+    """Adjacency {node: {neighbour: cost}} of the links both ends advertise (the higher cost
+    of the two directions counts)."""
+    said = {origin: dict(lsa.links) for origin, lsa in lsas.items()}
+    graph: dict[int, dict[int, int]] = {origin: {} for origin in said}
+    for a, links in said.items():
+        for b, cost in links.items():
+            back = said.get(b, {}).get(a)
+            if back is not None and a != b:
+                graph[a][b] = max(cost, back)
+    return graph
+
+
+def shortest_paths(graph: Mapping[int, Mapping[int, int]],
+                   source: int) -> dict[int, tuple[int, Path]]:
+    """{destination: (cost, path)} from ``source``; ties: smallest sequence of node ids."""
+    if source not in graph:
+        return {}
+    best: dict[int, tuple[int, Path]] = {}
+    heap: list[tuple[int, Path]] = [(0, (source,))]
+    while heap:
+        cost, path = heapq.heappop(heap)
+        node = path[-1]
+        if node in best:
+            continue
+        best[node] = (cost, path)
+        for nxt, link in graph.get(node, {}).items():
+            if nxt not in best and nxt not in path:
+                heapq.heappush(heap, (cost + link, (*path, nxt)))
+    return best
+
+
+def all_paths(graph: Mapping[int, Mapping[int, int]],
+              overrides: Mapping[tuple[int, int], Path] | None = None
+              ) -> dict[tuple[int, int], tuple[int, Path]]:
+    """{(source, destination): (cost, path)} for every connected pair, overrides applied."""
+    out: dict[tuple[int, int], tuple[int, Path]] = {}
+    for source in graph:
+        for dest, found in shortest_paths(graph, source).items():
+            if dest != source:
+                out[(source, dest)] = found
+    for pair, path in (overrides or {}).items():
+        cost = path_cost(graph, path)
+        if cost is not None and pair in out and path[0] == pair[0] and path[-1] == pair[1]:
+            out[pair] = (cost, path)
+    return out
+
+
+def path_cost(graph: Mapping[int, Mapping[int, int]], path: Path) -> int | None:
+    """The cost of ``path`` if it is simple and every link of it is up, else None."""
+    if len(path) < 2 or len(set(path)) != len(path):
+        return None
+    total = 0
+    for a, b in zip(path, path[1:]):
+        link = graph.get(a, {}).get(b)
+        if link is None:
+            return None
+        total += link
+    return total
+
+
+def minimal_patterns(patterns: Iterable[str]) -> list[str]:
+    """The patterns no other one ``includes`` (superset suppression), sorted; of patterns
+    that include each other (equivalent), the smallest text is kept."""
+    unique = sorted(set(patterns))
+    kept = []
+    for p in unique:
+        if not any(q != p and includes(q, p) and (q < p or not includes(p, q)) for q in unique):
+            kept.append(p)
+    return kept

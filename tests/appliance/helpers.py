@@ -1,0 +1,79 @@
+"""Helpers of the appliance tests: free ports, config files, appliance processes."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "tests.appliance.twcli"]
+FABRIC_KEY = "11" * 32
+READY_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def start(argv: list[str], prefix: list[str] | None = None) -> subprocess.Popen:
+    """Start a process (optionally inside a namespace: ``prefix``) from the repository root."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([*(prefix or []), *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_ready(proc: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S) -> str:
+    """Wait for the appliance's ``ready`` line; fail with its stderr if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if " ready" in line:
+                return line
+        if proc.poll() is not None:
+            raise AssertionError(f"appliance exited with {proc.returncode}: "
+                                 f"{proc.stderr.read() if proc.stderr else ''}")
+    raise AssertionError("appliance not ready in time")
+
+
+def run_appliance(config: Path, prefix: list[str] | None = None) -> subprocess.Popen:
+    proc = start([*CLI, "run", "--config", str(config)], prefix)
+    wait_ready(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 20.0) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return proc.returncode
+
+
+def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy; return it (or fail)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(interval_s)

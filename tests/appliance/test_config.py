@@ -1,0 +1,114 @@
+"""Config errors: one message naming the key, exit code 2, nothing half-started."""
+
+import socket
+import subprocess
+
+import pytest
+
+from appliance.config import ConfigError, load_config, node_id_of, parse_config
+from tests.appliance.helpers import CLI, FABRIC_KEY, ROOT, free_port
+
+GOOD = {"appliance": {"name": "core1"}, "clients": {"udp": "127.0.0.1:47999"},
+        "pm": {"identities": {"feed": {"publish": ["a/#"], "subscribe": ["#"]}}}}
+
+
+def _with(**sections):
+    doc = {k: dict(v) for k, v in GOOD.items()}
+    for key, value in sections.items():
+        doc[key] = value
+    return doc
+
+
+@pytest.mark.parametrize("doc, key", [
+    (_with(appliance={"name": "core1", "colour": "red"}), "appliance.colour"),
+    (_with(fabrik={}), "fabrik"),
+    (_with(appliance={"name": "bad name!"}), "appliance.name"),
+    (_with(appliance={}), "appliance.name"),
+    (_with(appliance={"name": "c", "id": 0}), "appliance.id"),
+    (_with(appliance={"name": "c", "role": "hub"}), "appliance.role"),
+    (_with(clients={"udp": "localhost:47470"}), "clients.udp"),
+    (_with(clients={"udp": "127.0.0.1:70000"}), "clients.udp"),
+    (_with(clients={"udp": "239.1.1.1:47470"}), "clients.udp"),
+    (_with(fabric={"listen": "10.0.0.1"}), "fabric.listen"),
+    (_with(fabric={"listen": "127.0.0.1:47470"},
+           neighbours=[{"name": "core2", "address": "127.0.0.1:47471"}]), "fabric.key_file"),
+    (_with(fabric={"listen": "127.0.0.1:47470", "key": "abcd"}), "fabric.key"),
+    (_with(fabric={"listen": "127.0.0.1:47470", "key_file": "/nonexistent/fabric.key"}),
+     "fabric.key_file"),
+    (_with(neighbours=[{"name": "core2"}]), "neighbours[0].address"),
+    (_with(neighbours=[{"name": "core2", "address": "1.2.3.4:5", "weight": 1}]),
+     "neighbours[0].weight"),
+    (_with(pm={"identities": {"feed": {"publish": ["a/#/b/#x"]}}}),
+     "pm.identities.feed.publish"),
+    (_with(pm={"mode": "remote", "anonymous": True}), "pm.anonymous"),
+    (_with(pm={"registry": "/nonexistent.json"}), "pm.registry"),
+])
+def test_a_bad_config_is_refused_with_a_message_naming_the_key(doc, key):
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc)
+    assert str(info.value).startswith(f"config: {key}")
+
+
+def test_a_good_config_gives_defaults_and_a_stable_node_id(tmp_path):
+    key_file = tmp_path / "fabric.key"
+    key_file.write_text(FABRIC_KEY + "\n")
+    path = tmp_path / "core1.toml"
+    path.write_text("""
+[appliance]
+name = "core1"
+[fabric]
+listen = "127.0.0.1:47470"
+key_file = "fabric.key"
+[[neighbours]]
+name = "core2"
+address = "127.0.0.1:47471"
+cost = 3
+""")
+    cfg = load_config(path)
+    assert cfg.node_id == node_id_of("core1") == load_config(path).node_id
+    assert cfg.fabric_key == bytes.fromhex(FABRIC_KEY)
+    assert cfg.neighbours[0].cost == 3 and cfg.neighbours[0].address == ("127.0.0.1", 47471)
+    assert cfg.neighbour_dead_ms == 4 * cfg.heartbeat_interval_ms
+
+
+def _run(path):
+    return subprocess.run([*CLI, "run", "--config", str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_run_exits_2_naming_the_key_of_an_unknown_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[appliance]\nname = "c"\nnmae = "x"\n')
+    proc = _run(path)
+    assert proc.returncode == 2
+    assert "appliance.nmae" in proc.stderr and "ready" not in proc.stdout
+
+
+def test_run_exits_2_for_a_missing_config_file(tmp_path):
+    proc = _run(tmp_path / "missing.toml")
+    assert proc.returncode == 2 and "no such config file" in proc.stderr
+
+
+def test_a_port_in_use_exits_2_naming_the_key_and_leaves_nothing_open(tmp_path):
+    fabric_port, client_port = free_port(), free_port()
+    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    holder.bind(("127.0.0.1", client_port))
+    try:
+        path = tmp_path / "c.toml"
+        path.write_text(f"""
+[appliance]
+name = "c"
+[fabric]
+listen = "127.0.0.1:{fabric_port}"
+key = "{FABRIC_KEY}"
+[clients]
+udp = "127.0.0.1:{client_port}"
+""")
+        proc = _run(path)
+    finally:
+        holder.close()
+    assert proc.returncode == 2
+    assert "clients.udp" in proc.stderr and "in use" in proc.stderr
+    assert proc.stderr.count("\n") == 1  # one message
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the fabric port was released
+        s.bind(("127.0.0.1", fabric_port))
