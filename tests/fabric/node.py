@@ -1,0 +1,139 @@
+"""One fabric node for the namespace tests: an appliance plus its local clients, driven by
+JSON lines on standard input (one answer line each on standard output).
+
+    python -m tests.fabric.node CONFIG.toml
+
+Commands: ``connect`` {client, identity}, ``subscribe``/``unsubscribe`` {client, pattern},
+``publish`` {client, topics, rounds}, ``stream`` {client, topics, interval_s} (publish in the
+background until ``end_stream``), ``received`` {client} (what arrived since the last call:
+per-topic counts and duplicates), ``status``, ``submit`` {command, args}, ``quit``. The
+appliance runs in this process (the same ``Appliance`` that ``topicwire run`` runs), so the
+test can read its status; neighbours are other processes in other namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections import Counter
+
+from appliance.client import ClientError, connect
+from appliance.config import load_config
+from appliance.node import Appliance
+
+
+class Node:
+    def __init__(self, config_path: str) -> None:
+        self.config = load_config(config_path)
+        self.app = Appliance(self.config).start()
+        host, port = self.config.clients_udp
+        self.url = f"udp://{host}:{port}"
+        self.clients = {}
+        self.inbox: dict[str, list] = {}
+        self.seen: dict[str, set] = {}
+        self.duplicates: Counter = Counter()
+        self.streams: dict[str, tuple[threading.Event, threading.Thread, Counter]] = {}
+        self.lock = threading.Lock()
+
+    def _record(self, name, pattern):
+        """Count each message once per client (a client whose subscriptions overlap gets one
+        copy per matching subscription); the same message twice on one subscription is a
+        duplicate."""
+        def on_message(msg):
+            ident = (msg.origin, msg.stream, msg.topic_key, msg.sequence)
+            with self.lock:
+                if (pattern, ident) in self.seen[name]:
+                    self.duplicates[name] += 1
+                    return
+                self.seen[name].add((pattern, ident))
+                if ident not in self.seen[name]:
+                    self.seen[name].add(ident)
+                    self.inbox[name].append(msg.topic)
+        return on_message
+
+    def handle(self, cmd: dict) -> dict:
+        op = cmd["cmd"]
+        if op == "connect":
+            name = cmd["client"]
+            self.clients[name] = connect(self.url, cmd.get("identity", "feed"))
+            self.inbox[name], self.seen[name] = [], set()
+            return {"ok": True, "session": self.clients[name].session}
+        client = self.clients.get(cmd.get("client"))
+        if op == "subscribe":
+            try:
+                client.subscribe(cmd["pattern"],
+                                 callback=self._record(cmd["client"], cmd["pattern"]))
+            except ClientError as exc:
+                return {"ok": False, "error": str(exc)}
+            return {"ok": True}
+        if op == "unsubscribe":
+            client.unsubscribe(cmd["pattern"])
+            return {"ok": True}
+        if op == "publish":
+            sent = Counter()
+            try:
+                for _ in range(cmd.get("rounds", 1)):
+                    for topic in cmd["topics"]:
+                        client.publish(topic, topic.encode())
+                        sent[topic] += 1
+                client.flush()
+            except ClientError as exc:
+                return {"ok": False, "error": str(exc), "sent": sent}
+            return {"ok": True, "sent": sent}
+        if op == "stream":
+            stop, counts = threading.Event(), Counter()
+
+            def run():
+                while not stop.is_set():
+                    for topic in cmd["topics"]:
+                        client.publish(topic, topic.encode())
+                        counts[topic] += 1
+                    client.flush()
+                    time.sleep(cmd.get("interval_s", 0.01))
+            thread = threading.Thread(target=run, daemon=True)
+            self.streams[cmd["client"]] = (stop, thread, counts)
+            thread.start()
+            return {"ok": True}
+        if op == "end_stream":
+            stop, thread, counts = self.streams.pop(cmd["client"])
+            stop.set()
+            thread.join()
+            return {"ok": True, "sent": counts}
+        if op == "received":
+            name = cmd["client"]
+            with self.lock:
+                got, self.inbox[name] = self.inbox[name], []
+                dups = self.duplicates.pop(name, 0)
+            return {"ok": True, "counts": Counter(got), "duplicates": dups}
+        if op == "status":
+            return {"ok": True, "status": self.app.status()}
+        if op == "submit":
+            return {"ok": True, "result": self.app.submit(cmd["command"], cmd.get("args", {}))}
+        if op == "quit":
+            for c in self.clients.values():
+                c.close()
+            self.app.stop()
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown command {op!r}"}
+
+
+def main() -> int:
+    node = Node(sys.argv[1])
+    print(json.dumps({"ok": True, "ready": node.config.name}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            answer = node.handle(cmd)
+        except Exception as exc:
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(answer), flush=True)
+        if cmd["cmd"] == "quit":
+            return 0
+    node.app.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
