@@ -123,6 +123,8 @@ class ApplianceConfig:
     pm_registry: Path | None = None
     pm_anonymous: bool = False
     identities: dict[str, IdentityConfig] = field(default_factory=dict)
+    schemas: tuple[dict[str, Any], ...] = ()
+    """P&M's schemas (``Schema.to_dict`` documents), from ``[pm.schemas.NAME]``."""
     mgmt: dict[str, Any] = field(default_factory=dict)
     log: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None
@@ -212,6 +214,34 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"))
     return out
+
+
+def _schemas(table: object, key: str) -> tuple[dict[str, Any], ...]:
+    from nic_offload.errors import OffloadError
+    from nic_offload.schema import Schema
+
+    if not isinstance(table, dict):
+        raise _fail(key, "must be a table of schemas ([pm.schemas.NAME])")
+    out, ids = [], set()
+    for name, spec in table.items():
+        where = f"{key}.{name}"
+        if not isinstance(spec, dict):
+            raise _fail(where, "must be a table with id = N and fields = [[name, offset, type"
+                        "(, width)], ...]")
+        _known(spec, {"id", "fields"}, where + ".")
+        schema_id = _int(spec, "id", where + ".", 0, 1, 65_535)
+        if schema_id in ids:
+            raise _fail(where + ".id", f"schema id {schema_id} is used twice")
+        ids.add(schema_id)
+        fields = spec.get("fields")
+        if not isinstance(fields, list) or not all(isinstance(f, list) for f in fields):
+            raise _fail(where + ".fields", "must be a list of [name, offset, type(, width)]")
+        try:
+            schema = Schema.of(name, schema_id, [tuple(f) for f in fields])
+        except (OffloadError, TypeError, ValueError) as exc:
+            raise _fail(where + ".fields", str(exc)) from None
+        out.append(schema.to_dict())
+    return tuple(out)
 
 
 def _existing_file(value: object, key: str, base: Path) -> Path:
@@ -321,7 +351,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     max_sessions = _int(cl, "max_sessions", p, CLIENT_MAX_SESSIONS, 1, 400)
     session_dead = _int(cl, "session_dead_ms", p, CLIENT_SESSION_DEAD_MS, 100, 3_600_000)
 
-    pm = _table(doc, "pm", {"mode", "entitlements", "registry", "anonymous", "identities"}, "")
+    pm = _table(doc, "pm", {"mode", "entitlements", "registry", "anonymous", "identities",
+                            "schemas"}, "")
     p = "pm."
     mode = _str(pm, "mode", p, "embedded", ("embedded", "remote"))
     identities: dict[str, IdentityConfig] = {}
@@ -329,8 +360,9 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     anonymous = pm.get("anonymous", False)
     if not isinstance(anonymous, bool):
         raise _fail(p + "anonymous", "must be true or false")
+    schemas = _schemas(pm.get("schemas", {}), p + "schemas")
     if mode == "remote":
-        for k in ("entitlements", "registry", "identities", "anonymous"):
+        for k in ("entitlements", "registry", "identities", "anonymous", "schemas"):
             if k in pm:
                 raise _fail(p + k, "only for pm.mode = \"embedded\" (the P&M appliance)")
     else:
@@ -362,8 +394,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours),
         clients_udp=clients_udp, clients_shm=shm, max_sessions=max_sessions,
         session_dead_ms=session_dead, pm_mode=mode, pm_registry=registry,
-        pm_anonymous=anonymous, identities=identities, mgmt=dict(mgmt), log=dict(log),
-        source=source)
+        pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=dict(mgmt),
+        log=dict(log), source=source)
 
 
 def load_config(path: str | Path) -> ApplianceConfig:

@@ -109,7 +109,7 @@ class ControlAgent:
         self.pm_doc: dict[str, Any] | None = (pmod.embedded_document(config)
                                               if config.pm_mode == "embedded" else None)
         self.overrides: dict[tuple[int, int], tuple[int, ...]] = {}
-        self.command_overrides: dict[tuple[int, int], tuple[int, ...]] = {}
+        """Route overrides of P&M's document: (source, destination) -> path."""
         self.paths: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         self.sessions: dict[int, Session] = {}
         self.session_of_peer: dict[tuple[str, int], int] = {}
@@ -430,8 +430,7 @@ class ControlAgent:
         lsas = dict(self.lsdb)
         lsas[self.node_id] = self._own_lsa()
         graph = graph_of(lsas)
-        overrides = {**self.overrides, **self.command_overrides}
-        self.paths = all_paths(graph, overrides)
+        self.paths = all_paths(graph, self.overrides)
         self.graph = graph
         me = self.node_id
         peer_of = {nb.node_id: nb.peer for nb in self.neighbours.values() if nb.up}
@@ -738,21 +737,28 @@ class ControlAgent:
             self._reply(session, al.ControlKind.LOGOUT, {"reason": "disconnected by management"})
             self._end_session(session, "disconnected by management")
             return {"ok": True}
-        if command == "set_route":
+        if command in ("set_route", "clear_route"):
+            if self.cfg.pm_mode != "embedded" or self.pm_doc is None:
+                return {"ok": False, "error": f"control: {command} goes to the P&M appliance "
+                        f"({(self.pm_doc or {}).get('pm', 'unknown')}): route overrides are "
+                        "part of its document"}
             src, dst = self._node_named(args["source"]), self._node_named(args["destination"])
-            path = tuple(self._node_named(n) for n in args["path"])
-            graph = getattr(self, "graph", {})
-            if path[0] != src or path[-1] != dst or path_cost(graph, path) is None:
-                return {"ok": False, "error": "control: set_route: the path must go from source "
-                        "to destination over links that are up"}
-            self.command_overrides[(src, dst)] = path
-            self._topology_dirty = True
-            return {"ok": True}
-        if command == "clear_route":
-            pair = (self._node_named(args["source"]), self._node_named(args["destination"]))
-            self.command_overrides.pop(pair, None)
-            self._topology_dirty = True
-            return {"ok": True}
+            routes = {(int(a), int(b)): tuple(p) for a, b, p in self.pm_doc.get("routes", [])}
+            if command == "set_route":
+                path = tuple(self._node_named(n) for n in args["path"])
+                graph = getattr(self, "graph", {})
+                if path[0] != src or path[-1] != dst or path_cost(graph, path) is None:
+                    return {"ok": False, "error": "control: set_route: the path must go from "
+                            "source to destination over links that are up"}
+                routes[(src, dst)] = path
+            else:
+                routes.pop((src, dst), None)
+            self.pm_doc = {**self.pm_doc, "version": max(int(self.pm_doc["version"]) + 1,
+                                                         time.time_ns() // 1_000),
+                           "routes": [[a, b, list(p)] for (a, b), p in sorted(routes.items())]}
+            self._apply_pm(self.pm_doc)
+            self._flood(al.ControlKind.PM_UPDATE, self.pm_doc)
+            return {"ok": True, "pm_version": self.pm_doc["version"]}
         return {"ok": False, "error": f"control: unknown command {command!r}; known: "
                 "disconnect_client, set_route, clear_route"}
 

@@ -25,7 +25,7 @@ def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
                        for name, ident in sorted(config.identities.items())},
         "anonymous": config.pm_anonymous,
         "namespaces": list(config.namespaces),
-        "schemas": [],
+        "schemas": list(config.schemas),
         "routes": [],
     }
 

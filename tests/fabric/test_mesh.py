@@ -257,3 +257,32 @@ def test_admin_frames_from_a_rogue_host_are_counted_and_dropped(square):
     assert _neighbour_state(n1, "n5") == "down"
     assert all("99" not in r["path"] for r in status["routes"])
     assert FABRIC_KEY  # the rogue never had it
+
+
+def test_a_route_override_from_pm_moves_a_pair_onto_another_path_fabric_wide(square):
+    n1, n2 = square.node(1), square.node(2)
+    setup_client(n2, "routed", ["+eu/x1/#"])
+    n1.call({"cmd": "connect", "client": "rp"})
+    wait_until(lambda: "eu/x1/#" in {s["pattern"] for s in n1.status()["subscriptions"]
+                                     if s["origin"] == "n2"})
+    refused = square.node(3).call({"cmd": "submit", "command": "set_route", "args": {
+        "source": "n1", "destination": "n2", "path": ["n1", "n4", "n3", "n2"]}})["result"]
+    assert not refused["ok"] and "P&M" in refused["error"]
+    result = n1.call({"cmd": "submit", "command": "set_route", "args": {
+        "source": "n1", "destination": "n2", "path": ["n1", "n4", "n3", "n2"]}})["result"]
+    assert result["ok"]
+    try:
+        wait_until(lambda: all(_path(square.node(i), "n1", "n2") == ["n1", "n4", "n3", "n2"]
+                               for i in (1, 2, 3, 4)), timeout_s=10)
+        transit_before = square.node(4).status()["counters"].get("transit_frames", 0)
+        want = expected(["+eu/x1/#"], TOPICS, 2)
+        n1.call({"cmd": "publish", "client": "rp", "topics": TOPICS, "rounds": 2})
+        got, dups = collect(n2, "routed", want)
+        assert dups == 0 and got == want
+        wait_until(lambda: square.node(4).status()["counters"].get("transit_frames", 0)
+                   > transit_before, timeout_s=5)
+    finally:
+        n1.call({"cmd": "submit", "command": "clear_route",
+                 "args": {"source": "n1", "destination": "n2"}})
+    wait_until(lambda: all(_path(square.node(i), "n1", "n2") == ["n1", "n2"]
+                           for i in (1, 2, 3, 4)), timeout_s=10)
