@@ -305,6 +305,12 @@ class ControlAgent:
                 self.pm_doc = doc
                 self._apply_pm(doc)
                 self._flood(kind, doc, skip=nb)
+        elif kind is al.ControlKind.LOGOUT:  # the neighbour is shutting down
+            if nb.up:
+                nb.up = False
+                log.info("%s: neighbour %s said goodbye", self.cfg.name, nb.config.name)
+                self._lsa_due = True
+                self._topology_dirty = True
         elif kind is al.ControlKind.ECHO:
             sent = int(doc.get("ts", 0))
             if sent:
@@ -696,10 +702,11 @@ class ControlAgent:
                         {"version": self.registry.version}, session.session_id)
 
     def logout_all(self) -> None:
-        """Tell every client the appliance is going away (shutdown)."""
+        """Tell every client and neighbour the appliance is going away (shutdown)."""
         self.accepting = False
         for session in list(self.sessions.values()):
             self._reply(session, al.ControlKind.LOGOUT, {"reason": "appliance shutting down"})
+        self._flood(al.ControlKind.LOGOUT, {"reason": "appliance shutting down"})
 
     # --- management commands ------------------------------------------------------------------
     def submit(self, command: str, args: dict, timeout_s: float) -> dict:

@@ -51,6 +51,8 @@ QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
 SUBSCRIPTION_QUEUE_MESSAGES = 1_000_000
 """Messages a subscription queue holds before the oldest are dropped (best-effort) and
 counted; last-value subscriptions keep one per topic instead."""
+ROUTE_CACHE_TOPICS = 65_536
+"""Topics whose matching subscriptions a client remembers (cleared when full)."""
 RESOLVE_RETRY_NS = 200_000_000
 """An unanswered key resolution is asked again after this long."""
 
@@ -187,6 +189,7 @@ class Client:
         self._asked: dict[int, int] = {}
         self._seq: dict[int, int] = {}
         self._subs: list[Subscription] = []
+        self._route_cache: dict[tuple[int, str], list[Subscription]] = {}
         self._lists: dict[int, SubscriptionList] = {}
         self._sub_ids = itertools.count(1)
         self._keyer = KeyRegistry()
@@ -345,6 +348,7 @@ class Client:
         with self._lock:
             self._lists.setdefault(namespace, SubscriptionList()).subscribe(pattern)
             self._subs.append(sub)
+            self._route_cache = {}
         return sub
 
     def unsubscribe(self, pattern: str, *, namespace: int = 0) -> None:
@@ -368,6 +372,7 @@ class Client:
                 else:
                     keep.append(sub)
             self._subs = keep
+            self._route_cache = {}
 
     # --- receiving (the client thread) ---------------------------------------------------------
     def _on_frame(self, data: memoryview, now_ns: int) -> None:
@@ -379,17 +384,18 @@ class Client:
         h = frame.header
         if frame.is_message_frame:
             view = MessageView()
+            topics = self._topics
             for m in frame.messages(view):
                 key = m.topic_key
-                msg = Message("", bytes(m.payload), key, m.sequence, m.publish_ts_ns,
-                              m.namespace_id, m.schema_id, m.qos, h.source_session,
-                              h.stream_id, now_ns)
+                known = topics.get(key)
+                msg = Message("" if known is None else known[1], bytes(m.payload), key,
+                              m.sequence, m.publish_ts_ns, m.namespace_id, m.schema_id, m.qos,
+                              h.source_session, h.stream_id, now_ns)
                 self.received += 1
-                known = self._topics.get(key)
                 if known is None:
                     self._pending.setdefault(key, []).append(msg)
                 else:
-                    self._dispatch(msg, known[1])
+                    self._dispatch(msg)
             return
         _, entries = frame.admin()
         if h.frame_type is fl.FrameType.CONTROL:
@@ -412,7 +418,7 @@ class Client:
             for entry in entries:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
                 for msg in self._pending.pop(entry.topic_key, []):
-                    self._dispatch(msg, entry.topic)
+                    self._dispatch(replace(msg, topic=entry.topic))
 
     def _answer(self, key: tuple, doc: dict) -> None:
         with self._lock:
@@ -421,15 +427,25 @@ class Client:
             waiter.result = doc
             waiter.event.set()
 
-    def _dispatch(self, msg: Message, topic: str) -> None:
-        msg = replace(msg, topic=topic)
-        lst = self._lists.get(msg.namespace)
-        if lst is None or not lst.decides(topic):
-            return
+    def _targets(self, namespace: int, topic: str) -> list[Subscription]:
+        """The subscriptions a topic goes to (cached until the subscriptions change)."""
+        key = (namespace, topic)
+        subs = self._route_cache.get(key)
+        if subs is not None:
+            return subs
+        with self._lock:  # a miss: compute against a consistent set of subscriptions
+            lst = self._lists.get(namespace)
+            subs = [] if lst is None or not lst.decides(topic) else [
+                sub for sub in self._subs
+                if sub.namespace == namespace and matches(sub.pattern, topic)]
+            if len(self._route_cache) >= ROUTE_CACHE_TOPICS:
+                self._route_cache.clear()
+            self._route_cache[key] = subs
+        return subs
+
+    def _dispatch(self, msg: Message) -> None:
         event = None
-        for sub in self._subs:
-            if sub.namespace != msg.namespace or not matches(sub.pattern, topic):
-                continue
+        for sub in self._targets(msg.namespace, msg.topic):
             if sub.selector is not None:
                 if event is None:
                     event = self._event(msg)

@@ -121,10 +121,11 @@ class Mesh:
         return self.nodes[i]
 
     def converged(self, expect_pairs: int | None = None) -> bool:
-        """Every node has a route to every other one and P&M's document."""
-        n = len(self.nodes)
+        """Every running node has a route to every other one and P&M's document."""
+        running = [node for node in self.nodes.values() if node.proc.poll() is None]
+        n = len(running)
         want = n * (n - 1) if expect_pairs is None else expect_pairs
-        for node in self.nodes.values():
+        for node in running:
             status = node.status()
             if len(status["routes"]) != want or not status["node"]["pm"]:
                 return False

@@ -286,3 +286,15 @@ def test_a_route_override_from_pm_moves_a_pair_onto_another_path_fabric_wide(squ
                  "args": {"source": "n1", "destination": "n2"}})
     wait_until(lambda: all(_path(square.node(i), "n1", "n2") == ["n1", "n2"]
                            for i in (1, 2, 3, 4)), timeout_s=10)
+
+
+def test_a_stopping_appliance_says_goodbye_and_its_neighbours_route_around_it(tmp_path):
+    mesh = Mesh(3, [(1, 2), (2, 3), (1, 3)], tmp_path, dead_ms=30_000)
+    try:
+        wait_until(lambda: mesh.converged(), timeout_s=60)
+        mesh.node(3).close()  # drains and stops: a goodbye, long before 30 s of silence
+        wait_until(lambda: _neighbour_state(mesh.node(1), "n3") == "down"
+                   and _neighbour_state(mesh.node(2), "n3") == "down", timeout_s=5)
+        wait_until(lambda: mesh.converged(2), timeout_s=10)
+    finally:
+        mesh.close()
