@@ -387,7 +387,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _str(log, "format", "log.", "text", ("text", "json"))
     _str(log, "level", "log.", "info", ("debug", "info", "warning", "error"))
 
-    return ApplianceConfig(
+    config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
@@ -396,6 +396,18 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         session_dead_ms=session_dead, pm_mode=mode, pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=dict(mgmt),
         log=dict(log), source=source)
+    if mode == "embedded":
+        import json
+
+        from appliance.pm import embedded_document
+        from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES
+
+        size = len(json.dumps(embedded_document(config), separators=(",", ":")).encode())
+        if size > MAX_CONTROL_DOCUMENT_BYTES:
+            raise _fail("pm.identities", f"P&M's document would be {size} bytes; at most "
+                        f"{MAX_CONTROL_DOCUMENT_BYTES} fit one frame: use fewer identities, "
+                        "patterns or schemas")
+    return config
 
 
 def load_config(path: str | Path) -> ApplianceConfig:

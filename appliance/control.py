@@ -50,6 +50,7 @@ from nic_offload.snapshot import SnapshotSwitch
 log = logging.getLogger("topicwire.appliance")
 
 ROLE = {"core": al.NodeRole.CORE, "edge": al.NodeRole.EDGE}
+QOS_NAMES = {0: "best-effort", 1: "last-value", 2: "guaranteed"}
 REGISTRY_FRAME_BYTES = 60_000
 """Registry entries per REGISTRY_UPDATE frame are packed up to about this many bytes."""
 INBOX_PER_CYCLE = 512
@@ -78,6 +79,7 @@ class Session:
     ring: str | None = None
     last_heard_ns: int = 0
     patterns: Counter = field(default_factory=Counter)
+    qos: dict = field(default_factory=dict)
 
 
 class ControlAgent:
@@ -186,7 +188,14 @@ class ControlAgent:
                       body_header: dict | None = None) -> None:
         if self.cfg.fabric_key is None:
             return
-        self.dp.offer_admin(FABRIC, nb.peer, self._signed(ftype, entries, body_header))
+        try:
+            frame = self._signed(ftype, entries, body_header)
+        except ValueError as exc:  # a document larger than one frame: refused, not fatal
+            self.counters["frame_too_large"] += 1
+            log.error("%s: cannot send %s to %s: %s", self.cfg.name, ftype.name,
+                      nb.config.name, exc)
+            return
+        self.dp.offer_admin(FABRIC, nb.peer, frame)
 
     def _control(self, kind: al.ControlKind, doc: dict) -> al.Control:
         return al.Control(kind, json.dumps(doc, separators=(",", ":")))
@@ -646,6 +655,8 @@ class ControlAgent:
             result.update(accepted=False, reason=str(exc))
         if result["accepted"]:
             sublist = self.compiler.egresses[egress].lists.get(ns)
+            if add:
+                session.qos[(ns, pattern)] = QOS_NAMES.get(entry.qos, "best-effort")
             session.patterns = Counter({(n, p): 1 for n, lst in
                                         self.compiler.egresses[egress].lists.items()
                                         for p in lst.positive_patterns()})
@@ -784,12 +795,14 @@ class ControlAgent:
             offload[k] = int(dp_counters.get(k, 0))
         subs = []
         local: Counter = Counter()
+        qos_of: dict = {}
         for s in self.sessions.values():
             for key in s.patterns:
                 local[key] += 1
+                qos_of.setdefault(key, s.qos.get(key, "best-effort"))
         for (ns, pattern), n in sorted(local.items()):
             subs.append({"origin": self.cfg.name, "pattern": pattern, "namespace": ns,
-                         "qos": "best-effort", "clients": n})
+                         "qos": qos_of[(ns, pattern)], "clients": n})
         for origin, (_, _, patterns) in sorted(self.interest.items()):
             for ns, pattern in sorted(patterns):
                 subs.append({"origin": name(origin, str(origin)), "pattern": pattern,

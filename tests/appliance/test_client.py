@@ -52,7 +52,7 @@ def test_selectors_read_schema_fields_from_pm(served):
 
 
 def test_last_value_keeps_the_newest_message_per_topic_for_a_slow_reader(served):
-    _, url = served
+    app, url = served
     with connect(url, "feed") as c:
         sub = c.subscribe("lv/#", qos="last-value")
         for i in range(10):
@@ -63,6 +63,7 @@ def test_last_value_keeps_the_newest_message_per_topic_for_a_slow_reader(served)
         wait_for(lambda: sub.delivered == 15)
         got = {(m.topic, m.payload) for m in _drain(sub)}
         assert got == {("lv/a", b"a9"), ("lv/b", b"b4")}
+        wait_for(lambda: [s["qos"] for s in app.status()["subscriptions"]] == ["last-value"])
 
 
 def test_publishes_are_batched_into_few_frames(served):

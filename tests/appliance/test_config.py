@@ -112,3 +112,10 @@ udp = "127.0.0.1:{client_port}"
     assert proc.stderr.count("\n") == 1  # one message
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the fabric port was released
         s.bind(("127.0.0.1", fabric_port))
+
+
+def test_a_pm_document_too_large_for_one_frame_is_refused():
+    identities = {f"id{i:05d}": {"publish": [f"topic/{i}/#"] * 20} for i in range(400)}
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with(pm={"identities": identities}))
+    assert str(info.value).startswith("config: pm.identities: P&M's document")
