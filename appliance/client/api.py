@@ -51,6 +51,10 @@ QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
 SUBSCRIPTION_QUEUE_MESSAGES = 1_000_000
 """Messages a subscription queue holds before the oldest are dropped (best-effort) and
 counted; last-value subscriptions keep one per topic instead."""
+CLIENT_DECODE_MESSAGES = 65_536
+"""Messages one batch decode of received frames can hold."""
+_DATA_TYPE = int(fl.FrameType.DATA)
+_RETX_TYPE = int(fl.FrameType.RETRANSMISSION)
 ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
 RESOLVE_RETRY_NS = 200_000_000
@@ -519,9 +523,13 @@ class _ClientAgent:
 
     def __init__(self, client: Client) -> None:
         from channels.base import FrameBatch
+        from datapath.protocol.batch import new_message_batch
 
         self.client = client
         self.batch = FrameBatch(64)
+        self.messages = new_message_batch(CLIENT_DECODE_MESSAGES)
+        self.status = np.zeros(64, np.uint8)
+        self.types = np.zeros(64, np.uint8)
         self._heartbeat_at = 0
 
     def do_work(self, now_ns: int) -> int:
@@ -529,9 +537,8 @@ class _ClientAgent:
         if client.channel.closed:
             return 0
         n = client.channel.receive(self.batch, 0)
-        wall = time.time_ns()
-        for i in range(n):
-            client._on_frame(memoryview(self.batch.frame(i)), wall)
+        if n:
+            self._on_batch(n, time.time_ns())
         work = n + client._housekeeping(now_ns)
         if client.session and now_ns >= self._heartbeat_at:
             self._heartbeat_at = now_ns + CLIENT_HEARTBEAT_INTERVAL_NS
@@ -542,6 +549,52 @@ class _ClientAgent:
             except ClientError:
                 pass
         return work
+
+    def _on_batch(self, n: int, wall: int) -> None:
+        """Message frames through the batch decoder (numba), admin frames one by one."""
+        from datapath.protocol.batch import decode_frames
+
+        batch = self.batch
+        client = self.client
+        done = 0
+        while done < n:
+            result = decode_frames(batch.buf, batch.offsets[done:n], batch.lengths[done:n],
+                                   self.messages, self.status, self.types)
+            frames = max(result.frames, 1)
+            for i in range(frames):
+                if self.status[i] == 0 and self.types[i] not in (_DATA_TYPE, _RETX_TYPE):
+                    client._on_frame(memoryview(batch.frame(done + i)), wall)
+                elif self.status[i] != 0:
+                    client.malformed = getattr(client, "malformed", 0) + 1
+            if result.messages:
+                self._deliver(done, result.messages, wall)
+            done += frames
+
+    def _deliver(self, first: int, count: int, wall: int) -> None:
+        m = self.messages[:count]
+        buf = self.batch.buf
+        client = self.client
+        topics = client._topics
+        offs = self.batch.offsets
+        hdr = fl.FRAME_HEADER_STRUCT
+        heads: dict[int, tuple[int, int]] = {}
+        for key, seq, ts, ns, schema, qos, poff, plen, fi in zip(
+                m["topic_key"].tolist(), m["sequence"].tolist(), m["publish_ts_ns"].tolist(),
+                m["namespace_id"].tolist(), m["schema_id"].tolist(), m["qos"].tolist(),
+                m["payload_offset"].tolist(), m["payload_len"].tolist(),
+                m["frame_index"].tolist()):
+            ids = heads.get(fi)
+            if ids is None:
+                fields = hdr.unpack_from(buf, int(offs[first + fi]))
+                ids = heads[fi] = (fields[6], fields[8])
+            known = topics.get(key)
+            msg = Message("" if known is None else known[1], buf[poff : poff + plen].tobytes(),
+                          key, seq, ts, ns, schema, qos, ids[0], ids[1], wall)
+            client.received += 1
+            if known is None:
+                client._pending.setdefault(key, []).append(msg)
+            else:
+                client._dispatch(msg)
 
     def on_close(self) -> None:
         return None
