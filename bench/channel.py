@@ -14,6 +14,10 @@ Two figures, each measured side by side with sockperf (the UDP baseline, ``sockp
   time echoed by the child; one-way latency is half the round trip, as sockperf ``pp``
   reports it. ``header_p50_us``/``header_p99_us`` are the child's own one-way figures from the
   frames' ``send_ts_ns`` to the kernel receive time (the channel's latency histogram).
+  ``--idle block`` (default) waits in ``poll`` between frames on both ends, like sockperf's
+  default epoll; ``--idle spin`` busy-polls (``receive`` with no wait, in a loop: the appliance
+  agents' ``BusySpinIdle``) on both ends, and sockperf runs with ``--nonblocked`` (its busy
+  ``recvfrom`` loop) so the baseline idles the same way.
 
 Frames carry a native header (``frame_len`` = size, ``send_ts_ns`` stamped by the channel) and
 an opaque body, so a 64-byte frame is the same datagram as sockperf's 64-byte message.
@@ -45,6 +49,7 @@ NAME = "channel"
 HELP = "channel msgs/s and one-way latency between two processes vs sockperf (UDP, loopback)"
 
 KINDS = ("udp", "mcast", "shm")
+IDLES = ("block", "spin")
 BENCH_MESSAGES = 200_000
 """Frames per throughput run."""
 BENCH_BATCH_FRAMES = 64
@@ -74,6 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration-s", type=float, default=BENCH_DURATION_S,
                         help="seconds of each ping-pong run")
     parser.add_argument("--repeats", type=_positive, default=BENCH_REPEATS)
+    parser.add_argument("--idle", choices=IDLES, default="block",
+                        help="between ping-pong frames: wait in poll (block) or busy-poll "
+                             "(spin); sockperf idles the same way")
 
 
 def _positive(text: str) -> int:
@@ -174,8 +182,9 @@ def _child_main(argv: list[str]) -> None:
                   flush=True)
         else:
             dest = EACH_SLOT if kind == "udp" else None
+            spin = spec["idle"] == "spin"
             while True:
-                if not channel.receive(batch, int(CHILD_START_TIMEOUT_S * 1e9)):
+                if not _receive(channel, batch, int(CHILD_START_TIMEOUT_S * 1e9), spin):
                     break
                 if int.from_bytes(bytes(batch.frame(0)[20:24]), "big") == STOP_STREAM_ID:
                     break
@@ -185,6 +194,17 @@ def _child_main(argv: list[str]) -> None:
                               "header_p99_ns": stats.latency_ns_at(99)}), flush=True)
     finally:
         channel.close()
+
+
+def _receive(channel: Any, batch: Any, timeout_ns: int, spin: bool) -> int:
+    """One receive that waits up to ``timeout_ns``: in ``poll`` or, with ``spin``, busy."""
+    if not spin:
+        return channel.receive(batch, timeout_ns)
+    deadline = time.monotonic_ns() + timeout_ns
+    while True:
+        n = channel.receive(batch, 0)
+        if n or time.monotonic_ns() > deadline:
+            return n
 
 
 class _Child:
@@ -219,7 +239,7 @@ class _Child:
 
 def _spec(args: argparse.Namespace) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
-    return {"size": args.size, "messages": args.messages,
+    return {"size": args.size, "messages": args.messages, "idle": args.idle,
             "rings": [f"bench-{tag}-a", f"bench-{tag}-b"], "ring_bytes": 1 << 20,
             "mcast_port": _free_udp_port()}
 
@@ -300,7 +320,7 @@ def measure_latency(args: argparse.Namespace) -> dict[str, float]:
             ping.count = 1
             if parent.send(ping, dest) != 1:
                 continue
-            if not parent.receive(pong, timeout_ns):
+            if not _receive(parent, pong, timeout_ns, args.idle == "spin"):
                 raise DeviceError(f"{args.kind}: a ping got no answer (lost?); rerun",
                                   component=_COMPONENT)
             pings += 1
@@ -344,7 +364,8 @@ def measure_sockperf(args: argparse.Namespace) -> dict[str, float]:
     exe = _sockperf_path()
     port = _free_udp_port()
     seconds = str(max(1, math.ceil(args.duration_s)))
-    server = subprocess.Popen([exe, "sr", "-i", LOOPBACK, "-p", str(port)],
+    idle = ["--nonblocked"] if args.idle == "spin" else []  # sockperf's busy recvfrom loop
+    server = subprocess.Popen([exe, "sr", "-i", LOOPBACK, "-p", str(port), *idle],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in server.stdout:
@@ -353,7 +374,7 @@ def measure_sockperf(args: argparse.Namespace) -> dict[str, float]:
         time.sleep(0.1)
         client = [exe, "-i", LOOPBACK, "-p", str(port), "-m", str(args.size), "-t", seconds]
         tp = _run_sockperf([client[0], "tp", *client[1:]])
-        pp = _run_sockperf([client[0], "pp", *client[1:]])
+        pp = _run_sockperf([client[0], "pp", *client[1:], *idle])
     finally:
         server.kill()
         server.communicate()
@@ -398,7 +419,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         theirs.append(measure_sockperf(args))
     params = {"kind": args.kind, "size": args.size, "messages": args.messages,
               "batch": args.batch, "duration_s": args.duration_s, "repeats": args.repeats,
-              "baseline": "sockperf sr + tp/pp, UDP 127.0.0.1, same size",
+              "idle": args.idle,
+              "baseline": "sockperf sr + tp/pp, UDP 127.0.0.1, same size"
+                          + (", --nonblocked" if args.idle == "spin" else ""),
               "note": "sockperf tp reports its sender's rate (also under msgs_per_s); "
                       "topicwire msgs_per_s is the receiver's rate"}
     return build_report(NAME, params, {"topicwire": _medians(ours), "sockperf": _medians(theirs)})

@@ -55,3 +55,11 @@ def test_a_missing_sockperf_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(channel, "SOCKPERF", "sockperf-is-not-here")
     with pytest.raises(UserError, match="^bench: sockperf is not installed; `make setup`"):
         channel.run(tiny_args())
+
+
+def test_spin_idles_both_ends_and_sockperf_the_same_way():
+    report = channel.run(tiny_args("--kind", "udp", "--idle", "spin"))
+    assert report["params"]["idle"] == "spin"
+    assert report["params"]["baseline"].endswith("--nonblocked")
+    for figures in report["results"].values():
+        assert 0 < figures["p50_us"] <= figures["p99_us"] <= figures["p999_us"]
