@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from datapath.errors import TopicwireError, UserError
 
 COMMAND_MODULES = (
+    "appliance.cli.run_cmd",
+    "appliance.cli.pubsub_cmd",
     "appliance.cli.topic_cmd",
     "appliance.cli.subs_cmd",
     "appliance.cli.pcap_cmd",
