@@ -66,6 +66,9 @@ NO_PEER = -1
 
 _TS_END = fl.SEND_TS_OFFSET + 8
 _AUTH = int(fl.FrameFlags.AUTH_TRAILER)
+_NAK = int(fl.FrameType.NAK)
+_RETRANSMISSION = int(fl.FrameType.RETRANSMISSION)
+_RELIABILITY_MIN_TYPE = min(_NAK, _RETRANSMISSION)
 
 
 class FrameArrays(NamedTuple):
@@ -206,9 +209,27 @@ def decode_batch(batch: FrameBatch, messages: np.ndarray, status: np.ndarray,
     result = decode_frames(batch.buf, batch.offsets[: batch.count],
                            batch.lengths[: batch.count], messages, status, frame_types,
                            exact=True)
-    if stats is not None:
+    if stats is not None and result.frames:
         stats.on_malformed(status, result.frames)
+        types = frame_types[: result.frames]
+        if types.max() >= _RELIABILITY_MIN_TYPE:  # cheap test: data-only batches skip the rest
+            count_reliability_frames(batch.buf, batch.offsets, types,
+                                     status[: result.frames] == 0, stats)
     return result
+
+
+def count_reliability_frames(buf: np.ndarray, offsets: np.ndarray, frame_types: np.ndarray,
+                             valid: np.ndarray, stats: ChannelStats) -> None:
+    """Count NAK frames and the messages of RETRANSMISSION frames among valid received
+    frames (``stats.naks``/``stats.retransmissions``); the sending side counts in
+    ``ChannelSink``."""
+    naks = int(np.count_nonzero(valid & (frame_types == _NAK)))
+    if naks:
+        stats.on_nak(naks)
+    retransmitted = np.nonzero(valid & (frame_types == _RETRANSMISSION))[0]
+    if retransmitted.size:
+        at = offsets[retransmitted] + fl.MSG_COUNT_OFFSET
+        stats.on_retransmission(int((buf[at].astype(np.int64) << 8 | buf[at + 1]).sum()))
 
 
 class Channel(abc.ABC):
@@ -290,7 +311,9 @@ class ChannelSink:
     ``flush()`` sends what is left (call it once per duty cycle). Frames the channel could not
     take stay queued for the next flush (``pending``); a frame that finds the queue still
     blocked is dropped and counted (``drops``, reason ``sink_backpressure``) as a lossy link
-    would, never raised: the reliability timers recover it.
+    would, never raised: the reliability timers recover it. NAK frames and retransmitted
+    messages queued here are counted in the channel's ``stats.naks``/``retransmissions``
+    (``decode_batch`` counts the ones received).
     """
 
     def __init__(self, channel: Channel, capacity: int = DEFAULT_BATCH_FRAMES,
@@ -314,6 +337,13 @@ class ChannelSink:
                 return
         self._dest = dest  # type: ignore[assignment]
         self.batch.append(frame)
+        if len(frame) >= fl.FRAME_HEADER_BYTES:  # reliability counters of the channel
+            frame_type = frame[fl.TYPE_OFFSET]
+            if frame_type == _NAK:
+                self.channel.stats.on_nak()
+            elif frame_type == _RETRANSMISSION:
+                at = fl.MSG_COUNT_OFFSET
+                self.channel.stats.on_retransmission(int(frame[at]) << 8 | int(frame[at + 1]))
 
     def flush(self) -> int:
         """Send the queued frames; return how many went."""

@@ -98,3 +98,34 @@ def test_reliability_counters_have_their_own_places():
     snap = stats.snapshot()
     assert (snap["naks"], snap["retransmissions"], snap["lost"], snap["backpressure"]) == \
         (2, 5, 3, 4)
+
+
+def test_naks_and_retransmissions_are_counted_where_they_leave_and_where_they_arrive():
+    """ChannelSink counts the NAK frames and retransmitted messages it sends; decode_batch
+    counts the valid ones received (a malformed NAK is not a NAK)."""
+    import numpy as np
+
+    from channels.base import ChannelSink, FrameBatch, decode_batch
+    from channels.udp import UdpChannel
+    from datapath.protocol.batch import new_message_batch
+    from datapath.protocol.frame_layout import FrameType
+    from tests.datapath.reliability.frames import data, nak
+
+    with UdpChannel(("127.0.0.1", 0)) as rx, UdpChannel(("127.0.0.1", 0)) as tx:
+        sink = ChannelSink(tx)
+        frames = [nak([(5, 9)], from_session=1), data([1, 2, 3]),
+                  data([5, 6, 7, 8], frame_type=FrameType.RETRANSMISSION),
+                  nak([(11, 12)], from_session=1)[:-1],  # cut short: malformed
+                  data([9], frame_type=FrameType.RETRANSMISSION)]
+        for frame in frames:
+            sink.send_frame(frame, rx.local_address)
+        assert sink.flush() == len(frames)
+        assert (tx.stats.naks, tx.stats.retransmissions) == (2, 5)
+        batch = FrameBatch(8)
+        got = 0
+        while got < len(frames):
+            assert rx.receive(batch, 2_000_000_000)
+            got += batch.count
+            decode_batch(batch, new_message_batch(64), np.zeros(8, np.uint8),
+                         np.zeros(8, np.uint8), rx.stats)
+        assert (rx.stats.naks, rx.stats.retransmissions, rx.stats.malformed) == (1, 5, 1)
