@@ -41,7 +41,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.report import build_report
+from bench.report import build_report, positive_int
 from datapath.config import BENCH_REPEATS
 from datapath.errors import DeviceError, UserError
 
@@ -72,23 +72,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=KINDS, default="udp", help="channel kind")
     parser.add_argument("--size", type=_size, default=64,
                         help="bytes per frame (= sockperf's --msg-size); a multiple of 8, >= 32")
-    parser.add_argument("--messages", type=_positive, default=BENCH_MESSAGES,
+    parser.add_argument("--messages", type=positive_int, default=BENCH_MESSAGES,
                         help="frames per throughput run")
-    parser.add_argument("--batch", type=_positive, default=BENCH_BATCH_FRAMES,
+    parser.add_argument("--batch", type=positive_int, default=BENCH_BATCH_FRAMES,
                         help="frames per send call")
     parser.add_argument("--duration-s", type=float, default=BENCH_DURATION_S,
                         help="seconds of each ping-pong run")
-    parser.add_argument("--repeats", type=_positive, default=BENCH_REPEATS)
+    parser.add_argument("--repeats", type=positive_int, default=BENCH_REPEATS)
     parser.add_argument("--idle", choices=IDLES, default="block",
                         help="between ping-pong frames: wait in poll (block) or busy-poll "
                              "(spin); sockperf idles the same way")
 
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return value
 
 
 def _size(text: str) -> int:

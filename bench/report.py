@@ -9,10 +9,12 @@ Figures are medians over ``params["repeats"]`` runs measured side by side in one
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,6 +29,19 @@ def host_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
+
+
+def positive_int(text: str) -> int:
+    """argparse type of counts and sizes: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def progress(bench: str, message: str) -> None:
+    """A progress line on stderr (stdout carries only the JSON report)."""
+    print(f"bench {bench}: {message}", file=sys.stderr, flush=True)
 
 
 def median_of(repeats: int, measure: Callable[[], float]) -> float:

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from bench.report import build_report, median_of, rate_per_s
+from bench.report import build_report, median_of, positive_int, progress, rate_per_s
 from datapath.config import BENCH_REPEATS
 from datapath.errors import TopicwireError
 from nic_offload.selectors import SelectorIndex, compile_selector
@@ -57,28 +56,19 @@ SELECTOR_SHAPES: tuple[tuple[float, str], ...] = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
-    parser.add_argument("--subscribers", type=_positive, default=10_000,
+    parser.add_argument("--subscribers", type=positive_int, default=10_000,
                         help="subscribers, one selector each (default 10000)")
-    parser.add_argument("--events", type=_positive, default=2_000,
+    parser.add_argument("--events", type=positive_int, default=2_000,
                         help="events matched through the shared lists per repeat "
                              "(default 2000)")
-    parser.add_argument("--baseline-events", type=_positive, default=BASELINE_EVENTS,
+    parser.add_argument("--baseline-events", type=positive_int, default=BASELINE_EVENTS,
                         help="events evaluated selector by selector per repeat "
                              f"(default {BASELINE_EVENTS})")
-    parser.add_argument("--repeats", type=_positive, default=BENCH_REPEATS,
+    parser.add_argument("--repeats", type=positive_int, default=BENCH_REPEATS,
                         help=f"repeats per figure, medians reported (default {BENCH_REPEATS})")
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _progress(message: str) -> None:
-    print(f"bench selectors: {message}", file=sys.stderr, flush=True)
 
 
 # --- workload ---------------------------------------------------------------------------------
@@ -143,12 +133,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; returns the report (``bench.report.build_report``)."""
     rng = random.Random(args.seed)
     repeats = args.repeats
-    _progress(f"generating {args.subscribers} selectors and {args.events} events")
+    progress(NAME, f"generating {args.subscribers} selectors and {args.events} events")
     texts = selector_texts(args.subscribers, rng)
     workload = events(args.events, rng)
     baseline_events = workload[: args.baseline_events]
 
-    _progress("compiling selectors and building the shared lists")
+    progress(NAME, "compiling selectors and building the shared lists")
     start = time.perf_counter()
     one_by_one = [(sub, compile_selector(text)) for sub, text in enumerate(texts)]
     compile_s = time.perf_counter() - start
@@ -159,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stats = index.stats()  # builds the lists
     build_s = time.perf_counter() - start
 
-    _progress(f"per selector: {len(baseline_events)} events x {repeats}")
+    progress(NAME, f"per selector: {len(baseline_events)} events x {repeats}")
     expected: list[set[Hashable]] = []
 
     def baseline() -> None:
@@ -174,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"one-by-one evaluation {len(expected[i])}; this is a bug in "
                 "nic_offload/selectors/index.py, report it with the seed", component="bench")
 
-    _progress(f"shared lists: {len(workload)} events x {repeats}")
+    progress(NAME, f"shared lists: {len(workload)} events x {repeats}")
     matched: list[int] = []
 
     def shared() -> None:
@@ -215,5 +205,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "build_s": compile_s,
         },
     }
-    _progress("done")
+    progress(NAME, "done")
     return build_report(NAME, params, results)

@@ -21,12 +21,11 @@ import gc
 import os
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.report import build_report, median_of, rate_per_s
+from bench.report import build_report, median_of, positive_int, progress, rate_per_s
 from datapath.config import BENCH_REPEATS
 from datapath.errors import TopicwireError
 from datapath.topics import algebra
@@ -89,30 +88,21 @@ PATTERN_SHAPES: tuple[tuple[float, str], ...] = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
-    parser.add_argument("--patterns", type=_positive, default=100_000,
+    parser.add_argument("--patterns", type=positive_int, default=100_000,
                         help="subscriptions in the index, one subscriber each (default 100000)")
-    parser.add_argument("--topics", type=_positive, default=1_000_000,
+    parser.add_argument("--topics", type=positive_int, default=1_000_000,
                         help="registered topics in the catalog (default 1000000)")
-    parser.add_argument("--lookups", type=_positive, default=200_000,
+    parser.add_argument("--lookups", type=positive_int, default=200_000,
                         help="index lookups per repeat (default 200000)")
-    parser.add_argument("--scan-lookups", type=_positive, default=SCAN_LOOKUPS,
+    parser.add_argument("--scan-lookups", type=positive_int, default=SCAN_LOOKUPS,
                         help=f"linear-scan lookups per repeat (default {SCAN_LOOKUPS})")
-    parser.add_argument("--repeats", type=_positive, default=BENCH_REPEATS,
+    parser.add_argument("--repeats", type=positive_int, default=BENCH_REPEATS,
                         help=f"repeats per figure, medians reported (default {BENCH_REPEATS})")
-    parser.add_argument("--scan-repeats", type=_positive, default=SCAN_REPEATS,
+    parser.add_argument("--scan-repeats", type=positive_int, default=SCAN_REPEATS,
                         help=f"repeats of the linear-scan figures (default {SCAN_REPEATS})")
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _progress(message: str) -> None:
-    print(f"bench topics: {message}", file=sys.stderr, flush=True)
 
 
 # --- workload ---------------------------------------------------------------------------------
@@ -203,13 +193,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     repeats = args.repeats
     symbols = symbols_for(args.topics)
 
-    _progress(f"generating {args.topics} topics and {args.patterns} patterns")
+    progress(NAME, f"generating {args.topics} topics and {args.patterns} patterns")
     topics = market_topics(args.topics)
     patterns = subscription_patterns(args.patterns, symbols, rng)
     lookups = lookup_topics(topics, args.lookups, rng)
     scan_lookups = lookups[: args.scan_lookups]
 
-    _progress("building the indexes")
+    progress(NAME, "building the indexes")
     uncached: TopicIndex[int] = TopicIndex(cache_entries=0)
     cached: TopicIndex[int] = TopicIndex()
     start = time.perf_counter()
@@ -221,7 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     linear = _LinearPatterns(patterns)
 
     scan_repeats = args.scan_repeats
-    _progress(f"linear scan: {len(scan_lookups)} lookups x {scan_repeats} over "
+    progress(NAME, f"linear scan: {len(scan_lookups)} lookups x {scan_repeats} over "
               f"{len(linear.groups)} distinct patterns")
     expected = {}
 
@@ -236,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _check_same("subscribers (cached)", topic, cached.match(topic), subs)
     matched = statistics.mean(len(s) for s in expected.values())
 
-    _progress(f"index: {len(lookups)} lookups x {repeats}, without and with the cache")
+    progress(NAME, f"index: {len(lookups)} lookups x {repeats}, without and with the cache")
 
     def lookup_all(index: TopicIndex[int]) -> None:
         match = index.match
@@ -253,7 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rate_cached = median_of(repeats, cached_rate)
     hit_rate = cached.cache_hits / max(cached.lookups, 1)
 
-    _progress(f"registering {len(topics)} topics in the catalog")
+    progress(NAME, f"registering {len(topics)} topics in the catalog")
     gc.collect()
     rss_before = _rss_bytes()
     start = time.perf_counter()
@@ -265,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     topic_levels = [split_topic(t) for t in topics]
     list_build_s = time.perf_counter() - start
 
-    _progress(f"new patterns: {len(NEW_PATTERNS)} x {repeats} through the catalog, "
+    progress(NAME, f"new patterns: {len(NEW_PATTERNS)} x {repeats} through the catalog, "
               f"x {scan_repeats} through the linear scan")
     ours_ms: dict[str, list[float]] = {p: [] for p in NEW_PATTERNS}
     scan_ms: dict[str, list[float]] = {p: [] for p in NEW_PATTERNS}
@@ -322,5 +312,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "catalog_build_s": list_build_s,
         },
     }
-    _progress("done")
+    progress(NAME, "done")
     return build_report(NAME, params, results)
