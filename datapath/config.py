@@ -1,8 +1,15 @@
-"""One place for every tunable: an upper-case name with its unit, a default, a config key.
+"""Project-wide tunables: the wire contract's bounds and settings shared by several packages.
 
-Components import the constant; the appliance's TOML config may override the ones whose
-``CONFIG_KEYS`` entry names a key. Protocol bounds here are part of the wire contract
-(docs/protocol.md) and must not change without a protocol version bump.
+Every tunable is an upper-case constant with its unit in the name and a docstring. The ones
+here are used across packages; a subsystem's own tunables sit beside the code that uses them,
+one place per subsystem: ``datapath/reliability/config.py`` (NAK timing, buffers, ACKs),
+``datapath/flow_control.py`` and ``datapath/batching.py`` (watermarks, latency budget),
+``datapath/agent.py`` (idle strategies), the ``channels`` modules (socket and ring sizes,
+histogram bounds; listed in docs/channels.md), ``nic_offload`` (table sizes, selector cache)
+and ``appliance/config.py`` (every key of the appliance's TOML config, with its default and
+check). The appliance config may override the constants whose ``CONFIG_KEYS`` entry names a
+key. Protocol bounds here are part of the wire contract (docs/protocol.md) and must not
+change without a protocol version bump.
 """
 
 from __future__ import annotations
