@@ -34,9 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from appliance.node import Appliance
 
     config = load_config(args.config)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=getattr(logging, str(config.log.get("level", "info")).upper()),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not logging.getLogger().handlers:  # [log]: text or JSON lines on standard error
+        from appliance.mgmt.logs import configure
+
+        configure(config.log, config.name)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
