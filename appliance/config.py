@@ -69,6 +69,25 @@ CLIENT_BATCH_BUDGET_NS = 200_000
 """A client's open frame leaves at the latest this long after its first message."""
 SUBMIT_TIMEOUT_S = 5.0
 """How long ``Appliance.submit`` waits for the control agent to apply a command."""
+GROUP_MAX_TTL = 1
+"""Highest multicast TTL a fabric group accepts (``fabric.groups[].ttl``): 1 keeps frames on
+the local link, 0 on this host (channels.multicast.MULTICAST_MAX_TTL)."""
+GUARANTEED_TIMER_INTERVAL_NS = 1_000_000
+"""How often the data path runs the reliable transport's timers (NAK retries, ACKs, tail
+probes) of guaranteed streams that saw no traffic in the cycle."""
+GUARANTEED_RETRANSMIT_BUFFER_BYTES = 4 * 1024 * 1024
+"""Message bytes each guaranteed stream's sender keeps for retransmission (one sender per
+destination appliance or client and publishing session); older ranges are answered with LOSS."""
+GUARANTEED_RETRANSMIT_BUFFER_MESSAGES = 1 << 16
+"""Messages each guaranteed stream's sender keeps for retransmission (a power of two)."""
+GUARANTEED_UDP_FRAME_BYTES = 1_472
+"""Frames of guaranteed streams towards UDP clients: one datagram on an Ethernet MTU, so a
+lost packet costs one small frame (shared-memory clients get CLIENT_MAX_FRAME_BYTES)."""
+GUARANTEED_SENDER_LINGER_NS = 10_000_000_000
+"""A guaranteed sender whose publishing stream has ended stays this long (answering NAKs)
+before it is dropped."""
+GUARANTEED_SWEEP_INTERVAL_NS = 1_000_000_000
+"""How often ended guaranteed senders are looked for."""
 
 MAX_NODE_ID = 2**31 - 1
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -91,6 +110,24 @@ class NeighbourConfig:
     name: str
     address: Address
     cost: int = 1
+    group: str | None = None
+    """The fabric group (``fabric.groups[].name``) this neighbour is reached on, or None
+    (unicast only)."""
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """A UDP multicast group shared with some neighbours (``[[fabric.groups]]``)."""
+
+    name: str
+    group: str
+    port: int
+    interface: str
+    """An IPv4 address of this host's interface, or an interface name; never the wildcard."""
+    ttl: int = 1
+    loopback: bool = False
+    """Whether this host's own receivers get its group frames (needed when several
+    appliances share one host, as on loopback)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +152,7 @@ class ApplianceConfig:
     fabric_key_id: int = 1
     fabric_max_frame_bytes: int = FABRIC_MAX_FRAME_BYTES
     neighbours: tuple[NeighbourConfig, ...] = ()
+    groups: tuple[GroupConfig, ...] = ()
     clients_udp: Address | None = None
     clients_shm: str | None = None
     max_sessions: int = CLIENT_MAX_SESSIONS
@@ -266,6 +304,86 @@ def _fabric_key(text: str, key: str) -> bytes:
     return raw
 
 
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+
+
+def parse_group_address(text: object, key: str) -> Address:
+    """``"239.77.0.1:47480"`` -> ``("239.77.0.1", 47480)``: a multicast group and a port."""
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise _fail(key, f"must be \"group:port\" such as \"239.77.0.1:47480\", not {text!r}")
+    host, port_text = text.split(":")
+    try:
+        address = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise _fail(key, f"{host!r} is not a numeric IPv4 address") from None
+    if not address.is_multicast:
+        raise _fail(key, f"{host} is not a multicast group (224.0.0.0/4); use e.g. 239.77.0.1")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise _fail(key, f"port {port_text!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise _fail(key, f"port {port} is outside [1, 65535]")
+    return str(address), port
+
+
+def is_loopback_interface(interface: str) -> bool:
+    """Whether a group interface (address or name) is this host's loopback."""
+    try:
+        return ipaddress.IPv4Address(interface).is_loopback
+    except ValueError:
+        return interface == "lo"
+
+
+def _interface(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(key, "required: this host's interface for the group, as its IPv4 address "
+                    "(\"10.77.0.1\", \"127.0.0.1\") or its name (\"lo\", \"eth1\"); "
+                    "without it multicast would leave through the default route")
+    try:
+        address = ipaddress.IPv4Address(value)
+    except ValueError:
+        if not IFNAME_RE.match(value) or value[0].isdigit():
+            raise _fail(key, f"{value!r} is neither an IPv4 address nor an interface "
+                        "name") from None
+        return value
+    if address.is_unspecified or address.is_multicast:
+        raise _fail(key, f"{value} is not one interface's address; the wildcard would send "
+                    "through the default route: give this host's address on the fabric")
+    return str(address)
+
+
+def _groups(value: object) -> tuple[GroupConfig, ...]:
+    if not isinstance(value, list):
+        raise _fail("fabric.groups", "must be an array of tables ([[fabric.groups]])")
+    out: list[GroupConfig] = []
+    for i, g in enumerate(value):
+        where = f"fabric.groups[{i}]."
+        if not isinstance(g, dict):
+            raise _fail(f"fabric.groups[{i}]", "must be a table with name, address and "
+                        "interface")
+        _known(g, {"name", "address", "interface", "ttl", "loopback"}, where)
+        gname = g.get("name")
+        if not isinstance(gname, str) or not NAME_RE.match(gname):
+            raise _fail(where + "name", "required: a name the neighbours on this group give "
+                        "as their group (letters, digits, '.', '_', '-')")
+        if any(x.name == gname for x in out):
+            raise _fail(where + "name", f"group {gname!r} is listed twice")
+        if "address" not in g:
+            raise _fail(where + "address", "required: \"group:port\" such as "
+                        "\"239.77.0.1:47480\"")
+        group, port = parse_group_address(g["address"], where + "address")
+        if any((x.group, x.port) == (group, port) for x in out):
+            raise _fail(where + "address", f"{group}:{port} is already another group's address")
+        interface = _interface(g.get("interface"), where + "interface")
+        ttl = _int(g, "ttl", where, 1, 0, GROUP_MAX_TTL)
+        loopback = g.get("loopback", is_loopback_interface(interface))
+        if not isinstance(loopback, bool):
+            raise _fail(where + "loopback", "must be true or false")
+        out.append(GroupConfig(gname, group, port, interface, ttl, loopback))
+    return tuple(out)
+
+
 def node_id_of(name: str) -> int:
     """The default node id of an appliance name: stable across restarts and machines."""
     digest = hashlib.blake2b(name.encode(), digest_size=4, person=b"topicwire-node").digest()
@@ -298,7 +416,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     lsa = _int(app, "lsa_refresh_ms", p, LSA_REFRESH_MS, heartbeat, 600_000)
     drain = _int(app, "drain_timeout_ms", p, DRAIN_TIMEOUT_MS, 0, 60_000)
 
-    fab = _table(doc, "fabric", {"listen", "key", "key_file", "key_id", "max_frame_bytes"}, "")
+    fab = _table(doc, "fabric", {"listen", "key", "key_file", "key_id", "max_frame_bytes",
+                                 "groups"}, "")
     p = "fabric."
     listen = parse_address(fab["listen"], p + "listen") if "listen" in fab else None
     key = None
@@ -316,6 +435,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     if max_frame % 8:
         raise _fail(p + "max_frame_bytes", f"must be a multiple of 8, not {max_frame}")
 
+    groups = _groups(fab.get("groups", []))
+
     raw_neighbours = doc.get("neighbours", [])
     if not isinstance(raw_neighbours, list):
         raise _fail("neighbours", "must be an array of tables ([[neighbours]])")
@@ -324,7 +445,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         where = f"neighbours[{i}]."
         if not isinstance(n, dict):
             raise _fail(f"neighbours[{i}]", "must be a table with name and address")
-        _known(n, {"name", "address", "cost"}, where)
+        _known(n, {"name", "address", "cost", "group"}, where)
         nname = n.get("name")
         if not isinstance(nname, str) or not NAME_RE.match(nname):
             raise _fail(where + "name", "required: the neighbour's appliance name")
@@ -333,8 +454,16 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         if "address" not in n:
             raise _fail(where + "address", "required: \"IPv4:port\" of the neighbour's "
                         "fabric.listen")
+        group = n.get("group")
+        if group is not None and not any(g.name == group for g in groups):
+            raise _fail(where + "group", f"{group!r} is not a group of fabric.groups; known: "
+                        + (", ".join(repr(g.name) for g in groups) or "none (add "
+                           "[[fabric.groups]] with name, address and interface)"))
         neighbours.append(NeighbourConfig(nname, parse_address(n["address"], where + "address"),
-                                          _int(n, "cost", where, 1, 1, 65_535)))
+                                          _int(n, "cost", where, 1, 1, 65_535), group))
+    if groups and listen is None:
+        raise _fail("fabric.listen", "required when fabric.groups are configured (admin frames "
+                    "and per-destination frames stay unicast)")
     if neighbours and listen is None:
         raise _fail("fabric.listen", "required when neighbours are configured")
     if neighbours and key is None:
@@ -391,7 +520,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
-        fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours),
+        fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,
         clients_udp=clients_udp, clients_shm=shm, max_sessions=max_sessions,
         session_dead_ms=session_dead, pm_mode=mode, pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=dict(mgmt),

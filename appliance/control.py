@@ -30,6 +30,8 @@ from appliance.config import (
 from appliance.dataplane import (
     CLIENT_SHM,
     FABRIC,
+    GROUP_RX,
+    GROUP_TX,
     DataPlaneAgent,
     DpSession,
     ForwardingTables,
@@ -66,6 +68,8 @@ class Neighbour:
     up: bool = False
     last_heard_ns: int = 0
     rtt_us: float | None = None
+    group_heard_ns: int = 0
+    """When its last authenticated HELLO arrived on its fabric group (0: never)."""
 
 
 @dataclass
@@ -101,6 +105,10 @@ class ControlAgent:
         self.neighbours = {n.name: Neighbour(n, peer_id_of(*n.address))
                            for n in config.neighbours}
         self.by_peer = {nb.peer: nb for nb in self.neighbours.values()}
+        self.group_peers: dict[tuple[str, int], int] = {}
+        """(group channel, peer id of a member's group sender) -> its node id, learned from
+        the authenticated HELLOs it sends to the group."""
+        self._groups_in_use = sorted({nb.group for nb in config.neighbours if nb.group})
         self.names: dict[int, str] = {self.node_id: config.name}
         self.lsdb: dict[int, Lsa] = {}
         self.lsa_heard_ns: dict[int, int] = {}
@@ -229,8 +237,45 @@ class ControlAgent:
     def _on_admin(self, channel: str, peer: int, data: bytes, now_ns: int) -> None:
         if channel == FABRIC:
             self._on_fabric(peer, data, now_ns)
+        elif channel.startswith(GROUP_RX):
+            self._on_group(channel, peer, data, now_ns)
         else:
             self._on_client(channel, peer, data, now_ns)
+
+    def _on_group(self, channel: str, peer: int, data: bytes, now_ns: int) -> None:
+        """An admin frame on a fabric group: only HELLO/HEARTBEAT, which map the sender's
+        group address to its node (the data path accepts group frames from mapped peers)."""
+        try:
+            frame = decode_frame(data)
+        except ProtocolError as exc:
+            self.auth.reject("malformed")
+            self._log_once(channel, peer, f"rejected a malformed admin frame ({exc})", now_ns)
+            return
+        reason = self.auth.check(frame)
+        if reason is not None:
+            self._log_once(channel, peer, f"rejected an admin frame: {reason}", now_ns)
+            return
+        if frame.header.frame_type not in (FrameType.HELLO, FrameType.HEARTBEAT):
+            self.counters["group_unexpected_admin"] += 1
+            return
+        _, entries = frame.admin()
+        hello = entries[0]
+        nb = self.neighbours.get(hello.name)
+        group = channel[len(GROUP_RX):]
+        if nb is None or nb.config.group != group or (nb.node_id is not None
+                                                      and nb.node_id != hello.node_id):
+            self.counters["group_hello_unexpected"] += 1
+            self._log_once(channel, peer, f"{hello.name!r} said hello on group {group!r}, "
+                           "where no such neighbour is configured", now_ns)
+            return
+        nb.group_heard_ns = now_ns
+        if self.group_peers.get((channel, peer)) != hello.node_id:
+            for key, node in list(self.group_peers.items()):
+                if node == hello.node_id and key[0] == channel:
+                    del self.group_peers[key]  # it restarted: a new sender port
+            self.group_peers[(channel, peer)] = hello.node_id
+            self._tables_dirty = True
+            log.info("%s: neighbour %s heard on group %s", self.cfg.name, hello.name, group)
 
     def _on_fabric(self, peer: int, data: bytes, now_ns: int) -> None:
         nb = self.by_peer.get(peer)
@@ -372,6 +417,16 @@ class ControlAgent:
                          ROLE[self.cfg.role], 0, self.cfg.name)
         self._to_neighbour(nb, ftype, [hello])
 
+    def _group_hellos(self) -> None:
+        """A HEARTBEAT to each fabric group in use, from its send-only channel: members learn
+        which group address is this appliance."""
+        if self.cfg.fabric_key is None or not self._groups_in_use:
+            return
+        hello = al.Hello(self.node_id, self.epoch, self.cfg.heartbeat_interval_ms,
+                         ROLE[self.cfg.role], 0, self.cfg.name)
+        for group in self._groups_in_use:
+            self.dp.offer_admin(GROUP_TX + group, 0, self._signed(FrameType.HEARTBEAT, [hello]))
+
     def _send_full_state(self, nb: Neighbour) -> None:
         entries = [self._control(al.ControlKind.LSA, self._lsa_doc())]
         for lsa in self.lsdb.values():
@@ -411,6 +466,7 @@ class ControlAgent:
                     self._lsa_due = True
                     self._topology_dirty = True
                 self._send_hello(nb, FrameType.HEARTBEAT if nb.up else FrameType.HELLO)
+            self._group_hellos()
             self._expire_sessions(now_ns)
             work += 1
         if now_ns >= self._refresh_at:
@@ -472,8 +528,16 @@ class ControlAgent:
             ports[s.port] = ("client", sid)
         for node, (port, _) in self.dest_egress.items():
             ports[port] = ("node", node)
+        up = {nb.node_id: nb for nb in self.neighbours.values() if nb.up and nb.node_id}
+        group_peers = {key: node for key, node in self.group_peers.items() if node in up}
+        heard = set(group_peers.values())
+        group_direct = {}
+        for node in heard:
+            found = self.paths.get((self.node_id, node))
+            if found is not None and found[1] == (self.node_id, node):
+                group_direct[node] = GROUP_TX + str(up[node].config.group)
         tables = ForwardingTables(self.node_id, ports, dict(next_hop), dict(transit),
-                                  dict(peer_node))
+                                  dict(peer_node), group_direct, group_peers)
         self.dp.commands.offer(lambda: self.dp.set_tables(tables))
 
     def _sync_destinations(self) -> None:
@@ -817,7 +881,9 @@ class ControlAgent:
                 "address": f"{nb.config.address[0]}:{nb.config.address[1]}",
                 "state": "up" if nb.up else "down",
                 "last_heard_ms": (now_ns - nb.last_heard_ns) / 1e6 if nb.last_heard_ns else None,
-                "rtt_us": nb.rtt_us} for nb in self.neighbours.values()],
+                "rtt_us": nb.rtt_us, "group": nb.config.group,
+                "group_heard_ms": ((now_ns - nb.group_heard_ns) / 1e6 if nb.group_heard_ns
+                                   else None)} for nb in self.neighbours.values()],
             "subscriptions": subs,
             "routes": [{"source": name(s, str(s)), "destination": name(d, str(d)),
                         "path": [name(x, str(x)) for x in path], "cost": cost}

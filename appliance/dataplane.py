@@ -20,6 +20,17 @@ on its own thread under an ``AgentRunner``. Each duty cycle:
 Frames for a client carry ``source_session`` = the origin appliance, ``dest_session`` = the
 client's session and ``stream_id`` = the publishing session at the origin, so a subscriber
 tells publishers apart and checks each one's per-topic sequence numbers.
+
+Fabric groups (UDP multicast between appliances): a group has a receiving channel
+(``group:NAME``, joined) and a send-only channel (``group-tx:NAME``, its own port on the
+group's interface). The ingress sends the messages that neighbours on the group want *once*
+to the group, as a frame with ``dest_session`` 0 (every member that is a destination at one
+hop runs its tables on it; the others find nothing for their clients), instead of one frame
+per destination. Such a frame is accepted only from a group peer address that the control
+agent has mapped to a neighbour (authenticated HELLOs on the group), only with
+``source_session`` equal to that neighbour, and only when this node's path from it is the
+direct link. Everything else between neighbours on a group (transit, guaranteed streams,
+admin frames) stays unicast to their ``fabric.listen`` addresses.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from appliance.config import (
     STATUS_REFRESH_NS,
 )
 from channels.base import EACH_SLOT, FrameArrays, FrameBatch
+from channels.udp import peer_id_of
 from datapath.agent import CommandQueue
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
@@ -51,6 +63,10 @@ from nic_offload.softnic.layout import DescriptorKind, MessageVerdict
 FABRIC = "fabric"
 CLIENT_UDP = "clients-udp"
 CLIENT_SHM = "clients-shm"
+GROUP_RX = "group:"
+"""Prefix of a fabric group's receiving channel (``group:NAME``)."""
+GROUP_TX = "group-tx:"
+"""Prefix of a fabric group's send-only channel (``group-tx:NAME``)."""
 
 _DATA = int(fl.FrameType.DATA)
 _RETX = int(fl.FrameType.RETRANSMISSION)
@@ -74,6 +90,11 @@ class ForwardingTables:
     path, fabric peer id of the next hop, or None when this node is the destination)."""
     peer_node: dict[int, int] = field(default_factory=dict)
     """Fabric peer id -> node id of a neighbour that is up."""
+    group_direct: dict[int, str] = field(default_factory=dict)
+    """Destination node -> the group-tx channel that reaches it directly (a neighbour on a
+    fabric group, heard on it, whose path from this node is the direct link)."""
+    group_peers: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(group channel, peer id of a member's group sender) -> node id of that neighbour."""
 
 
 @dataclass
@@ -178,12 +199,20 @@ class DataPlaneAgent:
         self.sessions: dict[int, DpSession] = {}
         self._by_peer: dict[tuple[str, int], DpSession] = {}
         self.counters: Counter[str] = Counter()
-        self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels}
+        self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels
+                    if not name.startswith(GROUP_TX)}
         self._out = {
             FABRIC: _OutQueue(self._send_udp(FABRIC), fabric_max_frame_bytes),
             CLIENT_UDP: _OutQueue(self._send_udp(CLIENT_UDP), CLIENT_MAX_FRAME_BYTES),
             CLIENT_SHM: _OutQueue(self._send_shm, CLIENT_MAX_FRAME_BYTES),
         }
+        self._own_group_senders: dict[str, tuple[int, int]] = {}
+        for name, channel in channels.items():
+            if name.startswith(GROUP_TX):
+                self._out[name] = _OutQueue(self._send_group(name), fabric_max_frame_bytes)
+                host, port = channel.local_address
+                rx = GROUP_RX + name[len(GROUP_TX):]
+                self._own_group_senders[rx] = (peer_id_of(host, 0) >> 16, port)
         self._parked: deque[tuple[tuple, bytes]] = deque()
         self._parked_version = -1
         self._scratch = FrameBatch(DATAPATH_RECEIVE_FRAMES, CLIENT_MAX_FRAME_BYTES)
@@ -233,9 +262,9 @@ class DataPlaneAgent:
         snap_version = self.nic.switch.current.version
         if self._parked and snap_version != self._parked_version:
             work += self._rerun_parked(now_ns)
-        for name, channel in self.channels.items():
-            batch = self._rx[name]
-            n = channel.receive(batch, 0)
+        channels = self.channels
+        for name, batch in self._rx.items():
+            n = channels[name].receive(batch, 0)
             if n:
                 work += n
                 self._on_batch(name, batch, now_ns)
@@ -282,10 +311,16 @@ class DataPlaneAgent:
         ctxs: list[tuple] = []
         deadline = now_ns + PARKED_MESSAGE_TTL_NS
         fabric = name == FABRIC
+        group = name.startswith(GROUP_RX)
+        own = self._own_group_senders.get(name)
         for i in range(n):
             off = int(batch.offsets[i])
             length = int(batch.lengths[i])
             peer = int(batch.peer_ids[i])
+            if group and own is not None and (peer & 0xFFFF) == own[1] and (
+                    own[0] == 0 or peer >> 16 == own[0]):
+                self.counters["group_own_frames"] += 1  # our own frame, looped back
+                continue
             if length < fl.FRAME_HEADER_BYTES or buf[off] != 0x54 or buf[off + 1] != 0x57:
                 run_idx.append(i)  # malformed: the NIC counts it per reason
                 ctxs.append((False, 0, 0, None, deadline))
@@ -300,7 +335,20 @@ class DataPlaneAgent:
             src = _U32.unpack_from(buf, off + fl.SOURCE_SESSION_OFFSET)[0]
             dst = _U32.unpack_from(buf, off + fl.DEST_SESSION_OFFSET)[0]
             stream = _U32.unpack_from(buf, off + fl.STREAM_ID_OFFSET)[0]
-            if fabric:
+            if group:
+                node = tables.group_peers.get((name, peer))
+                if node is None:
+                    self.counters["group_unknown_peer"] += 1
+                    continue
+                route = tables.transit.get((src, self.node_id))
+                if (dst != 0 or src != node or route is None or route[0] != node
+                        or route[1] is not None):
+                    self.counters["group_off_path"] += 1
+                    continue
+                self.counters["group_data_frames"] += 1
+                run_idx.append(i)
+                ctxs.append((False, src, stream, None, deadline))
+            elif fabric:
                 prev = tables.peer_node.get(peer)
                 if prev is None:
                     self.counters["unknown_peer"] += 1
@@ -355,6 +403,8 @@ class DataPlaneAgent:
         tables = self.tables
         ports_map = tables.ports
         out_fabric = self._out[FABRIC]
+        group_direct = tables.group_direct
+        grouped: set[tuple[int, str]] = set()
         me = self.node_id
         counters = self.counters
         checked: dict[int, bool] = {}
@@ -387,6 +437,12 @@ class DataPlaneAgent:
                                 client.dest, origin, client.session_id, stream, buf, off, length)
                             client.delivered += 1
                     elif ingress:
+                        via = group_direct.get(what[1]) if group_direct else None
+                        if via is not None:  # once per message and group, to every member
+                            if (index, via) not in grouped:
+                                grouped.add((index, via))
+                                self._out[via].add_message(0, me, 0, stream, buf, off, length)
+                            continue
                         hop = tables.next_hop.get(what[1])
                         if hop is None:
                             counters["unroutable"] += 1
@@ -449,6 +505,13 @@ class DataPlaneAgent:
             sent = channel.send(batch, EACH_SLOT)
             if sent < batch.count:
                 self.counters[f"{name}_backpressure_drops"] += batch.count - sent
+        return send
+
+    def _send_group(self, name: str) -> Callable[[FrameBatch], None]:
+        def send(batch: FrameBatch) -> None:
+            sent = self.channels[name].send(batch, None)  # the channel's group
+            if sent < batch.count:
+                self.counters["group_backpressure_drops"] += batch.count - sent
         return send
 
     def _send_shm(self, batch: FrameBatch) -> None:

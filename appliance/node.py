@@ -21,9 +21,18 @@ from appliance.config import (
     SUBMIT_TIMEOUT_S,
     ApplianceConfig,
     ConfigError,
+    GroupConfig,
+    is_loopback_interface,
 )
 from appliance.control import ControlAgent
-from appliance.dataplane import CLIENT_SHM, CLIENT_UDP, FABRIC, DataPlaneAgent
+from appliance.dataplane import (
+    CLIENT_SHM,
+    CLIENT_UDP,
+    FABRIC,
+    GROUP_RX,
+    GROUP_TX,
+    DataPlaneAgent,
+)
 from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
 from datapath.errors import TopicwireError
 from datapath.topics.registry import KeyRegistry
@@ -46,6 +55,19 @@ def _open(key: str, what: str, opener: Any) -> Any:
         raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
     except ChannelUserError as exc:
         raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
+
+
+IFF_MULTICAST = 0x1000
+"""``struct net_device`` flag: the interface does multicast (/sys/class/net/IF/flags)."""
+
+
+def _loopback_multicast() -> bool:
+    """Whether ``lo`` (in this network namespace) has multicast on."""
+    try:
+        flags = int(open("/sys/class/net/lo/flags").read().strip(), 16)
+    except (OSError, ValueError):
+        return True  # cannot tell: let the channel report what the kernel says
+    return bool(flags & IFF_MULTICAST)
 
 
 class Appliance:
@@ -85,6 +107,8 @@ class Appliance:
                 host, port = cfg.fabric_listen
                 self.channels[FABRIC] = _open("fabric.listen", f"{host}:{port}", lambda: UdpChannel(
                     (host, port), name=f"fabric:{host}:{port}"))
+            for i, group in enumerate(cfg.groups):
+                self._open_group(i, group)
             if cfg.clients_udp is not None:
                 host, port = cfg.clients_udp
                 self.channels[CLIENT_UDP] = _open("clients.udp", f"{host}:{port}",
@@ -114,6 +138,24 @@ class Appliance:
             raise
         log.info("%s: appliance %s (id %d) running", cfg.name, cfg.role, cfg.node_id)
         return self
+
+    def _open_group(self, index: int, group: GroupConfig) -> None:
+        """The receiving (joined) and the send-only channel of one fabric group."""
+        from channels.multicast import MulticastChannel
+
+        key = f"fabric.groups[{index}]"
+        if is_loopback_interface(group.interface) and not _loopback_multicast():
+            raise ConfigError(f"{key}.interface: the loopback interface has multicast off; "
+                              "turn it on with `ip link set lo multicast on` (as root)")
+        what = f"group {group.group}:{group.port} on {group.interface}"
+        self.channels[GROUP_RX + group.name] = _open(key + ".interface", what, lambda: (
+            MulticastChannel(group.group, group.port, interface=group.interface, ttl=group.ttl,
+                             loopback=group.loopback, join=True,
+                             name=f"group:{group.name}:{group.group}:{group.port}")))
+        self.channels[GROUP_TX + group.name] = _open(key + ".interface", what, lambda: (
+            MulticastChannel(group.group, group.port, interface=group.interface, ttl=group.ttl,
+                             loopback=group.loopback, join=False,
+                             name=f"group-tx:{group.name}:{group.group}:{group.port}")))
 
     def _start_mgmt(self) -> None:
         """The management API, when configured and available (appliance.mgmt.serve)."""
