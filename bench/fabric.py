@@ -1,0 +1,670 @@
+"""``topicwire bench fabric --transport udp``: one appliance hop vs a C UDP relay.
+
+Three processes per measurement, the same publisher and subscriber for every hop:
+
+    publisher --UDP--> hop --UDP--> subscriber          (all on 127.0.0.1)
+
+- ``topicwire``: the hop is an appliance, ``topicwire run`` with a generated config (one
+  client UDP endpoint, anonymous P&M), started once per benchmark run. The publisher and
+  the subscriber log in as clients (the client protocol of docs/appliance.md), the
+  subscriber subscribes to the topic, the publisher registers it; every message then goes
+  through the appliance's data path (classify, software NIC tables, per-destination framing).
+- ``c_relay`` (the baseline): ``bench/c/udp_relay.c``, a plain recvmmsg/sendmmsg relay that
+  forwards every datagram unchanged to the subscriber; built here with the system C compiler
+  (``cc -O2``) into ``$XDG_CACHE_HOME/topicwire/bench`` (by default ``~/.cache``), once per
+  source version.
+- ``direct`` (reference, with ``--direct``): no hop, the publisher sends to the subscriber:
+  what the publisher and subscriber themselves can do on this machine.
+
+The publisher sends native DATA frames of ``--per-frame`` messages (``--size`` payload bytes,
+one topic). Before each measurement it sends probe messages until the subscriber has one
+(the hop's tables are in place and its code is warm); probes are not counted.
+
+- throughput (``msgs_per_s``): ``--messages`` messages as fast as the publisher can send them
+  (``--batch`` frames per sendmmsg); the subscriber's rate from the first send to the last
+  message received (both processes read CLOCK_MONOTONIC). ``lost`` counts messages that
+  never arrived (UDP drops when a hop or the subscriber falls behind), ``duplicates`` those
+  that arrived twice; ``sent_msgs_per_s`` is the publisher's rate.
+- latency (``p50_us``/``p99_us``/``p999_us``): ``--rate`` messages per second for
+  ``--duration-s``, one message per frame, from the publish timestamp in the message
+  (CLOCK_REALTIME at send) to the kernel's receive timestamp of the datagram at the
+  subscriber (SO_TIMESTAMPNS), so the subscriber's own wake-up is not in the figure.
+
+Figures are medians over ``--repeats``; each repeat measures every hop, one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.report import build_report, positive_int, progress
+from datapath.config import BENCH_REPEATS
+from datapath.errors import DeviceError, UserError
+
+NAME = "fabric"
+HELP = ("one appliance hop (publisher -> topicwire run -> subscriber, separate processes) "
+        "msgs/s and latency vs a C recvmmsg/sendmmsg UDP relay")
+
+TRANSPORTS = ("udp",)
+FABRIC_MESSAGES = 200_000
+"""Messages per throughput run."""
+FABRIC_SIZE_BYTES = 64
+"""Payload bytes per message."""
+FABRIC_BATCH_FRAMES = 64
+"""Frames per sendmmsg of the throughput publisher."""
+FABRIC_RATE_PER_S = 10_000
+"""Messages per second of the latency run."""
+FABRIC_DURATION_S = 2.0
+"""Seconds of each latency run."""
+PROBE_INTERVAL_NS = 5_000_000
+"""The publisher sends a probe this often until the subscriber has seen one."""
+PROBE_SETTLE_NS = 100_000_000
+"""After the last probe, the publisher waits this long before measuring (probes drain)."""
+SUB_DRAIN_IDLE_NS = 500_000_000
+"""Once the publisher is done, the subscriber stops after this long without a message."""
+SUB_RECEIVE_TIMEOUT_NS = 50_000_000
+"""One receive call of the subscriber waits at most this long."""
+SUB_SLOT_BYTES = 65_504
+"""The subscriber's receive slots hold the largest frame an appliance sends to a client."""
+SUB_BATCH_FRAMES = 64
+STEP_TIMEOUT_S = 120.0
+"""A child that does not answer a step within this long has failed."""
+PACE_SPIN_NS = 20_000
+"""The latency publisher sleeps until this close to the next send, then spins (a spinning
+publisher would take one of the few cores the hop and the subscriber need)."""
+LATENCY_HIGHEST_NS = 60_000_000_000
+LOOPBACK = "127.0.0.1"
+TOPIC = "bench/fabric/t"
+IDENTITY = "bench"
+PROBE_FLAG = 1
+"""First payload byte of probe messages (measured messages carry 0)."""
+RELAY_SOURCE = Path(__file__).resolve().parent / "c" / "udp_relay.c"
+RELAY_CFLAGS = ("-O2", "-Wall")
+HOPS = ("topicwire", "c_relay", "direct")
+_COMPONENT = "bench"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transport", choices=TRANSPORTS, default="udp",
+                        help="how clients reach the hop (udp: loopback UDP)")
+    parser.add_argument("--messages", type=positive_int, default=FABRIC_MESSAGES,
+                        help="messages per throughput run")
+    parser.add_argument("--size", type=_size, default=FABRIC_SIZE_BYTES,
+                        help="payload bytes per message (>= 1)")
+    parser.add_argument("--per-frame", type=positive_int, default=1,
+                        help="messages per publisher frame in the throughput run")
+    parser.add_argument("--batch", type=positive_int, default=FABRIC_BATCH_FRAMES,
+                        help="frames per send call of the throughput publisher")
+    parser.add_argument("--rate", type=positive_int, default=FABRIC_RATE_PER_S,
+                        help="messages per second of the latency run")
+    parser.add_argument("--duration-s", type=float, default=FABRIC_DURATION_S,
+                        help="seconds of each latency run")
+    parser.add_argument("--repeats", type=positive_int, default=BENCH_REPEATS)
+    parser.add_argument("--idle", choices=("busy", "backoff", "sleep"), default="backoff",
+                        help="the appliance's data-path idle strategy (appliance.idle)")
+    parser.add_argument("--direct", action="store_true",
+                        help="also measure publisher -> subscriber without a hop (reference)")
+
+
+def _size(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 8_192:
+        raise argparse.ArgumentTypeError("payload size must be in [1, 8192] bytes")
+    return value
+
+
+# --- the C relay -----------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    """Where the relay binary is kept: ``$XDG_CACHE_HOME/topicwire/bench``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "topicwire" / "bench"
+
+
+def build_relay(directory: Path | None = None) -> Path:
+    """Compile ``udp_relay.c`` with the system compiler unless this version is built."""
+    source = RELAY_SOURCE.read_bytes()
+    digest = hashlib.blake2b(source + " ".join(RELAY_CFLAGS).encode(),
+                             digest_size=8).hexdigest()
+    directory = directory or cache_dir()
+    exe = directory / f"udp_relay-{digest}"
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return exe
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise UserError("no C compiler to build the relay baseline; install one (Debian: "
+                        "apt-get install gcc) or set CC", component=_COMPONENT)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".udp_relay-{digest}.{os.getpid()}"
+    done = subprocess.run([cc, *RELAY_CFLAGS, "-o", str(tmp), str(RELAY_SOURCE)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise DeviceError(f"{cc} could not build {RELAY_SOURCE}: {done.stderr[-2000:]}",
+                          component=_COMPONENT)
+    os.replace(tmp, exe)
+    return exe
+
+
+# --- the child processes: publisher and subscriber --------------------------------------------
+
+def _wait_for(channel: Any, batch: Any, kind: Any, timeout_s: float) -> dict[str, Any]:
+    """The next CONTROL document of ``kind`` the appliance sends (login/request results)."""
+    from datapath.protocol import frame_layout as fl
+    from datapath.protocol.codec import decode_frame
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        n = channel.receive(batch, SUB_RECEIVE_TIMEOUT_NS)
+        for i in range(n):
+            frame = decode_frame(batch.frame(i).tobytes())
+            if frame.header.frame_type is not fl.FrameType.CONTROL:
+                continue
+            for entry in frame.admin()[1]:
+                if entry.kind is kind:
+                    return json.loads(entry.document)
+    raise DeviceError(f"the appliance did not answer ({kind.name}) within {timeout_s} s",
+                      component=_COMPONENT)
+
+
+def _admin(channel: Any, ftype: Any, entries: list, session: int = 0,
+           body_header: dict | None = None) -> None:
+    from channels.base import FrameBatch
+    from datapath.protocol.codec import encode_admin
+
+    frame = encode_admin(ftype, entries, body_header=body_header, source_session=session,
+                         send_ts_ns=time.time_ns())
+    batch = FrameBatch(1, max(64, (len(frame) + 7) // 8 * 8))
+    batch.append(frame)
+    if channel.send(batch) != 1:
+        raise DeviceError("could not send to the appliance", component=_COMPONENT)
+
+
+def _login(channel: Any, batch: Any) -> int:
+    from datapath.protocol import admin_layout as al
+    from datapath.protocol import frame_layout as fl
+
+    _admin(channel, fl.FrameType.CONTROL, [al.Control(al.ControlKind.LOGIN, json.dumps(
+        {"identity": IDENTITY, "ring": None}))])
+    doc = _wait_for(channel, batch, al.ControlKind.LOGIN_RESULT, STEP_TIMEOUT_S / 4)
+    if not doc.get("accepted"):
+        raise DeviceError(f"the appliance refused the login: {doc.get('reason')}",
+                          component=_COMPONENT)
+    return int(doc["session"])
+
+
+def _request(channel: Any, batch: Any, ftype: Any, entries: list, session: int,
+             body_header: dict | None = None) -> None:
+    from datapath.protocol import admin_layout as al
+
+    _admin(channel, ftype, entries, session, body_header)
+    doc = _wait_for(channel, batch, al.ControlKind.REQUEST_RESULT, STEP_TIMEOUT_S / 4)
+    if not doc.get("accepted"):
+        raise DeviceError(f"the appliance refused {doc.get('request')}: {doc.get('reason')}",
+                          component=_COMPONENT)
+
+
+def _logout(channel: Any, session: int) -> None:
+    from datapath.protocol import admin_layout as al
+    from datapath.protocol import frame_layout as fl
+
+    if session:
+        _admin(channel, fl.FrameType.CONTROL, [al.Control(al.ControlKind.LOGOUT, json.dumps(
+            {"reason": "benchmark done"}))], session)
+
+
+def _stdin_line(timeout_s: float) -> str | None:
+    ready, _, _ = select.select([sys.stdin], [], [], timeout_s)
+    if not ready:
+        return None
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit("bench fabric: the parent went away")
+    return line.strip()
+
+
+def _put_u64(buf: Any, positions: Any, values: Any) -> None:
+    """Write big-endian u64 ``values`` at byte ``positions`` of ``buf`` (numpy, vectorised)."""
+    import numpy as np
+
+    raw = np.asarray(values, dtype=">u8").view(np.uint8).reshape(-1, 8)
+    buf[positions[:, None] + np.arange(8)] = raw
+
+
+class _Frames:
+    """``frames`` DATA frames of ``per_frame`` messages each, built once; sequence numbers and
+    timestamps are rewritten in place before each send."""
+
+    def __init__(self, frames: int, per_frame: int, size: int, session: int, key: int,
+                 flag: int) -> None:
+        import numpy as np
+
+        from channels.base import FrameBatch
+        from datapath.protocol import message_layout as ml
+        from datapath.protocol.codec import FrameWriter
+
+        msg_bytes = ml.message_bytes(size)
+        frame_bytes = 32 + per_frame * msg_bytes
+        self.batch = FrameBatch(frames, max(64, frame_bytes))
+        payload = bytes([flag]) + bytes(size - 1)
+        writer = FrameWriter(memoryview(self.batch.buf), 0, frame_bytes)
+        for i in range(frames):
+            writer.begin(source_session=session, stream_id=session,
+                         offset=int(self.batch.offsets[i]))
+            for _ in range(per_frame):
+                writer.append(key, 0, 0, payload)
+            self.batch.lengths[i] = writer.finish(0)
+        self.batch.count = frames
+        starts = (self.batch.offsets[:frames, None] + 32
+                  + np.arange(per_frame)[None, :] * msg_bytes).reshape(-1)
+        self.seq_at = starts + ml.SEQUENCE_OFFSET
+        self.ts_at = starts + ml.PUBLISH_TS_OFFSET
+        self.per_frame = per_frame
+
+    def stamp(self, frames: int, first_seq: int, ts_ns: int) -> None:
+        import numpy as np
+
+        k = frames * self.per_frame
+        _put_u64(self.batch.buf, self.seq_at[:k], np.arange(first_seq, first_seq + k))
+        _put_u64(self.batch.buf, self.ts_at[:k], np.full(k, ts_ns))
+
+
+def _send_all(channel: Any, batch: Any, count: int) -> None:
+    """Send frames 0..count of ``batch``, waiting while the socket buffer is full."""
+    taken = 0
+    while taken < count:
+        k = channel.send((batch.buf, batch.offsets[taken:count], batch.lengths[taken:count],
+                          count - taken))
+        taken += k
+        if taken < count:
+            time.sleep(0)
+
+
+def _publisher(spec: dict[str, Any]) -> None:
+    import channels
+    from channels.base import FrameBatch
+    from channels.udp import UdpChannel
+    from datapath.protocol import admin_layout as al
+    from datapath.protocol import frame_layout as fl
+    from datapath.topics.registry import KeyRegistry
+
+    channels.warm_up()
+    target = (LOOPBACK, spec["port"])
+    channel = UdpChannel((LOOPBACK, 0), dest=target, name="bench-pub")
+    batch = FrameBatch(8, SUB_SLOT_BYTES)
+    key = KeyRegistry().key_of(TOPIC, 0)
+    session = 0
+    try:
+        if spec["login"]:
+            session = _login(channel, batch)
+            _request(channel, batch, fl.FrameType.REGISTRY_UPDATE,
+                     [al.RegistryEntry(key, 0, TOPIC)], session, {"version": 0})
+        latency = spec["mode"] == "latency"
+        per_frame = 1 if latency else spec["per_frame"]
+        frames = 1 if latency else spec["batch"]
+        data = _Frames(frames, per_frame, spec["size"], session, key, 0)
+        probe = _Frames(1, 1, spec["size"], session, key, PROBE_FLAG)
+        print("READY", flush=True)
+        if _stdin_line(STEP_TIMEOUT_S) != "PROBE":
+            raise SystemExit("bench fabric: expected PROBE")
+        probes = 0
+        while True:
+            probe.stamp(1, 0, time.time_ns())
+            _send_all(channel, probe.batch, 1)
+            probes += 1
+            if _stdin_line(PROBE_INTERVAL_NS / 1e9) == "GO":
+                break
+        time.sleep(PROBE_SETTLE_NS / 1e9)
+        if latency:
+            total = max(1, int(spec["rate"] * spec["duration_s"]))
+            result = _paced(channel, data, total, spec["rate"])
+        else:
+            result = _blast(channel, data, spec["messages"])
+        result["probes"] = probes
+        print(json.dumps(result), flush=True)
+    finally:
+        try:
+            _logout(channel, session)
+        finally:
+            channel.close()
+
+
+def _blast(channel: Any, data: _Frames, messages: int) -> dict[str, Any]:
+    per_frame = data.per_frame
+    frames_total = math.ceil(messages / per_frame)
+    sent_frames = 0
+    start = time.monotonic_ns()
+    while sent_frames < frames_total:
+        frames = min(data.batch.capacity, frames_total - sent_frames)
+        data.stamp(frames, sent_frames * per_frame + 1, time.time_ns())
+        _send_all(channel, data.batch, frames)
+        sent_frames += frames
+    end = time.monotonic_ns()
+    return {"sent": sent_frames * per_frame, "start_ns": start, "end_ns": end}
+
+
+def _paced(channel: Any, data: _Frames, total: int, rate: int) -> dict[str, Any]:
+    interval = 1e9 / rate
+    start = time.monotonic_ns()
+    for i in range(total):
+        due = start + int(i * interval)
+        while True:
+            left = due - time.monotonic_ns()
+            if left <= 0:
+                break
+            if left > PACE_SPIN_NS:
+                time.sleep((left - PACE_SPIN_NS) / 1e9)
+        data.stamp(1, i + 1, time.time_ns())
+        _send_all(channel, data.batch, 1)
+    return {"sent": total, "start_ns": start, "end_ns": time.monotonic_ns()}
+
+
+def _subscriber(spec: dict[str, Any]) -> None:
+    import numpy as np
+    from hdrh.histogram import HdrHistogram
+
+    import channels
+    from channels.base import FrameBatch
+    from channels.udp import UdpChannel
+    from datapath.protocol import admin_layout as al
+    from datapath.protocol import frame_layout as fl
+    from datapath.protocol.batch import decode_frames, new_message_batch
+
+    channels.warm_up()
+    dest = (LOOPBACK, spec["port"]) if spec["login"] else None
+    channel = UdpChannel((LOOPBACK, 0), dest=dest, name="bench-sub")
+    batch = FrameBatch(SUB_BATCH_FRAMES, SUB_SLOT_BYTES)
+    out = new_message_batch(65_536)
+    status = np.zeros(SUB_BATCH_FRAMES, np.uint8)
+    types = np.zeros(SUB_BATCH_FRAMES, np.uint8)
+    session = 0
+    latency = spec["mode"] == "latency"
+    expected = (max(1, int(spec["rate"] * spec["duration_s"])) if latency
+                else math.ceil(spec["messages"] / spec["per_frame"]) * spec["per_frame"])
+    seen = np.zeros(expected + 2, dtype=bool)
+    histogram = HdrHistogram(1, LATENCY_HIGHEST_NS, 3)
+    received = duplicates = frames = malformed = probes = 0
+    first_ns = last_ns = 0
+    try:
+        if spec["login"]:
+            session = _login(channel, batch)
+            _request(channel, batch, fl.FrameType.SUBSCRIBE,
+                     [al.Subscription(1, 0, 0, 0, TOPIC)], session)
+        print(f"READY {channel.local_address[1]}", flush=True)
+        sent = None
+        flowing = False
+        idle_since = time.monotonic_ns()
+        loops = 0
+        while True:
+            n = channel.receive(batch, SUB_RECEIVE_TIMEOUT_NS)
+            now = time.monotonic_ns()
+            loops += 1
+            if n:
+                done = 0
+                while done < n:
+                    res = decode_frames(batch.buf, batch.offsets[done:n], batch.lengths[done:n],
+                                        out, status, types)
+                    step = max(res.frames, 1)
+                    malformed += int(np.count_nonzero(status[:step]))
+                    if res.messages:
+                        m = out[: res.messages]
+                        flags = batch.buf[m["payload_offset"]]
+                        real = flags == 0
+                        k = int(np.count_nonzero(real))
+                        probes += res.messages - k
+                        if k:
+                            seqs = m["sequence"][real].astype(np.int64)
+                            seqs = seqs[(seqs > 0) & (seqs < len(seen))]
+                            duplicates += int(np.count_nonzero(seen[seqs])) + (
+                                len(seqs) - len(np.unique(seqs)))
+                            seen[seqs] = True
+                            received += k
+                            frames += len(np.unique(m["frame_index"][real]))
+                            if not first_ns:
+                                first_ns = now
+                            last_ns = now
+                            if latency:
+                                rx = batch.recv_ts_ns[done + m["frame_index"][real]]
+                                for value in (rx - m["publish_ts_ns"][real].astype(np.int64)
+                                              ).tolist():
+                                    if 0 < value <= LATENCY_HIGHEST_NS:
+                                        histogram.record_value(value)
+                    done += step
+                if not flowing and probes:
+                    flowing = True
+                    print("FLOWING", flush=True)
+                idle_since = now
+            if sent is None and (not n or loops % 64 == 0):
+                line = _stdin_line(0)
+                if line is not None and line.startswith("END"):
+                    sent = int(line.split()[1])
+            if sent is not None and (received >= sent or now - idle_since > SUB_DRAIN_IDLE_NS):
+                break
+        count = histogram.get_total_count()
+
+        def at(p: float) -> float:
+            return histogram.get_value_at_percentile(p) / 1e3 if count else 0.0
+
+        print(json.dumps({"received": received, "duplicates": duplicates, "frames": frames,
+                          "malformed": malformed, "probes": probes, "first_ns": first_ns,
+                          "last_ns": last_ns, "p50_us": at(50), "p99_us": at(99),
+                          "p999_us": at(99.9), "samples": histogram.get_total_count()}), flush=True)
+    finally:
+        try:
+            _logout(channel, session)
+        finally:
+            channel.close()
+
+
+def _child_main(argv: list[str]) -> None:
+    """Entry of a child process: ``pub SPEC`` or ``sub SPEC`` (SPEC is JSON)."""
+    role, spec = argv[0], json.loads(argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    (_publisher if role == "pub" else _subscriber)(spec)
+
+
+# --- the parent: processes and measurements --------------------------------------------------
+
+class _Child:
+    """A process that talks in lines: ``expect`` a line that starts with a word, ``tell``."""
+
+    def __init__(self, argv: list[str], what: str, stdin: bool = True) -> None:
+        self.what = what
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def expect(self, word: str, timeout_s: float = STEP_TIMEOUT_S) -> str:
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith(word):
+                    return line.strip()
+            elif self.proc.poll() is not None:
+                break
+        self.kill()
+        err = self.proc.stderr.read()[-3000:] if self.proc.stderr else ""
+        raise DeviceError(f"the {self.what} did not say {word!r} (exit {self.proc.returncode})"
+                          f": {err}", component=_COMPONENT)
+
+    def tell(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def result(self) -> dict[str, Any]:
+        return json.loads(self.expect("{"))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.communicate(timeout=10)
+        except (subprocess.TimeoutExpired, ValueError):
+            pass
+
+
+_CHILD_CODE = "import sys; from bench.fabric import _child_main; _child_main(sys.argv[1:])"
+
+
+def _child(role: str, spec: dict[str, Any]) -> _Child:
+    return _Child([sys.executable, "-c", _CHILD_CODE, role, json.dumps(spec)],
+                  "publisher" if role == "pub" else "subscriber")
+
+
+class Appliance:
+    """``topicwire run`` with a generated config: one client UDP endpoint on loopback."""
+
+    def __init__(self, idle: str, workdir: Path) -> None:
+        from channels.udp import UdpChannel
+
+        probe = UdpChannel((LOOPBACK, 0))
+        self.port = probe.local_address[1]
+        probe.close()
+        self.config = workdir / "appliance.toml"
+        self.config.write_text(
+            f'[appliance]\nname = "bench-fabric"\nidle = "{idle}"\n'
+            f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = 16\n'
+            f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n')
+        code = "import sys; from appliance.cli import main; sys.exit(main(sys.argv[1:]))"
+        self.child = _Child([sys.executable, "-c", code, "run", "--config", str(self.config)],
+                            "appliance (topicwire run)", stdin=False)
+        self.child.expect("topicwire: appliance")
+
+    def stop(self) -> int:
+        proc = self.child.proc
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.child.kill()
+        return proc.returncode
+
+
+def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance | None,
+            relay: Path | None) -> dict[str, float]:
+    """One measurement (``mode`` throughput or latency) through ``hop``."""
+    base = {"mode": mode, "size": args.size, "per_frame": args.per_frame, "batch": args.batch,
+            "messages": args.messages, "rate": args.rate, "duration_s": args.duration_s,
+            "login": hop == "topicwire"}
+    children: list[_Child] = []
+    relay_child = None
+    try:
+        sub = _child("sub", {**base, "port": appliance.port if appliance else 0})
+        children.append(sub)
+        sub_port = int(sub.expect("READY").split()[1])
+        if hop == "topicwire":
+            assert appliance is not None
+            port = appliance.port
+        elif hop == "c_relay":
+            assert relay is not None
+            relay_child = _Child([str(relay), "0", LOOPBACK, str(sub_port)], "C relay",
+                                 stdin=False)
+            port = int(relay_child.expect("READY").split()[1])
+        else:
+            port = sub_port
+        pub = _child("pub", {**base, "port": port})
+        children.append(pub)
+        pub.expect("READY")
+        pub.tell("PROBE")
+        sub.expect("FLOWING")
+        pub.tell("GO")
+        sent = pub.result()
+        sub.tell(f"END {sent['sent']}")
+        got = sub.result()
+    finally:
+        for child in children:
+            child.kill()
+        relay_counts = None
+        if relay_child is not None:
+            relay_child.proc.send_signal(signal.SIGTERM)
+            try:
+                relay_counts = relay_child.result()
+            except DeviceError:
+                relay_counts = None
+            relay_child.kill()
+    if got["received"] == 0:
+        raise DeviceError(f"{hop}: the subscriber received none of {sent['sent']} messages",
+                          component=_COMPONENT)
+    prefix = "" if mode == "throughput" else "latency_"
+    figures = {prefix + "sent": float(sent["sent"]), prefix + "received": float(got["received"]),
+               prefix + "lost": float(sent["sent"] - got["received"] + got["duplicates"]),
+               prefix + "duplicates": float(got["duplicates"])}
+    if mode == "throughput":
+        span = max(got["last_ns"] - sent["start_ns"], 1)
+        figures.update(msgs_per_s=got["received"] * 1e9 / span,
+                       sent_msgs_per_s=sent["sent"] * 1e9 / max(sent["end_ns"] - sent["start_ns"],
+                                                                 1),
+                       frames_per_msg=got["frames"] / got["received"])
+        if relay_counts is not None:
+            figures["relay_batches"] = float(relay_counts["batches"])
+    else:
+        figures.update(p50_us=got["p50_us"], p99_us=got["p99_us"], p999_us=got["p999_us"])
+    return figures
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = [k for k in runs[0] if all(k in r for r in runs)]
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
+REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_msg",
+            "p50_us", "p99_us", "p999_us")
+"""The figures in the report (medians); the others stay in the runs."""
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure every hop ``--repeats`` times (throughput and latency each); medians."""
+    if args.duration_s <= 0:
+        raise UserError("--duration-s must be positive", component=_COMPONENT)
+    relay = build_relay()
+    hops = [h for h in HOPS if h != "direct" or args.direct]
+    runs: dict[str, list[dict[str, float]]] = {h: [] for h in hops}
+    with tempfile.TemporaryDirectory(prefix="tw-bench-fabric-") as tmp:
+        progress(NAME, "starting the appliance (topicwire run)")
+        appliance = Appliance(args.idle, Path(tmp))
+        try:
+            for repeat in range(args.repeats):
+                progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
+                for hop in hops:
+                    figures = measure(hop, "throughput", args, appliance, relay)
+                    figures.update(measure(hop, "latency", args, appliance, relay))
+                    runs[hop].append(figures)
+        finally:
+            code = appliance.stop()
+        if code != 0:
+            raise DeviceError(f"the appliance exited with {code} at the end of the run",
+                              component=_COMPONENT)
+    results = {h: {k: v for k, v in _medians(r).items() if k in REPORTED}
+               for h, r in runs.items()}
+    params = {"transport": args.transport, "messages": args.messages, "size": args.size,
+              "per_frame": args.per_frame, "batch": args.batch, "rate": args.rate,
+              "duration_s": args.duration_s, "repeats": args.repeats, "idle": args.idle,
+              "baseline": "c_relay: bench/c/udp_relay.c (recvmmsg/sendmmsg, 64 per call, "
+                          "blocking), same publisher and subscriber processes",
+              "goals": {"msgs_per_s topicwire/c_relay": ">= 0.8",
+                        "p50_us topicwire/c_relay": "<= 1.5"},
+              "latency": "publish timestamp to the subscriber's kernel receive timestamp, "
+                         f"{args.rate} msg/s, one message per frame",
+              "runs": runs}
+    return build_report(NAME, params, results)

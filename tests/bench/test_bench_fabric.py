@@ -1,0 +1,58 @@
+"""bench.fabric at tiny sizes: the report's shape, the appliance hop and the C relay (and the
+direct reference) measured in one run with the same publisher and subscriber processes, and
+every hop delivering exactly what was sent."""
+
+import argparse
+import json
+import subprocess
+
+from bench import fabric
+
+TINY = ["--messages", "2000", "--rate", "2000", "--duration-s", "0.25", "--repeats", "1",
+        "--direct"]
+
+
+def tiny_args(*extra):
+    parser = argparse.ArgumentParser()
+    fabric.add_arguments(parser)
+    return parser.parse_args([*TINY, *extra])
+
+
+def test_report_has_the_shared_shape_and_every_hop_delivers_what_was_sent():
+    report = json.loads(json.dumps(fabric.run(tiny_args("--per-frame", "4"))))
+    assert list(report) == ["bench", "host", "params", "results", "ratios"]
+    assert report["bench"] == "fabric" and report["params"]["transport"] == "udp"
+    assert report["params"]["repeats"] == 1 and report["params"]["per_frame"] == 4
+    assert set(report["results"]) == {"topicwire", "c_relay", "direct"}
+    for hop, figures in report["results"].items():
+        assert figures["msgs_per_s"] > 0 and figures["sent_msgs_per_s"] > 0, hop
+        assert 0 < figures["p50_us"] <= figures["p99_us"] <= figures["p999_us"], hop
+        assert figures["lost"] == 0 and figures["duplicates"] == 0, hop
+    runs = report["params"]["runs"]
+    for hop in ("topicwire", "c_relay", "direct"):
+        (one,) = runs[hop]
+        # throughput: 2000 messages in frames of 4; latency: 0.25 s at 2000/s = 500
+        assert one["sent"] == one["received"] == 2000, hop
+        assert one["latency_sent"] == one["latency_received"] == 500, hop
+        assert one["latency_lost"] == one["latency_duplicates"] == 0, hop
+    # the relay forwards the publisher's frames as they are; the appliance reframes them
+    assert report["results"]["c_relay"]["frames_per_msg"] == 0.25
+    assert 0 < report["results"]["topicwire"]["frames_per_msg"] <= 0.25
+    for metric in ("msgs_per_s", "p50_us", "p99_us", "p999_us"):
+        assert f"{metric} topicwire/c_relay" in report["ratios"]
+        assert f"{metric} topicwire/direct" in report["ratios"]
+
+
+def test_the_relay_is_built_once_per_source_version(tmp_path):
+    first = fabric.build_relay(tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert fabric.build_relay(tmp_path) == first and first.stat().st_mtime_ns == mtime
+    assert first.name.startswith("udp_relay-") and len(list(tmp_path.iterdir())) == 1
+
+
+def test_the_relay_refuses_bad_arguments_and_non_loopback_destinations(tmp_path):
+    relay = fabric.build_relay(tmp_path)
+    for argv in (["0", "10.1.2.3", "9"], ["0", "127.0.0.1", "0"], ["x", "127.0.0.1", "9"],
+                 ["0", "127.0.0.1"]):
+        done = subprocess.run([str(relay), *argv], capture_output=True, text=True, timeout=10)
+        assert done.returncode == 2 and "udp_relay" in done.stderr, argv
