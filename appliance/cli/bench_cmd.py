@@ -14,6 +14,7 @@ BENCHMARKS = (
     "bench.topics",
     "bench.channel",
     "bench.selectors",
+    "bench.fabric",
 )
 
 
