@@ -86,6 +86,10 @@ lost packet costs one small frame (shared-memory clients get CLIENT_MAX_FRAME_BY
 GUARANTEED_SENDER_LINGER_NS = 10_000_000_000
 """A guaranteed sender whose publishing stream has ended stays this long (answering NAKs)
 before it is dropped."""
+GUARANTEED_HELD_RETRY_NS = 100_000_000
+"""A guaranteed message whose topic key the tables do not know yet waits (with everything
+after it on its stream) and is tried again on a new snapshot or after this long; after
+PARKED_MESSAGE_TTL_NS it is declared lost (reason UNKNOWN_KEY)."""
 GUARANTEED_SWEEP_INTERVAL_NS = 1_000_000_000
 """How often ended guaranteed senders are looked for."""
 

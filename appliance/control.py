@@ -53,6 +53,7 @@ log = logging.getLogger("topicwire.appliance")
 
 ROLE = {"core": al.NodeRole.CORE, "edge": al.NodeRole.EDGE}
 QOS_NAMES = {0: "best-effort", 1: "last-value", 2: "guaranteed"}
+QOS_GUARANTEED = 2
 REGISTRY_FRAME_BYTES = 60_000
 """Registry entries per REGISTRY_UPDATE frame are packed up to about this many bytes."""
 INBOX_PER_CYCLE = 512
@@ -83,6 +84,10 @@ class Session:
     ring: str | None = None
     last_heard_ns: int = 0
     patterns: Counter = field(default_factory=Counter)
+    """Positive patterns of its best-effort / last-value list (egress ``c:SESSION``)."""
+    gpatterns: Counter = field(default_factory=Counter)
+    """Positive patterns of its guaranteed list (egress ``g:SESSION``, made on demand)."""
+    gport: int | None = None
     qos: dict = field(default_factory=dict)
 
 
@@ -113,7 +118,9 @@ class ControlAgent:
         self.lsdb: dict[int, Lsa] = {}
         self.lsa_heard_ns: dict[int, int] = {}
         self.lsa_seq = 0
-        self.interest: dict[int, tuple[int, int, frozenset[tuple[int, str]]]] = {}
+        self.interest: dict[int, tuple[int, int, frozenset[tuple[int, str]],
+                                       frozenset[tuple[int, str]]]] = {}
+        """Origin -> (epoch, seq, best-effort patterns, guaranteed patterns)."""
         self.interest_seq = 0
         self.advertised: frozenset[tuple[int, str]] = frozenset()
         self.pm_doc: dict[str, Any] | None = (pmod.embedded_document(config)
@@ -125,7 +132,10 @@ class ControlAgent:
         self.session_of_peer: dict[tuple[str, int], int] = {}
         self.denials: Counter[tuple[str, str, str]] = Counter()
         self.counters: Counter[str] = Counter()
-        self.dest_egress: dict[int, tuple[int, frozenset[tuple[int, str]]]] = {}
+        self.dest_egress: dict[tuple[str, int], tuple[int, frozenset[tuple[int, str]]]] = {}
+        """("n" or "g", node) -> (port, patterns): an appliance's best-effort and guaranteed
+        interest as egresses ``n:NODE`` and ``g:NODE``."""
+        self.gadvertised: frozenset[tuple[int, str]] = frozenset()
         self._free_ports = [p for p in range(1, MAX_EGRESS_PORT + 1) if p != CPU_PORT]
         self._free_ports.reverse()
         self._quarantine: list[int] = []
@@ -351,7 +361,8 @@ class ControlAgent:
             old = self.interest.get(origin)
             if old is None or version > old[:2]:
                 patterns = frozenset((int(ns), str(p)) for ns, p in doc["patterns"])
-                self.interest[origin] = (*version, patterns)
+                gpatterns = frozenset((int(ns), str(p)) for ns, p in doc.get("guaranteed", []))
+                self.interest[origin] = (*version, patterns, gpatterns)
                 self._tables_dirty = True
                 self._flood(kind, doc, skip=nb)
         elif kind is al.ControlKind.PM_UPDATE:
@@ -432,10 +443,11 @@ class ControlAgent:
         for lsa in self.lsdb.values():
             entries.append(self._control(al.ControlKind.LSA, _lsa_to_doc(lsa)))
         entries.append(self._control(al.ControlKind.INTEREST, self._interest_doc()))
-        for origin, (epoch, seq, patterns) in self.interest.items():
+        for origin, (epoch, seq, patterns, gpatterns) in self.interest.items():
             entries.append(self._control(al.ControlKind.INTEREST, {
                 "origin": origin, "epoch": epoch, "seq": seq,
-                "patterns": sorted([ns, p] for ns, p in patterns)}))
+                "patterns": sorted([ns, p] for ns, p in patterns),
+                "guaranteed": sorted([ns, p] for ns, p in gpatterns)}))
         if self.pm_doc is not None:
             entries.append(self._control(al.ControlKind.PM_UPDATE, self.pm_doc))
         for entry in entries:  # one per frame: documents may be large
@@ -451,7 +463,8 @@ class ControlAgent:
 
     def _interest_doc(self) -> dict:
         return {"origin": self.node_id, "epoch": self.epoch, "seq": self.interest_seq,
-                "patterns": sorted([ns, p] for ns, p in self.advertised)}
+                "patterns": sorted([ns, p] for ns, p in self.advertised),
+                "guaranteed": sorted([ns, p] for ns, p in self.gadvertised)}
 
     def _timers(self, now_ns: int) -> int:
         work = 0
@@ -526,8 +539,11 @@ class ControlAgent:
         ports: dict[int, tuple[str, int]] = {}
         for sid, s in self.sessions.items():
             ports[s.port] = ("client", sid)
-        for node, (port, _) in self.dest_egress.items():
-            ports[port] = ("node", node)
+            if s.gport is not None:
+                ports[s.gport] = ("gclient", sid)
+        for (kind, node), (port, _) in self.dest_egress.items():
+            ports[port] = ("node" if kind == "n" else "gnode", node)
+        epochs = {origin: state[0] for origin, state in self.interest.items()}
         up = {nb.node_id: nb for nb in self.neighbours.values() if nb.up and nb.node_id}
         group_peers = {key: node for key, node in self.group_peers.items() if node in up}
         heard = set(group_peers.values())
@@ -537,28 +553,40 @@ class ControlAgent:
             if found is not None and found[1] == (self.node_id, node):
                 group_direct[node] = GROUP_TX + str(up[node].config.group)
         tables = ForwardingTables(self.node_id, ports, dict(next_hop), dict(transit),
-                                  dict(peer_node), group_direct, group_peers)
+                                  dict(peer_node), group_direct, group_peers, epochs)
         self.dp.commands.offer(lambda: self.dp.set_tables(tables))
 
     def _sync_destinations(self) -> None:
-        """One destination egress per reachable appliance with interest."""
+        """One destination egress per reachable appliance and class with interest: ``n:NODE``
+        (best-effort and last-value) and ``g:NODE`` (guaranteed)."""
         reachable = {dst for (src, dst) in self.paths if src == self.node_id}
-        wanted = {origin: patterns for origin, (_, _, patterns) in self.interest.items()
-                  if origin in reachable and patterns}
-        for node in list(self.dest_egress):
-            port, patterns = self.dest_egress[node]
-            if wanted.get(node) != patterns:
-                self.compiler.remove_egress(f"n:{node}")
+        wanted = {}
+        for origin, (_, _, patterns, gpatterns) in self.interest.items():
+            if origin in reachable:
+                if patterns:
+                    wanted[("n", origin)] = patterns
+                if gpatterns:
+                    wanted[("g", origin)] = gpatterns
+        for key in list(self.dest_egress):
+            port, patterns = self.dest_egress[key]
+            if wanted.get(key) != patterns:
+                self.compiler.remove_egress(f"{key[0]}:{key[1]}")
                 self._quarantine.append(port)
-                del self.dest_egress[node]
-        for node, patterns in wanted.items():
-            if node in self.dest_egress:
+                del self.dest_egress[key]
+        for key, patterns in wanted.items():
+            if key in self.dest_egress:
+                continue
+            if not self._free_ports:
+                self.counters["no_free_port"] += 1
+                log.error("%s: no egress port left for the interest of %s", self.cfg.name,
+                          self.names.get(key[1], key[1]))
                 continue
             port = self._free_ports.pop()
-            self.compiler.add_egress(f"n:{node}", port)
+            egress = f"{key[0]}:{key[1]}"
+            self.compiler.add_egress(egress, port)
             for ns, pattern in sorted(patterns):
-                self.compiler.subscribe(f"n:{node}", pattern, ns)
-            self.dest_egress[node] = (port, patterns)
+                self.compiler.subscribe(egress, pattern, ns)
+            self.dest_egress[key] = (port, patterns)
 
     def _build_snapshot(self) -> None:
         self._tables_dirty = False
@@ -572,14 +600,11 @@ class ControlAgent:
 
     def _advertise_interest(self) -> None:
         self._interest_dirty = False
-        by_ns: dict[int, list[str]] = {}
-        for s in self.sessions.values():
-            for ns, pattern in s.patterns:
-                by_ns.setdefault(ns, []).append(pattern)
-        advertised = frozenset((ns, p) for ns, patterns in by_ns.items()
-                               for p in minimal_patterns(patterns))
-        if advertised != self.advertised:
+        advertised = _minimal(p for s in self.sessions.values() for p in s.patterns)
+        gadvertised = _minimal(p for s in self.sessions.values() for p in s.gpatterns)
+        if advertised != self.advertised or gadvertised != self.gadvertised:
             self.advertised = advertised
+            self.gadvertised = gadvertised
             self.interest_seq += 1
             self._flood(al.ControlKind.INTEREST, self._interest_doc())
 
@@ -687,6 +712,9 @@ class ControlAgent:
                 del self.session_of_peer[key]
         self.compiler.remove_egress(f"c:{session.session_id}")
         self._quarantine.append(session.port)
+        if session.gport is not None:
+            self.compiler.remove_egress(f"g:{session.session_id}")
+            self._quarantine.append(session.gport)
         sid = session.session_id
         self.dp.commands.offer(lambda: self.dp.remove_session(sid))
         self._interest_dirty = True
@@ -704,30 +732,42 @@ class ControlAgent:
         pattern, ns = entry.pattern, entry.namespace_id
         result = {"request": "subscribe" if add else "unsubscribe", "sub_id": entry.sub_id,
                   "pattern": pattern, "accepted": True}
-        egress = f"c:{session.session_id}"
+        guaranteed = entry.qos == QOS_GUARANTEED
+        sid = session.session_id
         try:
             if add:
                 if not session.ents.may_subscribe(pattern):
                     self._deny(session.identity, "subscribe", pattern)
                     result.update(accepted=False, reason=f"identity {session.identity!r} may "
                                   f"not subscribe to {pattern!r}")
+                elif guaranteed and session.gport is None and not self._free_ports:
+                    result.update(accepted=False, reason="no egress port left for another "
+                                  "guaranteed subscriber on this appliance")
                 else:
-                    self.compiler.subscribe(egress, pattern, ns)
-            else:
-                self.compiler.unsubscribe(egress, pattern, ns)
+                    if guaranteed and session.gport is None:
+                        session.gport = self._free_ports.pop()
+                        self.compiler.add_egress(f"g:{sid}", session.gport)
+                    self.compiler.subscribe(f"g:{sid}" if guaranteed else f"c:{sid}", pattern,
+                                            ns)
+            else:  # an unsubscribe applies to both classes (the client keeps one list)
+                self.compiler.unsubscribe(f"c:{sid}", pattern, ns)
+                if session.gport is not None:
+                    self.compiler.unsubscribe(f"g:{sid}", pattern, ns)
         except (TopicError, OffloadError) as exc:
             result.update(accepted=False, reason=str(exc))
         if result["accepted"]:
-            sublist = self.compiler.egresses[egress].lists.get(ns)
             if add:
                 session.qos[(ns, pattern)] = QOS_NAMES.get(entry.qos, "best-effort")
-            session.patterns = Counter({(n, p): 1 for n, lst in
-                                        self.compiler.egresses[egress].lists.items()
-                                        for p in lst.positive_patterns()})
-            del sublist
+            session.patterns = self._positive(f"c:{sid}")
+            if session.gport is not None:
+                session.gpatterns = self._positive(f"g:{sid}")
             self._interest_dirty = True
             self._tables_dirty = True
         self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+
+    def _positive(self, egress: str) -> Counter:
+        return Counter({(n, p): 1 for n, lst in self.compiler.egresses[egress].lists.items()
+                        for p in lst.positive_patterns()})
 
     def _register(self, session: Session, entries: list) -> None:
         granted = []
@@ -862,15 +902,22 @@ class ControlAgent:
         qos_of: dict = {}
         for s in self.sessions.values():
             for key in s.patterns:
-                local[key] += 1
-                qos_of.setdefault(key, s.qos.get(key, "best-effort"))
-        for (ns, pattern), n in sorted(local.items()):
+                local[(*key, False)] += 1
+                qos = s.qos.get(key, "best-effort")
+                qos_of.setdefault((*key, False), "best-effort" if qos == "guaranteed" else qos)
+            for key in s.gpatterns:
+                local[(*key, True)] += 1
+                qos_of[(*key, True)] = "guaranteed"
+        for (ns, pattern, g), n in sorted(local.items()):
             subs.append({"origin": self.cfg.name, "pattern": pattern, "namespace": ns,
-                         "qos": qos_of[(ns, pattern)], "clients": n})
-        for origin, (_, _, patterns) in sorted(self.interest.items()):
+                         "qos": qos_of[(ns, pattern, g)], "clients": n})
+        for origin, (_, _, patterns, gpatterns) in sorted(self.interest.items()):
             for ns, pattern in sorted(patterns):
                 subs.append({"origin": name(origin, str(origin)), "pattern": pattern,
                              "namespace": ns, "qos": "best-effort", "clients": 0})
+            for ns, pattern in sorted(gpatterns):
+                subs.append({"origin": name(origin, str(origin)), "pattern": pattern,
+                             "namespace": ns, "qos": "guaranteed", "clients": 0})
         sessions = published.get("sessions", {})
         self.status_snapshot = {
             "node": {"name": self.cfg.name, "id": self.node_id, "role": self.cfg.role,
@@ -894,13 +941,22 @@ class ControlAgent:
                         for (i, a, p), n in sorted(self.denials.items())],
             "auth": {"rejected": dict(self.auth.rejected), "accepted": self.auth.accepted},
             "clients": [{"session": s.session_id, "identity": s.identity, "channel": s.channel,
-                         "subscriptions": sorted(p for _, p in s.patterns),
+                         "subscriptions": sorted({p for _, p in s.patterns}
+                                                 | {p for _, p in s.gpatterns}),
                          "published": sessions.get(s.session_id, {}).get("published", 0),
                          "delivered": sessions.get(s.session_id, {}).get("delivered", 0)}
                         for s in self.sessions.values()],
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
                          **{f"control_{k}": int(v) for k, v in self.counters.items()}},
         }
+
+
+def _minimal(patterns: Any) -> frozenset[tuple[int, str]]:
+    """(namespace, pattern) pairs with superset suppression per namespace."""
+    by_ns: dict[int, list[str]] = {}
+    for ns, pattern in patterns:
+        by_ns.setdefault(ns, []).append(pattern)
+    return frozenset((ns, p) for ns, found in by_ns.items() for p in minimal_patterns(found))
 
 
 def _lsa_to_doc(lsa: Lsa) -> dict:

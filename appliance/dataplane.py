@@ -21,6 +21,16 @@ Frames for a client carry ``source_session`` = the origin appliance, ``dest_sess
 client's session and ``stream_id`` = the publishing session at the origin, so a subscriber
 tells publishers apart and checks each one's per-topic sequence numbers.
 
+Guaranteed QoS (appliance/guaranteed.py): frames whose ``stream_id`` has
+``RELIABLE_STREAM_BIT`` set, and the reliable transport's NAK/ACK/LOSS/FLOW_CONTROL frames,
+belong to reliable streams. On the fabric they are forwarded by (source, destination) like
+any per-destination frame; at their destination they go to the ``GuaranteedPlane``, whose
+receivers hand back the messages in order, which then run through the tables like any
+others. Every run of the tables carries a *class*: what arrived on a guaranteed stream goes
+only to guaranteed egresses (``gclient``), what arrived plain only to the others; a local
+publisher's messages go to both kinds, and to ``gnode`` egresses (destination appliances'
+guaranteed interest) over the reliable transport.
+
 Fabric groups (UDP multicast between appliances): a group has a receiving channel
 (``group:NAME``, joined) and a send-only channel (``group-tx:NAME``, its own port on the
 group's interface). The ingress sends the messages that neighbours on the group want *once*
@@ -46,11 +56,18 @@ import numpy as np
 from appliance.config import (
     CLIENT_MAX_FRAME_BYTES,
     DATAPATH_RECEIVE_FRAMES,
+    GUARANTEED_HELD_RETRY_NS,
     INBOX_FRAMES,
     OUTBOX_FRAMES,
     PARKED_MESSAGE_TTL_NS,
     PARKED_MESSAGES,
     STATUS_REFRESH_NS,
+)
+from appliance.guaranteed import (
+    LOSS_NOTICE_KEY,
+    RELIABILITY_ADMIN_TYPES,
+    RELIABLE_STREAM_BIT,
+    GuaranteedPlane,
 )
 from channels.base import EACH_SLOT, FrameArrays, FrameBatch
 from channels.udp import peer_id_of
@@ -74,6 +91,9 @@ _HEADER = fl.FRAME_HEADER_STRUCT
 _GROUP = int(DescriptorKind.GROUP)
 _UNKNOWN = int(MessageVerdict.UNKNOWN_KEY)
 _U32 = struct.Struct(">I")
+_IDS = struct.Struct(">III")
+"""source_session, dest_session, stream_id at SOURCE_SESSION_OFFSET."""
+_KEY = struct.Struct(">Q")
 
 
 @dataclass(frozen=True)
@@ -82,7 +102,8 @@ class ForwardingTables:
 
     node_id: int
     ports: dict[int, tuple[str, int]] = field(default_factory=dict)
-    """Offload egress port -> ("client", session) or ("node", destination node id)."""
+    """Offload egress port -> ("client", session) or ("node", destination node id), or the
+    guaranteed kinds ("gclient", session) and ("gnode", destination node id)."""
     next_hop: dict[int, int] = field(default_factory=dict)
     """Destination node -> fabric peer id of the next hop on path(self, destination)."""
     transit: dict[tuple[int, int], tuple[int, int | None]] = field(default_factory=dict)
@@ -95,6 +116,8 @@ class ForwardingTables:
     fabric group, heard on it, whose path from this node is the direct link)."""
     group_peers: dict[tuple[str, int], int] = field(default_factory=dict)
     """(group channel, peer id of a member's group sender) -> node id of that neighbour."""
+    epochs: dict[int, int] = field(default_factory=dict)
+    """Appliance -> the epoch of its advertised interest (a new epoch: it restarted)."""
 
 
 @dataclass
@@ -213,9 +236,11 @@ class DataPlaneAgent:
                 host, port = channel.local_address
                 rx = GROUP_RX + name[len(GROUP_TX):]
                 self._own_group_senders[rx] = (peer_id_of(host, 0) >> 16, port)
+        self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
         self._parked: deque[tuple[tuple, bytes]] = deque()
         self._parked_version = -1
         self._scratch = FrameBatch(DATAPATH_RECEIVE_FRAMES, CLIENT_MAX_FRAME_BYTES)
+        self._gscratch = FrameBatch(DATAPATH_RECEIVE_FRAMES, CLIENT_MAX_FRAME_BYTES)
         self._groups: dict[int, tuple[int, ...]] = {}
         self._groups_version = -1
         self._publish_at_ns = 0
@@ -231,9 +256,19 @@ class DataPlaneAgent:
         self.outbox.append((channel, dest, bytes(frame)))
         return True
 
+    # --- for the guaranteed plane (data-path thread) ------------------------------------------
+    def queue_frame(self, channel: str, dest: int, frame: memoryview | bytes) -> None:
+        """Queue a whole frame on a channel's out queue (sent at the end of the cycle)."""
+        self._out[channel].add_frame(dest, frame)
+
+    def session_at(self, channel: str, peer: int) -> DpSession | None:
+        """The client session whose frames come from ``peer`` on ``channel``."""
+        return self._by_peer.get((channel, peer))
+
     # --- commands (run on the data-path thread) -----------------------------------------------
     def set_tables(self, tables: ForwardingTables) -> None:
         self.tables = tables
+        self.guaranteed.on_tables(tables)
 
     def add_session(self, session: DpSession, peer: tuple[str, int]) -> None:
         self.sessions[session.session_id] = session
@@ -246,7 +281,9 @@ class DataPlaneAgent:
         for peer, s in list(self._by_peer.items()):
             if s is session:
                 del self._by_peer[peer]
+        self.guaranteed.flush(0)
         self._out[CLIENT_SHM].flush()
+        self.guaranteed.on_session_removed(session_id)
         if session.tx is not None:
             session.tx.close()
 
@@ -268,6 +305,13 @@ class DataPlaneAgent:
             if n:
                 work += n
                 self._on_batch(name, batch, now_ns)
+        gp = self.guaranteed
+        if gp.receivers or gp.senders:
+            work += gp.run_timers(now_ns)
+            if gp.delivered or (gp.held and (snap_version != gp.held_version
+                                             or now_ns >= gp.held_retry_ns)):
+                self._run_guaranteed(now_ns)
+            gp.flush(now_ns)
         for out in self._out.values():
             out.flush()
         if self._parked:
@@ -323,18 +367,21 @@ class DataPlaneAgent:
                 continue
             if length < fl.FRAME_HEADER_BYTES or buf[off] != 0x54 or buf[off + 1] != 0x57:
                 run_idx.append(i)  # malformed: the NIC counts it per reason
-                ctxs.append((False, 0, 0, None, deadline))
+                ctxs.append((False, 0, 0, None, deadline, 0))
                 continue
             ftype = int(buf[off + fl.TYPE_OFFSET])
-            if ftype != _DATA and ftype != _RETX:
+            message = ftype == _DATA or ftype == _RETX
+            if not message and ftype not in RELIABILITY_ADMIN_TYPES:
                 if len(self.inbox) < INBOX_FRAMES:
                     self.inbox.append((name, peer, buf[off : off + length].tobytes()))
                 else:
                     self.counters["inbox_full"] += 1
                 continue
-            src = _U32.unpack_from(buf, off + fl.SOURCE_SESSION_OFFSET)[0]
-            dst = _U32.unpack_from(buf, off + fl.DEST_SESSION_OFFSET)[0]
-            stream = _U32.unpack_from(buf, off + fl.STREAM_ID_OFFSET)[0]
+            src, dst, stream = _IDS.unpack_from(buf, off + fl.SOURCE_SESSION_OFFSET)
+            reliable = not message or stream & RELIABLE_STREAM_BIT
+            if group and reliable:  # reliable streams between neighbours are unicast
+                self.counters["group_off_path"] += 1
+                continue
             if group:
                 node = tables.group_peers.get((name, peer))
                 if node is None:
@@ -347,7 +394,7 @@ class DataPlaneAgent:
                     continue
                 self.counters["group_data_frames"] += 1
                 run_idx.append(i)
-                ctxs.append((False, src, stream, None, deadline))
+                ctxs.append((False, src, stream, None, deadline, 0))
             elif fabric:
                 prev = tables.peer_node.get(peer)
                 if prev is None:
@@ -361,17 +408,112 @@ class DataPlaneAgent:
                     self._out[FABRIC].add_frame(route[1], buf[off : off + length])
                     self.counters["transit_frames"] += 1
                     continue
+                if reliable:
+                    self.guaranteed.on_fabric_frame(memoryview(buf[off : off + length]), ftype,
+                                                    src, stream, now_ns)
+                    continue
                 run_idx.append(i)
-                ctxs.append((False, src, stream, None, deadline))
+                ctxs.append((False, src, stream, None, deadline, 0))
             else:
                 session = self._by_peer.get((name, peer))
                 if session is None or src != session.session_id:
                     self.counters["unknown_client_frames"] += 1
                     continue
+                if reliable:
+                    self.guaranteed.on_client_frame(name, session, peer,
+                                                    memoryview(buf[off : off + length]), ftype,
+                                                    dst, stream, now_ns)
+                    continue
                 run_idx.append(i)
-                ctxs.append((True, self.node_id, session.session_id, session, deadline))
+                ctxs.append((True, self.node_id, session.session_id, session, deadline, 0))
         if run_idx:
             self._run(batch, run_idx, ctxs, now_ns)
+        if self.guaranteed.delivered:
+            self._run_guaranteed(now_ns)
+
+    def _run_guaranteed(self, now_ns: int) -> None:
+        """Messages the reliable receivers delivered (in order per stream) through the tables:
+        from the fabric as local delivery of the guaranteed class, from a client as ingress.
+        Loss notices from the fabric go on to this node's guaranteed clients."""
+        gp = self.guaranteed
+        scratch = self._gscratch
+        view = memoryview(scratch.buf)
+        deadline = now_ns + PARKED_MESSAGE_TTL_NS
+        items: list[tuple[str, Any, bytes, int]] = []
+        snapshot = self.nic.switch.current
+        version = snapshot.version
+        if gp.held and (version != gp.held_version or now_ns >= gp.held_retry_ns):
+            gp.held_version = version
+            gp.held_retry_ns = now_ns + GUARANTEED_HELD_RETRY_NS
+            for (where, stream), queue in gp.held.items():
+                items.extend((where, stream, message, due) for message, due in queue)
+            gp.held.clear()
+        items.extend((where, stream, message, deadline)
+                     for where, stream, message in gp.take_delivered())
+        if not items:
+            return
+        keys = np.fromiter((_KEY.unpack_from(item[2], 0)[0] for item in items), np.uint64,
+                           len(items))
+        known = snapshot.tables.lookup(keys) != 0
+        ctxs: list[tuple] = []
+        scratch.count = 0
+        open_key = None
+        pos = count = 0
+
+        def close() -> None:
+            if open_key is not None:
+                start = int(scratch.offsets[scratch.count - 1])
+                _HEADER.pack_into(view, start, fl.FRAME_MAGIC, fl.PROTOCOL_VERSION, _DATA, 0,
+                                  count, pos, 0, 0, 0, 0)
+                scratch.lengths[scratch.count - 1] = pos
+
+        for i, (where, stream, message, due) in enumerate(items):
+            held = gp.held.get((where, stream))
+            if held is not None:  # behind a message whose key is not known yet
+                held.append((message, due))
+                continue
+            topic_key = int(keys[i])
+            if topic_key != LOSS_NOTICE_KEY and not known[i]:
+                if due <= now_ns:
+                    seq = int(_KEY.unpack_from(message, ml.SEQUENCE_OFFSET)[0])
+                    gp.lost(where, stream, seq, seq, "UNKNOWN_KEY")
+                else:
+                    gp.held[(where, stream)] = deque([(message, due)])
+                    self.counters["guaranteed_held"] += 1
+                continue
+            if topic_key == LOSS_NOTICE_KEY:
+                if where == FABRIC:
+                    gp.notify_clients(stream.source_session, stream.stream_id,
+                                      message[ml.MESSAGE_HEADER_BYTES:ml.MESSAGE_HEADER_BYTES
+                                              + _U32.unpack_from(message, 32)[0]], now_ns)
+                else:
+                    self.counters["guaranteed_bad_client_frames"] += 1
+                continue
+            if where == FABRIC:
+                ctx = (False, stream.source_session, stream.stream_id, None, deadline, 1)
+            else:
+                session = self.sessions.get(stream.source_session)
+                if session is None:
+                    continue
+                ctx = (True, self.node_id, session.session_id, session, deadline, 1)
+            key = (where, stream)
+            if (key != open_key or count == ml.MAX_MESSAGES_PER_FRAME
+                    or pos + len(message) > scratch.slot_bytes):
+                close()
+                if scratch.count == scratch.capacity:
+                    self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
+                    scratch.count = 0
+                    ctxs = []
+                scratch.count += 1
+                ctxs.append(ctx)
+                open_key, pos, count = key, fl.FRAME_HEADER_BYTES, 0
+            start = int(scratch.offsets[scratch.count - 1]) + pos
+            scratch.buf[start : start + len(message)] = np.frombuffer(message, np.uint8)
+            pos += len(message)
+            count += 1
+        close()
+        if scratch.count:
+            self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
 
     # --- tables and framing -------------------------------------------------------------------
     def _run(self, batch: FrameBatch, idx: list[int], ctxs: list[tuple], now_ns: int) -> None:
@@ -404,6 +546,7 @@ class DataPlaneAgent:
         ports_map = tables.ports
         out_fabric = self._out[FABRIC]
         group_direct = tables.group_direct
+        gp = self.guaranteed
         grouped: set[tuple[int, str]] = set()
         me = self.node_id
         counters = self.counters
@@ -413,7 +556,7 @@ class DataPlaneAgent:
             for off, length, target, kind, index in zip(
                     d["offset"].tolist(), d["length"].tolist(), d["target"].tolist(),
                     d["kind"].tolist(), d["index"].tolist()):
-                ingress, origin, stream, session, _ = ctxs[frame_index[index]]
+                ingress, origin, stream, session, _, cls = ctxs[frame_index[index]]
                 if ingress:
                     ok = checked.get(index)
                     if ok is None:
@@ -431,11 +574,23 @@ class DataPlaneAgent:
                     if what is None:
                         counters["no_port"] += 1
                     elif what[0] == "client":
+                        if cls and not ingress:  # a guaranteed copy: guaranteed egresses only
+                            continue
                         client = self.sessions.get(what[1])
                         if client is not None:
                             self._out[client.channel].add_message(
                                 client.dest, origin, client.session_id, stream, buf, off, length)
                             client.delivered += 1
+                    elif what[0] == "gclient":
+                        if not cls and not ingress:
+                            continue
+                        client = self.sessions.get(what[1])
+                        if client is not None:
+                            gp.to_client(client.session_id, origin, stream, buf, off, now_ns)
+                            client.delivered += 1
+                    elif what[0] == "gnode":
+                        if ingress:
+                            gp.to_node(what[1], stream, buf, off, now_ns)
                     elif ingress:
                         via = group_direct.get(what[1]) if group_direct else None
                         if via is not None:  # once per message and group, to every member
@@ -548,7 +703,7 @@ class DataPlaneAgent:
         nic = self.nic
         self.published = {
             "channels": channels,
-            "counters": dict(self.counters),
+            "counters": {**self.counters, **self.guaranteed.snapshot()},
             "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),
                         "snapshot_version": nic.snapshot.version,
                         "parked": len(self._parked)},
@@ -559,6 +714,7 @@ class DataPlaneAgent:
     def drain(self) -> None:
         """Send what is queued (shutdown)."""
         self._send_outbox()
+        self.guaranteed.flush(0)
         for out in self._out.values():
             out.flush()
 

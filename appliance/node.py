@@ -134,6 +134,9 @@ class Appliance:
             self._cp_runner.start()
             self._start_mgmt()
         except BaseException:
+            for runner in (self._cp_runner, self._dp_runner):  # threads stop before channels
+                if runner is not None:
+                    self._stop_runner(runner)
             self._close_channels()
             raise
         log.info("%s: appliance %s (id %d) running", cfg.name, cfg.role, cfg.node_id)

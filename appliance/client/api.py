@@ -7,6 +7,15 @@ frame when its latency budget (``CLIENT_BATCH_BUDGET_NS``) is spent. ``publish``
 messages into that frame (batching): a frame leaves when full, when the budget is spent,
 or on ``flush()``.
 
+Guaranteed QoS (appliance/guaranteed.py): ``publish(..., qos="guaranteed")`` goes through
+this client's reliable sender (a stream of its own, recovered by NAK and retransmission up to
+the appliance); a ``subscribe(..., qos="guaranteed")`` gets its messages over a reliable
+stream per (origin appliance, publisher), in order, each once. What the transport cannot
+recover reaches the subscription as a ``Loss`` event (``on_loss`` callback, ``losses``,
+``lost_messages``): losses on this client's own hop, and loss notices from the appliances
+upstream. A guaranteed message's ``sequence`` is its stream's transport sequence (contiguous
+per publisher and origin across topics), not the publisher's per-topic number.
+
 Requests (login, subscribe, unsubscribe, the first publish of a topic, which registers it)
 wait for the appliance's answer and raise ``EntitlementError`` when P&M's entitlements
 refuse them. Subscriptions follow seed 000: ``unsubscribe`` of a pattern narrower than a
@@ -19,6 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import struct
 import threading
 import time
 import uuid
@@ -32,13 +42,18 @@ import numpy as np
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
     CLIENT_HEARTBEAT_INTERVAL_NS,
+    GUARANTEED_RETRANSMIT_BUFFER_BYTES,
+    GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
+    GUARANTEED_UDP_FRAME_BYTES,
     REQUEST_TIMEOUT_S,
 )
+from appliance.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
 from datapath.agent import AgentRunner, BackoffIdle
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import UserError
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
+from datapath.protocol import message_layout as ml
 from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
 from datapath.topics.algebra import matches, split_pattern
@@ -55,6 +70,18 @@ CLIENT_DECODE_MESSAGES = 65_536
 """Messages one batch decode of received frames can hold."""
 _DATA_TYPE = int(fl.FrameType.DATA)
 _RETX_TYPE = int(fl.FrameType.RETRANSMISSION)
+_LOSS_TYPE = int(fl.FrameType.LOSS)
+_TO_SENDER_TYPES = (int(fl.FrameType.NAK), int(fl.FrameType.ACK),
+                    int(fl.FrameType.FLOW_CONTROL))
+_STREAM = struct.Struct(">I")
+_MSG = ml.MESSAGE_HEADER_STRUCT
+GUARANTEED_QUEUE_MESSAGES = 1_000_000
+"""Messages a guaranteed subscription queue holds; when full, the reliable receiver keeps
+the next messages and offers them again later (back-pressure), nothing is dropped."""
+SUBSCRIPTION_LOSS_EVENTS = 1_024
+"""Loss events a subscription keeps (``losses``); ``lost_messages`` counts them all."""
+CLOSE_ACK_TIMEOUT_S = 2.0
+"""How long ``close`` waits for the appliance to acknowledge the guaranteed messages sent."""
 ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
 RESOLVE_RETRY_NS = 200_000_000
@@ -92,6 +119,8 @@ class Message:
     stream: int
     """The publishing session at the origin."""
     received_ns: int
+    guaranteed: bool = False
+    """It came over a guaranteed (reliable) stream."""
 
     @property
     def latency_ns(self) -> int:
@@ -99,11 +128,35 @@ class Message:
         return self.received_ns - self.publish_ts_ns
 
 
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Messages of a guaranteed stream that will never arrive (unrecoverable loss).
+
+    The transport cannot tell which topics the lost messages had, so every guaranteed
+    subscription of the client gets the event."""
+
+    origin: int
+    """The appliance where the stream entered the fabric (node id)."""
+    stream: int
+    """The publishing session."""
+    first_seq: int
+    last_seq: int
+    """The range in the numbering of the hop where it was lost."""
+    messages: int
+    reason: str
+    """``RECOVERY_TIMEOUT`` (NAKs unanswered within the recovery bound), ``SENDER_LOSS`` (no
+    longer in the sender's retransmission buffer) or ``RESYNC``."""
+    at: int
+    """Node id of the appliance that saw the loss; 0: this client's own hop."""
+    received_ns: int
+
+
 class Subscription:
     """One ``subscribe`` call: iterate it, ``get()`` from it, or give a callback."""
 
     def __init__(self, client: Client, sub_id: int, pattern: str, namespace: int,
-                 selector: Any, qos: str, callback: Callable[[Message], None] | None) -> None:
+                 selector: Any, qos: str, callback: Callable[[Message], None] | None,
+                 on_loss: Callable[[Loss], None] | None = None) -> None:
         self.client = client
         self.sub_id = sub_id
         self.pattern = pattern
@@ -111,12 +164,26 @@ class Subscription:
         self.selector = selector
         self.qos = qos
         self.callback = callback
+        self.on_loss = on_loss
+        self.losses: deque[Loss] = deque(maxlen=SUBSCRIPTION_LOSS_EVENTS)
+        """The most recent loss events (guaranteed subscriptions)."""
+        self.lost_messages = 0
+        """Messages named by loss events so far."""
         self.dropped = 0
         self.delivered = 0
         self._queue: deque[Message] = deque()
         self._latest: OrderedDict[int, Message] = OrderedDict()
         self._cond = threading.Condition()
         self.closed = False
+
+    def _full(self) -> bool:
+        return self.callback is None and len(self._queue) >= GUARANTEED_QUEUE_MESSAGES
+
+    def _loss(self, loss: Loss) -> None:
+        self.losses.append(loss)
+        self.lost_messages += loss.messages
+        if self.on_loss is not None:
+            self.on_loss(loss)
 
     def _put(self, msg: Message) -> None:
         if self.callback is not None:
@@ -128,7 +195,7 @@ class Subscription:
                 self._latest.pop(msg.topic_key, None)
                 self._latest[msg.topic_key] = msg
             else:
-                if len(self._queue) >= SUBSCRIPTION_QUEUE_MESSAGES:
+                if len(self._queue) >= SUBSCRIPTION_QUEUE_MESSAGES and self.qos != "guaranteed":
                     self._queue.popleft()
                     self.dropped += 1
                 self._queue.append(msg)
@@ -193,7 +260,7 @@ class Client:
         self._asked: dict[int, int] = {}
         self._seq: dict[int, int] = {}
         self._subs: list[Subscription] = []
-        self._route_cache: dict[tuple[int, str], list[Subscription]] = {}
+        self._route_cache: dict[tuple[int, str, bool], list[Subscription]] = {}
         self._lists: dict[int, SubscriptionList] = {}
         self._sub_ids = itertools.count(1)
         self._keyer = KeyRegistry()
@@ -211,6 +278,14 @@ class Client:
                                                                  channel.max_frame_bytes))
         self._open_since_ns = 0
         self._one = np.zeros(1, np.int64)
+        self._gsender: Any = None
+        self._greceiver: Any = None
+        self._held: dict[tuple[int, int], deque] = {}
+        """Guaranteed stream -> messages (and losses) waiting behind one whose topic is not
+        known yet: released in order once it is."""
+        self.losses = 0
+        """Loss events this client got on its guaranteed streams."""
+        self.lost_messages = 0
         self._runner = AgentRunner([_ClientAgent(self)], BackoffIdle(),
                                    name=f"client-{identity}")
         self._runner.start()
@@ -261,6 +336,11 @@ class Client:
         self.session = int(result["session"])
         self.node = str(result.get("node", ""))
         self.node_id = int(result.get("node_id", 0))
+        from datapath.reliability import ReceiverConfig, ReliableReceiver
+
+        with self._lock:
+            self._greceiver = ReliableReceiver(_GuaranteedHandler(self), _ClientSink(self),
+                                               session_id=self.session, config=ReceiverConfig())
         from nic_offload.schema import Schema
 
         for doc in result.get("schemas", []):
@@ -291,6 +371,8 @@ class Client:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         key = self._key(topic, namespace)
         now = time.time_ns()
+        if qos == "guaranteed":
+            return self._publish_guaranteed(key, payload, now, namespace, schema_id, flush)
         with self._lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
@@ -309,14 +391,46 @@ class Client:
                     raise ClientError(f"a payload of {len(payload)} bytes does not fit one "
                                       "frame; send smaller messages")
             self.published += 1
-            if flush or qos == "guaranteed":
+            if flush:
                 self._flush_locked()
         return seq
 
+    def _publish_guaranteed(self, key: int, payload: Any, now: int, namespace: int,
+                            schema_id: int, flush: bool) -> int:
+        from datapath.reliability import ReliabilityError, ReliableSender, SenderConfig
+
+        with self._lock:
+            if self._gsender is None:
+                size = GUARANTEED_UDP_FRAME_BYTES if self.channel.kind == "udp" else \
+                    fl.align8(self.channel.max_frame_bytes) - 8
+                config = SenderConfig(
+                    max_frame_bytes=min(size, MAX_FRAME_BYTES),
+                    retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
+                    retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
+                self._gsender = ReliableSender(_ClientSink(self), session_id=self.session,
+                                               stream_id=self.session | RELIABLE_STREAM_BIT,
+                                               config=config)
+            sender = self._gsender
+            try:
+                ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
+                                  namespace_id=namespace, schema_id=schema_id,
+                                  qos=QOS["guaranteed"])
+            except ReliabilityError as exc:
+                raise ClientError(str(exc).removeprefix("reliability: ")) from None
+            if not ok:
+                raise ClientError("the guaranteed stream is flow-controlled and its pending "
+                                  "queue is full; publish more slowly")
+            self.published += 1
+            if flush:
+                sender.flush(time.monotonic_ns())
+            return sender.next_seq - 1
+
     def flush(self) -> None:
-        """Send the open publish frame now."""
+        """Send the open publish frames (best-effort and guaranteed) now."""
         with self._lock:
             self._flush_locked()
+            if self._gsender is not None:
+                self._gsender.flush(time.monotonic_ns())
 
     def _flush_locked(self) -> None:
         if self._open_since_ns == 0:
@@ -331,9 +445,11 @@ class Client:
 
     # --- subscribing ---------------------------------------------------------------------------
     def subscribe(self, pattern: str, selector: str | None = None, *, qos: str = "best-effort",
-                  namespace: int = 0, callback: Callable[[Message], None] | None = None
-                  ) -> Subscription:
-        """Subscribe to ``pattern``; EntitlementError when P&M refuses it."""
+                  namespace: int = 0, callback: Callable[[Message], None] | None = None,
+                  on_loss: Callable[[Loss], None] | None = None) -> Subscription:
+        """Subscribe to ``pattern``; EntitlementError when P&M refuses it. ``on_loss`` is
+        called with each ``Loss`` event of a guaranteed subscription (also kept in
+        ``Subscription.losses``)."""
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         split_pattern(pattern)
@@ -348,7 +464,7 @@ class Client:
         if not result.get("accepted"):
             raise EntitlementError(f"subscription to {pattern!r} refused: "
                                    f"{result.get('reason')}")
-        sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback)
+        sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback, on_loss)
         with self._lock:
             self._lists.setdefault(namespace, SubscriptionList()).subscribe(pattern)
             self._subs.append(sub)
@@ -423,6 +539,115 @@ class Client:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
                 for msg in self._pending.pop(entry.topic_key, []):
                     self._dispatch(replace(msg, topic=entry.topic))
+            if self._held:
+                self._release_held()
+
+    # --- guaranteed streams (the client thread) -------------------------------------------------
+    def _send_raw(self, frame: memoryview | bytes | bytearray) -> None:
+        """A frame of the reliable transport (NAK, ACK, DATA, RETRANSMISSION) to the appliance."""
+        buf = np.frombuffer(bytearray(frame), dtype=np.uint8)
+        with self._lock:
+            if self.channel.closed:
+                return
+            sent = self.channel.send((buf, np.zeros(1, np.int64),
+                                      np.array([len(buf)], np.int64), 1))
+        if sent != 1:
+            self.send_drops = getattr(self, "send_drops", 0) + 1  # recovered by the transport
+
+    def _on_guaranteed(self, stream: Any, message: memoryview) -> bool:
+        """One message of a guaranteed stream, in order (the receiver's DeliveryHandler)."""
+        key, seq, ts, ns, schema, qos, _, plen, _, _ = _MSG.unpack_from(message, 0)
+        payload = bytes(message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen])
+        origin, publisher = stream[0], stream[1] & ~RELIABLE_STREAM_BIT
+        now = time.time_ns()
+        if key == LOSS_NOTICE_KEY:
+            try:
+                doc = json.loads(payload)
+                item: Message | Loss = Loss(
+                    int(doc["origin"]), int(doc["stream"]), int(doc["first"]),
+                    int(doc["last"]), int(doc["messages"]), str(doc["reason"]), int(doc["at"]),
+                    now)
+            except (ValueError, KeyError, TypeError):
+                self.malformed = getattr(self, "malformed", 0) + 1
+                return True
+        else:
+            known = self._topics.get(key)
+            item = Message("" if known is None else known[1], payload, key, seq, ts, ns, schema,
+                           qos, origin, publisher, now, True)
+        held = self._held.get(stream)
+        if held is not None:
+            if len(held) >= GUARANTEED_QUEUE_MESSAGES:
+                return False
+            held.append(item)
+            return True
+        if isinstance(item, Message) and key not in self._topics:
+            self._held[stream] = deque([item])
+            self._pending.setdefault(key, [])
+            return True
+        return self._deliver_guaranteed(item)
+
+    def _deliver_guaranteed(self, item: Message | Loss) -> bool:
+        """To the guaranteed subscriptions; False (back-pressure) when a queue is full."""
+        if isinstance(item, Loss):
+            self.losses += 1
+            self.lost_messages += item.messages
+            for sub in [s for s in self._subs if s.qos == "guaranteed"]:
+                sub._loss(item)
+            return True
+        targets = self._targets(item.namespace, item.topic, True)
+        if any(sub._full() for sub in targets):
+            return False
+        self.received += 1
+        self._dispatch(item)
+        return True
+
+    def _on_guaranteed_loss(self, event: Any) -> None:
+        """An unrecoverable loss on this client's own hop."""
+        loss = Loss(event.stream[0], event.stream[1] & ~RELIABLE_STREAM_BIT, event.first_seq,
+                    event.last_seq, event.messages, event.reason.name, 0, time.time_ns())
+        held = self._held.get(event.stream)
+        if held is not None:
+            held.append(loss)
+        else:
+            self._deliver_guaranteed(loss)
+
+    def _release_held(self) -> None:
+        """Deliver held guaranteed items, in order, up to the next still-unknown topic."""
+        for stream, held in list(self._held.items()):
+            while held:
+                item = held[0]
+                if isinstance(item, Message) and not item.topic:
+                    known = self._topics.get(item.topic_key)
+                    if known is None:
+                        self._pending.setdefault(item.topic_key, [])
+                        break
+                    item = held[0] = replace(item, topic=known[1])
+                if not self._deliver_guaranteed(item):
+                    break
+                held.popleft()
+            if not held:
+                del self._held[stream]
+
+    def _guaranteed_timers(self, now_ns: int) -> int:
+        work = 0
+        with self._lock:
+            if self._gsender is not None:
+                work += self._gsender.do_work(now_ns)
+        if self._greceiver is not None:
+            work += self._greceiver.do_work(now_ns)
+        if self._held:
+            self._release_held()
+        return work
+
+    def guaranteed_counters(self) -> dict[str, dict[str, int]]:
+        """The reliable transport's counters of this client: its guaranteed subscriptions'
+        receiver and its guaranteed publishing stream's sender."""
+        out = {}
+        if self._greceiver is not None:
+            out["receiver"] = self._greceiver.counters.as_dict()
+        if self._gsender is not None:
+            out["sender"] = self._gsender.counters.as_dict()
+        return out
 
     def _answer(self, key: tuple, doc: dict) -> None:
         with self._lock:
@@ -431,9 +656,11 @@ class Client:
             waiter.result = doc
             waiter.event.set()
 
-    def _targets(self, namespace: int, topic: str) -> list[Subscription]:
-        """The subscriptions a topic goes to (cached until the subscriptions change)."""
-        key = (namespace, topic)
+    def _targets(self, namespace: int, topic: str, guaranteed: bool = False
+                 ) -> list[Subscription]:
+        """The subscriptions a topic goes to (cached until the subscriptions change): of the
+        guaranteed ones for a message from a guaranteed stream, else of the others."""
+        key = (namespace, topic, guaranteed)
         subs = self._route_cache.get(key)
         if subs is not None:
             return subs
@@ -441,7 +668,8 @@ class Client:
             lst = self._lists.get(namespace)
             subs = [] if lst is None or not lst.decides(topic) else [
                 sub for sub in self._subs
-                if sub.namespace == namespace and matches(sub.pattern, topic)]
+                if sub.namespace == namespace and (sub.qos == "guaranteed") == guaranteed
+                and matches(sub.pattern, topic)]
             if len(self._route_cache) >= ROUTE_CACHE_TOPICS:
                 self._route_cache.clear()
             self._route_cache[key] = subs
@@ -449,7 +677,7 @@ class Client:
 
     def _dispatch(self, msg: Message) -> None:
         event = None
-        for sub in self._targets(msg.namespace, msg.topic):
+        for sub in self._targets(msg.namespace, msg.topic, msg.guaranteed):
             if sub.selector is not None:
                 if event is None:
                     event = self._event(msg)
@@ -468,7 +696,9 @@ class Client:
     def _housekeeping(self, now_ns: int) -> int:
         work = 0
         if self._pending:
-            keys = [k for k in self._pending if now_ns - self._asked.get(k, 0) > RESOLVE_RETRY_NS]
+            keys = [k for k, msgs in list(self._pending.items())
+                    if now_ns - self._asked.get(k, 0) > RESOLVE_RETRY_NS
+                    and (msgs or self._held)]
             if keys:
                 for k in keys:
                     self._asked[k] = now_ns
@@ -493,6 +723,7 @@ class Client:
         try:
             if self.session and not self.channel.closed:
                 self.flush()
+                self._wait_acknowledged()
                 self._control(al.ControlKind.LOGOUT, {"reason": "client closed"})
         except Exception:
             pass
@@ -505,6 +736,19 @@ class Client:
             if self._owned is not None:
                 self._owned.stop()
 
+    def _wait_acknowledged(self) -> None:
+        """Before logging out, give the appliance up to CLOSE_ACK_TIMEOUT_S to acknowledge
+        every guaranteed message sent (lost ones are retransmitted meanwhile)."""
+        sender = self._gsender
+        if sender is None or not sender.highest_sent:
+            return
+        deadline = time.monotonic() + CLOSE_ACK_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if max(sender.acks.values(), default=0) >= sender.highest_sent:
+                    return
+            time.sleep(0.002)
+
     def __enter__(self) -> Client:
         return self
 
@@ -516,6 +760,29 @@ def matches_or_includes(live: str, pattern: str) -> bool:
     from datapath.topics.algebra import includes
 
     return includes(live, pattern) or includes(pattern, live)
+
+
+class _GuaranteedHandler:
+    """The client's reliable receiver delivers through here (the client thread)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def on_message(self, stream: Any, message: memoryview) -> bool:
+        return self.client._on_guaranteed(stream, message)
+
+    def on_loss(self, event: Any) -> None:
+        self.client._on_guaranteed_loss(event)
+
+
+class _ClientSink:
+    """FrameSink of the client's reliable sender and receiver: to its appliance."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def send_frame(self, frame: memoryview, dest: object = None) -> None:
+        self.client._send_raw(frame)
 
 
 class _ClientAgent:
@@ -538,8 +805,10 @@ class _ClientAgent:
             return 0
         n = client.channel.receive(self.batch, 0)
         if n:
-            self._on_batch(n, time.time_ns())
+            self._on_batch(n, time.time_ns(), now_ns)
         work = n + client._housekeeping(now_ns)
+        if client._greceiver is not None:
+            work += client._guaranteed_timers(now_ns)
         if client.session and now_ns >= self._heartbeat_at:
             self._heartbeat_at = now_ns + CLIENT_HEARTBEAT_INTERVAL_NS
             try:
@@ -550,8 +819,9 @@ class _ClientAgent:
                 pass
         return work
 
-    def _on_batch(self, n: int, wall: int) -> None:
-        """Message frames through the batch decoder (numba), admin frames one by one."""
+    def _on_batch(self, n: int, wall: int, now_ns: int) -> None:
+        """Message frames through the batch decoder (numba), admin frames one by one; frames
+        of guaranteed streams to the reliable receiver (or sender)."""
         from datapath.protocol.batch import decode_frames
 
         batch = self.batch
@@ -561,16 +831,33 @@ class _ClientAgent:
             result = decode_frames(batch.buf, batch.offsets[done:n], batch.lengths[done:n],
                                    self.messages, self.status, self.types)
             frames = max(result.frames, 1)
+            reliable: set[int] = set()
             for i in range(frames):
-                if self.status[i] == 0 and self.types[i] not in (_DATA_TYPE, _RETX_TYPE):
-                    client._on_frame(memoryview(batch.frame(done + i)), wall)
-                elif self.status[i] != 0:
+                ftype = int(self.types[i])
+                if self.status[i] != 0:
                     client.malformed = getattr(client, "malformed", 0) + 1
+                    continue
+                frame = memoryview(batch.frame(done + i))
+                if ftype == _DATA_TYPE or ftype == _RETX_TYPE:
+                    stream = _STREAM.unpack_from(frame, fl.STREAM_ID_OFFSET)[0]
+                    if stream & RELIABLE_STREAM_BIT:
+                        reliable.add(i)
+                        if client._greceiver is not None:
+                            client._greceiver.on_frame(frame, now_ns, validated=True)
+                elif ftype in _TO_SENDER_TYPES:
+                    with client._lock:
+                        if client._gsender is not None:
+                            client._gsender.on_frame(frame, now_ns)
+                elif ftype == _LOSS_TYPE:
+                    if client._greceiver is not None:
+                        client._greceiver.on_frame(frame, now_ns)
+                else:
+                    client._on_frame(frame, wall)
             if result.messages:
-                self._deliver(done, result.messages, wall)
+                self._deliver(done, result.messages, wall, reliable)
             done += frames
 
-    def _deliver(self, first: int, count: int, wall: int) -> None:
+    def _deliver(self, first: int, count: int, wall: int, skip: set[int]) -> None:
         m = self.messages[:count]
         buf = self.batch.buf
         client = self.client
@@ -583,6 +870,8 @@ class _ClientAgent:
                 m["namespace_id"].tolist(), m["schema_id"].tolist(), m["qos"].tolist(),
                 m["payload_offset"].tolist(), m["payload_len"].tolist(),
                 m["frame_index"].tolist()):
+            if fi in skip:
+                continue
             ids = heads.get(fi)
             if ids is None:
                 fields = hdr.unpack_from(buf, int(offs[first + fi]))

@@ -23,6 +23,8 @@ from tests.netns import Fabric
 
 FABRIC_PORT = 47470
 CLIENT_PORT = 47471
+GROUP = "239.77.1.1"
+GROUP_PORT = 47480
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 30.0
 IDENTITIES = """
@@ -86,9 +88,13 @@ class Mesh:
     """See the module docstring; nodes are numbered from 1 (node i is 10.77.0.i)."""
 
     def __init__(self, n: int, links: list[tuple[int, int]], tmp: Path, *,
-                 heartbeat_ms: int = 50, dead_ms: int = 400) -> None:
+                 heartbeat_ms: int = 50, dead_ms: int = 400,
+                 group_links: tuple[tuple[int, int], ...] = ()) -> None:
+        """``group_links``: links (of ``links``) whose ends are neighbours on the fabric
+        group (UDP multicast GROUP:GROUP_PORT on each host's veth, TTL 1)."""
         self.fabric = Fabric()
         self.links = links
+        self.group_links = {frozenset(link) for link in group_links}
         self.nodes: dict[int, NodeProcess] = {}
         self.hosts = {}
         try:
@@ -109,11 +115,15 @@ class Mesh:
                  f"neighbour_dead_ms = {dead_ms}\nlsa_refresh_ms = 1000",
                  f'[fabric]\nlisten = "10.77.0.{i}:{FABRIC_PORT}"\nkey = "{FABRIC_KEY}"',
                  f'[clients]\nudp = "127.0.0.1:{CLIENT_PORT}"']
+        if any(i in link for link in self.group_links):
+            lines.append(f'[[fabric.groups]]\nname = "fab"\naddress = "{GROUP}:{GROUP_PORT}"\n'
+                         f'interface = "10.77.0.{i}"\nttl = 1')
         for a, b in self.links:
             if i in (a, b):
                 other = b if a == i else a
+                group = 'group = "fab"\n' if frozenset((a, b)) in self.group_links else ""
                 lines.append(f'[[neighbours]]\nname = "n{other}"\n'
-                             f'address = "10.77.0.{other}:{FABRIC_PORT}"')
+                             f'address = "10.77.0.{other}:{FABRIC_PORT}"\n{group}')
         lines.append('[pm]\nmode = "embedded"' + IDENTITIES if i == 1 else '[pm]\nmode = "remote"')
         return "\n".join(lines) + "\n"
 

@@ -3,10 +3,13 @@ JSON lines on standard input (one answer line each on standard output).
 
     python -m tests.fabric.node CONFIG.toml
 
-Commands: ``connect`` {client, identity}, ``subscribe``/``unsubscribe`` {client, pattern},
-``publish`` {client, topics, rounds}, ``stream`` {client, topics, interval_s} (publish in the
-background until ``end_stream``), ``received`` {client} (what arrived since the last call:
-per-topic counts and duplicates), ``status``, ``submit`` {command, args}, ``quit``. The
+Commands: ``connect`` {client, identity}, ``subscribe``/``unsubscribe`` {client, pattern,
+qos}, ``publish`` {client, topics, rounds, qos, numbered} (``numbered``: payloads count
+0, 1, ... per client), ``stream`` {client, topics, interval_s} (publish in the background
+until ``end_stream``), ``received`` {client} (what arrived since the last call: per-topic
+counts and duplicates), ``log`` {client} (arrivals since the last call, in order: [pattern,
+topic, payload, origin, stream], and loss events), ``status``, ``submit`` {command, args},
+``quit``. The
 appliance runs in this process (the same ``Appliance`` that ``topicwire run`` runs), so the
 test can read its status; neighbours are other processes in other namespaces.
 """
@@ -34,6 +37,9 @@ class Node:
         self.inbox: dict[str, list] = {}
         self.seen: dict[str, set] = {}
         self.duplicates: Counter = Counter()
+        self.log: dict[str, list] = {}
+        self.losses: dict[str, list] = {}
+        self.numbered: Counter = Counter()
         self.streams: dict[str, tuple[threading.Event, threading.Thread, Counter]] = {}
         self.lock = threading.Lock()
 
@@ -48,6 +54,8 @@ class Node:
                     self.duplicates[name] += 1
                     return
                 self.seen[name].add((pattern, ident))
+                self.log[name].append([pattern, msg.topic, msg.payload.decode(errors="replace"),
+                                       msg.origin, msg.stream])
                 if ident not in self.seen[name]:
                     self.seen[name].add(ident)
                     self.inbox[name].append(msg.topic)
@@ -59,12 +67,18 @@ class Node:
             name = cmd["client"]
             self.clients[name] = connect(self.url, cmd.get("identity", "feed"))
             self.inbox[name], self.seen[name] = [], set()
+            self.log[name], self.losses[name] = [], []
             return {"ok": True, "session": self.clients[name].session}
         client = self.clients.get(cmd.get("client"))
         if op == "subscribe":
+            name = cmd["client"]
+
+            def on_loss(loss, name=name, pattern=cmd["pattern"]):
+                with self.lock:
+                    self.losses[name].append([pattern, loss.messages, loss.reason, loss.at])
             try:
-                client.subscribe(cmd["pattern"],
-                                 callback=self._record(cmd["client"], cmd["pattern"]))
+                client.subscribe(cmd["pattern"], qos=cmd.get("qos", "best-effort"),
+                                 callback=self._record(name, cmd["pattern"]), on_loss=on_loss)
             except ClientError as exc:
                 return {"ok": False, "error": str(exc)}
             return {"ok": True}
@@ -74,9 +88,15 @@ class Node:
         if op == "publish":
             sent = Counter()
             try:
+                qos = cmd.get("qos", "best-effort")
                 for _ in range(cmd.get("rounds", 1)):
                     for topic in cmd["topics"]:
-                        client.publish(topic, topic.encode())
+                        if cmd.get("numbered"):
+                            payload = str(self.numbered[cmd["client"]]).encode()
+                            self.numbered[cmd["client"]] += 1
+                        else:
+                            payload = topic.encode()
+                        client.publish(topic, payload, qos=qos)
                         sent[topic] += 1
                 client.flush()
             except ClientError as exc:
@@ -107,6 +127,13 @@ class Node:
                 got, self.inbox[name] = self.inbox[name], []
                 dups = self.duplicates.pop(name, 0)
             return {"ok": True, "counts": Counter(got), "duplicates": dups}
+        if op == "log":
+            name = cmd["client"]
+            with self.lock:
+                got, self.log[name] = self.log[name], []
+                losses, self.losses[name] = self.losses[name], []
+            return {"ok": True, "log": got, "losses": losses,
+                    "guaranteed": self.clients[name].guaranteed_counters()}
         if op == "status":
             return {"ok": True, "status": self.app.status()}
         if op == "submit":
