@@ -5,6 +5,9 @@ import pytest
 
 
 def pytest_configure(config):
+    # pyspark warns about pandas 3 whenever it loads its pandas glue; the job uses none of it
+    config.addinivalue_line(
+        "filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning")
     config.addinivalue_line(
         "markers", "spark: starts Spark (one shared local[2] session; the standalone test "
         "also starts a master, a worker and spark-submit)")
