@@ -1,0 +1,1 @@
+"""The soft-RoCE VM harness: ``launch`` (host side), ``guest.sh`` and ``provision.sh`` (inside)."""
