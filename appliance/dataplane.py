@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance import _fastpath
 from appliance.config import (
     CLIENT_MAX_FRAME_BYTES,
     DATAPATH_RECEIVE_FRAMES,
@@ -357,6 +358,11 @@ class DataPlaneAgent:
         fabric = name == FABRIC
         group = name.startswith(GROUP_RX)
         own = self._own_group_senders.get(name)
+        if not (fabric or group):  # a uniform burst from one client: on arrays
+            fast = _fastpath.client_burst(self, name, batch, deadline, RELIABLE_STREAM_BIT)
+            if fast is not None:
+                self._run(batch, *fast, now_ns)
+                return
         for i in range(n):
             off = int(batch.offsets[i])
             length = int(batch.lengths[i])
@@ -551,7 +557,7 @@ class DataPlaneAgent:
         me = self.node_id
         counters = self.counters
         checked: dict[int, bool] = {}
-        if result.descriptors:
+        if result.descriptors and not _fastpath.deliver(self, buf, result, ctxs):
             d = nic.descriptors[: result.descriptors]
             for off, length, target, kind, index in zip(
                     d["offset"].tolist(), d["length"].tolist(), d["target"].tolist(),

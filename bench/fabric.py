@@ -193,12 +193,12 @@ def _admin(channel: Any, ftype: Any, entries: list, session: int = 0,
         raise DeviceError("could not send to the appliance", component=_COMPONENT)
 
 
-def _login(channel: Any, batch: Any) -> int:
+def _login(channel: Any, batch: Any, identity: str = IDENTITY) -> int:
     from datapath.protocol import admin_layout as al
     from datapath.protocol import frame_layout as fl
 
     _admin(channel, fl.FrameType.CONTROL, [al.Control(al.ControlKind.LOGIN, json.dumps(
-        {"identity": IDENTITY, "ring": None}))])
+        {"identity": identity, "ring": None}))])
     doc = _wait_for(channel, batch, al.ControlKind.LOGIN_RESULT, STEP_TIMEOUT_S / 4)
     if not doc.get("accepted"):
         raise DeviceError(f"the appliance refused the login: {doc.get('reason')}",
