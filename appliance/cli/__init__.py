@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "appliance.cli.run_cmd",
     "appliance.cli.pubsub_cmd",
     "appliance.cli.status_cmd",
+    "appliance.cli.routes_cmd",
     "appliance.cli.topic_cmd",
     "appliance.cli.subs_cmd",
     "appliance.cli.pcap_cmd",
