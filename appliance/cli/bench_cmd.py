@@ -15,6 +15,7 @@ BENCHMARKS = (
     "bench.channel",
     "bench.selectors",
     "bench.fabric",
+    "bench.routes",
 )
 
 
