@@ -170,6 +170,10 @@ class ApplianceConfig:
     mgmt: dict[str, Any] = field(default_factory=dict)
     log: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None
+    telemetry: Any = None
+    """``[telemetry]`` (appliance/telemetry/settings.py), None when absent."""
+    routes: Any = None
+    """``[routes]`` (appliance/telemetry/settings.py)."""
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -396,8 +400,11 @@ def node_id_of(name: str) -> int:
 
 def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     """Check a parsed TOML document (see the module docstring)."""
+    from appliance.telemetry.settings import parse_routes, parse_telemetry
+
     base = source.parent if source else Path.cwd()
-    _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log"}, "")
+    _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
+                 "telemetry", "routes"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle",
                                     "drain_timeout_ms", "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
@@ -528,7 +535,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         clients_udp=clients_udp, clients_shm=shm, max_sessions=max_sessions,
         session_dead_ms=session_dead, pm_mode=mode, pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=dict(mgmt),
-        log=dict(log), source=source)
+        log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
+        routes=parse_routes(doc.get("routes"), base, mode))
     if mode == "embedded":
         import json
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from appliance import pm as pmod
+from appliance import route_apply
 from appliance.auth import FabricAuth
 from appliance.config import (
     AUTH_LOG_INTERVAL_NS,
@@ -153,6 +154,8 @@ class ControlAgent:
         self._requests_lock = threading.Lock()
         self.accepting = True
         self.status_snapshot: dict[str, Any] = {}
+        self.routes_ext = route_apply.RouteExtension(self)
+        """Route tables from P&M, path-switch drain, duplication (appliance/route_apply.py)."""
         self._build_status(time.monotonic_ns())
 
     # --- duty cycle ---------------------------------------------------------------------------
@@ -169,6 +172,7 @@ class ControlAgent:
                 self._log_once(channel, peer, f"dropped a bad admin frame: {exc}", now_ns)
         work += self._run_requests()
         work += self._timers(now_ns)
+        work += self.routes_ext.do_work(now_ns)
         if self.registry.version != self._synced_registry:
             self._tables_dirty = True
         if self._topology_dirty:
@@ -388,6 +392,7 @@ class ControlAgent:
         for src, dst, path in doc.get("routes", []):
             routes[(int(src), int(dst))] = tuple(int(x) for x in path)
         self.overrides = routes
+        self.routes_ext.on_pm(doc)
         self._topology_dirty = True
 
     def _merge_registry(self, entries: list, nb: Neighbour | None) -> list:
@@ -530,8 +535,10 @@ class ControlAgent:
                 nxt = None if i == len(path) - 1 else peer_of.get(path[i + 1])
                 if i == len(path) - 1 or nxt is not None:
                     transit[(src, dst)] = (path[i - 1], nxt)
+        old_fwd = getattr(self, "_fwd", ({}, {}, {}))
         self._fwd = (next_hop, transit, {nb.peer: nb.node_id for nb in self.neighbours.values()
                                          if nb.up and nb.node_id is not None})
+        self.routes_ext.on_topology(old_fwd, self._fwd)
         self._tables_dirty = True
 
     def _install_tables(self) -> None:
@@ -554,6 +561,7 @@ class ControlAgent:
                 group_direct[node] = GROUP_TX + str(up[node].config.group)
         tables = ForwardingTables(self.node_id, ports, dict(next_hop), dict(transit),
                                   dict(peer_node), group_direct, group_peers, epochs)
+        tables = self.routes_ext.extend(tables)
         self.dp.commands.offer(lambda: self.dp.set_tables(tables))
 
     def _sync_destinations(self) -> None:
@@ -881,8 +889,10 @@ class ControlAgent:
             self._apply_pm(self.pm_doc)
             self._flood(al.ControlKind.PM_UPDATE, self.pm_doc)
             return {"ok": True, "pm_version": self.pm_doc["version"]}
+        if command == "set_routes":  # a route table: appliance/route_apply.py
+            return self.routes_ext.apply(args.get("table"))
         return {"ok": False, "error": f"control: unknown command {command!r}; known: "
-                "disconnect_client, set_route, clear_route"}
+                "disconnect_client, set_route, clear_route, set_routes"}
 
     # --- status -------------------------------------------------------------------------------
     def _build_status(self, now_ns: int) -> None:

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance import _fastpath
+from appliance import _fastpath, route_apply
 from appliance.config import (
     CLIENT_MAX_FRAME_BYTES,
     DATAPATH_RECEIVE_FRAMES,
@@ -95,6 +95,8 @@ _U32 = struct.Struct(">I")
 _IDS = struct.Struct(">III")
 """source_session, dest_session, stream_id at SOURCE_SESSION_OFFSET."""
 _KEY = struct.Struct(">Q")
+_PROBE = 0x7FFF_FFFF
+"""``stream_id`` of telemetry probes (appliance/telemetry/config.py PROBE_STREAM_ID)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,15 @@ class ForwardingTables:
     """(group channel, peer id of a member's group sender) -> node id of that neighbour."""
     epochs: dict[int, int] = field(default_factory=dict)
     """Appliance -> the epoch of its advertised interest (a new epoch: it restarted)."""
+    grace: dict[tuple[int, int], tuple[int, int | None, int]] = field(default_factory=dict)
+    """(source, destination) whose path here changed -> (old previous hop, old next peer,
+    until monotonic ns): the old path drains (appliance/route_apply.py)."""
+    alt_transit: dict[tuple[int, int], tuple[int, int | None]] = field(default_factory=dict)
+    """Like ``transit``, on the backup paths of duplicated pairs."""
+    alt_next_hop: dict[int, int] = field(default_factory=dict)
+    """Destination -> fabric peer of the first hop of this node's backup path to it."""
+    dup_keys: frozenset[int] = frozenset()
+    """Topic keys sent on both the current and the backup path (duplication mode)."""
 
 
 @dataclass
@@ -247,6 +258,9 @@ class DataPlaneAgent:
         self._publish_at_ns = 0
         self.published: dict[str, Any] = {"channels": [], "counters": {}, "offload": {}}
         self.closing = False
+        self.telemetry: Any = None
+        """appliance.telemetry.probe.PathTelemetry when ``[telemetry]`` is configured."""
+        self.dedup = route_apply.Deduplicator()
 
     # --- called from the control thread -------------------------------------------------------
     def offer_admin(self, channel: str, dest: int, frame: bytes | bytearray) -> bool:
@@ -305,7 +319,11 @@ class DataPlaneAgent:
             n = channels[name].receive(batch, 0)
             if n:
                 work += n
+                if self.telemetry is not None:
+                    self.telemetry.on_batch(name, batch)
                 self._on_batch(name, batch, now_ns)
+        if self.telemetry is not None:
+            work += self.telemetry.do_work(now_ns, self.queue_frame)
         gp = self.guaranteed
         if gp.receivers or gp.senders:
             work += gp.run_timers(now_ns)
@@ -384,6 +402,8 @@ class DataPlaneAgent:
                     self.counters["inbox_full"] += 1
                 continue
             src, dst, stream = _IDS.unpack_from(buf, off + fl.SOURCE_SESSION_OFFSET)
+            if stream == _PROBE and ftype == _DATA and buf[off + 7] == 0 and buf[off + 6] == 0:
+                continue  # a telemetry probe: recorded on arrival, nothing to deliver
             reliable = not message or stream & RELIABLE_STREAM_BIT
             if group and reliable:  # reliable streams between neighbours are unicast
                 self.counters["group_off_path"] += 1
@@ -408,8 +428,11 @@ class DataPlaneAgent:
                     continue
                 route = tables.transit.get((src, dst))
                 if route is None or route[0] != prev:
-                    self.counters["off_path"] += 1
-                    continue
+                    # a duplicated copy, or a frame draining from a switched path
+                    route = route_apply.other_route(tables, src, dst, prev, now_ns)
+                    if route is None:
+                        self.counters["off_path"] += 1
+                        continue
                 if route[1] is not None:
                     self._out[FABRIC].add_frame(route[1], buf[off : off + length])
                     self.counters["transit_frames"] += 1
@@ -418,6 +441,11 @@ class DataPlaneAgent:
                     self.guaranteed.on_fabric_frame(memoryview(buf[off : off + length]), ftype,
                                                     src, stream, now_ns)
                     continue
+                if dst & route_apply.DUP_DEST_BIT:
+                    kept = self.dedup.admit(buf, off, length, src, stream)
+                    if kept == 0:
+                        continue
+                    batch.lengths[i] = kept
                 run_idx.append(i)
                 ctxs.append((False, src, stream, None, deadline, 0))
             else:
@@ -557,7 +585,8 @@ class DataPlaneAgent:
         me = self.node_id
         counters = self.counters
         checked: dict[int, bool] = {}
-        if result.descriptors and not _fastpath.deliver(self, buf, result, ctxs):
+        if result.descriptors and (self.tables.dup_keys  # duplication: the general loop
+                                   or not _fastpath.deliver(self, buf, result, ctxs)):
             d = nic.descriptors[: result.descriptors]
             for off, length, target, kind, index in zip(
                     d["offset"].tolist(), d["length"].tolist(), d["target"].tolist(),
@@ -607,6 +636,13 @@ class DataPlaneAgent:
                         hop = tables.next_hop.get(what[1])
                         if hop is None:
                             counters["unroutable"] += 1
+                        elif tables.dup_keys and keys[index] in tables.dup_keys and (
+                                what[1] in tables.alt_next_hop):  # duplication mode
+                            dup = what[1] | route_apply.DUP_DEST_BIT
+                            out_fabric.add_message(hop, me, dup, stream, buf, off, length)
+                            out_fabric.add_message(tables.alt_next_hop[what[1]], me, dup,
+                                                   stream, buf, off, length)
+                            counters["duplicated_messages"] += 1
                         else:
                             out_fabric.add_message(hop, me, what[1], stream, buf, off, length)
         verdicts = nic.verdicts[:m]
@@ -709,7 +745,9 @@ class DataPlaneAgent:
         nic = self.nic
         self.published = {
             "channels": channels,
-            "counters": {**self.counters, **self.guaranteed.snapshot()},
+            "counters": {**self.counters, **self.guaranteed.snapshot(),
+                         "duplicates_dropped": self.dedup.dropped,
+                         **(self.telemetry.counters() if self.telemetry is not None else {})},
             "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),
                         "snapshot_version": nic.snapshot.version,
                         "parked": len(self._parked)},

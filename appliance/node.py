@@ -125,6 +125,11 @@ class Appliance:
             self.dataplane = DataPlaneAgent(cfg.node_id, nic, self.channels,
                                             fabric_max_frame_bytes=cfg.fabric_max_frame_bytes)
             self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
+            from appliance.telemetry.probe import attach  # [telemetry]: docs/routing.md
+
+            self.dataplane.telemetry = attach(cfg, self.channels)
+            if self.dataplane.telemetry is not None:
+                self.dataplane.telemetry.start()
             idle = {"busy": BusySpinIdle, "backoff": BackoffIdle,
                     "sleep": SleepingIdle}[cfg.idle]()
             self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane")
@@ -192,6 +197,8 @@ class Appliance:
             time.sleep(0.001)
         if self._dp_runner is not None:
             self._stop_runner(self._dp_runner)
+        if dp is not None and dp.telemetry is not None:
+            dp.telemetry.close()  # writes the last windows
         self._close_channels()
         log.info("%s: appliance stopped", cfg.name)
 
