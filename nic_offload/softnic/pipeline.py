@@ -1,10 +1,10 @@
 """The software NIC: runs bursts of received frames through the current table snapshot.
 
 One ``SoftNic`` belongs to one data-path agent (no locks on the hot path). A burst is many
-frames in one numpy buffer; ``process`` decodes them with ``datapath.protocol.batch.
-decode_frames`` (validation: malformed frames are counted per reason and skipped, the rest
-go on), then runs every message through the key table and the ACL stages in one kernel
-call, writing preallocated arrays only:
+frames in one numpy buffer; one kernel call (``_kernels._run``) validates them (malformed
+frames are counted per reason and skipped, the rest go on), parses their messages into
+``batch`` and runs every message through the key table and the ACL stages, writing
+preallocated arrays only:
 
 - ``descriptors[:n]``: one (offset, length, port or group, message index) per forwarded
   message, in message order: what the per-egress batchers send;
@@ -14,7 +14,14 @@ call, writing preallocated arrays only:
 - a bounded digest queue of punts and ACL logs (full: the digest is dropped and counted),
   drained by the control path through ``drain_digests``.
 
-The snapshot is read once per burst (snapshot.py): a burst never sees two versions.
+``process`` runs one burst and leaves its decoded messages in ``batch`` (the appliance reads
+them); ``process_ring`` runs a whole ring of frames in bursts of ``burst_frames`` in the same
+single call, as a NIC works through its receive ring, writing descriptors and verdicts for
+every message into arrays the caller provides (``ring_outputs``): the Python call is paid
+once per ring instead of once per burst.
+
+The snapshot is read once per call (snapshot.py): a burst, or a ring, never sees two
+versions.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from datapath.protocol.batch import decode_frames, new_message_batch
+from datapath.protocol.batch import new_message_batch
 from datapath.protocol.errors import MalformedReason
 from nic_offload import snapshot as snapshots  # a module: snapshot.py imports softnic too
 from nic_offload.errors import OffloadUserError
@@ -32,6 +39,9 @@ from nic_offload.softnic import layout as L
 
 SOFTNIC_BURST_FRAMES = 1_024
 """Most frames one ``process`` call takes (status arrays are sized by it), in frames."""
+
+SOFTNIC_RING_BURST_FRAMES = 64
+"""Frames per burst of ``process_ring`` by default (a NIC's receive burst), in frames."""
 
 SOFTNIC_BURST_MESSAGES = 16_384
 """Decoded messages one burst can hold, in messages; a burst with more stops early and
@@ -51,6 +61,23 @@ class BurstResult:
     """Messages decoded (``verdicts[:messages]``)."""
     descriptors: int
     """Messages forwarded (``descriptors[:descriptors]``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RingResult:
+    """What one ``process_ring`` call did."""
+
+    version: int
+    """The snapshot version every message of the ring was decided with."""
+    frames: int
+    """Frames processed: all of them, unless the outputs filled up (or a frame holds more
+    messages than ``batch``); hand the rest to the next call."""
+    messages: int
+    """Messages decoded (``verdicts[:messages]``)."""
+    descriptors: int
+    """Messages forwarded (``descriptors[:descriptors]``)."""
+    bursts: int
+    """Bursts the frames were processed in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +118,9 @@ class SoftNic:
         self._counters = np.zeros(L.COUNTER_SLOTS, dtype=np.int64)
         self._malformed = np.zeros(L.MALFORMED_SLOTS, dtype=np.int64)
         self._values = np.zeros(burst_messages, dtype=np.uint64)
+        self._homes = np.zeros(burst_messages, dtype=np.uint64)
+        self._acl_results = np.zeros(burst_messages, dtype=np.int64)
+        self._result = np.zeros(_kernels.RUN_RESULT_WORDS, dtype=np.int64)
         self._key_counts = np.zeros(0, dtype=np.int64)
         self._retired: dict[int, list[int]] = {}
         self._snapshot: snapshots.Snapshot | None = None
@@ -108,30 +138,81 @@ class SoftNic:
 
     def process(self, buf: np.ndarray, frame_offsets: np.ndarray, frame_lengths: np.ndarray,
                 *, exact: bool = True) -> BurstResult:
-        """Run the frames ``buf[off:off+len]`` through the current snapshot.
+        """Run the frames ``buf[off:off+len]`` through the current snapshot as one burst.
 
         ``buf`` is a 1-D uint8 array; offsets and lengths are int64 arrays (``exact``: each
-        length is a datagram holding one frame). Results land in ``descriptors``,
-        ``verdicts`` and the counters. Kernels: ``datapath.protocol.batch.decode_frames``,
-        then ``_kernels._process``.
+        length is a datagram holding one frame). Results land in ``batch``, ``descriptors``,
+        ``verdicts`` and the counters. Kernel: ``_kernels._run`` (one burst).
         """
         frames = len(frame_offsets)
         if frames > len(self.status):
             raise OffloadUserError(f"a burst holds at most {len(self.status)} frames, got "
                                    f"{frames}; split it or raise burst_frames")
-        snap = self._switch.current
+        snap = self._current()
+        self._run(snap, buf, frame_offsets, frame_lengths, exact, max(frames, 1), 1,
+                  self.descriptors, self.verdicts)
+        r = self._result
+        return BurstResult(snap.version, int(r[_kernels._R_FRAMES]),
+                           int(r[_kernels._R_MESSAGES]), int(r[_kernels._R_DESCRIPTORS]))
+
+    def process_ring(self, buf: np.ndarray, frame_offsets: np.ndarray,
+                     frame_lengths: np.ndarray, descriptors: np.ndarray, verdicts: np.ndarray,
+                     *, burst_frames: int = SOFTNIC_RING_BURST_FRAMES, exact: bool = True
+                     ) -> RingResult:
+        """Run a ring of frames through the current snapshot, ``burst_frames`` at a time,
+        in one call.
+
+        Like ``process``, but every burst's descriptors and verdicts go on in the caller's
+        ``descriptors`` (DESCRIPTOR_DTYPE) and ``verdicts`` (uint8) arrays, numbered from the
+        ring's first message; ``batch`` keeps only the last burst's messages. The call stops
+        before a burst whose messages do not fit in them (see ``RingResult.frames``).
+        Kernel: ``_kernels._run``.
+        """
+        if not 1 <= burst_frames <= len(self.status):
+            raise OffloadUserError(f"burst_frames must be 1..{len(self.status)} (the NIC's "
+                                   f"burst_frames), got {burst_frames}")
+        if descriptors.dtype != L.DESCRIPTOR_DTYPE or verdicts.dtype != np.uint8 \
+                or descriptors.ndim != 1 or verdicts.ndim != 1:
+            raise OffloadUserError("process_ring writes into arrays made by ring_outputs(); "
+                                   "got other dtypes or shapes")
+        snap = self._current()
+        self._run(snap, buf, frame_offsets, frame_lengths, exact, burst_frames,
+                  len(frame_offsets), descriptors, verdicts)
+        r = self._result
+        return RingResult(snap.version, int(r[_kernels._R_FRAMES]),
+                          int(r[_kernels._R_MESSAGES]), int(r[_kernels._R_DESCRIPTORS]),
+                          int(r[_kernels._R_BURSTS]))
+
+    @staticmethod
+    def ring_outputs(messages: int) -> tuple[np.ndarray, np.ndarray]:
+        """Zeroed (descriptors, verdicts) arrays for a ring of up to ``messages`` messages."""
+        if messages < 1:
+            raise OffloadUserError("ring outputs need room for at least 1 message")
+        return (np.zeros(messages, dtype=L.DESCRIPTOR_DTYPE),
+                np.zeros(messages, dtype=np.uint8))
+
+    def _current(self) -> snapshots.Snapshot:
+        snap = self._switch.current  # read once: the whole call runs on this version
         if snap is not self._snapshot:
             self._adopt(snap)
+        return snap
+
+    def _run(self, snap: snapshots.Snapshot, buf: np.ndarray, frame_offsets: np.ndarray,
+             frame_lengths: np.ndarray, exact: bool, burst_frames: int, max_bursts: int,
+             descriptors: np.ndarray, verdicts: np.ndarray) -> None:
+        if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
+            buf = _as_u8(buf)
+        if len(frame_offsets) != len(frame_lengths):
+            raise OffloadUserError("frame_offsets and frame_lengths differ in length")
         t = snap.tables
-        decoded = decode_frames(buf, frame_offsets, frame_lengths, self.batch, self.status,
-                                self.frame_types, exact=exact)
-        n_desc = _kernels._process(
-            buf, self.batch, decoded.messages, self.status, self.frame_types, decoded.frames,
-            t.slots, t.shift, t.class_root, t.group_start, t.group_field, t.bound_lo,
-            t.bound_result, t.field_offset, t.field_width, t.fields_end, self._key_counts,
-            self._counters, self._malformed, self.descriptors, self.verdicts, self._values,
-            self._digests, self._digest_state)
-        return BurstResult(snap.version, decoded.frames, decoded.messages, int(n_desc))
+        _kernels._run(
+            buf, _as_i64(frame_offsets), _as_i64(frame_lengths), bool(exact), burst_frames,
+            max_bursts, self.batch, self.status, self.frame_types, self._homes, self._values,
+            self._acl_results,
+            t.slots, t.shift, t.class_root, t.groups, t.bound_lo, t.bound_result,
+            t.fields_end, self._key_counts,
+            self._counters, self._malformed, descriptors, verdicts, self._digests,
+            self._digest_state, self._result)
 
     # --- counters ------------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:
@@ -208,3 +289,17 @@ class SoftNic:
             counts[0] += int(packets[row])
             counts[1] += int(self._key_counts[2 * row + 1])
         self._key_counts[:] = 0
+
+
+def _as_u8(buf: object) -> np.ndarray:
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.uint8 or buf.ndim != 1:
+            raise OffloadUserError("frame buffers are 1-D uint8 arrays")
+        return buf
+    return np.frombuffer(buf, dtype=np.uint8)  # type: ignore[call-overload]
+
+
+def _as_i64(array: np.ndarray) -> np.ndarray:
+    if isinstance(array, np.ndarray) and array.dtype == np.int64:
+        return array
+    return np.asarray(array, dtype=np.int64)

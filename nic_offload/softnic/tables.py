@@ -27,6 +27,20 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _line_aligned_words(words: int) -> np.ndarray:
+    """A zeroed uint64 array of ``words`` words starting on a cache-line boundary (a key
+    table bucket must be one line)."""
+    per_line = L.CACHE_LINE_BYTES // _U64().itemsize
+    raw = np.zeros(words + per_line, dtype=_U64)
+    skip = (-raw.ctypes.data % L.CACHE_LINE_BYTES) // _U64().itemsize
+    return raw[skip:skip + words]
+
+
+def key_table_shift(n_slots: int) -> int:
+    """The hash shift of a table of ``n_slots`` slots: 64 - log2(buckets)."""
+    return 64 - ((n_slots // L.SLOTS_PER_BUCKET).bit_length() - 1)
+
+
 def key_table_slots(keys: int) -> int:
     """Slots (a power of two) for ``keys`` keys within ``KEY_TABLE_MAX_LOAD``."""
     need = max(L.MIN_KEY_TABLE_SLOTS, int(np.ceil(keys / L.KEY_TABLE_MAX_LOAD)))
@@ -46,24 +60,35 @@ def pack_values(rows: KeyRows, which: np.ndarray | None = None) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class SoftTables:
-    """Read-only arrays the ``_process`` kernel reads (layout.py describes each)."""
+    """Read-only arrays the ``_run`` kernel reads (layout.py describes each)."""
 
     slots: np.ndarray
     shift: int
     longest_probe: int
     rows: int
     class_root: np.ndarray
-    group_start: np.ndarray
+    groups: np.ndarray
     group_field: np.ndarray
     bound_lo: np.ndarray
     bound_result: np.ndarray
-    field_offset: np.ndarray
-    field_width: np.ndarray
     fields_end: int
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.group_field)
+
+    def group(self, g: int) -> tuple[list[int], list[int]]:
+        """Group ``g``'s interval starts and result words (for tests and tools)."""
+        start, end = (int(x) for x in self.groups[L.GROUP_WORDS * g:][:2])
+        return self.bound_lo[start:end].tolist(), self.bound_result[start:end].tolist()
 
     @property
     def n_slots(self) -> int:
         return len(self.slots) // L.WORDS_PER_SLOT
+
+    @property
+    def n_buckets(self) -> int:
+        return len(self.slots) // L.WORDS_PER_BUCKET
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Value words of ``keys`` (0: absent). Kernel: ``_kernels._lookup_many``."""
@@ -76,19 +101,17 @@ class SoftTables:
 @dataclass(frozen=True, eq=False)
 class _AclArrays:
     class_root: np.ndarray
-    group_start: np.ndarray
+    groups: np.ndarray
     group_field: np.ndarray
     bound_lo: np.ndarray
     bound_result: np.ndarray
-    field_offset: np.ndarray
-    field_width: np.ndarray
     fields_end: int
 
 
 def _build_key_table(rows: KeyRows) -> tuple[np.ndarray, int, int]:
     n_slots = key_table_slots(len(rows))
-    slots = np.zeros(n_slots * L.WORDS_PER_SLOT, dtype=_U64)
-    shift = 64 - (n_slots.bit_length() - 1)
+    slots = _line_aligned_words(n_slots * L.WORDS_PER_SLOT)
+    shift = key_table_shift(n_slots)
     longest = _kernels._build_key_table(slots, shift, rows.keys, pack_values(rows))
     return _frozen(slots), shift, int(longest)
 
@@ -168,32 +191,30 @@ def _build_acl(spec: PipelineSpec, entries: tuple[TableEntry, ...]) -> _AclArray
     for stage, acl_class, state in sorted(spans):
         if stage == 0 and state == 0:
             class_root[acl_class] = result_of(0, acl_class, 0)
-    starts, fields, lows, outs = [0], [], [], []
+    words, fields, lows, outs = [], [], [], []
     done = 0
     while done < len(gid):  # groups get ids as they are reached; lay them out in id order
         order = sorted(gid, key=gid.__getitem__)[done:]
         for where in order:
             stage, acl_class, _ = where
+            start = len(lows)
             for lo, action, next_state in spans[where]:
                 lows.append(lo)
                 outs.append(_follow(stage, acl_class, (lo, action, next_state)))
-            starts.append(len(lows))
+            field = spec.acl_fields[stage]
+            words += [start, len(lows), field.offset, field.width]
             fields.append(stage)
         done += len(order)
     return _AclArrays(
-        _frozen(class_root), _frozen(np.array(starts, dtype=np.int64)),
+        _frozen(class_root), _frozen(np.array(words, dtype=np.int64)),
         _frozen(np.array(fields, dtype=np.int64)), _frozen(np.array(lows, dtype=_U64)),
-        _frozen(np.array(outs, dtype=np.int64)),
-        _frozen(np.array([f.offset for f in spec.acl_fields], dtype=np.int64)),
-        _frozen(np.array([f.width for f in spec.acl_fields], dtype=np.int64)),
-        spec.acl_fields_end)
+        _frozen(np.array(outs, dtype=np.int64)), spec.acl_fields_end)
 
 
 def _tables(slots: np.ndarray, shift: int, longest: int, rows: int,
             acl: _AclArrays) -> SoftTables:
-    return SoftTables(slots, shift, longest, rows, acl.class_root, acl.group_start,
-                      acl.group_field, acl.bound_lo, acl.bound_result, acl.field_offset,
-                      acl.field_width, acl.fields_end)
+    return SoftTables(slots, shift, longest, rows, acl.class_root, acl.groups,
+                      acl.group_field, acl.bound_lo, acl.bound_result, acl.fields_end)
 
 
 def build_tables(entries: EntrySet) -> SoftTables:
@@ -216,12 +237,12 @@ def patch_tables(prev: SoftTables, entries: EntrySet, changed_rows: np.ndarray,
         raise ModelError("changed rows lie outside the topic_key rows")
     KeyRows(rows.keys[changed], rows.actions[changed], rows.targets[changed],
             rows.acl_classes[changed]).validate(entries.spec)
-    slots = prev.slots.copy()
+    slots = _line_aligned_words(len(prev.slots))
+    slots[:] = prev.slots
     longest = _kernels._build_key_table(slots, prev.shift, rows.keys[changed],
                                         pack_values(rows, changed))
     acl = (_build_acl(entries.spec, entries.acl_entries) if acl_changed
-           else _AclArrays(prev.class_root, prev.group_start, prev.group_field, prev.bound_lo,
-                           prev.bound_result, prev.field_offset, prev.field_width,
-                           prev.fields_end))
+           else _AclArrays(prev.class_root, prev.groups, prev.group_field, prev.bound_lo,
+                           prev.bound_result, prev.fields_end))
     return _tables(_frozen(slots), prev.shift, max(prev.longest_probe, int(longest)), len(rows),
                    acl)

@@ -20,7 +20,7 @@ from nic_offload.softnic import SoftNic
 from nic_offload.softnic import layout as L
 from nic_offload.softnic.layout import MessageVerdict as V
 from tests.nic_offload.helpers import QUOTE, random_burst, random_entry_set
-from tests.nic_offload.twins import TwinState, messages_from_batch, process_twin
+from tests.nic_offload.twins import TwinState, messages_from_batch, process_twin, run_twin
 
 
 def _frames(*frames: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -181,3 +181,103 @@ def test_per_key_counters_count_packets_and_bytes_and_survive_snapshot_swaps():
     switch.publish(Snapshot.build(EntrySet(model.DEFAULT_SPEC, moved, version=3)))
     nic.process(*_frames(frame))
     assert nic.key_counters().as_dict() == {5: (2, 112), 6: (3, 120)}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_fused_decode_agrees_with_the_protocols_batch_decoder(seed):
+    """The kernel validates and parses frames itself (to prefetch each key as it is parsed);
+    on damaged frames it must say what datapath.protocol.batch.decode_frames says."""
+    rng = random.Random(100 + seed)
+    entries, _ = random_entry_set(rng, 50)
+    nic = SoftNic(Snapshot.build(entries), burst_messages=rng.choice([40, 16_384]))
+    keys = entries.key_rows.keys.tolist()
+    for _ in range(4):
+        buf, offsets, lengths = random_burst(rng, keys, rng.randint(1, 60), malformed=0.4)
+        if rng.random() < 0.3:  # offsets and lengths that lie outside the buffer
+            offsets[rng.randrange(len(offsets))] = len(buf) + 8
+            lengths[rng.randrange(len(lengths))] = -1
+        exact = rng.random() < 0.8
+        batch = new_message_batch(len(nic.batch))
+        status = np.zeros(len(offsets), np.uint8)
+        types = np.zeros(len(offsets), np.uint8)
+        decoded = decode_frames(buf, offsets, lengths, batch, status, types, exact=exact)
+        result = nic.process(buf, offsets, lengths, exact=exact)
+        assert (result.frames, result.messages) == (decoded.frames, decoded.messages)
+        assert nic.status[:len(offsets)].tolist() == status.tolist()
+        done = result.frames  # beyond it, frame types are left as they were
+        assert nic.frame_types[:done].tolist() == types[:done].tolist()
+        assert nic.batch[:result.messages].tobytes() == batch[:decoded.messages].tobytes()
+
+
+def _ring_outputs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return SoftNic.ring_outputs(n)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_ring_matches_the_twin_burst_by_burst(seed):
+    rng = random.Random(200 + seed)
+    entries, _ = random_entry_set(rng, rng.choice([5, 80, 700]))
+    burst_messages = rng.choice([12, 64, 16_384])
+    nic = SoftNic(Snapshot.build(entries), burst_messages=burst_messages, burst_frames=64,
+                  digest_entries=rng.choice([4, 4096]))
+    state = TwinState(len(nic._digests))
+    keys = entries.key_rows.keys.tolist()
+    buf, offsets, lengths = random_burst(rng, keys, rng.randint(1, 300), max_messages=4)
+    burst = rng.choice([1, 3, 16, 64])
+    descriptors, verdicts = _ring_outputs(2_000)
+    result = nic.process_ring(buf, offsets, lengths, descriptors, verdicts, burst_frames=burst)
+    twin_descs, twin_verdicts, twin_frames = run_twin(
+        bytes(buf), offsets.tolist(), lengths.tolist(), nic.snapshot.tables, state, burst,
+        burst_messages)
+    # a damaged msg_count larger than the batch stops both before that frame
+    assert result.frames == twin_frames
+    assert twin_frames == len(offsets) or burst_messages < 16_384
+    assert verdicts[:result.messages].tolist() == twin_verdicts
+    assert [tuple(int(x) for x in d) for d in descriptors[:result.descriptors]] == twin_descs
+    assert nic._counters.tolist() == state.counters
+    assert nic._malformed.tolist() == state.malformed
+    counts = {row: [int(nic._key_counts[2 * row]), int(nic._key_counts[2 * row + 1])]
+              for row in range(len(keys)) if nic._key_counts[2 * row]}
+    assert counts == state.key_counts
+    assert [tuple(int(x) for x in d) for d in nic.drain_digests()] == list(state.digests)
+    assert result.bursts >= -(-result.frames // burst)
+
+
+def test_a_ring_decides_like_the_same_frames_burst_by_burst():
+    rng = random.Random(7)
+    entries, _ = random_entry_set(rng, 300)
+    keys = entries.key_rows.keys.tolist()
+    buf, offsets, lengths = random_burst(rng, keys, 500)
+    ring_nic, burst_nic = SoftNic(Snapshot.build(entries)), SoftNic(Snapshot.build(entries))
+    descriptors, verdicts = _ring_outputs(4_000)
+    ring = ring_nic.process_ring(buf, offsets, lengths, descriptors, verdicts, burst_frames=32)
+    got_verdicts, got_descs = [], []
+    for start in range(0, len(offsets), 32):
+        first = len(got_verdicts)
+        r = burst_nic.process(buf, offsets[start:start + 32], lengths[start:start + 32])
+        got_verdicts += burst_nic.verdicts[:r.messages].tolist()
+        for d in burst_nic.descriptors[:r.descriptors]:
+            got_descs.append((int(d["offset"]), int(d["target"]), int(d["index"]) + first))
+    assert verdicts[:ring.messages].tolist() == got_verdicts
+    assert [(int(d["offset"]), int(d["target"]), int(d["index"]))
+            for d in descriptors[:ring.descriptors]] == got_descs
+    assert ring_nic.counters() == burst_nic.counters()
+    assert ring_nic.key_counters().as_dict() == burst_nic.key_counters().as_dict()
+    assert ring.bursts == -(-len(offsets) // 32)
+
+
+def test_a_ring_stops_before_a_burst_its_outputs_cannot_hold():
+    nic = _nic(_rows((5, KeyAction.FORWARD, 1, 0)))
+    frame = codec.encode_data_frame([{"topic_key": 5}] * 3)
+    buf, offsets, lengths = _frames(*[frame] * 10)
+    descriptors, verdicts = _ring_outputs(14)
+    first = nic.process_ring(buf, offsets, lengths, descriptors, verdicts, burst_frames=2)
+    assert (first.frames, first.messages, first.bursts) == (4, 12, 2)
+    assert nic.counters()["frames"] == 4 and nic.counters()["forwarded"] == 12
+    rest = nic.process_ring(buf, offsets[first.frames:], lengths[first.frames:],
+                            *_ring_outputs(100), burst_frames=2)
+    assert (rest.frames, rest.messages) == (6, 18)
+    with pytest.raises(OffloadUserError, match="burst_frames"):
+        nic.process_ring(buf, offsets, lengths, descriptors, verdicts, burst_frames=0)
+    with pytest.raises(OffloadUserError, match="ring_outputs"):
+        nic.process_ring(buf, offsets, lengths, verdicts, descriptors)

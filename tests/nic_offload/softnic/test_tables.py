@@ -116,8 +116,7 @@ def _verdict(action: model.AclAction) -> int:
 
 
 def _group(t, result: int) -> tuple[list[int], list[int]]:
-    lo, hi = t.group_start[result], t.group_start[result + 1]
-    return t.bound_lo[lo:hi].tolist(), t.bound_result[lo:hi].tolist()
+    return t.group(int(result))
 
 
 def test_acl_gaps_reject_like_a_table_miss():
