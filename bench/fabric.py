@@ -31,6 +31,9 @@ one topic). Before each measurement it sends probe messages until the subscriber
   subscriber (SO_TIMESTAMPNS), so the subscriber's own wake-up is not in the figure.
 
 Figures are medians over ``--repeats``; each repeat measures every hop, one after another.
+The relay forwards frames as they come, so at one message per frame its subscriber handles
+one datagram per message and may be what bounds ``c_relay``'s rate (``--direct`` shows what
+the subscriber takes without a hop); the appliance reframes (``frames_per_msg``).
 """
 
 from __future__ import annotations
@@ -666,5 +669,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "p50_us topicwire/c_relay": "<= 1.5"},
               "latency": "publish timestamp to the subscriber's kernel receive timestamp, "
                          f"{args.rate} msg/s, one message per frame",
+              "note": "the relay forwards the publisher's frames as they are, so at "
+                      "--per-frame 1 the subscriber takes one datagram per message and can "
+                      "bound c_relay's msgs_per_s (compare with direct, --direct); the "
+                      "appliance reframes, so its subscriber takes large frames "
+                      "(frames_per_msg)",
               "runs": runs}
     return build_report(NAME, params, results)
