@@ -192,25 +192,23 @@ def _lookup(slots, shift, key):
 def _probe(slots, b, key):
     """The value word of ``key`` (never 0) searched from its home bucket ``b``, or 0.
 
-    All four slots of a bucket are read and compared without branches (one cache line);
+    The four keys of a bucket (one cache line) are compared at once and the matching slot's
+    index is computed from the comparisons, not branched on (a bucket holds a key once):
     only a full bucket without the key goes on to the next one, which is rare, so the one
     branch that waits for the line is nearly always predicted right and the CPU keeps many
     lookups in flight."""
     mask = np.uint64((slots.shape[0] // _BUCKET_WORDS) - 1)
     while True:
         w = _BUCKET_WORDS * b
-        k0 = slots[w]
-        v0 = slots[w + _U1]
         k1 = slots[w + _U2]
-        v1 = slots[w + _U3]
         k2 = slots[w + np.uint64(4)]
-        v2 = slots[w + np.uint64(5)]
         k3 = slots[w + np.uint64(6)]
-        v3 = slots[w + np.uint64(7)]
-        v = v0 if k0 == key else _ZERO
-        v = v1 if k1 == key else v
-        v = v2 if k2 == key else v
-        v = v3 if k3 == key else v
+        hit0 = np.uint64(slots[w] == key)
+        hit1 = np.uint64(k1 == key)
+        hit2 = np.uint64(k2 == key)
+        hit3 = np.uint64(k3 == key)
+        at = w + _U1 + _U2 * (hit1 + _U2 * hit2 + _U3 * hit3)
+        v = slots[at] & (_ZERO - (hit0 | hit1 | hit2 | hit3))
         if v != _ZERO or k3 == _EMPTY:
             return v
         b = (b + _U1) & mask
@@ -239,32 +237,40 @@ def _read_be(buf, off, width):
 
 
 @njit(inline="always")
-def _acl(buf, payload_offset, result, groups, bound_lo, bound_result):
-    """The ACL verdict (ACCEPT, REJECT or LOG) from the class's root ``result`` word.
+def _hop(buf, payload_offset, result, groups, bound_lo, bound_result):
+    """One ACL hop: the result word of the interval of group ``result`` holding the
+    message's field.
 
-    Each hop is one chain of dependent loads (group words, field bytes, the search, the
+    A hop is one chain of dependent loads (group words, field bytes, the search, the
     result), so indices are unsigned (numba adds wraparound code to signed ones) and
     small groups take a fixed number of branch-free steps: the last step's target is
     clamped to the group's last interval, whose start is <= the value exactly when the
     value lies in it."""
+    g = np.uint64(result) * _GROUP_WORDS
+    lo = np.uint64(groups[g])
+    end = np.uint64(groups[g + _U1])
+    v = _read_be(buf, np.uint64(payload_offset) + np.uint64(groups[g + _U2]),
+                 groups[g + _U3])
+    if end - lo <= _FIXED_SEARCH_MAX:
+        last = end - _U1
+        for step in _FIXED_STEPS:
+            at = min(lo + step, last)
+            lo = at if bound_lo[at] <= v else lo
+    else:
+        n = end - lo
+        while n > _U1:
+            half = n >> _U1
+            lo = lo + half if bound_lo[lo + half] <= v else lo
+            n -= half
+    return bound_result[lo]
+
+
+@njit(inline="always")
+def _acl(buf, payload_offset, result, groups, bound_lo, bound_result):
+    """The ACL verdict (ACCEPT, REJECT or LOG) from the class's root ``result`` word, one
+    message alone (``_run`` advances many messages a hop at a time instead)."""
     while result >= 0:
-        g = np.uint64(result) * _GROUP_WORDS
-        lo = np.uint64(groups[g])
-        end = np.uint64(groups[g + _U1])
-        v = _read_be(buf, np.uint64(payload_offset) + np.uint64(groups[g + _U2]),
-                     groups[g + _U3])
-        if end - lo <= _FIXED_SEARCH_MAX:
-            last = end - _U1
-            for step in _FIXED_STEPS:
-                at = min(lo + step, last)
-                lo = at if bound_lo[at] <= v else lo
-        else:
-            n = end - lo
-            while n > _U1:
-                half = n >> _U1
-                lo = lo + half if bound_lo[lo + half] <= v else lo
-                n -= half
-        result = bound_result[lo]
+        result = _hop(buf, payload_offset, result, groups, bound_lo, bound_result)
     return -result
 
 
@@ -418,12 +424,24 @@ def _decode(buf, frame_offsets, frame_lengths, first, end, exact, batch, status,
     return n, end
 
 
+@njit(inline="always")
+def _prefetch_next(buf, frame_offsets, frame_lengths, first, end, slots, shift):
+    """Prefetch the home bucket of the first message of frames ``first .. end-1`` (the next
+    burst), so that their cache misses overlap this burst's ACL work instead of stalling
+    the next decode; frames too short to hold a message are skipped (decode judges them)."""
+    for i in range(first, end):
+        off = frame_offsets[i]
+        if off >= 0 and frame_lengths[i] >= _HDR + _MHDR and off + _HDR + 8 <= buf.shape[0]:
+            _prefetch(slots, _BUCKET_WORDS * _home(_be64(buf, off + _HDR), shift))
+
+
 # --- the pipeline ------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _run(buf, frame_offsets, frame_lengths, exact, burst_frames, max_bursts, batch, status,
-         frame_types, homes, values, acl_results, slots, shift, class_root, groups, bound_lo,
-         bound_result, fields_end, key_counts, counters, malformed, desc, verdicts, digests,
-         digest_state, result):
+         frame_types, homes, values, acl_results, payloads, pending, slots, shift, class_root,
+         groups,
+         bound_lo, bound_result, fields_end, key_counts, counters, malformed, desc, verdicts,
+         digests, digest_state, result):
     """Run frames through the tables, ``burst_frames`` at a time, at most ``max_bursts``
     bursts; write [stopped early, frames, messages, descriptors, bursts] into ``result``.
 
@@ -435,7 +453,10 @@ def _run(buf, frame_offsets, frame_lengths, exact, burst_frames, max_bursts, bat
     2. every key is looked up (``values``) and its per-row counter line prefetched; a
        forward whose key has an ACL class and whose payload holds the ACL fields gets its
        class's root result in ``acl_results``, anything else the ACCEPT verdict;
-    3. every ACL is evaluated (``acl_results`` becomes the AclAction);
+    3. the ACLs advance a hop at a time: each round takes one hop for every message whose
+       ACL is still undecided (``pending``), so the hops of a round are independent and
+       the CPU overlaps their chains of dependent loads (a message alone would wait on
+       each load of each hop in turn); ``acl_results`` ends as minus the AclAction;
     4. each message is counted per row (``key_counts[2 row]`` packets, ``[2 row + 1]``
        bytes) and decided: unknown key -> punt + digest; drop; punt + digest; forward,
        unless the payload is too short for the ACL fields or the ACL rejects (LOG forwards
@@ -490,9 +511,22 @@ def _run(buf, frame_offsets, frame_lengths, exact, burst_frames, max_bursts, bat
                         and np.int64(rec.payload_len) >= fields_end:
                     root = class_root[acl_class]
             acl_results[m] = root
-        for m in range(n):  # 3: ACLs
-            acl_results[m] = _acl(buf, batch[m].payload_offset, acl_results[m], groups,
-                                  bound_lo, bound_result)
+            payloads[m] = np.uint64(rec.payload_offset)
+        _prefetch_next(buf, frame_offsets, frame_lengths, reached,
+                       min(reached + burst_frames, n_frames), slots, shift)
+        waiting = 0
+        for m in range(n):  # 3: ACLs, all messages a hop at a time
+            pending[waiting] = m
+            waiting += acl_results[m] >= 0
+        while waiting > 0:
+            still = 0
+            for i in range(waiting):
+                m = pending[i]
+                r = _hop(buf, payloads[m], acl_results[m], groups, bound_lo, bound_result)
+                acl_results[m] = r
+                pending[still] = m
+                still += r >= 0
+            waiting = still
         for m in range(n):  # 4: counters, verdicts, descriptors, digests
             rec = batch[m]
             value = values[m]
@@ -518,7 +552,7 @@ def _run(buf, frame_offsets, frame_lengths, exact, burst_frames, max_bursts, bat
                 _digest(digests, digest_state, counters, _R_PUNT, rec, 0, index)
                 continue
             acl_class = (value >> _CLASS_SHIFT) & _CLASS_MASK
-            outcome = acl_results[m]
+            outcome = -acl_results[m]
             if acl_class != _ZERO and payload_len < fields_end:
                 verdicts[index] = _V_SHORT
                 short += 1

@@ -120,6 +120,8 @@ class SoftNic:
         self._values = np.zeros(burst_messages, dtype=np.uint64)
         self._homes = np.zeros(burst_messages, dtype=np.uint64)
         self._acl_results = np.zeros(burst_messages, dtype=np.int64)
+        self._payloads = np.zeros(burst_messages, dtype=np.uint64)
+        self._pending = np.zeros(burst_messages, dtype=np.uint64)
         self._result = np.zeros(_kernels.RUN_RESULT_WORDS, dtype=np.int64)
         self._key_counts = np.zeros(0, dtype=np.int64)
         self._retired: dict[int, list[int]] = {}
@@ -208,7 +210,7 @@ class SoftNic:
         _kernels._run(
             buf, _as_i64(frame_offsets), _as_i64(frame_lengths), bool(exact), burst_frames,
             max_bursts, self.batch, self.status, self.frame_types, self._homes, self._values,
-            self._acl_results,
+            self._acl_results, self._payloads, self._pending,
             t.slots, t.shift, t.class_root, t.groups, t.bound_lo, t.bound_result,
             t.fields_end, self._key_counts,
             self._counters, self._malformed, descriptors, verdicts, self._digests,
