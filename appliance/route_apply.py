@@ -11,8 +11,11 @@ route overrides (all pairs at once, one new version), its backup paths the docum
 ``backups``, and ``routes.duplicate`` its ``duplicate`` patterns; the document floods as
 before, and every appliance computes the same forwarding from it.
 
-**Lossless switch (drain).** When a pair's path changes, every appliance that forwarded the
-pair on the old path keeps that entry for ``routes.switch_grace_ms`` as a *grace* entry:
+**Lossless switch (make before break, then drain).** When P&M's document changes a pair's
+path, its source keeps sending on the old first hop for ``routes.switch_hold_ms`` (the
+document reaches the appliances of the new path meanwhile, so they forward the pair before
+its first frame arrives), then switches. Every appliance that forwarded the pair on the old
+path keeps that entry for ``routes.switch_grace_ms`` as a *grace* entry:
 a frame of the pair that arrives from the old path's previous hop is still forwarded (along
 the new path where this appliance is on it, else along the old one) instead of being dropped
 as off-path. New frames take the new path at once, the frames in flight on the old one
@@ -184,6 +187,10 @@ class RouteExtension:
         self._dup_keys: frozenset[int] = frozenset()
         self._dup_version: tuple = ()
         self._poll_at_ns = 0
+        self._routes_seen: object = None
+        self._hold_until_ns = 0
+        self.held: dict[int, int] = {}
+        """Destination -> the old first hop kept until ``_hold_until_ns`` (make before break)."""
         self._table_stamp: tuple[int, int] | None = None
         self.tables_applied = 0
         self.table_problems = 0
@@ -196,7 +203,11 @@ class RouteExtension:
 
     # --- P&M ----------------------------------------------------------------------------------
     def do_work(self, now_ns: int) -> int:
-        """P&M: apply the route table file when it changed."""
+        """Every appliance: end a switch hold; P&M: apply the route table file when it
+        changed."""
+        if self.held and now_ns >= self._hold_until_ns:
+            self.held = {}
+            self.agent._tables_dirty = True  # switch to the new first hops now
         path = self.settings.table
         if path is None or now_ns < self._poll_at_ns or self.agent.cfg.pm_mode != "embedded":
             return 0
@@ -241,6 +252,8 @@ class RouteExtension:
 
         agent._flood(al.ControlKind.PM_UPDATE, agent.pm_doc)
         self.tables_applied += 1
+        agent.counters["route_tables_applied"] += 1
+        agent.counters["route_table_refused_entries"] += len(problems)
         log.info("%s: applied a route table: %d routes, %d backups%s", agent.cfg.name,
                  len(routes), len(backups), f", {len(problems)} entries refused"
                  if problems else "")
@@ -251,6 +264,10 @@ class RouteExtension:
         """Every appliance: take backups and duplicate patterns from P&M's document."""
         self.backups = {(int(a), int(b)): tuple(int(x) for x in p)
                         for a, b, p in doc.get("backups", [])}
+        routes = doc.get("routes", [])
+        if self._routes_seen is not None and routes != self._routes_seen:
+            self._hold_until_ns = time.monotonic_ns() + self.settings.switch_hold_ns
+        self._routes_seen = routes
         self.duplicate = tuple((int(ns), str(p)) for ns, p in doc.get("duplicate", []))
 
     # --- forwarding ---------------------------------------------------------------------------
@@ -271,6 +288,13 @@ class RouteExtension:
         self.grace = grace
         me = agent.node_id
         peer_of = {nb.node_id: nb.peer for nb in agent.neighbours.values() if nb.up}
+        up_peers = set(peer_of.values())
+        if now < self._hold_until_ns:  # P&M moved routes: keep the old first hops a moment
+            for dst, hop in old_fwd[0].items():
+                if new_fwd[0].get(dst) not in (None, hop) and hop in up_peers:
+                    self.held.setdefault(dst, hop)
+        else:
+            self.held = {}
         graph = getattr(agent, "graph", {})
         alt_transit: dict[tuple[int, int], tuple[int, int | None]] = {}
         alt_next: dict[int, int] = {}
@@ -308,11 +332,13 @@ class RouteExtension:
 
     def extend(self, tables: Any) -> Any:
         """The forwarding tables with the grace, backup and duplication entries."""
-        return replace(tables, grace=dict(self.grace), alt_transit=dict(self.alt_transit),
+        next_hop = {**tables.next_hop, **self.held} if self.held else tables.next_hop
+        return replace(tables, next_hop=next_hop, grace=dict(self.grace),
+                       alt_transit=dict(self.alt_transit),
                        alt_next_hop=dict(self.alt_next_hop), dup_keys=self.dup_keys())
 
     def counters(self) -> dict[str, int]:
         return {"route_tables_applied": self.tables_applied,
                 "route_table_problems": self.table_problems,
-                "grace_pairs": len(self.grace), "backup_pairs": len(self.alt_transit)
-                + len(self.alt_next_hop)}
+                "held_pairs": len(self.held), "grace_pairs": len(self.grace),
+                "backup_pairs": len(self.alt_transit) + len(self.alt_next_hop)}

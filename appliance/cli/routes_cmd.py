@@ -39,6 +39,7 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
         FOLLOW_TRIGGER_S,
         HYSTERESIS_MARGIN,
         HYSTERESIS_WINDOWS,
+        LATENESS_NS,
     )
 
     parser.add_argument("--telemetry", required=True, metavar="DIR",
@@ -49,6 +50,9 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=duration_ns, default=EVAL_WINDOW_NS,
                         metavar="DURATION",
                         help=f"evaluation window (default {EVAL_WINDOW_NS // 10**9}s)")
+    parser.add_argument("--lateness", type=duration_ns, default=LATENESS_NS, metavar="DURATION",
+                        help="an evaluation window is decided once the newest telemetry has "
+                        f"passed its end by this much (default {LATENESS_NS // 10**9}s)")
     parser.add_argument("--margin", type=float, default=HYSTERESIS_MARGIN,
                         help="hysteresis: a new path must be this fraction cheaper "
                         f"(default {HYSTERESIS_MARGIN})")
@@ -106,12 +110,13 @@ def run_compute(args: argparse.Namespace) -> int:
 
             routes_job.follow(spark, args.telemetry, args.out, eval_ns=args.window,
                               weights=weights, margin=args.margin, k=args.k, clock=args.clock,
-                              trigger_s=args.trigger / 1e9,
+                              lateness_ns=args.lateness, trigger_s=args.trigger / 1e9,
                               duration_s=None if args.for_ns is None else args.for_ns / 1e9,
                               on_table=show)
             return 0
         doc = routes_job.compute(spark, args.telemetry, eval_ns=args.window, weights=weights,
-                                 margin=args.margin, k=args.k, clock=args.clock)
+                                 margin=args.margin, k=args.k, clock=args.clock,
+                                 lateness_ns=args.lateness)
     finally:
         spark.stop()
     routes_job.write_table(doc, args.out)

@@ -70,6 +70,7 @@ def aggregate(table: pa.Table, eval_ns: int) -> list[PathStats]:
     df["eval_start_ns"] = df["window_start_ns"] - df["window_start_ns"] % eval_ns
     df["jw"] = df["jitter_ns"] * df["lat_count"]
     df["floor"] = df["lat_min_ns"].where(df["lat_count"] > 0)
+    df["end"] = df["window_start_ns"] + df["window_ns"]
     grouped = df.groupby(KEYS, sort=True)
     gid = grouped.ngroup().to_numpy()
     scal = grouped.agg(windows=("frames", "size"), samples=("lat_count", "sum"),
@@ -77,7 +78,7 @@ def aggregate(table: pa.Table, eval_ns: int) -> list[PathStats]:
                        expected=("expected", "sum"), lost=("lost", "sum"),
                        naks=("naks", "sum"), retransmissions=("retransmissions", "sum"),
                        span_ns=("window_ns", "sum"), jw=("jw", "sum"),
-                       floor_ns=("floor", "min")).reset_index()
+                       floor_ns=("floor", "min"), end_ns=("end", "max")).reset_index()
     pct = _percentiles(table, gid, len(scal))
     out = []
     for i, row in enumerate(scal.itertuples(index=False)):
@@ -90,7 +91,8 @@ def aggregate(table: pa.Table, eval_ns: int) -> list[PathStats]:
             frames=int(row.frames), bytes=int(row.bytes), expected=int(row.expected),
             lost=int(row.lost), naks=int(row.naks), retransmissions=int(row.retransmissions),
             span_ns=int(row.span_ns),
-            floor_ns=None if pd.isna(row.floor_ns) else int(row.floor_ns)))
+            floor_ns=None if pd.isna(row.floor_ns) else int(row.floor_ns),
+            end_ns=int(row.end_ns)))
     return out
 
 

@@ -68,6 +68,10 @@ COST_WEIGHTS = {
 """Weights of the link cost (docs/routing.md, "The cost model"); ``loss`` is in microseconds
 per unit of loss fraction (1 % loss costs 1,000 us), ``retransmit_rate`` in microseconds per
 retransmitted message per second, ``hop_us`` a constant per link (``--weight NAME=VALUE``)."""
+LATENESS_NS = 2 * 1_000_000_000
+"""An evaluation window is decided once the newest telemetry has passed its end by this much
+(``--lateness``): appliances write every second, so the windows of every path are in by then;
+a window that is still filling would lack links and move routes for nothing."""
 MIN_LATENCY_SAMPLES = 1
 """A link enters an evaluation window's graph only with at least this many latency samples in
 it (no samples: no telemetry, so no route over it)."""

@@ -101,6 +101,8 @@ class PathStats:
     """Sum of the windows' lengths."""
     floor_ns: int | None
     """Lowest latency seen (min of the windows' ``lat_min_ns``)."""
+    end_ns: int = 0
+    """End of the latest telemetry window merged (its start + length)."""
 
     @property
     def loss(self) -> float:

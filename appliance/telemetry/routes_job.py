@@ -57,6 +57,7 @@ from appliance.telemetry.config import (
     LATENCY_BUCKETS,
     LATENCY_SUB_BUCKETS,
     LATENCY_UNIT_NS,
+    LATENESS_NS,
 )
 from appliance.telemetry.costs import (
     QUANTILES,
@@ -196,7 +197,7 @@ def _stats_of(rows: Sequence[Any]) -> list[PathStats]:
         samples = int(d["samples"] or 0)
         d["jitter_ns"] = float(d.pop("jw") or 0.0) / samples if samples else 0.0
         for name in ("windows", "samples", "frames", "bytes", "expected", "lost", "naks",
-                     "retransmissions", "span_ns", "eval_start_ns"):
+                     "retransmissions", "span_ns", "eval_start_ns", "end_ns"):
             d[name] = int(d[name] or 0)
         out.append(PathStats.from_row(d))
     return out
@@ -252,7 +253,8 @@ def _problem_counts(df: Any) -> list[Any]:
 
 def compute(spark: Any, directory: str | os.PathLike[str], *, eval_ns: int = EVAL_WINDOW_NS,
             weights: dict[str, float] | None = None, margin: float = HYSTERESIS_MARGIN,
-            k: int = HYSTERESIS_WINDOWS, clock: str = "shared") -> dict[str, Any]:
+            k: int = HYSTERESIS_WINDOWS, clock: str = "shared",
+            lateness_ns: int = LATENESS_NS) -> dict[str, Any]:
     """The route table of everything under ``directory`` (see the module docstring)."""
     weights = weights or parse_weights([])
     data_files(directory)  # a missing directory is a user error, before Spark runs
@@ -261,16 +263,25 @@ def compute(spark: Any, directory: str | os.PathLike[str], *, eval_ns: int = EVA
     problems = _file_problems(directory, seen) + problems
     stats = _stats_of(aggregate_df(df.filter(df.reason.isNull()), eval_ns).collect())
     return _table(stats, problems, eval_ns=eval_ns, weights=weights, margin=margin, k=k,
-                  clock=clock)
+                  clock=clock, lateness_ns=lateness_ns)
 
 
 def _table(stats: list[PathStats], problems: list[dict[str, Any]], *, eval_ns: int,
-           weights: dict[str, float], margin: float, k: int, clock: str) -> dict[str, Any]:
+           weights: dict[str, float], margin: float, k: int, clock: str,
+           lateness_ns: int) -> dict[str, Any]:
+    """The route table over the complete evaluation windows of ``stats`` (those the newest
+    telemetry passed by ``lateness_ns``)."""
     if not stats:
         detail = "; ".join(f"{p['what']}: {p['reason']}" for p in problems[:5])
         raise RoutesError("no usable telemetry windows"
                           + (f" ({len(problems)} excluded: {detail})" if problems else "")
                           + "; point --telemetry at the directory the appliances write to")
+    watermark = max(s.end_ns for s in stats) - lateness_ns
+    stats = [s for s in stats if s.eval_start_ns + eval_ns <= watermark]
+    if not stats:
+        raise RoutesError(f"no complete evaluation window yet: the telemetry must pass the end "
+                          f"of one --window ({eval_ns / 1e9:g} s) by --lateness "
+                          f"({lateness_ns / 1e9:g} s); wait, or give a shorter --window")
     selector, _, floors = select_routes(stats, weights, margin=margin, k=k, clock=clock)
     return route_table(selector, stats, weights, eval_ns=eval_ns, clock=clock, floors=floors,
                        excluded=problems, generated_at_ns=time.time_ns())
@@ -304,6 +315,7 @@ class FollowState:
     def __init__(self) -> None:
         self.sums: dict[tuple, dict[str, float]] = {}
         self.floor: dict[tuple, int] = {}
+        self.end: dict[tuple, int] = {}
         self.hist: dict[tuple, Counter[int]] = {}
         self.problems: dict[tuple[str, str], int] = {}
         self.seen_files: set[str] = set()
@@ -317,6 +329,7 @@ class FollowState:
                 acc[name] += r[name] or 0
             if r["floor_ns"] is not None:
                 self.floor[key] = min(self.floor.get(key, r["floor_ns"]), r["floor_ns"])
+            self.end[key] = max(self.end.get(key, 0), int(r["end_ns"] or 0))
         for r in hist:
             key = tuple(r[c] for c in KEYS)
             self.hist.setdefault(key, Counter())[int(r["bucket"])] += int(r["n"])
@@ -335,7 +348,8 @@ class FollowState:
                 jitter_ns=acc["jw"] / samples if samples else 0.0, frames=int(acc["frames"]),
                 bytes=int(acc["bytes"]), expected=int(acc["expected"]), lost=int(acc["lost"]),
                 naks=int(acc["naks"]), retransmissions=int(acc["retransmissions"]),
-                span_ns=int(acc["span_ns"]), floor_ns=self.floor.get(key)))
+                span_ns=int(acc["span_ns"]), floor_ns=self.floor.get(key),
+                end_ns=self.end.get(key, 0)))
         return out
 
 
@@ -352,7 +366,8 @@ def _partials(good: Any, eval_ns: int) -> tuple[Any, Any]:
         F.sum("naks").alias("naks"), F.sum("retransmissions").alias("retransmissions"),
         F.sum("window_ns").alias("span_ns"),
         F.sum(F.col("jitter_ns") * F.col("lat_count")).alias("jw"),
-        F.min(F.when(F.col("lat_count") > 0, F.col("lat_min_ns"))).alias("floor_ns"))
+        F.min(F.when(F.col("lat_count") > 0, F.col("lat_min_ns"))).alias("floor_ns"),
+        F.max(F.col("window_start_ns") + F.col("window_ns")).alias("end_ns"))
     z = rows.select(*KEYS, F.explode(F.arrays_zip("lat_buckets", "lat_counts")).alias("z"))
     hist = (z.select(*KEYS, F.col("z.lat_buckets").alias("bucket"),
                      F.col("z.lat_counts").alias("n"))
@@ -363,7 +378,8 @@ def _partials(good: Any, eval_ns: int) -> tuple[Any, Any]:
 def follow(spark: Any, directory: str | os.PathLike[str], out: str | os.PathLike[str], *,
            eval_ns: int = EVAL_WINDOW_NS, weights: dict[str, float] | None = None,
            margin: float = HYSTERESIS_MARGIN, k: int = HYSTERESIS_WINDOWS,
-           clock: str = "shared", trigger_s: float = FOLLOW_TRIGGER_S,
+           clock: str = "shared", lateness_ns: int = LATENESS_NS,
+           trigger_s: float = FOLLOW_TRIGGER_S,
            stop: threading.Event | None = None, duration_s: float | None = None,
            on_table: Callable[[dict[str, Any]], None] | None = None) -> int:
     """Structured Streaming over ``directory``; writes ``out`` whenever the route table
@@ -373,8 +389,11 @@ def follow(spark: Any, directory: str | os.PathLike[str], out: str | os.PathLike
     state = FollowState()
     last: list[Any] = [None]
     written = [0]
+    stopping = threading.Event()
 
     def on_batch(batch_df: Any, batch_id: int) -> None:
+        if stopping.is_set():
+            return
         df = checked_df(batch_df)
         counts = _problem_counts(df)
         problems, seen = _row_problems(counts)
@@ -389,11 +408,14 @@ def follow(spark: Any, directory: str | os.PathLike[str], out: str | os.PathLike
         scal, hist = _partials(df.filter(df.reason.isNull()), eval_ns)
         state.merge(scal.collect(), hist.collect())
         stats = state.stats()
-        if not stats:
+        if not stats or stopping.is_set():
             return
         excluded = [_problem(w, r, n) for (w, r), n in sorted(state.problems.items())]
-        doc = _table(stats, excluded, eval_ns=eval_ns, weights=weights, margin=margin, k=k,
-                     clock=clock)
+        try:
+            doc = _table(stats, excluded, eval_ns=eval_ns, weights=weights, margin=margin,
+                         k=k, clock=clock, lateness_ns=lateness_ns)
+        except RoutesError:  # no complete evaluation window yet
+            return
         key = json.dumps(doc["routes"], sort_keys=True)
         if key != last[0]:
             last[0] = key
@@ -420,6 +442,11 @@ def follow(spark: Any, directory: str | os.PathLike[str], out: str | os.PathLike
                 break
             query.awaitTermination(0.2)
     finally:
+        # let a running micro-batch finish: stopping inside one interrupts its Spark jobs
+        stopping.set()
+        settle = time.monotonic() + 60
+        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < settle:
+            time.sleep(0.05)
         query.stop()
         import shutil
 

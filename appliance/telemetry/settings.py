@@ -12,6 +12,7 @@ retention_hours = 24
 
 [routes]
 switch_grace_ms = 500             # every appliance: old-path frames still accepted after a switch
+switch_hold_ms = 100              # every appliance: a source keeps its old first hop this long
 table = "/shared/routes.json"     # P&M (embedded) only: the route job's table, applied on change
 poll_ms = 1000                    # P&M only: how often the table's file is looked at
 duplicate = ["md/fast/#"]         # P&M only: topics sent on best and backup path at once
@@ -31,6 +32,10 @@ PROBE_INTERVAL_MS = 10
 SWITCH_GRACE_MS = 500
 """After a path switch, frames of a pair still arriving over its old path are forwarded
 along it this long (``routes.switch_grace_ms``): the old path drains instead of dropping."""
+SWITCH_HOLD_MS = 100
+"""When P&M's document changes a pair's path, its source keeps sending on the old path this
+long (``routes.switch_hold_ms``), so the appliances of the new path have it installed before
+the first frame arrives (make before break); the old path drains after (grace)."""
 ROUTES_POLL_MS = 1_000
 """How often P&M looks at the route table's file (``routes.poll_ms``)."""
 
@@ -46,6 +51,7 @@ class TelemetrySettings:
 @dataclass(frozen=True)
 class RouteSettings:
     switch_grace_ns: int = SWITCH_GRACE_MS * 1_000_000
+    switch_hold_ns: int = SWITCH_HOLD_MS * 1_000_000
     table: Path | None = None
     poll_ns: int = ROUTES_POLL_MS * 1_000_000
     duplicate: tuple[str, ...] = ()
@@ -103,13 +109,17 @@ def parse_routes(table: Any, base: Path, pm_mode: str) -> RouteSettings:
     if not isinstance(table, dict):
         raise _error("routes", "must be a table ([routes])")
     p = "routes."
-    _known(table, {"switch_grace_ms", "table", "poll_ms", "duplicate"}, p)
+    _known(table, {"switch_grace_ms", "switch_hold_ms", "table", "poll_ms", "duplicate"}, p)
     if pm_mode != "embedded":
         for key in ("table", "poll_ms", "duplicate"):
             if key in table:
                 raise _error(p + key, "only for pm.mode = \"embedded\" (P&M applies route "
                              "tables and floods them)")
     grace = _int(table, "switch_grace_ms", p, SWITCH_GRACE_MS, 0, 60_000)
+    hold = _int(table, "switch_hold_ms", p, SWITCH_HOLD_MS, 0, 10_000)
+    if hold >= grace > 0:
+        raise _error(p + "switch_hold_ms", f"must be below routes.switch_grace_ms ({grace}): "
+                     "the old path must drain after the source leaves it")
     path = None
     if "table" in table:
         if not isinstance(table["table"], str) or not table["table"]:
@@ -128,4 +138,5 @@ def parse_routes(table: Any, base: Path, pm_mode: str) -> RouteSettings:
         except TopicError as exc:
             raise _error(p + "duplicate",
                          f"{pattern!r}: {str(exc).removeprefix('topics: ')}") from None
-    return RouteSettings(grace * 1_000_000, path, poll * 1_000_000, tuple(duplicate))
+    return RouteSettings(grace * 1_000_000, hold * 1_000_000, path, poll * 1_000_000,
+                         tuple(duplicate))
