@@ -57,6 +57,9 @@ QOS_NAMES = {0: "best-effort", 1: "last-value", 2: "guaranteed"}
 QOS_GUARANTEED = 2
 REGISTRY_FRAME_BYTES = 60_000
 """Registry entries per REGISTRY_UPDATE frame are packed up to about this many bytes."""
+ADMIN_FRAME_OVERHEAD_BYTES = 256
+"""Room left in a frame for the header, body header and auth trailer when entries are
+packed up to a frame size."""
 INBOX_PER_CYCLE = 512
 """Admin frames the control agent handles per duty cycle."""
 
@@ -140,11 +143,15 @@ class ControlAgent:
         self._free_ports = [p for p in range(1, MAX_EGRESS_PORT + 1) if p != CPU_PORT]
         self._free_ports.reverse()
         self._quarantine: list[int] = []
+        self._retired: dict[int, tuple[str, int]] = {}
+        """Quarantined ports -> what they led to: the forwarding tables keep them until the
+        snapshot that no longer uses them is published (its predecessor may still run)."""
         self._topology_dirty = True
         self._interest_dirty = True
         self._tables_dirty = True
         self._lsa_due = True
         self._heartbeat_at = 0
+        self._timers_ran_ns = time.monotonic_ns()
         self._refresh_at = 0
         self._status_at = 0
         self._log_at: dict[tuple[str, int], int] = {}
@@ -191,6 +198,7 @@ class ControlAgent:
             for port in self._quarantine:
                 self._free_ports.append(port)
             self._quarantine.clear()
+            self._retired.clear()
         if now_ns >= self._status_at:
             self._build_status(now_ns)
         return work
@@ -410,12 +418,14 @@ class ControlAgent:
         return new
 
     def _registry_frames(self, records: list) -> list[list[al.RegistryEntry]]:
+        """Entries in chunks that fit one frame towards a neighbour (fabric.max_frame_bytes)."""
+        budget = self.cfg.fabric_max_frame_bytes - ADMIN_FRAME_OVERHEAD_BYTES
         chunks: list[list[al.RegistryEntry]] = [[]]
         size = 0
         for r in records:
             entry = al.RegistryEntry(r.topic_key, r.namespace_id, r.topic)
             cost = 16 + len(r.topic.encode()) + 8
-            if chunks[-1] and size + cost > REGISTRY_FRAME_BYTES:
+            if chunks[-1] and size + cost > budget:
                 chunks.append([])
                 size = 0
             chunks[-1].append(entry)
@@ -477,6 +487,16 @@ class ControlAgent:
         if now_ns >= self._heartbeat_at:
             self._heartbeat_at = now_ns + cfg.heartbeat_interval_ms * 1_000_000
             dead_ns = cfg.neighbour_dead_ms * 1_000_000
+            # After a stall of this process (its control or data-path thread did not run for
+            # half the dead interval: a busy host), heartbeats may sit unread in the socket:
+            # judge neighbours once both threads have run again, not now.
+            stalled = (now_ns - self._timers_ran_ns > dead_ns // 2
+                       or now_ns - self.dp.cycle_ns > dead_ns // 2)
+            self._timers_ran_ns = now_ns
+            if stalled:
+                self.counters["stalls"] += 1
+                for nb in self.neighbours.values():
+                    nb.last_heard_ns = max(nb.last_heard_ns, now_ns - dead_ns // 2)
             for nb in self.neighbours.values():
                 if nb.up and now_ns - nb.last_heard_ns > dead_ns:
                     nb.up = False
@@ -544,6 +564,7 @@ class ControlAgent:
     def _install_tables(self) -> None:
         next_hop, transit, peer_node = getattr(self, "_fwd", ({}, {}, {}))
         ports: dict[int, tuple[str, int]] = {}
+        ports.update(self._retired)
         for sid, s in self.sessions.items():
             ports[s.port] = ("client", sid)
             if s.gport is not None:
@@ -580,6 +601,7 @@ class ControlAgent:
             if wanted.get(key) != patterns:
                 self.compiler.remove_egress(f"{key[0]}:{key[1]}")
                 self._quarantine.append(port)
+                self._retired[port] = ("node" if key[0] == "n" else "gnode", key[1])
                 del self.dest_egress[key]
         for key, patterns in wanted.items():
             if key in self.dest_egress:
@@ -720,9 +742,11 @@ class ControlAgent:
                 del self.session_of_peer[key]
         self.compiler.remove_egress(f"c:{session.session_id}")
         self._quarantine.append(session.port)
+        self._retired[session.port] = ("client", session.session_id)
         if session.gport is not None:
             self.compiler.remove_egress(f"g:{session.session_id}")
             self._quarantine.append(session.gport)
+            self._retired[session.gport] = ("gclient", session.session_id)
         sid = session.session_id
         self.dp.commands.offer(lambda: self.dp.remove_session(sid))
         self._interest_dirty = True

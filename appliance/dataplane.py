@@ -46,6 +46,7 @@ admin frames) stays unicast to their ``fabric.listen`` addresses.
 from __future__ import annotations
 
 import struct
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,8 +160,11 @@ class _OutQueue:
     """
 
     def __init__(self, send: Callable[[FrameBatch], None], max_frame_bytes: int,
-                 capacity: int = DATAPATH_RECEIVE_FRAMES) -> None:
-        self.batch = FrameBatch(capacity, fl.align8(max(max_frame_bytes, 512)))
+                 capacity: int = DATAPATH_RECEIVE_FRAMES, slot_bytes: int = 0) -> None:
+        """``max_frame_bytes``: frames built here (``add_message``); ``slot_bytes``: the
+        largest whole frame ``add_frame`` takes (admin frames may exceed the data MTU)."""
+        self.batch = FrameBatch(capacity, fl.align8(max(max_frame_bytes, slot_bytes, 512)))
+        self.too_large = 0
         self._view = memoryview(self.batch.buf)
         self.max_frame_bytes = max_frame_bytes
         self._send = send
@@ -185,6 +189,7 @@ class _OutQueue:
 
     def add_frame(self, dest: int, frame: bytes | bytearray | memoryview | np.ndarray) -> None:
         if len(frame) > self.batch.slot_bytes:
+            self.too_large += 1
             return
         slot = self._new_slot(dest)
         start = int(self.batch.offsets[slot])
@@ -237,18 +242,22 @@ class DataPlaneAgent:
         self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels
                     if not name.startswith(GROUP_TX)}
         self._out = {
-            FABRIC: _OutQueue(self._send_udp(FABRIC), fabric_max_frame_bytes),
+            FABRIC: _OutQueue(self._send_udp(FABRIC), fabric_max_frame_bytes,
+                              slot_bytes=CLIENT_MAX_FRAME_BYTES),
             CLIENT_UDP: _OutQueue(self._send_udp(CLIENT_UDP), CLIENT_MAX_FRAME_BYTES),
             CLIENT_SHM: _OutQueue(self._send_shm, CLIENT_MAX_FRAME_BYTES),
         }
         self._own_group_senders: dict[str, tuple[int, int]] = {}
         for name, channel in channels.items():
             if name.startswith(GROUP_TX):
-                self._out[name] = _OutQueue(self._send_group(name), fabric_max_frame_bytes)
+                self._out[name] = _OutQueue(self._send_group(name), fabric_max_frame_bytes,
+                                            slot_bytes=CLIENT_MAX_FRAME_BYTES)
                 host, port = channel.local_address
                 rx = GROUP_RX + name[len(GROUP_TX):]
                 self._own_group_senders[rx] = (peer_id_of(host, 0) >> 16, port)
         self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
+        self.cycle_ns = time.monotonic_ns()
+        """When the current (or last) duty cycle started (the control agent's stall check)."""
         self._parked: deque[tuple[tuple, bytes]] = deque()
         self._parked_version = -1
         self._scratch = FrameBatch(DATAPATH_RECEIVE_FRAMES, CLIENT_MAX_FRAME_BYTES)
@@ -309,6 +318,7 @@ class DataPlaneAgent:
 
     # --- the duty cycle -----------------------------------------------------------------------
     def do_work(self, now_ns: int) -> int:
+        self.cycle_ns = now_ns
         work = self.commands.drain(1_024)
         work += self._send_outbox()
         snap_version = self.nic.switch.current.version
@@ -747,7 +757,8 @@ class DataPlaneAgent:
             "channels": channels,
             "counters": {**self.counters, **self.guaranteed.snapshot(),
                          "duplicates_dropped": self.dedup.dropped,
-                         **(self.telemetry.counters() if self.telemetry is not None else {})},
+                         **(self.telemetry.counters() if self.telemetry is not None else {}),
+                         "frames_too_large": sum(q.too_large for q in self._out.values())},
             "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),
                         "snapshot_version": nic.snapshot.version,
                         "parked": len(self._parked)},

@@ -48,7 +48,7 @@ from appliance.config import (
     REQUEST_TIMEOUT_S,
 )
 from appliance.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
-from datapath.agent import AgentRunner, BackoffIdle
+from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import UserError
 from datapath.protocol import admin_layout as al
@@ -84,6 +84,9 @@ CLOSE_ACK_TIMEOUT_S = 2.0
 """How long ``close`` waits for the appliance to acknowledge the guaranteed messages sent."""
 ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
+IDLE_STRATEGIES = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle}
+"""How a client's thread waits when idle (``connect(..., idle=)``): spin, spin then yield then
+park up to 1 ms (the default), or sleep 1 ms (least CPU, up to 1 ms more latency)."""
 RESOLVE_RETRY_NS = 200_000_000
 """An unanswered key resolution is asked again after this long."""
 
@@ -247,7 +250,10 @@ class Client:
     """A logged-in session with one appliance; see the module docstring."""
 
     def __init__(self, channel: Any, identity: str, *, ring: str | None = None,
-                 owned: Any = None, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+                 owned: Any = None, timeout_s: float = REQUEST_TIMEOUT_S,
+                 idle: str = "backoff") -> None:
+        if idle not in IDLE_STRATEGIES:
+            raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
         self.channel = channel
         self.identity = identity
         self.timeout_s = timeout_s
@@ -286,7 +292,7 @@ class Client:
         self.losses = 0
         """Loss events this client got on its guaranteed streams."""
         self.lost_messages = 0
-        self._runner = AgentRunner([_ClientAgent(self)], BackoffIdle(),
+        self._runner = AgentRunner([_ClientAgent(self)], IDLE_STRATEGIES[idle](),
                                    name=f"client-{identity}")
         self._runner.start()
         try:
@@ -803,7 +809,8 @@ class _ClientAgent:
         client = self.client
         if client.channel.closed:
             return 0
-        n = client.channel.receive(self.batch, 0)
+        with client._lock:  # a channel is used by one thread at a time (docs/channels.md)
+            n = client.channel.receive(self.batch, 0)
         if n:
             self._on_batch(n, time.time_ns(), now_ns)
         work = n + client._housekeeping(now_ns)
@@ -890,7 +897,7 @@ class _ClientAgent:
 
 
 def connect(url: str, identity: str = "anonymous", *,
-            timeout_s: float = REQUEST_TIMEOUT_S) -> Client:
+            timeout_s: float = REQUEST_TIMEOUT_S, idle: str = "backoff") -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT`` or ``embedded:``."""
     from channels.shm import ShmChannel
     from channels.udp import UdpChannel
@@ -904,7 +911,7 @@ def connect(url: str, identity: str = "anonymous", *,
             raise ClientError(str(exc).removeprefix("config: ")) from None
         bind = "127.0.0.1" if host.startswith("127.") else "0.0.0.0"
         channel = UdpChannel((bind, 0), dest=(host, port), name=f"client:{host}:{port}")
-        return Client(channel, identity, timeout_s=timeout_s)
+        return Client(channel, identity, timeout_s=timeout_s, idle=idle)
     if url.startswith("shm://"):
         bus = url[len("shm://"):]
         ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -914,7 +921,7 @@ def connect(url: str, identity: str = "anonymous", *,
         except BaseException:
             channel.close()
             raise
-        return Client(channel, identity, ring=ring, timeout_s=timeout_s)
+        return Client(channel, identity, ring=ring, timeout_s=timeout_s, idle=idle)
     if url.startswith("embedded:"):
         from appliance.config import parse_config
         from appliance.node import Appliance
@@ -927,7 +934,7 @@ def connect(url: str, identity: str = "anonymous", *,
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                client = connect(f"shm://{name}", identity, timeout_s=timeout_s)
+                client = connect(f"shm://{name}", identity, timeout_s=timeout_s, idle=idle)
                 client._owned = appliance
                 return client
             except ClientError:
