@@ -1,60 +1,60 @@
-"""``topicwire demo``: the end-to-end demo on this host (see appliance/demo.py)."""
+"""``topicwire demo``: an embedded fabric on this host, live (see appliance/demo.py)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import json
 
-from datapath.config import NATIVE_UDP_PORT
+DEMO_LOG_WIDTH = 160
+"""Columns of the tables when the output is not a terminal."""
 
-DEMO_MESSAGES = 20_000
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``demo``."""
+    from appliance.demo import DEMO_RATE_PER_PUBLISHER, DEMO_SECONDS
+
     parser = subparsers.add_parser(
-        "demo", help="publish, capture, route and dissect native frames on this host")
-    parser.add_argument("--messages", type=int, default=DEMO_MESSAGES,
-                        help=f"messages to publish (default {DEMO_MESSAGES})")
-    parser.add_argument("--port", type=int, default=NATIVE_UDP_PORT,
-                        help=f"UDP port on 127.0.0.1 (default {NATIVE_UDP_PORT})")
-    parser.add_argument("--out", type=Path, default=Path("out/demo"),
-                        help="where the capture and registry are written (default out/demo)")
-    parser.add_argument("--no-capture", action="store_true", help="skip the tcpdump capture")
+        "demo", help="run P&M, two cores and an edge on this host with publishers and "
+        "subscribers; live per-path rates and latency; a summary")
+    parser.add_argument("--seconds", type=_positive, default=DEMO_SECONDS,
+                        help=f"how long to publish (default {DEMO_SECONDS})")
+    parser.add_argument("--rate", type=_positive, default=DEMO_RATE_PER_PUBLISHER,
+                        help="messages per second per publisher (default "
+                        f"{DEMO_RATE_PER_PUBLISHER})")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary directory (configs and process logs)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON object as the last line")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from appliance.demo import run_demo
-    from datapath.errors import UserError
 
-    if args.messages < 1:
-        raise UserError("--messages must be at least 1", component="demo")
     console = Console()
-    with console.status("publishing, capturing and routing on 127.0.0.1 ..."):
-        result = run_demo(args.messages, args.port, args.out, capture=not args.no_capture)
-    table = Table(title="subscribers (seed 000 lists: newest entry decides)")
-    for column in ("subscriber", "subscription list", "delivered", "expected (naive replay)"):
-        table.add_column(column)
-    for name, entries in result.lists.items():
-        table.add_row(name, " ".join(entries) or "(empty)", str(result.delivered[name]),
-                      str(result.expected[name]))
-    console.print(table)
-    rate = result.sent / result.elapsed_s if result.elapsed_s else 0.0
-    console.print(f"sent {result.sent} messages in {result.frames_sent} frames, received "
-                  f"{result.received}, malformed {result.malformed}, {rate:,.0f} msg/s "
-                  "(one process, loopback UDP)")
-    if result.captured_messages is not None:
-        console.print(f"capture {args.out / 'demo.pcap'}: {result.captured_messages} messages "
-                      f"dissected ({result.capture_note}); first lines of "
-                      f"`topicwire pcap {args.out / 'demo.pcap'} --port {args.port} "
-                      f"--registry {args.out / 'registry.json'}`:")
-        for line in result.pcap_lines:
-            console.print("  " + line, highlight=False, markup=False, soft_wrap=True)
-    elif result.capture_note:
-        console.print(result.capture_note)
-    console.print("demo: OK" if result.ok else "demo: FAILED (see the counts above)")
+    if not console.is_terminal:  # a log or a pipe: wide enough that table rows stay whole
+        console = Console(width=DEMO_LOG_WIDTH)
+    result = run_demo(args.seconds, args.rate, console, keep=args.keep)
+    summary = result.summary()
+    if result.interrupted:
+        console.print("demo: interrupted; every process it started has stopped")
+        return 130
+    console.print(
+        f"sent {summary['sent']:,} messages in {summary['seconds']:.1f} s; subscribers should "
+        f"get {summary['expected']:,}, got {summary['delivered']:,}; lost {summary['lost']:,}, "
+        f"duplicates {summary['duplicates']:,}, loss events {summary['loss_events']:,}; "
+        f"latency p50 {summary['latency_p50_us']:,.1f} µs, p99 "
+        f"{summary['latency_p99_us']:,.1f} µs (publish to callback, across processes)")
+    console.print("demo: OK" if result.ok else "demo: MISMATCH (see the tables above)")
+    if args.json:
+        print(json.dumps(summary), flush=True)
     return 0 if result.ok else 1
