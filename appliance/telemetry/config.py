@@ -77,3 +77,6 @@ MIN_LATENCY_SAMPLES = 1
 it (no samples: no telemetry, so no route over it)."""
 FOLLOW_TRIGGER_S = 1.0
 """Micro-batch interval of ``routes compute --follow``."""
+FOLLOW_MAX_WINDOWS = 1_440
+"""Evaluation windows ``--follow`` keeps (a day of 60 s windows); older ones are forgotten and
+the selector's replay starts from the oldest kept."""

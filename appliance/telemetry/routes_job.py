@@ -51,6 +51,7 @@ from typing import Any
 
 from appliance.telemetry.config import (
     EVAL_WINDOW_NS,
+    FOLLOW_MAX_WINDOWS,
     FOLLOW_TRIGGER_S,
     HYSTERESIS_MARGIN,
     HYSTERESIS_WINDOWS,
@@ -333,6 +334,12 @@ class FollowState:
         for r in hist:
             key = tuple(r[c] for c in KEYS)
             self.hist.setdefault(key, Counter())[int(r["bucket"])] += int(r["n"])
+        evals = sorted({key[3] for key in self.sums})
+        if len(evals) > FOLLOW_MAX_WINDOWS:
+            oldest = evals[-FOLLOW_MAX_WINDOWS]
+            for table in (self.sums, self.floor, self.end, self.hist):
+                for key in [k for k in table if k[3] < oldest]:
+                    del table[key]
 
     def stats(self) -> list[PathStats]:
         out = []
