@@ -6,14 +6,20 @@
 PYTHON      ?= python3
 VENV        := .venv
 PY          := $(VENV)/bin/python
-APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf
+APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf \
+                qemu-system-x86 kmod busybox-static rdma-core ibverbs-providers ibverbs-utils \
+                libibverbs-dev python3-pyverbs perftest
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
+# Debian's python3-pyverbs (built for rdma-core's libibverbs; PyPI's does not load against it),
+# and only it, made importable in the venv: a .pth naming a folder with a link to the package.
+PYVERBS_DIR := /usr/lib/python3/dist-packages/pyverbs
+PYVERBS_STAMP := $(VENV)/.pyverbs-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint unit clean
+.PHONY: setup demo test lint unit hwtest bench-rdma clean
 
-setup: $(PIP_STAMP)
+setup: $(PIP_STAMP) $(PYVERBS_STAMP)
 
 $(APT_STAMP): Makefile
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -33,6 +39,13 @@ $(PIP_STAMP): pyproject.toml $(APT_STAMP) | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $@
 
+$(PYVERBS_STAMP): $(APT_STAMP) | $(PY)
+	@test -d $(PYVERBS_DIR) || { echo "make: $(PYVERBS_DIR) is missing (python3-pyverbs)"; exit 1; }
+	@mkdir -p $(VENV)/debian-pyverbs && ln -sfn $(PYVERBS_DIR) $(VENV)/debian-pyverbs/pyverbs
+	@$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_path("purelib"), "debian-pyverbs.pth").write_text(str(pathlib.Path(sys.argv[1]).resolve()) + "\n")' $(VENV)/debian-pyverbs
+	$(PY) -c 'import pyverbs.device; print("make: pyverbs importable from the venv")'
+	@touch $@
+
 demo: setup
 	$(VENV)/bin/topicwire demo
 
@@ -42,7 +55,16 @@ lint: setup
 unit: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test: lint unit
+# RDMA hardware tests: here if this machine has an RDMA device, else in a soft-RoCE QEMU guest
+# (hwtests/guest/launch.py; downloads a Debian kernel and virtme-ng the first time).
+hwtest: setup
+	$(PY) -m hwtests.guest.launch test
+
+# RDMA channel benchmark beside perftest's ib_send_lat/ib_send_bw, in the same guest session.
+bench-rdma: setup
+	$(PY) -m hwtests.guest.launch bench
+
+test: lint unit hwtest
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
