@@ -196,3 +196,33 @@ def test_refusals_say_what_to_do():
     compiler.add_egress("e", 1, acl_class=7)
     with pytest.raises(CompileError, match="define_acl_class"):
         compiler.build()
+
+
+def test_an_unsubscribe_touches_only_the_key_table_words_of_the_keys_its_pattern_matches():
+    registry = KeyRegistry()
+    for topic in TOPICS:
+        registry.key_for(topic)
+    compiler = OffloadCompiler(registry)
+    compiler.add_egress("e1", 1)
+    compiler.add_egress("e2", 2)
+    compiler.subscribe("e1", "#")
+    compiler.subscribe("e2", "a/#")
+    before = compiler.build()
+    compiler.unsubscribe("e1", "+/b/#")  # a partial unsubscribe: "#" stays
+    overlapping = set(TopicCatalog(TOPICS).matching("+/b/#"))
+    assert compiler.pending_rows == len(overlapping)
+    after = compiler.build()
+    old, new = before.tables.slots, after.tables.slots
+    changed = np.flatnonzero(old != new)
+    assert (changed % 2 == 1).all()  # values only: keys keep their slots
+    changed_keys = {registry.lookup(int(new[w - 1]))[1] for w in changed}
+    # every overlapping key changes here (e1 leaves it: group -> e2's port, or forward -> drop)
+    assert changed_keys == overlapping
+    decisions = table_decisions(compiler, registry)
+    for topic in TOPICS:
+        ports = (2,) if topic.startswith("a/") or topic == "a" else ()
+        if topic not in overlapping:
+            ports = tuple(sorted({1, *ports}))
+        action = (KeyAction.DROP if not ports else KeyAction.FORWARD if len(ports) == 1
+                  else KeyAction.FORWARD_GROUP)
+        assert decisions[(0, topic)][:2] == (action, ports), topic

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,9 @@ from nic_offload.compiler import OffloadCompiler
 from nic_offload.errors import ModelError
 from nic_offload.snapshot import Snapshot
 from nic_offload.softnic import SoftNic
-from tests.nic_offload.helpers import QUOTE, random_burst
+from nic_offload.softnic.layout import DescriptorKind
+from nic_offload.softnic.layout import MessageVerdict as V
+from tests.nic_offload.helpers import QUOTE, random_burst, random_entry_set
 
 
 def _compiled() -> model.EntrySet:
@@ -106,3 +110,100 @@ def test_a_mistyped_match_is_refused_naming_the_entry():
     acl["match"]["meta.field_0"] = 7
     with pytest.raises(ModelError, match=r"table_entries\[\d+\]: meta.field_0: expected \[a, b\]"):
         runtime_json.from_runtime_json(doc)
+
+
+# --- one file, every executor --------------------------------------------------------------
+GOLDEN_RUNTIME = Path(__file__).resolve().parents[1] / "p4" / "golden" / "runtime.json"
+DIGEST_OF = {V.UNKNOWN_KEY: model.DigestReason.UNKNOWN_KEY, V.PUNTED: model.DigestReason.PUNT,
+             V.LOGGED: model.DigestReason.ACL_LOG}
+
+
+def _reference(doc: dict, key: int, payload: bytes) -> tuple[int, tuple[int, ...]]:
+    """What a P4Runtime target programmed from ``doc`` does with one message, read straight
+    off the JSON (p4lang's layout, nothing of nic_offload): (verdict, egress ports)."""
+    entries = doc["table_entries"]
+    keyed = {e["match"][model.TOPIC_KEY_FIELD]: e for e in entries
+             if e["table"] == model.TOPIC_KEY_TABLE and not e.get("default_action")}
+    hit = keyed.get(key)
+    if hit is None:
+        return V.UNKNOWN_KEY, ()
+    action, params = hit["action_name"], hit["action_params"]
+    if action == model.ACTION_DROP:
+        return V.DROPPED, ()
+    if action == model.ACTION_PUNT:
+        return V.PUNTED, ()
+    if action == model.ACTION_FORWARD:
+        ports = (params["egress_port"],)
+    else:
+        (group,) = [g for g in doc["multicast_group_entries"]
+                    if g["multicast_group_id"] == params["group"]]
+        ports = tuple(sorted(r["egress_port"] for r in group["replicas"]))
+    acl_class = params["acl_class"]
+    if acl_class == 0:
+        return V.FORWARDED, ports
+    fields = doc["topicwire"]["pipeline"]["acl_fields"]
+    if len(payload) < max(f["offset"] + f["width"] for f in fields):
+        return V.ACL_SHORT_PAYLOAD, ()
+    state = 0
+    for stage, f in enumerate(fields):
+        value = int.from_bytes(payload[f["offset"]:f["offset"] + f["width"]], "big")
+        field = model.acl_field(stage)
+        hits = [e for e in entries if e["table"] == model.acl_table(stage)
+                and not e.get("default_action")
+                and e["match"][model.ACL_CLASS_FIELD] == acl_class
+                and e["match"][model.ACL_STATE_FIELD] == state
+                and e["match"][field][0] <= value <= e["match"][field][1]]
+        if not hits:
+            return V.ACL_REJECTED, ()  # the table's default action
+        best = max(hits, key=lambda e: e["priority"])
+        if best["action_name"] == model.ACTION_ACL_NEXT:
+            state = best["action_params"]["state"]
+            continue
+        return {model.ACTION_ACL_ACCEPT: (V.FORWARDED, ports),
+                model.ACTION_ACL_LOG: (V.LOGGED, ports),
+                model.ACTION_ACL_REJECT: (V.ACL_REJECTED, ())}[best["action_name"]]
+    return V.ACL_REJECTED, ()  # acl_next after the last stage
+
+
+def _check_nic_against_reference(doc: dict, burst: tuple[np.ndarray, np.ndarray, np.ndarray]
+                                 ) -> set[int]:
+    """Load ``doc`` into a software NIC, run ``burst``, and hold every message's verdict and
+    ports, the digest queue and the per-key packet counters to the reference; return the
+    verdicts seen."""
+    nic = SoftNic(Snapshot.build(runtime_json.from_runtime_json(doc)))
+    buf = burst[0]
+    result = nic.process(*burst)
+    snap = nic.snapshot
+    ports = {int(d["index"]): (int(d["target"]),) if d["kind"] == DescriptorKind.PORT
+             else snap.group_ports(int(d["target"])) for d in nic.descriptors[:result.descriptors]}
+    got = [(int(v), ports.get(i, ())) for i, v in enumerate(nic.verdicts[:result.messages])]
+    keys = [int(r["topic_key"]) for r in nic.batch[:result.messages]]
+    payloads = [bytes(buf[r["payload_offset"]:r["payload_offset"] + r["payload_len"]])
+                for r in nic.batch[:result.messages]]
+    want = [_reference(doc, key, payload) for key, payload in zip(keys, payloads)]
+    assert got == want
+    digests = [(int(d["index"]), int(d["reason"])) for d in nic.drain_digests()]
+    assert digests == [(i, DIGEST_OF[v]) for i, (v, _) in enumerate(want) if v in DIGEST_OF]
+    hits = Counter(k for k, (v, _) in zip(keys, want) if v != V.UNKNOWN_KEY)
+    counted = nic.key_counters()
+    assert {int(k): int(p) for k, p in zip(counted.keys, counted.packets) if p} == hits
+    return {v for v, _ in got}
+
+
+def test_the_file_the_p4_program_is_loaded_with_drives_the_software_nic_the_same_way():
+    doc = json.loads(GOLDEN_RUNTIME.read_text())
+    keys = [e["match"][model.TOPIC_KEY_FIELD] for e in doc["table_entries"]
+            if e["table"] == model.TOPIC_KEY_TABLE and not e.get("default_action")]
+    burst = random_burst(random.Random(11), keys, 200, malformed=0, admin=0)
+    assert _check_nic_against_reference(doc, burst) == {
+        V.FORWARDED, V.LOGGED, V.DROPPED, V.PUNTED, V.UNKNOWN_KEY, V.ACL_REJECTED,
+        V.ACL_SHORT_PAYLOAD}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_entry_files_drive_the_software_nic_as_their_entries_say(seed):
+    rng = random.Random(seed)
+    entries, _ = random_entry_set(rng, 40)
+    doc = json.loads(json.dumps(runtime_json.to_runtime_json(entries)))
+    burst = random_burst(rng, entries.key_rows.keys.tolist(), 120, malformed=0, admin=0)
+    assert len(_check_nic_against_reference(doc, burst)) >= 5

@@ -34,12 +34,41 @@ def _entries(version: int) -> EntrySet:
                     (), version)
 
 
-def _expected(version: int, prices: list[int]) -> list[int | None]:
-    """Per message: the port it goes to under ``version``, None when the ACL rejects it."""
+def _expected(version: int, prices: list[int]) -> np.ndarray:
+    """Per message: the port it goes to under ``version``, -1 when the ACL rejects it."""
     content = version % CONTENTS
     acl = AclClass.parse(1, QUOTE, [f"(price < {100 * content}, ACCEPT, REJECT)"])
-    return [(i + 37 * content) % 500 if acl.evaluate(QUOTE.encode({"price": p}))
-            is Verdict.ACCEPT else None for i, p in enumerate(prices)]
+    return np.array([(i + 37 * content) % 500 if acl.evaluate(QUOTE.encode({"price": p}))
+                     is Verdict.ACCEPT else -1 for i, p in enumerate(prices)], np.int64)
+
+
+class _Traffic:
+    """Every key once per pass (50 messages a frame, ``passes`` passes) and, for each
+    version, where each message must go."""
+
+    def __init__(self, versions: int, passes: int = 1) -> None:
+        prices = [(i * 53) % 450 for i in range(len(KEYS))]
+        frames = [codec.encode_data_frame(
+            [{"topic_key": k, "payload": QUOTE.encode({"price": p})}
+             for k, p in zip(KEYS[i:i + 50], prices[i:i + 50])])
+            for i in range(0, len(KEYS), 50)] * passes
+        self.lengths = np.array([len(f) for f in frames], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.buf = np.frombuffer(b"".join(frames), np.uint8).copy()
+        self.expected = {v: np.tile(_expected(v, prices), passes)
+                         for v in range(1, versions + 1)}
+
+    def run_and_check(self, nic: SoftNic) -> int:
+        """One burst; fail unless every message went where the burst's version says."""
+        result = nic.process(self.buf, self.offsets, self.lengths)
+        got = np.full(result.messages, -1, np.int64)
+        forwarded = nic.descriptors[:result.descriptors]
+        got[forwarded["index"]] = forwarded["target"]
+        mixed = np.flatnonzero(got != self.expected[result.version])
+        assert not len(mixed), (f"a burst of version {result.version} sent messages "
+                                f"{mixed[:5].tolist()} elsewhere: versions mixed")
+        assert (nic.verdicts[:result.messages] != MessageVerdict.NOT_PROCESSED).all()
+        return result.version
 
 
 def test_no_burst_ever_sees_a_half_updated_table():
@@ -50,15 +79,7 @@ def test_no_burst_ever_sees_a_half_updated_table():
         snapshots.append(snapshots[-1].evolve(_entries(v), np.arange(len(KEYS)), True))
     switch = SnapshotSwitch(first)
     nic = SoftNic(switch)
-    prices = [(i * 53) % 450 for i in range(len(KEYS))]
-    frames = [codec.encode_data_frame([{"topic_key": k, "payload": QUOTE.encode({"price": p})}
-                                       for k, p in zip(KEYS[i:i + 50], prices[i:i + 50])])
-              for i in range(0, len(KEYS), 50)]
-    lengths = np.array([len(f) for f in frames], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    buf = np.frombuffer(b"".join(frames), np.uint8).copy()
-    expected = {v: _expected(v, prices) for v in range(1, versions + 1)}
-
+    traffic = _Traffic(versions)
     done = threading.Event()
 
     def swapper() -> None:
@@ -71,13 +92,7 @@ def test_no_burst_ever_sees_a_half_updated_table():
     thread = threading.Thread(target=swapper)
     thread.start()
     while not done.is_set():
-        result = nic.process(buf, offsets, lengths)
-        seen.add(result.version)
-        got: list[int | None] = [None] * result.messages
-        for d in nic.descriptors[:result.descriptors]:
-            got[d["index"]] = int(d["target"])
-        assert got == expected[result.version], f"burst of version {result.version} mixed"
-        assert (nic.verdicts[:result.messages] != MessageVerdict.NOT_PROCESSED).all()
+        seen.add(traffic.run_and_check(nic))
     thread.join()
     assert len(seen) > versions // 4  # bursts really ran across many swaps
 
@@ -102,3 +117,41 @@ def test_evolving_needs_a_newer_version():
     snap = Snapshot.build(_entries(2))
     with pytest.raises(OffloadUserError, match="increase"):
         snap.evolve(_entries(2), np.arange(3), False)
+
+
+def test_compiling_and_swapping_while_a_data_path_thread_runs_never_mixes_versions():
+    """The data path runs in its own thread (the kernel releases the GIL); the control
+    thread compiles each next version from the current one (copying and patching its
+    arrays) and publishes it while bursts are in flight. Every burst must be exactly one
+    version, and publishes must have landed while bursts ran (else nothing raced)."""
+    versions = 60
+    switch = SnapshotSwitch(Snapshot.build(_entries(1)))
+    nic = SoftNic(switch)
+    traffic = _Traffic(versions, passes=10)
+    stop = threading.Event()
+    outcome: dict = {"raced": 0, "seen": set(), "error": None}
+
+    def data_path() -> None:
+        try:
+            while not stop.is_set():
+                swaps = switch.swaps
+                outcome["seen"].add(traffic.run_and_check(nic))
+                outcome["raced"] += switch.swaps != swaps
+        except BaseException as exc:  # handed to the test thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=data_path)
+    thread.start()
+    try:
+        current = switch.current
+        for v in range(2, versions + 1):  # compiled here, while bursts run
+            current = current.evolve(_entries(v), np.arange(len(KEYS)), True)
+            switch.publish(current)
+            time.sleep(SWAP_PAUSE_S)
+    finally:
+        stop.set()
+        thread.join()
+    if outcome["error"] is not None:
+        raise outcome["error"]
+    assert outcome["raced"] > 0, "no publish landed while a burst ran"
+    assert len(outcome["seen"]) > versions // 4
