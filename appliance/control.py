@@ -156,6 +156,8 @@ class ControlAgent:
         self._status_at = 0
         self._log_at: dict[tuple[str, int], int] = {}
         self._pending_snapshot = None
+        self._replies_when_live: list[tuple[Session, al.ControlKind, dict]] = []
+        """Replies held until the tables they depend on are live in the data path."""
         self._synced_registry = registry.version
         self.requests: list[tuple[str, dict, threading.Event, dict]] = []
         self._requests_lock = threading.Lock()
@@ -199,6 +201,10 @@ class ControlAgent:
                 self._free_ports.append(port)
             self._quarantine.clear()
             self._retired.clear()
+        if self._replies_when_live and not self._tables_dirty and self._pending_snapshot is None:
+            for session, kind, doc in self._replies_when_live:
+                self._reply(session, kind, doc)
+            self._replies_when_live.clear()
         if now_ns >= self._status_at:
             self._build_status(now_ns)
         return work
@@ -795,14 +801,18 @@ class ControlAgent:
                 session.gpatterns = self._positive(f"g:{sid}")
             self._interest_dirty = True
             self._tables_dirty = True
-        self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+            # answered once the tables with it are live: a message published after the
+            # client heard "accepted" reaches it
+            self._replies_when_live.append((session, al.ControlKind.REQUEST_RESULT, result))
+        else:
+            self._reply(session, al.ControlKind.REQUEST_RESULT, result)
 
     def _positive(self, egress: str) -> Counter:
         return Counter({(n, p): 1 for n, lst in self.compiler.egresses[egress].lists.items()
                         for p in lst.positive_patterns()})
 
     def _register(self, session: Session, entries: list) -> None:
-        granted = []
+        granted, results = [], []
         for entry in entries:
             result = {"request": "register", "topic": entry.topic,
                       "namespace": entry.namespace_id, "accepted": True}
@@ -821,10 +831,12 @@ class ControlAgent:
                     granted.append(key)
             except (RegistryError, TopicError) as exc:
                 result.update(accepted=False, reason=str(exc))
-            self._reply(session, al.ControlKind.REQUEST_RESULT, result)
-        if granted:
+            results.append(result)
+        if granted:  # before the replies: the data path allows the keys before a publish
             sid = session.session_id
             self.dp.commands.offer(lambda: self.dp.allow_keys(sid, granted))
+        for result in results:
+            self._reply(session, al.ControlKind.REQUEST_RESULT, result)
 
     def _resolve(self, session: Session, keys: list) -> None:
         records = []

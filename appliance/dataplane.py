@@ -319,8 +319,10 @@ class DataPlaneAgent:
     # --- the duty cycle -----------------------------------------------------------------------
     def do_work(self, now_ns: int) -> int:
         self.cycle_ns = now_ns
-        work = self.commands.drain(1_024)
-        work += self._send_outbox()
+        # admin frames out, then commands: a command the control plane offered before a
+        # reply is applied before this cycle receives whatever the reply prompts
+        work = self._send_outbox()
+        work += self.commands.drain(1_024)
         snap_version = self.nic.switch.current.version
         if self._parked and snap_version != self._parked_version:
             work += self._rerun_parked(now_ns)
@@ -477,8 +479,10 @@ class DataPlaneAgent:
 
     def _run_guaranteed(self, now_ns: int) -> None:
         """Messages the reliable receivers delivered (in order per stream) through the tables:
-        from the fabric as local delivery of the guaranteed class, from a client as ingress.
-        Loss notices from the fabric go on to this node's guaranteed clients."""
+        from the fabric as local delivery of the guaranteed class, from a client as ingress
+        (numbered again per (publisher, topic), as the client numbers its plain publishes:
+        its stream numbered them across topics). Loss notices from the fabric go on to this
+        node's guaranteed clients."""
         gp = self.guaranteed
         scratch = self._gscratch
         view = memoryview(scratch.buf)
@@ -553,6 +557,10 @@ class DataPlaneAgent:
                 open_key, pos, count = key, fl.FRAME_HEADER_BYTES, 0
             start = int(scratch.offsets[scratch.count - 1]) + pos
             scratch.buf[start : start + len(message)] = np.frombuffer(message, np.uint8)
+            if where != FABRIC:  # the publisher's per-topic numbering, as for a plain publish
+                tkey = (stream.source_session, topic_key)
+                seq = gp.topic_seq[tkey] = gp.topic_seq.get(tkey, 0) + 1
+                _KEY.pack_into(view, start + ml.SEQUENCE_OFFSET, seq)
             pos += len(message)
             count += 1
         close()

@@ -128,6 +128,9 @@ class GuaranteedPlane:
         self.held: dict[tuple[str, StreamKey], deque[tuple[bytes, int]]] = {}
         """Delivered messages waiting for their topic key to reach the tables, per stream
         (everything after one waits too: a stream's order is kept), with their deadlines."""
+        self.topic_seq: dict[tuple[int, int], int] = {}
+        """(publishing session, topic key) -> the last per-topic sequence given to its
+        guaranteed publishes (what plain subscribers see)."""
         self.held_version = -1
         self.held_retry_ns = 0
         self.receivers: dict[str, ReliableReceiver] = {}
@@ -368,6 +371,8 @@ class GuaranteedPlane:
         stream = StreamKey(session_id, session_id | RELIABLE_STREAM_BIT)
         for rx in self.receivers.values():
             rx.streams.pop(stream, None)
+        for key in [k for k in self.topic_seq if k[0] == session_id]:
+            del self.topic_seq[key]
 
     def _sweep(self, now_ns: int) -> None:
         """Drop senders whose publishing stream ended: its session logged out here, or the

@@ -117,13 +117,16 @@ class SubStats:
 
         self.received = 0
         self.duplicates = 0
+        self.lost = 0
+        """Messages named by loss events (guaranteed subscriptions)."""
         self._highest: dict[tuple[int, int, int], int] = {}
         self._missing: dict[tuple[int, int, int], set[int]] = {}
         self.latency = HdrHistogram(1, STATS_LATENCY_HIGHEST_NS, 3)
 
     def on_message(self, msg) -> None:  # noqa: ANN001 - appliance.client.Message
         self.received += 1
-        key = (msg.origin, msg.stream, msg.topic_key)
+        # a guaranteed stream numbers messages per (origin, publisher) across topics
+        key = (msg.origin, msg.stream, -1 if msg.guaranteed else msg.topic_key)
         seq = msg.sequence
         highest = self._highest.get(key)
         if highest is None or seq == highest + 1:
@@ -151,6 +154,7 @@ class SubStats:
         def at(p: float) -> float:
             return round(self.latency.get_value_at_percentile(p) / 1e3, 3) if count else 0.0
         return {"received": self.received, "gaps": self.gaps, "duplicates": self.duplicates,
+                "lost": self.lost,
                 "streams": len(self._highest), "latency_p50_us": at(50),
                 "latency_p99_us": at(99), "latency_max_us": round(
                     self.latency.get_max_value() / 1e3, 3) if count else 0.0}
@@ -180,7 +184,13 @@ def run_sub(args: argparse.Namespace) -> int:
     stats = SubStats()
     client = _connect(args)
     try:
-        sub = client.subscribe(args.pattern, args.selector, qos=args.qos,
+        def on_loss(loss) -> None:  # noqa: ANN001 - appliance.client.Loss
+            stats.lost += loss.messages
+            if not args.stats:
+                print(f"topicwire: lost {loss.messages} messages of origin {loss.origin} "
+                      f"stream {loss.stream} ({loss.reason})", file=sys.stderr, flush=True)
+
+        sub = client.subscribe(args.pattern, args.selector, qos=args.qos, on_loss=on_loss,
                                namespace=args.namespace)
         print(f"topicwire: subscribed to {args.pattern} at {client.node}", file=sys.stderr,
               flush=True)
