@@ -3,6 +3,9 @@ decides for the same workload."""
 
 import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +106,19 @@ def test_a_pipeline_that_disagrees_with_its_twin_fails_the_run(monkeypatch):
     monkeypatch.setattr(softnic, "run_twin", off_by_one)
     with pytest.raises(TopicwireError, match="bench: the numba pipeline and its Python twin"):
         softnic.run(tiny_args())
+
+
+def test_the_command_prints_the_report_of_the_same_run(report):
+    """``topicwire bench softnic ... --json`` as a user runs it: one JSON document on stdout,
+    progress on stderr, and the workload's counts equal to those of ``run()``."""
+    script = Path(sys.executable).with_name("topicwire")  # the console script of the venv
+    entry = [str(script)] if script.exists() else [
+        sys.executable, "-c", "import sys; from appliance.cli import main; sys.exit(main())"]
+    command = [*entry, "bench", "softnic", *TINY, "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed["bench"] == "softnic" and "softnic" in done.stderr
+    assert set(printed["results"]) == {"topicwire", "python_twin", "memory_floor"}
+    assert printed["params"]["verdicts"] == report["params"]["verdicts"]
+    assert printed["params"]["checked_frames"] == report["params"]["checked_frames"] > 0

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from nic_offload import model
 from nic_offload.acl import AclClass, Verdict, compile_class, parse_rule
 from nic_offload.errors import AclError
-from nic_offload.model import AclField, PipelineSpec, TableEntry
+from nic_offload.model import AclField, EntrySet, KeyRows, PipelineSpec, TableEntry
 from nic_offload.schema import Schema
+from nic_offload.snapshot import Snapshot
 from tests.nic_offload.helpers import QUOTE, random_acl_class, random_payload
 
 VERDICT_OF_ACTION = {model.ACTION_ACL_ACCEPT: Verdict.ACCEPT,
@@ -98,6 +100,45 @@ def test_compiled_ranges_are_disjoint_and_cover_every_field(seed):
         spans.sort()
         assert spans[0][0] == 0 and spans[-1][1] == 2**32 - 1
         assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:]))
+
+
+def first_hit(entries: list[TableEntry], spec: PipelineSpec, acl_class: int,
+              payload: bytes) -> Verdict:
+    """An executor that depends on entry order: per stage, the first entry in list order
+    whose range holds the field (a TCAM whose entries all have the same priority)."""
+    state = 0
+    for stage, field in enumerate(spec.acl_fields):
+        value = int.from_bytes(payload[field.offset:field.end], "big")
+        hit = next((e for e in entries if e.table == model.acl_table(stage)
+                    and e.match_dict[model.ACL_CLASS_FIELD].value == acl_class
+                    and e.match_dict[model.ACL_STATE_FIELD].value == state
+                    and e.match_dict[model.acl_field(stage)].low <= value
+                    <= e.match_dict[model.acl_field(stage)].high), None)
+        if hit is None:
+            return Verdict.REJECT
+        if hit.action != model.ACTION_ACL_NEXT:
+            return VERDICT_OF_ACTION[hit.action]
+        state = hit.params_dict[model.PARAM_STATE]
+    return Verdict.REJECT
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_decision_does_not_depend_on_entry_order(seed):
+    rng = random.Random(seed)
+    classes = [random_acl_class(rng, c, max_rules=6) for c in (1, 2)]
+    entries = [e for c in classes for e in compile_class(c, model.DEFAULT_SPEC)]
+    orders = [entries, entries[::-1], *(rng.sample(entries, len(entries)) for _ in range(3))]
+    tables = [Snapshot.build(EntrySet(model.DEFAULT_SPEC, KeyRows.empty(), tuple(order))).tables
+              for order in orders]
+    for t in tables[1:]:  # the software NIC compiles every order to the same arrays
+        for name in ("class_root", "groups", "bound_lo", "bound_result"):
+            assert np.array_equal(getattr(t, name), getattr(tables[0], name)), name
+    for _ in range(30):
+        payload = random_payload(rng)
+        for acl in classes:
+            want = acl.evaluate(payload)
+            assert [first_hit(order, model.DEFAULT_SPEC, acl.class_id, payload)
+                    for order in orders] == [want] * len(orders)
 
 
 def test_equal_residual_rule_lists_share_one_state():
