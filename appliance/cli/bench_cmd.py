@@ -16,6 +16,7 @@ BENCHMARKS = (
     "bench.selectors",
     "bench.fabric",
     "bench.routes",
+    "bench.softnic",
 )
 
 

@@ -60,7 +60,7 @@ def test_a_guaranteed_subscription_gets_a_reliable_stream_in_publish_order(appli
 def test_sub_stats_on_a_guaranteed_stream_count_no_gaps_across_topics(appliance):
     _, address = appliance
     proc = start([*CLI, "sub", "--appliance", address, "g/#", "--qos", "guaranteed",
-                  "--count", "300", "--stats"])
+                  "--count", "300", "--seconds", "45", "--stats"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stderr], [], [], 0.5)
