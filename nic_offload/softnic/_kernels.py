@@ -1,10 +1,10 @@
 """numba kernels of the software NIC: key table build/update, and the fused burst pipeline.
 
 Private: arrays and scalars only; the callers (``tables.py``, ``pipeline.py``) check types
-and sizes. Layouts are in ``layout.py``. The pure-Python twins live in
-tests/nic_offload/twins.py and randomized tests hold the two to identical tables, decisions
-and counters. Unsigned arithmetic stays in uint64 (numba turns uint64 mixed with int64 into
-float64, so every mix is cast explicitly).
+and sizes. Layouts are in ``layout.py``. The pure-Python twins live in ``twin.py`` (the
+benchmark runs them too) and randomized tests (tests/nic_offload/softnic) hold the two to
+identical tables, decisions and counters. Unsigned arithmetic stays in uint64 (numba turns
+uint64 mixed with int64 into float64, so every mix is cast explicitly).
 
 ``_run`` is the whole data path of the software NIC in one call: a ring of frames in bursts,
 each burst validated, parsed, looked up, counted, filtered and turned into descriptors
