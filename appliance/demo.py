@@ -405,15 +405,18 @@ def render(result: DemoResult, phase: str) -> Any:
     from rich.console import Group
     from rich.table import Table
 
+    done = phase == "done" and result.seconds > 0  # then the rate over the measured phase
     paths = Table(title=f"topicwire demo: {phase}", title_justify="left")
-    for column in ("subscriber", "qos", "path", "msg/s", "delivered", "p50 µs", "p99 µs"):
+    for column in ("subscriber", "qos", "path", "avg msg/s" if done else "msg/s", "delivered",
+                   "p50 µs", "p99 µs"):
         paths.add_column(column, no_wrap=column == "path",
                          justify="right" if column[0] in "mdp" and column != "path"
                          else "left")
     qos = {s.name: s.qos for s in SUBSCRIBERS}
     for (sub, origin), p in sorted(result.paths.items()):
         paths.add_row(sub, qos[sub], path_of(origin, _appliance_of(sub)),
-                      f"{p.window / p.window_s:,.0f}", f"{p.delivered:,}", f"{p.p50_us:,.0f}",
+                      f"{(p.delivered / result.seconds if done else p.window / p.window_s):,.0f}",
+                      f"{p.delivered:,}", f"{p.p50_us:,.0f}",
                       f"{p.p99_us:,.0f}")
     subs = Table(show_header=True)
     for column in ("subscriber", "at", "requests", "selector", "expected", "delivered", "lost"):
