@@ -120,13 +120,22 @@ def test_a_full_compile_agrees_with_the_incremental_one():
     assert table_decisions(compiler, registry) == table_decisions(fresh, registry)
 
 
-def test_a_subscribe_recompiles_only_the_keys_its_pattern_matches():
+def _every_topic_compiler(**subscriptions: tuple[int, str]
+                          ) -> tuple[KeyRegistry, OffloadCompiler]:
+    """Every topic of TOPICS registered; egress NAME on port P subscribed to PATTERN for
+    each ``NAME=(P, PATTERN)``."""
     registry = KeyRegistry()
     for topic in TOPICS:
         registry.key_for(topic)
     compiler = OffloadCompiler(registry)
-    compiler.add_egress("e1", 1)
-    compiler.subscribe("e1", "a/#")
+    for name, (port, pattern) in subscriptions.items():
+        compiler.add_egress(name, port)
+        compiler.subscribe(name, pattern)
+    return registry, compiler
+
+
+def test_a_subscribe_recompiles_only_the_keys_its_pattern_matches():
+    registry, compiler = _every_topic_compiler(e1=(1, "a/#"))
     before = compiler.build()
     compiler.subscribe("e1", "+/b/+")
     expected = TopicCatalog(TOPICS).matching("+/b/+")
@@ -199,14 +208,7 @@ def test_refusals_say_what_to_do():
 
 
 def test_an_unsubscribe_touches_only_the_key_table_words_of_the_keys_its_pattern_matches():
-    registry = KeyRegistry()
-    for topic in TOPICS:
-        registry.key_for(topic)
-    compiler = OffloadCompiler(registry)
-    compiler.add_egress("e1", 1)
-    compiler.add_egress("e2", 2)
-    compiler.subscribe("e1", "#")
-    compiler.subscribe("e2", "a/#")
+    registry, compiler = _every_topic_compiler(e1=(1, "#"), e2=(2, "a/#"))
     before = compiler.build()
     compiler.unsubscribe("e1", "+/b/#")  # a partial unsubscribe: "#" stays
     overlapping = set(TopicCatalog(TOPICS).matching("+/b/#"))
