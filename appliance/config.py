@@ -146,7 +146,7 @@ class ApplianceConfig:
     node_id: int
     role: str = "core"
     namespaces: tuple[int, ...] = (0,)
-    idle: str = "backoff"
+    idle: str = "block"
     drain_timeout_ms: int = DRAIN_TIMEOUT_MS
     heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
     neighbour_dead_ms: int = HEARTBEAT_INTERVAL_MS * NEIGHBOUR_DEAD_INTERVALS
@@ -420,7 +420,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
             or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**32
                        for n in namespaces)):
         raise _fail(p + "namespaces", "must be a non-empty list of integers in [0, 2^32)")
-    idle = _str(app, "idle", p, "backoff", ("busy", "backoff", "sleep"))
+    idle = _str(app, "idle", p, "block", ("block", "busy", "backoff", "sleep"))
     heartbeat = _int(app, "heartbeat_interval_ms", p, HEARTBEAT_INTERVAL_MS, 10, 60_000)
     dead = _int(app, "neighbour_dead_ms", p, heartbeat * NEIGHBOUR_DEAD_INTERVALS,
                 2 * heartbeat, 600_000)

@@ -73,7 +73,7 @@ from appliance.guaranteed import (
 )
 from channels.base import EACH_SLOT, FrameArrays, FrameBatch
 from channels.udp import peer_id_of
-from datapath.agent import CommandQueue
+from datapath.agent import AgentWakeup, CommandQueue, WaitSet
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from nic_offload.softnic import SoftNic
@@ -232,7 +232,9 @@ class DataPlaneAgent:
         self.node_id = node_id
         self.nic = nic
         self.channels = channels
-        self.commands = CommandQueue()
+        self.wakeup = AgentWakeup()
+        """Signalled on every offer from the control thread (ends a PollingIdle park)."""
+        self.commands = CommandQueue(self.wakeup)
         self.inbox: deque[tuple[str, int, bytes]] = deque()
         self.outbox: deque[tuple[str, int, bytes]] = deque()
         self.tables = ForwardingTables(node_id)
@@ -278,7 +280,23 @@ class DataPlaneAgent:
             self.counters["outbox_full"] += 1
             return False
         self.outbox.append((channel, dest, bytes(frame)))
+        self.wakeup.signal()
         return True
+
+    # --- for the idle strategy (data-path thread) ---------------------------------------------
+    def wait_set(self) -> WaitSet:
+        """The receiving channels' descriptors (``PollingIdle``); not complete when one of
+        them has none (the shared-memory client ring). Timers (guaranteed streams, parked
+        messages, telemetry, counters) run within the park time."""
+        fds: list[int] = []
+        complete = True
+        for name in self._rx:
+            got = self.channels[name].wait_fds()
+            if got is None:
+                complete = False
+            else:
+                fds.extend(got)
+        return WaitSet(tuple(fds), complete)
 
     # --- for the guaranteed plane (data-path thread) ------------------------------------------
     def queue_frame(self, channel: str, dest: int, frame: memoryview | bytes) -> None:
@@ -786,3 +804,4 @@ class DataPlaneAgent:
         for session in self.sessions.values():
             if session.tx is not None:
                 session.tx.close()
+        self.wakeup.close()

@@ -33,7 +33,7 @@ from appliance.dataplane import (
     GROUP_TX,
     DataPlaneAgent,
 )
-from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
+from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, PollingIdle, SleepingIdle
 from datapath.errors import TopicwireError
 from datapath.topics.registry import KeyRegistry
 
@@ -130,8 +130,9 @@ class Appliance:
             self.dataplane.telemetry = attach(cfg, self.channels)
             if self.dataplane.telemetry is not None:
                 self.dataplane.telemetry.start()
-            idle = {"busy": BusySpinIdle, "backoff": BackoffIdle,
-                    "sleep": SleepingIdle}[cfg.idle]()
+            dp = self.dataplane
+            idle = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle,
+                    "block": lambda: PollingIdle(dp.wait_set, dp.wakeup)}[cfg.idle]()
             self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane")
             self._cp_runner = AgentRunner([self.control], SleepingIdle(CONTROL_IDLE_SLEEP_NS),
                                           name=f"{cfg.name}-control")

@@ -258,6 +258,13 @@ class Channel(abc.ABC):
         """A descriptor that polls readable when frames may be waiting (-1: none, spin)."""
         return -1
 
+    def wait_fds(self) -> tuple[int, ...] | None:
+        """Descriptors of which one polls readable whenever ``receive`` may return frames
+        (an idle agent blocks in poll(2) on them); None when frames can arrive with none
+        becoming readable (a shared-memory ring): then nobody may block on this channel."""
+        fd = self.fileno()
+        return (fd,) if fd >= 0 else None
+
     def peer_address(self, peer_id: int) -> Any:
         """What a peer id stands for (an (host, port) for sockets)."""
         return peer_id

@@ -216,6 +216,13 @@ class TcpChannel(Channel):
             return self._listener.fileno()
         return -1
 
+    def wait_fds(self) -> tuple[int, ...] | None:
+        """The listener and every connection (``fileno`` is the listener only)."""
+        if self.closed:
+            return None
+        listener = (self._listener.fileno(),) if self._listener is not None else ()
+        return listener + tuple(conn.fd for conn in self._conns.values())
+
     # --- receive -----------------------------------------------------------------------------
     def _accept(self) -> None:
         if self._listener is None:

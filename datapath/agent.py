@@ -5,21 +5,33 @@ work and returns how much (0 = idle). An ``AgentRunner`` calls its agents in tur
 the total to an idle strategy, so the same agents run on a dedicated thread or all in one
 loop: the deployment changes, the code does not. Control reaches agents through a
 ``CommandQueue`` that the agent drains at the top of ``do_work`` (bounded per cycle).
+
+``PollingIdle`` is the idle strategy for an agent whose work arrives on sockets and must
+not burn a core: after a short spin/yield phase it blocks in poll(2) on the agent's
+descriptors (``WaitSet``) and on an ``AgentWakeup`` that the control side signals when it
+offers a command, so a datagram or a command ends the park at once; the park time
+(``POLL_MAX_PARK_NS``) bounds how late the agent's timers run.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import select
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 IDLE_SLEEP_NS = 1_000_000
 """SleepingIdle's pause (config key ``agent.idle_sleep_ns``)."""
 BACKOFF_MAX_SPINS = 100
 BACKOFF_MAX_YIELDS = 100
 BACKOFF_MAX_PARK_NS = 1_000_000
+POLL_MAX_PARK_NS = 1_000_000
+"""PollingIdle's longest block in poll(2) (``appliance.idle = "block"``): an idle agent's
+timers run at least this often, as under BackoffIdle's longest park."""
 COMMANDS_PER_CYCLE = 16
 """At most this many control commands are applied per duty cycle."""
 
@@ -103,17 +115,159 @@ class BackoffIdle:
             self._park_ns = min(self._park_ns * 2, self.max_park_ns)
 
 
+class AgentWakeup:
+    """An eventfd that ends a ``PollingIdle`` park: the control side ``signal``s it after
+    offering work (a command, a frame to send) so the agent does not sleep on it."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def signal(self) -> None:
+        """Make ``fd`` readable (any thread; a no-op once closed)."""
+        fd = self.fd
+        if fd >= 0:
+            try:
+                os.eventfd_write(fd, 1)
+            except OSError:  # closed under us, or the counter is saturated: already readable
+                pass
+
+    def clear(self) -> bool:
+        """Consume the pending signals; whether there were any."""
+        try:
+            return os.eventfd_read(self.fd) > 0
+        except (BlockingIOError, OSError):
+            return False
+
+    def close(self) -> None:
+        """Release the eventfd; safe to call twice."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> AgentWakeup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class WaitSet(NamedTuple):
+    """What a ``PollingIdle`` may block on: ``fds`` poll readable when the agent has input;
+    ``complete`` is False when some input arrives without any descriptor becoming readable
+    (a shared-memory ring), so the park must stay short."""
+
+    fds: tuple[int, ...]
+    complete: bool
+
+
+class PollingIdle:
+    """Spin, then yield, then block in poll(2) on the agent's descriptors and its wakeup.
+
+    ``wait_set()`` is asked at every park (descriptors may come and go). When it is
+    complete the park is one poll of up to ``max_park_ns``, ended at once by a readable
+    descriptor or a ``wakeup`` signal. When it is not, the parks grow as BackoffIdle's
+    (a bounded sleep, ``sleeps``) until they reach ``max_park_ns``, which is spent in poll,
+    so a source without a descriptor is not left waiting longer than it is today. Counts:
+    ``wakes_ready`` (a descriptor was readable), ``wakes_command`` (the wakeup),
+    ``timeouts`` and ``sleeps``.
+    """
+
+    def __init__(self, wait_set: Callable[[], WaitSet], wakeup: AgentWakeup | None = None, *,
+                 max_spins: int = BACKOFF_MAX_SPINS, max_yields: int = BACKOFF_MAX_YIELDS,
+                 max_park_ns: int = POLL_MAX_PARK_NS) -> None:
+        if max_park_ns <= 0:
+            raise ValueError(f"agent: max_park_ns must be positive, not {max_park_ns}")
+        self.wait_set = wait_set
+        self.wakeup = wakeup
+        self.max_spins = max_spins
+        self.max_yields = max_yields
+        self.max_park_ns = max_park_ns
+        self._timeout_ms = max(1, math.ceil(max_park_ns / 1e6))
+        self._poller = select.poll()
+        self._registered: tuple[int, ...] = ()
+        self.wakes_ready = 0
+        self.wakes_command = 0
+        self.timeouts = 0
+        self.sleeps = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self._spins = 0
+        self._yields = 0
+        self._park_ns = 1_000
+
+    def idle(self, work_count: int) -> None:
+        if work_count > 0:
+            self.reset()
+        elif self._spins < self.max_spins:
+            self._spins += 1
+        elif self._yields < self.max_yields:
+            self._yields += 1
+            time.sleep(0)
+        else:
+            self.park()
+
+    def park(self) -> None:
+        """One park: a bounded sleep or one poll (see the class docstring)."""
+        fds, complete = self.wait_set()
+        if not complete and self._park_ns < self.max_park_ns:
+            time.sleep(self._park_ns / 1e9)
+            self._park_ns = min(self._park_ns * 2, self.max_park_ns)
+            self.sleeps += 1
+            return
+        wakeup = self.wakeup
+        if wakeup is not None and wakeup.fd >= 0:
+            fds = (*fds, wakeup.fd)
+        if fds != self._registered:
+            for fd in self._registered:
+                self._poller.unregister(fd)
+            for fd in fds:
+                self._poller.register(fd, select.POLLIN)
+            self._registered = fds
+        events = self._poller.poll(self._timeout_ms)
+        if not events:
+            self.timeouts += 1
+            return
+        ready = False
+        for fd, mask in events:
+            if mask & select.POLLNVAL:  # closed under us: register afresh next park
+                self._forget()
+            elif wakeup is not None and fd == wakeup.fd:
+                wakeup.clear()
+                self.wakes_command += 1
+            else:
+                ready = True
+        if ready:
+            self.wakes_ready += 1
+
+    def wake(self) -> None:
+        """End the current park (``AgentRunner.stop`` calls it)."""
+        if self.wakeup is not None:
+            self.wakeup.signal()
+
+    def _forget(self) -> None:
+        self._poller = select.poll()
+        self._registered = ()
+
+
 class CommandQueue:
     """Control -> agent commands (the agent's *Proxy*): callables applied in the agent's loop.
 
-    ``offer`` may be called from any thread; ``drain`` only from the agent's own.
+    ``offer`` may be called from any thread; ``drain`` only from the agent's own. With a
+    ``wakeup``, every offer signals it (ends a ``PollingIdle`` park).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wakeup: AgentWakeup | None = None) -> None:
         self._queue: deque[Callable[[], None]] = deque()
+        self.wakeup = wakeup
 
     def offer(self, command: Callable[[], None]) -> None:
         self._queue.append(command)
+        if self.wakeup is not None:
+            self.wakeup.signal()
 
     def drain(self, limit: int = COMMANDS_PER_CYCLE) -> int:
         done = 0
@@ -178,6 +332,9 @@ class AgentRunner:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the runner to stop and wait for its thread; re-raise an agent's failure."""
         self._stop.set()
+        wake = getattr(self.idle, "wake", None)
+        if wake is not None:  # a strategy that blocks: end its park now
+            wake()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None

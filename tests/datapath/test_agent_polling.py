@@ -1,0 +1,141 @@
+"""PollingIdle parks in poll(2): a datagram or an offered command ends the park; a source
+without a descriptor keeps the parks short (bounded sleeps) until the longest park."""
+
+import threading
+
+from channels.base import FrameBatch
+from channels.shm import ShmChannel
+from channels.tcp import TcpChannel
+from channels.udp import UdpChannel
+from datapath.agent import AgentRunner, AgentWakeup, CommandQueue, PollingIdle, WaitSet
+
+LONG_PARK_NS = 30_000_000_000
+"""A park this long ends early only when something wakes it (the tests would hang otherwise)."""
+
+
+def _park_in_thread(idle: PollingIdle) -> threading.Thread:
+    thread = threading.Thread(target=idle.park, daemon=True)
+    thread.start()
+    return thread
+
+
+def _frame() -> FrameBatch:
+    batch = FrameBatch(1, 64)
+    batch.append(b"\x00" * 40)
+    return batch
+
+
+def test_a_datagram_arriving_ends_the_park_as_a_readiness_wake():
+    with UdpChannel(("127.0.0.1", 0)) as rx, UdpChannel(("127.0.0.1", 0)) as tx:
+        idle = PollingIdle(lambda: WaitSet(rx.wait_fds(), True), max_park_ns=LONG_PARK_NS)
+        thread = _park_in_thread(idle)
+        assert tx.send(_frame(), rx.local_address) == 1
+        thread.join(LONG_PARK_NS / 1e9)
+        assert not thread.is_alive()
+        assert (idle.wakes_ready, idle.timeouts, idle.sleeps) == (1, 0, 0)
+        assert rx.receive(FrameBatch(4, 64)) == 1
+
+
+def test_an_offered_command_ends_the_park_and_the_signal_is_consumed():
+    with AgentWakeup() as wakeup:
+        queue = CommandQueue(wakeup)
+        idle = PollingIdle(lambda: WaitSet((), True), wakeup, max_park_ns=LONG_PARK_NS)
+        thread = _park_in_thread(idle)
+        queue.offer(lambda: None)
+        thread.join(LONG_PARK_NS / 1e9)
+        assert not thread.is_alive()
+        assert (idle.wakes_command, idle.wakes_ready, idle.timeouts) == (1, 0, 0)
+        short = PollingIdle(lambda: WaitSet((), True), wakeup, max_park_ns=1_000_000)
+        short.park()  # nothing pending any more: this park runs to its end
+        assert (short.timeouts, short.wakes_command) == (1, 0)
+        assert len(queue) == 1
+
+
+def test_without_a_descriptor_the_parks_are_bounded_sleeps_until_the_longest_park():
+    idle = PollingIdle(lambda: WaitSet((), False), max_park_ns=8_000)
+    for _ in range(3):  # 1, 2, 4 us: slept, never blocked in poll
+        idle.park()
+    assert (idle.sleeps, idle.timeouts) == (3, 0)
+    idle.park()  # the longest park is spent in poll, where descriptors would wake it
+    assert (idle.sleeps, idle.timeouts) == (3, 1)
+
+
+def test_a_datagram_wakes_the_longest_park_even_beside_a_source_without_a_descriptor():
+    with UdpChannel(("127.0.0.1", 0)) as rx, UdpChannel(("127.0.0.1", 0)) as tx:
+        idle = PollingIdle(lambda: WaitSet(rx.wait_fds(), False), max_park_ns=LONG_PARK_NS)
+        idle._park_ns = LONG_PARK_NS  # as after the growing sleeps
+        thread = _park_in_thread(idle)
+        tx.send(_frame(), rx.local_address)
+        thread.join(LONG_PARK_NS / 1e9)
+        assert not thread.is_alive() and idle.wakes_ready == 1 and idle.sleeps == 0
+
+
+def test_work_resets_the_phases_and_spins_come_before_any_park():
+    idle = PollingIdle(lambda: WaitSet((), False), max_spins=2, max_yields=1,
+                       max_park_ns=4_000)
+    for _ in range(3):  # two spins, one yield
+        idle.idle(0)
+    assert idle.sleeps == 0
+    idle.idle(0)
+    assert idle.sleeps == 1
+    idle.idle(5)
+    idle.idle(0)
+    assert idle.sleeps == 1  # back to spinning
+
+
+def test_channels_say_which_descriptors_signal_their_frames():
+    with UdpChannel(("127.0.0.1", 0)) as udp:
+        assert udp.wait_fds() == (udp.fileno(),)
+    assert udp.wait_fds() is None  # closed
+    with TcpChannel(listen=("127.0.0.1", 0)) as server:
+        with TcpChannel(connect=server.local_address) as client:
+            assert client.wait_fds() and len(client.wait_fds()) == 1
+            batch = FrameBatch(4, 64)
+            for _ in range(1_000):  # accept the connection
+                server.receive(batch)
+                if server.peers():
+                    break
+            assert len(server.wait_fds()) == 1 + len(server.peers()) == 2
+    with ShmChannel(rx=f"tw-poll-test-{threading.get_ident()}", producers=1) as shm:
+        assert shm.wait_fds() is None
+
+
+class _UdpReader:
+    """An agent that counts the frames of one UDP channel and runs commands."""
+
+    name = "udp-reader"
+
+    def __init__(self, channel: UdpChannel, wakeup: AgentWakeup) -> None:
+        self.channel = channel
+        self.batch = FrameBatch(8, 64)
+        self.commands = CommandQueue(wakeup)
+        self.frames = 0
+
+    def do_work(self, now_ns: int) -> int:
+        n = self.channel.receive(self.batch)
+        self.frames += n
+        return n + self.commands.drain()
+
+    def on_close(self) -> None:
+        return None
+
+
+def test_a_runner_parked_in_poll_receives_a_datagram_runs_a_command_and_stops_at_once():
+    with UdpChannel(("127.0.0.1", 0)) as rx, UdpChannel(("127.0.0.1", 0)) as tx, \
+            AgentWakeup() as wakeup:
+        agent = _UdpReader(rx, wakeup)
+        idle = PollingIdle(lambda: WaitSet(rx.wait_fds(), True), wakeup, max_spins=0,
+                           max_yields=0, max_park_ns=LONG_PARK_NS)
+        ran = threading.Event()
+        runner = AgentRunner([agent], idle).start()
+        try:
+            tx.send(_frame(), rx.local_address)
+            arrived = threading.Event()
+            while agent.frames == 0 and not arrived.wait(0.001):
+                pass  # parked for 30 s: only the datagram's readiness can end it sooner
+            assert agent.frames == 1 and idle.wakes_ready >= 1
+            agent.commands.offer(ran.set)
+            assert ran.wait(LONG_PARK_NS / 1e9) and idle.wakes_command >= 1
+        finally:
+            runner.stop()  # wakes the park
+        assert idle.timeouts == 0 and runner.cycles >= 2
