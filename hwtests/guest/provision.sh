@@ -2,7 +2,7 @@
 # soft-RoCE for topicwire's hardware tests: the one provisioning script behind both launchers.
 #
 #   hwtests/guest/launch.py (make hwtest, make bench-rdma) runs `provision.sh --devices` inside
-#   its QEMU guest; the Vagrantfile runs `provision.sh --packages --devices --nic eth0 --persist`
+#   its QEMU guest; the Vagrantfile runs `provision.sh --packages --devices --nic auto --persist`
 #   inside the box. Either way the machine ends up with:
 #
 #     rxe0 on veth rdma-v0 (192.168.200.1/24)  <->  rxe1 on veth rdma-v1 (192.168.200.2/24)
@@ -14,7 +14,8 @@
 # Options (any order; at least one):
 #   --packages        apt-get install the RDMA userland below (needs a network and apt)
 #   --devices         load rdma_rxe and make the veth pair and rxe0/rxe1 (idempotent)
-#   --nic IFACE       also put soft-RoCE on IFACE (device rxe_IFACE), to reach other machines
+#   --nic IFACE       also put soft-RoCE on IFACE (device rxe_IFACE), to reach other machines;
+#                     `--nic auto` picks the interface of the default route (a Vagrant box's NIC)
 #   --persist         install a systemd unit that redoes --devices (and --nic) at every boot
 #   --print-packages  print the package list and exit
 set -eu
@@ -81,6 +82,12 @@ if [ $devices = 1 ]; then
     sysctl -qw net.ipv4.conf.all.accept_local=1
     rxe_on rxe0 "$VETH0"
     rxe_on rxe1 "$VETH1"
+fi
+
+if [ "$nic" = auto ]; then
+    nic=$(ip -o route show default | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n 1)
+    [ -n "$nic" ] || { echo "provision.sh: --nic auto: no default route, so no NIC to pick; name one" >&2; exit 1; }
+    say "--nic auto: $nic"
 fi
 
 if [ -n "$nic" ]; then
