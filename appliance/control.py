@@ -38,6 +38,7 @@ from appliance.dataplane import (
     ForwardingTables,
 )
 from appliance.routing import Lsa, all_paths, graph_of, minimal_patterns, path_cost
+from appliance.status_channels import channel_rows
 from channels.udp import peer_id_of
 from datapath.protocol import admin_layout as al
 from datapath.protocol.codec import decode_frame, encode_admin
@@ -981,7 +982,7 @@ class ControlAgent:
             "routes": [{"source": name(s, str(s)), "destination": name(d, str(d)),
                         "path": [name(x, str(x)) for x in path], "cost": cost}
                        for (s, d), (cost, path) in sorted(self.paths.items())],
-            "channels": list(published.get("channels", [])),
+            "channels": channel_rows(published.get("channels", [])),
             "offload": offload,
             "denials": [{"identity": i, "action": a, "pattern": p, "count": n}
                         for (i, a, p), n in sorted(self.denials.items())],

@@ -71,6 +71,7 @@ from appliance.guaranteed import (
     RELIABLE_STREAM_BIT,
     GuaranteedPlane,
 )
+from appliance.status_channels import sample_channel
 from channels.base import EACH_SLOT, FrameArrays, FrameBatch
 from channels.udp import peer_id_of
 from datapath.agent import AgentWakeup, CommandQueue, WaitSet
@@ -768,19 +769,9 @@ class DataPlaneAgent:
     # --- counters -----------------------------------------------------------------------------
     def _publish(self, now_ns: int) -> None:
         self._publish_at_ns = now_ns + STATUS_REFRESH_NS
-        channels = []
-        for name, channel in self.channels.items():
-            s = channel.stats
-            jitter = s.jitter_by_peer()
-            channels.append({
-                "name": name, "kind": channel.kind, "frames_in": s.frames_in,
-                "frames_out": s.frames_out, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
-                "loss": s.lost + s.drops, "naks": s.naks, "retransmissions": s.retransmissions,
-                "p50_us": s.latency_ns_at(50) / 1e3, "p99_us": s.latency_ns_at(99) / 1e3,
-                "jitter_us": (max(jitter.values()) / 1e3) if jitter else 0.0})
         nic = self.nic
-        self.published = {
-            "channels": channels,
+        self.published = {  # channel samples: the control thread computes their percentiles
+            "channels": [sample_channel(name, ch) for name, ch in self.channels.items()],
             "counters": {**self.counters, **self.guaranteed.snapshot(),
                          "duplicates_dropped": self.dedup.dropped,
                          **(self.telemetry.counters() if self.telemetry is not None else {}),

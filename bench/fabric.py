@@ -117,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration-s", type=float, default=FABRIC_DURATION_S,
                         help="seconds of each latency run")
     parser.add_argument("--repeats", type=positive_int, default=BENCH_REPEATS)
-    parser.add_argument("--idle", choices=("busy", "backoff", "sleep"), default="backoff",
+    parser.add_argument("--idle", choices=("block", "busy", "backoff", "sleep"), default="block",
                         help="the appliance's data-path idle strategy (appliance.idle)")
     parser.add_argument("--direct", action="store_true",
                         help="also measure publisher -> subscriber without a hop (reference)")
