@@ -1,5 +1,7 @@
 """``topicwire bench channel --kind udp|mcast|shm --size 64``: two processes vs sockperf.
 
+(``--kind rdma`` is measured against perftest instead: ``bench.channel_rdma``.)
+
 Two figures, each measured side by side with sockperf (the UDP baseline, ``sockperf sr`` plus
 ``sockperf tp``/``pp`` on 127.0.0.1 only, same message size):
 
@@ -41,6 +43,7 @@ import time
 import uuid
 from typing import Any
 
+from bench import channel_rdma
 from bench.report import build_report, positive_int
 from datapath.config import BENCH_REPEATS
 from datapath.errors import DeviceError, UserError
@@ -48,7 +51,7 @@ from datapath.errors import DeviceError, UserError
 NAME = "channel"
 HELP = "channel msgs/s and one-way latency between two processes vs sockperf (UDP, loopback)"
 
-KINDS = ("udp", "mcast", "shm")
+KINDS = ("udp", "mcast", "shm", "rdma")
 IDLES = ("block", "spin")
 BENCH_MESSAGES = 200_000
 """Frames per throughput run."""
@@ -82,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle", choices=IDLES, default="block",
                         help="between ping-pong frames: wait in poll (block) or busy-poll "
                              "(spin); sockperf idles the same way")
+    channel_rdma.add_arguments(parser)
 
 
 
@@ -164,30 +168,38 @@ def _child_main(argv: list[str]) -> None:
         if kind == "shm":  # the parent made its ring before starting this child
             channel.connect(spec["rings"][1])
         if mode == "throughput":
-            received, last = 0, 0
-            while received < spec["messages"]:
-                n = channel.receive(batch, RECEIVE_IDLE_END_NS if received else
-                                  CHILD_START_TIMEOUT_S * 1e9)
-                if not n:
-                    break
-                received += n
-                last = time.monotonic_ns()  # CLOCK_MONOTONIC: the parent's clock too
-            print(json.dumps({"received": received, "last_ns": last}),
-                  flush=True)
+            print(json.dumps(count_frames(channel, batch, spec["messages"])), flush=True)
         else:
             dest = EACH_SLOT if kind == "udp" else None
-            spin = spec["idle"] == "spin"
-            while True:
-                if not _receive(channel, batch, int(CHILD_START_TIMEOUT_S * 1e9), spin):
-                    break
-                if int.from_bytes(bytes(batch.frame(0)[20:24]), "big") == STOP_STREAM_ID:
-                    break
-                channel.send(batch, dest)
-            stats = channel.stats
-            print(json.dumps({"header_p50_ns": stats.latency_ns_at(50),
-                              "header_p99_ns": stats.latency_ns_at(99)}), flush=True)
+            print(json.dumps(echo(channel, batch, dest, spec["idle"] == "spin")), flush=True)
     finally:
         channel.close()
+
+
+def count_frames(channel: Any, batch: Any, messages: int) -> dict[str, int]:
+    """Receive until ``messages`` frames came or none for a while: how many, and when the
+    last one came (CLOCK_MONOTONIC, the sender's clock too)."""
+    received, last = 0, 0
+    while received < messages:
+        n = channel.receive(batch, RECEIVE_IDLE_END_NS if received else
+                            int(CHILD_START_TIMEOUT_S * 1e9))
+        if not n:
+            break
+        received += n
+        last = time.monotonic_ns()
+    return {"received": received, "last_ns": last}
+
+
+def echo(channel: Any, batch: Any, dest: Any, spin: bool) -> dict[str, int]:
+    """Send every batch back until the stop ping; the channel's own one-way figures."""
+    while True:
+        if not _receive(channel, batch, int(CHILD_START_TIMEOUT_S * 1e9), spin):
+            break
+        if int.from_bytes(bytes(batch.frame(0)[20:24]), "big") == STOP_STREAM_ID:
+            break
+        channel.send(batch, dest)
+    stats = channel.stats
+    return {"header_p50_ns": stats.latency_ns_at(50), "header_p99_ns": stats.latency_ns_at(99)}
 
 
 def _receive(channel: Any, batch: Any, timeout_ns: int, spin: bool) -> int:
@@ -259,6 +271,8 @@ def _cleanup_rings(spec: dict[str, Any]) -> None:
 
 def measure_throughput(args: argparse.Namespace) -> dict[str, float]:
     """One throughput run: frames sent here, counted by the child."""
+    if args.kind == "rdma":
+        return channel_rdma.measure_throughput(args)
     import channels
 
     channels.warm_up()
@@ -268,24 +282,35 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, float]:
     try:
         child = _Child("throughput", args.kind, spec)
         dest = _connect(args.kind, spec, child, parent)
-        batch = _bench_batch(args.batch, args.size)
         time.sleep(0.05)
-        sent = 0
-        start = time.monotonic_ns()
-        while sent < args.messages:
-            batch.count = min(args.batch, args.messages - sent)
-            taken = parent.send(batch, dest)
-            sent += taken
-            if taken < batch.count:
-                time.sleep(0)
-        elapsed = max(time.monotonic_ns() - start, 1)
+        sent, start, elapsed = send_all(parent, dest, args)
         got = child.result()
     finally:
         if child is not None:
             child.kill()
         parent.close()
         _cleanup_rings(spec)
-    span = max(got["last_ns"] - start, 1)  # first send to last frame received
+    return throughput_figures(sent, start, elapsed, got)
+
+
+def send_all(channel: Any, dest: Any, args: argparse.Namespace) -> tuple[int, int, int]:
+    """Send ``args.messages`` frames in batches as fast as the channel takes them:
+    (sent, start ns, elapsed ns)."""
+    batch = _bench_batch(args.batch, args.size)
+    sent = 0
+    start = time.monotonic_ns()
+    while sent < args.messages:
+        batch.count = min(args.batch, args.messages - sent)
+        taken = channel.send(batch, dest)
+        sent += taken
+        if taken < batch.count:
+            time.sleep(0)
+    return sent, start, max(time.monotonic_ns() - start, 1)
+
+
+def throughput_figures(sent: int, start: int, elapsed: int, got: dict) -> dict[str, float]:
+    """Receiver's rate (first send to last frame received), sender's rate, frames lost."""
+    span = max(got["last_ns"] - start, 1)
     received = got["received"]
     return {"msgs_per_s": received * 1e9 / span,
             "sent_msgs_per_s": sent * 1e9 / elapsed, "lost": float(sent - received)}
@@ -293,43 +318,59 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, float]:
 
 def measure_latency(args: argparse.Namespace) -> dict[str, float]:
     """One ping-pong run: half round trips, in microseconds."""
-    from hdrh.histogram import HdrHistogram
-
-    from channels.base import FrameBatch
-
+    if args.kind == "rdma":
+        return channel_rdma.measure_latency(args)
     spec = _spec(args)
     parent = _open(args.kind, "parent", spec)
     child = None
     try:
         child = _Child("echo", args.kind, spec)
         dest = _connect(args.kind, spec, child, parent)
-        ping = _bench_batch(1, args.size)
-        pong = FrameBatch(BENCH_BATCH_FRAMES, max(args.size, 64))
-        histogram = HdrHistogram(1, 60_000_000_000, 3)
-        timeout_ns = int(CHILD_START_TIMEOUT_S * 1e9) // 10
-        end = None
-        pings = 0
-        while end is None or time.perf_counter_ns() < end:
-            t0 = time.perf_counter_ns()
-            ping.count = 1
-            if parent.send(ping, dest) != 1:
-                continue
-            if not _receive(parent, pong, timeout_ns, args.idle == "spin"):
-                raise DeviceError(f"{args.kind}: a ping got no answer (lost?); rerun",
-                                  component=_COMPONENT)
-            pings += 1
-            if pings == WARMUP_PINGS:
-                end = time.perf_counter_ns() + int(args.duration_s * 1e9)
-            elif pings > WARMUP_PINGS:
-                histogram.record_value(max((time.perf_counter_ns() - t0) // 2, 1))
-        stop = _bench_batch(1, args.size, stream_id=STOP_STREAM_ID)
-        parent.send(stop, dest)
+        histogram = ping_pong(parent, dest, args)
         child_figures = child.result()
     finally:
         if child is not None:
             child.kill()
         parent.close()
         _cleanup_rings(spec)
+    return latency_figures(histogram, child_figures)
+
+
+def ping_pong(channel: Any, dest: Any, args: argparse.Namespace, *,
+              warmup: int = WARMUP_PINGS) -> Any:
+    """Ping-pong one frame at a time for ``args.duration_s`` after ``warmup`` pings; the
+    HdrHistogram of half round trips (ns). Ends with the stop ping."""
+    from hdrh.histogram import HdrHistogram
+
+    from channels.base import FrameBatch
+
+    ping = _bench_batch(1, args.size)
+    pong = FrameBatch(BENCH_BATCH_FRAMES, max(args.size, 64))
+    histogram = HdrHistogram(1, 60_000_000_000, 3)
+    timeout_ns = int(CHILD_START_TIMEOUT_S * 1e9) // 10
+    end = None
+    pings = 0
+    while end is None or time.perf_counter_ns() < end:
+        t0 = time.perf_counter_ns()
+        ping.count = 1
+        if channel.send(ping, dest) != 1:
+            continue
+        if not _receive(channel, pong, timeout_ns, args.idle == "spin"):
+            raise DeviceError(f"{args.kind}: a ping got no answer (lost?); rerun",
+                              component=_COMPONENT)
+        pings += 1
+        if pings == warmup:
+            end = time.perf_counter_ns() + int(args.duration_s * 1e9)
+        elif pings > warmup:
+            histogram.record_value(max((time.perf_counter_ns() - t0) // 2, 1))
+    stop = _bench_batch(1, args.size, stream_id=STOP_STREAM_ID)
+    while channel.send(stop, dest) != 1:
+        time.sleep(0)
+    return histogram
+
+
+def latency_figures(histogram: Any, child_figures: dict) -> dict[str, float]:
+    """Percentiles of the half round trips and the echoing end's header figures, in us."""
     return {"p50_us": histogram.get_value_at_percentile(50) / 1e3,
             "p99_us": histogram.get_value_at_percentile(99) / 1e3,
             "p999_us": histogram.get_value_at_percentile(99.9) / 1e3,
@@ -402,6 +443,8 @@ def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure topicwire's channel and sockperf ``--repeats`` times each; medians."""
+    if args.kind == "rdma":
+        return channel_rdma.run(args)
     if args.duration_s <= 0:
         raise UserError("--duration-s must be positive", component=_COMPONENT)
     _sockperf_path()
