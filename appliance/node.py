@@ -132,7 +132,8 @@ class Appliance:
                 self.dataplane.telemetry.start()
             dp = self.dataplane
             idle = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle,
-                    "block": lambda: PollingIdle(dp.wait_set, dp.wakeup)}[cfg.idle]()
+                    "block": lambda: PollingIdle(dp.wait_set, dp.wakeup,
+                                                 spin_ns=cfg.idle_spin_us * 1_000)}[cfg.idle]()
             self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane")
             self._cp_runner = AgentRunner([self.control], SleepingIdle(CONTROL_IDLE_SLEEP_NS),
                                           name=f"{cfg.name}-control")

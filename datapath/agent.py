@@ -32,6 +32,11 @@ BACKOFF_MAX_PARK_NS = 1_000_000
 POLL_MAX_PARK_NS = 1_000_000
 """PollingIdle's longest block in poll(2) (``appliance.idle = "block"``): an idle agent's
 timers run at least this often, as under BackoffIdle's longest park."""
+POLL_SPIN_NS = 1_000_000
+"""How long PollingIdle keeps polling (spinning, releasing the GIL each idle cycle) after
+the agent's last work before it parks: a message that follows within this long finds the
+agent running and its caches warm, as under BackoffIdle's spin and yield phases (config key
+``appliance.idle_spin_us``)."""
 COMMANDS_PER_CYCLE = 16
 """At most this many control commands are applied per duty cycle."""
 
@@ -164,30 +169,30 @@ class WaitSet(NamedTuple):
 
 
 class PollingIdle:
-    """Spin, then yield, then block in poll(2) on the agent's descriptors and its wakeup.
+    """Spin for ``spin_ns`` after the last work, then block in poll(2) on the agent's
+    descriptors and its wakeup.
 
     ``wait_set()`` is asked at every park (descriptors may come and go). When it is
     complete the park is one poll of up to ``max_park_ns``, ended at once by a readable
     descriptor or a ``wakeup`` signal. When it is not, the parks grow as BackoffIdle's
     (a bounded sleep, ``sleeps``) until they reach ``max_park_ns``, which is spent in poll,
     so a source without a descriptor is not left waiting longer than it is today. Counts:
-    ``wakes_ready`` (a descriptor was readable), ``wakes_command`` (the wakeup),
-    ``timeouts`` and ``sleeps``.
+    ``polls`` (parks in poll), ``wakes_ready`` (a descriptor was readable),
+    ``wakes_command`` (the wakeup), ``timeouts`` and ``sleeps``.
     """
 
     def __init__(self, wait_set: Callable[[], WaitSet], wakeup: AgentWakeup | None = None, *,
-                 max_spins: int = BACKOFF_MAX_SPINS, max_yields: int = BACKOFF_MAX_YIELDS,
-                 max_park_ns: int = POLL_MAX_PARK_NS) -> None:
+                 spin_ns: int = POLL_SPIN_NS, max_park_ns: int = POLL_MAX_PARK_NS) -> None:
         if max_park_ns <= 0:
             raise ValueError(f"agent: max_park_ns must be positive, not {max_park_ns}")
         self.wait_set = wait_set
         self.wakeup = wakeup
-        self.max_spins = max_spins
-        self.max_yields = max_yields
+        self.spin_ns = spin_ns
         self.max_park_ns = max_park_ns
         self._timeout_ms = max(1, math.ceil(max_park_ns / 1e6))
         self._poller = select.poll()
         self._registered: tuple[int, ...] = ()
+        self.polls = 0
         self.wakes_ready = 0
         self.wakes_command = 0
         self.timeouts = 0
@@ -195,20 +200,21 @@ class PollingIdle:
         self.reset()
 
     def reset(self) -> None:
-        self._spins = 0
-        self._yields = 0
+        self._idle_since_ns = 0
         self._park_ns = 1_000
 
     def idle(self, work_count: int) -> None:
         if work_count > 0:
             self.reset()
-        elif self._spins < self.max_spins:
-            self._spins += 1
-        elif self._yields < self.max_yields:
-            self._yields += 1
-            time.sleep(0)
-        else:
-            self.park()
+            return
+        if self.spin_ns > 0:
+            now_ns = time.monotonic_ns()
+            if self._idle_since_ns == 0:
+                self._idle_since_ns = now_ns
+            if now_ns - self._idle_since_ns < self.spin_ns:
+                time.sleep(0)  # lets the control thread take the GIL
+                return
+        self.park()
 
     def park(self) -> None:
         """One park: a bounded sleep or one poll (see the class docstring)."""
@@ -227,6 +233,7 @@ class PollingIdle:
             for fd in fds:
                 self._poller.register(fd, select.POLLIN)
             self._registered = fds
+        self.polls += 1
         events = self._poller.poll(self._timeout_ms)
         if not events:
             self.timeouts += 1

@@ -70,17 +70,23 @@ def test_a_datagram_wakes_the_longest_park_even_beside_a_source_without_a_descri
         assert not thread.is_alive() and idle.wakes_ready == 1 and idle.sleeps == 0
 
 
-def test_work_resets_the_phases_and_spins_come_before_any_park():
-    idle = PollingIdle(lambda: WaitSet((), False), max_spins=2, max_yields=1,
-                       max_park_ns=4_000)
-    for _ in range(3):  # two spins, one yield
-        idle.idle(0)
-    assert idle.sleeps == 0
-    idle.idle(0)
-    assert idle.sleeps == 1
-    idle.idle(5)
-    idle.idle(0)
-    assert idle.sleeps == 1  # back to spinning
+def test_the_agent_spins_for_its_spin_window_after_work_then_parks():
+    spinning = PollingIdle(lambda: WaitSet((), False), spin_ns=LONG_PARK_NS, max_park_ns=4_000)
+    for _ in range(100):
+        spinning.idle(0)
+    assert spinning.sleeps == 0 and spinning.timeouts == 0  # still inside its window
+    eager = PollingIdle(lambda: WaitSet((), False), spin_ns=0, max_park_ns=4_000)
+    eager.idle(0)
+    assert eager.sleeps == 1  # no window: parks at the first idle cycle
+    short = PollingIdle(lambda: WaitSet((), False), spin_ns=1, max_park_ns=4_000)
+    for _ in range(1_000):  # a 1 ns window ends after a cycle or two
+        short.idle(0)
+        if short.sleeps:
+            break
+    assert short.sleeps == 1
+    short.idle(3)  # work opens a new window
+    short.idle(0)
+    assert short.sleeps == 1
 
 
 def test_channels_say_which_descriptors_signal_their_frames():
@@ -124,15 +130,17 @@ def test_a_runner_parked_in_poll_receives_a_datagram_runs_a_command_and_stops_at
     with UdpChannel(("127.0.0.1", 0)) as rx, UdpChannel(("127.0.0.1", 0)) as tx, \
             AgentWakeup() as wakeup:
         agent = _UdpReader(rx, wakeup)
-        idle = PollingIdle(lambda: WaitSet(rx.wait_fds(), True), wakeup, max_spins=0,
-                           max_yields=0, max_park_ns=LONG_PARK_NS)
+        idle = PollingIdle(lambda: WaitSet(rx.wait_fds(), True), wakeup, spin_ns=0,
+                           max_park_ns=LONG_PARK_NS)
         ran = threading.Event()
         runner = AgentRunner([agent], idle).start()
         try:
+            pause = threading.Event()
+            while idle.polls == 0 and not pause.wait(0.001):
+                pass  # until the runner has gone to poll (for 30 s)
             tx.send(_frame(), rx.local_address)
-            arrived = threading.Event()
-            while agent.frames == 0 and not arrived.wait(0.001):
-                pass  # parked for 30 s: only the datagram's readiness can end it sooner
+            while agent.frames == 0 and not pause.wait(0.001):
+                pass  # only the datagram's readiness can end the park this soon
             assert agent.frames == 1 and idle.wakes_ready >= 1
             agent.commands.offer(ran.set)
             assert ran.wait(LONG_PARK_NS / 1e9) and idle.wakes_command >= 1

@@ -1,0 +1,61 @@
+"""The data path's default idle strategy blocks in poll(2): on the UDP client socket alone it
+may park for long, beside a shared-memory ring it keeps its parks short; a command the control
+thread offers wakes it; ``appliance.idle_spin_us`` is checked like every key."""
+
+import pytest
+
+from appliance.client import connect
+from appliance.config import ConfigError, parse_config
+from appliance.node import Appliance
+from datapath.agent import PollingIdle
+from tests.appliance.helpers import free_port, wait_for
+
+
+def _config(port: int, **clients):
+    return parse_config({"appliance": {"name": f"idle{port}"},
+                         "clients": {"udp": f"127.0.0.1:{port}", **clients},
+                         "pm": {"anonymous": True}})
+
+
+def test_the_default_blocks_on_the_client_socket_and_a_client_is_served():
+    port = free_port()
+    cfg = _config(port)
+    assert cfg.idle == "block"
+    with Appliance(cfg) as app:
+        idle = app._dp_runner.idle
+        assert isinstance(idle, PollingIdle) and idle.spin_ns == cfg.idle_spin_us * 1_000
+        fds, complete = app.dataplane.wait_set()
+        assert complete and fds == (app.channels["clients-udp"].fileno(),)
+        with connect(f"udp://127.0.0.1:{port}", "idle-client") as client:
+            sub = client.subscribe("idle/t")
+            client.publish("idle/t", b"x")
+            client.flush()
+            message = sub.get(timeout=10)
+            assert message is not None and message.payload == b"x"
+        wait_for(lambda: idle.polls > 0)  # idle again: parked in poll
+
+
+def test_beside_a_shared_memory_ring_the_wait_set_is_not_complete():
+    port = free_port()
+    with Appliance(_config(port, shm=f"idle{port}")) as app:
+        fds, complete = app.dataplane.wait_set()
+        assert not complete and fds == (app.channels["clients-udp"].fileno(),)
+
+
+def test_a_command_offered_by_the_control_thread_wakes_the_parked_data_path():
+    port = free_port()
+    with Appliance(_config(port)) as app:
+        idle = app._dp_runner.idle
+        wait_for(lambda: idle.polls > 0)
+        before = idle.wakes_command
+        ran = []
+        app.dataplane.commands.offer(lambda: ran.append(True))
+        wait_for(lambda: ran)
+        assert idle.wakes_command > before
+
+
+@pytest.mark.parametrize("value", [-1, 1_000_001, "fast"])
+def test_a_bad_spin_window_is_refused_naming_the_key(value):
+    with pytest.raises(ConfigError, match="appliance.idle_spin_us"):
+        parse_config({"appliance": {"name": "x", "idle_spin_us": value},
+                      "pm": {"anonymous": True}})
