@@ -184,9 +184,17 @@ class RdmaListener:
         except TimeoutError:
             raise RdmaDeviceError("rdma: no peer connected in time; start the peer or wait "
                                   "longer", errno=errno.ETIMEDOUT) from None
+        except OSError as exc:
+            raise RdmaDeviceError(f"rdma: accepting failed: {exc} (listener closed?)",
+                                  errno=exc.errno) from None
         return RdmaChannel(_sock=conn, **{**self.options, **options})
 
     def close(self) -> None:
+        """Stop listening (an ``accept`` waiting in another thread returns with an error)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
 
     def __enter__(self) -> RdmaListener:

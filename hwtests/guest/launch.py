@@ -4,7 +4,7 @@
     python -m hwtests.guest.launch bench [--out PATH] [-- BENCH_ARGS]      (make bench-rdma)
     python -m hwtests.guest.launch run -- COMMAND...                       (any command)
 
-If this machine has an RDMA device, ``test`` runs ``pytest hwtests`` here. Otherwise it boots
+If this machine has an RDMA device, ``test`` runs ``pytest hwtests/rdma`` here. Otherwise it boots
 a guest with virtme-ng: a stock Debian kernel (``apt-get download`` of the package
 linux-image-amd64 points to; it has rdma_rxe) over this machine's own root filesystem, so the
 guest runs the project's venv as it is; QEMU in TCG (KVM aborts on this kind of machine), no
@@ -45,6 +45,10 @@ GUEST_TIMEOUT_S = 1_800
 HEARTBEAT_S = 30
 """Without a terminal, a progress line at least this often."""
 RDMA_TEST_PACKAGE = "hwtests.rdma"
+RDMA_TEST_DIR = "hwtests/rdma"
+"""What `test` runs by default (the other hwtests need no RDMA: `make unit` runs them)."""
+DEFAULT_PYTEST_ARGS = ("-v", "-rP", "--durations=10")
+"""Each test's verdict, the figures the passing ones print, the slowest ones: for the CI log."""
 REQUIRE_RDMA_ENV = "TOPICWIRE_HWTEST_REQUIRE_RDMA"
 """Set in the guest: a missing RDMA device fails the RDMA tests instead of skipping them."""
 QEMU = "qemu-system-x86_64"
@@ -355,7 +359,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     started = time.monotonic()
     python = sys.executable
     here, devices = host_has_rdma()
-    pytest_args = args.rest or ["hwtests"]
+    pytest_args = args.rest or [RDMA_TEST_DIR, *DEFAULT_PYTEST_ARGS]
     if here:
         say(f"this machine has RDMA ({devices}): running the hardware tests here")
         report = CACHE_DIR / "host-report.xml"
@@ -372,8 +376,9 @@ def cmd_test(args: argparse.Namespace) -> int:
         rw = _rw_dir()
         report = rw / "out" / "report.xml"
         report.unlink(missing_ok=True)
-        boot([python, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={report}",
-              *pytest_args], rw, rw / "out" / "guest.log")
+        # hypothesis' plugin only costs import time there (no hwtest uses it)
+        boot([python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+              f"--junitxml={report}", *pytest_args], rw, rw / "out" / "guest.log")
         ok, summary = check_report(report, require_rdma=True)
     if args.junit:
         Path(args.junit).parent.mkdir(parents=True, exist_ok=True)
