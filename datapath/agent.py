@@ -228,9 +228,9 @@ class PollingIdle:
         if wakeup is not None and wakeup.fd >= 0:
             fds = (*fds, wakeup.fd)
         if fds != self._registered:
-            for fd in self._registered:
+            for fd in set(self._registered):
                 self._poller.unregister(fd)
-            for fd in fds:
+            for fd in set(fds):
                 self._poller.register(fd, select.POLLIN)
             self._registered = fds
         self.polls += 1
