@@ -77,6 +77,7 @@ from channels.udp import peer_id_of
 from datapath.agent import AgentWakeup, CommandQueue, WaitSet
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from nic_offload.model import DigestReason
 from nic_offload.softnic import SoftNic
 from nic_offload.softnic.layout import DescriptorKind, MessageVerdict
 
@@ -94,10 +95,14 @@ _HEADER = fl.FRAME_HEADER_STRUCT
 _GROUP = int(DescriptorKind.GROUP)
 _UNKNOWN = int(MessageVerdict.UNKNOWN_KEY)
 _U32 = struct.Struct(">I")
-_IDS = struct.Struct(">III")
-"""source_session, dest_session, stream_id at SOURCE_SESSION_OFFSET."""
 _KEY = struct.Struct(">Q")
+_DIGEST_NAMES = {int(r): f"digests_{r.name.lower()}" for r in DigestReason}
+_DIGEST_UNKNOWN_KEY = int(DigestReason.UNKNOWN_KEY)
+UNKNOWN_KEYS_KEPT = 8
+"""How many of the latest unknown topic keys the status snapshot shows."""
 _PROBE = 0x7FFF_FFFF
+_FEW = 16
+"""Up to this many values, a Python list beats a numpy reduction."""
 """``stream_id`` of telemetry probes (appliance/telemetry/config.py PROBE_STREAM_ID)."""
 
 
@@ -258,6 +263,12 @@ class DataPlaneAgent:
                 host, port = channel.local_address
                 rx = GROUP_RX + name[len(GROUP_TX):]
                 self._own_group_senders[rx] = (peer_id_of(host, 0) >> 16, port)
+        self._receivers = [(name, batch, channels[name]) for name, batch in self._rx.items()]
+        self._out_list = list(self._out.values())
+        self.digests: Counter[str] = Counter()
+        """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
+        self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
+        """The topic keys of the latest UNKNOWN_KEY digests (status: offload.last_unknown_keys)."""
         self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
         self.cycle_ns = time.monotonic_ns()
         """When the current (or last) duty cycle started (the control agent's stall check)."""
@@ -340,21 +351,24 @@ class DataPlaneAgent:
         self.cycle_ns = now_ns
         # admin frames out, then commands: a command the control plane offered before a
         # reply is applied before this cycle receives whatever the reply prompts
-        work = self._send_outbox()
-        work += self.commands.drain(1_024)
+        # every step below is skipped by a cheap check when it has nothing to do: a cycle
+        # that forwards one frame is dominated by fixed costs (docs/appliance.md, benchmark)
+        work = self._send_outbox() if self.outbox else 0
+        if self.commands:
+            work += self.commands.drain(1_024)
         snap_version = self.nic.switch.current.version
         if self._parked and snap_version != self._parked_version:
             work += self._rerun_parked(now_ns)
-        channels = self.channels
-        for name, batch in self._rx.items():
-            n = channels[name].receive(batch, 0)
+        telemetry = self.telemetry
+        for name, batch, channel in self._receivers:
+            n = channel.receive(batch, 0)
             if n:
                 work += n
-                if self.telemetry is not None:
-                    self.telemetry.on_batch(name, batch)
+                if telemetry is not None:
+                    telemetry.on_batch(name, batch)
                 self._on_batch(name, batch, now_ns)
-        if self.telemetry is not None:
-            work += self.telemetry.do_work(now_ns, self.queue_frame)
+        if telemetry is not None:
+            work += telemetry.do_work(now_ns, self.queue_frame)
         gp = self.guaranteed
         if gp.receivers or gp.senders:
             work += gp.run_timers(now_ns)
@@ -362,8 +376,11 @@ class DataPlaneAgent:
                                              or now_ns >= gp.held_retry_ns)):
                 self._run_guaranteed(now_ns)
             gp.flush(now_ns)
-        for out in self._out.values():
-            out.flush()
+        for out in self._out_list:
+            if out.batch.count or out._open:
+                out.flush()
+        if self.nic.pending_digests():
+            self._drain_digests()
         if self._parked:
             self._expire_parked(now_ns)
         if now_ns >= self._publish_at_ns:
@@ -412,19 +429,24 @@ class DataPlaneAgent:
             if fast is not None:
                 self._run(batch, *fast, now_ns)
                 return
+        offsets = batch.offsets[:n].tolist()  # Python ints: no numpy scalar per field
+        lengths = batch.lengths[:n].tolist()
+        peers = batch.peer_ids[:n].tolist()
         for i in range(n):
-            off = int(batch.offsets[i])
-            length = int(batch.lengths[i])
-            peer = int(batch.peer_ids[i])
+            off = offsets[i]
+            length = lengths[i]
+            peer = peers[i]
             if group and own is not None and (peer & 0xFFFF) == own[1] and (
                     own[0] == 0 or peer >> 16 == own[0]):
                 self.counters["group_own_frames"] += 1  # our own frame, looped back
                 continue
-            if length < fl.FRAME_HEADER_BYTES or buf[off] != 0x54 or buf[off + 1] != 0x57:
+            if length >= fl.FRAME_HEADER_BYTES:
+                magic, _, ftype, _, msg_count, _, src, dst, stream, _ = _HEADER.unpack_from(
+                    buf, off)
+            if length < fl.FRAME_HEADER_BYTES or magic != fl.FRAME_MAGIC:
                 run_idx.append(i)  # malformed: the NIC counts it per reason
                 ctxs.append((False, 0, 0, None, deadline, 0))
                 continue
-            ftype = int(buf[off + fl.TYPE_OFFSET])
             message = ftype == _DATA or ftype == _RETX
             if not message and ftype not in RELIABILITY_ADMIN_TYPES:
                 if len(self.inbox) < INBOX_FRAMES:
@@ -432,8 +454,7 @@ class DataPlaneAgent:
                 else:
                     self.counters["inbox_full"] += 1
                 continue
-            src, dst, stream = _IDS.unpack_from(buf, off + fl.SOURCE_SESSION_OFFSET)
-            if stream == _PROBE and ftype == _DATA and buf[off + 7] == 0 and buf[off + 6] == 0:
+            if stream == _PROBE and ftype == _DATA and msg_count == 0:
                 continue  # a telemetry probe: recorded on arrival, nothing to deliver
             reliable = not message or stream & RELIABLE_STREAM_BIT
             if group and reliable:  # reliable streams between neighbours are unicast
@@ -589,11 +610,16 @@ class DataPlaneAgent:
     # --- tables and framing -------------------------------------------------------------------
     def _run(self, batch: FrameBatch, idx: list[int], ctxs: list[tuple], now_ns: int) -> None:
         nic = self.nic
-        sel = np.asarray(idx, dtype=np.int64)
-        offsets = batch.offsets[sel]
-        lengths = batch.lengths[sel]
+        n = len(idx)
+        if n and idx[-1] == n - 1:  # 0..n-1 (ascending, no repeats): views, no gather
+            offsets = batch.offsets[:n]
+            lengths = batch.lengths[:n]
+        else:
+            sel = np.asarray(idx, dtype=np.int64)
+            offsets = batch.offsets[sel]
+            lengths = batch.lengths[sel]
         done = 0
-        while done < len(idx):
+        while done < n:
             result = nic.process(batch.buf, offsets[done:], lengths[done:])
             self._deliver(batch.buf, result, ctxs[done:], now_ns)
             if result.frames == 0:
@@ -624,10 +650,8 @@ class DataPlaneAgent:
         checked: dict[int, bool] = {}
         if result.descriptors and (self.tables.dup_keys  # duplication: the general loop
                                    or not _fastpath.deliver(self, buf, result, ctxs)):
-            d = nic.descriptors[: result.descriptors]
-            for off, length, target, kind, index in zip(
-                    d["offset"].tolist(), d["length"].tolist(), d["target"].tolist(),
-                    d["kind"].tolist(), d["index"].tolist()):
+            for off, length, target, kind, index in nic.descriptors[
+                    : result.descriptors].tolist():
                 ingress, origin, stream, session, _, cls = ctxs[frame_index[index]]
                 if ingress:
                     ok = checked.get(index)
@@ -683,6 +707,9 @@ class DataPlaneAgent:
                         else:
                             out_fabric.add_message(hop, me, what[1], stream, buf, off, length)
         verdicts = nic.verdicts[:m]
+        if m > _FEW and not (verdicts == _UNKNOWN).any() or (
+                m <= _FEW and _UNKNOWN not in verdicts.tolist()):
+            return
         unknown = np.flatnonzero(verdicts == _UNKNOWN)
         if len(unknown):
             starts = msgs["payload_offset"][unknown] - ml.MESSAGE_HEADER_BYTES
@@ -697,6 +724,20 @@ class DataPlaneAgent:
                 else:
                     self._parked.append((ctx, buf[start : start + size].tobytes()))
                     counters["parked"] += 1
+
+    # --- software NIC digests ------------------------------------------------------------------
+    def _drain_digests(self) -> None:
+        """Take the NIC's queued digests (punts, unknown keys, ACL logs): count them by
+        reason and keep the latest unknown keys; the queue never fills, so the NIC's
+        ``digest_drops`` stays for real overload. Runs only when digests are pending."""
+        digests = self.nic.drain_digests()
+        reasons = digests["reason"].tolist()
+        counts = self.digests
+        for reason in reasons:
+            counts[_DIGEST_NAMES.get(reason, "digests_other")] += 1
+        if _DIGEST_UNKNOWN_KEY in reasons:
+            keys = digests["topic_key"][digests["reason"] == _DIGEST_UNKNOWN_KEY]
+            self.unknown_keys.extend(keys[-UNKNOWN_KEYS_KEPT:].tolist())
 
     # --- parked messages ----------------------------------------------------------------------
     def _rerun_parked(self, now_ns: int) -> int:
@@ -772,13 +813,14 @@ class DataPlaneAgent:
         nic = self.nic
         self.published = {  # channel samples: the control thread computes their percentiles
             "channels": [sample_channel(name, ch) for name, ch in self.channels.items()],
-            "counters": {**self.counters, **self.guaranteed.snapshot(),
+            "counters": {**self.counters, **self.digests, **self.guaranteed.snapshot(),
                          "duplicates_dropped": self.dedup.dropped,
                          **(self.telemetry.counters() if self.telemetry is not None else {}),
                          "frames_too_large": sum(q.too_large for q in self._out.values())},
             "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),
                         "snapshot_version": nic.snapshot.version,
-                        "parked": len(self._parked)},
+                        "parked": len(self._parked),
+                        "last_unknown_keys": " ".join(f"{k:#018x}" for k in self.unknown_keys)},
             "sessions": {sid: {"published": s.published, "delivered": s.delivered,
                                "denied": s.denied} for sid, s in self.sessions.items()},
         }

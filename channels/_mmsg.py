@@ -215,6 +215,10 @@ class MmsgVector:
         self._buf_keep: object = None
         self._buf_id = -1
         self.buf_addr = 0
+        self._rx_ready: tuple | None = None
+        """(buf, offsets, slot_bytes, count) the headers are ready to receive into, and
+        ``_rx_used`` how many of them the last recvmmsg filled (only those need resetting)."""
+        self._rx_used = 0
 
     def pin(self, buf: np.ndarray) -> int:
         """The address of ``buf`` (kept pinned until another buffer is pinned)."""
@@ -228,15 +232,29 @@ class MmsgVector:
                      peer_ids: np.ndarray | None = None, allow_multicast: bool = False) -> int:
         """Point ``count`` datagrams at frames of ``buf`` with their destinations; returns
         their bytes (negative: see ``_prepare_send``)."""
+        self._rx_ready = None
         return _prepare_send(self.h64, self.iov64, self.names64, self.names_addr, self.pin(buf),
                              offsets, lengths, count, mode, ipv4, port,
                              offsets if peer_ids is None else peer_ids, allow_multicast)
 
     def prepare_receive(self, buf: np.ndarray, offsets: np.ndarray, slot_bytes: int,
                         count: int) -> None:
-        """Point ``count`` datagrams at the slots of ``buf``, ready for recvmmsg."""
+        """Point ``count`` datagrams at the slots of ``buf``, ready for recvmmsg. Headers
+        already pointed there that no recvmmsg has filled since are left as they are (an
+        idle poll costs no kernel call)."""
+        ready = self._rx_ready
+        if (ready is not None and ready[0] is buf and ready[1] is offsets
+                and ready[2] == slot_bytes and ready[3] == count):
+            used = self._rx_used
+            if used:
+                _prepare_receive(self.h64, self.iov64, self.names_addr, self.controls_addr,
+                                 self.buf_addr, offsets, slot_bytes, min(used, count))
+                self._rx_used = 0
+            return
         _prepare_receive(self.h64, self.iov64, self.names_addr, self.controls_addr,
                          self.pin(buf), offsets, slot_bytes, count)
+        self._rx_ready = (buf, offsets, slot_bytes, count)
+        self._rx_used = 0
 
     def deliver(self, count: int, lengths: np.ndarray, peer_ids: np.ndarray,
                 recv_ts_ns: np.ndarray, now_ns: int) -> int:
@@ -247,7 +265,10 @@ class MmsgVector:
     def recvmmsg(self, fd: int, count: int, flags: int = MSG_DONTWAIT) -> tuple[int, int]:
         """(datagrams received, errno when -1)."""
         n = libc.recvmmsg(fd, self.ptr, count, flags, ffi.NULL)
-        return (n, ffi.errno) if n < 0 else (n, 0)
+        if n < 0:
+            return n, ffi.errno
+        self._rx_used = max(self._rx_used, n)
+        return n, 0
 
     def sendmmsg(self, fd: int, first: int, count: int,
                  flags: int = MSG_DONTWAIT) -> tuple[int, int]:
