@@ -270,6 +270,7 @@ class DataPlaneAgent:
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
         """The topic keys of the latest UNKNOWN_KEY digests (status: offload.last_unknown_keys)."""
         self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
+        _fastpath.warm_up()
         self.cycle_ns = time.monotonic_ns()
         """When the current (or last) duty cycle started (the control agent's stall check)."""
         self._parked: deque[tuple[tuple, bytes]] = deque()
