@@ -176,12 +176,13 @@ def _child_main(argv: list[str]) -> None:
         channel.close()
 
 
-def count_frames(channel: Any, batch: Any, messages: int) -> dict[str, int]:
-    """Receive until ``messages`` frames came or none for a while: how many, and when the
-    last one came (CLOCK_MONOTONIC, the sender's clock too)."""
+def count_frames(channel: Any, batch: Any, messages: int,
+                 idle_end_ns: int = RECEIVE_IDLE_END_NS) -> dict[str, int]:
+    """Receive until ``messages`` frames came or none for ``idle_end_ns``: how many, and when
+    the last one came (CLOCK_MONOTONIC, the sender's clock too)."""
     received, last = 0, 0
     while received < messages:
-        n = channel.receive(batch, RECEIVE_IDLE_END_NS if received else
+        n = channel.receive(batch, idle_end_ns if received else
                             int(CHILD_START_TIMEOUT_S * 1e9))
         if not n:
             break

@@ -2,6 +2,8 @@
 `make bench-rdma`): perftest's report read by column name, a clear error without a device."""
 
 import argparse
+import os
+import types
 
 import pytest
 
@@ -55,3 +57,34 @@ def test_the_rdma_pair_option_takes_two_addresses():
         ("10.0.0.1", "10.0.0.2")
     with pytest.raises(SystemExit):
         parser.parse_args(["--rdma-pair", "10.0.0.1"])
+
+
+def _fake_perftest(tmp_path, monkeypatch, row):
+    """A stand-in ib_send_lat on PATH: the client prints ``row``, the server just exits."""
+    tool = tmp_path / "ib_send_lat"
+    lines = SEND_LAT.splitlines()
+    tool.write_text("#!/bin/sh\n"
+                    "for last; do :; done\n"  # the last argument: the server's address
+                    'case "$last" in *.*.*.*) ;; *) exit 0 ;; esac\n'
+                    f"printf '%s\\n' '{lines[1]}' '{row}'\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(channel_rdma, "SERVER_START_S", 0.1)
+    end = types.SimpleNamespace(device="rxe0", gid_index=1)
+    return (end, end)
+
+
+def test_perftest_figures_are_taken_when_they_are_numbers(tmp_path, monkeypatch):
+    ends = _fake_perftest(tmp_path, monkeypatch, SEND_LAT.splitlines()[2])
+    row = channel_rdma.run_perftest("ib_send_lat", ends, 64, 10, "192.168.200.1",
+                                    ("t_typical[usec]",))
+    assert row["t_typical[usec]"] == 41.07
+
+
+def test_perftest_runs_whose_clock_calibration_failed_are_retried_then_refused(
+        tmp_path, monkeypatch):
+    broken = " 64 10000 inf inf inf inf inf inf inf"
+    ends = _fake_perftest(tmp_path, monkeypatch, broken)
+    with pytest.raises(DeviceError, match=r"(?s)failed 3 times.*t_typical.*not a positive number"):
+        channel_rdma.run_perftest("ib_send_lat", ends, 64, 10, "192.168.200.1",
+                                  ("t_typical[usec]",))
