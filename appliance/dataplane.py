@@ -15,7 +15,9 @@ on its own thread under an ``AgentRunner``. Each duty cycle:
 4. run the ingress and local frames through ``SoftNic.process`` and turn its descriptors into
    frames per (egress, source, destination, stream): a destination appliance's frames go to
    the next hop of path(self, destination), a client's to its channel;
-5. send everything and publish counters every ``STATUS_REFRESH_NS``.
+5. send everything, take the software NIC's digests off its queue when it made some
+   (counted by reason, the latest unknown keys kept for the status) and publish counters
+   every ``STATUS_REFRESH_NS``.
 
 Frames for a client carry ``source_session`` = the origin appliance, ``dest_session`` = the
 client's session and ``stream_id`` = the publishing session at the origin, so a subscriber
