@@ -126,6 +126,7 @@ def _with_child(target: Any, args: argparse.Namespace, work: Any) -> tuple[Any, 
         proc = ctx.Process(target=_child, args=(target, listener.address, connect, args,
                                                 theirs), daemon=True)
         proc.start()
+        theirs.close()  # the child's end: EOF here if the child dies
         try:
             channel = listener.accept(timeout_ns=int(CHILD_WAIT_S * 1e9))
         except BaseException:
@@ -134,10 +135,13 @@ def _with_child(target: Any, args: argparse.Namespace, work: Any) -> tuple[Any, 
     try:
         with channel:
             mine = work(channel)
-            if not ours.poll(CHILD_WAIT_S):
-                raise DeviceError("the benchmark's RDMA child did not answer",
-                                  component=_COMPONENT)
-            theirs_result = ours.recv()
+            try:
+                if not ours.poll(CHILD_WAIT_S):
+                    raise EOFError
+                theirs_result = ours.recv()
+            except EOFError:
+                raise DeviceError(f"the benchmark's RDMA child did not answer (exit code "
+                                  f"{proc.exitcode})", component=_COMPONENT) from None
     finally:
         proc.join(10)
         if proc.is_alive():
