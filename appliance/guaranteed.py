@@ -259,10 +259,14 @@ class GuaranteedPlane:
         start = off + ml.MESSAGE_HEADER_BYTES
         payload = memoryview(message[start : start + plen])
         try:
-            held.sender.offer(topic_key, payload, now_ns, publish_ts_ns=ts, namespace_id=ns,
-                              schema_id=schema, qos=qos, flags=flags & _PARTIAL)
+            accepted = held.sender.offer(topic_key, payload, now_ns, publish_ts_ns=ts,
+                                         namespace_id=ns, schema_id=schema, qos=qos,
+                                         flags=flags & _PARTIAL)
         except ReliabilityError:
             self.counters["guaranteed_too_large"] += 1
+            return
+        if not accepted:  # its pending queue is full behind a closed send window
+            self.counters["guaranteed_refused"] += 1
             return
         held.last_offer_ns = now_ns
         self.active[key] = held.sender

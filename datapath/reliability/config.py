@@ -73,6 +73,12 @@ RETRANSMISSION) after this delay, then backs off by doubling up to TAIL_PROBE_MA
 a receiver that lost the tail of a burst sees the probe's sequence number and NAKs."""
 TAIL_PROBE_MAX_INTERVAL_NS = 500_000_000
 SENDER_PENDING_MESSAGES = 65_536
+SEND_WINDOW_MESSAGES = RECEIVE_WINDOW_MESSAGES // 2
+"""A sender gets at most this many messages ahead of the slowest receiver's cumulative ACK
+(Aeron's status-message window): a receiver that falls behind is never pushed past its
+receive window, where it would drop frames unseen. 0 turns the window off."""
+SEND_WINDOW_RECEIVER_TIMEOUT_NS = 1_000_000_000
+"""A receiver that has not ACKed for this long stops holding the window (it left)."""
 """Messages a paused (flow-controlled) sender holds before its policy applies."""
 FRAMES_PER_DUTY_CYCLE = 64
 """Frames a sender writes per do_work while draining its pending queue (bounded duty cycle)."""
@@ -150,8 +156,12 @@ class SenderConfig:
     pending_messages: int = SENDER_PENDING_MESSAGES
     frames_per_duty_cycle: int = FRAMES_PER_DUTY_CYCLE
     max_nak_ranges_per_frame: int = MAX_NAK_RANGES_PER_FRAME
+    send_window_messages: int = SEND_WINDOW_MESSAGES
+    send_window_receiver_timeout_ns: int = SEND_WINDOW_RECEIVER_TIMEOUT_NS
 
     def __post_init__(self) -> None:
+        _non_negative("send_window_messages", self.send_window_messages)
+        _positive("send_window_receiver_timeout_ns", self.send_window_receiver_timeout_ns)
         for name in ("retransmit_buffer_bytes", "retransmit_buffer_messages",
                      "max_retransmit_messages_per_nak", "tail_probe_delay_ns",
                      "tail_probe_max_interval_ns", "pending_messages", "frames_per_duty_cycle",

@@ -136,6 +136,9 @@ class SenderCounters:
     """Pending messages evicted while paused (drop-oldest, or conflate with no key match)."""
     pending_conflated: int = 0
     """Pending messages replaced by a newer value of the same topic key while paused."""
+    window_full: int = 0
+    """Times an offer or duty cycle found the send window full (the slowest receiver's ACK
+    was send_window_messages behind): new messages waited in the pending queue."""
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -55,6 +55,10 @@ class ReliableSender:
         self.pending = PolicyQueue(config.pending_messages, FlowPolicy.THROTTLE)
         self.acks: dict[int, int] = {}
         """Receiver session -> highest cumulative ACK seen from it."""
+        self._acked_ns: dict[int, int] = {}
+        """Receiver session -> when its last ACK arrived (receivers holding the window)."""
+        self._window_end: int | None = None
+        """Highest sequence the send window lets out (None: no receiver has ACKed yet)."""
         self.next_seq = FIRST_SEQUENCE
         self._buf = bytearray(config.max_frame_bytes)
         self._view = memoryview(self._buf)
@@ -89,7 +93,7 @@ class ReliableSender:
             raise ReliabilityError(f"qos {qos} / flags {flags:#x} are not publishable; use qos "
                                    "0..2 and only the PARTIAL flag")
         ts = time.time_ns() if publish_ts_ns is None else publish_ts_ns
-        if self.pending or self.flow.paused(now_ns):
+        if self.pending or self.flow.paused(now_ns) or not self._window_open(now_ns):
             return self._hold(topic_key, (topic_key, bytes(payload), ts, namespace_id, schema_id,
                                           qos, flags), now_ns)
         self._append(topic_key, payload, ts, namespace_id, schema_id, qos, flags, now_ns)
@@ -149,7 +153,7 @@ class ReliableSender:
     def do_work(self, now_ns: int) -> int:
         work = 0
         self._paused = paused = self.flow.paused(now_ns)
-        if not paused and self.pending:
+        if not paused and self.pending and self._window_open(now_ns):
             work += self._drain_pending(now_ns)
         if self.batcher.due(now_ns):
             self._flush(now_ns)
@@ -164,6 +168,8 @@ class ReliableSender:
         poll = self.pending.poll
         moved = 0
         while self.counters.frames < limit:
+            if self._window_end is not None and self.next_seq > self._window_end:
+                break
             slot = poll()
             if slot is None:
                 break
@@ -171,6 +177,30 @@ class ReliableSender:
             self._append(topic_key, payload, ts, namespace_id, schema_id, qos, flags, now_ns)
             moved += 1
         return moved
+
+    # --- the send window --------------------------------------------------------------------
+
+    def _window_open(self, now_ns: int) -> bool:
+        """May the next message go out? Full when it is send_window_messages past the lowest
+        ACK of the receivers heard lately; a receiver silent for the timeout stops counting."""
+        end = self._window_end
+        if end is None or self.next_seq <= end:
+            return True
+        self._recompute_window(now_ns)
+        end = self._window_end
+        if end is None or self.next_seq <= end:
+            return True
+        self.counters.window_full += 1
+        return False
+
+    def _recompute_window(self, now_ns: int) -> None:
+        size = self.config.send_window_messages
+        if not size:
+            self._window_end = None
+            return
+        since = now_ns - self.config.send_window_receiver_timeout_ns
+        live = [self.acks[s] for s, at in self._acked_ns.items() if at >= since]
+        self._window_end = min(live) + size if live else None
 
     def _probe_tail(self, now_ns: int) -> int:
         last = self.buffer.last_message()
@@ -219,6 +249,8 @@ class ReliableSender:
             if h.source_session in self.acks or len(self.acks) < MAX_ACKING_RECEIVERS:
                 best = max(e.ack_seq for e in entries)
                 self.acks[h.source_session] = max(self.acks.get(h.source_session, 0), best)
+                self._acked_ns[h.source_session] = now_ns
+                self._recompute_window(now_ns)
         else:
             c.flow_control_frames += 1
             for entry in entries:

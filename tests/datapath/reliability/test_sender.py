@@ -3,7 +3,7 @@ what left it), ignores what it never sent, probes an idle tail and obeys flow co
 
 import pytest
 
-from datapath.protocol.admin_layout import FlowControl, FlowPolicy, FlowState
+from datapath.protocol.admin_layout import Ack, FlowControl, FlowPolicy, FlowState
 from datapath.protocol.codec import decode_frame, encode_admin
 from datapath.protocol.frame_layout import FrameType
 from datapath.reliability import ReliabilityError, ReliableSender, SenderConfig
@@ -188,3 +188,41 @@ def test_a_payload_that_cannot_fit_a_frame_is_refused_with_advice():
         tx.offer(1, bytes(300), 0)
     with pytest.raises(ReliabilityError, match="qos"):
         tx.offer(1, b"x", 0, qos=3)
+
+
+def ack(seq, receiver=RECEIVER):
+    return bytes(encode_admin(FrameType.ACK, [Ack(seq, 1 << 20)], source_session=receiver,
+                              dest_session=SENDER_SESSION, stream_id=STREAM))
+
+
+def sent_seqs(sink):
+    return [s for f, _ in sink.take() if f[3] == FrameType.DATA for s in message_seqs(f)]
+
+
+def test_the_send_window_holds_new_messages_past_the_slowest_receivers_ack():
+    tx, sink = make_sender(send_window_messages=10, send_window_receiver_timeout_ns=100 * MS)
+    publish(tx, 3)
+    tx.on_frame(ack(2), MS)                       # window: up to 2 + 10 = 12
+    tx.on_frame(ack(1, receiver=RECEIVER + 1), MS)  # a slower receiver: up to 11
+    for i in range(3, 20):
+        assert tx.offer(i, b"m%05d" % i, MS)      # accepted; the excess waits, pending
+    tx.flush(MS)
+    assert sent_seqs(sink) == [1, 2, 3] + list(range(4, 12))
+    assert tx.counters.window_full > 0 and len(tx.pending) == 9  # seqs 12..20
+    tx.on_frame(ack(9, receiver=RECEIVER + 1), 2 * MS)  # the slow one catches up: up to 12
+    tx.do_work(2 * MS)
+    tx.flush(2 * MS)
+    assert sent_seqs(sink) == [12]
+    # the slower receiver goes silent: after the timeout only the other one holds the window
+    tx.on_frame(ack(11), 150 * MS)
+    tx.do_work(150 * MS)
+    tx.flush(150 * MS)
+    assert sent_seqs(sink) == list(range(13, 21)) and not tx.pending
+
+
+def test_a_send_window_of_zero_is_off():
+    tx, sink = make_sender(send_window_messages=0)
+    publish(tx, 2)
+    tx.on_frame(ack(1), MS)
+    publish(tx, 50, MS, start=2)
+    assert len(sent_seqs(sink)) == 52 and tx.counters.window_full == 0
