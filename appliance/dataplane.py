@@ -344,6 +344,12 @@ class DataPlaneAgent:
         if session.tx is not None:
             session.tx.close()
 
+    def replace_channel(self, name: str, channel: Any) -> None:
+        """Receive from ``channel`` as ``name`` from now on (a wrapper around the channel, e.g.
+        a test's delay injection); run it on the data-path thread (``commands``)."""
+        self.channels[name] = channel
+        self._receivers = [(n, batch, self.channels[n]) for n, batch in self._rx.items()]
+
     def allow_keys(self, session_id: int, keys: list[int]) -> None:
         session = self.sessions.get(session_id)
         if session is not None:

@@ -63,11 +63,20 @@ class LoopNode(Node):
         op = cmd["cmd"]
         if op == "delay":
             host, port = cmd["peer"].split(":")
-            channels = self.app.channels
-            inner = channels["fabric"]
+            dp = self.app.dataplane
+            inner = dp.channels["fabric"]
             inner = getattr(inner, "inner", inner)
-            channels["fabric"] = DelayedReceive(inner, peer_id_of(host, int(port)),
-                                                int(cmd["delay_us"]) * 1_000)
+            delayed = DelayedReceive(inner, peer_id_of(host, int(port)),
+                                     int(cmd["delay_us"]) * 1_000)
+            done = threading.Event()
+
+            def swap() -> None:  # on the data-path thread, between two duty cycles
+                dp.replace_channel("fabric", delayed)
+                done.set()
+
+            dp.commands.offer(swap)
+            if not done.wait(10):
+                return {"ok": False, "error": "the data path did not take the delayed channel"}
             return {"ok": True}
         if op == "pubstream":
             client = self.clients[cmd["client"]]
