@@ -497,8 +497,8 @@ class ControlAgent:
             # After a stall of this process (its control or data-path thread did not run for
             # half the dead interval: a busy host), heartbeats may sit unread in the socket:
             # judge neighbours once both threads have run again, not now.
-            stalled = (now_ns - self._timers_ran_ns > dead_ns // 2
-                       or now_ns - self.dp.cycle_ns > dead_ns // 2)
+            paused_ns = max(now_ns - self._timers_ran_ns, now_ns - self.dp.cycle_ns)
+            stalled = paused_ns > dead_ns // 2
             self._timers_ran_ns = now_ns
             if stalled:
                 self.counters["stalls"] += 1
@@ -512,7 +512,7 @@ class ControlAgent:
                     self._topology_dirty = True
                 self._send_hello(nb, FrameType.HEARTBEAT if nb.up else FrameType.HELLO)
             self._group_hellos()
-            self._expire_sessions(now_ns)
+            self._expire_sessions(now_ns, paused_ns)
             work += 1
         if now_ns >= self._refresh_at:
             self._refresh_at = now_ns + cfg.lsa_refresh_ms * 1_000_000
@@ -761,8 +761,14 @@ class ControlAgent:
         log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
                  session.session_id, why)
 
-    def _expire_sessions(self, now_ns: int) -> None:
+    def _expire_sessions(self, now_ns: int, paused_ns: int) -> None:
+        """Log out clients silent for session_dead_ms; after a stall of this process
+        (``paused_ns``: its threads did not run, e.g. compiling or a busy host) their
+        heartbeats may still sit unread, so they get half the interval again first."""
         dead_ns = self.cfg.session_dead_ms * 1_000_000
+        if paused_ns > dead_ns // 2:
+            for session in self.sessions.values():
+                session.last_heard_ns = max(session.last_heard_ns, now_ns - dead_ns // 2)
         for session in list(self.sessions.values()):
             if now_ns - session.last_heard_ns > dead_ns:
                 self._end_session(session, "silent")
