@@ -168,8 +168,10 @@ def test_fast_paths_ran_and_deliver_exactly_what_the_general_loops_do(both_ways)
     (slow, slow_counts), (fast, fast_counts) = both_ways
     assert slow_counts["fa"]["fast"] == (0, 0) and slow_counts["fb"]["fast"] == (0, 0)
     # on: a took the client bursts and their deliveries on arrays, b the fabric deliveries
-    assert fast_counts["fa"]["fast"][0] >= ROUNDS
-    assert fast_counts["fa"]["fast"][1] >= ROUNDS
+    # (the first round may reach the data path before its keys' tables and be parked, then
+    # rerun by the general loop)
+    assert fast_counts["fa"]["fast"][0] >= ROUNDS - 1
+    assert fast_counts["fa"]["fast"][1] >= ROUNDS - 1
     assert fast_counts["fb"]["fast"][1] >= 1
     assert fast == slow
     for side in ("fa", "fb"):
