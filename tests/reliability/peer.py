@@ -249,6 +249,7 @@ def send(args: argparse.Namespace) -> dict:
             paused_ns += now - last_loop_ns
         last_loop_ns = now
         if (published == args.count and args.receivers and len(tx.acks) >= args.receivers
+                and not tx.pending and not tx.batcher.count  # all sent (the window may hold some)
                 and min(tx.acks.values()) >= tx.highest_sent):
             break
         if not offered and not got and not work:
