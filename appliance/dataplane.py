@@ -265,7 +265,7 @@ class DataPlaneAgent:
                 host, port = channel.local_address
                 rx = GROUP_RX + name[len(GROUP_TX):]
                 self._own_group_senders[rx] = (peer_id_of(host, 0) >> 16, port)
-        self._receivers = [(name, batch, channels[name]) for name, batch in self._rx.items()]
+        self._receivers = self._list_receivers()
         self._out_list = list(self._out.values())
         self.digests: Counter[str] = Counter()
         """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
@@ -348,7 +348,11 @@ class DataPlaneAgent:
         """Receive from ``channel`` as ``name`` from now on (a wrapper around the channel, e.g.
         a test's delay injection); run it on the data-path thread (``commands``)."""
         self.channels[name] = channel
-        self._receivers = [(n, batch, self.channels[n]) for n, batch in self._rx.items()]
+        self._receivers = self._list_receivers()
+
+    def _list_receivers(self) -> list[tuple[str, Any, Any]]:
+        """(name, receive batch, channel) of every channel the duty cycle receives from."""
+        return [(name, batch, self.channels[name]) for name, batch in self._rx.items()]
 
     def allow_keys(self, session_id: int, keys: list[int]) -> None:
         session = self.sessions.get(session_id)

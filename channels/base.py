@@ -52,6 +52,7 @@ from channels.stats import ChannelStats
 from datapath.config import MAX_FRAME_BYTES
 from datapath.protocol import frame_layout as fl
 from datapath.protocol.batch import DecodeResult, decode_frames
+from datapath.protocol.batch import warm_up as warm_up_decoder
 
 DEFAULT_SLOT_BYTES = MAX_FRAME_BYTES
 """Slot size of a FrameBatch unless told otherwise: one largest frame."""
@@ -191,7 +192,8 @@ def stamp_send_ts(frames: FrameArrays, count: int, now_ns: int | None = None) ->
 
 
 def warm_up() -> None:
-    """Compile/load this module's kernel."""
+    """Compile/load this module's kernel and the batch decoder ``decode_batch`` runs."""
+    warm_up_decoder()
     batch = FrameBatch(1, 64)
     batch.append(bytes(64))
     stamp_send_ts(batch.arrays(), 1)

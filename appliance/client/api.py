@@ -901,23 +901,15 @@ _WARM = False
 
 
 def _warm_up() -> None:
-    """Load (or, with a cold cache, compile) the numba kernels a client runs: channels and the
-    batch decoder. Compiling holds the interpreter for seconds; done during a session, it
-    would keep the client's heartbeats back until the appliance logs the session out."""
+    """Load (or, with a cold cache, compile) the numba kernels a client runs: the channels'
+    and the batch decoder. Compiling holds the interpreter for seconds; done during a
+    session, it would keep the client's heartbeats back until the appliance logs it out."""
     global _WARM
-    if _WARM:
-        return
-    import channels
-    from channels.base import FrameBatch
-    from datapath.protocol.batch import decode_frames, new_message_batch
-    from datapath.protocol.codec import encode_data_frame
+    if not _WARM:
+        import channels
 
-    channels.warm_up()
-    batch = FrameBatch(2, 2048)
-    batch.append(encode_data_frame([{"sequence": 1, "payload": b"x" * 16}]))
-    decode_frames(batch.buf, batch.offsets[:1], batch.lengths[:1], new_message_batch(4),
-                  np.zeros(2, np.uint8), np.zeros(2, np.uint8))
-    _WARM = True
+        channels.warm_up()
+        _WARM = True
 
 
 def connect(url: str, identity: str = "anonymous", *,

@@ -101,3 +101,13 @@ def pack_frames(batch: np.ndarray, count: int, arena: np.ndarray | bytes | bytea
         batch, first, count, arena_u8, out, out_offset, max_frame_bytes, int(frame_type),
         source_session, dest_session, stream_id, send_ts_ns, frame_offsets, frame_lengths)
     return PackResult(int(frames), int(written), int(end))
+
+
+def warm_up() -> None:
+    """Load (or, with a cold cache, compile) the batch decoder now, so that the first frames
+    a process receives do not wait for it."""
+    from datapath.protocol.codec import encode_data_frame
+
+    frame = np.frombuffer(encode_data_frame([{"sequence": 1, "payload": b"x" * 16}]), np.uint8)
+    decode_frames(frame, np.zeros(1, np.int64), np.array([len(frame)], np.int64),
+                  new_message_batch(4), np.zeros(1, np.uint8), np.zeros(1, np.uint8))
