@@ -13,7 +13,8 @@ number, PSN, GID, MTU, receive depth and where its credit word is (``_rdma_verbs
 both move their queue pairs to RTS and say READY. The device, port and GID are those of the
 TCP connection's local IPv4 address (its IPv4-mapped RoCE v2 GID), unless ``device``/
 ``gid_index`` say otherwise. The TCP connection stays open: it is how an end learns that its
-peer closed (a goodbye) or died (end of stream).
+peer closed (``BYE <packets>``, sent once every packet it posted was acknowledged) or died
+(end of stream without it); ``_PeerControl`` parses it.
 
 Data path, all in preallocated registered memory (``_rdma_verbs.Endpoint``):
 
@@ -33,8 +34,11 @@ Data path, all in preallocated registered memory (``_rdma_verbs.Endpoint``):
 Failure is reported, never hidden: a send completion in error (the peer stopped answering:
 ``RETRY_EXC_ERR``; the peer's receive queue stayed empty: ``RNR_RETRY_EXC_ERR``) or the
 TCP connection ending raises ``RdmaPeerGoneError``/``RdmaReceiverNotReadyError`` once every
-frame that did arrive has been delivered; the channel is then unusable except for
-``close()``. Peer ids are the peer's queue pair number; ``peer_address`` gives its TCP
+frame that did arrive has been delivered (after a goodbye: every packet the peer counted in
+it); the channel is then unusable except for ``close()``. Once the peer has said goodbye or
+its end of the TCP connection is gone, that is what is reported: the verbs errors its queue
+pair's end leaves behind (a credit write never acknowledged, flushed receives) are expected,
+not a second failure. Peer ids are the peer's queue pair number; ``peer_address`` gives its TCP
 address.
 """
 
@@ -108,16 +112,20 @@ RDMA_MIN_RNR_TIMER = 14
 RDMA_CONNECT_TIMEOUT_NS = 60_000_000_000
 """Longest wait for the TCP exchange and the peer's READY (a VM under emulation is slow)."""
 RDMA_CLOSE_LINGER_NS = 2_000_000_000
-"""``close()`` waits this long at most for packets in flight to be acknowledged."""
+"""``close()`` waits this long at most for packets in flight to be acknowledged; with some
+still unacknowledged it closes without a goodbye (the peer then reports it gone, not closed:
+those frames may be lost)."""
 RDMA_PEER_CHECK_NS = 10_000_000
 """An idle ``receive`` looks at the TCP connection (goodbye, end of stream) this often."""
 RDMA_CREDIT_BATCH_FRACTION = 2
 """Credits go back when 1/this of the receive ring has been reposted since the last report
 (or sooner when the peer is running low)."""
 
-_HELLO_VERSION = 1
+_HELLO_VERSION = 2
+"""2: the goodbye carries the count of packets sent (``BYE <packets>``)."""
 _READY = b"READY\n"
-_BYE = b"BYE\n"
+_BYE = b"BYE"
+_CONTROL_LINE_MAX_BYTES = 64
 _CREDIT_WR_ID = 1 << 40
 
 
@@ -147,6 +155,56 @@ def _address(address: object, what: str) -> tuple[str, int]:
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ChannelUserError(f"rdma: {what} port {port!r} is not in [0, 65535]")
     return _ipv4(host, what), port
+
+
+class _PeerControl:
+    """What the peer says on the set-up TCP connection once both ends are READY.
+
+    One message may come, ``BYE <packets>\n``: the peer closed the channel in order, after
+    every one of the ``packets`` RDMA sends it made in all had been acknowledged; end of
+    stream follows. End of stream without it is a peer that died (or closed with packets
+    unacknowledged). TCP may cut those bytes anywhere or join them, so they are parsed as a
+    stream: ``feed`` each ``recv``'s bytes, ``b""`` at end of stream.
+    """
+
+    def __init__(self, peer: object) -> None:
+        self.peer = peer
+        self.said_bye = False
+        self.packets_sent = 0
+        """The packets the peer sent in all (from its goodbye; 0 without one)."""
+        self.ended = False
+        self._pending = b""
+
+    @property
+    def gone(self) -> bool:
+        """The peer said goodbye or its end of the connection is gone."""
+        return self.said_bye or self.ended
+
+    def feed(self, data: bytes) -> None:
+        """Take the bytes of one ``recv`` (``b""``: end of stream); bad bytes raise
+        ``RdmaDeviceError`` (EPROTO)."""
+        if not data:
+            self.ended = True
+            return
+        if self.said_bye:
+            raise self._error(data, " after its goodbye")
+        self._pending += data
+        line, newline, rest = self._pending.partition(b"\n")
+        if not newline:
+            if len(self._pending) > _CONTROL_LINE_MAX_BYTES:
+                raise self._error(self._pending, "")
+            return
+        word, _, count = line.partition(b" ")
+        if word != _BYE or not count.isdigit() or rest:
+            raise self._error(self._pending, "")
+        self.said_bye, self.packets_sent = True, int(count)
+        self._pending = b""
+
+    def _error(self, data: bytes, when: str) -> RdmaDeviceError:
+        return RdmaDeviceError(
+            f"rdma: the peer at {self.peer} sent {data[:80]!r} on the set-up connection{when}; "
+            f"only 'BYE <packets>' belongs there: is it a topicwire RDMA channel of set-up "
+            f"version {_HELLO_VERSION}?", errno=errno.EPROTO)
 
 
 class RdmaListener:
@@ -328,8 +386,7 @@ class RdmaChannel(Channel):
         self._state = np.zeros(2, np.int64)
         self._out = np.zeros(5, np.int64)
         self._packet_lengths = np.zeros(send_packets, np.int64)
-        self._peer_said_bye = False
-        self._peer_eof = False
+        self._control = _PeerControl(self._peer_tcp)
         self._next_peer_check = 0
         self._idle = BackoffIdle()
         self._credit_low = max(1, recv_packets // 4)
@@ -398,6 +455,8 @@ class RdmaChannel(Channel):
             stamp_send_ts(arrays, n)
         ep = self._ep
         self._reap_sends()
+        if self._control.gone:  # it said goodbye or went away: nothing more reaches it
+            self._check_peer(deliver_first=False)
         credits = int(ep.credit[0]) - self._packets_sent
         max_packets = min(ep.send_packets - self._in_flight, credits)
         if max_packets <= 0:
@@ -479,6 +538,8 @@ class RdmaChannel(Channel):
                 break  # the batch is full; the rest of this packet waits
             self._current = None
             self._packets_received += 1
+            if self._control.gone:  # a peer that left sends nothing more: no reposts
+                continue
             try:
                 ep.post_recv(slot)
             except ep.v.pyverbs_error.PyverbsError as exc:
@@ -497,16 +558,20 @@ class RdmaChannel(Channel):
         return n
 
     def _poll_receives(self) -> int:
+        """Move receive completions to the ready queue; how many packets arrived."""
         ep = self._ep
         if self._failure is not None:
             return 0
-        got, wcs = ep.recv_cq.poll(ep.recv_packets)
+        _, wcs = ep.recv_cq.poll(ep.recv_packets)
         success = ep.v.enums.IBV_WC_SUCCESS
+        arrived = 0
         for wc in wcs:
             if wc.status != success:
-                self._completion_failed(wc, "receive")
+                self._completion_failed(wc, "receive")  # returns for a flush after a peer left
+                continue
             self._ready.append((int(wc.wr_id), int(wc.byte_len)))
-        return got
+            arrived += 1
+        return arrived
 
     def _reap_sends(self) -> None:
         ep = self._ep
@@ -524,6 +589,8 @@ class RdmaChannel(Channel):
 
     def _return_credits(self) -> None:
         """Tell the peer about reposted receives, in batches (module doc)."""
+        if self._control.gone:
+            return
         if self._credit_pending:
             self._reap_sends()
             if self._credit_pending:
@@ -546,6 +613,11 @@ class RdmaChannel(Channel):
         from channels._rdma_verbs import wc_status_name
 
         e = self._ep.v.enums
+        if wc.status in (e.IBV_WC_RETRY_EXC_ERR, e.IBV_WC_WR_FLUSH_ERR) and \
+                self._failure is None:
+            self._read_control()
+            if self._control.gone:  # what the end of its queue pair leaves behind (a credit
+                return              # write never acknowledged, receives flushed): expected
         status = wc_status_name(wc.status)
         counts = (f"{self._packets_sent} packets sent, {self._packets_received} received")
         if wc.status == e.IBV_WC_RNR_RETRY_EXC_ERR:
@@ -574,36 +646,48 @@ class RdmaChannel(Channel):
         raise self._failure
 
     def _check_peer(self, deliver_first: bool = True) -> None:
-        """When idle: has the peer said goodbye or gone (TCP end of stream)?"""
-        now = time.monotonic_ns()
-        if now < self._next_peer_check and not (self._peer_said_bye or self._peer_eof):
-            return
-        self._next_peer_check = now + RDMA_PEER_CHECK_NS
-        while not self._peer_eof:
-            try:
-                data = self._sock.recv(4096)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                data = b""
-            if not data:
-                self._peer_eof = True
-            elif _BYE.strip() in data:
-                self._peer_said_bye = True
-        if not (self._peer_said_bye or self._peer_eof):
-            return
-        if self._poll_receives() and deliver_first:  # frames that beat the goodbye go first
+        """Has the peer said goodbye or gone (TCP end of stream)? Then fail the channel with
+        that: with ``deliver_first`` (the caller has nothing left to deliver) once every
+        packet it sent has been delivered, else at once (what arrived is still delivered)."""
+        control = self._control
+        if not control.gone:
+            now = time.monotonic_ns()
+            if now < self._next_peer_check:
+                return
+            self._next_peer_check = now + RDMA_PEER_CHECK_NS
+            self._read_control()
+            if not control.gone:
+                return
+        arrived = self._poll_receives()  # frames that beat the goodbye go first
+        if deliver_first and (arrived or self._packets_received < control.packets_sent):
             return
         counts = f"{self._packets_received} packets received, {self._packets_sent} sent"
-        if self._peer_said_bye:
+        if control.said_bye:
             error = RdmaPeerGoneError(f"{self.name}: the peer closed the channel ({counts})",
                                       orderly=True)
         else:
             error = RdmaPeerGoneError(f"{self.name}: the peer went away without closing "
-                                      f"(its process ended mid-stream; {counts}); frames it "
-                                      "had not yet sent are lost: reconnect")
+                                      f"(its process ended, or it closed with packets "
+                                      f"unacknowledged; {counts}); frames it had not yet "
+                                      "sent are lost: reconnect")
         self.stats.on_error("peer_gone")
         self._fail(error)
+
+    def _read_control(self) -> None:
+        """Hand what the TCP connection holds to the peer's control parser (not blocking)."""
+        control = self._control
+        while not control.ended:
+            try:
+                data = self._sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # reset: the peer is as gone as at end of stream
+                data = b""
+            try:
+                control.feed(data)
+            except RdmaDeviceError as exc:
+                self.stats.on_error("control_protocol")
+                self._fail(exc)
 
     # --- teardown ------------------------------------------------------------------------
     @property
@@ -611,25 +695,32 @@ class RdmaChannel(Channel):
         """Packets posted and not yet acknowledged by the peer."""
         return self._in_flight if self._ep is not None else 0
 
+    def _linger(self) -> bool:
+        """Wait up to ``RDMA_CLOSE_LINGER_NS`` for every packet posted to be acknowledged;
+        True when all were (and the peer is still there), so a goodbye may count them."""
+        if self._failure is not None or self._control.gone:
+            return False
+        deadline = time.monotonic_ns() + RDMA_CLOSE_LINGER_NS
+        try:
+            while self._in_flight and time.monotonic_ns() < deadline:
+                self._reap_sends()
+                time.sleep(0)
+        except Exception:  # the peer is gone already: no goodbye
+            return False
+        return not self._in_flight and self._failure is None and not self._control.gone
+
     def _close(self) -> None:
         ep = getattr(self, "_ep", None)
         sock = getattr(self, "_sock", None)
-        if ep is not None and getattr(self, "_failure", None) is None and \
-                hasattr(self, "_in_flight"):
-            deadline = time.monotonic_ns() + RDMA_CLOSE_LINGER_NS
-            try:  # let what was taken reach the peer before the queue pair goes
-                while (self._in_flight or self._credit_pending) and \
-                        time.monotonic_ns() < deadline:
-                    self._reap_sends()
-                    time.sleep(0)
-            except Exception:  # the peer is gone already: nothing more to wait for
-                pass
+        # only a channel past its set-up says goodbye, and only for packets all acknowledged
+        said_bye = ep is not None and hasattr(self, "_control") and self._linger()
         if sock is not None:
             try:
-                sock.setblocking(True)
-                sock.settimeout(1.0)
-                sock.sendall(_BYE)
-                sock.shutdown(socket.SHUT_WR)
+                if said_bye:
+                    sock.setblocking(True)
+                    sock.settimeout(1.0)
+                    sock.sendall(b"%s %d\n" % (_BYE, self._packets_sent))
+                    sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
             sock.close()

@@ -39,6 +39,13 @@ RECEIVE_BATCH = 256
 WAIT_NS = 60_000_000_000
 """Longest wait for anything the tests expect to happen (the emulated guest is slow)."""
 PEER_MESSAGES = 50_000
+REPORT_EVERY = 1_024
+"""The sending child reports its count once per this many frames sent: ~50 reports, which
+a pipe holds unread (one holds ~270 small messages; a report per send call while pushed back
+filled it, and the child then hung in ``report.send`` instead of closing)."""
+CREDIT_MESSAGES = 3_000
+"""Frames of the failed-credit-write test: ~47 packets (about one per send call of 64), more
+than the 32 after which credits go back, fewer than the 64 the sender may send without any."""
 
 
 def _stream(near: RdmaChannel, far: RdmaChannel, frames: Frames,
@@ -208,16 +215,18 @@ class TestRdmaChannel(RdmaTestCase):
 
 # --- the peer goes away ----------------------------------------------------------------------
 
-def _peer_sender(address: tuple, bind: str, mode: str, report: object) -> None:
-    """Child process: connect, send PEER_MESSAGES paced frames; report how many went.
-    ``close``: then close the channel; ``hang``: then wait to be killed."""
-    frames = Frames(PEER_MESSAGES, seed=9, max_bytes=512)
+def _peer_sender(address: tuple, bind: str, mode: str, messages: int, report: object) -> None:
+    """Child process: connect, send ``messages`` frames; report how many went (each time
+    another REPORT_EVERY went, and at the end). ``close``: then close the channel; ``hang``
+    (sending paced): then wait to be killed."""
+    frames = Frames(messages, seed=9, max_bytes=512)
     with RdmaChannel(connect=address, bind=bind) as channel:
-        sent = 0
-        while sent < PEER_MESSAGES:
+        sent = reported = 0
+        while sent < messages:
             sent += channel.send(frames.arrays(sent, 64))
-            if sent and sent % 1_024 < 64:
+            if sent // REPORT_EVERY > reported // REPORT_EVERY:
                 report.send(sent)
+                reported = sent
             if mode == "hang":
                 time.sleep(0.005)  # slow enough to be killed mid-stream
         report.send(sent)
@@ -232,6 +241,17 @@ def _peer_receiver(address: tuple, bind: str, report: object) -> None:
         report.send("ready")
         while True:
             channel.receive(batch, 1_000_000)
+
+
+def _last_report(report: object) -> int:
+    """The last count the sending child reported so far (0 before its first)."""
+    sent = 0
+    try:
+        while report.poll():
+            sent = report.recv()
+    except EOFError:  # the last report was read: the child's end is closed
+        pass
+    return sent
 
 
 class TestPeerGone(RdmaTestCase):
@@ -250,7 +270,7 @@ class TestPeerGone(RdmaTestCase):
         return proc, ours, channel
 
     def test_a_peer_killed_mid_stream_is_reported_after_every_frame_that_arrived(self):
-        proc, report, channel = self._start(_peer_sender, "hang")
+        proc, report, channel = self._start(_peer_sender, "hang", PEER_MESSAGES)
         frames = Frames(PEER_MESSAGES, seed=9, max_bytes=512)
         checker = InOrderChecker(frames)
         batch = FrameBatch(RECEIVE_BATCH, 2_048)
@@ -269,12 +289,7 @@ class TestPeerGone(RdmaTestCase):
             if proc.is_alive():
                 proc.kill()
         assert not gone.value.orderly
-        sent = 0
-        try:
-            while report.poll():
-                sent = report.recv()
-        except EOFError:  # the last report was read: the child's end is closed
-            pass
+        sent = _last_report(report)
         assert 2_000 <= checker.next < PEER_MESSAGES  # stopped mid-stream...
         # ...with what it had sent delivered, in order (its last two sends may not have left
         # its queue pair before the kill)
@@ -282,7 +297,7 @@ class TestPeerGone(RdmaTestCase):
         assert channel.stats.error_reasons == {"peer_gone": 1}
 
     def test_a_peer_that_closes_is_reported_in_order_after_all_its_frames(self):
-        proc, report, channel = self._start(_peer_sender, "close")
+        proc, report, channel = self._start(_peer_sender, "close", PEER_MESSAGES)
         checker = InOrderChecker(Frames(PEER_MESSAGES, seed=9, max_bytes=512))
         batch = FrameBatch(RECEIVE_BATCH, 2_048)
         with channel, pytest.raises(RdmaPeerGoneError, match="closed the channel") as gone:
@@ -290,8 +305,36 @@ class TestPeerGone(RdmaTestCase):
             while time.monotonic_ns() < deadline:
                 if channel.receive(batch, 1_000_000):
                     checker.check(batch)
+            pytest.fail(f"no goodbye: {checker.next} of {PEER_MESSAGES} frames received; the "
+                        f"sender reported {_last_report(report)} sent and is "
+                        f"{'still running' if proc.is_alive() else 'gone'}")
         proc.join(WAIT_NS / 1e9)
         assert gone.value.orderly and checker.next == PEER_MESSAGES
+        assert _last_report(report) == PEER_MESSAGES and proc.exitcode == 0
+        assert channel.stats.error_reasons == {"peer_gone": 1}
+
+    def test_a_peer_that_closed_is_reported_as_closed_when_credits_sent_to_it_fail(self):
+        # The sender sends every frame without needing credits back, closes and exits: its
+        # queue pair is gone. Credits go back after 32 of the ~47 packets are delivered; that
+        # RDMA write is never acknowledged (RETRY_EXC_ERR after ~2 s) while the rest is still
+        # being delivered, slowly: it is what the peer's close left behind, not a failure.
+        proc, report, channel = self._start(_peer_sender, "close", CREDIT_MESSAGES)
+        proc.join(WAIT_NS / 1e9)
+        assert proc.exitcode == 0 and _last_report(report) == CREDIT_MESSAGES
+        checker = InOrderChecker(Frames(CREDIT_MESSAGES, seed=9, max_bytes=512))
+        batch = FrameBatch(16, 2_048)
+        credit_written = channel._credit_reported
+        with channel, pytest.raises(RdmaPeerGoneError, match="closed the channel") as gone:
+            deadline = time.monotonic_ns() + WAIT_NS
+            while time.monotonic_ns() < deadline:
+                if channel.receive(batch, 1_000_000):
+                    checker.check(batch)
+                if channel._credit_reported > credit_written:  # a write to a gone queue pair
+                    time.sleep(0.1)  # deliver the rest slowly: the write fails meanwhile
+            pytest.fail(f"no goodbye: {checker.next} of {CREDIT_MESSAGES} frames received")
+        assert channel._credit_reported > credit_written  # the case arose
+        assert gone.value.orderly and checker.next == CREDIT_MESSAGES
+        assert channel.stats.error_reasons == {"peer_gone": 1}
 
     def test_a_sender_whose_peer_is_killed_gets_peer_gone(self):
         proc, report, channel = self._start(_peer_receiver)
