@@ -95,6 +95,15 @@ after it on its stream) and is tried again on a new snapshot or after this long;
 PARKED_MESSAGE_TTL_NS it is declared lost (reason UNKNOWN_KEY)."""
 GUARANTEED_SWEEP_INTERVAL_NS = 1_000_000_000
 """How often ended guaranteed senders are looked for."""
+RDMA_LINK_RETRY_NS = 500_000_000
+"""An RDMA neighbour link whose set-up failed (the neighbour not up yet, gone) is tried again
+after this long (appliance/fabric_links.py)."""
+RDMA_LINK_BACKLOG_FRAMES = 4_096
+"""Frames an RDMA neighbour link holds back while the link pushes back (the peer's credits
+are used up), sent in order before newer ones; more are dropped and counted, as a full UDP
+socket buffer would."""
+RDMA_LINK_BACKLOG_BYTES = 4 * 1024 * 1024
+"""Bytes of that backlog at most (as deep as the UDP fabric socket's send buffer)."""
 
 MAX_NODE_ID = 2**31 - 1
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -113,6 +122,24 @@ Address = tuple[str, int]
 
 
 @dataclass(frozen=True)
+class RdmaLinkConfig:
+    """How an RDMA neighbour is reached (``transport = "rdma"``, docs/appliance.md)."""
+
+    local: str
+    """This appliance's IPv4 address on its RDMA device: picks the device and GID
+    (``rdma_local``)."""
+    remote: str
+    """The neighbour's IPv4 address on its RDMA device (``rdma_remote``)."""
+    port: int
+    """TCP port of the set-up exchange, the same in both appliances' configs (``rdma_port``)."""
+    listen: bool
+    """This end listens on ``local:port`` (its name sorts before the neighbour's); the other
+    connects to ``remote:port``."""
+    device: str | None = None
+    gid_index: int | None = None
+
+
+@dataclass(frozen=True)
 class NeighbourConfig:
     name: str
     address: Address
@@ -120,6 +147,9 @@ class NeighbourConfig:
     group: str | None = None
     """The fabric group (``fabric.groups[].name``) this neighbour is reached on, or None
     (unicast only)."""
+    transport: str = "udp"
+    """``udp`` (frames to ``address`` over the fabric socket) or ``rdma`` (over ``rdma``)."""
+    rdma: RdmaLinkConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -396,6 +426,46 @@ def _groups(value: object) -> tuple[GroupConfig, ...]:
     return tuple(out)
 
 
+RDMA_KEYS = frozenset({"rdma_local", "rdma_remote", "rdma_port", "rdma_device",
+                       "rdma_gid_index"})
+"""A neighbour's keys for ``transport = "rdma"``."""
+
+
+def _ipv4_host(value: object, key: str) -> str:
+    try:
+        address = ipaddress.IPv4Address(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise _fail(key, f"must be a numeric IPv4 address, not {value!r}") from None
+    if address.is_unspecified or address.is_multicast:
+        raise _fail(key, f"{value} is not one interface's address; give the address of the "
+                    "RDMA device's network interface")
+    return str(address)
+
+
+def _rdma_link(n: dict, where: str, name: str, address: Address,
+               listen: Address | None) -> RdmaLinkConfig:
+    """The RDMA keys of neighbour ``n`` (``transport = "rdma"``)."""
+    if "rdma_local" in n:
+        local = _ipv4_host(n["rdma_local"], where + "rdma_local")
+    elif listen is not None and listen[0] != "0.0.0.0":
+        local = listen[0]
+    else:
+        raise _fail(where + "rdma_local", "required: this host's IPv4 address on its RDMA "
+                    "device (fabric.listen's address is the default, but it is the wildcard)")
+    remote = _ipv4_host(n.get("rdma_remote", address[0]), where + "rdma_remote")
+    if "rdma_port" not in n:
+        raise _fail(where + "rdma_port", "required: the TCP port of the link's set-up, the "
+                    "same in both appliances' configs (the end whose name sorts first listens)")
+    port = _int(n, "rdma_port", where, 0, 1, 65_535)
+    device = _str(n, "rdma_device", where, None)
+    if device is not None and not NAME_RE.match(device):
+        raise _fail(where + "rdma_device", f"must be an RDMA device name such as \"rxe0\" "
+                    f"(`rdma link show`), not {device!r}")
+    gid_index = None if "rdma_gid_index" not in n else _int(n, "rdma_gid_index", where, 0, 0,
+                                                              65_535)
+    return RdmaLinkConfig(local, remote, port, name < n["name"], device, gid_index)
+
+
 def node_id_of(name: str) -> int:
     """The default node id of an appliance name: stable across restarts and machines."""
     digest = hashlib.blake2b(name.encode(), digest_size=4, person=b"topicwire-node").digest()
@@ -461,7 +531,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         where = f"neighbours[{i}]."
         if not isinstance(n, dict):
             raise _fail(f"neighbours[{i}]", "must be a table with name and address")
-        _known(n, {"name", "address", "cost", "group"}, where)
+        _known(n, {"name", "address", "cost", "group", "transport", *RDMA_KEYS}, where)
         nname = n.get("name")
         if not isinstance(nname, str) or not NAME_RE.match(nname):
             raise _fail(where + "name", "required: the neighbour's appliance name")
@@ -475,8 +545,23 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
             raise _fail(where + "group", f"{group!r} is not a group of fabric.groups; known: "
                         + (", ".join(repr(g.name) for g in groups) or "none (add "
                            "[[fabric.groups]] with name, address and interface)"))
-        neighbours.append(NeighbourConfig(nname, parse_address(n["address"], where + "address"),
-                                          _int(n, "cost", where, 1, 1, 65_535), group))
+        address = parse_address(n["address"], where + "address")
+        transport = _str(n, "transport", where, "udp", ("udp", "rdma"))
+        rdma = None
+        if transport == "rdma":
+            if group is not None:
+                raise _fail(where + "group", "a neighbour reached over RDMA is on no fabric "
+                            "group (groups are UDP multicast); drop group or transport")
+            rdma = _rdma_link(n, where, name, address, listen)
+            if any(x.rdma is not None and x.rdma.port == rdma.port for x in neighbours):
+                raise _fail(where + "rdma_port", f"{rdma.port} is another RDMA neighbour's "
+                            "set-up port; give each RDMA neighbour its own")
+        else:
+            extra = sorted(RDMA_KEYS & n.keys())
+            if extra:
+                raise _fail(where + extra[0], "only for transport = \"rdma\"")
+        neighbours.append(NeighbourConfig(nname, address, _int(n, "cost", where, 1, 1, 65_535),
+                                          group, transport, rdma))
     if groups and listen is None:
         raise _fail("fabric.listen", "required when fabric.groups are configured (admin frames "
                     "and per-destination frames stay unicast)")

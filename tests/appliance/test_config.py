@@ -119,3 +119,61 @@ def test_a_pm_document_too_large_for_one_frame_is_refused():
     with pytest.raises(ConfigError) as info:
         parse_config(_with(pm={"identities": identities}))
     assert str(info.value).startswith("config: pm.identities: P&M's document")
+
+
+def _rdma_neighbour(**keys):
+    return _with(fabric={"listen": "192.168.200.1:47470", "key": FABRIC_KEY},
+                 neighbours=[{"name": "core2", "address": "192.168.200.2:47470",
+                              "transport": "rdma", "rdma_port": 47490, **keys}])
+
+
+@pytest.mark.parametrize("doc, key", [
+    (_rdma_neighbour(transport="infiniband"), "neighbours[0].transport"),
+    (_with(fabric={"listen": "192.168.200.1:47470", "key": FABRIC_KEY},
+           neighbours=[{"name": "core2", "address": "192.168.200.2:47470",
+                        "transport": "rdma"}]), "neighbours[0].rdma_port"),
+    (_rdma_neighbour(rdma_port=0), "neighbours[0].rdma_port"),
+    (_rdma_neighbour(rdma_local="rxe0"), "neighbours[0].rdma_local"),
+    (_rdma_neighbour(rdma_local="0.0.0.0"), "neighbours[0].rdma_local"),
+    (_rdma_neighbour(rdma_remote="239.1.1.1"), "neighbours[0].rdma_remote"),
+    (_rdma_neighbour(rdma_device="rxe 0"), "neighbours[0].rdma_device"),
+    (_rdma_neighbour(rdma_gid_index=-1), "neighbours[0].rdma_gid_index"),
+    (_rdma_neighbour(rdma_gid_index="1"), "neighbours[0].rdma_gid_index"),
+    (_with(fabric={"listen": "0.0.0.0:47470", "key": FABRIC_KEY},
+           neighbours=[{"name": "core2", "address": "192.168.200.2:47470",
+                        "transport": "rdma", "rdma_port": 47490}]), "neighbours[0].rdma_local"),
+    (_with(fabric={"listen": "127.0.0.1:47470", "key": FABRIC_KEY},
+           neighbours=[{"name": "core2", "address": "127.0.0.1:47471", "rdma_port": 47490}]),
+     "neighbours[0].rdma_port"),
+    (_with(fabric={"listen": "192.168.200.1:47470", "key": FABRIC_KEY,
+                   "groups": [{"name": "g", "address": "239.77.0.1:47480",
+                               "interface": "192.168.200.1"}]},
+           neighbours=[{"name": "core2", "address": "192.168.200.2:47470", "group": "g",
+                        "transport": "rdma", "rdma_port": 47490}]), "neighbours[0].group"),
+    (_with(fabric={"listen": "192.168.200.1:47470", "key": FABRIC_KEY},
+           neighbours=[{"name": n, "address": f"192.168.200.{i}:47470", "transport": "rdma",
+                        "rdma_port": 47490} for i, n in ((2, "core2"), (3, "core3"))]),
+     "neighbours[1].rdma_port"),
+])
+def test_a_bad_rdma_neighbour_is_refused_with_a_message_naming_the_key(doc, key):
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc)
+    assert str(info.value).startswith(f"config: {key}")
+
+
+def test_an_rdma_neighbour_defaults_to_the_fabric_addresses_and_the_first_name_listens():
+    near = parse_config(_rdma_neighbour()).neighbours[0]
+    assert near.transport == "rdma"
+    assert (near.rdma.local, near.rdma.remote, near.rdma.port) == (
+        "192.168.200.1", "192.168.200.2", 47490)
+    assert near.rdma.listen  # "core1" < "core2"
+    far_doc = _rdma_neighbour(rdma_local="10.1.0.2", rdma_remote="10.1.0.1", rdma_device="rxe1",
+                              rdma_gid_index=1)
+    far_doc["appliance"] = {"name": "core3"}
+    far = parse_config(far_doc).neighbours[0]
+    assert not far.rdma.listen  # "core3" > "core2": it connects
+    assert (far.rdma.local, far.rdma.remote, far.rdma.device, far.rdma.gid_index) == (
+        "10.1.0.2", "10.1.0.1", "rxe1", 1)
+    plain = parse_config(_with(fabric={"listen": "127.0.0.1:47470", "key": FABRIC_KEY},
+                               neighbours=[{"name": "core2", "address": "127.0.0.1:47471"}]))
+    assert plain.neighbours[0].transport == "udp" and plain.neighbours[0].rdma is None
