@@ -593,16 +593,18 @@ class ControlAgent:
         self.dp.commands.offer(lambda: self.dp.set_tables(tables))
 
     def _sync_destinations(self) -> None:
-        """One destination egress per reachable appliance and class with interest: ``n:NODE``
-        (best-effort and last-value) and ``g:NODE`` (guaranteed)."""
+        """One destination egress per appliance and class with interest: ``n:NODE``
+        (best-effort and last-value) while NODE is reachable, ``g:NODE`` (guaranteed) as long
+        as its interest is known, through a partition too: the messages go on into the
+        reliable sender towards NODE, which keeps them until a path returns and the receiver
+        recovers them (or declares them lost once the sender's buffer has let them go)."""
         reachable = {dst for (src, dst) in self.paths if src == self.node_id}
         wanted = {}
         for origin, (_, _, patterns, gpatterns) in self.interest.items():
-            if origin in reachable:
-                if patterns:
-                    wanted[("n", origin)] = patterns
-                if gpatterns:
-                    wanted[("g", origin)] = gpatterns
+            if patterns and origin in reachable:
+                wanted[("n", origin)] = patterns
+            if gpatterns:
+                wanted[("g", origin)] = gpatterns
         for key in list(self.dest_egress):
             port, patterns = self.dest_egress[key]
             if wanted.get(key) != patterns:

@@ -195,7 +195,7 @@ def test_telemetry_moves_the_route_and_guaranteed_traffic_follows_without_loss(
         f"guaranteed: {len(guaranteed)} of {sent}, first missing "
         f"{min(set(range(sent)) - set(guaranteed), default=None)}, in order: "
         f"{guaranteed == sorted(guaranteed)}; losses {losses}; "
-        f"n4 {n4.status()['counters']}")
+        f"counters: { {f'n{i}': mesh[i].status()['counters'] for i in mesh} }")
     assert losses == []
     dup = sorted(int(e[2]) for e in got if e[1].startswith("dup/"))
     assert dup == list(range(200)), (len(dup), n1.status()["counters"], n4.status()["counters"])
