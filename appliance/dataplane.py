@@ -825,8 +825,9 @@ class DataPlaneAgent:
         self._publish_at_ns = now_ns + STATUS_REFRESH_NS
         nic = self.nic
         self.published = {  # channel samples: the control thread computes their percentiles
-            "channels": [sample_channel(name, ch) for name, ch in self.channels.items()],
+            "channels": [sample_channel(name, ch) for name, ch in self._status_channels()],
             "counters": {**self.counters, **self.digests, **self.guaranteed.snapshot(),
+                         **self._channel_counters(),
                          "duplicates_dropped": self.dedup.dropped,
                          **(self.telemetry.counters() if self.telemetry is not None else {}),
                          "frames_too_large": sum(q.too_large for q in self._out.values())},
@@ -837,6 +838,26 @@ class DataPlaneAgent:
             "sessions": {sid: {"published": s.published, "delivered": s.delivered,
                                "denied": s.denied} for sid, s in self.sessions.items()},
         }
+
+    def _status_channels(self) -> list[tuple[str, Any]]:
+        """Every channel, and the parts a channel reports apart (the fabric's RDMA links,
+        appliance/fabric_links.py)."""
+        out = []
+        for name, channel in self.channels.items():
+            out.append((name, channel))
+            parts = getattr(channel, "status_parts", None)
+            if parts is not None:
+                out.extend(parts())
+        return out
+
+    def _channel_counters(self) -> dict[str, int]:
+        """Counters a channel keeps of its own (the fabric's RDMA links)."""
+        out: dict[str, int] = {}
+        for channel in self.channels.values():
+            counters = getattr(channel, "status_counters", None)
+            if counters is not None:
+                out.update(counters())
+        return out
 
     def drain(self) -> None:
         """Send what is queued (shutdown)."""

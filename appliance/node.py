@@ -107,6 +107,10 @@ class Appliance:
                 host, port = cfg.fabric_listen
                 self.channels[FABRIC] = _open("fabric.listen", f"{host}:{port}", lambda: UdpChannel(
                     (host, port), name=f"fabric:{host}:{port}"))
+                if any(n.transport == "rdma" for n in cfg.neighbours):
+                    from appliance.fabric_links import open_fabric_links
+
+                    self.channels[FABRIC] = open_fabric_links(cfg, self.channels[FABRIC])
             for i, group in enumerate(cfg.groups):
                 self._open_group(i, group)
             if cfg.clients_udp is not None:
