@@ -543,8 +543,9 @@ class RdmaChannel(Channel):
             try:
                 ep.post_recv(slot)
             except ep.v.pyverbs_error.PyverbsError as exc:
-                self._fail(RdmaPeerGoneError(f"{self.name}: reposting a receive failed "
-                                             f"({exc}); the queue pair is in error"))
+                if not self._peer_left():
+                    self._fail(RdmaPeerGoneError(f"{self.name}: reposting a receive failed "
+                                                 f"({exc}); the queue pair is in error"))
             self._posted_total += 1
         batch.count = n
         if n:
@@ -589,12 +590,10 @@ class RdmaChannel(Channel):
 
     def _return_credits(self) -> None:
         """Tell the peer about reposted receives, in batches (module doc)."""
-        if self._control.gone:
-            return
         if self._credit_pending:
             self._reap_sends()
-            if self._credit_pending:
-                return
+        if self._credit_pending or self._control.gone:  # a peer that left takes no credits
+            return
         unreported = self._posted_total - self._credit_reported
         if unreported <= 0:
             return
@@ -604,8 +603,9 @@ class RdmaChannel(Channel):
             try:
                 ep.post_credit(self._posted_total)
             except ep.v.pyverbs_error.PyverbsError as exc:
-                self._fail(RdmaPeerGoneError(f"{self.name}: returning credits failed ({exc});"
-                                             " the queue pair is in error"))
+                if not self._peer_left():
+                    self._fail(RdmaPeerGoneError(f"{self.name}: returning credits failed "
+                                                 f"({exc}); the queue pair is in error"))
             self._credit_reported = self._posted_total
             self._credit_pending = True
 
@@ -613,11 +613,8 @@ class RdmaChannel(Channel):
         from channels._rdma_verbs import wc_status_name
 
         e = self._ep.v.enums
-        if wc.status in (e.IBV_WC_RETRY_EXC_ERR, e.IBV_WC_WR_FLUSH_ERR) and \
-                self._failure is None:
-            self._read_control()
-            if self._control.gone:  # what the end of its queue pair leaves behind (a credit
-                return              # write never acknowledged, receives flushed): expected
+        if wc.status in (e.IBV_WC_RETRY_EXC_ERR, e.IBV_WC_WR_FLUSH_ERR) and self._peer_left():
+            return
         status = wc_status_name(wc.status)
         counts = (f"{self._packets_sent} packets sent, {self._packets_received} received")
         if wc.status == e.IBV_WC_RNR_RETRY_EXC_ERR:
@@ -639,6 +636,16 @@ class RdmaChannel(Channel):
                                     errno=errno.EIO)
         self.stats.on_error(f"{what}_{status.lower()}")
         self._fail(error)
+
+    def _peer_left(self) -> bool:
+        """Has the peer said goodbye or ended the TCP connection (read now)? Then a verbs error
+        that says it cannot be reached is what its vanished queue pair leaves behind (a credit
+        write never acknowledged, the error state that follows, flushed receives): expected,
+        not a failure of its own; ``_check_peer`` reports the peer's leaving."""
+        if self._failure is not None:
+            return False
+        self._read_control()
+        return self._control.gone
 
     def _fail(self, error: Exception) -> None:
         if self._failure is None:

@@ -43,9 +43,9 @@ REPORT_EVERY = 1_024
 """The sending child reports its count once per this many frames sent: ~50 reports, which
 a pipe holds unread (one holds ~270 small messages; a report per send call while pushed back
 filled it, and the child then hung in ``report.send`` instead of closing)."""
-CREDIT_MESSAGES = 3_000
-"""Frames of the failed-credit-write test: ~47 packets (about one per send call of 64), more
-than the 32 after which credits go back, fewer than the 64 the sender may send without any."""
+QUEUED_MESSAGES = 3_000
+"""Frames of the queue-pair-in-error test: 47 packets (one per send call of 64), fewer than
+the 64 the sender may send with no credits back, so it can finish before anything is read."""
 
 
 def _stream(near: RdmaChannel, far: RdmaChannel, frames: Frames,
@@ -158,7 +158,8 @@ class TestRdmaChannel(RdmaTestCase):
                 ep = verbs.Endpoint(where, packet_bytes=rdma.RDMA_PACKET_BYTES,
                                     send_packets=8, recv_packets=64)
                 conn, _ = listener._sock.accept()
-                conn.sendall(json.dumps({"version": 1, **ep.info().as_dict()}).encode() + b"\n")
+                hello = {"version": rdma._HELLO_VERSION, **ep.info().as_dict()}
+                conn.sendall(json.dumps(hello).encode() + b"\n")
                 peer = verbs.QpInfo(**{k: v for k, v in json.loads(
                     conn.makefile("rb").readline()).items() if k != "version"})
                 ep.connect(peer, verbs.QpTimers(rdma.RDMA_ACK_TIMEOUT_EXP,
@@ -243,6 +244,17 @@ def _peer_receiver(address: tuple, bind: str, report: object) -> None:
             channel.receive(batch, 1_000_000)
 
 
+def _warm_kernels() -> None:
+    """Load the kernels a forked child sends with here, before forking: each child inherits
+    them instead of loading them itself (~40 s under emulation, more on a busy host, inside
+    the test's time limit when the PeerGone tests run first)."""
+    from channels import base, rdma, stats
+
+    base.warm_up()
+    rdma.warm_up()
+    stats.warm_up()
+
+
 def _last_report(report: object) -> int:
     """The last count the sending child reported so far (0 before its first)."""
     sent = 0
@@ -256,6 +268,7 @@ def _last_report(report: object) -> int:
 
 class TestPeerGone(RdmaTestCase):
     def _start(self, target, *args):
+        _warm_kernels()
         ctx = multiprocessing.get_context("fork")
         theirs, ours = ctx.Pipe()
         listener = RdmaListener((self.ends.listen, 0))
@@ -313,27 +326,30 @@ class TestPeerGone(RdmaTestCase):
         assert _last_report(report) == PEER_MESSAGES and proc.exitcode == 0
         assert channel.stats.error_reasons == {"peer_gone": 1}
 
-    def test_a_peer_that_closed_is_reported_as_closed_when_credits_sent_to_it_fail(self):
-        # The sender sends every frame without needing credits back, closes and exits: its
-        # queue pair is gone. Credits go back after 32 of the ~47 packets are delivered; that
-        # RDMA write is never acknowledged (RETRY_EXC_ERR after ~2 s) while the rest is still
-        # being delivered, slowly: it is what the peer's close left behind, not a failure.
-        proc, report, channel = self._start(_peer_sender, "close", CREDIT_MESSAGES)
-        proc.join(WAIT_NS / 1e9)
-        assert proc.exitcode == 0 and _last_report(report) == CREDIT_MESSAGES
-        checker = InOrderChecker(Frames(CREDIT_MESSAGES, seed=9, max_bytes=512))
-        batch = FrameBatch(16, 2_048)
-        credit_written = channel._credit_reported
+    def test_a_queue_pair_in_error_after_the_peer_closed_still_reports_the_close(self):
+        # The credits that go back after a peer closed reach a queue pair that no longer
+        # exists. An RC device retries the write, fails it (RETRY_EXC_ERR) and moves this
+        # end's queue pair into error, which flushes every receive still posted. (soft-RoCE
+        # in this kernel leaves such a write pending for ever instead, so the test moves the
+        # queue pair into error itself.) That is the peer's close, not a second failure.
+        proc, report, channel = self._start(_peer_sender, "close", QUEUED_MESSAGES)
+        proc.join(WAIT_NS / 1e9)  # it sent everything, said goodbye and went
+        assert proc.exitcode == 0 and _last_report(report) == QUEUED_MESSAGES
+        checker = InOrderChecker(Frames(QUEUED_MESSAGES, seed=9, max_bytes=512))
+        batch = FrameBatch(64, 2_048)
+        errored = False
         with channel, pytest.raises(RdmaPeerGoneError, match="closed the channel") as gone:
             deadline = time.monotonic_ns() + WAIT_NS
             while time.monotonic_ns() < deadline:
                 if channel.receive(batch, 1_000_000):
                     checker.check(batch)
-                if channel._credit_reported > credit_written:  # a write to a gone queue pair
-                    time.sleep(0.1)  # deliver the rest slowly: the write fails meanwhile
-            pytest.fail(f"no goodbye: {checker.next} of {CREDIT_MESSAGES} frames received")
-        assert channel._credit_reported > credit_written  # the case arose
-        assert gone.value.orderly and checker.next == CREDIT_MESSAGES
+                if checker.next and not errored:
+                    ep = channel._ep
+                    ep.qp.modify(ep.v.qp.QPAttr(qp_state=ep.v.enums.IBV_QPS_ERR),
+                                 ep.v.enums.IBV_QP_STATE)
+                    errored = True
+            pytest.fail(f"no goodbye: {checker.next} of {QUEUED_MESSAGES} frames received")
+        assert errored and gone.value.orderly and checker.next == QUEUED_MESSAGES
         assert channel.stats.error_reasons == {"peer_gone": 1}
 
     def test_a_sender_whose_peer_is_killed_gets_peer_gone(self):
