@@ -538,8 +538,8 @@ class RdmaChannel(Channel):
                 break  # the batch is full; the rest of this packet waits
             self._current = None
             self._packets_received += 1
-            if self._control.gone:  # a peer that left sends nothing more: no reposts
-                continue
+            if self._control.gone or self._failure is not None:
+                continue  # a peer that left, or a dead queue pair, takes no more reposts
             try:
                 ep.post_recv(slot)
             except ep.v.pyverbs_error.PyverbsError as exc:
