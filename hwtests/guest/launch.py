@@ -4,7 +4,8 @@
     python -m hwtests.guest.launch bench [--out PATH] [-- BENCH_ARGS]      (make bench-rdma)
     python -m hwtests.guest.launch run -- COMMAND...                       (any command)
 
-If this machine has an RDMA device, ``test`` runs ``pytest hwtests/rdma`` here. Otherwise it boots
+If this machine has an RDMA device, ``test`` runs ``pytest hwtests/rdma hwtests/appliance``
+here. Otherwise it boots
 a guest with virtme-ng: a stock Debian kernel (``apt-get download`` of the package
 linux-image-amd64 points to; it has rdma_rxe) over this machine's own root filesystem, so the
 guest runs the project's venv as it is; QEMU in TCG (KVM aborts on this kind of machine), no
@@ -44,9 +45,10 @@ GUEST_TIMEOUT_S = 1_800
 """The whole guest run (boot, tests, power-off) is stopped after this long."""
 HEARTBEAT_S = 30
 """Without a terminal, a progress line at least this often."""
-RDMA_TEST_PACKAGE = "hwtests.rdma"
-RDMA_TEST_DIR = "hwtests/rdma"
-"""What `test` runs by default (the other hwtests need no RDMA: `make unit` runs them)."""
+RDMA_TEST_PACKAGES = ("hwtests.rdma", "hwtests.appliance")
+RDMA_TEST_DIRS = ("hwtests/rdma", "hwtests/appliance")
+"""What `test` runs by default: the RDMA channel, and appliances that are neighbours over
+RDMA (the other hwtests need no RDMA: `make unit` runs them)."""
 DEFAULT_PYTEST_ARGS = ("-v", "-rP", "--durations=10")
 """Each test's verdict, the figures the passing ones print, the slowest ones: for the CI log."""
 REQUIRE_RDMA_ENV = "TOPICWIRE_HWTEST_REQUIRE_RDMA"
@@ -327,9 +329,9 @@ def check_report(report: Path, *, require_rdma: bool) -> tuple[bool, str]:
     skipped_rdma = [f"{case.get('classname')}.{case.get('name')}"
                     for case in root.iter("testcase")
                     if case.find("skipped") is not None
-                    and (case.get("classname") or "").startswith(RDMA_TEST_PACKAGE)]
+                    and (case.get("classname") or "").startswith(RDMA_TEST_PACKAGES)]
     rdma_ran = [case for case in root.iter("testcase")
-                if (case.get("classname") or "").startswith(RDMA_TEST_PACKAGE)
+                if (case.get("classname") or "").startswith(RDMA_TEST_PACKAGES)
                 and case.find("skipped") is None]
     if require_rdma and (skipped_rdma or not rdma_ran):
         return False, (f"{summary}: RDMA tests must run, not skip "
@@ -359,7 +361,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     started = time.monotonic()
     python = sys.executable
     here, devices = host_has_rdma()
-    pytest_args = args.rest or [RDMA_TEST_DIR, *DEFAULT_PYTEST_ARGS]
+    pytest_args = args.rest or [*RDMA_TEST_DIRS, *DEFAULT_PYTEST_ARGS]
     if here:
         say(f"this machine has RDMA ({devices}): running the hardware tests here")
         report = CACHE_DIR / "host-report.xml"
