@@ -5,9 +5,9 @@ the second's; each names the other as a neighbour with ``transport = "rdma"`` (`
 first, so it listens for the set-up; ``b`` connects). Both run in processes forked from
 this one (``tests.fabric.node.Node``, driven over a pipe) after this one has run the
 appliance's kernels: a fresh interpreter takes a minute to import numpy and numba under
-emulation, and loading each kernel from the cache takes seconds more. A publisher on ``a`` and a subscriber on
-``b`` are clients over UDP on loopback; everything between the appliances goes over the RDMA
-link, which the status shows (the fabric socket sends nothing).
+emulation, and loading each kernel from the cache takes seconds more. A publisher on ``a``
+and a subscriber on ``b`` are clients over UDP on loopback; everything between the appliances
+goes over the RDMA link, which the status shows (the fabric socket sends nothing).
 
 Counts are modest: Python in the emulated guest is ~30-40x slower than on a host.
 """
