@@ -265,6 +265,8 @@ class TestRdmaNeighbours(RdmaTestCase):
             t0 = time.monotonic()
             wait_until(lambda: a.status()["neighbours"][0]["state"] == "down", WAIT_S, 0.5)
             down_s = time.monotonic() - t0
+            # the data path's counters reach the status a refresh or two later
+            wait_until(lambda: a.status()["counters"]["rdma_link_failures"] >= 1, WAIT_S, 0.5)
             counters = a.status()["counters"]
             assert counters["rdma_link_failures"] == 1 and counters["rdma_links_up"] == 0
             nodes["b"] = b = self._start(tmp_path, "b")["b"]
