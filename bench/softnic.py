@@ -349,7 +349,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "key_table_bytes": tables.slots.nbytes,
         "key_table_longest_probe": tables.longest_probe,
         "key_counter_bytes": 2 * 8 * args.keys,
-        "huge_page_bytes": nic.huge_page_bytes(),
         "repeats": args.repeats,
         "seed": args.seed,
         "clock": "msgs_per_s and ns_per_msg from the thread's CPU time; wall_* from the "

@@ -34,7 +34,7 @@ from datapath.protocol.batch import new_message_batch
 from datapath.protocol.errors import MalformedReason
 from nic_offload import snapshot as snapshots  # a module: snapshot.py imports softnic too
 from nic_offload.errors import OffloadUserError
-from nic_offload.softnic import _kernels, memory
+from nic_offload.softnic import _kernels
 from nic_offload.softnic import layout as L
 
 SOFTNIC_BURST_FRAMES = 1_024
@@ -137,12 +137,6 @@ class SoftNic:
         """The snapshot the last burst ran on."""
         assert self._snapshot is not None
         return self._snapshot
-
-    def huge_page_bytes(self) -> dict[str, int]:
-        """How much of the key table and the per-key counters the kernel backs with huge
-        pages now (``memory``; 0 for small tables or with transparent huge pages off)."""
-        return {"key_table": memory.huge_page_bytes(self.snapshot.tables.slots),
-                "key_counters": memory.huge_page_bytes(self._key_counts)}
 
     def process(self, buf: np.ndarray, frame_offsets: np.ndarray, frame_lengths: np.ndarray,
                 *, exact: bool = True) -> BurstResult:
@@ -285,7 +279,7 @@ class SoftNic:
                 self._retire(old_keys)
         words = 2 * len(new_keys)  # packets, bytes per row
         if len(self._key_counts) < words:
-            grown = memory.zeroed(max(words, 2 * len(self._key_counts)), np.int64)
+            grown = np.zeros(max(words, 2 * len(self._key_counts)), np.int64)
             grown[:len(self._key_counts)] = self._key_counts
             self._key_counts = grown
         self._snapshot = snap

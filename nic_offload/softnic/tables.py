@@ -16,7 +16,7 @@ import numpy as np
 from nic_offload import model
 from nic_offload.errors import ModelError
 from nic_offload.model import AclAction, EntrySet, KeyRows, PipelineSpec, TableEntry
-from nic_offload.softnic import _kernels, memory
+from nic_offload.softnic import _kernels
 from nic_offload.softnic import layout as L
 
 _U64 = np.uint64
@@ -29,8 +29,11 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 
 def _line_aligned_words(words: int) -> np.ndarray:
     """A zeroed uint64 array of ``words`` words starting on a cache-line boundary (a key
-    table bucket must be one line), on huge pages when large (``memory``)."""
-    return memory.zeroed(words, _U64)
+    table bucket must be one line)."""
+    per_line = L.CACHE_LINE_BYTES // _U64().itemsize
+    raw = np.zeros(words + per_line, dtype=_U64)
+    skip = (-raw.ctypes.data % L.CACHE_LINE_BYTES) // _U64().itemsize
+    return raw[skip:skip + words]
 
 
 def key_table_shift(n_slots: int) -> int:
