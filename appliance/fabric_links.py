@@ -104,40 +104,177 @@ class RdmaLinkSetup:
             self._listener.close()
 
 
-class RdmaLink:
-    """One RDMA neighbour: its channel while up, the backlog, the set-up thread (module doc).
+class ChannelLink:
+    """Frames to and from one peer over one channel of its own: the channel while up, and a
+    bounded backlog of frames it refused, sent in order before newer ones (module doc).
 
-    ``send``/``receive``/``close`` run on the data-path thread; the set-up thread only makes
-    channels and hands each over through one attribute.
+    ``send``/``receive``/``close`` run on the data-path thread. A failed channel is closed
+    and counted (``failures``), the frames held for it dropped; ``_on_down`` says what comes
+    next (a reconnect for an ``RdmaLink``, nothing for a link an accepted client made).
     """
 
     kind = "rdma"
+
+    def __init__(self, name: str, peer_id: int, stats: ChannelStats, *,
+                 backlog_frames: int = RDMA_LINK_BACKLOG_FRAMES,
+                 backlog_bytes: int = RDMA_LINK_BACKLOG_BYTES) -> None:
+        self.name = name
+        self.peer_id = peer_id
+        self.stats = stats
+        """The link's figures (across reconnects: every channel it takes reports here)."""
+        self.channel: Channel | None = None
+        self.failures = 0
+        self.last_error = ""
+        self._backlog_frames = backlog_frames
+        self._backlog_bytes = backlog_bytes
+        # the backlog, made when first needed: frames [head, count) at offsets into buf,
+        # used bytes at the end
+        self._buf = np.zeros(0, np.uint8)
+        self._offsets = np.zeros(0, np.int64)
+        self._lengths = np.zeros(0, np.int64)
+        self._head = self._count = self._used = 0
+
+    def current(self) -> Channel | None:
+        """The channel; None while down."""
+        return self.channel
+
+    def _on_down(self) -> None:
+        """Called (data-path thread) once the failed channel is closed."""
+
+    def _fail(self, exc: Exception) -> None:
+        self.failures += 1
+        self.last_error = str(exc)
+        log.warning("rdma link %s: down: %s", self.name, exc)
+        channel, self.channel = self.channel, None
+        self._head = self._count = self._used = 0  # those frames went down with the link
+        if channel is not None:
+            try:
+                channel.close()
+            except ChannelError:
+                pass
+        self._on_down()
+
+    @property
+    def backlog(self) -> int:
+        """Frames held back, waiting for the link to take them."""
+        return self._count - self._head
+
+    def send(self, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> int:
+        """Frames for the peer: sent, held back or (link down) dropped and counted;
+        returns how many were taken (fewer: the backlog is full)."""
+        n = len(offsets)
+        channel = self.current()
+        if channel is None:
+            self.stats.on_drop("link_down", n)
+            return n
+        if self.backlog and not self.flush():
+            self.stats.on_drop("link_down", n)
+            return n
+        taken = 0
+        if not self.backlog:
+            try:
+                taken = channel.send(FrameArrays(buf, offsets, lengths, n))
+            except ChannelDeviceError as exc:
+                self._fail(exc)
+                self.stats.on_drop("link_down", n)
+                return n
+        return taken + self._hold(buf, offsets[taken:], lengths[taken:])
+
+    def flush(self) -> bool:
+        """Offer the backlog to the channel; False when the link failed doing so."""
+        channel = self.channel
+        if channel is None:
+            return False
+        head, count = self._head, self._count
+        try:
+            taken = channel.send(FrameArrays(self._buf, self._offsets[head:count],
+                                             self._lengths[head:count], count - head))
+        except ChannelDeviceError as exc:
+            self._fail(exc)
+            return False
+        self._head = head + taken
+        if self._head == self._count:
+            self._head = self._count = self._used = 0
+        return True
+
+    def _hold(self, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> int:
+        n = len(offsets)
+        if not n:
+            return 0
+        if not len(self._offsets):
+            self._buf = np.zeros(self._backlog_bytes, np.uint8)
+            self._offsets = np.zeros(self._backlog_frames, np.int64)
+            self._lengths = np.zeros(self._backlog_frames, np.int64)
+        if self._head and (self._count + n > len(self._offsets)
+                           or self._used + int(lengths.sum()) > len(self._buf)):
+            self._compact()
+        ends = self._used + np.cumsum(lengths)
+        fits = min(n, len(self._offsets) - self._count,
+                   int(np.searchsorted(ends, len(self._buf), side="right")))
+        at, k = self._used, self._count
+        for off, length in zip(offsets[:fits].tolist(), lengths[:fits].tolist(), strict=True):
+            self._buf[at:at + length] = buf[off:off + length]
+            self._offsets[k] = at
+            self._lengths[k] = length
+            at += length
+            k += 1
+        self._used, self._count = at, k
+        return fits
+
+    def _compact(self) -> None:
+        """Move the held frames to the front of the backlog."""
+        head, count = self._head, self._count
+        start = int(self._offsets[head])
+        size = self._used - start
+        self._buf[:size] = self._buf[start:self._used].copy()
+        self._offsets[:count - head] = self._offsets[head:count] - start
+        self._lengths[:count - head] = self._lengths[head:count]
+        self._head, self._count, self._used = 0, count - head, size
+
+    def receive(self, batch: FrameBatch) -> int:
+        """Frames from the peer (its peer id set), 0 while the link is down."""
+        channel = self.current()
+        if channel is None:
+            return 0
+        try:
+            n = channel.receive(batch, 0)
+        except ChannelDeviceError as exc:
+            self._fail(exc)
+            batch.count = 0
+            return 0
+        if n:
+            batch.peer_ids[:n] = self.peer_id
+        return n
+
+    def close(self) -> None:
+        """Close the channel (safe twice)."""
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = None
+
+
+class RdmaLink(ChannelLink):
+    """One RDMA neighbour: a ``ChannelLink`` whose set-up thread makes its channel, and
+    makes a new one after a failure (module doc).
+
+    The set-up thread only makes channels and hands each over through one attribute.
+    """
 
     def __init__(self, name: str, peer_id: int, setup: LinkSetup, *,
                  retry_ns: int = RDMA_LINK_RETRY_NS,
                  backlog_frames: int = RDMA_LINK_BACKLOG_FRAMES,
                  backlog_bytes: int = RDMA_LINK_BACKLOG_BYTES) -> None:
-        self.name = name
-        self.peer_id = peer_id
+        super().__init__(name, peer_id, ChannelStats(f"fabric-rdma:{name}"),
+                         backlog_frames=backlog_frames, backlog_bytes=backlog_bytes)
         self.setup = setup
-        self.stats = ChannelStats(f"fabric-rdma:{name}")
-        """The link's figures across reconnects (every channel it makes reports here)."""
-        self.channel: Channel | None = None
         self.connects = 0
-        self.failures = 0
         self.setup_errors = 0
-        self.last_error = ""
         self._retry_s = retry_ns / 1e9
         self._handover: Channel | None = None
         self._wanted = threading.Event()
         self._wanted.set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"rdma-link-{name}", daemon=True)
-        # the backlog: frames [head, count) at offsets into buf, used bytes at the end
-        self._buf = np.zeros(backlog_bytes, np.uint8)
-        self._offsets = np.zeros(backlog_frames, np.int64)
-        self._lengths = np.zeros(backlog_frames, np.int64)
-        self._head = self._count = self._used = 0
 
     # --- the set-up thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -181,106 +318,9 @@ class RdmaLink:
             log.info("rdma link %s: up (%s)", self.name, channel.name)
         return channel
 
-    def _fail(self, exc: Exception) -> None:
-        self.failures += 1
-        self.last_error = str(exc)
-        log.warning("rdma link %s: down, setting it up again: %s", self.name, exc)
-        channel, self.channel = self.channel, None
-        self._head = self._count = self._used = 0  # those frames went down with the link
-        if channel is not None:
-            try:
-                channel.close()
-            except ChannelError:
-                pass
+    def _on_down(self) -> None:
+        log.info("rdma link %s: setting it up again", self.name)
         self._wanted.set()
-
-    @property
-    def backlog(self) -> int:
-        """Frames held back, waiting for the link to take them."""
-        return self._count - self._head
-
-    def send(self, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> int:
-        """Frames for the neighbour: sent, held back or (link down) dropped and counted;
-        returns how many were taken (fewer: the backlog is full)."""
-        n = len(offsets)
-        channel = self.current()
-        if channel is None:
-            self.stats.on_drop("link_down", n)
-            return n
-        if self.backlog and not self.flush():
-            self.stats.on_drop("link_down", n)
-            return n
-        taken = 0
-        if not self.backlog:
-            try:
-                taken = channel.send(FrameArrays(buf, offsets, lengths, n))
-            except ChannelDeviceError as exc:
-                self._fail(exc)
-                self.stats.on_drop("link_down", n)
-                return n
-        return taken + self._hold(buf, offsets[taken:], lengths[taken:])
-
-    def flush(self) -> bool:
-        """Offer the backlog to the channel; False when the link failed doing so."""
-        channel = self.channel
-        if channel is None:
-            return False
-        head, count = self._head, self._count
-        try:
-            taken = channel.send(FrameArrays(self._buf, self._offsets[head:count],
-                                             self._lengths[head:count], count - head))
-        except ChannelDeviceError as exc:
-            self._fail(exc)
-            return False
-        self._head = head + taken
-        if self._head == self._count:
-            self._head = self._count = self._used = 0
-        return True
-
-    def _hold(self, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> int:
-        n = len(offsets)
-        if not n:
-            return 0
-        if self._head and (self._count + n > len(self._offsets)
-                           or self._used + int(lengths.sum()) > len(self._buf)):
-            self._compact()
-        ends = self._used + np.cumsum(lengths)
-        fits = min(n, len(self._offsets) - self._count,
-                   int(np.searchsorted(ends, len(self._buf), side="right")))
-        at, k = self._used, self._count
-        for off, length in zip(offsets[:fits].tolist(), lengths[:fits].tolist(), strict=True):
-            self._buf[at:at + length] = buf[off:off + length]
-            self._offsets[k] = at
-            self._lengths[k] = length
-            at += length
-            k += 1
-        self._used, self._count = at, k
-        return fits
-
-    def _compact(self) -> None:
-        """Move the held frames to the front of the backlog."""
-        head, count = self._head, self._count
-        start = int(self._offsets[head])
-        size = self._used - start
-        self._buf[:size] = self._buf[start:self._used].copy()
-        self._offsets[:count - head] = self._offsets[head:count] - start
-        self._lengths[:count - head] = self._lengths[head:count]
-        self._head, self._count, self._used = 0, count - head, size
-
-    def receive(self, batch: FrameBatch) -> int:
-        """Frames from the neighbour (its peer id set), 0 while the link is down."""
-        channel = self.current()
-        if channel is None:
-            return 0
-        try:
-            n = channel.receive(batch, 0)
-        except ChannelDeviceError as exc:
-            self._fail(exc)
-            batch.count = 0
-            return 0
-        if n:
-            batch.peer_ids[:n] = self.peer_id
-        return n
 
     def close(self) -> None:
         """Stop the set-up thread and close the channel (safe twice)."""
@@ -289,30 +329,41 @@ class RdmaLink:
         self.setup.close()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(SETUP_JOIN_TIMEOUT_S)
-        for channel in (self.channel, self._handover):
-            if channel is not None:
-                channel.close()
-        self.channel = self._handover = None
+        if self._handover is not None:
+            self._handover.close()
+        self._handover = None
+        super().close()
 
 
-class FabricLinks(Channel):
-    """The fabric channel: the UDP socket and the RDMA links (module doc)."""
+class LinkChannel(Channel):
+    """A UDP socket and links to some peers behind one channel (module doc): a send is split
+    by peer id, receives take the sources in turn. Subclasses say which peer ids are links'
+    (``_link_mask``); frames for a link's peer id without a live link are dropped and
+    counted on the socket's figures (``no_link``)."""
 
     kind = "udp"
 
-    def __init__(self, udp: Channel, links: list[RdmaLink]) -> None:
+    def __init__(self, udp: Channel, links: list[ChannelLink]) -> None:
         super().__init__(name=udp.name)
         self.udp = udp
         self.links = links
-        self.stats = udp.stats  # the "fabric" row stays the socket's; links have their own
-        self._by_peer = {link.peer_id: link for link in links}
-        self._link_ids = np.array(sorted(self._by_peer), np.int64)
+        self.stats = udp.stats  # the channel's row stays the socket's; links have their own
+        self._by_peer: dict[int, ChannelLink] = {}
+        self._link_ids = np.zeros(0, np.int64)
         self._next = 0
+        self._links_changed()
 
-    def start(self) -> FabricLinks:
-        for link in self.links:
-            link.start()
-        return self
+    def _links_changed(self) -> None:
+        """Index ``links`` again (after adding or removing one, data-path thread)."""
+        self._by_peer = {link.peer_id: link for link in self.links}
+        self._link_ids = np.array(sorted(self._by_peer), np.int64)
+
+    def _link_mask(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` are links' peer ids (not the socket's)."""
+        return np.isin(ids, self._link_ids)
+
+    def _is_link_id(self, peer_id: int) -> bool:
+        return peer_id in self._by_peer
 
     @property
     def local_address(self) -> Any:
@@ -323,6 +374,9 @@ class FabricLinks(Channel):
         return self.udp.max_frame_bytes
 
     def peer_address(self, peer_id: int) -> Any:
+        link = self._by_peer.get(peer_id)
+        if link is not None and link.channel is not None:
+            return link.channel.peer_address(peer_id)
         return self.udp.peer_address(peer_id)
 
     def fileno(self) -> int:
@@ -333,27 +387,36 @@ class FabricLinks(Channel):
         return None
 
     # --- send -------------------------------------------------------------------------------
+    def _send_to_link(self, peer: int, buf: np.ndarray, offsets: np.ndarray,
+                      lengths: np.ndarray) -> int:
+        link = self._by_peer.get(peer)
+        if link is None:
+            self.stats.on_drop("no_link", len(offsets))
+            return len(offsets)
+        return link.send(buf, offsets, lengths)
+
     def send(self, frames: FrameBatch | FrameArrays | tuple, dest: Dest = None) -> int:
         self._check_open()
         if dest != EACH_SLOT or not isinstance(frames, FrameBatch):
-            link = self._by_peer.get(dest) if isinstance(dest, int) else None
-            if link is None:
+            if not (isinstance(dest, int) and self._is_link_id(dest)):
                 return self.udp.send(frames, dest)
             arrays = as_frame_arrays(frames)
             n = arrays.count
-            return link.send(arrays.buf, arrays.offsets[:n], arrays.lengths[:n]) if n else 0
+            return self._send_to_link(dest, arrays.buf, arrays.offsets[:n],
+                                      arrays.lengths[:n]) if n else 0
         n = frames.count
         if not n:
             return 0
         ids = frames.peer_ids[:n]
-        to_link = np.isin(ids, self._link_ids)
+        to_link = self._link_mask(ids)
         if not to_link.any():
             return self.udp.send(frames, EACH_SLOT)
         taken = 0
-        for link in self.links:
-            sel = np.flatnonzero(ids == link.peer_id)
-            if sel.size:
-                taken += link.send(frames.buf, frames.offsets[sel], frames.lengths[sel])
+        linked = np.flatnonzero(to_link)
+        for peer in np.unique(ids[linked]).tolist():
+            sel = linked[ids[linked] == peer]
+            taken += self._send_to_link(int(peer), frames.buf, frames.offsets[sel],
+                                        frames.lengths[sel])
         rest = np.flatnonzero(~to_link)
         if rest.size:
             for peer in np.unique(ids[rest]).tolist():
@@ -387,7 +450,7 @@ class FabricLinks(Channel):
             if link.backlog:
                 link.flush()
         sources = len(links) + 1
-        start = self._next
+        start = self._next % sources
         for j in range(sources):
             i = (start + j) % sources
             n = self.udp.receive(batch, 0) if i == 0 else links[i - 1].receive(batch)
@@ -397,10 +460,25 @@ class FabricLinks(Channel):
         batch.count = 0
         return 0
 
-    # --- status -----------------------------------------------------------------------------
     def status_parts(self) -> list[tuple[str, Any]]:
         """(row name, object with ``kind`` and ``stats``) of each link, for the status."""
         return [(link.stats.name, link) for link in self.links]
+
+    def _close(self) -> None:
+        for link in self.links:
+            link.close()
+        self.udp.close()
+
+
+class FabricLinks(LinkChannel):
+    """The fabric channel: the UDP socket and the RDMA neighbours' links (module doc)."""
+
+    links: list[RdmaLink]  # type: ignore[assignment]
+
+    def start(self) -> FabricLinks:
+        for link in self.links:
+            link.start()
+        return self
 
     def status_counters(self) -> dict[str, int]:
         links = self.links
@@ -414,11 +492,6 @@ class FabricLinks(Channel):
         for link in links:
             counters[f"rdma_link_up_{link.name}"] = int(link.channel is not None)
         return counters
-
-    def _close(self) -> None:
-        for link in self.links:
-            link.close()
-        self.udp.close()
 
 
 def open_fabric_links(config: ApplianceConfig, udp: UdpChannel) -> FabricLinks:
