@@ -140,6 +140,18 @@ class RdmaLinkConfig:
 
 
 @dataclass(frozen=True)
+class RdmaClientsConfig:
+    """The RDMA client endpoint (``[clients] rdma = "IP:PORT"``, docs/appliance.md)."""
+
+    local: str
+    """This appliance's IPv4 address on its RDMA device: picks the device and GID."""
+    port: int
+    """TCP port of the clients' set-up exchange (the URL clients give: rdma://local:port)."""
+    device: str | None = None
+    gid_index: int | None = None
+
+
+@dataclass(frozen=True)
 class NeighbourConfig:
     name: str
     address: Address
@@ -193,6 +205,8 @@ class ApplianceConfig:
     groups: tuple[GroupConfig, ...] = ()
     clients_udp: Address | None = None
     clients_shm: str | None = None
+    clients_rdma: RdmaClientsConfig | None = None
+    """RDMA clients, sharing the client UDP channel (appliance/client_links.py)."""
     max_sessions: int = CLIENT_MAX_SESSIONS
     session_dead_ms: int = CLIENT_SESSION_DEAD_MS
     pm_mode: str = "embedded"
@@ -457,13 +471,36 @@ def _rdma_link(n: dict, where: str, name: str, address: Address,
         raise _fail(where + "rdma_port", "required: the TCP port of the link's set-up, the "
                     "same in both appliances' configs (the end whose name sorts first listens)")
     port = _int(n, "rdma_port", where, 0, 1, 65_535)
-    device = _str(n, "rdma_device", where, None)
+    device, gid_index = _rdma_device(n, where)
+    return RdmaLinkConfig(local, remote, port, name < n["name"], device, gid_index)
+
+
+def _rdma_device(table: dict, where: str) -> tuple[str | None, int | None]:
+    """``rdma_device`` and ``rdma_gid_index`` of a table (None: the address picks them)."""
+    device = _str(table, "rdma_device", where, None)
     if device is not None and not NAME_RE.match(device):
         raise _fail(where + "rdma_device", f"must be an RDMA device name such as \"rxe0\" "
                     f"(`rdma link show`), not {device!r}")
-    gid_index = None if "rdma_gid_index" not in n else _int(n, "rdma_gid_index", where, 0, 0,
-                                                              65_535)
-    return RdmaLinkConfig(local, remote, port, name < n["name"], device, gid_index)
+    gid_index = None if "rdma_gid_index" not in table else _int(
+        table, "rdma_gid_index", where, 0, 0, 65_535)
+    return device, gid_index
+
+
+def _rdma_clients(cl: dict, udp: Address | None) -> RdmaClientsConfig | None:
+    """``clients.rdma`` and its device keys."""
+    p = "clients."
+    if "rdma" not in cl:
+        for k in ("rdma_device", "rdma_gid_index"):
+            if k in cl:
+                raise _fail(p + k, "only with clients.rdma (the RDMA client endpoint)")
+        return None
+    host, port = parse_address(cl["rdma"], p + "rdma")
+    local = _ipv4_host(host, p + "rdma")
+    if udp is None:
+        raise _fail(p + "rdma", "needs clients.udp too: RDMA clients share the client UDP "
+                    "channel (give clients.udp, e.g. on the same address)")
+    device, gid_index = _rdma_device(cl, p)
+    return RdmaClientsConfig(local, port, device, gid_index)
 
 
 def node_id_of(name: str) -> int:
@@ -571,9 +608,11 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         raise _fail("fabric.key_file", "required when neighbours are configured (admin frames "
                     "between appliances are authenticated with it); or give fabric.key")
 
-    cl = _table(doc, "clients", {"udp", "shm", "max_sessions", "session_dead_ms"}, "")
+    cl = _table(doc, "clients", {"udp", "shm", "max_sessions", "session_dead_ms", "rdma",
+                                 "rdma_device", "rdma_gid_index"}, "")
     p = "clients."
     clients_udp = parse_address(cl["udp"], p + "udp") if "udp" in cl else None
+    clients_rdma = _rdma_clients(cl, clients_udp)
     shm = _str(cl, "shm", p, None)
     if shm is not None and not NAME_RE.match(shm):
         raise _fail(p + "shm", f"must be a ring name (letters, digits, '.', '_', '-'), not "
@@ -623,7 +662,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,
-        clients_udp=clients_udp, clients_shm=shm, max_sessions=max_sessions,
+        clients_udp=clients_udp, clients_shm=shm, clients_rdma=clients_rdma,
+        max_sessions=max_sessions,
         session_dead_ms=session_dead, pm_mode=mode, pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=dict(mgmt),
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),

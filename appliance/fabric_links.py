@@ -494,14 +494,27 @@ class FabricLinks(LinkChannel):
         return counters
 
 
-def open_fabric_links(config: ApplianceConfig, udp: UdpChannel) -> FabricLinks:
-    """The fabric channel over ``udp`` with a link per RDMA neighbour of ``config``, set-up
-    threads started; ``ConfigError`` naming the key when RDMA or the link's address is not
-    usable here (nothing is left open then, but ``udp``)."""
+def check_rdma_here(local: str, device: str | None, gid_index: int | None, *,
+                    key_transport: str, key_local: str, instead: str) -> None:
+    """``ConfigError`` naming the key when this host has no RDMA (``key_transport``; the
+    error says to ``instead``) or ``local`` has no usable RDMA device and GID (``key_local``)."""
     from channels import _rdma_verbs
     from channels.rdma import rdma_available
 
     available, why = rdma_available()
+    if not available:
+        raise ConfigError(f"{key_transport}: RDMA is not available here ({why}); {instead}")
+    try:
+        _rdma_verbs.choose_port_gid(local, device=device, gid_index=gid_index)
+    except ChannelError as exc:
+        raise ConfigError(f"{key_local}: {local} has no usable RDMA device and GID here: "
+                          f"{exc}") from None
+
+
+def open_fabric_links(config: ApplianceConfig, udp: UdpChannel) -> FabricLinks:
+    """The fabric channel over ``udp`` with a link per RDMA neighbour of ``config``, set-up
+    threads started; ``ConfigError`` naming the key when RDMA or the link's address is not
+    usable here (nothing is left open then, but ``udp``)."""
     links: list[RdmaLink] = []
     try:
         for i, neighbour in enumerate(config.neighbours):
@@ -509,15 +522,10 @@ def open_fabric_links(config: ApplianceConfig, udp: UdpChannel) -> FabricLinks:
             if spec is None:
                 continue
             key = f"neighbours[{i}]"
-            if not available:
-                raise ConfigError(f"{key}.transport: RDMA is not available here ({why}); use "
-                                  "transport = \"udp\" or run on a host with an RDMA device")
-            try:
-                _rdma_verbs.choose_port_gid(spec.local, device=spec.device,
-                                            gid_index=spec.gid_index)
-            except ChannelError as exc:
-                raise ConfigError(f"{key}.rdma_local: {spec.local} has no usable RDMA device "
-                                  f"and GID here: {exc}") from None
+            check_rdma_here(spec.local, spec.device, spec.gid_index,
+                            key_transport=f"{key}.transport", key_local=f"{key}.rdma_local",
+                            instead="use transport = \"udp\" or run on a host with an RDMA "
+                            "device")
             try:
                 setup = RdmaLinkSetup(spec)
             except ChannelDeviceError as exc:

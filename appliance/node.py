@@ -118,6 +118,10 @@ class Appliance:
                 self.channels[CLIENT_UDP] = _open("clients.udp", f"{host}:{port}",
                                                   lambda: UdpChannel((host, port),
                                                                      name=f"clients:{host}:{port}"))
+                if cfg.clients_rdma is not None:
+                    from appliance.client_links import open_client_links
+
+                    self.channels[CLIENT_UDP] = open_client_links(cfg, self.channels[CLIENT_UDP])
             if cfg.clients_shm is not None:
                 self.channels[CLIENT_SHM] = _open(
                     "clients.shm", f"ring {cfg.clients_shm!r}",

@@ -9,7 +9,8 @@
             print(msg.topic, msg.payload, msg.latency_ns)
 
 ``connect`` accepts ``shm://RING`` (the appliance's shared-memory bus, same host),
-``udp://HOST:PORT`` (the appliance's client UDP endpoint) and ``embedded:`` (an appliance in
+``udp://HOST:PORT`` (the appliance's client UDP endpoint), ``rdma://HOST:PORT`` (its RDMA
+client endpoint, appliance/client/rdma.py) and ``embedded:`` (an appliance in
 this process, for tests and single-process applications). The wire protocol is
 docs/appliance.md, "Clients".
 """

@@ -48,6 +48,7 @@ from appliance.config import (
     REQUEST_TIMEOUT_S,
 )
 from appliance.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
+from channels.errors import ChannelDeviceError
 from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import UserError
@@ -811,7 +812,16 @@ class _ClientAgent:
         if client.channel.closed:
             return 0
         with client._lock:  # a channel is used by one thread at a time (docs/channels.md)
-            n = client.channel.receive(self.batch, 0)
+            try:
+                n = client.channel.receive(self.batch, 0)
+            except ChannelDeviceError as exc:  # an RDMA connection failed: the session is gone
+                if client.channel.kind != "rdma":
+                    raise
+                client.logged_out_reason = f"connection lost: {exc}"
+                for sub in list(client._subs):
+                    sub._close()
+                client.channel.close()
+                return 0
         if n:
             self._on_batch(n, time.time_ns(), now_ns)
         work = n + client._housekeeping(now_ns)
@@ -913,10 +923,22 @@ def _warm_up() -> None:
 
 
 def connect(url: str, identity: str = "anonymous", *,
-            timeout_s: float = REQUEST_TIMEOUT_S, idle: str = "backoff") -> Client:
-    """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT`` or ``embedded:``."""
+            timeout_s: float = REQUEST_TIMEOUT_S, idle: str = "backoff",
+            rdma_device: str | None = None, rdma_gid_index: int | None = None,
+            rdma_bind: str | None = None) -> Client:
+    """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
+    ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
+    ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
+    kernel would send from to HOST)."""
     from channels.shm import ShmChannel
     from channels.udp import UdpChannel
+
+    if url.startswith("rdma://"):
+        from appliance.client.rdma import open_rdma_channel
+
+        channel = open_rdma_channel(url, device=rdma_device, gid_index=rdma_gid_index,
+                                    bind=rdma_bind, timeout_s=timeout_s)
+        return Client(channel, identity, timeout_s=timeout_s, idle=idle)
 
     if url.startswith("udp://"):
         from appliance.config import ConfigError, parse_address
@@ -958,6 +980,6 @@ def connect(url: str, identity: str = "anonymous", *,
                     appliance.stop()
                     raise
                 time.sleep(0.05)
-    raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT or "
-                      "embedded:")
+    raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT, "
+                      "rdma://HOST:PORT or embedded:")
 
