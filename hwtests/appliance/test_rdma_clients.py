@@ -135,6 +135,9 @@ class TestRdmaClients(RdmaTestCase):
             again.publish("b/x", b"after")
             again.flush()
             msg = sub.get(timeout=WAIT_S)
+            # the data path's counters reach the status a refresh or two later
+            wait_until(lambda: node.status()["counters"].get("rdma_clients_accepted") == 3,
+                       WAIT_S, 0.5)
             counters = node.status()["counters"]
         finally:
             for client in clients:
