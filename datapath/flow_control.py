@@ -99,11 +99,22 @@ class WatermarkGate:
         return None
 
 
+class _MarkerSlot(list):
+    """A queue slot ``[None, item]`` that ``push_marker`` put in: never conflated or evicted."""
+
+    __slots__ = ()
+
+
 class PolicyQueue:
     """A bounded FIFO of (topic key, item) that applies a FlowPolicy when full.
 
     ``offer(..., conflate=True)`` replaces the queued item of the same key in place (the
-    CONFLATE policy keeps a key index for that). Single-threaded: use it from one agent.
+    CONFLATE policy keeps a key index for that). ``push_marker`` appends an item that stands
+    for something that must keep its place (a reliable sender's skipped messages): it goes in
+    even when the queue is full, has no key (so it is never conflated) and DROP_OLDEST never
+    evicts it (it evicts the oldest ordinary item instead: dropping those is the policy a
+    subscriber chose, and stays as it is). Markers count in the length, so a full queue stays
+    full until it is drained. Single-threaded: use it from one agent.
     """
 
     __slots__ = ("_by_key", "_queue", "capacity", "conflated", "dropped", "max_depth", "policy",
@@ -149,10 +160,7 @@ class PolicyQueue:
             if self.policy is FlowPolicy.THROTTLE:
                 self.refused += 1
                 return False
-            old = queue.popleft()
-            if self._by_key.get(old[0]) is old:
-                del self._by_key[old[0]]
-            self.dropped += 1
+            self._evict_oldest()
         slot = [key, item]
         queue.append(slot)
         if indexed:
@@ -160,6 +168,39 @@ class PolicyQueue:
         if len(queue) > self.max_depth:
             self.max_depth = len(queue)
         return True
+
+    def _evict_oldest(self) -> None:
+        """DROP_OLDEST / CONFLATE on a full queue: the oldest item that is not a marker goes."""
+        queue = self._queue
+        if type(queue[0]) is not _MarkerSlot:
+            old = queue.popleft()
+        else:
+            i = next((i for i, s in enumerate(queue) if type(s) is not _MarkerSlot), None)
+            if i is None:  # only markers: nothing may go, the new item is added past capacity
+                return
+            old = queue[i]
+            del queue[i]
+        if self._by_key.get(old[0]) is old:
+            del self._by_key[old[0]]
+        self.dropped += 1
+
+    def push_marker(self, item: object) -> None:
+        """Append ``item`` as a marker: past capacity if full, never conflated, never evicted."""
+        queue = self._queue
+        queue.append(_MarkerSlot((None, item)))
+        if len(queue) > self.max_depth:
+            self.max_depth = len(queue)
+
+    def last_item(self) -> Any:
+        """The newest queued item (None when empty)."""
+        return self._queue[-1][1] if self._queue else None
+
+    def peek(self) -> tuple[int | None, Any] | None:
+        """The oldest (key, item) without taking it, or None when empty."""
+        if not self._queue:
+            return None
+        slot = self._queue[0]
+        return slot[0], slot[1]
 
     def poll(self) -> tuple[int | None, Any] | None:
         """The oldest (key, item), or None when empty."""

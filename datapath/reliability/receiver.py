@@ -9,6 +9,9 @@ opens a gap. Gaps are NAKed (immediately on unicast, after a random delay on mul
 another receiver's NAK for the same range postpones ours), retried with backoff, and declared
 lost at their recovery deadline or when the sender answers LOSS: the application then gets an
 ``UnrecoverableLoss`` event naming the range, in sequence position, and the stream goes on.
+A LOSS frame may also name sequences above ``highest`` (a sender announcing messages it skipped
+at its tail): they are lost in order, what lies between is a gap NAKed as usual, and only what
+is inside the window counts, as for DATA, so a forged LOSS cannot push a stream far ahead.
 
 Frames come in through ``on_frame`` (from the channel glue, with the address to answer to);
 NAK, ACK and FLOW_CONTROL frames go out through the ``FrameSink``; timers run in ``do_work``.
@@ -320,6 +323,28 @@ class ReliableReceiver:
             for g in st.gaps.remove(max(r.first_seq, st.low), min(r.last_seq, st.highest)):
                 self._declare_loss(st, g.first, g.last, LossReason.SENDER_LOSS, g.detected_ns,
                                    now_ns)
+            if r.last_seq > st.highest and r.first_seq <= r.last_seq:
+                self._loss_ahead(st, max(r.first_seq, st.highest + 1), r.last_seq, now_ns)
+
+    def _loss_ahead(self, st: _Stream, first: int, last: int, now_ns: int) -> None:
+        """Sequences first..last above ``highest`` are lost (skipped by the sender): the part
+        inside the window is declared in order; the sequences before it become a gap."""
+        c = self.counters
+        config = self.config
+        end = st.low + config.window_messages - 1
+        if first > end:
+            c.beyond_window += 1
+            return
+        if first > st.highest + 1:
+            gap = Gap(st.highest + 1, first - 1, now_ns, now_ns + config.recovery_timeout_ns,
+                      self.schedule.first_nak_ns(now_ns))
+            if not st.gaps.append(gap):
+                c.refused_full += 1
+                return
+            c.gaps_detected += 1
+        last = min(last, end)
+        st.highest = last
+        self._declare_loss(st, first, last, LossReason.SENDER_LOSS, now_ns, now_ns)
 
     def _on_peer_nak(self, key: StreamKey, ranges: list[SeqRange], now_ns: int) -> None:
         c = self.counters

@@ -4,7 +4,9 @@ Frames are stored whole (their message bodies, one copy per frame on the hot pat
 ring; an index of (first_seq, last_seq, offset, length) per frame finds them again. A NAKed
 range is answered by walking only the frames that hold it (the cold path). Writing a frame
 evicts the oldest frames its bytes overlap, and frames beyond the message capacity: what is
-evicted can only be answered with LOSS.
+evicted can only be answered with LOSS. So are the ranges the sender *skipped* (sequence numbers
+of messages it had to refuse, never sent: ``skip``); they are kept, merged when adjacent, until
+they fall below the lowest held sequence, where every sequence is answered with LOSS anyway.
 
     arena (bytes ring)   | frame k | frame k+1 | ... | frame n |   free   |
     index (per frame)      first_seq, last_seq, offset, length   (oldest first)
@@ -25,6 +27,10 @@ from datapath.reliability.wire import LENGTHS_STRUCT
 _NEVER_NS = -(1 << 62)
 
 
+def _first(span: tuple[int, int]) -> int:
+    return span[0]
+
+
 class RetransmitBuffer:
     """Message bytes of the most recent frames of one stream, bounded by bytes and messages."""
 
@@ -42,6 +48,10 @@ class RetransmitBuffer:
         self._mask = capacity_messages - 1
         self._retransmitted_ns = np.full(capacity_messages, _NEVER_NS, dtype=np.int64)
         self.evicted_frames = 0
+        self._skipped: list[tuple[int, int]] = []
+        """Skipped (first, last) ranges at or above the lowest held sequence, in order."""
+        self.skipped_messages = 0
+        """Sequences ever skipped (messages the stream could not carry)."""
 
     @property
     def lowest_seq(self) -> int:
@@ -62,6 +72,52 @@ class RetransmitBuffer:
             del self._firsts[: self._head]
             self._head = 0
 
+    def skip(self, first_seq: int, count: int) -> None:
+        """Sequences first_seq .. first_seq + count - 1 were skipped: never sent, lost."""
+        last_seq = first_seq + count - 1
+        self.next_seq = last_seq + 1
+        self.skipped_messages += count
+        skipped = self._skipped
+        if skipped and skipped[-1][1] + 1 == first_seq:
+            skipped[-1] = (skipped[-1][0], last_seq)
+        else:
+            skipped.append((first_seq, last_seq))
+        self._forget_skipped()
+
+    def _forget_skipped(self) -> None:
+        """Drop the ranges below the lowest held sequence (answered with LOSS anyway), except
+        a range at the tail: the sender's tail probe still announces it."""
+        skipped = self._skipped
+        low = self.lowest_seq
+        end = len(skipped) - (skipped[-1][1] == self.next_seq - 1)
+        i = 0
+        while i < end and skipped[i][1] < low:
+            i += 1
+        if i:
+            del skipped[:i]
+
+    def skipped_in(self, first_seq: int, last_seq: int, limit: int) -> list[tuple[int, int]]:
+        """The skipped parts of [first_seq, last_seq] (at most ``limit`` ranges), in order."""
+        skipped = self._skipped
+        out: list[tuple[int, int]] = []
+        if first_seq > last_seq or limit <= 0:
+            return out
+        i = max(bisect_right(skipped, first_seq, key=_first) - 1, 0)
+        while i < len(skipped) and len(out) < limit:
+            a, b = skipped[i]
+            if a > last_seq:
+                break
+            if b >= first_seq:
+                out.append((max(a, first_seq), min(b, last_seq)))
+            i += 1
+        return out
+
+    def tail_skipped(self) -> tuple[int, int] | None:
+        """The skipped range that ends the stream (the highest sequence), or None."""
+        if self._skipped and self._skipped[-1][1] == self.next_seq - 1:
+            return self._skipped[-1]
+        return None
+
     def append(self, first_seq: int, count: int, body: memoryview | bytes) -> None:
         """Store a frame body holding messages first_seq .. first_seq + count - 1."""
         n = len(body)
@@ -70,6 +126,7 @@ class RetransmitBuffer:
         if n > self.capacity_bytes or count > self.capacity_messages:
             while self._head < len(self._frames):
                 self._evict_oldest()
+            self._skipped.clear()
             return
         pos = self._write
         frames = self._frames
@@ -89,6 +146,8 @@ class RetransmitBuffer:
         frames.append((first_seq, last_seq, pos, n))
         self._firsts.append(first_seq)
         self._write = pos + n
+        if self._skipped and self._skipped[0][1] < frames[self._head][0]:
+            self._forget_skipped()
 
     def messages(self, first_seq: int, last_seq: int) -> Iterator[tuple[int, memoryview]]:
         """(sequence, message bytes) for the held sequences in [first_seq, last_seq], in order."""

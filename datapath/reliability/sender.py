@@ -8,6 +8,12 @@ frame for what it no longer holds; ranges never sent are ignored. While the stre
 the sender resends its last message as a tail-loss probe, backing off to a maximum interval.
 FLOW_CONTROL "on" from any receiver pauses new data: offers then wait in a pending queue under
 the receivers' policy (seed 002). Time is always passed in (``now_ns``).
+
+A message the stream should carry but cannot take (``offer`` refused it: the pending queue is
+full under THROTTLE) is not lost silently when the caller ``skip``s it: it gets a sequence
+number in its place, is never sent, and is announced as lost (a LOSS frame at once, the tail
+probe while it ends the stream, LOSS in answer to any NAK), so every receiver reports it as an
+``UnrecoverableLoss`` (SENDER_LOSS) in sequence position.
 """
 
 from __future__ import annotations
@@ -32,6 +38,15 @@ _ADMIN_FOR_SENDER = frozenset({FrameType.NAK, FrameType.ACK, FrameType.FLOW_CONT
 _APP_FLAGS = int(ml.MessageFlags.PARTIAL)
 MAX_ACKING_RECEIVERS = 1_024
 """Receivers whose ACK position a sender remembers."""
+
+
+class _Skipped:
+    """A pending-queue marker: ``count`` consecutive messages skipped at this place."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
 
 
 class ReliableSender:
@@ -73,7 +88,7 @@ class ReliableSender:
 
     @property
     def highest_sent(self) -> int:
-        """Highest sequence that has left in a frame (0 before the first)."""
+        """Highest sequence that has left in a frame or was skipped (0 before the first)."""
         return self.buffer.next_seq - 1
 
     @property
@@ -129,6 +144,46 @@ class ReliableSender:
         if batcher.on_append(size, now_ns):
             self._flush(now_ns)
 
+    def skip(self, now_ns: int) -> None:
+        """Account for one message the stream should have carried but could not take (``offer``
+        refused it): it gets a sequence number in its place (behind any pending messages), is
+        never sent, and every receiver learns of it as an unrecoverable loss (SENDER_LOSS).
+
+        While messages are pending (or the stream is paused or its window is full) the skip
+        waits in the pending queue as a marker; consecutive skips share one marker (a count),
+        so the queue grows by at most one entry past its capacity. When the marker is reached
+        the open frame leaves, ``next_seq`` moves past the skipped sequences (never past the
+        send window), a LOSS frame names them, and NAKs covering them are answered with LOSS.
+        """
+        pending = self.pending
+        if pending or self.flow.paused(now_ns) or not self._window_open(now_ns):
+            last = pending.last_item()
+            if isinstance(last, _Skipped):
+                last.count += 1
+            else:
+                pending.push_marker(_Skipped(1))
+            return
+        self._skip_now(1, now_ns)
+
+    def _skip_now(self, count: int, now_ns: int) -> None:
+        if self.batcher.count:
+            self._flush(now_ns)  # a frame's sequences are contiguous
+        first = self.next_seq
+        self.next_seq = first + count
+        self.buffer.skip(first, count)
+        self._announce_loss([SeqRange(first, first + count - 1)])
+        self._probe_interval_ns = self.config.tail_probe_delay_ns
+        self._probe_at_ns = now_ns + self._probe_interval_ns
+
+    def _announce_loss(self, lost: list[SeqRange]) -> None:
+        """LOSS frames naming ``lost`` to the stream's receivers."""
+        for frame in admin_frames(FrameType.LOSS, lost, self.config.max_nak_ranges_per_frame,
+                                  source_session=self.key.source_session,
+                                  dest_session=self.config.dest_session,
+                                  stream_id=self.key.stream_id):
+            self.sink.send_frame(memoryview(frame), self.dest)
+            self.counters.loss_frames += 1
+
     def flush(self, now_ns: int) -> bool:
         """Send the open frame now, whatever the batcher says; False if there was none."""
         if not self.batcher.count:
@@ -165,15 +220,26 @@ class ReliableSender:
 
     def _drain_pending(self, now_ns: int) -> int:
         limit = self.counters.frames + self.config.frames_per_duty_cycle
-        poll = self.pending.poll
+        peek, poll = self.pending.peek, self.pending.poll
         moved = 0
         while self.counters.frames < limit:
-            if self._window_end is not None and self.next_seq > self._window_end:
+            end = self._window_end
+            if end is not None and self.next_seq > end:
                 break
-            slot = poll()
+            slot = peek()
             if slot is None:
                 break
-            _, (topic_key, payload, ts, namespace_id, schema_id, qos, flags) = slot
+            item = slot[1]
+            if isinstance(item, _Skipped):
+                n = item.count if end is None else min(item.count, end - self.next_seq + 1)
+                item.count -= n
+                if not item.count:
+                    poll()
+                self._skip_now(n, now_ns)
+                moved += 1
+                continue
+            poll()
+            topic_key, payload, ts, namespace_id, schema_id, qos, flags = item
             self._append(topic_key, payload, ts, namespace_id, schema_id, qos, flags, now_ns)
             moved += 1
         return moved
@@ -203,10 +269,16 @@ class ReliableSender:
         self._window_end = min(live) + size if live else None
 
     def _probe_tail(self, now_ns: int) -> int:
-        last = self.buffer.last_message()
+        """Resend the last message, or name the skipped range that ends the stream in LOSS."""
         self._probe_interval_ns = min(self._probe_interval_ns * 2,
                                       self.config.tail_probe_max_interval_ns)
         self._probe_at_ns = now_ns + self._probe_interval_ns
+        tail = self.buffer.tail_skipped()
+        if tail is not None:
+            self._announce_loss([SeqRange(*tail)])
+            self.counters.tail_probes += 1
+            return 1
+        last = self.buffer.last_message()
         if last is None:
             return 0
         builder = self._builder(FrameType.RETRANSMISSION)
@@ -285,6 +357,10 @@ class ReliableSender:
                 lost.append(SeqRange(first, gone))
                 c.loss_messages += gone - first + 1
                 first = gone + 1
+            for a, b in buffer.skipped_in(first, last, budget):
+                lost.append(SeqRange(a, b))  # skipped: never sent, answered like evicted ones
+                c.loss_messages += b - a + 1
+                budget -= 1
             for seq, message in buffer.messages(first, last):
                 if budget <= 0:
                     c.retransmits_capped += last - seq + 1
@@ -298,12 +374,7 @@ class ReliableSender:
         builder.flush()
         c.retransmit_frames += builder.frames
         if lost:
-            for frame in admin_frames(FrameType.LOSS, lost, self.config.max_nak_ranges_per_frame,
-                                      source_session=self.key.source_session,
-                                      dest_session=self.config.dest_session,
-                                      stream_id=self.key.stream_id):
-                self.sink.send_frame(memoryview(frame), self.dest)
-                c.loss_frames += 1
+            self._announce_loss(lost)
 
     def on_close(self) -> None:
         return None
