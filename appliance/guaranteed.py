@@ -263,12 +263,16 @@ class GuaranteedPlane:
                                          namespace_id=ns, schema_id=schema, qos=qos,
                                          flags=flags & _PARTIAL)
         except ReliabilityError:
-            self.counters["guaranteed_too_large"] += 1
-            return
-        if not accepted:  # its pending queue is full behind a closed send window
-            self.counters["guaranteed_refused"] += 1
-            return
+            accepted = None
         held.last_offer_ns = now_ns
+        if not accepted:
+            # too large for this hop's frames, or its pending queue is full behind a closed
+            # send window or flow control: the message takes its sequence number as a declared
+            # loss (LOSS to the receivers, then a loss event and loss notices), never a silent one
+            held.sender.skip(now_ns)
+            self.counters["guaranteed_too_large" if accepted is None else
+                          "guaranteed_refused"] += 1
+            return
         self.active[key] = held.sender
         self.counters["guaranteed_offered"] += 1
 
