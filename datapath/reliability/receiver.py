@@ -323,6 +323,8 @@ class ReliableReceiver:
             for g in st.gaps.remove(max(r.first_seq, st.low), min(r.last_seq, st.highest)):
                 self._declare_loss(st, g.first, g.last, LossReason.SENDER_LOSS, g.detected_ns,
                                    now_ns)
+            if r.first_seq <= st.highest:
+                st.beyond_since_ns = None  # in-window traffic, as a duplicate probe is
             if r.last_seq > st.highest and r.first_seq <= r.last_seq:
                 self._loss_ahead(st, max(r.first_seq, st.highest + 1), r.last_seq, now_ns)
 

@@ -233,3 +233,15 @@ def test_drop_oldest_never_evicts_a_marker():
     while (slot := q.poll()) is not None:
         items.append(slot[1])
     assert items == ["skipped", "e", "f"] and q.dropped == 3
+
+
+def test_the_loss_probe_of_a_skipped_tail_keeps_forged_far_frames_from_resyncing():
+    rx, rec, _ = make_receiver(window_messages=100, recovery_timeout_ns=100 * MS)
+    rx.on_frame(data([1, 2, 3]), 0, SENDER_ADDR)
+    rx.on_frame(loss([(4, 4)]), 0, SENDER_ADDR)       # the skipped tail, announced
+    rx.on_frame(data([5_000]), MS, SENDER_ADDR)       # forged, far beyond the window
+    for t in range(10, 400, 10):                      # the sender's tail probes (LOSS 4..4)
+        rx.on_frame(loss([(4, 4)]), t * MS, SENDER_ADDR)
+        rx.do_work(t * MS)
+    assert rx.counters.resyncs == 0 and rx.stream_state(KEY)["highest"] == 4
+    assert rec.items[-1] == ("loss", (4, 4)) and len(rec.losses) == 1
