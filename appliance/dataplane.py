@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance import _fastpath, route_apply
+from appliance import _express, _fastpath, route_apply
 from appliance.config import (
     CLIENT_MAX_FRAME_BYTES,
     DATAPATH_RECEIVE_FRAMES,
@@ -248,6 +248,8 @@ class DataPlaneAgent:
         self.tables = ForwardingTables(node_id)
         self.sessions: dict[int, DpSession] = {}
         self._by_peer: dict[tuple[str, int], DpSession] = {}
+        self.sessions_version = 0
+        """Changes whenever a session comes or goes (the express path's plan follows it)."""
         self.counters: Counter[str] = Counter()
         self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels
                     if not name.startswith(GROUP_TX)}
@@ -267,6 +269,7 @@ class DataPlaneAgent:
                 self._own_group_senders[rx] = (peer_id_of(host, 0) >> 16, port)
         self._receivers = self._list_receivers()
         self._out_list = list(self._out.values())
+        self.express = _express.Express(self)
         self.digests: Counter[str] = Counter()
         """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
@@ -330,11 +333,13 @@ class DataPlaneAgent:
     def add_session(self, session: DpSession, peer: tuple[str, int]) -> None:
         self.sessions[session.session_id] = session
         self._by_peer[peer] = session
+        self.sessions_version += 1
 
     def remove_session(self, session_id: int) -> None:
         session = self.sessions.pop(session_id, None)
         if session is None:
             return
+        self.sessions_version += 1
         for peer, s in list(self._by_peer.items()):
             if s is session:
                 del self._by_peer[peer]
@@ -437,7 +442,11 @@ class DataPlaneAgent:
         fabric = name == FABRIC
         group = name.startswith(GROUP_RX)
         own = self._own_group_senders.get(name)
-        if not (fabric or group):  # a uniform burst from one client: on arrays
+        if not (fabric or group):  # a plain burst of one client: one compiled call
+            if _express.ENABLED and self.express.ingress(name, batch, now_ns,
+                                                         RELIABLE_STREAM_BIT, _PROBE, deadline):
+                return
+            # else a uniform burst from one client: on arrays
             fast = _fastpath.client_burst(self, name, batch, deadline, RELIABLE_STREAM_BIT)
             if fast is not None:
                 self._run(batch, *fast, now_ns)
@@ -723,13 +732,22 @@ class DataPlaneAgent:
         if m > _FEW and not (verdicts == _UNKNOWN).any() or (
                 m <= _FEW and _UNKNOWN not in verdicts.tolist()):
             return
-        unknown = np.flatnonzero(verdicts == _UNKNOWN)
+        self._park_unknown(buf, m, ctxs, now_ns)
+
+    def _park_unknown(self, buf: np.ndarray, m: int, ctxs: list[tuple], now_ns: int) -> None:
+        """Park the messages of the NIC's last burst (``m`` messages) whose key it did not
+        know, until a snapshot knows it or their frame's deadline passes (``ctxs`` per
+        frame of the burst)."""
+        msgs = self.nic.batch
+        counters = self.counters
+        unknown = np.flatnonzero(self.nic.verdicts[:m] == _UNKNOWN)
         if len(unknown):
+            frame_index = msgs["frame_index"][unknown].tolist()
             starts = msgs["payload_offset"][unknown] - ml.MESSAGE_HEADER_BYTES
             sizes = ml.MESSAGE_HEADER_BYTES + ((msgs["payload_len"][unknown].astype(np.int64)
                                                 + msgs["topic_len"][unknown] + 7) & ~7)
-            for j, start, size in zip(unknown.tolist(), starts.tolist(), sizes.tolist()):
-                ctx = ctxs[frame_index[j]]
+            for f, start, size in zip(frame_index, starts.tolist(), sizes.tolist()):
+                ctx = ctxs[f]
                 if ctx[4] <= now_ns:
                     counters["parked_expired"] += 1
                 elif len(self._parked) >= PARKED_MESSAGES:

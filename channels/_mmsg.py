@@ -20,10 +20,16 @@ Layout of one datagram's entries (x86-64 glibc; cffi computes the offsets)::
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import cffi
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from channels.base import _stamp
 
 ffi = cffi.FFI()
 ffi.cdef("""
@@ -41,8 +47,15 @@ struct cmsghdr { size_t cmsg_len; int cmsg_level; int cmsg_type; };
 int recvmmsg(int sockfd, struct mmsghdr *msgvec, unsigned int vlen, int flags,
              struct timespec *timeout);
 int sendmmsg(int sockfd, struct mmsghdr *msgvec, unsigned int vlen, int flags);
+int *__errno_location(void);
 """)
 libc = ffi.dlopen(None)
+RECVMMSG_ADDRESS = int(ffi.cast("uintptr_t", libc.recvmmsg))
+SENDMMSG_ADDRESS = int(ffi.cast("uintptr_t", libc.sendmmsg))
+ERRNO_LOCATION_ADDRESS = int(ffi.cast("uintptr_t", libc.__errno_location))
+"""libc's entry points, for the kernels that make the system calls themselves (``_ccall``):
+passed in as integers, so the kernels stay in numba's cache (a function pointer baked into
+the code would not)."""
 
 MSG_DONTWAIT = int(socket.MSG_DONTWAIT)
 MSG_TRUNC = int(socket.MSG_TRUNC)
@@ -190,6 +203,82 @@ def _deliver(h: np.ndarray, names: np.ndarray, controls: np.ndarray, count: int,
     return truncated
 
 
+_I64 = ir.IntType(64)
+_I32 = ir.IntType(32)
+
+
+@intrinsic
+def _ccall(typingctx: Any, function: Any, a0: Any, a1: Any, a2: Any, a3: Any,
+           a4: Any) -> Any:
+    """Call the C function at address ``function`` as ``int f(a0, a1, a2, a3, a4)`` with five
+    64-bit integer arguments (x86-64 System V: integer arguments go in registers, so a callee
+    that takes ``int``/``unsigned``/pointers reads the low or whole register and one that takes
+    fewer arguments ignores the rest); the ``int`` result sign-extended."""
+    sig = types.int64(types.int64, types.int64, types.int64, types.int64, types.int64,
+                      types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fnty = ir.FunctionType(_I32, [_I64] * 5)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.sext(builder.call(fn, list(args[1:])), _I64)
+    return sig, codegen
+
+
+@intrinsic
+def _errno(typingctx: Any, location: Any) -> Any:
+    """``errno`` of this thread, through ``__errno_location`` at address ``location``."""
+    sig = types.int64(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fnty = ir.FunctionType(_I32.as_pointer(), [])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.sext(builder.load(builder.call(fn, [])), _I64)
+    return sig, codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def _receive(h: np.ndarray, iov: np.ndarray, names: np.ndarray, controls: np.ndarray,
+             h_addr: int, names_addr: int, controls_addr: int, buf_addr: int,
+             offsets: np.ndarray, slot_bytes: int, prepare: int, count: int, fd: int,
+             lengths: np.ndarray, peer_ids: np.ndarray, recv_ts_ns: np.ndarray, now_ns: int,
+             recv_fn: int, errno_fn: int) -> tuple[int, int]:
+    """One non-blocking ``recvmmsg`` of up to ``count`` datagrams: re-point the first
+    ``prepare`` headers at the slots (``_prepare_receive``), receive, copy out lengths, peers
+    and receive times (``_deliver``). Returns the datagrams received (>= 0) with the number
+    truncated, or -1 with errno."""
+    if prepare > 0:
+        _prepare_receive(h, iov, names_addr, controls_addr, buf_addr, offsets, slot_bytes,
+                         prepare)
+    n = _ccall(recv_fn, fd, h_addr, count, MSG_DONTWAIT, 0)
+    if n < 0:
+        return -1, _errno(errno_fn)
+    return n, _deliver(h, names, controls, n, lengths, peer_ids, recv_ts_ns, now_ns)
+
+
+@numba.njit(cache=True, nogil=True)
+def _send(h: np.ndarray, iov: np.ndarray, names: np.ndarray, h_addr: int, names_addr: int,
+          buf: np.ndarray, buf_addr: int, offsets: np.ndarray, lengths: np.ndarray, count: int,
+          mode: int, ipv4: int, port: int, peer_ids: np.ndarray, allow_multicast: bool,
+          stamp_ns: int, fd: int, send_fn: int, errno_fn: int, out: np.ndarray) -> None:
+    """Point ``count`` datagrams at their frames and destinations (``_prepare_send``), write
+    ``stamp_ns`` into their headers' send time unless it is 0 (``channels.base._stamp``) and
+    make one ``sendmmsg``; ``out`` = [bytes of the frames (or -1 - i: datagram i would go to
+    a multicast group unasked, nothing sent or stamped), datagrams sent (or -1), errno]."""
+    total = _prepare_send(h, iov, names, names_addr, buf_addr, offsets, lengths, count, mode,
+                          ipv4, port, peer_ids, allow_multicast)
+    out[0] = total
+    out[1] = 0
+    out[2] = 0
+    if total < 0:
+        return
+    if stamp_ns:
+        _stamp(buf, offsets, lengths, count, stamp_ns)
+    n = _ccall(send_fn, fd, h_addr, count, MSG_DONTWAIT, 0)
+    out[1] = n
+    if n < 0:
+        out[2] = _errno(errno_fn)
+
+
 class MmsgVector:
     """Prebuilt mmsghdr/iovec/sockaddr/control arrays for up to ``capacity`` datagrams."""
 
@@ -204,12 +293,14 @@ class MmsgVector:
         self.iov64 = self.iovs.view(np.uint64).reshape(capacity, 2)
         self.names64 = self.names.view(np.uint64).reshape(capacity, 2)
         self.controls64 = self.controls.view(np.uint64).reshape(capacity, 4)
-        hdr_addr, self._keep_hdrs = address_of(self.hdrs)
+        self.hdr_addr, self._keep_hdrs = address_of(self.hdrs)
         iov_addr, self._keep_iovs = address_of(self.iovs)
         self.names_addr, self._keep_names = address_of(self.names)
         self.controls_addr, self._keep_controls = address_of(self.controls)
         index = np.arange(capacity, dtype=np.uint64)
         self.hdrs["iov"] = iov_addr + index * np.uint64(IOVEC_DTYPE.itemsize)
+        self.send_result = np.zeros(3, np.int64)
+        """``_send``'s [bytes, datagrams sent, errno] of the last ``send``."""
         self.hdrs["iovlen"] = 1
         self.ptr = ffi.cast("struct mmsghdr *", self._keep_hdrs)
         self._buf_keep: object = None
@@ -256,6 +347,41 @@ class MmsgVector:
         self._rx_ready = (buf, offsets, slot_bytes, count)
         self._rx_used = 0
 
+    def receive(self, fd: int, buf: np.ndarray, offsets: np.ndarray, slot_bytes: int,
+                count: int, lengths: np.ndarray, peer_ids: np.ndarray, recv_ts_ns: np.ndarray,
+                now_ns: int) -> tuple[int, int]:
+        """``prepare_receive``, one non-blocking ``recvmmsg`` and ``deliver`` in one kernel
+        call (``_receive``): (datagrams received, how many were truncated), or (-1, errno).
+        ``now_ns`` is the receive time of a datagram without a kernel timestamp."""
+        ready = self._rx_ready
+        if (ready is not None and ready[0] is buf and ready[1] is offsets
+                and ready[2] == slot_bytes and ready[3] == count):
+            prepare = min(self._rx_used, count)
+            buf_addr = self.buf_addr
+        else:
+            prepare = count
+            buf_addr = self.pin(buf)
+            self._rx_ready = (buf, offsets, slot_bytes, count)
+        n, extra = _receive(self.h64, self.iov64, self.names64, self.controls64, self.hdr_addr,
+                            self.names_addr, self.controls_addr, buf_addr, offsets, slot_bytes,
+                            prepare, count, fd, lengths, peer_ids, recv_ts_ns, now_ns,
+                            RECVMMSG_ADDRESS, ERRNO_LOCATION_ADDRESS)
+        self._rx_used = max(n, 0)
+        return n, extra
+
+    def send(self, fd: int, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+             count: int, mode: int, ipv4: int, port: int, peer_ids: np.ndarray | None,
+             allow_multicast: bool, stamp_ns: int) -> np.ndarray:
+        """``prepare_send``, the send-time stamp (0: none) and one ``sendmmsg`` in one kernel
+        call (``_send``); returns ``send_result``: [bytes, datagrams sent or -1, errno]."""
+        self._rx_ready = None
+        out = self.send_result
+        _send(self.h64, self.iov64, self.names64, self.hdr_addr, self.names_addr, buf,
+              self.pin(buf), offsets, lengths, count, mode, ipv4, port,
+              offsets if peer_ids is None else peer_ids, allow_multicast, stamp_ns, fd,
+              SENDMMSG_ADDRESS, ERRNO_LOCATION_ADDRESS, out)
+        return out
+
     def deliver(self, count: int, lengths: np.ndarray, peer_ids: np.ndarray,
                 recv_ts_ns: np.ndarray, now_ns: int) -> int:
         """Copy out what the kernel wrote; returns how many datagrams were truncated."""
@@ -278,7 +404,8 @@ class MmsgVector:
 
 
 def warm_up() -> None:
-    """Compile/load this module's kernels (no system call)."""
+    """Compile/load this module's kernels (their only system calls are on descriptor -1,
+    which fail at once)."""
     vec = MmsgVector(1)
     buf = np.zeros(64, np.uint8)
     offsets = np.zeros(1, np.int64)
@@ -287,3 +414,6 @@ def warm_up() -> None:
     vec.prepare_send(buf, offsets, lengths, 1, 2, 0, 0, offsets, True)
     vec.prepare_receive(buf, offsets, 64, 1)
     vec.deliver(1, lengths.copy(), offsets.copy(), offsets.copy(), 0)
+    vec.receive(-1, buf, offsets, 64, 1, lengths.copy(), offsets.copy(), offsets.copy(), 0)
+    vec.send(-1, buf, offsets, lengths, 1, 1, 0x7F000001, 1, None, False, 0)
+    vec.send(-1, buf, offsets, lengths, 1, 2, 0, 0, offsets, True, 1)

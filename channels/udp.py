@@ -36,7 +36,6 @@ from channels.base import (
     FrameArrays,
     FrameBatch,
     as_frame_arrays,
-    stamp_send_ts,
 )
 from channels.errors import ChannelUserError, os_error
 
@@ -210,21 +209,23 @@ class DatagramChannel(Channel):
         if n == 0:
             return 0
         mode, ipv4, port = self._destination(frames, dest, n)
-        if self.stamp_send_ts:
-            stamp_send_ts(arrays, n)
-        total_bytes = vec.prepare_send(arrays.buf, arrays.offsets, arrays.lengths, n, mode,
-                                       ipv4, port, peer_ids, self.multicast_sender)
+        # the first sendmmsg, the destinations and the send-time stamp: one kernel call
+        total_bytes, k, err = vec.send(self._fd, arrays.buf, arrays.offsets, arrays.lengths, n,
+                                       mode, ipv4, port, peer_ids, self.multicast_sender,
+                                       time.time_ns() if self.stamp_send_ts else 0).tolist()
         if total_bytes < 0:
             self._refuse_multicast(int(frames.peer_ids[-1 - total_bytes]) >> 16)
+        if k == n:
+            self.stats.on_send(n, total_bytes)
+            return n
         taken = 0
         skipped = 0
         skipped_bytes = 0
-        while taken < n:
-            k, err = vec.sendmmsg(self._fd, taken, n - taken)
+        while True:
             if k > 0:
                 taken += k
             elif err == errno.EINTR:
-                continue
+                pass
             elif err in _RETRY_LATER:
                 self.stats.on_backpressure(n - taken)
                 break
@@ -235,6 +236,9 @@ class DatagramChannel(Channel):
                 skipped += 1
                 skipped_bytes += int(arrays.lengths[taken])
                 taken += 1
+            if taken >= n:
+                break
+            k, err = vec.sendmmsg(self._fd, taken, n - taken)
         if taken > skipped:
             taken_bytes = total_bytes if taken == n else int(arrays.lengths[:taken].sum())
             self.stats.on_send(taken - skipped, taken_bytes - skipped_bytes)
@@ -246,11 +250,15 @@ class DatagramChannel(Channel):
         cap = batch.capacity
         deadline = time.monotonic_ns() + timeout_ns if timeout_ns > 0 else 0
         while True:
-            vec.prepare_receive(batch.buf, batch.offsets, batch.slot_bytes, cap)
-            n, err = vec.recvmmsg(self._fd, cap)
+            n, err = vec.receive(self._fd, batch.buf, batch.offsets, batch.slot_bytes, cap,
+                                 batch.lengths, batch.peer_ids, batch.recv_ts_ns, time.time_ns())
             if n > 0:
-                if self._deliver(batch, vec, n):
-                    return batch.count
+                if err:  # truncated datagrams: dropped, counted
+                    n = self._compact(batch, batch.lengths[:n] >= 0, n)
+                batch.count = n
+                if n:
+                    self.stats.on_batch_received(batch)
+                    return n
             elif n < 0 and err not in _RETRY_LATER and err != errno.EINTR:
                 # e.g. ECONNREFUSED left by an earlier send on a connected socket
                 self.stats.on_error(f"recv_{errno.errorcode.get(err, str(err)).lower()}")
@@ -267,15 +275,6 @@ class DatagramChannel(Channel):
             self._poller.poll(wait_ms)
             if self.closed:
                 return 0
-
-    def _deliver(self, batch: FrameBatch, vec: _mmsg.MmsgVector, n: int) -> int:
-        truncated = vec.deliver(n, batch.lengths, batch.peer_ids, batch.recv_ts_ns,
-                                time.time_ns())
-        if truncated:
-            n = self._compact(batch, batch.lengths[:n] >= 0, n)
-        batch.count = n
-        self.stats.on_batch_received(batch)
-        return n
 
     def _compact(self, batch: FrameBatch, keep: np.ndarray, n: int) -> int:
         """Drop truncated datagrams, moving later frames down (rare: only hostile/oversize)."""

@@ -41,6 +41,17 @@ COMMANDS_PER_CYCLE = 16
 """At most this many control commands are applied per duty cycle."""
 
 
+def yield_cpu() -> None:
+    """Let another runnable thread have the GIL and the CPU, without sleeping.
+
+    ``os.sched_yield`` releases the GIL around the system call (~1 us here). Not
+    ``time.sleep(0)``: that is a ``clock_nanosleep`` which the kernel's timer slack (50 us by
+    default for normal threads) stretches to ~60 us, so a "spinning" agent would look for
+    work only every ~70 us and a frame would wait half of that on average before anyone
+    reads it."""
+    os.sched_yield()
+
+
 class Agent(Protocol):
     """A unit of hot-loop work."""
 
@@ -74,7 +85,7 @@ class BusySpinIdle:
 class YieldingIdle:
     def idle(self, work_count: int) -> None:
         if work_count == 0:
-            time.sleep(0)
+            yield_cpu()
 
     def reset(self) -> None:
         return None
@@ -114,7 +125,7 @@ class BackoffIdle:
             self._spins += 1
         elif self._yields < self.max_yields:
             self._yields += 1
-            time.sleep(0)
+            yield_cpu()
         else:
             time.sleep(self._park_ns / 1e9)
             self._park_ns = min(self._park_ns * 2, self.max_park_ns)
@@ -212,7 +223,7 @@ class PollingIdle:
             if self._idle_since_ns == 0:
                 self._idle_since_ns = now_ns
             if now_ns - self._idle_since_ns < self.spin_ns:
-                time.sleep(0)  # lets the control thread take the GIL
+                yield_cpu()  # lets the control thread take the GIL
                 return
         self.park()
 

@@ -124,6 +124,7 @@ class SoftNic:
         self._pending = np.zeros(burst_messages, dtype=np.uint64)
         self._result = np.zeros(_kernels.RUN_RESULT_WORDS, dtype=np.int64)
         self._key_counts = np.zeros(0, dtype=np.int64)
+        self._burst_state: tuple | None = None
         self._retired: dict[int, list[int]] = {}
         self._snapshot: snapshots.Snapshot | None = None
         self._adopt(first)
@@ -192,6 +193,24 @@ class SoftNic:
             raise OffloadUserError("ring outputs need room for at least 1 message")
         return (np.zeros(messages, dtype=L.DESCRIPTOR_DTYPE),
                 np.zeros(messages, dtype=np.uint8))
+
+    def burst_state(self) -> tuple[snapshots.Snapshot, tuple]:
+        """(the current snapshot, this NIC's state with its tables): the arguments that
+        ``run_burst`` (``_kernels._run``) takes after its first six (buffer, offsets,
+        lengths, exact, burst_frames, max_bursts), for a kernel that runs the NIC inside its
+        own compiled code (appliance/_express.py) instead of through ``process``. Adopts a
+        new snapshot first, as ``process`` does; the tuple is made once per snapshot."""
+        snap = self._current()
+        cached = self._burst_state
+        if cached is None or cached[0] is not snap:
+            t = snap.tables
+            cached = self._burst_state = (snap, (
+                self.batch, self.status, self.frame_types, self._homes, self._values,
+                self._acl_results, self._payloads, self._pending, t.slots, t.shift,
+                t.class_root, t.groups, t.bound_lo, t.bound_result, t.fields_end,
+                self._key_counts, self._counters, self._malformed, self.descriptors,
+                self.verdicts, self._digests, self._digest_state, self._result))
+        return cached
 
     def _current(self) -> snapshots.Snapshot:
         snap = self._switch.current  # read once: the whole call runs on this version

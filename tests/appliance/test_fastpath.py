@@ -1,14 +1,16 @@
-"""The data path's vectorised fast paths (appliance/_fastpath.py) against its general loops.
+"""The data path's express path (appliance/_express.py) and vectorised fast paths
+(appliance/_fastpath.py) against its general loops.
 
 Two appliances on loopback (a: P&M, b: remote), subscribers at both (client API), and a
-publisher that sends bursts of 64 frames per sendmmsg (3 messages per frame, three topics,
-one of which its identity may not publish), each burst arriving whole (the data path is held
-in a command while it is sent), so the appliance receives 64-frame bursts.
-The same traffic runs with the fast paths on and off; what every subscriber receives (per
-topic: sequence and payload, in order) and the appliances' published / denied / delivered
-counts must be the same, and with them on they must have run. (The order across topics
-follows the software NIC's descriptor order per burst, which depends on how the bursts
-arrive, so it is compared per topic.)
+publisher that sends bursts of 64, 1 and 3 frames per sendmmsg (3 messages per frame, three
+topics, one of which its identity may not publish), each burst arriving whole (the data path
+is held in a command while it is sent), so the appliance receives bursts of those sizes.
+The same traffic runs three ways: the general loops only, the fast paths without the express
+path, and everything on (the default); what every subscriber receives (per topic: sequence
+and payload, in order) and the appliances' published / denied / delivered counts must be the
+same, and each path must have run where it was on. (The order across topics follows the
+software NIC's descriptor order per burst, which depends on how the bursts arrive, so it is
+compared per topic.)
 """
 
 import threading
@@ -16,7 +18,7 @@ import time
 
 import pytest
 
-from appliance import _fastpath
+from appliance import _express, _fastpath
 from appliance.client import connect
 from appliance.config import parse_config
 from appliance.node import Appliance
@@ -31,8 +33,11 @@ from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
 
 ALLOWED = ["p/x/1", "p/y/2"]
 FORBIDDEN = "q/z"
-ROUNDS = 12
-FRAMES_PER_SEND = 64
+BURSTS = [64, 1, 64, 3, 64, 1, 64, 3, 64, 1, 64, 64]
+"""Frames per send (and per burst the appliance receives), round by round."""
+ROUNDS = len(BURSTS)
+BIG_ROUNDS = sum(n >= _fastpath.FASTPATH_MIN_FRAMES for n in BURSTS)
+MESSAGES = sum(BURSTS)
 SUBSCRIBERS = {"a-all": ("a", "#"), "a-x": ("a", "p/x/#"), "b-p": ("b", "p/#"),
                "b-q": ("b", "q/#")}
 
@@ -63,27 +68,29 @@ def _url(app):
 
 
 def _bursts(session: int) -> list[FrameBatch]:
-    """ROUNDS batches of 64 frames; each frame: one message per topic (the forbidden last)."""
+    """A batch of BURSTS[r] frames per round; each frame: one message per topic (the
+    forbidden last)."""
     keyer = KeyRegistry()
     topics = [*ALLOWED, FORBIDDEN]
     keys = [keyer.key_of(t, 0) for t in topics]
     out, seq = [], 0
-    for r in range(ROUNDS):
-        batch = FrameBatch(FRAMES_PER_SEND, 512)
-        for i in range(FRAMES_PER_SEND):
+    for r, frames in enumerate(BURSTS):
+        batch = FrameBatch(frames, 512)
+        for i in range(frames):
             seq += 1
             writer = FrameWriter(memoryview(batch.buf), int(batch.offsets[i]), 512)
             writer.begin(source_session=session, stream_id=session)
             for t, key in zip(topics, keys):
                 writer.append(key, seq, time.time_ns(), f"{t}|{r}|{i}".encode())
             batch.lengths[i] = writer.finish()
-        batch.count = FRAMES_PER_SEND
+        batch.count = frames
         out.append(batch)
     return out
 
 
-def _run_traffic(enabled: bool) -> tuple[dict, dict]:
-    _fastpath.ENABLED = enabled
+def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
+    _fastpath.ENABLED = fast
+    _express.ENABLED = express
     a, b = _pair()
     clients = []
     try:
@@ -125,7 +132,7 @@ def _run_traffic(enabled: bool) -> tuple[dict, dict]:
                 entered, release = threading.Event(), threading.Event()
                 a.dataplane.commands.offer(lambda e=entered, r=release: (e.set(), r.wait(5)))
                 assert entered.wait(5)
-                assert channel.send(batch) == FRAMES_PER_SEND
+                assert channel.send(batch) == batch.count
                 release.set()
                 time.sleep(0.02)
         finally:
@@ -149,7 +156,8 @@ def _run_traffic(enabled: bool) -> tuple[dict, dict]:
                                     if c["subscriptions"] in (["p/#"], ["p/x/#"])),
                 "denials": status["offload"]["publish_denied"],
                 "fast": (status["counters"].get("fastpath_bursts", 0),
-                         status["counters"].get("fastpath_deliveries", 0))}
+                         status["counters"].get("fastpath_deliveries", 0)),
+                "express": status["counters"].get("express_bursts", 0)}
         return got, counts
     finally:
         for c in clients:
@@ -157,31 +165,48 @@ def _run_traffic(enabled: bool) -> tuple[dict, dict]:
         b.stop()
         a.stop()
         _fastpath.ENABLED = True
+        _express.ENABLED = True
 
 
 @pytest.fixture(scope="module")
-def both_ways():
-    return _run_traffic(False), _run_traffic(True)
+def three_ways():
+    return _run_traffic(False, False), _run_traffic(True, False), _run_traffic(True, True)
 
 
-def test_fast_paths_ran_and_deliver_exactly_what_the_general_loops_do(both_ways):
-    (slow, slow_counts), (fast, fast_counts) = both_ways
+def _same_counts(one: dict, other: dict) -> bool:
+    return all({k: v for k, v in one[side].items() if k not in ("fast", "express")}
+               == {k: v for k, v in other[side].items() if k not in ("fast", "express")}
+               for side in ("fa", "fb"))
+
+
+def test_fast_paths_ran_and_deliver_exactly_what_the_general_loops_do(three_ways):
+    (slow, slow_counts), (fast, fast_counts), _ = three_ways
     assert slow_counts["fa"]["fast"] == (0, 0) and slow_counts["fb"]["fast"] == (0, 0)
-    # on: a took the client bursts and their deliveries on arrays, b the fabric deliveries
-    # (the first round may reach the data path before its keys' tables and be parked, then
-    # rerun by the general loop)
-    assert fast_counts["fa"]["fast"][0] >= ROUNDS - 1
-    assert fast_counts["fa"]["fast"][1] >= ROUNDS - 1
+    assert slow_counts["fa"]["express"] == 0 == fast_counts["fa"]["express"]
+    # on: a took the big client bursts and their deliveries on arrays, b the fabric
+    # deliveries (the first round may reach the data path before its keys' tables and be
+    # parked, then rerun by the general loop)
+    assert fast_counts["fa"]["fast"][0] >= BIG_ROUNDS - 1
+    assert fast_counts["fa"]["fast"][1] >= BIG_ROUNDS - 1
     assert fast_counts["fb"]["fast"][1] >= 1
     assert fast == slow
-    for side in ("fa", "fb"):
-        assert {k: v for k, v in fast_counts[side].items() if k != "fast"} == \
-            {k: v for k, v in slow_counts[side].items() if k != "fast"}
+    assert _same_counts(fast_counts, slow_counts)
 
 
-def test_the_reference_delivery_is_exact(both_ways):
-    (slow, slow_counts), _ = both_ways
-    n = ROUNDS * FRAMES_PER_SEND
+def test_the_express_path_ran_and_delivers_exactly_what_the_general_loops_do(three_ways):
+    (slow, slow_counts), _, (express, express_counts) = three_ways
+    # every client burst at a, of every size, went the express way (the first may have
+    # come before its keys' tables: parked, then rerun by the general loop)
+    assert express_counts["fa"]["express"] >= ROUNDS - 1
+    assert express_counts["fa"]["fast"][0] <= 1  # client bursts: none left for the fast path
+    assert express_counts["fb"]["fast"][1] >= 1  # b's fabric deliveries still take it
+    assert express == slow
+    assert _same_counts(express_counts, slow_counts)
+
+
+def test_the_reference_delivery_is_exact(three_ways):
+    (slow, slow_counts), _, _ = three_ways
+    n = MESSAGES
     every = list(range(1, n + 1))
     for name, topics in (("a-all", ALLOWED), ("a-x", ALLOWED[:1]), ("b-p", ALLOWED),
                          ("b-q", [])):

@@ -3,6 +3,8 @@ without a descriptor keeps the parks short (bounded sleeps) until the longest pa
 
 import threading
 
+import pytest
+
 from channels.base import FrameBatch
 from channels.shm import ShmChannel
 from channels.tcp import TcpChannel
@@ -147,3 +149,23 @@ def test_a_runner_parked_in_poll_receives_a_datagram_runs_a_command_and_stops_at
         finally:
             runner.stop()  # wakes the park
         assert idle.timeouts == 0 and runner.cycles >= 2
+
+
+def test_the_spin_and_yield_phases_never_sleep(monkeypatch):
+    """An idle cycle in a spin or yield phase hands the GIL and the CPU over without sleeping:
+    time.sleep(0) is a nanosleep that the kernel's timer slack stretches to ~60 us, so a
+    "spinning" agent would look for work only that often (datapath.agent.yield_cpu)."""
+    from datapath import agent as agent_module
+    from datapath.agent import BackoffIdle, YieldingIdle
+
+    yields = []
+    monkeypatch.setattr(agent_module.time, "sleep", lambda s: pytest.fail(f"slept {s} s"))
+    monkeypatch.setattr(agent_module.os, "sched_yield", lambda: yields.append(1))
+    spinning = PollingIdle(lambda: WaitSet((), True), spin_ns=LONG_PARK_NS)
+    backoff = BackoffIdle(max_spins=2, max_yields=5)
+    for _ in range(10):
+        spinning.idle(0)
+        YieldingIdle().idle(0)
+    for _ in range(7):
+        backoff.idle(0)
+    assert len(yields) == 10 + 10 + 5 and spinning.polls == 0
