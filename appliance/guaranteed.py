@@ -293,8 +293,10 @@ class GuaranteedPlane:
     def _notice(self, key: tuple, held: _Sender | None, payload: bytes, now_ns: int) -> None:
         if held is None:
             return
-        held.sender.offer(LOSS_NOTICE_KEY, payload, now_ns, publish_ts_ns=time.time_ns(),
-                          qos=int(ml.Qos.GUARANTEED))
+        if not held.sender.offer(LOSS_NOTICE_KEY, payload, now_ns, publish_ts_ns=time.time_ns(),
+                                 qos=int(ml.Qos.GUARANTEED)):
+            held.sender.skip(now_ns)  # refused as any message: then it is a loss event itself
+            self.counters["loss_notices_refused"] += 1
         held.last_offer_ns = now_ns
         self.active[key] = held.sender
         self.counters["loss_notices_sent"] += 1
