@@ -281,6 +281,13 @@ class Channel(abc.ABC):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def failure(self) -> Exception | None:
+        """The error that ended this channel for good, else None: a connected channel whose
+        connection failed or whose peer left raises it from every call from then on (close
+        it; a datagram channel never fails this way)."""
+        return None
+
     def close(self) -> None:
         """Release the channel's OS resources; safe to call twice."""
         if self._closed:

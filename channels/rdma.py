@@ -647,6 +647,10 @@ class RdmaChannel(Channel):
         self._read_control()
         return self._control.gone
 
+    @property
+    def failure(self) -> Exception | None:
+        return self._failure
+
     def _fail(self, error: Exception) -> None:
         if self._failure is None:
             self._failure = error

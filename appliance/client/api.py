@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+import channels
+from appliance.client.rdma import SCHEME as RDMA_SCHEME
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
     CLIENT_HEARTBEAT_INTERVAL_NS,
@@ -293,7 +295,10 @@ class Client:
         self.losses = 0
         """Loss events this client got on its guaranteed streams."""
         self.lost_messages = 0
-        _warm_up()  # before the session exists: compiling later would silence its heartbeats
+        # load (with a cold cache: compile) the channels' kernels and the batch decoder
+        # before the session exists: compiling holds the interpreter for seconds, and during
+        # a session it would keep the heartbeats back until the appliance logs the client out
+        channels.warm_up()
         self._runner = AgentRunner([_ClientAgent(self)], IDLE_STRATEGIES[idle](),
                                    name=f"client-{identity}")
         self._runner.start()
@@ -814,9 +819,11 @@ class _ClientAgent:
         with client._lock:  # a channel is used by one thread at a time (docs/channels.md)
             try:
                 n = client.channel.receive(self.batch, 0)
-            except ChannelDeviceError as exc:  # an RDMA connection failed: the session is gone
-                if client.channel.kind != "rdma":
+            except ChannelDeviceError as exc:
+                if client.channel.failure is None:
                     raise
+                # the channel's connection is gone for good (an RDMA peer left): so is the
+                # session
                 client.logged_out_reason = f"connection lost: {exc}"
                 for sub in list(client._subs):
                     sub._close()
@@ -907,19 +914,6 @@ class _ClientAgent:
         return None
 
 
-_WARM = False
-
-
-def _warm_up() -> None:
-    """Load (or, with a cold cache, compile) the numba kernels a client runs: the channels'
-    and the batch decoder. Compiling holds the interpreter for seconds; done during a
-    session, it would keep the client's heartbeats back until the appliance logs it out."""
-    global _WARM
-    if not _WARM:
-        import channels
-
-        channels.warm_up()
-        _WARM = True
 
 
 def connect(url: str, identity: str = "anonymous", *,
@@ -933,7 +927,7 @@ def connect(url: str, identity: str = "anonymous", *,
     from channels.shm import ShmChannel
     from channels.udp import UdpChannel
 
-    if url.startswith("rdma://"):
+    if url.startswith(RDMA_SCHEME):
         from appliance.client.rdma import open_rdma_channel
 
         channel = open_rdma_channel(url, device=rdma_device, gid_index=rdma_gid_index,
