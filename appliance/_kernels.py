@@ -90,6 +90,19 @@ def _member(allowed: np.ndarray, key: np.uint64) -> bool:
 
 
 @numba.njit(inline="always")
+def _fanout(kind: int, target: int, group_start: np.ndarray, group_len: np.ndarray
+            ) -> tuple[int, int, bool]:
+    """Where a descriptor's ports are: (first, count, True) = ``group_ports[first:][:count]``
+    of multicast group ``target`` (none for a group the snapshot does not define), or
+    (target, 1, False) for one port."""
+    if kind == _GROUP:
+        if target >= group_start.shape[0]:
+            return 0, 0, True
+        return group_start[target], group_len[target], True
+    return target, 1, False
+
+
+@numba.njit(inline="always")
 def _finish(qbuf, qoff, qlen, slot, pos, count, src, dst, stream) -> None:
     """The header of a built frame (``_OutQueue._finish``: flags 0, send time 0)."""
     at = qoff[slot]
@@ -173,18 +186,11 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
     need1 = 0
     need2 = 0
     for d in range(nd):
-        target = np.int64(desc[d].target)
         length = np.int64(desc[d].length)
-        first = target
-        count = 1
-        if desc[d].kind == _GROUP:
-            if target >= group_start.shape[0]:
-                count = 0
-            else:
-                first = group_start[target]
-                count = group_len[target]
+        first, count, is_group = _fanout(desc[d].kind, np.int64(desc[d].target), group_start,
+                                         group_len)
         for g in range(count):
-            port = group_ports[first + g] if desc[d].kind == _GROUP else target
+            port = group_ports[first + g] if is_group else first
             if port >= port_kind.shape[0]:
                 continue
             kind = port_kind[port]
@@ -224,20 +230,12 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
             denied += 1
             continue
         published += 1
-        target = np.int64(desc[d].target)
         off = np.int64(desc[d].offset)
         length = np.int64(desc[d].length)
-        first = target
-        count = 1
-        is_group = desc[d].kind == _GROUP
-        if is_group:
-            if target >= group_start.shape[0]:
-                count = 0
-            else:
-                first = group_start[target]
-                count = group_len[target]
+        first, count, is_group = _fanout(desc[d].kind, np.int64(desc[d].target), group_start,
+                                         group_len)
         for g in range(count):
-            port = group_ports[first + g] if is_group else target
+            port = group_ports[first + g] if is_group else first
             kind = port_kind[port] if port < port_kind.shape[0] else K_NONE
             if kind == K_NONE:
                 no_port += 1
