@@ -73,13 +73,14 @@ RETRANSMISSION) after this delay, then backs off by doubling up to TAIL_PROBE_MA
 a receiver that lost the tail of a burst sees the probe's sequence number and NAKs."""
 TAIL_PROBE_MAX_INTERVAL_NS = 500_000_000
 SENDER_PENDING_MESSAGES = 65_536
+"""Messages a sender holds (behind a closed send window or a receiver's flow control) before
+its policy applies (THROTTLE: further offers are refused)."""
 SEND_WINDOW_MESSAGES = RECEIVE_WINDOW_MESSAGES // 2
 """A sender gets at most this many messages ahead of the slowest receiver's cumulative ACK
 (Aeron's status-message window): a receiver that falls behind is never pushed past its
 receive window, where it would drop frames unseen. 0 turns the window off."""
 SEND_WINDOW_RECEIVER_TIMEOUT_NS = 1_000_000_000
 """A receiver that has not ACKed for this long stops holding the window (it left)."""
-"""Messages a paused (flow-controlled) sender holds before its policy applies."""
 FRAMES_PER_DUTY_CYCLE = 64
 """Frames a sender writes per do_work while draining its pending queue (bounded duty cycle)."""
 
