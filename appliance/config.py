@@ -33,6 +33,10 @@ LSA_MAX_AGE_REFRESHES = 4
 IDLE_SPIN_US = 1_000
 """With ``appliance.idle = "block"``: how long the data path keeps polling after its last
 work before it blocks in poll(2) (``appliance.idle_spin_us``; 0 blocks at once)."""
+DATAPATH_PRIORITY = 0
+"""Nice value of the data-path thread (``appliance.priority``, -20..19; below 0 needs root or
+CAP_SYS_NICE). Lower runs it ahead of the host's other work: a thread the scheduler preempts
+in the middle of a forward holds every frame behind it (docs/appliance.md, benchmark)."""
 DRAIN_TIMEOUT_MS = 500
 """On shutdown, queued frames may take this long to leave (``appliance.drain_timeout_ms``)."""
 FABRIC_MAX_FRAME_BYTES = 1_472
@@ -193,6 +197,7 @@ class ApplianceConfig:
     namespaces: tuple[int, ...] = (0,)
     idle: str = "block"
     idle_spin_us: int = IDLE_SPIN_US
+    priority: int = DATAPATH_PRIORITY
     drain_timeout_ms: int = DRAIN_TIMEOUT_MS
     heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
     neighbour_dead_ms: int = HEARTBEAT_INTERVAL_MS * NEIGHBOUR_DEAD_INTERVALS
@@ -517,7 +522,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
                  "telemetry", "routes"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
-                                    "drain_timeout_ms", "heartbeat_interval_ms",
+                                    "priority", "drain_timeout_ms", "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
     p = "appliance."
     name = app.get("name")
@@ -533,6 +538,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         raise _fail(p + "namespaces", "must be a non-empty list of integers in [0, 2^32)")
     idle = _str(app, "idle", p, "block", ("block", "busy", "backoff", "sleep"))
     idle_spin_us = _int(app, "idle_spin_us", p, IDLE_SPIN_US, 0, 1_000_000)
+    priority = _int(app, "priority", p, DATAPATH_PRIORITY, -20, 19)
     heartbeat = _int(app, "heartbeat_interval_ms", p, HEARTBEAT_INTERVAL_MS, 10, 60_000)
     dead = _int(app, "neighbour_dead_ms", p, heartbeat * NEIGHBOUR_DEAD_INTERVALS,
                 2 * heartbeat, 600_000)
@@ -658,7 +664,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
 
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
-        idle_spin_us=idle_spin_us,
+        idle_spin_us=idle_spin_us, priority=priority,
         drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,

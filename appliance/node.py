@@ -33,7 +33,14 @@ from appliance.dataplane import (
     GROUP_TX,
     DataPlaneAgent,
 )
-from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, PollingIdle, SleepingIdle
+from datapath.agent import (
+    AgentRunner,
+    BackoffIdle,
+    BusySpinIdle,
+    PollingIdle,
+    SleepingIdle,
+    set_thread_priority,
+)
 from datapath.errors import TopicwireError
 from datapath.topics.registry import KeyRegistry
 
@@ -55,6 +62,23 @@ def _open(key: str, what: str, opener: Any) -> Any:
         raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
     except ChannelUserError as exc:
         raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
+
+
+def _priority(nice: int) -> Any:
+    """The data-path runner's start hook for ``appliance.priority`` (None at 0: the thread
+    keeps the process's); a priority the host refuses is the config's error."""
+    if nice == 0:
+        return None
+
+    def apply() -> None:
+        try:
+            set_thread_priority(nice)
+        except PermissionError as exc:
+            raise ConfigError(
+                f"appliance.priority: the data-path thread may not run at nice {nice} here "
+                f"({exc.strerror}); run the appliance as root or with CAP_SYS_NICE, or set "
+                "appliance.priority = 0") from None
+    return apply
 
 
 IFF_MULTICAST = 0x1000
@@ -142,7 +166,8 @@ class Appliance:
             idle = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle,
                     "block": lambda: PollingIdle(dp.wait_set, dp.wakeup,
                                                  spin_ns=cfg.idle_spin_us * 1_000)}[cfg.idle]()
-            self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane")
+            self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane",
+                                          on_start=_priority(cfg.priority))
             self._cp_runner = AgentRunner([self.control], SleepingIdle(CONTROL_IDLE_SLEEP_NS),
                                           name=f"{cfg.name}-control")
             self._dp_runner.start()
@@ -152,6 +177,8 @@ class Appliance:
             for runner in (self._cp_runner, self._dp_runner):  # threads stop before channels
                 if runner is not None:
                     self._stop_runner(runner)
+            if self.dataplane is not None and self.dataplane.telemetry is not None:
+                self.dataplane.telemetry.close()  # its writer thread started above
             self._close_channels()
             raise
         log.info("%s: appliance %s (id %d) running", cfg.name, cfg.role, cfg.node_id)

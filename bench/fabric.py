@@ -121,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the appliance's data-path idle strategy (appliance.idle)")
     parser.add_argument("--idle-spin-us", type=int, default=None,
                         help="the appliance's appliance.idle_spin_us (default: its own)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="the appliance's appliance.priority, the data-path thread's nice "
+                             "value (default: its own, 0; below 0 needs root)")
     parser.add_argument("--direct", action="store_true",
                         help="also measure publisher -> subscriber without a hop (reference)")
 
@@ -537,7 +540,8 @@ def _child(role: str, spec: dict[str, Any]) -> _Child:
 class Appliance:
     """``topicwire run`` with a generated config: one client UDP endpoint on loopback."""
 
-    def __init__(self, idle: str, workdir: Path, spin_us: int | None = None) -> None:
+    def __init__(self, idle: str, workdir: Path, spin_us: int | None = None,
+                 priority: int | None = None) -> None:
         from channels.udp import UdpChannel
 
         probe = UdpChannel((LOOPBACK, 0))
@@ -546,7 +550,8 @@ class Appliance:
         self.config = workdir / "appliance.toml"
         self.config.write_text(
             f'[appliance]\nname = "bench-fabric"\nidle = "{idle}"\n'
-            + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n") +
+            + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n")
+            + ("" if priority is None else f"priority = {priority}\n") +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = 16\n'
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n')
         code = "import sys; from appliance.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -648,7 +653,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, float]]] = {h: [] for h in hops}
     with tempfile.TemporaryDirectory(prefix="tw-bench-fabric-") as tmp:
         progress(NAME, "starting the appliance (topicwire run)")
-        appliance = Appliance(args.idle, Path(tmp), args.idle_spin_us)
+        appliance = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority)
         try:
             for repeat in range(args.repeats):
                 progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
@@ -666,7 +671,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params = {"transport": args.transport, "messages": args.messages, "size": args.size,
               "per_frame": args.per_frame, "batch": args.batch, "rate": args.rate,
               "duration_s": args.duration_s, "repeats": args.repeats, "idle": args.idle,
-              "idle_spin_us": args.idle_spin_us,
+              "idle_spin_us": args.idle_spin_us, "priority": args.priority,
               "baseline": "c_relay: bench/c/udp_relay.c (recvmmsg/sendmmsg, 64 per call, "
                           "blocking), same publisher and subscriber processes",
               "goals": {"msgs_per_s topicwire/c_relay": ">= 0.8",

@@ -41,6 +41,12 @@ COMMANDS_PER_CYCLE = 16
 """At most this many control commands are applied per duty cycle."""
 
 
+def set_thread_priority(nice: int) -> None:
+    """Give the calling thread the nice value ``nice`` (Linux schedules threads one by one;
+    below 0 needs root or CAP_SYS_NICE: ``PermissionError`` otherwise)."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
 def yield_cpu() -> None:
     """Let another runnable thread have the GIL and the CPU, without sleeping.
 
@@ -306,10 +312,14 @@ class AgentRunner:
     """Runs agents round-robin under one idle strategy, in the caller's thread or its own."""
 
     def __init__(self, agents: Sequence[Agent], idle: IdleStrategy | None = None,
-                 name: str = "agent-runner") -> None:
+                 name: str = "agent-runner", on_start: Callable[[], None] | None = None
+                 ) -> None:
+        """``on_start`` runs first on the runner's own thread (e.g. its scheduling priority);
+        ``start`` waits for it and raises what it raised."""
         self.agents = list(agents)
         self.idle = idle or BackoffIdle()
         self.name = name
+        self.on_start = on_start
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
@@ -336,12 +346,31 @@ class AgentRunner:
                 agent.on_close()
 
     def start(self) -> AgentRunner:
-        """Run on a dedicated daemon thread."""
-        self._thread = threading.Thread(target=self._run_quietly, name=self.name, daemon=True)
+        """Run on a dedicated daemon thread, once ``on_start`` has run there (its error is
+        raised here, and the agents are closed)."""
+        started = threading.Event()
+        failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run_quietly, args=(started, failed),
+                                        name=self.name, daemon=True)
         self._thread.start()
+        started.wait()
+        if failed:
+            self._thread.join()
+            self._thread = None
+            raise failed[0]
         return self
 
-    def _run_quietly(self) -> None:
+    def _run_quietly(self, started: threading.Event, failed: list[BaseException]) -> None:
+        try:
+            if self.on_start is not None:
+                self.on_start()
+        except BaseException as exc:
+            failed.append(exc)
+            for agent in self.agents:
+                agent.on_close()
+            return
+        finally:
+            started.set()
         try:
             self.run()
         except BaseException:  # kept in self.error for whoever stops the runner

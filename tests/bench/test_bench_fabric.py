@@ -19,10 +19,11 @@ def tiny_args(*extra):
 
 
 def test_report_has_the_shared_shape_and_every_hop_delivers_what_was_sent():
-    report = json.loads(json.dumps(fabric.run(tiny_args("--per-frame", "4"))))
+    report = json.loads(json.dumps(fabric.run(tiny_args("--per-frame", "4", "--priority", "3"))))
     assert list(report) == ["bench", "host", "params", "results", "ratios"]
     assert report["bench"] == "fabric" and report["params"]["transport"] == "udp"
     assert report["params"]["repeats"] == 1 and report["params"]["per_frame"] == 4
+    assert report["params"]["priority"] == 3
     assert set(report["results"]) == {"topicwire", "c_relay", "direct"}
     for hop, figures in report["results"].items():
         assert figures["msgs_per_s"] > 0 and figures["sent_msgs_per_s"] > 0, hop

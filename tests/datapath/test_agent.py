@@ -61,3 +61,27 @@ def test_an_agent_failure_surfaces_when_the_runner_is_stopped():
     time.sleep(0.05)
     with pytest.raises(RuntimeError, match="boom"):
         runner.stop()
+
+
+def test_the_start_hook_runs_first_on_the_runners_thread_and_its_failure_is_starts():
+    import threading
+
+    agent = Counter(3)
+    seen = []
+    runner = AgentRunner([agent], BackoffIdle(),
+                         on_start=lambda: seen.append((threading.get_ident(), agent.done)))
+    with runner.start():
+        agent.commands.offer(lambda: seen.append((threading.get_ident(), None)))
+        deadline = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert seen[0][1] == 0  # before the first duty cycle
+    assert seen[0][0] == seen[1][0] != threading.get_ident()  # on the runner's own thread
+
+    def refuse():
+        raise PermissionError("no")
+
+    failing = Counter(3)
+    with pytest.raises(PermissionError):
+        AgentRunner([failing], BackoffIdle(), on_start=refuse).start()
+    assert failing.done == 0 and failing.closed == 1
