@@ -187,6 +187,13 @@ class Express:
         if q0._open or q1._open or q2._open:
             return False  # a frame the general loop is building: it keeps the order
         snap, state = dp.nic.burst_state()
+        if dp._parked and snap.version != dp._parked_version:
+            # messages parked for a key the tables did not know go before these on the
+            # snapshot that may know it (else a later message of theirs would overtake them)
+            dp._rerun_parked(now_ns)
+            snap, state = dp.nic.burst_state()
+            if dp._parked and snap.version != dp._parked_version:
+                return False  # another snapshot meanwhile: the general loop sees to it
         plan = self._current_plan(snap)
         if plan is None:
             return False

@@ -442,6 +442,9 @@ class DataPlaneAgent:
         fabric = name == FABRIC
         group = name.startswith(GROUP_RX)
         own = self._own_group_senders.get(name)
+        if self._parked and self.nic.switch.current.version != self._parked_version:
+            # a snapshot came after this cycle began: parked messages go before these
+            self._rerun_parked(now_ns)
         if not (fabric or group):  # a plain burst of one client: one compiled call
             if _express.ENABLED and self.express.ingress(name, batch, now_ns,
                                                          RELIABLE_STREAM_BIT, _PROBE, deadline):

@@ -313,11 +313,25 @@ class Client:
         buf = np.frombuffer(bytearray(frame), dtype=np.uint8)
         with self._lock:
             self._one[0] = len(buf)
-            if self.channel.closed:
-                raise ClientError("the connection is closed; connect again")
-            sent = self.channel.send((buf, np.zeros(1, np.int64), self._one.copy(), 1))
+            sent = self._channel_send((buf, np.zeros(1, np.int64), self._one.copy(), 1))
         if sent != 1:
             raise ClientError("the appliance's channel is full; retry later")
+
+    def _channel_send(self, frames: tuple) -> int:
+        """``channel.send`` (the caller holds the lock); a channel whose connection is gone
+        for good (``Channel.failure``: an RDMA appliance went away) is the caller's
+        ``ClientError`` saying so, not the channel's device error; so is a channel the client
+        thread closed when the session ended."""
+        if self.channel.closed:
+            why = f" ({self.logged_out_reason})" if self.logged_out_reason else ""
+            raise ClientError(f"the connection is closed{why}; connect again")
+        try:
+            return self.channel.send(frames)
+        except ChannelDeviceError as exc:
+            if self.channel.failure is None:
+                raise
+            raise ClientError(f"the connection to the appliance is gone ({exc}); connect "
+                              "again") from None
 
     def _admin(self, ftype: fl.FrameType, entries: list, body_header: dict | None = None) -> None:
         self._send(encode_admin(ftype, entries, body_header=body_header,
@@ -452,7 +466,8 @@ class Client:
         self._open_since_ns = 0
         if length:
             self._one[0] = length
-            sent = self.channel.send((self._pub_np, np.zeros(1, np.int64), self._one.copy(), 1))
+            sent = self._channel_send((self._pub_np, np.zeros(1, np.int64), self._one.copy(),
+                                       1))
             if sent != 1:
                 self.send_drops = getattr(self, "send_drops", 0) + 1
 
@@ -560,8 +575,8 @@ class Client:
         """A frame of the reliable transport (NAK, ACK, DATA, RETRANSMISSION) to the appliance."""
         buf = np.frombuffer(bytearray(frame), dtype=np.uint8)
         with self._lock:
-            if self.channel.closed:
-                return
+            if self.channel.closed or self.channel.failure is not None:
+                return  # the session is gone with the connection (the client thread says so)
             sent = self.channel.send((buf, np.zeros(1, np.int64),
                                       np.array([len(buf)], np.int64), 1))
         if sent != 1:
@@ -723,7 +738,10 @@ class Client:
         with self._lock:
             if self._open_since_ns and time.monotonic_ns() - self._open_since_ns >= \
                     CLIENT_BATCH_BUDGET_NS:
-                self._flush_locked()
+                try:
+                    self._flush_locked()
+                except ClientError:
+                    pass  # the connection is gone: the next receive ends the session
                 work += 1
         return work
 
@@ -814,9 +832,9 @@ class _ClientAgent:
 
     def do_work(self, now_ns: int) -> int:
         client = self.client
-        if client.channel.closed:
-            return 0
         with client._lock:  # a channel is used by one thread at a time (docs/channels.md)
+            if client.channel.closed:  # (asked under the lock: whoever closes it holds it)
+                return 0
             try:
                 n = client.channel.receive(self.batch, 0)
             except ChannelDeviceError as exc:

@@ -149,3 +149,34 @@ class TestRdmaClients(RdmaTestCase):
         print(f"\na client's RDMA channel failed: closed on the appliance {closed_s:.1f} s "
               f"later, its session gone after {expired_s:.1f} s (session_dead_ms "
               f"{SESSION_DEAD_MS})")
+
+    def test_a_client_whose_appliance_vanishes_ends_its_session_with_a_client_error(
+            self, tmp_path):
+        """The appliance is killed (no logout, no goodbye): the client's RDMA channel fails
+        for good (``Channel.failure``), the client thread ends the session, and a publish is
+        the caller's ClientError, not the channel's device error."""
+        from appliance.client import ClientError
+
+        node = self._start(tmp_path)
+        client = None
+        try:
+            client = self._connect("feed")
+            client.publish("b/x", b"before", flush=True)
+            node.proc.kill()
+            node.proc.join()
+            wait_until(lambda: client.logged_out_reason is not None, WAIT_S, 0.5)
+            reason = client.logged_out_reason
+            failure = client.channel.failure
+            try:
+                client.publish("b/x", b"after", flush=True)
+                raised = None
+            except ClientError as exc:
+                raised = exc
+        finally:
+            if client is not None:
+                client.close()
+            node.close()
+        assert reason.startswith("connection lost"), reason
+        assert failure is not None
+        assert raised is not None, "a publish after the connection was lost did not raise"
+        print(f"\nthe appliance vanished: the client said {reason!r}; a publish: {raised}")

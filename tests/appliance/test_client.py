@@ -135,3 +135,24 @@ def test_management_can_disconnect_a_client(served):
         wait_for(lambda: c.logged_out_reason)
         assert sub.get(timeout=1) is None
         wait_for(lambda: not app.status()["clients"])
+
+
+def test_a_publish_after_the_session_ended_is_a_client_error_naming_why(served):
+    """When a session ends under the client (the client thread closes the channel, as it does
+    when an RDMA connection is lost), publishing says so as a ClientError, whichever way the
+    message would have left (batched or at once)."""
+    from appliance.client import ClientError
+
+    _, url = served
+    client = connect(url, "feed")
+    try:
+        client.publish("t/a", b"before", flush=True)
+        with client._lock:  # as the client thread closes it
+            client.logged_out_reason = "connection lost: the appliance went away"
+            client.channel.close()
+        for flush in (True, False):
+            with pytest.raises(ClientError, match="connection is closed .connection lost"):
+                client.publish("t/a", b"after", flush=flush)
+                client.flush()
+    finally:
+        client.close()
