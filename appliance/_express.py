@@ -46,6 +46,7 @@ from appliance._kernels import (
     DECLINED,
     DENIED,
     DESCRIPTORS,
+    FABRIC_Q,
     FRAMES,
     HITS,
     K_DELIVER,
@@ -60,7 +61,6 @@ from appliance._kernels import (
     QCAPACITY,
     QCOUNT,
     QMAX,
-    QUEUES,
     RESULT_WORDS,
     UNKNOWN,
     UNROUTABLE,
@@ -70,7 +70,6 @@ from nic_offload.softnic import BurstResult
 
 ENABLED = True
 """False: the general loop does everything (tests compare both)."""
-FABRIC_QUEUE = "fabric"
 
 @dataclass
 class ExpressPlan:
@@ -86,10 +85,10 @@ class ExpressPlan:
     """Multicast group g's ports: ``group_ports[group_start[g]:][:group_len[g]]``."""
 
 
-def build_plan(dp: Any, snapshot: Any) -> ExpressPlan | None:
-    """The plan for the agent's current tables and sessions and the NIC's ``snapshot``, or
-    None when the kernel may not run at all (duplication mode: the general loop sends those
-    messages on two paths)."""
+def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan | None:
+    """The plan for the agent's current tables and sessions and the NIC's ``snapshot``
+    (``queues``: the out queues' names by the kernel's index), or None when the kernel may
+    not run at all (duplication mode: the general loop sends those messages on two paths)."""
     tables = dp.tables
     if tables.dup_keys:
         return None
@@ -103,8 +102,8 @@ def build_plan(dp: Any, snapshot: Any) -> ExpressPlan | None:
             session = dp.sessions.get(arg)
             if session is None:
                 row[0] = K_SKIP
-            elif session.channel != FABRIC_QUEUE and session.channel in QUEUES:
-                row[:] = (K_DELIVER, QUEUES.index(session.channel), session.dest,
+            elif session.channel != queues[FABRIC_Q] and session.channel in queues:
+                row[:] = (K_DELIVER, queues.index(session.channel), session.dest,
                           session.session_id)
                 owners[port] = session
             else:
@@ -114,7 +113,7 @@ def build_plan(dp: Any, snapshot: Any) -> ExpressPlan | None:
             if hop is None:
                 row[0] = K_UNROUTABLE
             else:
-                row[:] = (K_DELIVER, QUEUES.index(FABRIC_QUEUE), hop, arg)
+                row[:] = (K_DELIVER, FABRIC_Q, hop, arg)
         else:  # guaranteed egresses, destinations over a fabric group
             row[0] = K_GENERAL
     groups = snapshot.entries.groups
@@ -133,14 +132,17 @@ class Express:
     """The express path of one data-path agent: its plan, its arrays and the kernel's
     compiled entry point."""
 
-    def __init__(self, dp: Any) -> None:
+    def __init__(self, dp: Any, queues: tuple[str, str, str]) -> None:
+        """``queues``: the names of the agent's out queues for the clients' UDP, the fabric
+        and the clients' shared memory, in that order (the kernel's queue indexes)."""
         self.dp = dp
+        self.queues = queues
         self.plan: ExpressPlan | None = None
         self._plan_for: tuple = (None, -1, -1)
         """(tables, sessions version, snapshot version) the plan was built for."""
         self.ctl = np.zeros(CTL_WORDS, np.int64)
         self.hits = np.zeros(3 * PORTS, np.int64)
-        self._queues = [dp._out[name] for name in QUEUES]
+        self._queues = [dp._out[name] for name in queues]
         self._queue_arrays: list[np.ndarray] = []
         for i, q in enumerate(self._queues):
             b = q.batch
@@ -156,7 +158,7 @@ class Express:
         with 50 arguments); every later call passes the same arrays and kinds of scalar."""
         _snap, state = self.dp.nic.burst_state()
         empty = np.zeros(1, np.int64)
-        args = (self._queue_arrays[0], empty, empty, empty, 0, 0, 0, 0, 0, 0,
+        args = (self._queue_arrays[0], empty, empty, empty, 0, 0, 0, 0, 0,
                 np.zeros(0, np.uint64), np.zeros((1, 4), np.int64), empty, empty, empty,
                 *self._queue_arrays, self.ctl, self.hits, *state)
         ingress(*args)
@@ -168,7 +170,7 @@ class Express:
         tables, sessions_version, snapshot_version = self._plan_for
         if (tables is not dp.tables or sessions_version != dp.sessions_version
                 or snapshot_version != snapshot.version):
-            self.plan = build_plan(dp, snapshot)
+            self.plan = build_plan(dp, snapshot, self.queues)
             self._plan_for = (dp.tables, dp.sessions_version, snapshot.version)
         return self.plan
 
@@ -187,10 +189,7 @@ class Express:
         if q0._open or q1._open or q2._open:
             return False  # a frame the general loop is building: it keeps the order
         snap, state = dp.nic.burst_state()
-        if dp._parked and snap.version != dp._parked_version:
-            # messages parked for a key the tables did not know go before these on the
-            # snapshot that may know it (else a later message of theirs would overtake them)
-            dp._rerun_parked(now_ns)
+        if dp.rerun_parked_before(snap.version, now_ns):  # on the snapshot the kernel uses
             snap, state = dp.nic.burst_state()
             if dp._parked and snap.version != dp._parked_version:
                 return False  # another snapshot meanwhile: the general loop sees to it
@@ -201,7 +200,7 @@ class Express:
         ctl[QCOUNT] = q0.batch.count
         ctl[QCOUNT + 1] = q1.batch.count
         ctl[QCOUNT + 2] = q2.batch.count
-        self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, n, peer,
+        self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, n,
                    session.session_id, reliable_bit, probe, dp.node_id,
                    _fastpath._allowed(session), plan.ports, plan.group_start, plan.group_len,
                    plan.group_ports, *self._queue_arrays, ctl, self.hits, *state)
@@ -210,7 +209,7 @@ class Express:
         if code == DECLINED:
             return False
         if code == NIC_ONLY:
-            ctxs = [(True, dp.node_id, session.session_id, session, deadline, 0)] * n
+            ctxs = [dp.ingress_ctx(session, deadline)] * n
             frames = res[FRAMES]
             dp._deliver(batch.buf, BurstResult(snap.version, frames, res[MESSAGES],
                                                res[DESCRIPTORS]), ctxs, now_ns)
@@ -238,6 +237,6 @@ class Express:
             if owner is not None:
                 owner.delivered += count
         if res[UNKNOWN]:
-            ctxs = [(True, dp.node_id, session.session_id, session, deadline, 0)] * n
+            ctxs = [dp.ingress_ctx(session, deadline)] * n
             dp._park_unknown(batch.buf, res[MESSAGES], ctxs, now_ns)
         return True

@@ -54,13 +54,13 @@ def client_burst(dp: Any, name: str, batch: Any, deadline: int, reliable_bit: in
     if not ENABLED or n < FASTPATH_MIN_FRAMES:
         return None
     source = _uniform_source(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, n,
-                             reliable_bit)
+                             reliable_bit, -1)
     if source < 0:
         return None
     session = dp._by_peer.get((name, int(batch.peer_ids[0])))
     if session is None or session.session_id != source:
         return None
-    ctx = (True, dp.node_id, session.session_id, session, deadline, 0)
+    ctx = dp.ingress_ctx(session, deadline)
     dp.counters["fastpath_bursts"] += 1
     return list(range(n)), [ctx] * n
 
@@ -73,10 +73,11 @@ def _u32(buf: np.ndarray, at: int) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def _uniform_source(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                    peer_ids: np.ndarray, n: int, reliable_bit: int) -> int:
+                    peer_ids: np.ndarray, n: int, reliable_bit: int, probe_stream: int) -> int:
     """The source session of ``n`` frames when all are DATA frames (magic and type; the
     version is the software NIC's to check) of one peer with one source session, none on a
-    reliable stream; else -1."""
+    reliable stream nor on ``probe_stream`` (-1: any stream); else -1. Also the express
+    kernel's first check (appliance/_kernels.py)."""
     source = -1
     for i in range(n):
         off = offsets[i]
@@ -90,7 +91,8 @@ def _uniform_source(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
             source = src
         elif src != source:
             return -1
-        if reliable_bit and _u32(buf, off + fl.STREAM_ID_OFFSET) & reliable_bit:
+        stream = _u32(buf, off + fl.STREAM_ID_OFFSET)
+        if (reliable_bit and stream & reliable_bit) or stream == probe_stream:
             return -1
     return source
 
@@ -112,7 +114,7 @@ def warm_up() -> None:
     """Compile/load the kernels (the data-path agent calls it when it is made)."""
     buf = np.zeros(64, np.uint8)
     one = np.zeros(1, np.int64)
-    _uniform_source(buf, one, one + 64, one, 1, 1)
+    _uniform_source(buf, one, one + 64, one, 1, 1, -1)
     _gather(buf, 32, buf, one, one + 8, 0, 1)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from appliance._fastpath import _uniform_source
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from nic_offload.model import MAX_EGRESS_PORT
@@ -23,8 +24,9 @@ from nic_offload.softnic import (
     run_burst,
 )
 
-QUEUES = ("clients-udp", "fabric", "clients-shm")
-"""The out queues the kernel frames into, by index (appliance/dataplane.py's names)."""
+FABRIC_Q = 1
+"""The kernel frames into three out queues by index: 0 the clients' UDP, 1 the fabric's, 2 the
+clients' shared memory (``Express`` is given their names in that order)."""
 
 # what an egress port is to the kernel
 K_NONE = 0
@@ -51,7 +53,7 @@ CODE, FRAMES, MESSAGES, DESCRIPTORS, PUBLISHED, DENIED, NO_PORT, UNROUTABLE, HIT
 """Words of the result in ``ctl``."""
 RESULT_WORDS = 10
 QCOUNT, QCAPACITY, QMAX = RESULT_WORDS, RESULT_WORDS + 3, RESULT_WORDS + 6
-"""Per out queue (3 words each, ``QUEUES`` order) in ``ctl``: frames queued (updated),
+"""Per out queue (3 words each, by queue index) in ``ctl``: frames queued (updated),
 capacity, largest frame."""
 CTL_WORDS = RESULT_WORDS + 9
 
@@ -61,13 +63,9 @@ _DATA = int(fl.FrameType.DATA)
 _GROUP = int(DescriptorKind.GROUP)
 _UNKNOWN_KEY = int(MessageVerdict.UNKNOWN_KEY)
 _MAX_MESSAGES = ml.MAX_MESSAGES_PER_FRAME
+_OQ, _OPEER, _ODST, _OSLOT, _OPOS, _OCOUNT = range(6)
+"""Columns of an open frame's row in ``ingress``."""
 PORTS = MAX_EGRESS_PORT + 1
-
-
-@numba.njit(inline="always")
-def _u32(buf: np.ndarray, at: int) -> int:
-    return ((np.int64(buf[at]) << 24) | (np.int64(buf[at + 1]) << 16)
-            | (np.int64(buf[at + 2]) << 8) | np.int64(buf[at + 3]))
 
 
 @numba.njit(inline="always")
@@ -103,6 +101,19 @@ def _fanout(kind: int, target: int, group_start: np.ndarray, group_len: np.ndarr
 
 
 @numba.njit(inline="always")
+def _queue(q: int, b0: np.ndarray, o0: np.ndarray, l0: np.ndarray, p0: np.ndarray,
+           b1: np.ndarray, o1: np.ndarray, l1: np.ndarray, p1: np.ndarray, b2: np.ndarray,
+           o2: np.ndarray, l2: np.ndarray, p2: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Out queue ``q``'s batch arrays: buffer, offsets, lengths, peer ids."""
+    if q == 0:
+        return b0, o0, l0, p0
+    if q == 1:
+        return b1, o1, l1, p1
+    return b2, o2, l2, p2
+
+
+@numba.njit(inline="always")
 def _finish(qbuf, qoff, qlen, slot, pos, count, src, dst, stream) -> None:
     """The header of a built frame (``_OutQueue._finish``: flags 0, send time 0)."""
     at = qoff[slot]
@@ -124,7 +135,7 @@ def _finish(qbuf, qoff, qlen, slot, pos, count, src, dst, stream) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
+def ingress(buf, offsets, lengths, peer_ids, n, session_id, reliable_bit,
              probe_stream, node_id, allowed, ports, group_start, group_len, group_ports,
              b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl, hits,
              batch, status, frame_types, homes, values, acl_results, payloads, pending, slots,
@@ -150,18 +161,10 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
         res[w] = 0
     if n < 1:
         return
-    # 1. a plain burst of one session, or nothing is done
-    for i in range(n):
-        off = offsets[i]
-        if lengths[i] < _HDR or peer_ids[i] != peer:
-            return
-        if buf[off] != _MAGIC0 or buf[off + 1] != _MAGIC1 or buf[off + 3] != _DATA:
-            return
-        if _u32(buf, off + 12) != session_id:
-            return
-        stream = _u32(buf, off + 20)
-        if stream & reliable_bit or stream == probe_stream:
-            return
+    # 1. a plain burst of one session (from the peer it logged in from), or nothing is done
+    if _uniform_source(buf, offsets, lengths, peer_ids, n, reliable_bit,
+                       probe_stream) != session_id:
+        return
     # 2. the software NIC
     run_burst(buf, offsets[:n], lengths[:n], True, n, 1, batch, status, frame_types, homes,
               values, acl_results, payloads, pending, slots, shift, class_root, groups,
@@ -182,9 +185,7 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
     if frames < n:
         return
     # 3. every egress is one the kernel frames for, with room in its queue
-    need0 = 0
-    need1 = 0
-    need2 = 0
+    need = np.zeros(3, np.int64)  # new frames per queue, at most one per (message, port)
     for d in range(nd):
         length = np.int64(desc[d].length)
         first, count, is_group = _fanout(desc[d].kind, np.int64(desc[d].target), group_start,
@@ -200,24 +201,14 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
                 q = port_queue[port]
                 if length + _HDR > qmax[q]:
                     return
-                if q == 0:
-                    need0 += 1
-                elif q == 1:
-                    need1 += 1
-                else:
-                    need2 += 1
-    if (qcount[0] + need0 > qcapacity[0] or qcount[1] + need1 > qcapacity[1]
-            or qcount[2] + need2 > qcapacity[2]):
-        return
+                need[q] += 1
+    for q in range(3):
+        if qcount[q] + need[q] > qcapacity[q]:
+            return
     # 4. entitlements, then framing in descriptor order; every open frame holds a slot, so
-    # at most need0 + need1 + need2 are open at once
-    room = need0 + need1 + need2 + 1
-    open_q = np.empty(room, np.int64)
-    open_peer = np.empty(room, np.int64)
-    open_dst = np.empty(room, np.int64)
-    open_slot = np.empty(room, np.int64)
-    open_pos = np.empty(room, np.int64)
-    open_count = np.empty(room, np.int64)
+    # at most need.sum() are open at once: rows (queue, peer, destination, slot, bytes so
+    # far, messages so far)
+    opens = np.empty((need.sum() + 1, 6), np.int64)
     n_open = 0
     published = 0
     denied = 0
@@ -248,27 +239,19 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
             q = port_queue[port]
             qpeer = port_peer[port]
             dst = port_dst[port]
-            if q == 0:
-                qbuf, qoff, qlen, qpeers = b0, o0, l0, p0
-            elif q == 1:
-                qbuf, qoff, qlen, qpeers = b1, o1, l1, p1
-            else:
-                qbuf, qoff, qlen, qpeers = b2, o2, l2, p2
+            qbuf, qoff, qlen, qpeers = _queue(q, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2,
+                                              p2)
             k = -1
             for o in range(n_open):
-                if open_q[o] == q and open_peer[o] == qpeer and open_dst[o] == dst:
+                if opens[o, _OQ] == q and opens[o, _OPEER] == qpeer and opens[o, _ODST] == dst:
                     k = o
                     break
-            if k >= 0 and (open_pos[k] + length > qmax[q] or open_count[k] >= _MAX_MESSAGES):
-                _finish(qbuf, qoff, qlen, open_slot[k], open_pos[k], open_count[k], node_id,
-                        dst, session_id)
+            if k >= 0 and (opens[k, _OPOS] + length > qmax[q]
+                           or opens[k, _OCOUNT] >= _MAX_MESSAGES):
+                _finish(qbuf, qoff, qlen, opens[k, _OSLOT], opens[k, _OPOS],
+                        opens[k, _OCOUNT], node_id, dst, session_id)
                 n_open -= 1
-                open_q[k] = open_q[n_open]
-                open_peer[k] = open_peer[n_open]
-                open_dst[k] = open_dst[n_open]
-                open_slot[k] = open_slot[n_open]
-                open_pos[k] = open_pos[n_open]
-                open_count[k] = open_count[n_open]
+                opens[k] = opens[n_open]
                 k = -1
             if k < 0:  # a new frame (the room check left a slot for it)
                 slot = qcount[q]
@@ -277,17 +260,16 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
                 qlen[slot] = 0
                 k = n_open
                 n_open += 1
-                open_q[k] = q
-                open_peer[k] = qpeer
-                open_dst[k] = dst
-                open_slot[k] = slot
-                open_pos[k] = _HDR
-                open_count[k] = 0
-            start = qoff[open_slot[k]] + open_pos[k]
-            for b in range(length):
-                qbuf[start + b] = buf[off + b]
-            open_pos[k] += length
-            open_count[k] += 1
+                opens[k, _OQ] = q
+                opens[k, _OPEER] = qpeer
+                opens[k, _ODST] = dst
+                opens[k, _OSLOT] = slot
+                opens[k, _OPOS] = _HDR
+                opens[k, _OCOUNT] = 0
+            start = qoff[opens[k, _OSLOT]] + opens[k, _OPOS]
+            qbuf[start : start + length] = buf[off : off + length]
+            opens[k, _OPOS] += length
+            opens[k, _OCOUNT] += 1
             if hits[port] == 0:
                 hits[PORTS + n_hits] = port
                 n_hits += 1
@@ -297,16 +279,10 @@ def ingress(buf, offsets, lengths, peer_ids, n, peer, session_id, reliable_bit,
         hits[2 * PORTS + k] = hits[port]
         hits[port] = 0
     for o in range(n_open):
-        q = open_q[o]
-        if q == 0:
-            _finish(b0, o0, l0, open_slot[o], open_pos[o], open_count[o], node_id,
-                    open_dst[o], session_id)
-        elif q == 1:
-            _finish(b1, o1, l1, open_slot[o], open_pos[o], open_count[o], node_id,
-                    open_dst[o], session_id)
-        else:
-            _finish(b2, o2, l2, open_slot[o], open_pos[o], open_count[o], node_id,
-                    open_dst[o], session_id)
+        qbuf, qoff, qlen, _ = _queue(opens[o, _OQ], b0, o0, l0, p0, b1, o1, l1, p1, b2, o2,
+                                     l2, p2)
+        _finish(qbuf, qoff, qlen, opens[o, _OSLOT], opens[o, _OPOS], opens[o, _OCOUNT],
+                node_id, opens[o, _ODST], session_id)
     res[CODE] = DONE
     res[PUBLISHED] = published
     res[DENIED] = denied

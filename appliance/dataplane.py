@@ -269,7 +269,7 @@ class DataPlaneAgent:
                 self._own_group_senders[rx] = (peer_id_of(host, 0) >> 16, port)
         self._receivers = self._list_receivers()
         self._out_list = list(self._out.values())
-        self.express = _express.Express(self)
+        self.express = _express.Express(self, (CLIENT_UDP, FABRIC, CLIENT_SHM))
         self.digests: Counter[str] = Counter()
         """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
@@ -375,8 +375,7 @@ class DataPlaneAgent:
         if self.commands:
             work += self.commands.drain(1_024)
         snap_version = self.nic.switch.current.version
-        if self._parked and snap_version != self._parked_version:
-            work += self._rerun_parked(now_ns)
+        work += self.rerun_parked_before(snap_version, now_ns)
         telemetry = self.telemetry
         for name, batch, channel in self._receivers:
             n = channel.receive(batch, 0)
@@ -442,9 +441,8 @@ class DataPlaneAgent:
         fabric = name == FABRIC
         group = name.startswith(GROUP_RX)
         own = self._own_group_senders.get(name)
-        if self._parked and self.nic.switch.current.version != self._parked_version:
-            # a snapshot came after this cycle began: parked messages go before these
-            self._rerun_parked(now_ns)
+        # a snapshot that came after this cycle began: parked messages go before these
+        self.rerun_parked_before(self.nic.switch.current.version, now_ns)
         if not (fabric or group):  # a plain burst of one client: one compiled call
             if _express.ENABLED and self.express.ingress(name, batch, now_ns,
                                                          RELIABLE_STREAM_BIT, _PROBE, deadline):
@@ -536,7 +534,7 @@ class DataPlaneAgent:
                                                     dst, stream, now_ns)
                     continue
                 run_idx.append(i)
-                ctxs.append((True, self.node_id, session.session_id, session, deadline, 0))
+                ctxs.append(self.ingress_ctx(session, deadline))
         if run_idx:
             self._run(batch, run_idx, ctxs, now_ns)
         if self.guaranteed.delivered:
@@ -608,7 +606,7 @@ class DataPlaneAgent:
                 session = self.sessions.get(stream.source_session)
                 if session is None:
                     continue
-                ctx = (True, self.node_id, session.session_id, session, deadline, 1)
+                ctx = self.ingress_ctx(session, deadline, 1)
             key = (where, stream)
             if (key != open_key or count == ml.MAX_MESSAGES_PER_FRAME
                     or pos + len(message) > scratch.slot_bytes):
@@ -774,6 +772,19 @@ class DataPlaneAgent:
             self.unknown_keys.extend(keys[-UNKNOWN_KEYS_KEPT:].tolist())
 
     # --- parked messages ----------------------------------------------------------------------
+    def ingress_ctx(self, session: DpSession, deadline: int, cls: int = 0) -> tuple:
+        """The context of a frame a local client published (``_run``'s per-frame tuple:
+        ingress, origin, stream, session, parking deadline, class)."""
+        return (True, self.node_id, session.session_id, session, deadline, cls)
+
+    def rerun_parked_before(self, version: int, now_ns: int) -> int:
+        """Run the parked messages again when the tables moved on to snapshot ``version``
+        since they were parked (their keys may be known now): before anything newer of
+        their publishers runs on it, so none is overtaken. Returns how many ran."""
+        if self._parked and version != self._parked_version:
+            return self._rerun_parked(now_ns)
+        return 0
+
     def _rerun_parked(self, now_ns: int) -> int:
         self._parked_version = self.nic.switch.current.version
         parked, self._parked = self._parked, deque()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from appliance.config import (
@@ -64,7 +65,7 @@ def _open(key: str, what: str, opener: Any) -> Any:
         raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
 
 
-def _priority(nice: int) -> Any:
+def _priority(nice: int) -> Callable[[], None] | None:
     """The data-path runner's start hook for ``appliance.priority`` (None at 0: the thread
     keeps the process's); a priority the host refuses is the config's error."""
     if nice == 0:

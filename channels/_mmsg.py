@@ -4,10 +4,11 @@ An ``MmsgVector`` owns, for up to ``capacity`` datagrams, the ``struct mmsghdr``
 ``struct iovec`` per datagram, one ``sockaddr_in`` per datagram and one control buffer per
 datagram (room for an ``SCM_TIMESTAMPNS``), all as numpy structured arrays whose dtypes come
 from cffi's own layout of the declarations below. The pointers inside them are plain integers
-(``ffi.from_buffer`` addresses), so pointing the vector at a batch's slots, setting lengths
-and filling destination addresses are one numba kernel call per batch over the same memory
-viewed as 64-bit words (``_prepare_send``, ``_prepare_receive``, ``_deliver``): one system
-call per batch, no Python per datagram.
+(``ffi.from_buffer`` addresses), so pointing the vector at a batch's slots, setting lengths,
+filling destination addresses, the system call itself and copying out what the kernel wrote
+are one numba kernel call per batch over the same memory viewed as 64-bit words
+(``_receive``, ``_send``): no Python per datagram. Only a send's retry after an error goes
+through cffi (``sendmmsg``).
 
 Layout of one datagram's entries (x86-64 glibc; cffi computes the offsets)::
 
@@ -308,7 +309,7 @@ class MmsgVector:
         self.buf_addr = 0
         self._rx_ready: tuple | None = None
         """(buf, offsets, slot_bytes, count) the headers are ready to receive into, and
-        ``_rx_used`` how many of them the last recvmmsg filled (only those need resetting)."""
+        ``_rx_used`` how many of them the last receive filled (only those need resetting)."""
         self._rx_used = 0
 
     def pin(self, buf: np.ndarray) -> int:
@@ -318,41 +319,14 @@ class MmsgVector:
             self._buf_id = id(buf)
         return self.buf_addr
 
-    def prepare_send(self, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                     count: int, mode: int, ipv4: int = 0, port: int = 0,
-                     peer_ids: np.ndarray | None = None, allow_multicast: bool = False) -> int:
-        """Point ``count`` datagrams at frames of ``buf`` with their destinations; returns
-        their bytes (negative: see ``_prepare_send``)."""
-        self._rx_ready = None
-        return _prepare_send(self.h64, self.iov64, self.names64, self.names_addr, self.pin(buf),
-                             offsets, lengths, count, mode, ipv4, port,
-                             offsets if peer_ids is None else peer_ids, allow_multicast)
-
-    def prepare_receive(self, buf: np.ndarray, offsets: np.ndarray, slot_bytes: int,
-                        count: int) -> None:
-        """Point ``count`` datagrams at the slots of ``buf``, ready for recvmmsg. Headers
-        already pointed there that no recvmmsg has filled since are left as they are (an
-        idle poll costs no kernel call)."""
-        ready = self._rx_ready
-        if (ready is not None and ready[0] is buf and ready[1] is offsets
-                and ready[2] == slot_bytes and ready[3] == count):
-            used = self._rx_used
-            if used:
-                _prepare_receive(self.h64, self.iov64, self.names_addr, self.controls_addr,
-                                 self.buf_addr, offsets, slot_bytes, min(used, count))
-                self._rx_used = 0
-            return
-        _prepare_receive(self.h64, self.iov64, self.names_addr, self.controls_addr,
-                         self.pin(buf), offsets, slot_bytes, count)
-        self._rx_ready = (buf, offsets, slot_bytes, count)
-        self._rx_used = 0
-
     def receive(self, fd: int, buf: np.ndarray, offsets: np.ndarray, slot_bytes: int,
                 count: int, lengths: np.ndarray, peer_ids: np.ndarray, recv_ts_ns: np.ndarray,
                 now_ns: int) -> tuple[int, int]:
-        """``prepare_receive``, one non-blocking ``recvmmsg`` and ``deliver`` in one kernel
-        call (``_receive``): (datagrams received, how many were truncated), or (-1, errno).
-        ``now_ns`` is the receive time of a datagram without a kernel timestamp."""
+        """One non-blocking ``recvmmsg`` into the slots of ``buf`` with what the kernel wrote
+        copied out, in one kernel call (``_receive``): (datagrams received, how many were
+        truncated), or (-1, errno). Headers already pointed at these slots that no receive has
+        filled since are left as they are (an idle poll re-points none). ``now_ns`` is the
+        receive time of a datagram without a kernel timestamp."""
         ready = self._rx_ready
         if (ready is not None and ready[0] is buf and ready[1] is offsets
                 and ready[2] == slot_bytes and ready[3] == count):
@@ -372,8 +346,10 @@ class MmsgVector:
     def send(self, fd: int, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
              count: int, mode: int, ipv4: int, port: int, peer_ids: np.ndarray | None,
              allow_multicast: bool, stamp_ns: int) -> np.ndarray:
-        """``prepare_send``, the send-time stamp (0: none) and one ``sendmmsg`` in one kernel
-        call (``_send``); returns ``send_result``: [bytes, datagrams sent or -1, errno]."""
+        """Point ``count`` datagrams at frames of ``buf`` with their destinations, stamp their
+        send time (``stamp_ns``; 0: none) and make one ``sendmmsg``, in one kernel call
+        (``_send``); returns ``send_result``: [bytes (negative: see ``_prepare_send``),
+        datagrams sent or -1, errno]."""
         self._rx_ready = None
         out = self.send_result
         _send(self.h64, self.iov64, self.names64, self.hdr_addr, self.names_addr, buf,
@@ -381,20 +357,6 @@ class MmsgVector:
               offsets if peer_ids is None else peer_ids, allow_multicast, stamp_ns, fd,
               SENDMMSG_ADDRESS, ERRNO_LOCATION_ADDRESS, out)
         return out
-
-    def deliver(self, count: int, lengths: np.ndarray, peer_ids: np.ndarray,
-                recv_ts_ns: np.ndarray, now_ns: int) -> int:
-        """Copy out what the kernel wrote; returns how many datagrams were truncated."""
-        return _deliver(self.h64, self.names64, self.controls64, count, lengths, peer_ids,
-                        recv_ts_ns, now_ns)
-
-    def recvmmsg(self, fd: int, count: int, flags: int = MSG_DONTWAIT) -> tuple[int, int]:
-        """(datagrams received, errno when -1)."""
-        n = libc.recvmmsg(fd, self.ptr, count, flags, ffi.NULL)
-        if n < 0:
-            return n, ffi.errno
-        self._rx_used = max(self._rx_used, n)
-        return n, 0
 
     def sendmmsg(self, fd: int, first: int, count: int,
                  flags: int = MSG_DONTWAIT) -> tuple[int, int]:
@@ -410,10 +372,6 @@ def warm_up() -> None:
     buf = np.zeros(64, np.uint8)
     offsets = np.zeros(1, np.int64)
     lengths = np.full(1, 64, np.int64)
-    vec.prepare_send(buf, offsets, lengths, 1, 1, 0x7F000001, 1, None)
-    vec.prepare_send(buf, offsets, lengths, 1, 2, 0, 0, offsets, True)
-    vec.prepare_receive(buf, offsets, 64, 1)
-    vec.deliver(1, lengths.copy(), offsets.copy(), offsets.copy(), 0)
     vec.receive(-1, buf, offsets, 64, 1, lengths.copy(), offsets.copy(), offsets.copy(), 0)
     vec.send(-1, buf, offsets, lengths, 1, 1, 0x7F000001, 1, None, False, 0)
     vec.send(-1, buf, offsets, lengths, 1, 2, 0, 0, offsets, True, 1)

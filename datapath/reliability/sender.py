@@ -108,11 +108,16 @@ class ReliableSender:
             raise ReliabilityError(f"qos {qos} / flags {flags:#x} are not publishable; use qos "
                                    "0..2 and only the PARTIAL flag")
         ts = time.time_ns() if publish_ts_ns is None else publish_ts_ns
-        if self.pending or self.flow.paused(now_ns) or not self._window_open(now_ns):
+        if self._must_wait(now_ns):
             return self._hold(topic_key, (topic_key, bytes(payload), ts, namespace_id, schema_id,
                                           qos, flags), now_ns)
         self._append(topic_key, payload, ts, namespace_id, schema_id, qos, flags, now_ns)
         return True
+
+    def _must_wait(self, now_ns: int) -> bool:
+        """Whether what is offered now must wait in the pending queue: others wait already,
+        a receiver's flow control is on, or the send window is full."""
+        return bool(self.pending) or self.flow.paused(now_ns) or not self._window_open(now_ns)
 
     def _hold(self, topic_key: int, item: tuple, now_ns: int) -> bool:
         paused = self._paused = self.flow.paused(now_ns)
@@ -155,8 +160,8 @@ class ReliableSender:
         the open frame leaves, ``next_seq`` moves past the skipped sequences (never past the
         send window), a LOSS frame names them, and NAKs covering them are answered with LOSS.
         """
-        pending = self.pending
-        if pending or self.flow.paused(now_ns) or not self._window_open(now_ns):
+        if self._must_wait(now_ns):
+            pending = self.pending
             last = pending.last_item()
             if isinstance(last, _Skipped):
                 last.count += 1
