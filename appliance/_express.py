@@ -33,6 +33,7 @@ same traffic both ways and compare).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,14 +63,25 @@ from appliance._kernels import (
     QCOUNT,
     QMAX,
     RESULT_WORDS,
+    RX_COUNT,
+    RX_EXTRA,
+    SENT,
+    SESSION,
     UNKNOWN,
     UNROUTABLE,
     ingress,
+    receive_forward,
 )
+from channels import _mmsg
 from nic_offload.softnic import BurstResult
 
 ENABLED = True
 """False: the general loop does everything (tests compare both)."""
+
+UNTRIED, TAKEN, DECLINED_BURST = range(3)
+"""What ``Express.receive`` did with the frames it received: not tried them (the general loop
+may try ``Express.ingress``), delivered them all, or declined them (the general loop takes
+them as they are)."""
 
 @dataclass
 class ExpressPlan:
@@ -128,9 +140,38 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
     return ExpressPlan(ports, owners, start, count, np.asarray(flat or [0], np.int64))
 
 
+@dataclass
+class SessionTable:
+    """The sessions of one receiving channel as ``receive_forward`` finds a burst's sender:
+    by peer id."""
+
+    peers: np.ndarray
+    """Sorted int64 peer ids."""
+    ids: np.ndarray
+    """Each row's session id."""
+    bounds: np.ndarray
+    """Row r's publishable keys are ``keys[bounds[r]:bounds[r + 1]]`` (sorted uint64)."""
+    keys: np.ndarray
+    sessions: list
+    """Row -> its DpSession."""
+
+
+def build_sessions(dp: Any, channel: str) -> SessionTable:
+    """The table of the sessions logged in over ``channel``."""
+    rows = sorted((peer, session) for (name, peer), session in dp._by_peer.items()
+                  if name == channel)
+    keys = [_fastpath._allowed(session) for _, session in rows]
+    bounds = np.zeros(len(rows) + 1, np.int64)
+    bounds[1:] = np.cumsum([len(k) for k in keys], dtype=np.int64)
+    return SessionTable(np.asarray([peer for peer, _ in rows], np.int64),
+                        np.asarray([s.session_id for _, s in rows], np.int64), bounds,
+                        np.concatenate(keys) if keys else np.zeros(0, np.uint64),
+                        [s for _, s in rows])
+
+
 class Express:
-    """The express path of one data-path agent: its plan, its arrays and the kernel's
-    compiled entry point."""
+    """The express path of one data-path agent: its plan, its arrays and the kernels'
+    compiled entry points."""
 
     def __init__(self, dp: Any, queues: tuple[str, str, str]) -> None:
         """``queues``: the names of the agent's out queues for the clients' UDP, the fabric
@@ -140,6 +181,9 @@ class Express:
         self.plan: ExpressPlan | None = None
         self._plan_for: tuple = (None, -1, -1)
         """(tables, sessions version, snapshot version) the plan was built for."""
+        self.sessions: SessionTable | None = None
+        self._sessions_for: tuple = (-1, -1)
+        """(sessions version, allowed keys version) the session table was built for."""
         self.ctl = np.zeros(CTL_WORDS, np.int64)
         self.hits = np.zeros(3 * PORTS, np.int64)
         self._queues = [dp._out[name] for name in queues]
@@ -149,21 +193,38 @@ class Express:
             self._queue_arrays += [b.buf, b.offsets, b.lengths, b.peer_ids]
             self.ctl[QCAPACITY + i] = b.capacity
             self.ctl[QMAX + i] = q.max_frame_bytes
-        self._call = self._compile()
+        self._clock = np.zeros(2, np.int64)
+        self._clock_addr, self._clock_keep = _mmsg.address_of(self._clock)
+        self._fused_args: tuple = ()
+        self._fused_for: tuple = ()
+        """The arguments of ``receive_forward`` after its first three, and (plan, session
+        table, NIC state, channel, batch) they were made for (rebuilt when any changes)."""
+        self._vectors: tuple = ()
+        self._call, self._fused = self._compile()
 
-    def _compile(self) -> Any:
-        """Compile (or load from numba's cache) the kernel for the agent's own array types
-        (a call with no frames returns at once), and return that overload's entry point:
-        called directly it skips the dispatcher's type matching (~half of the call's cost
-        with 50 arguments); every later call passes the same arrays and kinds of scalar."""
+    def _compile(self) -> tuple[Any, Any]:
+        """Compile (or load from numba's cache) the kernels for the agent's own array types
+        (a call with no frames returns at once; the receive is on descriptor -1), and return
+        those overloads' entry points: called directly they skip the dispatcher's type
+        matching (~half of the call's cost with 50 arguments); every later call passes the
+        same arrays and kinds of scalar."""
         _snap, state = self.dp.nic.burst_state()
         empty = np.zeros(1, np.int64)
+        fan = (np.zeros((1, 4), np.int64), empty, empty, empty)
+        tail = (*self._queue_arrays, self.ctl, self.hits)
         args = (self._queue_arrays[0], empty, empty, empty, 0, 0, 0, 0, 0,
-                np.zeros(0, np.uint64), np.zeros((1, 4), np.int64), empty, empty, empty,
-                *self._queue_arrays, self.ctl, self.hits, *state)
+                np.zeros(0, np.uint64), *fan, *tail, *state)
         ingress(*args)
-        signature = tuple(numba.typeof(a) for a in args)
-        return ingress.overloads[signature].entry_point
+        vec = _mmsg.MmsgVector(1)
+        words = (vec.h64, vec.iov64, vec.names64, vec.controls64)
+        fused = (0, 0, 0, *words, 0, 0, 0, -1, _mmsg.RECVMMSG_ADDRESS,
+                 _mmsg.ERRNO_LOCATION_ADDRESS, self._queue_arrays[0], empty, 0, 0,
+                 empty, empty.copy(), empty.copy(), empty, empty, empty,
+                 np.zeros(0, np.uint64), 0, 0, 0, *fan, *tail, *words[:3], 0, 0, 0, -1, 0, 0,
+                 self._clock, 0, vec.send_result, *state)
+        receive_forward(*fused)
+        return (ingress.overloads[tuple(numba.typeof(a) for a in args)].entry_point,
+                receive_forward.overloads[tuple(numba.typeof(a) for a in fused)].entry_point)
 
     def _current_plan(self, snapshot: Any) -> ExpressPlan | None:
         dp = self.dp
@@ -173,6 +234,14 @@ class Express:
             self.plan = build_plan(dp, snapshot, self.queues)
             self._plan_for = (dp.tables, dp.sessions_version, snapshot.version)
         return self.plan
+
+    def _current_sessions(self) -> SessionTable:
+        dp = self.dp
+        if self._sessions_for != (dp.sessions_version, dp.allowed_version):
+            self.sessions = build_sessions(dp, self.queues[0])
+            self._sessions_for = (dp.sessions_version, dp.allowed_version)
+        assert self.sessions is not None
+        return self.sessions
 
     def ingress(self, name: str, batch: Any, now_ns: int, reliable_bit: int, probe: int,
                 deadline: int) -> bool:
@@ -204,7 +273,88 @@ class Express:
                    session.session_id, reliable_bit, probe, dp.node_id,
                    _fastpath._allowed(session), plan.ports, plan.group_start, plan.group_len,
                    plan.group_ports, *self._queue_arrays, ctl, self.hits, *state)
-        res = ctl[:RESULT_WORDS].tolist()
+        return self._settle(session, plan, snap, batch, now_ns, deadline)
+
+    def receive(self, channel: Any, batch: Any, now_ns: int, reliable_bit: int, probe: int,
+                deadline: int) -> tuple[int, int]:
+        """The clients' UDP receive of a cycle: (frames received, ``TAKEN``, ``UNTRIED`` or
+        ``DECLINED_BURST``). With nothing in the way (no frame being built, no parked
+        message, a plan) the receive, the express ingress and the send of the UDP clients'
+        queue are one call (``receive_forward``); else, or when it declines the burst, the
+        frames are left in ``batch`` for the general loop."""
+        dp = self.dp
+        q0, q1, q2 = self._queues
+        plan = None
+        if not (channel.closed or q0._open or q1._open or q2._open or dp._parked
+                or channel.multicast_sender):
+            snap, state = dp.nic.burst_state()
+            plan = self._current_plan(snap)
+        if plan is None:
+            return channel.receive(batch, 0), UNTRIED
+        table = self._current_sessions()
+        made = self._fused_for
+        if not (made and made[0] is plan and made[1] is table and made[2] is state
+                and made[3] is channel and made[4] is batch):
+            self._fused_args = self._fused_tail(channel, batch, plan, table, state,
+                                                reliable_bit, probe)
+            self._fused_for = (plan, table, state, channel, batch)
+        rx, tx = self._vectors
+        ctl = self.ctl
+        ctl[QCOUNT] = q0.batch.count
+        ctl[QCOUNT + 1] = q1.batch.count
+        ctl[QCOUNT + 2] = q2.batch.count
+        prepare, rx_buf_addr = rx.receive_plan(batch.buf, batch.offsets, batch.slot_bytes,
+                                               batch.capacity)
+        self._fused(prepare, rx_buf_addr, time.time_ns(), *self._fused_args)
+        got, extra, row = ctl[RX_COUNT], ctl[RX_EXTRA], ctl[SESSION]
+        rx.received(int(got))
+        n = channel.finish_receive(batch, int(got), int(extra))
+        if not n or row < 0:
+            return n, DECLINED_BURST
+        if not self._settle(table.sessions[int(row)], plan, snap, batch, now_ns, deadline):
+            return n, DECLINED_BURST
+        if ctl[SENT]:
+            total, k, err = tx.send_result.tolist()
+            if total < 0:  # a multicast destination: the channel's send refuses it
+                q0.flush()
+            else:
+                dp.counted_udp_send(self.queues[0], q0.batch.count, channel.finish_send(
+                    q0.batch.arrays(), tx, total, k, err))
+                q0.batch.count = 0
+        dp.counters["express_receives"] += 1
+        return n, TAKEN
+
+    def _fused_tail(self, channel: Any, batch: Any, plan: ExpressPlan, table: SessionTable,
+                    state: tuple, reliable_bit: int, probe: int) -> tuple:
+        """``receive_forward``'s arguments after its first three; ``_vectors`` := the I/O
+        vectors of the receive batch and of the UDP clients' queue (only ever sent from)."""
+        q0 = self._queues[0]
+        rx = channel.io_vector(batch)
+        tx = channel.io_vector(q0.batch)
+        tx.sending()
+        tx_buf_addr = tx.pin(q0.batch.buf)
+        self._vectors = (rx, tx)
+        dp = self.dp
+        return (rx.h64, rx.iov64, rx.names64, rx.controls64, rx.hdr_addr, rx.names_addr,
+                rx.controls_addr, channel.fileno(), _mmsg.RECVMMSG_ADDRESS,
+                _mmsg.ERRNO_LOCATION_ADDRESS, batch.buf, batch.offsets, batch.slot_bytes,
+                batch.capacity, batch.lengths, batch.peer_ids, batch.recv_ts_ns, table.peers,
+                table.ids, table.bounds, table.keys, reliable_bit, probe,
+                dp.node_id, plan.ports, plan.group_start, plan.group_len, plan.group_ports,
+                *self._queue_arrays, self.ctl, self.hits, tx.h64, tx.iov64, tx.names64,
+                tx.hdr_addr, tx.names_addr, tx_buf_addr, channel.fileno(),
+                _mmsg.SENDMMSG_ADDRESS,
+                _mmsg.CLOCK_GETTIME_ADDRESS if channel.stamp_send_ts else 0, self._clock,
+                self._clock_addr, tx.send_result, *state)
+
+    def _settle(self, session: Any, plan: ExpressPlan, snap: Any, batch: Any, now_ns: int,
+                deadline: int) -> bool:
+        """After a kernel ran a burst of ``session``: the general loop delivers what the NIC
+        ran when the kernel left it that (True), the counts of a delivered burst are added
+        (True), or nothing was done (False)."""
+        dp = self.dp
+        n = batch.count
+        res = self.ctl[:RESULT_WORDS].tolist()
         code = res[CODE]
         if code == DECLINED:
             return False
@@ -217,7 +367,8 @@ class Express:
                 dp._run(batch, list(range(frames, n)), ctxs[frames:], now_ns)
             dp.counters["express_to_general"] += 1
             return True
-        q0.batch.count, q1.batch.count, q2.batch.count = ctl[QCOUNT:QCOUNT + 3].tolist()
+        q0, q1, q2 = self._queues
+        q0.batch.count, q1.batch.count, q2.batch.count = self.ctl[QCOUNT:QCOUNT + 3].tolist()
         session.published += res[PUBLISHED]
         counters = dp.counters
         counters["express_bursts"] += 1

@@ -1,8 +1,10 @@
 """Numba kernels of the appliance's data path: the express ingress (appliance/_express.py).
 
 ``ingress`` takes a client's burst from the receive buffer to finished egress frames in one
-call and runs the software NIC's own kernel inside it; the module docstring of
-appliance/_express.py says what it does and when it declines. Arguments are arrays and
+call and runs the software NIC's own kernel inside it; ``receive_forward`` wraps it between
+the clients' UDP socket's ``recvmmsg`` and the ``sendmmsg`` of the frames it built for UDP
+clients, so a cycle that forwards a client's burst is one call. The module docstring of
+appliance/_express.py says what they do and when they decline. Arguments are arrays and
 scalars only; numba infers their types (CONVENTIONS.md #4).
 """
 
@@ -12,6 +14,7 @@ import numba
 import numpy as np
 
 from appliance._fastpath import _uniform_source
+from channels._mmsg import receive_datagrams, send_datagrams, wall_clock_ns
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from nic_offload.model import MAX_EGRESS_PORT
@@ -55,7 +58,12 @@ RESULT_WORDS = 10
 QCOUNT, QCAPACITY, QMAX = RESULT_WORDS, RESULT_WORDS + 3, RESULT_WORDS + 6
 """Per out queue (3 words each, by queue index) in ``ctl``: frames queued (updated),
 capacity, largest frame."""
-CTL_WORDS = RESULT_WORDS + 9
+RX_COUNT, RX_EXTRA, SESSION, SENT = RESULT_WORDS + 9, RESULT_WORDS + 10, RESULT_WORDS + 11, \
+    RESULT_WORDS + 12
+"""``receive_forward``'s words in ``ctl``: what its ``recvmmsg`` returned (datagrams and
+truncated ones, or -1 and errno), the sender's row in the session table (-1: none) and 1 when
+it made the ``sendmmsg`` of queue 0 (its result in ``tx_out``)."""
+CTL_WORDS = RESULT_WORDS + 13
 
 _HDR = fl.FRAME_HEADER_BYTES
 _MAGIC0, _MAGIC1 = fl.FRAME_MAGIC >> 8, fl.FRAME_MAGIC & 0xFF
@@ -291,3 +299,78 @@ def ingress(buf, offsets, lengths, peer_ids, n, session_id, reliable_bit,
     res[HITS] = n_hits
 
 
+
+
+@numba.njit(inline="always")
+def _row_of(peers: np.ndarray, peer: int) -> int:
+    """Index of ``peer`` in the sorted ``peers``, or -1."""
+    lo = 0
+    hi = peers.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if peers[mid] < peer:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < peers.shape[0] and peers[lo] == peer else -1
+
+
+@numba.njit(cache=True, nogil=True)
+def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_controls,
+                    rx_h_addr, rx_names_addr, rx_controls_addr, fd, recv_fn, errno_fn, buf,
+                    offsets, slot_bytes, capacity, lengths, peer_ids, recv_ts_ns, sess_peers,
+                    sess_ids, sess_bounds, sess_keys, reliable_bit, probe_stream, node_id,
+                    ports, group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1,
+                    p1, b2, o2, l2, p2, ctl, hits, tx_h, tx_iov, tx_names, tx_h_addr,
+                    tx_names_addr, tx_buf_addr, tx_fd, send_fn, clock_fn, clock, clock_addr,
+                    tx_out, batch, status, frame_types, homes, values, acl_results, payloads,
+                    pending, slots, shift, class_root, groups, bound_lo, bound_result,
+                    fields_end, key_counts, counters, malformed, desc, verdicts, digests,
+                    digest_state, result):
+    """One cycle's receive from the clients' UDP socket, its express ingress and the send of
+    the UDP clients' queue (queue 0), in one call:
+
+    1. ``receive_datagrams`` (channels/_mmsg.py: ``prepare``, ``rx_*``, the batch arrays
+       ``buf`` ... ``recv_ts_ns``); ``ctl[RX_COUNT]``, ``ctl[RX_EXTRA]`` say what it returned;
+    2. the session the first frame's peer logged in as (``sess_peers`` sorted, its id in
+       ``sess_ids``, its publishable keys ``sess_keys[sess_bounds[r]:sess_bounds[r + 1]]``,
+       sorted; ``ctl[SESSION]`` = its row), then ``ingress`` with it (the code in
+       ``ctl[CODE]``; nothing more is done unless DONE);
+    3. when queue 0 holds frames and ``tx_fd`` >= 0: every one to a UDP peer id, they are sent
+       as ``send_datagrams`` does with destinations per slot and the send time (wall clock,
+       ``clock_gettime`` at ``clock_fn``; 0: no stamp) in their headers; ``ctl[SENT]`` = 1,
+       the result in ``tx_out``. A datagram to a multicast group sends nothing (the caller's
+       channel refuses it as any send would).
+    """
+    for w in range(RESULT_WORDS):
+        ctl[w] = 0
+    ctl[SESSION] = -1
+    ctl[SENT] = 0
+    n, extra = receive_datagrams(rx_h, rx_iov, rx_names, rx_controls, rx_h_addr, rx_names_addr,
+                                 rx_controls_addr, rx_buf_addr, offsets, slot_bytes, prepare,
+                                 capacity, fd, lengths, peer_ids, recv_ts_ns, now_ns, recv_fn,
+                                 errno_fn)
+    ctl[RX_COUNT] = n
+    ctl[RX_EXTRA] = extra
+    if n <= 0 or extra != 0:
+        return
+    row = _row_of(sess_peers, peer_ids[0])
+    if row < 0:
+        return
+    ctl[SESSION] = row
+    ingress(buf, offsets, lengths, peer_ids, n, sess_ids[row], reliable_bit, probe_stream,
+            node_id, sess_keys[sess_bounds[row]:sess_bounds[row + 1]], ports, group_start,
+            group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl, hits,
+            batch, status, frame_types, homes, values, acl_results, payloads, pending, slots,
+            shift, class_root, groups, bound_lo, bound_result, fields_end, key_counts,
+            counters, malformed, desc, verdicts, digests, digest_state, result)
+    count = ctl[QCOUNT]
+    if ctl[CODE] != DONE or count == 0 or tx_fd < 0:
+        return
+    for i in range(count):
+        if p0[i] < 0 or p0[i] >> 48:
+            return  # not a UDP peer: the channel's own send says so
+    stamp = wall_clock_ns(clock_fn, clock, clock_addr) if clock_fn else 0
+    send_datagrams(tx_h, tx_iov, tx_names, tx_h_addr, tx_names_addr, b0, tx_buf_addr, o0, l0,
+                   count, 2, 0, 0, p0, False, stamp, tx_fd, send_fn, errno_fn, tx_out)
+    ctl[SENT] = 1

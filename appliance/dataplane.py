@@ -75,7 +75,7 @@ from appliance.guaranteed import (
 )
 from appliance.status_channels import sample_channel
 from channels.base import EACH_SLOT, FrameArrays, FrameBatch
-from channels.udp import peer_id_of
+from channels.udp import DatagramChannel, peer_id_of
 from datapath.agent import AgentWakeup, CommandQueue, WaitSet
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
@@ -249,6 +249,9 @@ class DataPlaneAgent:
         self.sessions: dict[int, DpSession] = {}
         self._by_peer: dict[tuple[str, int], DpSession] = {}
         self.sessions_version = 0
+        self.allowed_version = 0
+        """Changes whenever a session's publishable keys grow (the express path's session
+        table follows it)."""
         """Changes whenever a session comes or goes (the express path's plan follows it)."""
         self.counters: Counter[str] = Counter()
         self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels
@@ -355,14 +358,18 @@ class DataPlaneAgent:
         self.channels[name] = channel
         self._receivers = self._list_receivers()
 
-    def _list_receivers(self) -> list[tuple[str, Any, Any]]:
-        """(name, receive batch, channel) of every channel the duty cycle receives from."""
-        return [(name, batch, self.channels[name]) for name, batch in self._rx.items()]
+    def _list_receivers(self) -> list[tuple[str, Any, Any, bool]]:
+        """(name, receive batch, channel, whether the express path receives from it) of every
+        channel the duty cycle receives from."""
+        return [(name, batch, channel, name == CLIENT_UDP and isinstance(channel, DatagramChannel))
+                for name, batch in self._rx.items()
+                for channel in (self.channels[name],)]
 
     def allow_keys(self, session_id: int, keys: list[int]) -> None:
         session = self.sessions.get(session_id)
         if session is not None:
             session.allowed.update(keys)
+            self.allowed_version += 1
 
     # --- the duty cycle -----------------------------------------------------------------------
     def do_work(self, now_ns: int) -> int:
@@ -377,13 +384,19 @@ class DataPlaneAgent:
         snap_version = self.nic.switch.current.version
         work += self.rerun_parked_before(snap_version, now_ns)
         telemetry = self.telemetry
-        for name, batch, channel in self._receivers:
-            n = channel.receive(batch, 0)
+        express = self.express if _express.ENABLED else None
+        for name, batch, channel, fused in self._receivers:
+            if fused and express is not None:  # receive, forward and send in one call
+                n, taken = express.receive(channel, batch, now_ns, RELIABLE_STREAM_BIT, _PROBE,
+                                           now_ns + PARKED_MESSAGE_TTL_NS)
+            else:
+                n, taken = channel.receive(batch, 0), _express.UNTRIED
             if n:
                 work += n
                 if telemetry is not None:
                     telemetry.on_batch(name, batch)
-                self._on_batch(name, batch, now_ns)
+                if taken != _express.TAKEN:
+                    self._on_batch(name, batch, now_ns, taken == _express.UNTRIED)
         if telemetry is not None:
             work += telemetry.do_work(now_ns, self.queue_frame)
         gp = self.guaranteed
@@ -431,7 +444,9 @@ class DataPlaneAgent:
             self.counters["ring_answer_failed"] += 1
 
     # --- classification -----------------------------------------------------------------------
-    def _on_batch(self, name: str, batch: FrameBatch, now_ns: int) -> None:
+    def _on_batch(self, name: str, batch: FrameBatch, now_ns: int, express: bool = True) -> None:
+        """Classify and run a received burst (``express``: may the express path try it; not
+        when its receive already declined it)."""
         n = batch.count
         buf = batch.buf
         tables = self.tables
@@ -444,7 +459,7 @@ class DataPlaneAgent:
         # a snapshot that came after this cycle began: parked messages go before these
         self.rerun_parked_before(self.nic.switch.current.version, now_ns)
         if not (fabric or group):  # a plain burst of one client: one compiled call
-            if _express.ENABLED and self.express.ingress(name, batch, now_ns,
+            if express and _express.ENABLED and self.express.ingress(name, batch, now_ns,
                                                          RELIABLE_STREAM_BIT, _PROBE, deadline):
                 return
             # else a uniform burst from one client: on arrays
@@ -822,10 +837,14 @@ class DataPlaneAgent:
             if channel is None:
                 self.counters[f"{name}_no_channel"] += batch.count
                 return
-            sent = channel.send(batch, EACH_SLOT)
-            if sent < batch.count:
-                self.counters[f"{name}_backpressure_drops"] += batch.count - sent
+            self.counted_udp_send(name, batch.count, channel.send(batch, EACH_SLOT))
         return send
+
+    def counted_udp_send(self, name: str, count: int, sent: int) -> None:
+        """``sent`` of ``count`` frames went out on UDP channel ``name``: the rest are
+        counted as dropped under back-pressure."""
+        if sent < count:
+            self.counters[f"{name}_backpressure_drops"] += count - sent
 
     def _send_group(self, name: str) -> Callable[[FrameBatch], None]:
         def send(batch: FrameBatch) -> None:

@@ -7,8 +7,9 @@ from cffi's own layout of the declarations below. The pointers inside them are p
 (``ffi.from_buffer`` addresses), so pointing the vector at a batch's slots, setting lengths,
 filling destination addresses, the system call itself and copying out what the kernel wrote
 are one numba kernel call per batch over the same memory viewed as 64-bit words
-(``_receive``, ``_send``): no Python per datagram. Only a send's retry after an error goes
-through cffi (``sendmmsg``).
+(``receive_datagrams``, ``send_datagrams``; the appliance's express kernel calls them inside
+its own): no Python per datagram. Only a send's retry after an error goes through cffi
+(``sendmmsg``).
 
 Layout of one datagram's entries (x86-64 glibc; cffi computes the offsets)::
 
@@ -49,11 +50,13 @@ int recvmmsg(int sockfd, struct mmsghdr *msgvec, unsigned int vlen, int flags,
              struct timespec *timeout);
 int sendmmsg(int sockfd, struct mmsghdr *msgvec, unsigned int vlen, int flags);
 int *__errno_location(void);
+int clock_gettime(int clockid, struct timespec *tp);
 """)
 libc = ffi.dlopen(None)
 RECVMMSG_ADDRESS = int(ffi.cast("uintptr_t", libc.recvmmsg))
 SENDMMSG_ADDRESS = int(ffi.cast("uintptr_t", libc.sendmmsg))
 ERRNO_LOCATION_ADDRESS = int(ffi.cast("uintptr_t", libc.__errno_location))
+CLOCK_GETTIME_ADDRESS = int(ffi.cast("uintptr_t", libc.clock_gettime))
 """libc's entry points, for the kernels that make the system calls themselves (``_ccall``):
 passed in as integers, so the kernels stay in numba's cache (a function pointer baked into
 the code would not)."""
@@ -238,11 +241,20 @@ def _errno(typingctx: Any, location: Any) -> Any:
 
 
 @numba.njit(cache=True, nogil=True)
-def _receive(h: np.ndarray, iov: np.ndarray, names: np.ndarray, controls: np.ndarray,
-             h_addr: int, names_addr: int, controls_addr: int, buf_addr: int,
-             offsets: np.ndarray, slot_bytes: int, prepare: int, count: int, fd: int,
-             lengths: np.ndarray, peer_ids: np.ndarray, recv_ts_ns: np.ndarray, now_ns: int,
-             recv_fn: int, errno_fn: int) -> tuple[int, int]:
+def wall_clock_ns(clock_fn: int, timespec: np.ndarray, timespec_addr: int) -> int:
+    """``time.time_ns()`` inside a kernel: ``clock_gettime(CLOCK_REALTIME)`` at address
+    ``clock_fn`` into ``timespec`` (two int64 words at ``timespec_addr``)."""
+    _ccall(clock_fn, 0, timespec_addr, 0, 0, 0)
+    return timespec[0] * 1_000_000_000 + timespec[1]
+
+
+@numba.njit(cache=True, nogil=True)
+def receive_datagrams(h: np.ndarray, iov: np.ndarray, names: np.ndarray,
+                      controls: np.ndarray, h_addr: int, names_addr: int, controls_addr: int,
+                      buf_addr: int, offsets: np.ndarray, slot_bytes: int, prepare: int,
+                      count: int, fd: int, lengths: np.ndarray, peer_ids: np.ndarray,
+                      recv_ts_ns: np.ndarray, now_ns: int, recv_fn: int,
+                      errno_fn: int) -> tuple[int, int]:
     """One non-blocking ``recvmmsg`` of up to ``count`` datagrams: re-point the first
     ``prepare`` headers at the slots (``_prepare_receive``), receive, copy out lengths, peers
     and receive times (``_deliver``). Returns the datagrams received (>= 0) with the number
@@ -257,10 +269,11 @@ def _receive(h: np.ndarray, iov: np.ndarray, names: np.ndarray, controls: np.nda
 
 
 @numba.njit(cache=True, nogil=True)
-def _send(h: np.ndarray, iov: np.ndarray, names: np.ndarray, h_addr: int, names_addr: int,
-          buf: np.ndarray, buf_addr: int, offsets: np.ndarray, lengths: np.ndarray, count: int,
-          mode: int, ipv4: int, port: int, peer_ids: np.ndarray, allow_multicast: bool,
-          stamp_ns: int, fd: int, send_fn: int, errno_fn: int, out: np.ndarray) -> None:
+def send_datagrams(h: np.ndarray, iov: np.ndarray, names: np.ndarray, h_addr: int,
+                   names_addr: int, buf: np.ndarray, buf_addr: int, offsets: np.ndarray,
+                   lengths: np.ndarray, count: int, mode: int, ipv4: int, port: int,
+                   peer_ids: np.ndarray, allow_multicast: bool, stamp_ns: int, fd: int,
+                   send_fn: int, errno_fn: int, out: np.ndarray) -> None:
     """Point ``count`` datagrams at their frames and destinations (``_prepare_send``), write
     ``stamp_ns`` into their headers' send time unless it is 0 (``channels.base._stamp``) and
     make one ``sendmmsg``; ``out`` = [bytes of the frames (or -1 - i: datagram i would go to
@@ -301,7 +314,7 @@ class MmsgVector:
         index = np.arange(capacity, dtype=np.uint64)
         self.hdrs["iov"] = iov_addr + index * np.uint64(IOVEC_DTYPE.itemsize)
         self.send_result = np.zeros(3, np.int64)
-        """``_send``'s [bytes, datagrams sent, errno] of the last ``send``."""
+        """``send_datagrams``'s [bytes, datagrams sent, errno] of the last ``send``."""
         self.hdrs["iovlen"] = 1
         self.ptr = ffi.cast("struct mmsghdr *", self._keep_hdrs)
         self._buf_keep: object = None
@@ -323,36 +336,49 @@ class MmsgVector:
                 count: int, lengths: np.ndarray, peer_ids: np.ndarray, recv_ts_ns: np.ndarray,
                 now_ns: int) -> tuple[int, int]:
         """One non-blocking ``recvmmsg`` into the slots of ``buf`` with what the kernel wrote
-        copied out, in one kernel call (``_receive``): (datagrams received, how many were
+        copied out, in one kernel call (``receive_datagrams``): (datagrams received, how many were
         truncated), or (-1, errno). Headers already pointed at these slots that no receive has
         filled since are left as they are (an idle poll re-points none). ``now_ns`` is the
         receive time of a datagram without a kernel timestamp."""
+        prepare, buf_addr = self.receive_plan(buf, offsets, slot_bytes, count)
+        n, extra = receive_datagrams(self.h64, self.iov64, self.names64, self.controls64,
+                                     self.hdr_addr, self.names_addr, self.controls_addr,
+                                     buf_addr, offsets, slot_bytes, prepare, count, fd, lengths,
+                                     peer_ids, recv_ts_ns, now_ns, RECVMMSG_ADDRESS,
+                                     ERRNO_LOCATION_ADDRESS)
+        self.received(n)
+        return n, extra
+
+    def receive_plan(self, buf: np.ndarray, offsets: np.ndarray, slot_bytes: int,
+                     count: int) -> tuple[int, int]:
+        """(how many headers ``receive_datagrams`` must re-point, the address of ``buf``) for a
+        receive of up to ``count`` datagrams into these slots; tell ``received`` after."""
         ready = self._rx_ready
         if (ready is not None and ready[0] is buf and ready[1] is offsets
                 and ready[2] == slot_bytes and ready[3] == count):
-            prepare = min(self._rx_used, count)
-            buf_addr = self.buf_addr
-        else:
-            prepare = count
-            buf_addr = self.pin(buf)
-            self._rx_ready = (buf, offsets, slot_bytes, count)
-        n, extra = _receive(self.h64, self.iov64, self.names64, self.controls64, self.hdr_addr,
-                            self.names_addr, self.controls_addr, buf_addr, offsets, slot_bytes,
-                            prepare, count, fd, lengths, peer_ids, recv_ts_ns, now_ns,
-                            RECVMMSG_ADDRESS, ERRNO_LOCATION_ADDRESS)
+            return min(self._rx_used, count), self.buf_addr
+        self._rx_ready = (buf, offsets, slot_bytes, count)
+        return count, self.pin(buf)
+
+    def received(self, n: int) -> None:
+        """What ``receive_datagrams`` returned (the headers it filled need re-pointing next
+        time)."""
         self._rx_used = max(n, 0)
-        return n, extra
+
+    def sending(self) -> None:
+        """A send is about to use the headers (a later receive re-points them all)."""
+        self._rx_ready = None
 
     def send(self, fd: int, buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
              count: int, mode: int, ipv4: int, port: int, peer_ids: np.ndarray | None,
              allow_multicast: bool, stamp_ns: int) -> np.ndarray:
         """Point ``count`` datagrams at frames of ``buf`` with their destinations, stamp their
         send time (``stamp_ns``; 0: none) and make one ``sendmmsg``, in one kernel call
-        (``_send``); returns ``send_result``: [bytes (negative: see ``_prepare_send``),
+        (``send_datagrams``); returns ``send_result``: [bytes (negative: see ``_prepare_send``),
         datagrams sent or -1, errno]."""
-        self._rx_ready = None
+        self.sending()
         out = self.send_result
-        _send(self.h64, self.iov64, self.names64, self.hdr_addr, self.names_addr, buf,
+        send_datagrams(self.h64, self.iov64, self.names64, self.hdr_addr, self.names_addr, buf,
               self.pin(buf), offsets, lengths, count, mode, ipv4, port,
               offsets if peer_ids is None else peer_ids, allow_multicast, stamp_ns, fd,
               SENDMMSG_ADDRESS, ERRNO_LOCATION_ADDRESS, out)

@@ -215,6 +215,14 @@ class DatagramChannel(Channel):
                                        time.time_ns() if self.stamp_send_ts else 0).tolist()
         if total_bytes < 0:
             self._refuse_multicast(int(frames.peer_ids[-1 - total_bytes]) >> 16)
+        return self.finish_send(arrays, vec, total_bytes, k, err)
+
+    def finish_send(self, arrays: FrameArrays, vec: _mmsg.MmsgVector, total_bytes: int, k: int,
+                    err: int) -> int:
+        """The rest of a send whose first ``sendmmsg`` (of ``arrays.count`` frames, ``vec``
+        pointed at them) returned ``k`` with ``err``: retries, frames that can never go
+        skipped and counted, statistics. Returns the frames taken (sent or skipped)."""
+        n = arrays.count
         if k == n:
             self.stats.on_send(n, total_bytes)
             return n
@@ -252,17 +260,8 @@ class DatagramChannel(Channel):
         while True:
             n, err = vec.receive(self._fd, batch.buf, batch.offsets, batch.slot_bytes, cap,
                                  batch.lengths, batch.peer_ids, batch.recv_ts_ns, time.time_ns())
-            if n > 0:
-                if err:  # truncated datagrams: dropped, counted
-                    n = self._compact(batch, batch.lengths[:n] >= 0, n)
-                batch.count = n
-                if n:
-                    self.stats.on_batch_received(batch)
-                    return n
-            elif n < 0 and err not in _RETRY_LATER and err != errno.EINTR:
-                # e.g. ECONNREFUSED left by an earlier send on a connected socket
-                self.stats.on_error(f"recv_{errno.errorcode.get(err, str(err)).lower()}")
-            batch.count = 0
+            if self.finish_receive(batch, n, err):
+                return batch.count
             if timeout_ns == 0:
                 return 0
             if timeout_ns == WAIT_FOREVER:
@@ -275,6 +274,29 @@ class DatagramChannel(Channel):
             self._poller.poll(wait_ms)
             if self.closed:
                 return 0
+
+    def finish_receive(self, batch: FrameBatch, n: int, err: int) -> int:
+        """What a ``recvmmsg`` into ``batch`` returned (``n`` datagrams with ``err`` truncated,
+        or -1 with errno ``err``): truncated datagrams dropped and counted, ``batch.count``
+        set, statistics. Returns the frames now in the batch."""
+        if n > 0:
+            if err:  # truncated datagrams: dropped, counted
+                n = self._compact(batch, batch.lengths[:n] >= 0, n)
+            batch.count = n
+            if n:
+                self.stats.on_batch_received(batch)
+            return n
+        if n < 0 and err not in _RETRY_LATER and err != errno.EINTR:
+            # e.g. ECONNREFUSED left by an earlier send on a connected socket
+            self.stats.on_error(f"recv_{errno.errorcode.get(err, str(err)).lower()}")
+        batch.count = 0
+        return 0
+
+    def io_vector(self, batch: FrameBatch) -> _mmsg.MmsgVector:
+        """The I/O vector this channel receives into and sends from ``batch`` with (for a
+        kernel that makes the system calls itself: appliance/_express.py)."""
+        self._check_open()
+        return self._batch_vector(batch)
 
     def _compact(self, batch: FrameBatch, keep: np.ndarray, n: int) -> int:
         """Drop truncated datagrams, moving later frames down (rare: only hostile/oversize)."""
