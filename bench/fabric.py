@@ -86,6 +86,10 @@ SUB_SLOT_BYTES = 65_504
 SUB_BATCH_FRAMES = 64
 STEP_TIMEOUT_S = 120.0
 """A child that does not answer a step within this long has failed."""
+CHILD_EXIT_GRACE_S = 10.0
+"""After its result a publisher or subscriber logs out of the appliance and exits; it is
+killed only if it has not within this long (killed at once, its session stayed at the
+appliance and every later message went to it too: one more subscriber per measurement)."""
 PACE_SPIN_NS = 20_000
 """The latency publisher sleeps until this close to the next send, then spins (a spinning
 publisher would take one of the few cores the hop and the subscriber need)."""
@@ -522,7 +526,14 @@ class _Child:
     def result(self) -> dict[str, Any]:
         return json.loads(self.expect("{"))
 
-    def kill(self) -> None:
+    def kill(self, grace_s: float = 0.0) -> None:
+        """Stop the process: it may end by itself within ``grace_s`` (a client logs out of
+        the appliance after its result), else it is killed."""
+        if grace_s > 0:
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             self.proc.kill()
         try:
@@ -543,7 +554,9 @@ class Appliance:
     """``topicwire run`` with a generated config: one client UDP endpoint on loopback."""
 
     def __init__(self, idle: str, workdir: Path, spin_us: int | None = None,
-                 priority: int | None = None) -> None:
+                 priority: int | None = None, mgmt_port: int | None = None) -> None:
+        """``mgmt_port``: the appliance's management API on 127.0.0.1 at that port (none by
+        default)."""
         from channels.udp import UdpChannel
 
         probe = UdpChannel((LOOPBACK, 0))
@@ -555,7 +568,8 @@ class Appliance:
             + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n")
             + ("" if priority is None else f"priority = {priority}\n") +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = 16\n'
-            f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n')
+            f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n'
+            + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n'))
         code = "import sys; from appliance.cli import main; sys.exit(main(sys.argv[1:]))"
         self.child = _Child([sys.executable, "-c", code, "run", "--config", str(self.config)],
                             "appliance (topicwire run)", stdin=False)
@@ -582,6 +596,7 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance 
             "login": hop == "topicwire"}
     children: list[_Child] = []
     relay_child = None
+    finished = False
     try:
         sub = _child("sub", {**base, "port": appliance.port if appliance else 0})
         children.append(sub)
@@ -605,9 +620,10 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance 
         sent = pub.result()
         sub.tell(f"END {sent['sent']}")
         got = sub.result()
+        finished = True
     finally:
-        for child in children:
-            child.kill()
+        for child in children:  # a client killed before its logout stays a session
+            child.kill(CHILD_EXIT_GRACE_S if finished else 0.0)
         relay_counts = None
         if relay_child is not None:
             relay_child.proc.send_signal(signal.SIGTERM)

@@ -5,8 +5,10 @@ every hop delivering exactly what was sent."""
 import argparse
 import json
 import subprocess
+import urllib.request
 
 from bench import fabric
+from tests.appliance.helpers import free_port
 
 TINY = ["--messages", "2000", "--rate", "2000", "--duration-s", "0.25", "--repeats", "1",
         "--direct"]
@@ -57,3 +59,22 @@ def test_the_relay_refuses_bad_arguments_and_non_loopback_destinations(tmp_path)
                  ["0", "127.0.0.1"]):
         done = subprocess.run([str(relay), *argv], capture_output=True, text=True, timeout=10)
         assert done.returncode == 2 and "udp_relay" in done.stderr, argv
+
+
+def test_the_measuring_clients_leave_no_session_behind(tmp_path):
+    # a publisher or subscriber killed before its logout stays a session at the appliance,
+    # and every later measurement's messages go to the stale subscriber too
+    port = free_port()
+    appliance = fabric.Appliance("block", tmp_path, mgmt_port=port)
+
+    def clients():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as reply:
+            return json.load(reply)["clients"]
+    try:
+        args = tiny_args()
+        for mode in ("throughput", "latency", "throughput"):
+            figures = fabric.measure("topicwire", mode, args, appliance, None)
+            assert figures.get("lost", figures.get("latency_lost")) == 0
+            assert clients() == [], mode
+    finally:
+        assert appliance.stop() == 0
