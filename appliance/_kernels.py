@@ -3,9 +3,9 @@
 ``ingress`` takes a client's burst from the receive buffer to finished egress frames in one
 call and runs the software NIC's own kernel inside it; ``receive_forward`` wraps it between
 the clients' UDP socket's ``recvmmsg`` and the ``sendmmsg`` of the frames it built for UDP
-clients, so a cycle that forwards a client's burst is one call. The module docstring of
-appliance/_express.py says what they do and when they decline. Arguments are arrays and
-scalars only; numba infers their types (CONVENTIONS.md #4).
+clients (``forward_send``), so a cycle that forwards a client's burst is one call.
+The module docstring of appliance/_express.py says what they do and when they decline.
+Arguments are arrays and scalars only; numba infers their types (CONVENTIONS.md #4).
 """
 
 from __future__ import annotations
@@ -47,23 +47,30 @@ K_GENERAL = 4
 DECLINED = 0
 """Nothing was done: the general loop takes the burst."""
 DONE = 1
-"""The burst is delivered; the caller adds the counts."""
+"""The burst is delivered (and counted: see ``ingress``)."""
 NIC_ONLY = 2
 """The NIC ran the frames (res holds its counts); the general loop delivers them."""
 
-CODE, FRAMES, MESSAGES, DESCRIPTORS, PUBLISHED, DENIED, NO_PORT, UNROUTABLE, HITS, \
-    UNKNOWN = range(10)
+CODE, FRAMES, MESSAGES, DESCRIPTORS, UNKNOWN = range(5)
 """Words of the result in ``ctl``."""
-RESULT_WORDS = 10
+RESULT_WORDS = 5
 QCOUNT, QCAPACITY, QMAX = RESULT_WORDS, RESULT_WORDS + 3, RESULT_WORDS + 6
 """Per out queue (3 words each, by queue index) in ``ctl``: frames queued (updated),
 capacity, largest frame."""
-RX_COUNT, RX_EXTRA, SESSION, SENT = RESULT_WORDS + 9, RESULT_WORDS + 10, RESULT_WORDS + 11, \
-    RESULT_WORDS + 12
-"""``receive_forward``'s words in ``ctl``: what its ``recvmmsg`` returned (datagrams and
-truncated ones, or -1 and errno), the sender's row in the session table (-1: none) and 1 when
-it made the ``sendmmsg`` of queue 0 (its result in ``tx_out``)."""
+SESSION, SENT, RX_COUNT, RX_EXTRA = range(RESULT_WORDS + 9, RESULT_WORDS + 13)
+"""``forward_send``'s words in ``ctl``: the sender's row in the session table (-1: none) and
+whether it sent queue 0 (``SENT_ALL``: every frame went, the queue is empty; ``SENT_SOME``:
+the caller finishes the send from the result in ``tx_out``); ``receive_forward``'s: what its
+``recvmmsg`` returned (datagrams and truncated ones, or -1 and errno)."""
+SENT_NONE, SENT_SOME, SENT_ALL = range(3)
 CTL_WORDS = RESULT_WORDS + 13
+
+# what the kernels count (``totals``; ``Express.fold`` adds them to the agent's counters)
+T_BURSTS, T_RECEIVES, T_DENIED, T_NO_PORT, T_UNROUTABLE, T_FRAMES_SENT, T_BYTES_SENT = range(7)
+TOTAL_WORDS = 7
+TOTAL_NAMES = ("express_bursts", "express_receives", "publish_denied", "no_port",
+               "unroutable")
+"""The agent counters of the first totals (the sent frames and bytes are the channel's)."""
 
 _HDR = fl.FRAME_HEADER_BYTES
 _MAGIC0, _MAGIC1 = fl.FRAME_MAGIC >> 8, fl.FRAME_MAGIC & 0xFF
@@ -143,20 +150,20 @@ def _finish(qbuf, qoff, qlen, slot, pos, count, src, dst, stream) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def ingress(buf, offsets, lengths, peer_ids, n, session_id, reliable_bit,
-             probe_stream, node_id, allowed, ports, group_start, group_len, group_ports,
-             b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl, hits,
-             batch, status, frame_types, homes, values, acl_results, payloads, pending, slots,
-             shift, class_root, groups, bound_lo, bound_result, fields_end, key_counts,
-             counters, malformed, desc, verdicts, digests, digest_state, result):
+def ingress(buf, offsets, lengths, peer_ids, n, session_id, row, reliable_bit,
+            probe_stream, node_id, allowed, ports, group_start, group_len, group_ports,
+            b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl, sess_counts, port_delivered,
+            totals, batch, status, frame_types, homes, values, acl_results, payloads,
+            pending, slots, shift, class_root, groups, bound_lo, bound_result, fields_end,
+            key_counts, counters, malformed, desc, verdicts, digests, digest_state, result):
     """See the module docstring. ``ports[port]`` = (kind, queue, peer, destination
     session); queue q's batch is (bq, oq, lq, pq): buffer, offsets, lengths, peer ids.
-    ``ctl`` holds the result words (``CODE`` ...: code, frames, messages, descriptors,
-    published, denied, no_port, unroutable, distinct ports delivered to, unknown keys) and
-    per queue its frame count (updated), capacity and largest frame (``QCOUNT``,
-    ``QCAPACITY``, ``QMAX``); ``hits[PORTS + k]`` lists the ports delivered to and
-    ``hits[2 * PORTS + k]`` how many messages each (``hits[:PORTS]`` is scratch, zero between
-    calls)."""
+    ``ctl`` holds the result words (``CODE``, frames, messages, descriptors, unknown keys)
+    and per queue its frame count (updated), capacity and largest frame (``QCOUNT``,
+    ``QCAPACITY``, ``QMAX``). A delivered burst is counted where the caller folds it into
+    its counters later: messages published and denied by the session in
+    ``sess_counts[row]``, messages per egress port in ``port_delivered``, the agent's counts
+    in ``totals`` (``T_BURSTS``, ``T_DENIED``, ``T_NO_PORT``, ``T_UNROUTABLE``)."""
     res = ctl
     qcount = ctl[QCOUNT:QCOUNT + 3]
     qcapacity = ctl[QCAPACITY:QCAPACITY + 3]
@@ -222,7 +229,6 @@ def ingress(buf, offsets, lengths, peer_ids, n, session_id, reliable_bit,
     denied = 0
     no_port = 0
     unroutable = 0
-    n_hits = 0
     for d in range(nd):
         index = desc[d].index
         if not _member(allowed, batch[index].topic_key):
@@ -278,25 +284,19 @@ def ingress(buf, offsets, lengths, peer_ids, n, session_id, reliable_bit,
             qbuf[start : start + length] = buf[off : off + length]
             opens[k, _OPOS] += length
             opens[k, _OCOUNT] += 1
-            if hits[port] == 0:
-                hits[PORTS + n_hits] = port
-                n_hits += 1
-            hits[port] += 1
-    for k in range(n_hits):  # the counts beside the ports, the per-port scratch cleared
-        port = hits[PORTS + k]
-        hits[2 * PORTS + k] = hits[port]
-        hits[port] = 0
+            port_delivered[port] += 1
     for o in range(n_open):
         qbuf, qoff, qlen, _ = _queue(opens[o, _OQ], b0, o0, l0, p0, b1, o1, l1, p1, b2, o2,
                                      l2, p2)
         _finish(qbuf, qoff, qlen, opens[o, _OSLOT], opens[o, _OPOS], opens[o, _OCOUNT],
                 node_id, opens[o, _ODST], session_id)
     res[CODE] = DONE
-    res[PUBLISHED] = published
-    res[DENIED] = denied
-    res[NO_PORT] = no_port
-    res[UNROUTABLE] = unroutable
-    res[HITS] = n_hits
+    sess_counts[row, 0] += published
+    sess_counts[row, 1] += denied
+    totals[T_BURSTS] += 1
+    totals[T_DENIED] += denied
+    totals[T_NO_PORT] += no_port
+    totals[T_UNROUTABLE] += unroutable
 
 
 
@@ -317,35 +317,28 @@ def _row_of(peers: np.ndarray, peer: int) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_controls,
-                    rx_h_addr, rx_names_addr, rx_controls_addr, fd, recv_fn, errno_fn, buf,
-                    offsets, slot_bytes, capacity, lengths, peer_ids, recv_ts_ns, sess_peers,
+                    rx_h_addr, rx_names_addr, rx_controls_addr, fd, recv_fn, slot_bytes,
+                    capacity, recv_ts_ns, buf, offsets, lengths, peer_ids, udp_peers, udp_rows,
                     sess_ids, sess_bounds, sess_keys, reliable_bit, probe_stream, node_id,
-                    ports, group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1,
-                    p1, b2, o2, l2, p2, ctl, hits, tx_h, tx_iov, tx_names, tx_h_addr,
-                    tx_names_addr, tx_buf_addr, tx_fd, send_fn, clock_fn, clock, clock_addr,
-                    tx_out, batch, status, frame_types, homes, values, acl_results, payloads,
-                    pending, slots, shift, class_root, groups, bound_lo, bound_result,
-                    fields_end, key_counts, counters, malformed, desc, verdicts, digests,
-                    digest_state, result):
+                    ports, group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1,
+                    b2, o2, l2, p2, ctl, sess_counts, port_delivered, totals, tx_h, tx_iov,
+                    tx_names, tx_h_addr, tx_names_addr, tx_buf_addr, tx_fd, send_fn, errno_fn,
+                    clock_fn, clock, clock_addr, tx_out, batch, status, frame_types, homes,
+                    values, acl_results, payloads, pending, slots, shift, class_root, groups,
+                    bound_lo, bound_result, fields_end, key_counts, counters, malformed, desc,
+                    verdicts, digests, digest_state, result):
     """One cycle's receive from the clients' UDP socket, its express ingress and the send of
     the UDP clients' queue (queue 0), in one call:
 
-    1. ``receive_datagrams`` (channels/_mmsg.py: ``prepare``, ``rx_*``, the batch arrays
-       ``buf`` ... ``recv_ts_ns``); ``ctl[RX_COUNT]``, ``ctl[RX_EXTRA]`` say what it returned;
-    2. the session the first frame's peer logged in as (``sess_peers`` sorted, its id in
-       ``sess_ids``, its publishable keys ``sess_keys[sess_bounds[r]:sess_bounds[r + 1]]``,
-       sorted; ``ctl[SESSION]`` = its row), then ``ingress`` with it (the code in
-       ``ctl[CODE]``; nothing more is done unless DONE);
-    3. when queue 0 holds frames and ``tx_fd`` >= 0: every one to a UDP peer id, they are sent
-       as ``send_datagrams`` does with destinations per slot and the send time (wall clock,
-       ``clock_gettime`` at ``clock_fn``; 0: no stamp) in their headers; ``ctl[SENT]`` = 1,
-       the result in ``tx_out``. A datagram to a multicast group sends nothing (the caller's
-       channel refuses it as any send would).
+    0. ``receive_datagrams`` (channels/_mmsg.py: ``prepare``, ``rx_*``, ``fd``, the batch
+       arrays ``buf`` ... ``recv_ts_ns``); ``ctl[RX_COUNT]``, ``ctl[RX_EXTRA]`` say what it
+       returned; with no datagram, or a truncated one, nothing more is done;
+    1.-2. as ``forward_send``.
     """
+    ctl[SESSION] = -1
+    ctl[SENT] = SENT_NONE
     for w in range(RESULT_WORDS):
         ctl[w] = 0
-    ctl[SESSION] = -1
-    ctl[SENT] = 0
     n, extra = receive_datagrams(rx_h, rx_iov, rx_names, rx_controls, rx_h_addr, rx_names_addr,
                                  rx_controls_addr, rx_buf_addr, offsets, slot_bytes, prepare,
                                  capacity, fd, lengths, peer_ids, recv_ts_ns, now_ns, recv_fn,
@@ -354,18 +347,64 @@ def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_con
     ctl[RX_EXTRA] = extra
     if n <= 0 or extra != 0:
         return
-    row = _row_of(sess_peers, peer_ids[0])
-    if row < 0:
+    forward_send(n, buf, offsets, lengths, peer_ids, udp_peers, udp_rows, sess_ids,
+                 sess_bounds, sess_keys, reliable_bit, probe_stream, node_id, ports,
+                 group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2,
+                 l2, p2, ctl, sess_counts, port_delivered, totals, tx_h, tx_iov, tx_names,
+                 tx_h_addr, tx_names_addr, tx_buf_addr, tx_fd, send_fn, errno_fn, clock_fn,
+                 clock, clock_addr, tx_out, batch, status, frame_types, homes, values,
+                 acl_results, payloads, pending, slots, shift, class_root, groups, bound_lo,
+                 bound_result, fields_end, key_counts, counters, malformed, desc, verdicts,
+                 digests, digest_state, result)
+
+
+@numba.njit(cache=True, nogil=True)
+def forward_send(n, buf, offsets, lengths, peer_ids, udp_peers, udp_rows, sess_ids,
+                 sess_bounds, sess_keys, reliable_bit, probe_stream, node_id, ports,
+                 group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2,
+                 l2, p2, ctl, sess_counts, port_delivered, totals, tx_h, tx_iov, tx_names,
+                 tx_h_addr, tx_names_addr, tx_buf_addr, tx_fd, send_fn, errno_fn, clock_fn,
+                 clock, clock_addr, tx_out, batch, status, frame_types, homes, values,
+                 acl_results, payloads, pending, slots, shift, class_root, groups, bound_lo,
+                 bound_result, fields_end, key_counts, counters, malformed, desc, verdicts,
+                 digests, digest_state, result):
+    """The express ingress of a burst of ``n`` frames just received from the clients' UDP
+    socket and the send of the UDP clients' queue (queue 0), in one call:
+
+    1. the session the first frame's peer logged in as (``udp_peers`` sorted, its row in
+       ``udp_rows``; a row's session id is ``sess_ids[row]``, its publishable keys
+       ``sess_keys[sess_bounds[row]:sess_bounds[row + 1]]``, sorted; ``ctl[SESSION]`` = the
+       row, -1: none and nothing is done), then ``ingress`` with it (the code in
+       ``ctl[CODE]``; nothing more is done unless DONE);
+    2. when queue 0 holds frames and ``tx_fd`` >= 0: every one to a UDP peer id, they are sent
+       as ``channels._mmsg.send_datagrams`` does with destinations per slot and the send time
+       (wall clock, ``clock_gettime`` at ``clock_fn``; 0: no stamp) in their headers, the
+       result in ``tx_out``; all sent: queue 0 is emptied (``ctl[QCOUNT]`` = 0), the frames
+       and bytes counted in ``totals`` and ``ctl[SENT]`` = ``SENT_ALL``, else ``SENT_SOME``
+       (the caller's channel finishes the send). A datagram to a multicast group sends
+       nothing (the caller's channel refuses it as any send would).
+    """
+    ctl[SESSION] = -1
+    ctl[SENT] = SENT_NONE
+    r = _row_of(udp_peers, peer_ids[0]) if n > 0 else -1
+    if r < 0:
+        for w in range(RESULT_WORDS):
+            ctl[w] = 0
         return
+    row = udp_rows[r]
     ctl[SESSION] = row
-    ingress(buf, offsets, lengths, peer_ids, n, sess_ids[row], reliable_bit, probe_stream,
-            node_id, sess_keys[sess_bounds[row]:sess_bounds[row + 1]], ports, group_start,
-            group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl, hits,
-            batch, status, frame_types, homes, values, acl_results, payloads, pending, slots,
-            shift, class_root, groups, bound_lo, bound_result, fields_end, key_counts,
-            counters, malformed, desc, verdicts, digests, digest_state, result)
+    ingress(buf, offsets, lengths, peer_ids, n, sess_ids[row], row, reliable_bit,
+            probe_stream, node_id, sess_keys[sess_bounds[row]:sess_bounds[row + 1]], ports,
+            group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2,
+            p2, ctl, sess_counts, port_delivered, totals, batch, status, frame_types, homes,
+            values, acl_results, payloads, pending, slots, shift, class_root, groups,
+            bound_lo, bound_result, fields_end, key_counts, counters, malformed, desc,
+            verdicts, digests, digest_state, result)
+    if ctl[CODE] != DONE:
+        return
+    totals[T_RECEIVES] += 1
     count = ctl[QCOUNT]
-    if ctl[CODE] != DONE or count == 0 or tx_fd < 0:
+    if count == 0 or tx_fd < 0:
         return
     for i in range(count):
         if p0[i] < 0 or p0[i] >> 48:
@@ -373,4 +412,10 @@ def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_con
     stamp = wall_clock_ns(clock_fn, clock, clock_addr) if clock_fn else 0
     send_datagrams(tx_h, tx_iov, tx_names, tx_h_addr, tx_names_addr, b0, tx_buf_addr, o0, l0,
                    count, 2, 0, 0, p0, False, stamp, tx_fd, send_fn, errno_fn, tx_out)
-    ctl[SENT] = 1
+    if tx_out[1] == count:
+        totals[T_FRAMES_SENT] += count
+        totals[T_BYTES_SENT] += tx_out[0]
+        ctl[QCOUNT] = 0
+        ctl[SENT] = SENT_ALL
+    else:
+        ctl[SENT] = SENT_SOME

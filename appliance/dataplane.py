@@ -874,6 +874,7 @@ class DataPlaneAgent:
     # --- counters -----------------------------------------------------------------------------
     def _publish(self, now_ns: int) -> None:
         self._publish_at_ns = now_ns + STATUS_REFRESH_NS
+        self.express.fold()  # what its kernels counted since
         nic = self.nic
         self.published = {  # channel samples: the control thread computes their percentiles
             "channels": [sample_channel(name, ch) for name, ch in self._status_channels()],
