@@ -42,6 +42,7 @@ the sessions or the snapshot change, the session table when the sessions or thei
 
 from __future__ import annotations
 
+import errno
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -370,10 +371,15 @@ class Express:
         prepare, rx_buf_addr = rx.receive_plan(batch.buf, batch.offsets, batch.slot_bytes,
                                                batch.capacity)
         self._fused(prepare, rx_buf_addr, time.time_ns(), *self._fused_args)
-        got, extra, code, unknown, q0.batch.count, q1.batch.count, q2.batch.count, row, \
-            sent = ctl[_READ].tolist()
+        words = ctl.tolist()
+        got = words[RX_COUNT]
         rx.received(got)
-        n = channel.finish_receive(batch, got, extra)
+        if got < 0 and words[RX_EXTRA] == errno.EAGAIN:  # nothing came: the idle cycle
+            batch.count = 0
+            return 0, UNTRIED
+        n = channel.finish_receive(batch, got, words[RX_EXTRA])
+        code, unknown, row, sent = words[CODE], words[UNKNOWN], words[SESSION], words[SENT]
+        q0.batch.count, q1.batch.count, q2.batch.count = words[QCOUNT:QCOUNT + 3]
         if not n or row < 0:
             return n, DECLINED_BURST
         if code == DONE and not unknown and sent != SENT_SOME:  # all done (the common case)
@@ -439,8 +445,3 @@ class Express:
             ctxs = [dp.ingress_ctx(session, deadline)] * n
             dp._park_unknown(batch.buf, messages, ctxs, now_ns)
         return True
-
-
-_READ = np.array([RX_COUNT, RX_EXTRA, CODE, UNKNOWN, QCOUNT, QCOUNT + 1, QCOUNT + 2, SESSION,
-                  SENT])
-"""The words of ``ctl`` that ``Express.receive`` reads after ``receive_forward``."""
