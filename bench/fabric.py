@@ -130,7 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the appliance's appliance.idle_spin_us (default: its own)")
     parser.add_argument("--priority", type=int, default=None,
                         help="the appliance's appliance.priority, the data-path thread's nice "
-                             "value (default: its own, 0; below 0 needs root)")
+                             "value, and the C relay's nice value, so both hops run at the "
+                             "same priority (default: the appliance's own, 0; below 0 needs "
+                             "root)")
     parser.add_argument("--direct", action="store_true",
                         help="also measure publisher -> subscriber without a hop (reference)")
 
@@ -495,10 +497,15 @@ def _child_main(argv: list[str]) -> None:
 class _Child:
     """A process that talks in lines: ``expect`` a line that starts with a word, ``tell``."""
 
-    def __init__(self, argv: list[str], what: str, stdin: bool = True) -> None:
+    def __init__(self, argv: list[str], what: str, stdin: bool = True,
+                 nice: int | None = None) -> None:
+        """``nice``: the process's nice value (setpriority(2) before it starts)."""
         self.what = what
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=None if nice is None else (
+                lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)))
 
     def expect(self, word: str, timeout_s: float = STEP_TIMEOUT_S) -> str:
         deadline = time.monotonic() + timeout_s
@@ -607,7 +614,7 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance 
         elif hop == "c_relay":
             assert relay is not None
             relay_child = _Child([str(relay), "0", LOOPBACK, str(sub_port)], "C relay",
-                                 stdin=False)
+                                 stdin=False, nice=getattr(args, "priority", None))
             port = int(relay_child.expect("READY").split()[1])
         else:
             port = sub_port
@@ -691,7 +698,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "duration_s": args.duration_s, "repeats": args.repeats, "idle": args.idle,
               "idle_spin_us": args.idle_spin_us, "priority": args.priority,
               "baseline": "c_relay: bench/c/udp_relay.c (recvmmsg/sendmmsg, 64 per call, "
-                          "blocking), same publisher and subscriber processes",
+                          "blocking), same publisher and subscriber processes, at the "
+                          "appliance's --priority",
               "goals": {"msgs_per_s topicwire/c_relay": ">= 0.8",
                         "p50_us topicwire/c_relay": "<= 1.5"},
               "latency": "publish timestamp to the subscriber's kernel receive timestamp, "

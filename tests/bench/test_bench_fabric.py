@@ -5,6 +5,7 @@ every hop delivering exactly what was sent."""
 import argparse
 import json
 import subprocess
+import sys
 import urllib.request
 
 from bench import fabric
@@ -78,3 +79,14 @@ def test_the_measuring_clients_leave_no_session_behind(tmp_path):
             assert clients() == [], mode
     finally:
         assert appliance.stop() == 0
+
+
+def test_a_child_runs_at_the_nice_value_it_is_given():
+    # --priority applies to the C relay too, so both hops run at the same priority
+    child = fabric._Child([sys.executable, "-c",
+                           "import os; print('NICE', os.getpriority(os.PRIO_PROCESS, 0))"],
+                          "nice probe", stdin=False, nice=5)
+    try:
+        assert child.expect("NICE").split() == ["NICE", "5"]
+    finally:
+        child.kill()
