@@ -150,7 +150,7 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
 
 @dataclass
 class SessionTable:
-    """The agent's client sessions by row: the kernels count per row, and ``forward_send``
+    """The agent's client sessions by row: the kernels count per row, and ``receive_forward``
     finds a UDP burst's sender by its peer id."""
 
     sessions: list
@@ -223,8 +223,8 @@ class Express:
         self._clock_addr, self._clock_keep = _mmsg.address_of(self._clock)
         self._fused_args: tuple = ()
         self._fused_for: tuple = ()
-        """The arguments of ``forward_send`` after its first, and (plan, session table, NIC
-        state, channel, batch) they were made for (rebuilt when any changes)."""
+        """The arguments of ``receive_forward`` after its first three, and (plan, session
+        table, NIC state, channel, batch) they were made for (rebuilt when any changes)."""
         self._rx: Any = None
         self._tx: Any = None
         self._tx_channel: Any = None

@@ -3,7 +3,7 @@
 ``ingress`` takes a client's burst from the receive buffer to finished egress frames in one
 call and runs the software NIC's own kernel inside it; ``receive_forward`` wraps it between
 the clients' UDP socket's ``recvmmsg`` and the ``sendmmsg`` of the frames it built for UDP
-clients (``forward_send``), so a cycle that forwards a client's burst is one call.
+clients, so a cycle that forwards a client's burst is one call.
 The module docstring of appliance/_express.py says what they do and when they decline.
 Arguments are arrays and scalars only; numba infers their types (CONVENTIONS.md #4).
 """
@@ -58,10 +58,10 @@ QCOUNT, QCAPACITY, QMAX = RESULT_WORDS, RESULT_WORDS + 3, RESULT_WORDS + 6
 """Per out queue (3 words each, by queue index) in ``ctl``: frames queued (updated),
 capacity, largest frame."""
 SESSION, SENT, RX_COUNT, RX_EXTRA = range(RESULT_WORDS + 9, RESULT_WORDS + 13)
-"""``forward_send``'s words in ``ctl``: the sender's row in the session table (-1: none) and
+"""``receive_forward``'s words in ``ctl``: the sender's row in the session table (-1: none),
 whether it sent queue 0 (``SENT_ALL``: every frame went, the queue is empty; ``SENT_SOME``:
-the caller finishes the send from the result in ``tx_out``); ``receive_forward``'s: what its
-``recvmmsg`` returned (datagrams and truncated ones, or -1 and errno)."""
+the caller finishes the send from the result in ``tx_out``) and what its ``recvmmsg``
+returned (datagrams and truncated ones, or -1 and errno)."""
 SENT_NONE, SENT_SOME, SENT_ALL = range(3)
 CTL_WORDS = RESULT_WORDS + 13
 
@@ -90,16 +90,17 @@ def _put_be(buf: np.ndarray, at: int, value: int, width: int) -> None:
 
 
 @numba.njit(inline="always")
-def _member(allowed: np.ndarray, key: np.uint64) -> bool:
+def _index_of(values: np.ndarray, value: int) -> int:
+    """Index of ``value`` in the sorted ``values`` (a binary search), or -1."""
     lo = 0
-    hi = allowed.shape[0]
+    hi = values.shape[0]
     while lo < hi:
         mid = (lo + hi) >> 1
-        if allowed[mid] < key:
+        if values[mid] < value:
             lo = mid + 1
         else:
             hi = mid
-    return lo < allowed.shape[0] and allowed[lo] == key
+    return lo if lo < values.shape[0] and values[lo] == value else -1
 
 
 @numba.njit(inline="always")
@@ -231,7 +232,7 @@ def ingress(buf, offsets, lengths, peer_ids, n, session_id, row, reliable_bit,
     unroutable = 0
     for d in range(nd):
         index = desc[d].index
-        if not _member(allowed, batch[index].topic_key):
+        if _index_of(allowed, batch[index].topic_key) < 0:
             denied += 1
             continue
         published += 1
@@ -299,22 +300,6 @@ def ingress(buf, offsets, lengths, peer_ids, n, session_id, row, reliable_bit,
     totals[T_UNROUTABLE] += unroutable
 
 
-
-
-@numba.njit(inline="always")
-def _row_of(peers: np.ndarray, peer: int) -> int:
-    """Index of ``peer`` in the sorted ``peers``, or -1."""
-    lo = 0
-    hi = peers.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if peers[mid] < peer:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo if lo < peers.shape[0] and peers[lo] == peer else -1
-
-
 @numba.njit(cache=True, nogil=True)
 def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_controls,
                     rx_h_addr, rx_names_addr, rx_controls_addr, fd, recv_fn, slot_bytes,
@@ -333,44 +318,6 @@ def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_con
     0. ``receive_datagrams`` (channels/_mmsg.py: ``prepare``, ``rx_*``, ``fd``, the batch
        arrays ``buf`` ... ``recv_ts_ns``); ``ctl[RX_COUNT]``, ``ctl[RX_EXTRA]`` say what it
        returned; with no datagram, or a truncated one, nothing more is done;
-    1.-2. as ``forward_send``.
-    """
-    ctl[SESSION] = -1
-    ctl[SENT] = SENT_NONE
-    for w in range(RESULT_WORDS):
-        ctl[w] = 0
-    n, extra = receive_datagrams(rx_h, rx_iov, rx_names, rx_controls, rx_h_addr, rx_names_addr,
-                                 rx_controls_addr, rx_buf_addr, offsets, slot_bytes, prepare,
-                                 capacity, fd, lengths, peer_ids, recv_ts_ns, now_ns, recv_fn,
-                                 errno_fn)
-    ctl[RX_COUNT] = n
-    ctl[RX_EXTRA] = extra
-    if n <= 0 or extra != 0:
-        return
-    forward_send(n, buf, offsets, lengths, peer_ids, udp_peers, udp_rows, sess_ids,
-                 sess_bounds, sess_keys, reliable_bit, probe_stream, node_id, ports,
-                 group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2,
-                 l2, p2, ctl, sess_counts, port_delivered, totals, tx_h, tx_iov, tx_names,
-                 tx_h_addr, tx_names_addr, tx_buf_addr, tx_fd, send_fn, errno_fn, clock_fn,
-                 clock, clock_addr, tx_out, batch, status, frame_types, homes, values,
-                 acl_results, payloads, pending, slots, shift, class_root, groups, bound_lo,
-                 bound_result, fields_end, key_counts, counters, malformed, desc, verdicts,
-                 digests, digest_state, result)
-
-
-@numba.njit(cache=True, nogil=True)
-def forward_send(n, buf, offsets, lengths, peer_ids, udp_peers, udp_rows, sess_ids,
-                 sess_bounds, sess_keys, reliable_bit, probe_stream, node_id, ports,
-                 group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2,
-                 l2, p2, ctl, sess_counts, port_delivered, totals, tx_h, tx_iov, tx_names,
-                 tx_h_addr, tx_names_addr, tx_buf_addr, tx_fd, send_fn, errno_fn, clock_fn,
-                 clock, clock_addr, tx_out, batch, status, frame_types, homes, values,
-                 acl_results, payloads, pending, slots, shift, class_root, groups, bound_lo,
-                 bound_result, fields_end, key_counts, counters, malformed, desc, verdicts,
-                 digests, digest_state, result):
-    """The express ingress of a burst of ``n`` frames just received from the clients' UDP
-    socket and the send of the UDP clients' queue (queue 0), in one call:
-
     1. the session the first frame's peer logged in as (``udp_peers`` sorted, its row in
        ``udp_rows``; a row's session id is ``sess_ids[row]``, its publishable keys
        ``sess_keys[sess_bounds[row]:sess_bounds[row + 1]]``, sorted; ``ctl[SESSION]`` = the
@@ -386,10 +333,18 @@ def forward_send(n, buf, offsets, lengths, peer_ids, udp_peers, udp_rows, sess_i
     """
     ctl[SESSION] = -1
     ctl[SENT] = SENT_NONE
-    r = _row_of(udp_peers, peer_ids[0]) if n > 0 else -1
+    for w in range(RESULT_WORDS):
+        ctl[w] = 0
+    n, extra = receive_datagrams(rx_h, rx_iov, rx_names, rx_controls, rx_h_addr, rx_names_addr,
+                                 rx_controls_addr, rx_buf_addr, offsets, slot_bytes, prepare,
+                                 capacity, fd, lengths, peer_ids, recv_ts_ns, now_ns, recv_fn,
+                                 errno_fn)
+    ctl[RX_COUNT] = n
+    ctl[RX_EXTRA] = extra
+    if n <= 0 or extra != 0:
+        return
+    r = _index_of(udp_peers, peer_ids[0])
     if r < 0:
-        for w in range(RESULT_WORDS):
-            ctl[w] = 0
         return
     row = udp_rows[r]
     ctl[SESSION] = row

@@ -203,7 +203,7 @@ def test_the_express_path_ran_and_delivers_exactly_what_the_general_loops_do(thr
     # every client burst at a, of every size, went the express way (the first may have
     # come before its keys' tables: parked, then rerun by the general loop)
     assert express_counts["fa"]["express"] >= ROUNDS - 1
-    # ... with the send to UDP subscribers in the same call (forward_send)
+    # ... with the send to UDP subscribers in the same call (receive_forward)
     assert express_counts["fa"]["express_receives"] >= ROUNDS - 1
     assert slow_counts["fa"]["express_receives"] == 0
     assert express_counts["fa"]["fast"][0] <= 1  # client bursts: none left for the fast path
