@@ -6,6 +6,9 @@ the clients' UDP socket's ``recvmmsg`` and the ``sendmmsg`` of the frames it bui
 clients, so a cycle that forwards a client's burst is one call.
 The module docstring of appliance/_express.py says what they do and when they decline.
 Arguments are arrays and scalars only; numba infers their types (CONVENTIONS.md #4).
+The kernels compile in the code of those they call (the software NIC's ``run_burst``, the
+mmsg and frame-header kernels); numba's cache follows this file only, so after a change to
+one of those, touch this file (or clear its ``__pycache__``) to recompile.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from appliance._fastpath import _uniform_source
 from channels._mmsg import receive_datagrams, send_datagrams, wall_clock_ns
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.protocol._kernels import write_frame_header
 from nic_offload.model import MAX_EGRESS_PORT
 from nic_offload.softnic import (
     RESULT_DESCRIPTORS,
@@ -73,7 +77,6 @@ TOTAL_NAMES = ("express_bursts", "express_receives", "publish_denied", "no_port"
 """The agent counters of the first totals (the sent frames and bytes are the channel's)."""
 
 _HDR = fl.FRAME_HEADER_BYTES
-_MAGIC0, _MAGIC1 = fl.FRAME_MAGIC >> 8, fl.FRAME_MAGIC & 0xFF
 _DATA = int(fl.FrameType.DATA)
 _GROUP = int(DescriptorKind.GROUP)
 _UNKNOWN_KEY = int(MessageVerdict.UNKNOWN_KEY)
@@ -81,12 +84,6 @@ _MAX_MESSAGES = ml.MAX_MESSAGES_PER_FRAME
 _OQ, _OPEER, _ODST, _OSLOT, _OPOS, _OCOUNT = range(6)
 """Columns of an open frame's row in ``ingress``."""
 PORTS = MAX_EGRESS_PORT + 1
-
-
-@numba.njit(inline="always")
-def _put_be(buf: np.ndarray, at: int, value: int, width: int) -> None:
-    for b in range(width):
-        buf[at + b] = np.uint8((value >> (8 * (width - 1 - b))) & 0xFF)
 
 
 @numba.njit(inline="always")
@@ -133,20 +130,7 @@ def _queue(q: int, b0: np.ndarray, o0: np.ndarray, l0: np.ndarray, p0: np.ndarra
 def _finish(qbuf, qoff, qlen, slot, pos, count, src, dst, stream) -> None:
     """The header of a built frame (``_OutQueue._finish``: flags 0, send time 0)."""
     at = qoff[slot]
-    b = qbuf
-    b[at] = _MAGIC0
-    b[at + 1] = _MAGIC1
-    b[at + 2] = fl.PROTOCOL_VERSION
-    b[at + 3] = _DATA
-    b[at + 4] = 0
-    b[at + 5] = 0
-    _put_be(b, at + 6, count, 2)
-    _put_be(b, at + 8, pos, 4)
-    _put_be(b, at + 12, src, 4)
-    _put_be(b, at + 16, dst, 4)
-    _put_be(b, at + 20, stream, 4)
-    for k in range(8):
-        b[at + 24 + k] = 0
+    write_frame_header(qbuf, at, at + pos, count, _DATA, src, dst, stream, 0)
     qlen[slot] = pos
 
 

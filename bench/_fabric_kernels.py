@@ -11,15 +11,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from datapath.protocol._kernels import put_be64
+
 (RECEIVED, DUPLICATES, PROBES, FRAMES, SAMPLES) = range(5)
 """Words of ``account``'s running totals."""
 TOTAL_WORDS = 5
-
-
-@numba.njit(cache=True, nogil=True)
-def _put_u64(buf: np.ndarray, at: int, value: int) -> None:
-    for b in range(8):
-        buf[at + b] = np.uint8((value >> (8 * (7 - b))) & 0xFF)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -28,8 +24,8 @@ def stamp(buf: np.ndarray, seq_at: np.ndarray, ts_at: np.ndarray, k: int, first_
     """Messages 0..k: sequence ``first_seq + i`` at ``seq_at[i]``, ``ts_ns`` at ``ts_at[i]``
     (big-endian u64, as the message layout has them)."""
     for i in range(k):
-        _put_u64(buf, seq_at[i], first_seq + i)
-        _put_u64(buf, ts_at[i], ts_ns)
+        put_be64(buf, seq_at[i], first_seq + i)
+        put_be64(buf, ts_at[i], ts_ns)
 
 
 @numba.njit(cache=True, nogil=True)

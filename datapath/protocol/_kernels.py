@@ -1,8 +1,10 @@
 """numba kernels of the native protocol codec: batch decode and batch pack.
 
 Private: they take only arrays and scalars and trust their caller (``batch.py``) for types
-and sizes. Decisions and their order mirror ``codec.decode_frame`` exactly; the tests hold
-the two to the same verdicts on random and mutated frames. Every read is bounds-checked
+and sizes; ``write_frame_header`` and ``put_be64`` are also called from other kernels (the
+appliance's express kernel, the fabric bench's publisher). Decisions and their order
+mirror ``codec.decode_frame`` exactly; the tests hold the two to the same verdicts on random
+and mutated frames. Every read is bounds-checked
 against the frame before it happens (numba itself does not check). Module-level constants
 taken from other modules (``_MAX_TYPE``...) are frozen into the cached machine code: numba's
 cache follows this file only, so a change to them must touch this file too (frame type 14,
@@ -79,7 +81,8 @@ def _put32(b, o, v):
 
 
 @njit(inline="always")
-def _put64(b, o, v):
+def put_be64(b, o, v):
+    """``v`` as a big-endian u64 at ``b[o:o + 8]`` (also the fabric bench's stamp)."""
     v = np.uint64(v)
     _put32(b, o, np.int64(v >> np.uint64(32)))
     _put32(b, o + 4, np.int64(v & np.uint64(0xFFFFFFFF)))
@@ -211,8 +214,8 @@ def _pack_frames(batch, first, count, arena, out, out_offset, max_frame_bytes,
         size = _MHDR + ((plen + 7) & ~7)
         if frame_start >= 0 and (pos - frame_start + size > max_frame_bytes
                                  or in_frame == _MAX_MSGS):
-            _finish(out, frame_start, pos, in_frame, frame_type, source_session, dest_session,
-                    stream_id, send_ts_ns)
+            write_frame_header(out, frame_start, pos, in_frame, frame_type, source_session,
+                               dest_session, stream_id, send_ts_ns)
             frame_offsets[frames] = frame_start
             frame_lengths[frames] = pos - frame_start
             frames += 1
@@ -227,9 +230,9 @@ def _pack_frames(batch, first, count, arena, out, out_offset, max_frame_bytes,
             in_frame = 0
         elif pos + size > out.shape[0]:
             break
-        _put64(out, pos, rec.topic_key)
-        _put64(out, pos + 8, rec.sequence)
-        _put64(out, pos + 16, rec.publish_ts_ns)
+        put_be64(out, pos, rec.topic_key)
+        put_be64(out, pos + 8, rec.sequence)
+        put_be64(out, pos + 16, rec.publish_ts_ns)
         _put32(out, pos + 24, np.int64(rec.namespace_id))
         _put16(out, pos + 28, np.int64(rec.schema_id))
         out[pos + 30] = rec.qos
@@ -245,8 +248,8 @@ def _pack_frames(batch, first, count, arena, out, out_offset, max_frame_bytes,
         in_frame += 1
         written += 1
     if frame_start >= 0:
-        _finish(out, frame_start, pos, in_frame, frame_type, source_session, dest_session,
-                stream_id, send_ts_ns)
+        write_frame_header(out, frame_start, pos, in_frame, frame_type, source_session,
+                           dest_session, stream_id, send_ts_ns)
         frame_offsets[frames] = frame_start
         frame_lengths[frames] = pos - frame_start
         frames += 1
@@ -254,8 +257,10 @@ def _pack_frames(batch, first, count, arena, out, out_offset, max_frame_bytes,
 
 
 @njit(cache=True, nogil=True)
-def _finish(out, start, end, count, frame_type, source_session, dest_session,
-            stream_id, send_ts_ns):
+def write_frame_header(out, start, end, count, frame_type, source_session, dest_session,
+                       stream_id, send_ts_ns):
+    """The header of the frame at ``out[start:end]`` (``count`` messages, flags 0); also the
+    appliance's express kernel's (appliance/_kernels.py)."""
     _put16(out, start, _MAGIC)
     out[start + 2] = _VERSION
     out[start + 3] = frame_type
@@ -265,4 +270,4 @@ def _finish(out, start, end, count, frame_type, source_session, dest_session,
     _put32(out, start + 12, source_session)
     _put32(out, start + 16, dest_session)
     _put32(out, start + 20, stream_id)
-    _put64(out, start + 24, send_ts_ns)
+    put_be64(out, start + 24, send_ts_ns)
