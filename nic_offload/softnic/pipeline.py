@@ -203,14 +203,19 @@ class SoftNic:
         snap = self._current()
         cached = self._burst_state
         if cached is None or cached[0] is not snap:
-            t = snap.tables
-            cached = self._burst_state = (snap, (
-                self.batch, self.status, self.frame_types, self._homes, self._values,
+            cached = self._burst_state = (snap, self._state(snap, self.descriptors,
+                                                            self.verdicts))
+        return cached
+
+    def _state(self, snap: snapshots.Snapshot, descriptors: np.ndarray,
+               verdicts: np.ndarray) -> tuple:
+        """``_kernels._run``'s arguments after its first six, on ``snap``'s tables."""
+        t = snap.tables
+        return (self.batch, self.status, self.frame_types, self._homes, self._values,
                 self._acl_results, self._payloads, self._pending, t.slots, t.shift,
                 t.class_root, t.groups, t.bound_lo, t.bound_result, t.fields_end,
-                self._key_counts, self._counters, self._malformed, self.descriptors,
-                self.verdicts, self._digests, self._digest_state, self._result))
-        return cached
+                self._key_counts, self._counters, self._malformed, descriptors, verdicts,
+                self._digests, self._digest_state, self._result)
 
     def _current(self) -> snapshots.Snapshot:
         snap = self._switch.current  # read once: the whole call runs on this version
@@ -225,15 +230,8 @@ class SoftNic:
             buf = _as_u8(buf)
         if len(frame_offsets) != len(frame_lengths):
             raise OffloadUserError("frame_offsets and frame_lengths differ in length")
-        t = snap.tables
-        _kernels._run(
-            buf, _as_i64(frame_offsets), _as_i64(frame_lengths), bool(exact), burst_frames,
-            max_bursts, self.batch, self.status, self.frame_types, self._homes, self._values,
-            self._acl_results, self._payloads, self._pending,
-            t.slots, t.shift, t.class_root, t.groups, t.bound_lo, t.bound_result,
-            t.fields_end, self._key_counts,
-            self._counters, self._malformed, descriptors, verdicts, self._digests,
-            self._digest_state, self._result)
+        _kernels._run(buf, _as_i64(frame_offsets), _as_i64(frame_lengths), bool(exact),
+                      burst_frames, max_bursts, *self._state(snap, descriptors, verdicts))
 
     # --- counters ------------------------------------------------------------------------------
     def counters(self) -> dict[str, int]:
