@@ -42,7 +42,6 @@ the sessions or the snapshot change, the session table when the sessions or thei
 
 from __future__ import annotations
 
-import errno
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +89,7 @@ UNTRIED, TAKEN, DECLINED_BURST = range(3)
 """What ``Express.receive`` did with the frames it received: not tried them (the general loop
 may try ``Express.ingress``), delivered them all, or declined them (the general loop takes
 them as they are)."""
+
 
 @dataclass
 class ExpressPlan:
@@ -374,9 +374,6 @@ class Express:
         words = ctl.tolist()
         got = words[RX_COUNT]
         rx.received(got)
-        if got < 0 and words[RX_EXTRA] == errno.EAGAIN:  # nothing came: the idle cycle
-            batch.count = 0
-            return 0, UNTRIED
         n = channel.finish_receive(batch, got, words[RX_EXTRA])
         code, unknown, row, sent = words[CODE], words[UNKNOWN], words[SESSION], words[SENT]
         q0.batch.count, q1.batch.count, q2.batch.count = words[QCOUNT:QCOUNT + 3]

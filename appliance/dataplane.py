@@ -249,10 +249,10 @@ class DataPlaneAgent:
         self.sessions: dict[int, DpSession] = {}
         self._by_peer: dict[tuple[str, int], DpSession] = {}
         self.sessions_version = 0
+        """Changes whenever a session comes or goes (the express path's plan follows it)."""
         self.allowed_version = 0
         """Changes whenever a session's publishable keys grow (the express path's session
         table follows it)."""
-        """Changes whenever a session comes or goes (the express path's plan follows it)."""
         self.counters: Counter[str] = Counter()
         self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels
                     if not name.startswith(GROUP_TX)}

@@ -419,7 +419,7 @@ def _subscriber(spec: dict[str, Any]) -> None:
     seen = np.zeros(expected + 2, dtype=bool)
     latencies = np.zeros(expected + 2 if latency else 0, np.int64)
     totals = np.zeros(_fabric_kernels.TOTAL_WORDS, np.int64)
-    received = malformed = probes = last_received = 0
+    received = malformed = probes = 0
     first_ns = last_ns = 0
     try:
         if spec["login"]:
@@ -446,13 +446,11 @@ def _subscriber(spec: dict[str, Any]) -> None:
                         _fabric_kernels.account(batch.buf, out, res.messages, batch.recv_ts_ns,
                                                 done, seen, latencies, totals)
                     done += step
-                received = int(totals[_fabric_kernels.RECEIVED])
                 probes = int(totals[_fabric_kernels.PROBES])
-                if received and not first_ns:
-                    first_ns = now
-                if received != last_received:
+                if totals[_fabric_kernels.RECEIVED] != received:  # measured messages came
+                    received = int(totals[_fabric_kernels.RECEIVED])
+                    first_ns = first_ns or now
                     last_ns = now
-                    last_received = received
                 if not flowing and probes:
                     flowing = True
                     print("FLOWING", flush=True)

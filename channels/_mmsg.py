@@ -336,8 +336,8 @@ class MmsgVector:
                 count: int, lengths: np.ndarray, peer_ids: np.ndarray, recv_ts_ns: np.ndarray,
                 now_ns: int) -> tuple[int, int]:
         """One non-blocking ``recvmmsg`` into the slots of ``buf`` with what the kernel wrote
-        copied out, in one kernel call (``receive_datagrams``): (datagrams received, how many were
-        truncated), or (-1, errno). Headers already pointed at these slots that no receive has
+        copied out, in one kernel call (``receive_datagrams``): (datagrams received, how many
+        were truncated), or (-1, errno). Headers already pointed at these slots that no receive has
         filled since are left as they are (an idle poll re-points none). ``now_ns`` is the
         receive time of a datagram without a kernel timestamp."""
         prepare, buf_addr = self.receive_plan(buf, offsets, slot_bytes, count)
@@ -379,9 +379,9 @@ class MmsgVector:
         self.sending()
         out = self.send_result
         send_datagrams(self.h64, self.iov64, self.names64, self.hdr_addr, self.names_addr, buf,
-              self.pin(buf), offsets, lengths, count, mode, ipv4, port,
-              offsets if peer_ids is None else peer_ids, allow_multicast, stamp_ns, fd,
-              SENDMMSG_ADDRESS, ERRNO_LOCATION_ADDRESS, out)
+                       self.pin(buf), offsets, lengths, count, mode, ipv4, port,
+                       offsets if peer_ids is None else peer_ids, allow_multicast, stamp_ns, fd,
+                       SENDMMSG_ADDRESS, ERRNO_LOCATION_ADDRESS, out)
         return out
 
     def sendmmsg(self, fd: int, first: int, count: int,

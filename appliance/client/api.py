@@ -932,8 +932,6 @@ class _ClientAgent:
         return None
 
 
-
-
 def connect(url: str, identity: str = "anonymous", *,
             timeout_s: float = REQUEST_TIMEOUT_S, idle: str = "backoff",
             rdma_device: str | None = None, rdma_gid_index: int | None = None,
