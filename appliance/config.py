@@ -69,7 +69,12 @@ CONTROL_IDLE_SLEEP_NS = 1_000_000
 DATAPATH_RECEIVE_FRAMES = 256
 """Frames one receive call takes from one channel."""
 REQUEST_TIMEOUT_S = 5.0
-"""How long a client waits for the appliance's answer to a request."""
+"""How long a client waits for the appliance's answer to a request (retries included)."""
+REQUEST_RETRY_FIRST_S = 0.25
+"""A request that is safe to repeat (login, registration) is sent again when unanswered this
+long; the wait doubles after each retry..."""
+REQUEST_RETRY_MAX_S = 1.0
+"""...up to this long, until the request's deadline (``REQUEST_TIMEOUT_S``)."""
 CLIENT_HEARTBEAT_INTERVAL_NS = 1_000_000_000
 """A client heartbeats its appliance this often."""
 CLIENT_BATCH_BUDGET_NS = 200_000

@@ -94,6 +94,9 @@ class Session:
     """Positive patterns of its guaranteed list (egress ``g:SESSION``, made on demand)."""
     gport: int | None = None
     qos: dict = field(default_factory=dict)
+    login_token: int | None = None
+    """The client's name for the login that made this session: a repeat of it (the client
+    retries an unanswered login) is answered again, not taken as a new login."""
 
 
 class ControlAgent:
@@ -164,6 +167,8 @@ class ControlAgent:
         self._requests_lock = threading.Lock()
         self.accepting = True
         self.status_snapshot: dict[str, Any] = {}
+        self.jit: Any = None
+        """The process's ``datapath.jit.JitWatch`` (set by the appliance once it preloaded)."""
         self.routes_ext = route_apply.RouteExtension(self)
         """Route tables from P&M, path-switch drain, duplication (appliance/route_apply.py)."""
         self._build_status(time.monotonic_ns())
@@ -702,9 +707,16 @@ class ControlAgent:
             refuse = f"all {self.cfg.max_sessions} client sessions are taken"
         elif channel == CLIENT_SHM and not isinstance(ring, str):
             refuse = "a shared-memory client must name its reply ring"
+        token = doc.get("token")
         old = self.session_of_peer.get((channel, peer))
         if old is not None and old in self.sessions:
-            self._end_session(self.sessions[old], "replaced by a new login")
+            session = self.sessions[old]
+            if (self.accepting and isinstance(token, int) and token == session.login_token
+                    and session.identity == identity):
+                self.counters["login_repeats"] += 1
+                self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
+                return
+            self._end_session(session, "replaced by a new login")
         tx = None
         if refuse is None and channel == CLIENT_SHM:
             from channels.shm import ShmChannel
@@ -729,7 +741,8 @@ class ControlAgent:
             sid = random.randrange(1, 2**31)
         port = self._free_ports.pop()
         self.compiler.add_egress(f"c:{sid}", port)
-        session = Session(sid, identity, channel, peer, ents, port, ring, now_ns)
+        session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
+                          login_token=token if isinstance(token, int) else None)
         self.sessions[sid] = session
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
@@ -738,10 +751,12 @@ class ControlAgent:
         self._tables_dirty = True
         log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
                  channel)
-        self._reply(session, al.ControlKind.LOGIN_RESULT, {
-            "accepted": True, "session": sid, "node": self.cfg.name, "node_id": self.node_id,
-            "schemas": (self.pm_doc or {}).get("schemas", [])})
+        self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
         del answer
+
+    def _login_result(self, session: Session) -> dict:
+        return {"accepted": True, "session": session.session_id, "node": self.cfg.name,
+                "node_id": self.node_id, "schemas": (self.pm_doc or {}).get("schemas", [])}
 
     def _end_session(self, session: Session, why: str) -> None:
         if self.sessions.pop(session.session_id, None) is None:
@@ -1003,6 +1018,7 @@ class ControlAgent:
                         for s in self.sessions.values()],
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
                          **{f"control_{k}": int(v) for k, v in self.counters.items()}},
+            "jit": self.jit.status() if self.jit is not None else None,
         }
 
 

@@ -43,6 +43,7 @@ from datapath.agent import (
     set_thread_priority,
 )
 from datapath.errors import TopicwireError
+from datapath.jit import JitWatch
 from datapath.topics.registry import KeyRegistry
 
 log = logging.getLogger("topicwire.appliance")
@@ -158,6 +159,9 @@ class Appliance:
             self.dataplane = DataPlaneAgent(cfg.node_id, nic, self.channels,
                                             fabric_max_frame_bytes=cfg.fabric_max_frame_bytes)
             self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
+            # every kernel the agents call is imported by now: load what the cache holds for
+            # them, so that no duty cycle compiles (docs/appliance.md, "Compiled kernels")
+            self.control.jit = JitWatch().start()
             from appliance.telemetry.probe import attach  # [telemetry]: docs/routing.md
 
             self.dataplane.telemetry = attach(cfg, self.channels)

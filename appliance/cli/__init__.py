@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "appliance.cli.p4_cmd",
     "appliance.cli.bench_cmd",
     "appliance.cli.demo_cmd",
+    "appliance.cli.warm_cmd",
 )
 
 

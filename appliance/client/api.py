@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import secrets
 import struct
 import threading
 import time
@@ -47,10 +48,13 @@ from appliance.config import (
     GUARANTEED_RETRANSMIT_BUFFER_BYTES,
     GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
     GUARANTEED_UDP_FRAME_BYTES,
+    REQUEST_RETRY_FIRST_S,
+    REQUEST_RETRY_MAX_S,
     REQUEST_TIMEOUT_S,
 )
 from appliance.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
 from channels.errors import ChannelDeviceError
+from datapath import jit
 from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import UserError
@@ -294,11 +298,14 @@ class Client:
         known yet: released in order once it is."""
         self.losses = 0
         """Loss events this client got on its guaranteed streams."""
+        self.request_retries = 0
+        """Requests sent again because the first send had no answer in time."""
         self.lost_messages = 0
         # load (with a cold cache: compile) the channels' kernels and the batch decoder
         # before the session exists: compiling holds the interpreter for seconds, and during
         # a session it would keep the heartbeats back until the appliance logs the client out
         channels.warm_up()
+        jit.preload()
         self._runner = AgentRunner([_ClientAgent(self)], IDLE_STRATEGIES[idle](),
                                    name=f"client-{identity}")
         self._runner.start()
@@ -340,15 +347,26 @@ class Client:
     def _control(self, kind: al.ControlKind, doc: dict) -> None:
         self._admin(fl.FrameType.CONTROL, [al.Control(kind, json.dumps(doc))])
 
-    def _request(self, key: tuple, send: Callable[[], None]) -> dict:
+    def _request(self, key: tuple, send: Callable[[], None], *, repeatable: bool = False
+                 ) -> dict:
+        """Send a request and wait for its answer until ``timeout_s``; a ``repeatable``
+        one (login, registration: the appliance answers a repeat as the first) is sent
+        again with backoff while unanswered, so one lost datagram or an appliance busy for
+        a moment costs a retry, not the request."""
         waiter = _Waiter()
         with self._lock:
             self._waiters[key] = waiter
         try:
+            deadline = time.monotonic() + self.timeout_s
+            retry_s = REQUEST_RETRY_FIRST_S if repeatable else self.timeout_s
             send()
-            if not waiter.event.wait(self.timeout_s):
-                raise ClientError(f"no answer from the appliance to {key[0]} within "
-                                  f"{self.timeout_s} s; is it running?")
+            while not waiter.event.wait(max(0.0, min(retry_s, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    raise ClientError(f"no answer from the appliance to {key[0]} within "
+                                      f"{self.timeout_s} s; is it running?")
+                send()
+                self.request_retries += 1
+                retry_s = min(retry_s * 2, REQUEST_RETRY_MAX_S)
         finally:
             with self._lock:
                 self._waiters.pop(key, None)
@@ -356,8 +374,10 @@ class Client:
         return waiter.result
 
     def _login(self, ring: str | None) -> None:
+        token = secrets.randbits(63)  # names this login: a repeat is answered, not redone
         result = self._request(("login",), lambda: self._control(
-            al.ControlKind.LOGIN, {"identity": self.identity, "ring": ring}))
+            al.ControlKind.LOGIN, {"identity": self.identity, "ring": ring, "token": token}),
+            repeatable=True)
         if not result.get("accepted"):
             raise LoginError(f"login as {self.identity!r} refused: {result.get('reason')}")
         self.session = int(result["session"])
@@ -382,7 +402,7 @@ class Client:
         key = self._keyer.key_of(topic, namespace)
         result = self._request(("register", namespace, topic), lambda: self._admin(
             fl.FrameType.REGISTRY_UPDATE, [al.RegistryEntry(key, namespace, topic)],
-            {"version": 0}))
+            {"version": 0}), repeatable=True)
         if not result.get("accepted"):
             raise EntitlementError(f"publish to {topic!r} refused: {result.get('reason')}")
         self._keys[(namespace, topic)] = key

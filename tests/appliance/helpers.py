@@ -27,9 +27,17 @@ def write_config(path: Path, text: str) -> Path:
     return path
 
 
-def start(argv: list[str], prefix: list[str] | None = None) -> subprocess.Popen:
+def production_env() -> dict[str, str]:
+    """This environment without the tests' numba settings (bounds checks, their own cache):
+    a process started with it loads the cache ``topicwire warm`` filled, as a user's does."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("NUMBA_BOUNDSCHECK", "NUMBA_CACHE_DIR")}
+
+
+def start(argv: list[str], prefix: list[str] | None = None,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a process (optionally inside a namespace: ``prefix``) from the repository root."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
     return subprocess.Popen([*(prefix or []), *argv], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
@@ -50,8 +58,9 @@ def wait_ready(proc: subprocess.Popen, timeout_s: float = READY_TIMEOUT_S) -> st
     raise AssertionError("appliance not ready in time")
 
 
-def run_appliance(config: Path, prefix: list[str] | None = None) -> subprocess.Popen:
-    proc = start([*CLI, "run", "--config", str(config)], prefix)
+def run_appliance(config: Path, prefix: list[str] | None = None,
+                  env: dict[str, str] | None = None) -> subprocess.Popen:
+    proc = start([*CLI, "run", "--config", str(config)], prefix, env)
     wait_ready(proc)
     return proc
 

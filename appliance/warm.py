@@ -1,0 +1,237 @@
+"""``topicwire warm`` (run by ``make setup``): compile every kernel with the argument types
+production uses, by running real traffic of every kind once, into numba's cache.
+
+A kernel compiles the first time it meets a signature; compiling takes seconds and holds the
+interpreter, so on a live appliance it stops the duty cycles and requests time out. This
+command runs, in one process, a small fabric of three appliances (P&M with a unicast
+neighbour; two cores on a UDP multicast fabric group when loopback multicast is available,
+unicast otherwise), clients over UDP and shared memory at each, and traffic of every kind:
+best-effort and guaranteed messages, bursts from several publishers at once, single
+flushed messages, selectors on a schema, messages for keys registered a moment ago (parked
+and rerun at the appliances), local and remote subscribers. Every signature it compiled is
+in the cache of these kernel sources (``datapath.jit``), where appliances and clients load
+it at start (``datapath.jit.preload``). The record ``warm.json`` beside it makes a second run
+a no-op until a kernel source changes (``--force`` runs it anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from datapath import jit
+from datapath.errors import UserError
+
+WARM_TIMEOUT_S = 300.0
+"""Longest the warm-up fabric may take to converge or to deliver a round (a cold cache
+compiles everything on the way, on a 2-core host for a few minutes)."""
+WARM_ROUNDS = 3
+"""Rounds of traffic: each registers new topics (parked at first) and repeats the old ones."""
+BURST_MESSAGES = 64
+"""Messages a publisher sends before one flush (a full burst)."""
+TICK_SCHEMA_ID = 9
+TICK_FIELDS = [["price", 0, "u32"], ["size", 4, "u32"]]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _warm_unit_kernels() -> None:
+    """The channels', codec's and RDMA kernels' own warm-ups (signatures the traffic below
+    may not reach on this host, e.g. without an RDMA device)."""
+    import channels
+    from channels import _rdma_kernels
+
+    channels.warm_up()
+    _rdma_kernels.warm_up()
+
+
+def _multicast_ok() -> bool:
+    from appliance.node import _loopback_multicast
+
+    if _loopback_multicast():
+        return True
+    if os.geteuid() == 0:
+        import subprocess
+
+        subprocess.run(["ip", "link", "set", "lo", "multicast", "on"], check=False,
+                       capture_output=True)
+    return _loopback_multicast()
+
+
+def _configs(multicast: bool) -> dict[str, dict]:
+    key = secrets.token_hex(32)
+    fabric = {n: _free_port() for n in ("pm", "b", "c")}
+    group = f"239.255.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 1}:{_free_port()}"
+    tag = secrets.token_hex(4)
+
+    def base(name: str, pm: dict, neighbours: list[dict]) -> dict:
+        return {"appliance": {"name": name, "heartbeat_interval_ms": 100,
+                              "neighbour_dead_ms": 30_000},
+                "fabric": {"listen": f"127.0.0.1:{fabric[name]}", "key": key},
+                "neighbours": neighbours,
+                "clients": {"udp": f"127.0.0.1:{_free_port()}", "shm": f"twwarm-{tag}-{name}",
+                            "session_dead_ms": 60_000},
+                "pm": pm}
+
+    def nb(name: str, grouped: bool = False) -> dict:
+        out = {"name": name, "address": f"127.0.0.1:{fabric[name]}"}
+        if grouped:
+            out["group"] = "cores"
+        return out
+
+    pm_doc = {"mode": "embedded",
+              "identities": {"warm": {"publish": ["#"], "subscribe": ["#"]}},
+              "schemas": {"tick": {"id": TICK_SCHEMA_ID, "fields": TICK_FIELDS}}}
+    out = {"pm": base("pm", pm_doc, [nb("b")]),
+           "b": base("b", {"mode": "remote"}, [nb("pm"), nb("c", multicast)]),
+           "c": base("c", {"mode": "remote"}, [nb("b", multicast)])}
+    if multicast:
+        for name in ("b", "c"):
+            out[name]["fabric"]["groups"] = [{"name": "cores", "address": group,
+                                              "interface": "127.0.0.1", "ttl": 0}]
+    return out
+
+
+def _until(what: str, predicate: Callable[[], Any], deadline: float) -> Any:
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise UserError(f"{what} within {WARM_TIMEOUT_S:.0f} s", component="warm")
+        time.sleep(0.02)
+
+
+def _retrying(action: Callable[..., Any], deadline: float, *args: Any, **kw: Any) -> Any:
+    """``action(*args, **kw)``, a client request, again while a cold appliance compiles and
+    does not answer yet."""
+    from appliance.client import ClientError
+
+    while True:
+        try:
+            return action(*args, **kw)
+        except ClientError:
+            if time.monotonic() > deadline:
+                raise
+
+
+def _traffic(appliances: dict[str, Any], configs: dict[str, dict], deadline: float) -> int:
+    """Every kind of traffic through the fabric; returns the messages delivered."""
+    import struct
+
+    from appliance.client import connect
+
+    def udp(name: str) -> str:
+        return f"udp://{configs[name]['clients']['udp']}"
+
+    def shm(name: str) -> str:
+        return f"shm://{configs[name]['clients']['shm']}"
+
+    clients: list[Any] = []
+
+    def client(url: str) -> Any:
+        c = _retrying(connect, deadline, url, "warm", timeout_s=30.0)
+        clients.append(c)
+        return c
+
+    try:
+        subs = {  # (client, subscription, expected per round)
+            "c-udp": client(udp("c")), "c-shm": client(shm("c")), "b-shm": client(shm("b")),
+            "pm-udp": client(udp("pm"))}
+        best = {n: _retrying(c.subscribe, deadline, "w/#") for n, c in subs.items()}
+        guaranteed = _retrying(subs["c-udp"].subscribe, deadline, "g/#", qos="guaranteed")
+        gshm = _retrying(subs["c-shm"].subscribe, deadline, "g/#", qos="guaranteed")
+        selected = _retrying(subs["c-udp"].subscribe, deadline, "s/#", selector="price > 10")
+        pubs = [client(udp("b")), client(udp("b")), client(udp("b")), client(shm("b")),
+                client(udp("pm"))]
+        tick = struct.Struct(">II")
+        delivered = 0
+        for rnd in range(1, WARM_ROUNDS + 1):
+            want = {n: 0 for n in best}
+            gwant = sselected = 0
+            for i, pub in enumerate(pubs):
+                for topic in (f"w/{i}/old", f"w/{i}/new{rnd}"):  # new: parked, then rerun
+                    for k in range(BURST_MESSAGES):  # one burst, then one flush
+                        _retrying(pub.publish, deadline, topic, b"x" * (k % 40))
+                    _retrying(pub.flush, deadline)
+                    _retrying(pub.publish, deadline, topic, b"one", flush=True)
+                    for n in want:
+                        want[n] += BURST_MESSAGES + 1
+                for k in range(8):
+                    _retrying(pub.publish, deadline, f"g/{i}/{rnd}", b"g%d" % k,
+                              qos="guaranteed", flush=True)
+                    gwant += 1
+                for price in (5, 50):
+                    _retrying(pub.publish, deadline, f"s/{i}", tick.pack(price, 1),
+                              schema_id=TICK_SCHEMA_ID, flush=True)
+                sselected += 1
+            got = {n: 0 for n in best}
+            counts = {"g": 0, "gshm": 0, "s": 0}
+
+            def drained(got: dict = got, counts: dict = counts, want: dict = want,
+                        gwant: int = gwant, sselected: int = sselected) -> bool:
+                for n, sub in best.items():
+                    while sub.get(timeout=0) is not None:
+                        got[n] += 1
+                for name, sub in (("g", guaranteed), ("gshm", gshm), ("s", selected)):
+                    while sub.get(timeout=0) is not None:
+                        counts[name] += 1
+                return (all(got[n] >= want[n] for n in want) and counts["g"] >= gwant
+                        and counts["gshm"] >= gwant and counts["s"] >= sselected)
+
+            _until(f"warm: round {rnd}'s messages did not all arrive (got {got}, "
+                   f"{counts}; wanted {want}, {gwant} guaranteed, {sselected} selected)",
+                   drained, deadline)
+            delivered += sum(got.values()) + sum(counts.values())
+        return delivered
+    finally:
+        for c in clients:
+            c.close()
+
+
+def run_warm(force: bool = False, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Warm the cache of the current kernel sources (a no-op when done, unless ``force``);
+    returns the record written to ``warm.json``."""
+    if not force and jit.warmed():
+        record = dict(jit.warm_record() or {})
+        record["skipped"] = True
+        return record
+    started = time.monotonic()
+    say(f"warm: compiling the kernels into {jit.cache_dir()} (a cold cache takes a few "
+        "minutes)")
+    _warm_unit_kernels()
+    from appliance.config import parse_config
+    from appliance.node import Appliance
+
+    multicast = _multicast_ok()
+    configs = _configs(multicast)
+    deadline = time.monotonic() + WARM_TIMEOUT_S
+    appliances: dict[str, Any] = {}
+    try:
+        for name in ("pm", "b", "c"):
+            appliances[name] = Appliance(parse_config(configs[name])).start()
+        _until("warm: the three appliances did not converge", lambda: (
+            len(appliances["pm"].status().get("routes", ())) >= 3
+            and all(appliances[n].status().get("node", {}).get("pm") for n in ("b", "c"))),
+            deadline)
+        say("warm: fabric up; running traffic")
+        delivered = _traffic(appliances, configs, deadline)
+    finally:
+        for appliance in reversed(list(appliances.values())):
+            appliance.stop()
+    removed = jit.prune_other_digests()
+    record = {"seconds": round(time.monotonic() - started, 1), "multicast": multicast,
+              "delivered": delivered, "signatures": jit.signatures(),
+              "pruned": [p.name for p in removed]}
+    jit.write_warm_record(record)
+    say(f"warm: done in {record['seconds']} s ({sum(map(len, record['signatures'].values()))} "
+        f"signatures of {len(record['signatures'])} kernels)")
+    return record
