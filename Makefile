@@ -8,7 +8,7 @@ VENV        := .venv
 PY          := $(VENV)/bin/python
 APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf \
                 qemu-system-x86 kmod busybox-static rdma-core ibverbs-providers ibverbs-utils \
-                libibverbs-dev python3-pyverbs perftest
+                libibverbs-dev python3-pyverbs perftest stress-ng
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
 # Debian's python3-pyverbs (built for rdma-core's libibverbs; PyPI's does not load against it),
@@ -63,6 +63,10 @@ lint: setup
 
 unit: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# `make unit` 5 times, then twice with both cores busy (stress-ng): the suite must not flake.
+soak: setup
+	$(PY) tests/soak.py
 
 # RDMA hardware tests: here if this machine has an RDMA device, else in a soft-RoCE QEMU guest
 # (hwtests/guest/launch.py; downloads a Debian kernel and virtme-ng the first time).
