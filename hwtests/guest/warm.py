@@ -17,6 +17,8 @@ def main() -> None:
     from datapath.protocol.batch import new_message_batch
     from datapath.protocol.codec import encode_data_frame
 
+    from appliance.warm import run_warm
+
     channels.warm_up()
     _rdma_kernels.warm_up()
     batch = FrameBatch(2, 2048)
@@ -24,6 +26,7 @@ def main() -> None:
     decode_batch(batch, new_message_batch(64), np.zeros(2, np.uint8), np.zeros(2, np.uint8),
                  channels.ChannelStats())
     warm_appliances()
+    run_warm()  # what `make setup` runs on a host: the guest's appliances preload it all
 
 
 WARM_TIMEOUT_S = 120.0
