@@ -5,6 +5,7 @@ forwards went out in the receive's own call, and what the kernel counted in its 
 the published status after the fold: the sessions' published and delivered counts,
 the agent's counters and the clients' UDP channel's frames out."""
 
+import threading
 import time
 
 from appliance.config import parse_config
@@ -33,11 +34,24 @@ def _frame(session: int, key: int, seq: int, payload: bytes) -> FrameBatch:
     return batch
 
 
-def _status_of(app: Appliance) -> tuple[dict, dict, dict]:
+def _status_of(app: Appliance) -> tuple[dict, dict, dict, dict]:
+    """(clients by identity, counters, the clients' UDP channel, offload) of one snapshot."""
     status = app.status()
-    clients = {c["identity"]: c for c in status["clients"]}
-    udp = next(c for c in status["channels"] if c["name"] == "clients-udp")
-    return clients, status["counters"], udp
+    clients = {c["identity"]: c for c in status.get("clients", [])}
+    udp = next((c for c in status.get("channels", []) if c["name"] == "clients-udp"), {})
+    return clients, status.get("counters", {}), udp, status.get("offload", {})
+
+
+def _barrier(app: Appliance) -> None:
+    """Return once the data path has received after this call: commands run at the start of
+    a duty cycle, before its receive, so once one has run in a later cycle than the first,
+    the first's cycle received what was in the sockets when this was called."""
+    dp = app.dataplane
+    cycles: list[int] = []
+    while len(set(cycles)) < 2:
+        ran = threading.Event()
+        dp.commands.offer(lambda ran=ran: (cycles.append(dp.cycle_ns), ran.set()))
+        assert ran.wait(10), "the data path ran no cycle within 10 s"
 
 
 def test_single_frames_are_received_forwarded_and_sent_in_one_call_and_counted():
@@ -68,12 +82,26 @@ def test_single_frames_are_received_forwarded_and_sent_in_one_call_and_counted()
         _request(pub, scratch, fl.FrameType.REGISTRY_UPDATE,
                  [al.RegistryEntry(keys[ALLOWED], 0, ALLOWED)], session, {"version": 0})
         # the allowed key reaches the tables: a probe comes through
-        wait_for(lambda: pub.send(_frame(session, keys[ALLOWED], 0, b"probe"))
-                 and sub.receive(scratch, 50_000_000))
-        time.sleep(0.6)  # a status published after the probe
+        probes = []
+
+        def probed():
+            probes.append(pub.send(_frame(session, keys[ALLOWED], 0, b"probe")))
+            return sub.receive(scratch, 50_000_000)
+        wait_for(probed)
+        # every probe is accounted for in a published status (published, denied before the
+        # session's entitlement arrived, or parked and expired) before the counts are taken
+        def settled():
+            clients, counters, udp, offload = _status_of(app)
+            if "pub" not in clients or "sub" not in clients:
+                return None
+            published = clients["pub"]["published"]
+            done = (published + counters.get("publish_denied", 0)
+                    + counters.get("parked_expired", 0) == sum(probes)
+                    and offload.get("parked") == 0 and clients["sub"]["delivered"] == published)
+            return (clients, counters, udp) if done else None
+        before_clients, before, before_udp = wait_for(settled)
         while sub.receive(scratch, 0):
             pass
-        before_clients, before, before_udp = _status_of(app)
         out = new_message_batch(1024)
         status = scratch.peer_ids.astype("u1")
         types = status.copy()
@@ -81,8 +109,8 @@ def test_single_frames_are_received_forwarded_and_sent_in_one_call_and_counted()
         for seq in range(1, FRAMES + 1):
             topic = FORBIDDEN if seq % 4 == 0 else ALLOWED
             assert pub.send(_frame(session, keys[topic], seq, b"m%d" % seq)) == 1
-            if topic == FORBIDDEN:  # nothing comes of it; let it arrive alone
-                time.sleep(0.02)
+            if topic == FORBIDDEN:  # nothing comes of it; it is taken alone before the next
+                _barrier(app)
                 continue
             assert sub.receive(scratch, 2_000_000_000) == 1
             res = decode_frames(scratch.buf, scratch.offsets[:1], scratch.lengths[:1], out,
@@ -91,10 +119,16 @@ def test_single_frames_are_received_forwarded_and_sent_in_one_call_and_counted()
                 :m["payload_len"]])) for m in out[:res.messages]]
         allowed = [s for s in range(1, FRAMES + 1) if s % 4]
         assert got == [(s, b"m%d" % s) for s in allowed]
-        time.sleep(0.2)
+        # a status that has every frame: each was published or denied
+        def counted():
+            clients, counters, udp, _ = _status_of(app)
+            done = (clients["pub"]["published"] - before_clients["pub"]["published"]
+                    + counters.get("publish_denied", 0) - before.get("publish_denied", 0)) >= FRAMES
+            return (clients, counters, udp) if done else None
+        clients, counters, udp = wait_for(counted)
+        # the denied frames were taken in the cycles that counted them: anything they had
+        # sent the subscriber would be in its socket now (the allowed ones all came, in order)
         assert sub.receive(scratch, 0) == 0  # nothing of the denied topic
-        time.sleep(0.6)
-        clients, counters, udp = _status_of(app)
         assert counters["express_receives"] - before.get("express_receives", 0) == FRAMES
         assert counters["express_bursts"] - before.get("express_bursts", 0) == FRAMES
         assert counters["publish_denied"] - before.get("publish_denied", 0) == FRAMES // 4
