@@ -89,6 +89,41 @@ def _bursts(session: int) -> list[FrameBatch]:
     return out
 
 
+END = b"end"
+MARKERS = {"a-all": 2, "a-x": 1, "b-p": 1, "b-q": 1}
+"""End markers each subscriber receives: pub's (p/x/1) and the owner's (q/z)."""
+
+
+def _marker(session: int, topic: str, seq: int) -> FrameBatch:
+    batch = FrameBatch(1, 512)
+    writer = FrameWriter(memoryview(batch.buf), 0, 512)
+    writer.begin(source_session=session, stream_id=session)
+    writer.append(KeyRegistry().key_of(topic, 0), seq, time.time_ns(), END)
+    batch.lengths[0] = writer.finish()
+    batch.count = 1
+    return batch
+
+
+def _hold(app: Appliance, after_cycle: int | None) -> tuple[int, threading.Event]:
+    """Hold the data path in a command of a duty cycle later than ``after_cycle`` (commands
+    run at the start of a cycle, before its receive) until the returned event is set: (the
+    cycle, the event). A command that ran in ``after_cycle`` itself returns at once and
+    another is offered."""
+    dp = app.dataplane
+    while True:
+        entered, release, cycles = threading.Event(), threading.Event(), []
+
+        def hold(entered=entered, release=release, cycles=cycles):
+            cycles.append(dp.cycle_ns)
+            entered.set()
+            if cycles[0] != after_cycle:
+                release.wait(5)
+        dp.commands.offer(hold)
+        assert entered.wait(5), "the data path ran no cycle within 5 s"
+        if cycles[0] != after_cycle:
+            return cycles[0], release
+
+
 def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
     _fastpath.ENABLED = fast
     _express.ENABLED = express
@@ -116,7 +151,6 @@ def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
                 probes.append(msg)
             return probes
         wait_for(probed)
-        time.sleep(0.3)
         host, port = a.config.clients_udp
         channel = UdpChannel(("127.0.0.1", 0), dest=(host, port))
         scratch = FrameBatch(8, 65_504)
@@ -127,27 +161,52 @@ def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
                 _request(channel, scratch, fl.FrameType.REGISTRY_UPDATE,
                          [al.RegistryEntry(keyer.key_of(topic, 0), 0, topic)], session,
                          {"version": 0})
+            cycle = None
             for batch in _bursts(session):
                 # hold a's data path in a command while the burst is sent, so the burst
-                # arrives whole in one receive (else it is taken in pieces as it arrives)
-                entered, release = threading.Event(), threading.Event()
-                a.dataplane.commands.offer(lambda e=entered, r=release: (e.set(), r.wait(5)))
-                assert entered.wait(5)
+                # arrives whole in one receive (else it is taken in pieces as it arrives);
+                # held in a later cycle than the last burst's, which has received it then
+                cycle, release = _hold(a, cycle)
                 assert channel.send(batch) == batch.count
                 release.set()
-                time.sleep(0.02)
+            _hold(a, cycle)[1].set()  # the last burst was received alone too
+            # the end markers, after everything: pub's on an allowed topic (to every
+            # subscriber but b-q), the owner's on the forbidden one (to b-q and a-all)
+            assert channel.send(_marker(session, ALLOWED[0], MESSAGES + 1)) == 1
         finally:
             channel.close()
+        owner.publish(FORBIDDEN, END, flush=True)
         got = {}
         for name, sub in subs.items():
             got[name] = {}
-            while (msg := sub.get(timeout=1.0)) is not None:
-                if msg.payload != b"probe":
+            ends = 0
+            while ends < MARKERS[name]:
+                msg = sub.get(timeout=20)
+                assert msg is not None, f"{name}: the end marker did not come within 20 s"
+                if msg.payload == END:
+                    ends += 1
+                elif msg.payload != b"probe":
                     got[name].setdefault(msg.topic, []).append((msg.sequence, msg.payload))
-        time.sleep(0.6)  # counters are published every 250 ms
-        counts = {}
-        for app in (a, b):
+            # what came before the markers is all there is (each publisher's messages reach a
+            # subscriber in order); nothing else is on its way
+            while (msg := sub.get(timeout=0)) is not None:
+                got[name].setdefault(msg.topic, []).append((msg.sequence, msg.payload))
+        # a status of each appliance that counted every delivery its subscribers received
+        # (the markers last), so every count is final
+        sessions = {c.session: name for c, name in zip(clients, SUBSCRIBERS)}
+        where = {name: w for name, (w, _) in SUBSCRIBERS.items()}
+
+        def final(app, side):
             status = app.status()
+            delivered = {sessions[c["session"]]: c["delivered"]
+                         for c in status.get("clients", []) if c["session"] in sessions}
+            done = all(delivered.get(n) == subs[n].delivered
+                       for n in SUBSCRIBERS if where[n] == side)
+            return status if done else None
+        statuses = {"a": wait_for(lambda: final(a, "a")), "b": wait_for(lambda: final(b, "b"))}
+        counts = {}
+        for app, side in ((a, "a"), (b, "b")):
+            status = statuses[side]
             counts[app.config.name[:2]] = {
                 "published": max([c["published"] for c in status["clients"]
                                   if c["identity"] == "pub"], default=0),
@@ -223,6 +282,7 @@ def test_the_reference_delivery_is_exact(three_ways):
             assert [seq for seq, _ in slow[name][topic]] == every, (name, topic)
             assert all(p.startswith(f"{topic}|".encode()) for _, p in slow[name][topic])
     assert slow_counts["fa"]["denials"] == n  # the forbidden topic reached nobody
-    assert slow_counts["fa"]["published"] == 2 * n
-    assert slow_counts["fa"]["delivered"] == [(["p/x/#"], n)]
-    assert slow_counts["fb"]["delivered"] == [(["p/#"], 2 * n)]
+    # (+ 1: pub's end marker)
+    assert slow_counts["fa"]["published"] == 2 * n + 1
+    assert slow_counts["fa"]["delivered"] == [(["p/x/#"], n + 1)]
+    assert slow_counts["fb"]["delivered"] == [(["p/#"], 2 * n + 1)]
