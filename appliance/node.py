@@ -159,14 +159,14 @@ class Appliance:
             self.dataplane = DataPlaneAgent(cfg.node_id, nic, self.channels,
                                             fabric_max_frame_bytes=cfg.fabric_max_frame_bytes)
             self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
-            # every kernel the agents call is imported by now: load what the cache holds for
-            # them, so that no duty cycle compiles (docs/appliance.md, "Compiled kernels")
-            self.control.jit = JitWatch().start()
             from appliance.telemetry.probe import attach  # [telemetry]: docs/routing.md
 
             self.dataplane.telemetry = attach(cfg, self.channels)
             if self.dataplane.telemetry is not None:
                 self.dataplane.telemetry.start()
+            # every kernel the agents call is imported by now: load what the cache holds for
+            # them, so that no duty cycle compiles (docs/appliance.md, "Compiled kernels")
+            self.control.jit = JitWatch().start()
             dp = self.dataplane
             idle = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle,
                     "block": lambda: PollingIdle(dp.wait_set, dp.wakeup,

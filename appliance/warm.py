@@ -8,10 +8,11 @@ neighbour; two cores on a UDP multicast fabric group when loopback multicast is 
 unicast otherwise), clients over UDP and shared memory at each, and traffic of every kind:
 best-effort and guaranteed messages, bursts from several publishers at once, single
 flushed messages, selectors on a schema, messages for keys registered a moment ago (parked
-and rerun at the appliances), local and remote subscribers. Every signature it compiled is
-in the cache of these kernel sources (``datapath.jit``), where appliances and clients load
-it at start (``datapath.jit.preload``). The record ``warm.json`` beside it makes a second run
-a no-op until a kernel source changes (``--force`` runs it anyway).
+and rerun at the appliances), local and remote subscribers, path telemetry windows. Every
+signature it compiled is in the cache of these kernel sources (``datapath.jit``), where
+appliances and clients load it at start (``datapath.jit.preload``). The record ``warm.json``
+beside it makes a second run a no-op until a kernel source changes (``--force`` runs it
+anyway).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,7 +68,7 @@ def _multicast_ok() -> bool:
     return _loopback_multicast()
 
 
-def _configs(multicast: bool) -> dict[str, dict]:
+def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:
     key = secrets.token_hex(32)
     fabric = {n: _free_port() for n in ("pm", "b", "c")}
     group = f"239.255.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 1}:{_free_port()}"
@@ -79,6 +81,8 @@ def _configs(multicast: bool) -> dict[str, dict]:
                 "neighbours": neighbours,
                 "clients": {"udp": f"127.0.0.1:{_free_port()}", "shm": f"twwarm-{tag}-{name}",
                             "session_dead_ms": 60_000},
+                "telemetry": {"dir": f"{telemetry_dir}/{name}", "window_ms": 100,
+                              "probe_interval_ms": 20},
                 "pm": pm}
 
     def nb(name: str, grouped: bool = False) -> dict:
@@ -212,7 +216,8 @@ def run_warm(force: bool = False, say: Callable[[str], None] = print) -> dict[st
     from appliance.node import Appliance
 
     multicast = _multicast_ok()
-    configs = _configs(multicast)
+    scratch = tempfile.TemporaryDirectory(prefix="topicwire-warm-")
+    configs = _configs(multicast, scratch.name)
     deadline = time.monotonic() + WARM_TIMEOUT_S
     appliances: dict[str, Any] = {}
     try:
@@ -227,6 +232,7 @@ def run_warm(force: bool = False, say: Callable[[str], None] = print) -> dict[st
     finally:
         for appliance in reversed(list(appliances.values())):
             appliance.stop()
+        scratch.cleanup()
     removed = jit.prune_other_digests()
     record = {"seconds": round(time.monotonic() - started, 1), "multicast": multicast,
               "delivered": delivered, "signatures": jit.signatures(),

@@ -7,8 +7,8 @@ group. Clients of this process over UDP and shared memory publish and subscribe 
 of every kind, written here independently of the warm-up's own traffic: concurrent
 publishers (bursts mixing peers and sessions), single flushed messages, guaranteed
 messages, selectors on a schema, new topics every round (parked at the appliances and rerun),
-local and remote subscribers. Then each appliance's ``/status`` must show no kernel that
-compiled after start.
+local and remote subscribers; ``c`` writes path telemetry. Then each appliance's
+``/status`` must show no kernel that compiled after start.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ def _configs(tmp: Path, multicast: bool) -> dict[str, dict]:
         else:
             lines += ["[pm]", 'mode = "remote"']
         lines += ["[mgmt]", f'listen = "127.0.0.1:{mgmt[name]}"']
+        if name == "c":
+            lines += ["[telemetry]", f'dir = "{tmp / "telemetry"}"', "window_ms = 200"]
         path = tmp / f"{name}.toml"
         path.write_text("\n".join(lines) + "\n")
         out[name] = {"path": path, "udp": f"udp://127.0.0.1:{udp[name]}",
