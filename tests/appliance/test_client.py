@@ -29,9 +29,22 @@ def served():
     app.stop()
 
 
-def _drain(sub, quiet_s=0.3):
+def _drain(sub):
+    """What the subscription holds now (nothing is on its way: see the callers)."""
     out = []
-    while (m := sub.get(timeout=quiet_s)) is not None:
+    while (m := sub.get(timeout=0)) is not None:
+        out.append(m)
+    return out
+
+
+def _until(sub, last, timeout_s=10.0):
+    """Messages up to and including the first for which ``last`` holds (a marker published
+    after the rest: one publisher's messages on a topic arrive in order)."""
+    out = []
+    deadline = time.monotonic() + timeout_s
+    while not out or not last(out[-1]):
+        m = sub.get(timeout=max(deadline - time.monotonic(), 0))
+        assert m is not None, f"the marker did not come within {timeout_s} s: {out}"
         out.append(m)
     return out
 
@@ -42,13 +55,20 @@ def test_selectors_read_schema_fields_from_pm(served):
     with connect(url, "feed") as c:
         sub = c.subscribe("quotes/#", selector="price > 100 AND symbol = 'IBM'")
         everything = c.subscribe("quotes/#")
-        for price, symbol in [(90, "IBM"), (150, "IBM"), (150, "SAP"), (101, "IBM")]:
+        # the last (999, IBM) is the end marker: both subscriptions take it
+        for price, symbol in [(90, "IBM"), (150, "IBM"), (150, "SAP"), (101, "IBM"),
+                              (999, "IBM")]:
             c.publish("quotes/nyse", schema.encode({"price": price, "symbol": symbol}),
                       schema_id=7)
         c.flush()
-        got = [schema.decode(m.payload) for m in _drain(sub)]
-        assert [(g["price"], g["symbol"]) for g in got] == [(150, "IBM"), (101, "IBM")]
-        assert len(_drain(everything)) == 4
+
+        def marker(m):
+            return schema.decode(m.payload)["price"] == 999
+        got = [schema.decode(m.payload) for m in _until(sub, marker)]
+        assert [(g["price"], g["symbol"]) for g in got] == [(150, "IBM"), (101, "IBM"),
+                                                            (999, "IBM")]
+        assert len(_until(everything, marker)) == 5
+        assert _drain(sub) == [] and _drain(everything) == []
 
 
 def test_last_value_keeps_the_newest_message_per_topic_for_a_slow_reader(served):
@@ -73,17 +93,22 @@ def test_publishes_are_batched_into_few_frames(served):
         c.publish("batch/x", b"first", flush=True)
         assert sub.get(timeout=10) is not None
 
-        def frames_in():
-            return next(ch["frames_in"] for ch in app.status()["channels"]
+        def frames_in_once(published):
+            """The clients' UDP frames in, from a status that counted ``published`` of this
+            client's messages (every frame that carried them is in the count)."""
+            status = app.status()
+            if next((x["published"] for x in status.get("clients", [])
+                     if x["session"] == c.session), None) != published:
+                return None
+            return next(ch["frames_in"] for ch in status["channels"]
                         if ch["name"] == "clients-udp")
-        time.sleep(0.6)
-        before = frames_in()
+        before = wait_for(lambda: frames_in_once(1))
         for i in range(500):
             c.publish("batch/x", i.to_bytes(4, "big"))
         c.flush()
         assert len([m for m in (sub.get(timeout=5) for _ in range(500)) if m]) == 500
-        time.sleep(0.6)
-        assert frames_in() - before < 100  # 500 messages, a few frames (plus heartbeats)
+        after = wait_for(lambda: frames_in_once(501))
+        assert after - before < 100  # 500 messages, a few frames (plus heartbeats)
 
 
 def test_the_data_path_drops_messages_a_session_was_not_entitled_to_publish(served):
@@ -99,8 +124,12 @@ def test_the_data_path_drops_messages_a_session_was_not_entitled_to_publish(serv
         narrow._send(encode_data_frame(
             [{"topic_key": key, "sequence": 1, "publish_ts_ns": time.time_ns(),
               "payload": b"sneaky"}], source_session=narrow.session, stream_id=narrow.session))
-        assert sub.get(timeout=0.5) is None
+        # the data path took the frame (and denied it); a message published after that
+        # comes next: the sneaky one went nowhere
         wait_for(lambda: app.status()["offload"]["publish_denied"] >= 1)
+        feed.publish("orders/x", b"after", flush=True)
+        assert sub.get(timeout=10).payload == b"after"
+        assert app.status()["offload"]["publish_denied"] == 1
         denials = {(d["identity"], d["action"]) for d in app.status()["denials"]}
         assert ("narrow", "publish") in denials
 
