@@ -4,9 +4,10 @@ JSON lines on standard input (one answer line each on standard output).
     python -m tests.fabric.node CONFIG.toml
 
 Commands: ``connect`` {client, identity}, ``subscribe``/``unsubscribe`` {client, pattern,
-qos}, ``publish`` {client, topics, rounds, qos, numbered} (``numbered``: payloads count
-0, 1, ... per client), ``stream`` {client, topics, interval_s} (publish in the background
-until ``end_stream``), ``received`` {client} (what arrived since the last call: per-topic
+qos}, ``publish`` {client, topics, rounds, qos, numbered, payload} (``numbered``: payloads
+count 0, 1, ... per client; else ``payload``, else the topic), ``stream`` {client, topics,
+interval_s} (publish in the background until ``end_stream``; ``streamed`` {client}: rounds
+published so far), ``received`` {client} (what arrived since the last call: per-topic
 counts and duplicates), ``log`` {client} (arrivals since the last call, in order: [pattern,
 topic, payload, origin, stream], and loss events), ``status``, ``submit`` {command, args},
 ``quit``. The
@@ -41,6 +42,7 @@ class Node:
         self.losses: dict[str, list] = {}
         self.numbered: Counter = Counter()
         self.streams: dict[str, tuple[threading.Event, threading.Thread, Counter]] = {}
+        self.streamed: dict[str, list[int]] = {}
         self.lock = threading.Lock()
 
     def _record(self, name, pattern):
@@ -94,6 +96,8 @@ class Node:
                         if cmd.get("numbered"):
                             payload = str(self.numbered[cmd["client"]]).encode()
                             self.numbered[cmd["client"]] += 1
+                        elif cmd.get("payload") is not None:
+                            payload = cmd["payload"].encode()
                         else:
                             payload = topic.encode()
                         client.publish(topic, payload, qos=qos)
@@ -103,7 +107,7 @@ class Node:
                 return {"ok": False, "error": str(exc), "sent": sent}
             return {"ok": True, "sent": sent}
         if op == "stream":
-            stop, counts = threading.Event(), Counter()
+            stop, counts, rounds = threading.Event(), Counter(), [0]
 
             def run():
                 while not stop.is_set():
@@ -111,11 +115,15 @@ class Node:
                         client.publish(topic, topic.encode())
                         counts[topic] += 1
                     client.flush()
+                    rounds[0] += 1
                     time.sleep(cmd.get("interval_s", 0.01))
             thread = threading.Thread(target=run, daemon=True)
             self.streams[cmd["client"]] = (stop, thread, counts)
+            self.streamed[cmd["client"]] = rounds
             thread.start()
             return {"ok": True}
+        if op == "streamed":
+            return {"ok": True, "rounds": self.streamed[cmd["client"]][0]}
         if op == "end_stream":
             stop, thread, counts = self.streams.pop(cmd["client"])
             stop.set()

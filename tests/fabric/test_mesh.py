@@ -9,7 +9,6 @@ which of the published topics it must receive, and every message arrives once.
 
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import pytest
@@ -29,8 +28,31 @@ SQUARE = [(1, 2), (2, 3), (3, 4), (4, 1), (1, 5)]
 rogue host's)."""
 
 
+MARKERS = ["us/x1/ibm/trade", "us/x1/ibm/quote", "us/x2/sap/trade", "eu/x1/ibm/quote"]
+"""Published once more by a publisher after its rounds: the last of its messages to reach a
+subscriber (one publisher's messages arrive in order), so once a subscriber has all it must,
+markers included, nothing of what was published before is still on its way. Every list in
+these tests decides at least one of them."""
+END = "end"
+"""The payload of an end marker that must be told apart from the traffic (``log``)."""
+
+
 def expected(requests, topics, rounds):
     return Counter({t: rounds for t in topics if naive_decision(requests, t)})
+
+
+def publish(node, client, topics, rounds):
+    """``rounds`` of ``topics``, then the end markers."""
+    node.call({"cmd": "publish", "client": client, "topics": topics, "rounds": rounds})
+    node.call({"cmd": "publish", "client": client, "topics": MARKERS})
+
+
+def marked(requests, topics, rounds, publishers=1):
+    """What a subscriber with ``requests`` receives from ``publishers`` that each called
+    ``publish``: their rounds and their end markers."""
+    markers = expected(requests, MARKERS, publishers)
+    assert markers, f"{requests} decides no end marker"
+    return expected(requests, topics, rounds) + markers
 
 
 def setup_client(node, name, requests, identity="feed"):
@@ -46,17 +68,22 @@ def interest_seen(node, origin, patterns):
 
 
 def collect(node, client, want, timeout_s=20.0):
-    """Receive until ``want`` arrived (or time out), then a little more: no extras."""
+    """Receive until ``want`` (with the end markers: ``marked``) arrived, or more than it of
+    some topic, or time out: (what arrived, duplicates). Once the markers are in, anything
+    more would have come before them."""
     got, dups = Counter(), 0
-    deadline = time.monotonic() + timeout_s
-    while got != want and time.monotonic() < deadline:
+
+    def done():
+        nonlocal got, dups
         more, d = node.received(client)
         got += more
         dups += d
-        time.sleep(0.05)
-    time.sleep(0.3)
-    more, d = node.received(client)
-    return got + more, dups + d
+        return got == want or any(got[t] > want[t] for t in got)
+    try:
+        wait_until(done, timeout_s, 0.05)
+    except AssertionError:
+        pass  # the caller's comparison says what is missing
+    return got, dups
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +111,13 @@ def test_triangle_delivers_exactly_to_matching_subscribers(tmp_path):
                                                                               ["#/ibm/#"]))
         n1.call({"cmd": "connect", "client": "p1"})
         n3.call({"cmd": "connect", "client": "p3"})
-        n1.call({"cmd": "publish", "client": "p1", "topics": TOPICS, "rounds": 3})
-        n3.call({"cmd": "publish", "client": "p3", "topics": TOPICS, "rounds": 2})
+        publish(n1, "p1", TOPICS, 3)
+        publish(n3, "p3", TOPICS, 2)
         for (i, name), requests in plans.items():
-            got, dups = collect(mesh.node(i), name, expected(requests, TOPICS, 5))
+            want = marked(requests, TOPICS, 5, publishers=2)
+            got, dups = collect(mesh.node(i), name, want)
             assert dups == 0
-            assert got == expected(requests, TOPICS, 5), f"n{i} {name}"
+            assert got == want, f"n{i} {name}"
         tables = []
         for i in (1, 2, 3):  # loop-free: every path simple, and the same everywhere
             routes = {(r["source"], r["destination"]): tuple(r["path"])
@@ -115,10 +143,11 @@ def test_square_delivers_exactly_and_forwards_through_intermediate_cores(square)
     before = n3.status()["counters"].get("transit_frames", 0) + \
         square.node(2).status()["counters"].get("transit_frames", 0) + \
         square.node(4).status()["counters"].get("transit_frames", 0)
-    n1.call({"cmd": "publish", "client": "pub", "topics": TOPICS, "rounds": 4})
+    publish(n1, "pub", TOPICS, 4)
     for (i, name), requests in plans.items():
-        got, dups = collect(square.node(i), name, expected(requests, TOPICS, 4))
-        assert dups == 0 and got == expected(requests, TOPICS, 4), f"n{i} {name}"
+        want = marked(requests, TOPICS, 4)
+        got, dups = collect(square.node(i), name, want)
+        assert dups == 0 and got == want, f"n{i} {name}"
     # n1 -> n3 is two hops: some node between them forwarded without running the tables
     wait_until(lambda: sum(square.node(i).status()["counters"].get("transit_frames", 0)
                            for i in (2, 3, 4)) > before, timeout_s=5)
@@ -134,6 +163,9 @@ def test_subscription_churn_while_traffic_flows(square):
     steps = [["+us/#"], ["-us/#", "+#/ibm/#"], ["-us/x1/ibm/#"], ["+us/x2/sap/quote"],
              ["-#"], ["+us/x1/#"]]
     dups = 0
+
+    def streamed():
+        return n1.call({"cmd": "streamed", "client": "streamer"})["rounds"]
     try:
         for step in steps:
             for r in step:
@@ -141,21 +173,35 @@ def test_subscription_churn_while_traffic_flows(square):
                 n3.call({"cmd": op, "client": "churner", "pattern": r[1:]})
                 if r[0] == "+":
                     ever.add(r[1:])
-            time.sleep(0.3)
+            # traffic flows under this list: ten more rounds of the stream
+            after = streamed() + 10
+            wait_until(lambda after=after: streamed() >= after, timeout_s=20, interval_s=0.02)
             got, d = n3.received("churner")
             dups += d
             assert all(any(matches(p, t) for p in ever) for t in got), got
     finally:
         n1.call({"cmd": "end_stream", "client": "streamer"})
-    time.sleep(0.5)
-    dups += n3.received("churner")[1]
-    assert dups == 0
-    # after the churn the fabric has converged to the final list: exact delivery again
+    # after the churn the fabric has converged to the final list
     final = [r for step in steps for r in step]
     wait_until(lambda: interest_seen(n1, "n3", ["eu/#", "us/x1/#"]))
-    n1.call({"cmd": "publish", "client": "streamer", "topics": topics, "rounds": 3})
-    got, d = collect(n3, "churner", expected(final, topics, 3))
-    assert d == 0 and got == expected(final, topics, 3)
+    # the streamer's end marker: once the churner has it, the stream's last messages have
+    # come too (one publisher's messages arrive in order)
+    n1.call({"cmd": "publish", "client": "streamer", "topics": [MARKERS[0]], "payload": END})
+    log = []
+
+    def ended():
+        log.extend(n3.call({"cmd": "log", "client": "churner"})["log"])
+        return any(entry[2] == END for entry in log)
+    wait_until(ended, timeout_s=20)
+    got, d = n3.received("churner")
+    dups += d
+    assert all(any(matches(p, t) for p in ever) for t in got), got
+    assert dups == 0
+    # exact delivery again
+    publish(n1, "streamer", topics, 3)
+    want = marked(final, topics, 3)
+    got, d = collect(n3, "churner", want)
+    assert d == 0 and got == want
 
 
 def _path(node, src, dst):
@@ -176,14 +222,14 @@ def test_neighbour_loss_reroutes_and_its_return_restores_the_path(square):
     wait_until(lambda: "us/x2/#" in {s["pattern"] for s in n1.status()["subscriptions"]
                                      if s["origin"] == "n2"})
     assert _path(n1, "n1", "n2") == ["n1", "n2"]
-    want = expected(["+us/x2/#"], TOPICS, 2)
+    want = marked(["+us/x2/#"], TOPICS, 2)
     square.cut(1, 2)
     try:
         wait_until(lambda: _neighbour_state(n1, "n2") == "down"
                    and _neighbour_state(n2, "n1") == "down", timeout_s=10)
         wait_until(lambda: _path(n1, "n1", "n2") == ["n1", "n4", "n3", "n2"], timeout_s=10)
         wait_until(lambda: _path(square.node(3), "n1", "n2") == ["n1", "n4", "n3", "n2"])
-        n1.call({"cmd": "publish", "client": "lp", "topics": TOPICS, "rounds": 2})
+        publish(n1, "lp", TOPICS, 2)
         got, dups = collect(n2, "lossy", want)
         assert dups == 0 and got == want
     finally:
@@ -191,7 +237,7 @@ def test_neighbour_loss_reroutes_and_its_return_restores_the_path(square):
     wait_until(lambda: _neighbour_state(n1, "n2") == "up", timeout_s=10)
     wait_until(lambda: all(_path(square.node(i), "n1", "n2") == ["n1", "n2"] for i in (1, 2)),
                timeout_s=10)
-    n1.call({"cmd": "publish", "client": "lp", "topics": TOPICS, "rounds": 2})
+    publish(n1, "lp", TOPICS, 2)
     got, dups = collect(n2, "lossy", want)
     assert dups == 0 and got == want
 
@@ -275,8 +321,8 @@ def test_a_route_override_from_pm_moves_a_pair_onto_another_path_fabric_wide(squ
         wait_until(lambda: all(_path(square.node(i), "n1", "n2") == ["n1", "n4", "n3", "n2"]
                                for i in (1, 2, 3, 4)), timeout_s=10)
         transit_before = square.node(4).status()["counters"].get("transit_frames", 0)
-        want = expected(["+eu/x1/#"], TOPICS, 2)
-        n1.call({"cmd": "publish", "client": "rp", "topics": TOPICS, "rounds": 2})
+        want = marked(["+eu/x1/#"], TOPICS, 2)
+        publish(n1, "rp", TOPICS, 2)
         got, dups = collect(n2, "routed", want)
         assert dups == 0 and got == want
         wait_until(lambda: square.node(4).status()["counters"].get("transit_frames", 0)
