@@ -51,6 +51,25 @@ def undrop(host):
     host.run("nft", "delete", "table", "inet", "twgloss", check=False)
 
 
+END = "end"
+"""The payload of an end marker (the numbered traffic's payloads are digits)."""
+
+
+def settled(node, *counters, timeout_s=10.0):
+    """A status of ``node`` in which every one of ``counters`` has moved (the last one read
+    when they do not within ``timeout_s``: the assertions say which)."""
+    last = {}
+
+    def moved():
+        last["status"] = node.status()
+        return all(last["status"]["counters"].get(c, 0) > 0 for c in counters)
+    try:
+        wait_until(moved, timeout_s)
+    except AssertionError:
+        pass
+    return last["status"]
+
+
 def test_guaranteed_messages_survive_loss_best_effort_shows_it(tmp_path):
     mesh = Mesh(2, [(1, 2)], tmp_path, group_links=((1, 2),))
     try:
@@ -66,12 +85,16 @@ def test_guaranteed_messages_survive_loss_best_effort_shows_it(tmp_path):
                                                          ("b/#", "best-effort")})
         # the neighbours hear each other on the group before best-effort goes there
         wait_until(lambda: n1.status()["neighbours"][0]["group_heard_ms"] is not None)
-        # register every topic (request/answer) and see it arrive before the loss starts
+        # register every topic (request/answer) and see each arrive before the loss starts
         for client, qos, kind in (("p", "guaranteed", "g"), ("q", "best-effort", "b")):
             n1.call({"cmd": "publish", "client": client, "qos": qos,
                      "topics": [t for t in TOPICS if t.startswith(kind + "/")]})
-        wait_until(lambda: len(n2.call({"cmd": "log", "client": "s"})["log"]) > 0)
-        wait_until(lambda: not n2.call({"cmd": "log", "client": "s"})["log"], timeout_s=10)
+        warm: set = set()
+
+        def warmed():
+            warm.update(e[1] for e in n2.call({"cmd": "log", "client": "s"})["log"])
+            return warm == set(TOPICS)
+        wait_until(warmed)
 
         for host in mesh.hosts.values():
             drop_udp(host, LOSS_PERCENT, (FABRIC_PORT, GROUP_PORT, CLIENT_PORT))
@@ -99,12 +122,29 @@ def test_guaranteed_messages_survive_loss_best_effort_shows_it(tmp_path):
                 f"guaranteed incomplete: {len(got)} arrived, missing {missing[:20]}..., losses "
                 f"{losses[:5]}; n1 {n1.status()['counters']}; n2 {n2.status()['counters']}; "
                 f"subscriber {n2.call({'cmd': 'log', 'client': 's'})['guaranteed']}") from None
-        time.sleep(0.5)  # anything twice would show now
+        drops = sum(dropped(host) for host in mesh.hosts.values())
+        for host in mesh.hosts.values():
+            undrop(host)
+        # end markers of both classes, with the loss gone: once they are in, everything
+        # published before them has arrived or never will (each publisher's messages come
+        # in order), and anything twice would have come before them
+        for client, qos, topic in (("p", "guaranteed", g_topics[0]),
+                                   ("q", "best-effort", b_topics[0])):
+            n1.call({"cmd": "publish", "client": client, "qos": qos, "topics": [topic],
+                     "payload": END})
+
+        def ended():
+            answer = n2.call({"cmd": "log", "client": "s"})
+            log.extend(answer["log"])
+            losses.extend(answer["losses"])
+            return {e[0] for e in log if e[2] == END} == {"g/#", "b/#"}
+        wait_until(ended, timeout_s=30)
         counters = n2.call({"cmd": "log", "client": "s"})
         log.extend(counters["log"])
         losses.extend(counters["losses"])
-        drops = sum(dropped(host) for host in mesh.hosts.values())
-        status1, status2 = n1.status(), n2.status()
+        # statuses that have the transport's work in them (published every 250 ms)
+        status1, status2 = settled(n1, "guaranteed_retransmitted"), settled(
+            n2, "guaranteed_recovered", "group_data_frames")
     finally:
         for host in mesh.hosts.values():
             undrop(host)
@@ -141,16 +181,19 @@ def test_an_unrecoverable_gap_reaches_the_subscriber_as_a_loss_event(tmp_path):
         for _ in range(LOSS_BURSTS):
             n1.call({"cmd": "publish", "client": "p", "qos": "guaranteed", "numbered": True,
                      "topics": ["g/a"], "rounds": 5})
-            time.sleep(0.05)
-        time.sleep(2.5)  # NAKs keep failing past the recovery bound
+            time.sleep(0.05)  # spread over a second: gaps of different ages
+        # NAKs keep failing past the recovery bound: the subscriber is told of a loss
+        wait_until(lambda: log.poll() and log.lost() > 0, timeout_s=30)
         undrop(mesh.hosts[2])
         n1.call({"cmd": "publish", "client": "p", "qos": "guaranteed", "numbered": True,
                  "topics": ["g/a"], "rounds": 10})
-        total = 10 + 5 * LOSS_BURSTS + 10
-        wait_until(lambda: log.poll() and len(log.messages) + log.lost() >= total,
-                   timeout_s=30)
-        time.sleep(0.5)
-        log.poll()
+        # the last message is the end marker: once it is in, every message before it was
+        # delivered or named by a loss event (in order), and anything twice came before it
+        n1.call({"cmd": "publish", "client": "p", "qos": "guaranteed", "numbered": True,
+                 "topics": ["g/a"]})
+        total = 10 + 5 * LOSS_BURSTS + 10 + 1
+        wait_until(lambda: log.poll() and log.has(total - 1)
+                   and len(log.messages) + log.lost() >= total, timeout_s=30)
         lost_counted = n2.call({"cmd": "log", "client": "s"})["guaranteed"]["receiver"]
     finally:
         undrop(mesh.hosts[2])
@@ -187,15 +230,18 @@ def test_a_partition_holds_guaranteed_messages_until_the_destination_is_reachabl
         mesh.mend(1, 2)
         wait_until(lambda: mesh.converged(2), timeout_s=30)
         publish(10)
-        total = 20 + 5 * 20 + 20
+        # the end marker: once it is in, everything before it has come (in order), and
+        # anything twice came before it
+        n1.call({"cmd": "publish", "client": "p", "qos": "guaranteed", "numbered": True,
+                 "topics": ["g/a"]})
+        total = 20 + 5 * 20 + 20 + 1
         try:
-            wait_until(lambda: log.poll() and len(log.messages) + log.lost() >= total,
-                       timeout_s=30)
+            wait_until(lambda: log.poll() and log.has(total - 1)
+                       and len(log.messages) + log.lost() >= total, timeout_s=30)
         except AssertionError:
             pass  # the assertions below say what is missing
-        time.sleep(0.5)  # anything twice would show now
         log.poll()
-        c1 = n1.status()["counters"]
+        c1 = settled(n1, "guaranteed_unroutable", "guaranteed_retransmitted")["counters"]
     finally:
         mesh.close()
     got = [int(e[2]) for e in log.messages]
@@ -238,3 +284,7 @@ class Log:
 
     def lost(self):
         return sum(loss[1] for loss in self.losses)
+
+    def has(self, number):
+        """Whether the numbered message ``number`` arrived."""
+        return any(e[2] == str(number) for e in self.messages)
