@@ -1,0 +1,364 @@
+"""The schema of every CONTROL document, and the one check made before any field is read.
+
+A CONTROL entry carries a JSON document whose ``kind`` says what it is (docs/appliance.md:
+link state, interest, P&M's document, a login and its result, request results, resolve,
+logout, echo). Whoever sent it (a client, a neighbour, the appliance a client talks to) may
+be broken or hostile, so a receiver reads no field before ``validate(kind, text)`` has
+returned the document: a dict holding only the keys declared for its kind, every one of
+them with the declared type and within its bounds (string lengths, integer ranges, list
+lengths, the text of a topic pattern or an appliance name). Anything else raises
+``DocumentError`` (``control: bad lsa document: $.links[2][0]: ...``) whose ``reason`` is one
+of ``REASONS``; receivers count it per reason (``bad_document_<reason>``) and drop the entry.
+``ACCEPTED`` says which kinds each kind of sender may send at all.
+
+Why a small hand-written checker rather than a JSON Schema library: the appliance takes no
+dependency for ten small tables; the check runs on the control thread for every CONTROL
+entry, and walking the document once against a few node types (``Str``, ``Int``, ``Bool``,
+``Nullable``, ``List``, ``Row``, ``Obj``, ``Map``) costs microseconds with nothing compiled or
+built beside it; the bounds are the protocol's own constants, written next to the keys they
+bound; and an error names the path of the bad value.
+
+Size and nesting are bounded before anything large is built: a document longer than its
+kind's ``max_bytes`` is refused before parsing; ``json.loads`` refuses nesting deeper than
+Python's recursion limit (``too_deep``); the checker descends only where a schema declares a
+list or an object, so a value nested deeper than its schema is refused at the first level
+that does not fit (the deepest schema, P&M's document, has 5 levels). Integers must be JSON
+integers (no floats, no booleans, no NaN); strings must be encodable as UTF-8 (no lone
+surrogates).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from datapath.config import MAX_TOPIC_BYTES
+from datapath.errors import TopicwireError
+from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES, ControlKind
+from datapath.topics.algebra import TopicError, split_pattern
+from nic_offload.schema import MAX_SCHEMA_ID, TYPE_NAMES
+
+REASONS = ("too_large", "not_json", "too_deep", "not_allowed", "wrong_type", "missing_key",
+           "unknown_key", "out_of_range", "bad_text")
+"""Why a document is refused (the suffix of the ``bad_document_<reason>`` counters)."""
+
+MAX_NODE_ID = 2**31 - 1
+MAX_U32 = 2**32 - 1
+MAX_U63 = 2**63 - 1
+MAX_U64 = 2**64 - 1
+MAX_REASON_CHARS = 4_096
+MAX_IDENTITY_CHARS = 255
+MAX_RING_CHARS = 255
+MAX_RESOLVE_KEYS = 4_096
+"""Keys one RESOLVE may ask for (the client library sends at most this many)."""
+MAX_LIST_ITEMS = 16_384
+"""Bound of the long lists (links, interest patterns, routes): more than a frame can hold."""
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class DocumentError(TopicwireError, ValueError):
+    """A CONTROL document that does not fit its kind's schema (``reason``: one of REASONS)."""
+
+    component = "control"
+
+    def __init__(self, kind: str, reason: str, path: str, detail: str) -> None:
+        self.kind = kind
+        self.reason = reason
+        self.path = path
+        super().__init__(f"bad {kind} document: {path}: {detail}; the entry is dropped and "
+                         "counted")
+
+
+class _Bad(Exception):
+    def __init__(self, reason: str, path: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.path = path
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else {dict: "object", list: "list", str: "string",
+                                         bool: "boolean", int: "integer",
+                                         float: "number"}.get(type(value), type(value).__name__)
+
+
+# --- node types ----------------------------------------------------------------------------------
+class Node:
+    """One value's schema: ``check`` raises ``_Bad`` or returns."""
+
+    def check(self, value: Any, path: str) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Str(Node):
+    max_chars: int
+    min_chars: int = 0
+    choices: frozenset[str] | None = None
+    text: Callable[[str], bool] | None = None
+    """An extra test of the text (a topic pattern, an appliance name)."""
+    what: str = ""
+    """What ``text`` wants, for the error."""
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not str:
+            raise _Bad("wrong_type", path, f"a string expected, got {_type_name(value)}")
+        if not self.min_chars <= len(value) <= self.max_chars:
+            raise _Bad("out_of_range", path, f"a string of {self.min_chars}..{self.max_chars} "
+                       f"characters expected, got {len(value)}")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _Bad("bad_text", path, "the string is not valid UTF-8 (a lone "
+                           "surrogate)") from None
+        if self.choices is not None and value not in self.choices:
+            raise _Bad("out_of_range", path, f"one of {', '.join(sorted(self.choices))} "
+                       f"expected, got {value[:64]!r}")
+        if self.text is not None and not self.text(value):
+            raise _Bad("bad_text", path, f"{self.what} expected, got {value[:64]!r}")
+
+
+@dataclass(frozen=True)
+class Int(Node):
+    low: int
+    high: int
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not int:
+            raise _Bad("wrong_type", path, f"an integer expected, got {_type_name(value)}")
+        if not self.low <= value <= self.high:
+            raise _Bad("out_of_range", path, f"an integer in [{self.low}, {self.high}] "
+                       f"expected, got {value}")
+
+
+@dataclass(frozen=True)
+class Bool(Node):
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not bool:
+            raise _Bad("wrong_type", path, f"true or false expected, got {_type_name(value)}")
+
+
+@dataclass(frozen=True)
+class Nullable(Node):
+    inner: Node
+
+    def check(self, value: Any, path: str) -> None:
+        if value is not None:
+            self.inner.check(value, path)
+
+
+@dataclass(frozen=True)
+class List(Node):
+    item: Node
+    max_items: int
+    min_items: int = 0
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not list:
+            raise _Bad("wrong_type", path, f"a list expected, got {_type_name(value)}")
+        if not self.min_items <= len(value) <= self.max_items:
+            raise _Bad("out_of_range", path, f"a list of {self.min_items}..{self.max_items} "
+                       f"items expected, got {len(value)}")
+        check = self.item.check
+        for i, item in enumerate(value):
+            check(item, f"{path}[{i}]")
+
+
+@dataclass(frozen=True)
+class Row(Node):
+    """A list of a fixed length whose items each have their own schema (``[node, cost]``)."""
+
+    items: tuple[Node, ...]
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not list:
+            raise _Bad("wrong_type", path, f"a list expected, got {_type_name(value)}")
+        if len(value) != len(self.items):
+            raise _Bad("out_of_range", path, f"a list of {len(self.items)} items expected, "
+                       f"got {len(value)}")
+        for i, (node, item) in enumerate(zip(self.items, value)):
+            node.check(item, f"{path}[{i}]")
+
+
+@dataclass(frozen=True)
+class Obj(Node):
+    """An object with these keys and no others."""
+
+    required: Mapping[str, Node]
+    optional: Mapping[str, Node] = field(default_factory=dict)
+    rule: Callable[[dict], str | None] | None = None
+    """A test across keys once each key passed (says what is missing, or None)."""
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not dict:
+            raise _Bad("wrong_type", path, f"an object expected, got {_type_name(value)}")
+        for key in value:
+            if key not in self.required and key not in self.optional:
+                raise _Bad("unknown_key", path, f"unknown key {str(key)[:64]!r} (known: "
+                           f"{', '.join(sorted({*self.required, *self.optional}))})")
+        for key, node in self.required.items():
+            if key not in value:
+                raise _Bad("missing_key", path, f"key {key!r} is required")
+            node.check(value[key], f"{path}.{key}")
+        for key, node in self.optional.items():
+            if key in value:
+                node.check(value[key], f"{path}.{key}")
+        if self.rule is not None:
+            missing = self.rule(value)
+            if missing is not None:
+                raise _Bad("missing_key", path, missing)
+
+
+@dataclass(frozen=True)
+class Map(Node):
+    """An object whose keys are data (identities): each key and value checked."""
+
+    key: Str
+    value: Node
+    max_items: int
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not dict:
+            raise _Bad("wrong_type", path, f"an object expected, got {_type_name(value)}")
+        if len(value) > self.max_items:
+            raise _Bad("out_of_range", path, f"at most {self.max_items} keys expected, got "
+                       f"{len(value)}")
+        for key, item in value.items():
+            self.key.check(key, f"{path} key")
+            self.value.check(item, f"{path}[{key[:64]!r}]")
+
+
+# --- the kinds -----------------------------------------------------------------------------------
+def _is_pattern(text: str) -> bool:
+    try:
+        split_pattern(text)
+    except TopicError:
+        return False
+    return True
+
+
+NODE_ID = Int(1, MAX_NODE_ID)
+EPOCH = Int(0, MAX_U32)
+SEQ = Int(0, MAX_U63)
+NAMESPACE = Int(0, MAX_U32)
+COST = Int(1, 65_535)
+NAME = Str(64, 1, text=_NAME_RE.fullmatch, what="an appliance name (letters, digits, '.', "
+           "'_', '-')")
+IDENTITY = Str(MAX_IDENTITY_CHARS)
+PATTERN = Str(MAX_TOPIC_BYTES, 1, text=_is_pattern, what="a topic pattern")
+TEXT = Str(MAX_TOPIC_BYTES)
+"""A topic or pattern echoed back (not necessarily valid: it may be the one refused)."""
+REASON = Str(MAX_REASON_CHARS)
+PATTERNS = List(Row((NAMESPACE, PATTERN)), MAX_LIST_ITEMS)
+"""``[[namespace, pattern], ...]``"""
+ROUTES = List(Row((NODE_ID, NODE_ID, List(NODE_ID, 256, 2))), MAX_LIST_ITEMS)
+"""``[[source, destination, [node, ...]], ...]``"""
+SCHEMA = Obj({"name": Str(255, 1), "schema_id": Int(0, MAX_SCHEMA_ID),
+              "fields": List(Obj({"name": Str(255, 1), "offset": Int(0, MAX_U32),
+                                  "type": Str(8, choices=frozenset(TYPE_NAMES)),
+                                  "width": Int(0, MAX_U32)}), 1_024)})
+"""A payload schema (``nic_offload.schema.Schema.to_dict``)."""
+
+
+def _login_result_rule(doc: dict) -> str | None:
+    if doc["accepted"] and "session" not in doc:
+        return "an accepted login needs key 'session'"
+    return None
+
+
+def _request_result_rule(doc: dict) -> str | None:
+    if doc["request"] == "register":
+        return None if "topic" in doc and "namespace" in doc else \
+            "a register result needs keys 'topic' and 'namespace'"
+    return None if "sub_id" in doc else f"a {doc['request']} result needs key 'sub_id'"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind's document: its schema and its largest size (UTF-8 bytes)."""
+
+    schema: Obj
+    max_bytes: int = MAX_CONTROL_DOCUMENT_BYTES
+
+
+KINDS: dict[ControlKind, Kind] = {
+    ControlKind.LSA: Kind(Obj({"origin": NODE_ID, "name": NAME, "epoch": EPOCH, "seq": SEQ,
+                               "links": List(Row((NODE_ID, COST)), MAX_LIST_ITEMS)})),
+    ControlKind.INTEREST: Kind(Obj({"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ,
+                                    "patterns": PATTERNS}, {"guaranteed": PATTERNS})),
+    ControlKind.PM_UPDATE: Kind(Obj(
+        {"pm": NAME, "version": Int(0, MAX_U63),
+         "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
+                                          "subscribe": List(PATTERN, MAX_LIST_ITEMS)}),
+                           MAX_LIST_ITEMS),
+         "anonymous": Bool(), "namespaces": List(NAMESPACE, 4_096),
+         "schemas": List(SCHEMA, 1_024), "routes": ROUTES},
+        {"backups": ROUTES, "duplicate": PATTERNS})),
+    ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
+                                {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
+                                 "token": Nullable(Int(0, MAX_U63))}), 4_096),
+    ControlKind.LOGIN_RESULT: Kind(Obj(
+        {"accepted": Bool()},
+        {"session": Int(1, MAX_NODE_ID), "node": NAME, "node_id": NODE_ID,
+         "schemas": List(SCHEMA, 1_024), "reason": REASON}, _login_result_rule)),
+    ControlKind.REQUEST_RESULT: Kind(Obj(
+        {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
+         "accepted": Bool()},
+        {"sub_id": Int(0, MAX_U32), "pattern": TEXT, "topic": TEXT, "namespace": NAMESPACE,
+         "reason": REASON}, _request_result_rule), 16_384),
+    ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
+    ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON}), 16_384),
+    ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
+}
+"""Every kind's schema (docs/appliance.md describes the documents)."""
+
+ACCEPTED: dict[str, frozenset[ControlKind]] = {
+    "client": frozenset({ControlKind.LOGIN, ControlKind.RESOLVE, ControlKind.LOGOUT}),
+    "neighbour": frozenset({ControlKind.LSA, ControlKind.INTEREST, ControlKind.PM_UPDATE,
+                            ControlKind.LOGOUT, ControlKind.ECHO}),
+    "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
+                            ControlKind.LOGOUT}),
+}
+"""The kinds each sender may send: a client to its appliance, a neighbour to an appliance
+(fabric groups carry no CONTROL frames), an appliance to its clients."""
+
+
+def _name(kind: object) -> str:
+    return kind.name.lower() if isinstance(kind, ControlKind) else str(kind)
+
+
+def validate(kind: ControlKind, text: str | bytes, sender: str | None = None
+             ) -> dict[str, Any]:
+    """The document of a CONTROL entry of ``kind``, checked against the kind's schema; raises
+    ``DocumentError`` (see the module docstring). ``sender`` (a key of ``ACCEPTED``): a kind
+    that sender may not send is refused (``not_allowed``) before its document is looked at."""
+    spec = KINDS.get(kind)  # type: ignore[call-overload]
+    name = _name(kind)
+    if spec is None:
+        raise DocumentError(name, "not_allowed", "$", "no such CONTROL kind")
+    if sender is not None and kind not in ACCEPTED[sender]:
+        raise DocumentError(name, "not_allowed", "$", f"a {sender} does not send {name}")
+    size = len(text)
+    if size * 4 > spec.max_bytes and isinstance(text, str):
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise DocumentError(name, "bad_text", "$", "the document is not valid UTF-8") \
+                from None
+    if size > spec.max_bytes:
+        raise DocumentError(name, "too_large", "$", f"{size} bytes, at most {spec.max_bytes}")
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise DocumentError(name, "too_deep", "$", "nested too deeply to parse") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
+        raise DocumentError(name, "not_json", "$", f"not JSON ({str(exc)[:120]})") from None
+    try:
+        spec.schema.check(doc, "$")
+    except _Bad as bad:
+        raise DocumentError(name, bad.reason, bad.path, str(bad)) from None
+    return doc
