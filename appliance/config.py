@@ -48,6 +48,34 @@ CLIENT_MAX_SESSIONS = 256
 """Client sessions one appliance holds (``clients.max_sessions``)."""
 CLIENT_SESSION_DEAD_MS = 5_000
 """A client silent this long is logged out (``clients.session_dead_ms``)."""
+CLIENT_MAX_GUARANTEED_SESSIONS = 128
+"""Sessions that may hold guaranteed subscriptions, each on an egress port of its own beside
+its session's (``clients.max_guaranteed_sessions``)."""
+CLIENT_MAX_SUBSCRIPTIONS = 1_024
+"""Entries one session's subscription lists may hold, both classes together
+(``clients.max_subscriptions``)."""
+CLIENT_MAX_REGISTRATIONS = 16_384
+"""Topics one session may register (``clients.max_registrations``)."""
+CLIENT_MAX_PENDING_REQUESTS = 256
+"""Requests of one session whose answer waits for the tables to be live
+(``clients.max_pending_requests``)."""
+EGRESS_PORTS = 510
+"""Egress ports of the 9-bit port space that sessions and appliances can use (1..511 without
+the CPU port, nic_offload.model)."""
+APPLIANCE_EGRESS_PORTS = 64
+"""Egress ports kept for destination appliances (two per remote appliance with interest:
+best-effort and guaranteed); clients never take the last ones."""
+DENIALS_KEPT = 128
+"""Rows of the denial table ((identity, action, pattern) -> count); denials of a new row
+beyond are counted (``control_denials_dropped``), not kept."""
+DENIAL_TEXT_CHARS = 128
+"""An identity or pattern is kept in the denial table up to this many characters."""
+LOG_SOURCES_KEPT = 256
+"""Sources (channel, peer) the once-per-interval log limiter remembers; a new source beyond
+is not logged but counted (``control_log_sources_dropped``)."""
+FABRIC_MAX_ORIGINS = 1_024
+"""Appliances whose link state and interest one appliance keeps; a new origin beyond is
+refused and counted (``control_origins_refused``)."""
 SHM_BUS_PRODUCERS = 32
 """Producer slots of the shared-memory bus ring (clients that may send at once)."""
 STATUS_REFRESH_NS = 250_000_000
@@ -219,6 +247,10 @@ class ApplianceConfig:
     """RDMA clients, sharing the client UDP channel (appliance/client_links.py)."""
     max_sessions: int = CLIENT_MAX_SESSIONS
     session_dead_ms: int = CLIENT_SESSION_DEAD_MS
+    max_guaranteed_sessions: int = CLIENT_MAX_GUARANTEED_SESSIONS
+    max_subscriptions: int = CLIENT_MAX_SUBSCRIPTIONS
+    max_registrations: int = CLIENT_MAX_REGISTRATIONS
+    max_pending_requests: int = CLIENT_MAX_PENDING_REQUESTS
     pm_mode: str = "embedded"
     pm_registry: Path | None = None
     pm_anonymous: bool = False
@@ -620,7 +652,9 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                     "between appliances are authenticated with it); or give fabric.key")
 
     cl = _table(doc, "clients", {"udp", "shm", "max_sessions", "session_dead_ms", "rdma",
-                                 "rdma_device", "rdma_gid_index"}, "")
+                                 "rdma_device", "rdma_gid_index", "max_guaranteed_sessions",
+                                 "max_subscriptions", "max_registrations",
+                                 "max_pending_requests"}, "")
     p = "clients."
     clients_udp = parse_address(cl["udp"], p + "udp") if "udp" in cl else None
     clients_rdma = _rdma_clients(cl, clients_udp)
@@ -630,6 +664,20 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                     f"{shm!r}")
     max_sessions = _int(cl, "max_sessions", p, CLIENT_MAX_SESSIONS, 1, 400)
     session_dead = _int(cl, "session_dead_ms", p, CLIENT_SESSION_DEAD_MS, 100, 3_600_000)
+    client_ports = EGRESS_PORTS - APPLIANCE_EGRESS_PORTS
+    max_guaranteed = _int(cl, "max_guaranteed_sessions", p,
+                          min(CLIENT_MAX_GUARANTEED_SESSIONS, client_ports - max_sessions), 0,
+                          400)
+    if max_sessions + max_guaranteed > client_ports:
+        raise _fail(p + "max_guaranteed_sessions", f"{max_sessions} sessions and "
+                    f"{max_guaranteed} guaranteed ones need {max_sessions + max_guaranteed} "
+                    f"egress ports; clients have {client_ports} ({EGRESS_PORTS} less the "
+                    f"{APPLIANCE_EGRESS_PORTS} kept for appliances): lower it or "
+                    "clients.max_sessions")
+    max_subscriptions = _int(cl, "max_subscriptions", p, CLIENT_MAX_SUBSCRIPTIONS, 1, 65_536)
+    max_registrations = _int(cl, "max_registrations", p, CLIENT_MAX_REGISTRATIONS, 1,
+                             1_000_000)
+    max_pending = _int(cl, "max_pending_requests", p, CLIENT_MAX_PENDING_REQUESTS, 1, 65_536)
 
     pm = _table(doc, "pm", {"mode", "entitlements", "registry", "anonymous", "identities",
                             "schemas"}, "")
@@ -674,22 +722,31 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,
         clients_udp=clients_udp, clients_shm=shm, clients_rdma=clients_rdma,
-        max_sessions=max_sessions,
-        session_dead_ms=session_dead, pm_mode=mode, pm_registry=registry,
+        max_sessions=max_sessions, max_guaranteed_sessions=max_guaranteed,
+        max_subscriptions=max_subscriptions, max_registrations=max_registrations,
+        max_pending_requests=max_pending, session_dead_ms=session_dead, pm_mode=mode,
+        pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=dict(mgmt),
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode))
     if mode == "embedded":
         import json
 
+        from appliance.documents import DocumentError, validate
         from appliance.pm import embedded_document
-        from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES
+        from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES, ControlKind
 
-        size = len(json.dumps(embedded_document(config), separators=(",", ":")).encode())
+        text = json.dumps(embedded_document(config), separators=(",", ":"))
+        size = len(text.encode())
         if size > MAX_CONTROL_DOCUMENT_BYTES:
             raise _fail("pm.identities", f"P&M's document would be {size} bytes; at most "
                         f"{MAX_CONTROL_DOCUMENT_BYTES} fit one frame: use fewer identities, "
                         "patterns or schemas")
+        try:  # what every appliance checks it against (appliance/documents.py)
+            validate(ControlKind.PM_UPDATE, text)
+        except DocumentError as exc:
+            raise _fail("pm.identities", f"P&M's document would be refused by the appliances "
+                        f"({exc})") from None
     return config
 
 

@@ -9,6 +9,7 @@ docs/appliance.md ("Control plane", "Clients").
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import random
@@ -22,7 +23,12 @@ from appliance import pm as pmod
 from appliance import route_apply
 from appliance.auth import FabricAuth
 from appliance.config import (
+    APPLIANCE_EGRESS_PORTS,
     AUTH_LOG_INTERVAL_NS,
+    DENIAL_TEXT_CHARS,
+    DENIALS_KEPT,
+    FABRIC_MAX_ORIGINS,
+    LOG_SOURCES_KEPT,
     LSA_MAX_AGE_REFRESHES,
     STATUS_REFRESH_NS,
     ApplianceConfig,
@@ -37,6 +43,7 @@ from appliance.dataplane import (
     DpSession,
     ForwardingTables,
 )
+from appliance.documents import DocumentError, validate
 from appliance.routing import Lsa, all_paths, graph_of, minimal_patterns, path_cost
 from appliance.status_channels import channel_rows
 from channels.udp import peer_id_of
@@ -46,6 +53,7 @@ from datapath.protocol.errors import ProtocolError
 from datapath.protocol.frame_layout import FrameType
 from datapath.topics.algebra import TopicError
 from datapath.topics.registry import KeyRegistry, RegistryError
+from datapath.topics.sublist import SubscriptionList
 from nic_offload.compiler import OffloadCompiler
 from nic_offload.errors import OffloadError
 from nic_offload.model import CPU_PORT, MAX_EGRESS_PORT
@@ -97,6 +105,10 @@ class Session:
     login_token: int | None = None
     """The client's name for the login that made this session: a repeat of it (the client
     retries an unanswered login) is answered again, not taken as a new login."""
+    registered: set[int] = field(default_factory=set)
+    """Topic keys this session registered (at most ``clients.max_registrations``)."""
+    pending: int = 0
+    """Its answers waiting for the tables to be live (``clients.max_pending_requests``)."""
 
 
 class ControlAgent:
@@ -159,6 +171,8 @@ class ControlAgent:
         self._refresh_at = 0
         self._status_at = 0
         self._log_at: dict[tuple[str, int], int] = {}
+        """(channel, peer) -> when it may be logged again (at most LOG_SOURCES_KEPT)."""
+        self._log_full_at = 0
         self._pending_snapshot = None
         self._replies_when_live: list[tuple[Session, al.ControlKind, dict]] = []
         """Replies held until the tables they depend on are live in the data path."""
@@ -182,9 +196,8 @@ class ControlAgent:
             work += 1
             try:
                 self._on_admin(channel, peer, data, now_ns)
-            except (ProtocolError, ValueError, KeyError, TypeError) as exc:
-                self.counters["bad_admin"] += 1
-                self._log_once(channel, peer, f"dropped a bad admin frame: {exc}", now_ns)
+            except Exception as exc:  # whatever a frame does, it ends here: the agent goes on
+                self._bad_admin(channel, peer, exc, now_ns)
         work += self._run_requests()
         work += self._timers(now_ns)
         work += self.routes_ext.do_work(now_ns)
@@ -209,6 +222,7 @@ class ControlAgent:
             self._retired.clear()
         if self._replies_when_live and not self._tables_dirty and self._pending_snapshot is None:
             for session, kind, doc in self._replies_when_live:
+                session.pending = 0
                 self._reply(session, kind, doc)
             self._replies_when_live.clear()
         if now_ns >= self._status_at:
@@ -262,11 +276,43 @@ class ControlAgent:
                         dest_session=session.session_id)
 
     # --- admin frames in ----------------------------------------------------------------------
-    def _log_once(self, channel: str, peer: int, text: str, now_ns: int) -> None:
+    def _log_once(self, channel: str, peer: int, text: str, now_ns: int,
+                  exc: BaseException | None = None) -> None:
+        """Log ``text`` at most once per source per AUTH_LOG_INTERVAL_NS (``exc``: with its
+        traceback). The sources remembered are bounded: when LOG_SOURCES_KEPT are waiting
+        out their interval, a new source is counted (``log_sources_dropped``), not logged."""
         key = (channel, peer)
-        if now_ns >= self._log_at.get(key, 0):
-            self._log_at[key] = now_ns + AUTH_LOG_INTERVAL_NS
-            log.warning("%s: %s (from %s peer %s)", self.cfg.name, text, channel, peer)
+        at = self._log_at.get(key)
+        if at is not None and now_ns < at:
+            return
+        if at is None and len(self._log_at) >= LOG_SOURCES_KEPT:
+            self._log_at = {k: t for k, t in self._log_at.items() if t > now_ns}
+            if len(self._log_at) >= LOG_SOURCES_KEPT:
+                self.counters["log_sources_dropped"] += 1
+                if now_ns >= self._log_full_at:
+                    self._log_full_at = now_ns + AUTH_LOG_INTERVAL_NS
+                    log.warning("%s: more than %d sources sent bad frames within %.0f s; the "
+                                "others are counted (control_log_sources_dropped), not logged",
+                                self.cfg.name, LOG_SOURCES_KEPT, AUTH_LOG_INTERVAL_NS / 1e9)
+                return
+        self._log_at[key] = now_ns + AUTH_LOG_INTERVAL_NS
+        log.warning("%s: %s (from %s peer %s)", self.cfg.name, text, channel, peer,
+                    exc_info=exc)
+
+    def _bad_admin(self, channel: str, peer: int, exc: Exception, now_ns: int) -> None:
+        """A frame whose handling raised: counted by the exception's type and logged (an
+        unexpected one with its traceback); the frame is dropped, the agent goes on."""
+        expected = isinstance(exc, (ProtocolError, ValueError, KeyError, TypeError))
+        self.counters["bad_admin"] += 1
+        self.counters[f"bad_admin_{type(exc).__name__.lower()}"] += 1
+        self._log_once(channel, peer, f"dropped a bad admin frame ({type(exc).__name__}: "
+                       f"{exc})", now_ns, None if expected else exc)
+
+    def _bad_document(self, channel: str, peer: int, exc: DocumentError, now_ns: int) -> None:
+        """A CONTROL entry refused by its schema (appliance/documents.py): counted by reason."""
+        self.counters["bad_document"] += 1
+        self.counters[f"bad_document_{exc.reason}"] += 1
+        self._log_once(channel, peer, str(exc), now_ns)
 
     def _on_admin(self, channel: str, peer: int, data: bytes, now_ns: int) -> None:
         if channel == FABRIC:
@@ -334,7 +380,12 @@ class ControlAgent:
             self._on_hello(nb, entries[0], frame.header.send_ts_ns, now_ns)
         elif ftype is FrameType.CONTROL:
             for entry in entries:
-                self._on_fabric_control(nb, entry, now_ns)
+                try:
+                    doc = validate(entry.kind, entry.document, "neighbour")
+                except DocumentError as exc:
+                    self._bad_document(FABRIC, peer, exc, now_ns)
+                    continue
+                self._on_fabric_control(nb, entry.kind, doc, now_ns)
         elif ftype is FrameType.REGISTRY_UPDATE:
             self._merge_registry(entries, nb)
         else:
@@ -361,15 +412,24 @@ class ControlAgent:
         self._to_neighbour(nb, FrameType.CONTROL, [self._control(al.ControlKind.ECHO,
                                                                  {"ts": send_ts})])
 
-    def _on_fabric_control(self, nb: Neighbour, entry: al.Control, now_ns: int) -> None:
-        doc = json.loads(entry.document)
-        kind = entry.kind
+    def _new_origin_refused(self, origin: int, table: dict) -> bool:
+        """True (counted) when ``origin`` is new to ``table`` and it holds FABRIC_MAX_ORIGINS."""
+        if origin in table or len(table) < FABRIC_MAX_ORIGINS:
+            return False
+        self.counters["origins_refused"] += 1
+        return True
+
+    def _on_fabric_control(self, nb: Neighbour, kind: al.ControlKind, doc: dict,
+                           now_ns: int) -> None:
+        """A neighbour's CONTROL entry whose document ``validate`` accepted."""
         if kind is al.ControlKind.LSA:
-            lsa = Lsa(int(doc["origin"]), str(doc["name"]), int(doc["epoch"]), int(doc["seq"]),
-                      tuple((int(a), int(c)) for a, c in doc["links"]))
+            lsa = Lsa(doc["origin"], doc["name"], doc["epoch"], doc["seq"],
+                      tuple((a, c) for a, c in doc["links"]))
             if lsa.origin == self.node_id:
                 if (lsa.epoch, lsa.seq) >= (self.epoch, self.lsa_seq):
                     self.lsa_seq = lsa.seq + 1 if lsa.epoch == self.epoch else self.lsa_seq
+                return
+            if self._new_origin_refused(lsa.origin, self.lsdb):
                 return
             self.lsa_heard_ns[lsa.origin] = now_ns
             if lsa.newer_than(self.lsdb.get(lsa.origin)):
@@ -378,14 +438,14 @@ class ControlAgent:
                 self._topology_dirty = True
                 self._flood(kind, doc, skip=nb)
         elif kind is al.ControlKind.INTEREST:
-            origin = int(doc["origin"])
-            if origin == self.node_id:
+            origin = doc["origin"]
+            if origin == self.node_id or self._new_origin_refused(origin, self.interest):
                 return
-            version = (int(doc["epoch"]), int(doc["seq"]))
+            version = (doc["epoch"], doc["seq"])
             old = self.interest.get(origin)
             if old is None or version > old[:2]:
-                patterns = frozenset((int(ns), str(p)) for ns, p in doc["patterns"])
-                gpatterns = frozenset((int(ns), str(p)) for ns, p in doc.get("guaranteed", []))
+                patterns = frozenset((ns, p) for ns, p in doc["patterns"])
+                gpatterns = frozenset((ns, p) for ns, p in doc.get("guaranteed", []))
                 self.interest[origin] = (*version, patterns, gpatterns)
                 self._tables_dirty = True
                 self._flood(kind, doc, skip=nb)
@@ -401,7 +461,7 @@ class ControlAgent:
                 self._lsa_due = True
                 self._topology_dirty = True
         elif kind is al.ControlKind.ECHO:
-            sent = int(doc.get("ts", 0))
+            sent = doc["ts"]
             if sent:
                 nb.rtt_us = max(time.time_ns() - sent, 0) / 1e3
         else:
@@ -531,6 +591,8 @@ class ControlAgent:
                     del self.lsa_heard_ns[origin]
                     self.lsdb.pop(origin, None)
                     self.interest.pop(origin, None)
+                    if all(nb.node_id != origin for nb in self.neighbours.values()):
+                        self.names.pop(origin, None)
                     self._topology_dirty = True
             work += 1
         if self._lsa_due:
@@ -629,7 +691,12 @@ class ControlAgent:
             egress = f"{key[0]}:{key[1]}"
             self.compiler.add_egress(egress, port)
             for ns, pattern in sorted(patterns):
-                self.compiler.subscribe(egress, pattern, ns)
+                try:
+                    self.compiler.subscribe(egress, pattern, ns)
+                except (TopicError, OffloadError) as exc:  # checked by its schema already
+                    self.counters["interest_refused"] += 1
+                    log.warning("%s: interest of %s not applied: %s", self.cfg.name,
+                                self.names.get(key[1], key[1]), exc)
             self.dest_egress[key] = (port, patterns)
 
     def _build_snapshot(self) -> None:
@@ -664,7 +731,14 @@ class ControlAgent:
         sid = self.session_of_peer.get((channel, peer))
         session = self.sessions.get(sid) if sid is not None else None
         if ftype is FrameType.CONTROL and entries[0].kind is al.ControlKind.LOGIN:
-            self._login(channel, peer, json.loads(entries[0].document), now_ns)
+            try:
+                doc = validate(al.ControlKind.LOGIN, entries[0].document, "client")
+            except DocumentError as exc:
+                self._bad_document(channel, peer, exc, now_ns)
+                if channel != CLIENT_SHM:  # a ring is named by the document
+                    self._refuse_login(channel, peer, None, "bad_document", str(exc))
+                return
+            self._login(channel, peer, doc, now_ns)
             return
         if session is None or frame.header.source_session != session.session_id:
             self.counters["client_no_session"] += 1
@@ -677,36 +751,73 @@ class ControlAgent:
             self._register(session, entries)
         elif ftype is FrameType.CONTROL:
             for entry in entries:
-                doc = json.loads(entry.document)
+                try:
+                    doc = validate(entry.kind, entry.document, "client")
+                except DocumentError as exc:
+                    self._bad_document(channel, peer, exc, now_ns)
+                    continue
                 if entry.kind is al.ControlKind.RESOLVE:
-                    self._resolve(session, doc.get("keys", []))
+                    self._resolve(session, doc["keys"])
                 elif entry.kind is al.ControlKind.LOGOUT:
                     self._end_session(session, "logout")
+                    return
+                else:  # a LOGIN after the first entry
+                    self.counters["client_unexpected"] += 1
         elif ftype is FrameType.HEARTBEAT:
             pass
         else:
             self.counters["client_unexpected"] += 1
 
     def _deny(self, identity: str, action: str, pattern: str) -> None:
-        self.denials[(identity, action, pattern)] += 1
+        """Count a denial per (identity, action, pattern): at most DENIALS_KEPT rows, each
+        text cut to DENIAL_TEXT_CHARS; a denial that would need a new row beyond is counted
+        in ``denials_dropped`` only (a flood of distinct names cannot grow the status)."""
+        self.counters["denials"] += 1
+        key = (identity[:DENIAL_TEXT_CHARS], action, pattern[:DENIAL_TEXT_CHARS])
+        if key in self.denials or len(self.denials) < DENIALS_KEPT:
+            self.denials[key] += 1
+        else:
+            self.counters["denials_dropped"] += 1
+
+    def _client_port(self) -> int | None:
+        """An egress port for a client's egress, or None when only the ones kept for
+        destination appliances (APPLIANCE_EGRESS_PORTS) are left."""
+        if len(self._free_ports) <= APPLIANCE_EGRESS_PORTS:
+            return None
+        return self._free_ports.pop()
+
+    def _refuse_login(self, channel: str, peer: int, ring: object, why: str,
+                      reason: str) -> None:
+        """Answer a login with a refusal (counted ``login_refused_<why>``)."""
+        self.counters[f"login_refused_{why}"] += 1
+        doc_out = {"accepted": False, "reason": reason, "node": self.cfg.name}
+        frame = encode_admin(FrameType.CONTROL, [self._control(al.ControlKind.LOGIN_RESULT,
+                                                               doc_out)],
+                             source_session=self.node_id, send_ts_ns=time.time_ns())
+        if channel == CLIENT_SHM:
+            if isinstance(ring, str):
+                self.dp.offer_admin("ring", ring, frame)  # type: ignore[arg-type]
+        else:
+            self.dp.offer_admin(channel, peer, frame)
 
     def _login(self, channel: str, peer: int, doc: dict, now_ns: int) -> None:
-        identity = str(doc.get("identity", ""))
+        """A LOGIN whose document ``validate`` accepted."""
+        identity = doc["identity"]
         ring = doc.get("ring")
-        answer = (channel, peer)
-        refuse = None
+        refuse = why = None
         ents = pmod.entitlements_of(self.pm_doc, identity)
         if not self.accepting:
-            refuse = "the appliance is shutting down"
+            refuse, why = "the appliance is shutting down", "stopping"
         elif self.pm_doc is None:
-            refuse = "no P&M document yet; retry in a moment"
+            refuse, why = "no P&M document yet; retry in a moment", "no_pm"
         elif ents is None:
-            refuse = f"identity {identity!r} is not known to P&M"
+            refuse, why = f"identity {identity!r} is not known to P&M", "identity"
             self._deny(identity, "login", "")
         elif len(self.sessions) >= self.cfg.max_sessions:
-            refuse = f"all {self.cfg.max_sessions} client sessions are taken"
+            refuse, why = (f"all {self.cfg.max_sessions} client sessions are taken "
+                           "(clients.max_sessions)"), "sessions"
         elif channel == CLIENT_SHM and not isinstance(ring, str):
-            refuse = "a shared-memory client must name its reply ring"
+            refuse, why = "a shared-memory client must name its reply ring", "no_ring"
         token = doc.get("token")
         old = self.session_of_peer.get((channel, peer))
         if old is not None and old in self.sessions:
@@ -724,22 +835,19 @@ class ControlAgent:
             try:
                 tx = ShmChannel(tx=ring)
             except Exception as exc:
-                refuse = f"cannot open reply ring {ring!r}: {exc}"
-        if refuse is not None:
-            doc_out = {"accepted": False, "reason": refuse, "node": self.cfg.name}
-            frame = encode_admin(FrameType.CONTROL, [self._control(al.ControlKind.LOGIN_RESULT,
-                                                                   doc_out)],
-                                 source_session=self.node_id, send_ts_ns=time.time_ns())
-            if channel == CLIENT_SHM:
-                if isinstance(ring, str):
-                    self.dp.offer_admin("ring", ring, frame)  # type: ignore[arg-type]
-            else:
-                self.dp.offer_admin(channel, peer, frame)
+                refuse, why = f"cannot open reply ring {ring!r}: {exc}", "ring"
+        port = self._client_port() if refuse is None else None
+        if refuse is None and port is None:  # ports of ended sessions wait for a snapshot
+            refuse, why = ("no egress port is free for another client session on this "
+                           "appliance; retry later"), "ports"
+        if refuse is not None or port is None:
+            if tx is not None:
+                tx.close()
+            self._refuse_login(channel, peer, ring, str(why), str(refuse))
             return
         sid = random.randrange(1, 2**31)
         while sid in self.sessions or sid in self.names:
             sid = random.randrange(1, 2**31)
-        port = self._free_ports.pop()
         self.compiler.add_egress(f"c:{sid}", port)
         session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
                           login_token=token if isinstance(token, int) else None)
@@ -752,7 +860,6 @@ class ControlAgent:
         log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
                  channel)
         self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
-        del answer
 
     def _login_result(self, session: Session) -> dict:
         return {"accepted": True, "session": session.session_id, "node": self.cfg.name,
@@ -797,17 +904,19 @@ class ControlAgent:
         guaranteed = entry.qos == QOS_GUARANTEED
         sid = session.session_id
         try:
-            if add:
+            refused = self._subscribe_refused(session, entry, add)
+            if refused is not None:
+                result.update(accepted=False, reason=refused)
+            elif add:
                 if not session.ents.may_subscribe(pattern):
                     self._deny(session.identity, "subscribe", pattern)
                     result.update(accepted=False, reason=f"identity {session.identity!r} may "
                                   f"not subscribe to {pattern!r}")
-                elif guaranteed and session.gport is None and not self._free_ports:
-                    result.update(accepted=False, reason="no egress port left for another "
-                                  "guaranteed subscriber on this appliance")
                 else:
                     if guaranteed and session.gport is None:
-                        session.gport = self._free_ports.pop()
+                        session.gport = self._client_port()
+                        if session.gport is None:  # checked by _subscribe_refused
+                            raise OffloadError("no egress port is free")
                         self.compiler.add_egress(f"g:{sid}", session.gport)
                     self.compiler.subscribe(f"g:{sid}" if guaranteed else f"c:{sid}", pattern,
                                             ns)
@@ -823,13 +932,75 @@ class ControlAgent:
             session.patterns = self._positive(f"c:{sid}")
             if session.gport is not None:
                 session.gpatterns = self._positive(f"g:{sid}")
+            if len(session.qos) > len(session.patterns) + len(session.gpatterns):
+                session.qos = {k: q for k, q in session.qos.items()
+                               if k in session.patterns or k in session.gpatterns}
             self._interest_dirty = True
             self._tables_dirty = True
             # answered once the tables with it are live: a message published after the
             # client heard "accepted" reaches it
+            session.pending += 1
             self._replies_when_live.append((session, al.ControlKind.REQUEST_RESULT, result))
         else:
             self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+
+    def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool
+                           ) -> str | None:
+        """Why a (un)subscribe must be refused for a limit (counted ``refused_<limit>``), or
+        None. May raise TopicError (the pattern is not one)."""
+        cfg = self.cfg
+        why = reason = None
+        if session.pending >= cfg.max_pending_requests:
+            why, reason = "pending", (f"{session.pending} requests of this session are still "
+                                      "waiting for their answer (clients.max_pending_requests "
+                                      f"= {cfg.max_pending_requests}); wait for them")
+        elif add and entry.qos == QOS_GUARANTEED and session.gport is None:
+            held = sum(1 for s in self.sessions.values() if s.gport is not None)
+            if held >= cfg.max_guaranteed_sessions:
+                why, reason = "guaranteed", (
+                    f"all {cfg.max_guaranteed_sessions} guaranteed subscriber places of this "
+                    "appliance are taken (clients.max_guaranteed_sessions)")
+            elif len(self._free_ports) <= APPLIANCE_EGRESS_PORTS:
+                why, reason = "ports", ("no egress port is free for another guaranteed "
+                                        "subscriber on this appliance; retry later")
+        if why is None:
+            entries = self._list_entries(session)
+            if entries + 2 > cfg.max_subscriptions and entries + self._list_growth(
+                    session, entry, add) > cfg.max_subscriptions:
+                why, reason = "subscriptions", (
+                    f"the session's subscription lists hold {entries} entries, at most "
+                    f"{cfg.max_subscriptions} (clients.max_subscriptions); unsubscribe "
+                    "first")
+        if why is None:
+            return None
+        self.counters[f"refused_{why}"] += 1
+        return reason
+
+    def _session_lists(self, session: Session) -> list[tuple[str, Any]]:
+        """(egress name, egress) of the session's egresses (best-effort, guaranteed)."""
+        egresses = self.compiler.egresses
+        names = [f"c:{session.session_id}", f"g:{session.session_id}"]
+        return [(name, egresses[name]) for name in names if name in egresses]
+
+    def _list_entries(self, session: Session) -> int:
+        """Entries of the session's subscription lists, both classes together."""
+        return sum(len(lst) for _, egress in self._session_lists(session)
+                   for lst in egress.lists.values())
+
+    def _list_growth(self, session: Session, entry: al.Subscription, add: bool) -> int:
+        """How many entries the request would add to the session's lists (tried on copies)."""
+        target = f"{'g' if entry.qos == QOS_GUARANTEED else 'c'}:{session.session_id}"
+        held = dict(self._session_lists(session))
+        names = [target] if add else list(held)
+        grow = 0
+        for name in names:
+            egress = held.get(name)
+            lst = egress.lists.get(entry.namespace_id) if egress is not None else None
+            trial = copy.deepcopy(lst) if lst is not None else SubscriptionList()
+            before = len(trial)
+            (trial.subscribe if add else trial.unsubscribe)(entry.pattern)
+            grow += len(trial) - before
+        return grow
 
     def _positive(self, egress: str) -> Counter:
         return Counter({(n, p): 1 for n, lst in self.compiler.egresses[egress].lists.items()
@@ -845,7 +1016,13 @@ class ControlAgent:
                 if key != entry.topic_key:
                     raise RegistryError(f"key {entry.topic_key:#x} is not the key of "
                                         f"{entry.topic!r}")
-                if not session.ents.may_publish(entry.topic):
+                limit = self.cfg.max_registrations
+                if key not in session.registered and len(session.registered) >= limit:
+                    self.counters["refused_registrations"] += 1
+                    result.update(accepted=False, reason=f"the session registered {limit} "
+                                  "topics, as many as one session may "
+                                  "(clients.max_registrations)")
+                elif not session.ents.may_publish(entry.topic):
                     self._deny(session.identity, "publish", entry.topic)
                     result.update(accepted=False, reason=f"identity {session.identity!r} may "
                                   f"not publish to {entry.topic!r}")
@@ -853,6 +1030,7 @@ class ControlAgent:
                     new = self._merge_registry([entry], None)
                     del new
                     granted.append(key)
+                    session.registered.add(key)
             except (RegistryError, TopicError) as exc:
                 result.update(accepted=False, reason=str(exc))
             results.append(result)

@@ -47,6 +47,7 @@ admin frames) stays unicast to their ``fabric.listen`` addresses.
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from collections import Counter, deque
@@ -58,6 +59,7 @@ import numpy as np
 
 from appliance import _express, _fastpath, route_apply
 from appliance.config import (
+    AUTH_LOG_INTERVAL_NS,
     CLIENT_MAX_FRAME_BYTES,
     DATAPATH_RECEIVE_FRAMES,
     GUARANTEED_HELD_RETRY_NS,
@@ -82,6 +84,8 @@ from datapath.protocol import message_layout as ml
 from nic_offload.model import DigestReason
 from nic_offload.softnic import SoftNic
 from nic_offload.softnic.layout import DescriptorKind, MessageVerdict
+
+log = logging.getLogger("topicwire.appliance")
 
 FABRIC = "fabric"
 CLIENT_UDP = "clients-udp"
@@ -293,6 +297,7 @@ class DataPlaneAgent:
         self.telemetry: Any = None
         """appliance.telemetry.probe.PathTelemetry when ``[telemetry]`` is configured."""
         self.dedup = route_apply.Deduplicator()
+        self._bad_log_at = 0
 
     # --- called from the control thread -------------------------------------------------------
     def offer_admin(self, channel: str, dest: int, frame: bytes | bytearray) -> bool:
@@ -528,8 +533,11 @@ class DataPlaneAgent:
                     self.counters["transit_frames"] += 1
                     continue
                 if reliable:
-                    self.guaranteed.on_fabric_frame(memoryview(buf[off : off + length]), ftype,
-                                                    src, stream, now_ns)
+                    try:
+                        self.guaranteed.on_fabric_frame(memoryview(buf[off : off + length]),
+                                                        ftype, src, stream, now_ns)
+                    except Exception as exc:  # contained to the frame (see _bad_frame)
+                        self._bad_frame(name, peer, exc, now_ns)
                     continue
                 if dst & route_apply.DUP_DEST_BIT:
                     kept = self.dedup.admit(buf, off, length, src, stream)
@@ -544,9 +552,12 @@ class DataPlaneAgent:
                     self.counters["unknown_client_frames"] += 1
                     continue
                 if reliable:
-                    self.guaranteed.on_client_frame(name, session, peer,
-                                                    memoryview(buf[off : off + length]), ftype,
-                                                    dst, stream, now_ns)
+                    try:
+                        self.guaranteed.on_client_frame(name, session, peer,
+                                                        memoryview(buf[off : off + length]),
+                                                        ftype, dst, stream, now_ns)
+                    except Exception as exc:  # contained to the frame (see _bad_frame)
+                        self._bad_frame(name, peer, exc, now_ns)
                     continue
                 run_idx.append(i)
                 ctxs.append(self.ingress_ctx(session, deadline))
@@ -554,6 +565,19 @@ class DataPlaneAgent:
             self._run(batch, run_idx, ctxs, now_ns)
         if self.guaranteed.delivered:
             self._run_guaranteed(now_ns)
+
+    def _bad_frame(self, channel: str, peer: int, exc: Exception, now_ns: int) -> None:
+        """A frame whose handling in Python raised: dropped and counted (``bad_admin``,
+        ``bad_admin_<exception type>``), logged with its traceback at most once per
+        AUTH_LOG_INTERVAL_NS; the data path goes on with the next frame."""
+        self.counters["bad_admin"] += 1
+        self.counters[f"bad_admin_{type(exc).__name__.lower()}"] += 1
+        if now_ns >= self._bad_log_at:
+            self._bad_log_at = now_ns + AUTH_LOG_INTERVAL_NS
+            log.warning("data path: dropped a frame from %s peer %s whose handling failed "
+                        "(%s: %s); counted in bad_admin, further ones not logged for %.0f s",
+                        channel, peer, type(exc).__name__, exc, AUTH_LOG_INTERVAL_NS / 1e9,
+                        exc_info=exc)
 
     def _run_guaranteed(self, now_ns: int) -> None:
         """Messages the reliable receivers delivered (in order per stream) through the tables:

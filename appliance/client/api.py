@@ -567,8 +567,14 @@ class Client:
             return
         _, entries = frame.admin()
         if h.frame_type is fl.FrameType.CONTROL:
+            from appliance.documents import DocumentError, validate
+
             for entry in entries:
-                doc = json.loads(entry.document)
+                try:  # nothing is read from a document its schema did not accept
+                    doc = validate(entry.kind, entry.document, "appliance")
+                except DocumentError:
+                    self.malformed = getattr(self, "malformed", 0) + 1
+                    continue
                 if entry.kind is al.ControlKind.LOGIN_RESULT:
                     self._answer(("login",), doc)
                 elif entry.kind is al.ControlKind.REQUEST_RESULT:
