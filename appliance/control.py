@@ -1088,6 +1088,11 @@ class ControlAgent:
                 out.update(self._command(command, args))
             except (KeyError, TypeError, ValueError) as exc:
                 out.update(ok=False, error=f"control: {command}: bad arguments ({exc})")
+            except Exception as exc:  # a command's failure is its answer, not the agent's end
+                self.counters["command_failed"] += 1
+                log.error("%s: command %r failed", self.cfg.name, command, exc_info=exc)
+                out.update(ok=False, error=f"control: {command} failed "
+                           f"({type(exc).__name__}: {exc})")
             done.set()
         return len(requests)
 

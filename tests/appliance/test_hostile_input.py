@@ -312,8 +312,8 @@ def test_a_flood_of_hostile_frames_is_refused_counted_and_survived(target):
 
 def test_a_handler_that_raises_costs_its_frame_not_the_appliance(target, monkeypatch):
     """The boundary itself: a handler bug (stood in for by one that raises) in the control
-    agent and in the data path's Python handling is counted with its type, and both threads
-    go on."""
+    agent, in the data path's Python handling and in a management command is counted with its
+    type, and both threads go on."""
     t = target
     sock = _udp()
     sid = raw_login(t, sock)["session"]
@@ -330,6 +330,11 @@ def test_a_handler_that_raises_costs_its_frame_not_the_appliance(target, monkeyp
     wait_for(lambda: t.counter("control_bad_admin_runtimeerror") == 3
              and t.counter("bad_admin_runtimeerror") == 3)
     wait_for(lambda: t.counter("control_bad_admin") == 3 and t.counter("bad_admin") == 3)
+    # a management command whose handler raises is answered as failed
+    monkeypatch.setattr(t.app.control, "_command", boom)
+    out = t.app.submit("disconnect_client", {"session": sid})
+    assert out["ok"] is False and "RuntimeError: a handler bug" in out["error"]
+    wait_for(lambda: t.counter("control_command_failed") == 1)
     assert t.app.failure() is None
     monkeypatch.undo()
     round_trip(t)
