@@ -90,7 +90,7 @@ class MulticastChannel(DatagramChannel):
                 raise os_error(f"binding multicast {bind[0]}:{bind[1]}", exc) from None
             super().__init__(sock, default_dest=(group, port), kernel_timestamps=
                              kernel_timestamps, name=name or f"mcast:{group}:{port}@{interface}",
-                             stamp_send_ts=stamp_send_ts)
+                             stamp_send_ts=stamp_send_ts, rcvbuf_bytes=rcvbuf_bytes)
             if join:
                 self.join_group(group)
         except BaseException:

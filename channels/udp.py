@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import logging
 import math
 import select
 import socket
@@ -40,7 +41,8 @@ from channels.base import (
 from channels.errors import ChannelUserError, os_error
 
 UDP_RCVBUF_BYTES = 4 * 1024 * 1024
-"""Socket receive buffer asked for (the kernel caps it at net.core.rmem_max)."""
+"""Socket receive buffer asked for (the kernel caps it at net.core.rmem_max, and the channel
+logs a warning when it did)."""
 UDP_SNDBUF_BYTES = 4 * 1024 * 1024
 """Socket send buffer asked for (the kernel caps it at net.core.wmem_max)."""
 UDP_MAX_DATAGRAM_BYTES = 65_507
@@ -48,6 +50,8 @@ UDP_MAX_DATAGRAM_BYTES = 65_507
 
 _RETRY_LATER = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS})
 _VECTOR_KEY = "mmsg"
+
+log = logging.getLogger("topicwire.channels")
 
 
 def parse_ipv4(host: str, what: str = "address") -> int:
@@ -88,7 +92,10 @@ class DatagramChannel(Channel):
 
     def __init__(self, sock: socket.socket, *, default_dest: Address | None = None,
                  connected: bool = False, kernel_timestamps: bool = True,
-                 name: str | None = None, stamp_send_ts: bool = True) -> None:
+                 name: str | None = None, stamp_send_ts: bool = True,
+                 rcvbuf_bytes: int | None = None) -> None:
+        """``rcvbuf_bytes``: the receive buffer the socket was asked for (``SO_RCVBUF``);
+        a warning is logged when the kernel gave less."""
         super().__init__(name=name, stamp_send_ts=stamp_send_ts)
         self._sock = sock
         self._fd = sock.fileno()
@@ -101,6 +108,8 @@ class DatagramChannel(Channel):
         sock.setblocking(False)
         if kernel_timestamps:
             sock.setsockopt(socket.SOL_SOCKET, _mmsg.SO_TIMESTAMPNS, 1)
+        if rcvbuf_bytes is not None:
+            warn_if_rcvbuf_capped(self.name, sock, rcvbuf_bytes)
 
     # --- addresses ---------------------------------------------------------------------------
     multicast_sender = False
@@ -359,7 +368,7 @@ class UdpChannel(DatagramChannel):
             super().__init__(sock, default_dest=None if connect else dest, connected=connect,
                              kernel_timestamps=kernel_timestamps,
                              name=name or f"udp:{host}:{sock.getsockname()[1]}",
-                             stamp_send_ts=stamp_send_ts)
+                             stamp_send_ts=stamp_send_ts, rcvbuf_bytes=rcvbuf_bytes)
         except BaseException:
             sock.close()
             raise
@@ -371,6 +380,23 @@ def _split(address: object, what: str) -> Address:
     except (TypeError, ValueError):
         raise ChannelUserError(f"{what} {address!r} is not a (host, port) pair") from None
     return host, port
+
+
+def rcvbuf_granted(sock: socket.socket) -> int:
+    """The receive buffer the kernel gave ``sock``, in the units ``SO_RCVBUF`` is asked in
+    (``getsockopt`` reports twice that: the kernel doubles it for its bookkeeping)."""
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
+
+
+def warn_if_rcvbuf_capped(name: str, sock: socket.socket, asked: int) -> None:
+    """Log a warning when the kernel capped the receive buffer ``asked`` for (at
+    ``net.core.rmem_max``): bursts larger than what it got are dropped by the kernel."""
+    got = rcvbuf_granted(sock)
+    if got < asked:
+        log.warning("channels: %s: the kernel capped the socket receive buffer at %d bytes "
+                    "(asked for %d; net.core.rmem_max limits it): bursts beyond it are "
+                    "dropped; raise the limit with `sysctl -w net.core.rmem_max=%d`",
+                    name, got, asked, asked)
 
 
 def make_udp_socket(rcvbuf_bytes: int, sndbuf_bytes: int, reuse_address: bool) -> socket.socket:

@@ -44,6 +44,31 @@ class Host:
         sh("ip", "netns", "del", self.name, check=False)
 
 
+def rmem_max_at_least(host: Host, needed: int) -> str | None:
+    """Give ``host``'s namespace a ``net.core.rmem_max`` (the largest socket receive buffer
+    ``SO_RCVBUF`` gets) of at least ``needed`` bytes, for a test whose sockets there need
+    one that large: None when it has it, else why not (the test skips saying so). Where the
+    kernel keeps the limit per namespace it is raised there only; where a namespace sees the
+    host's limit (read-only) or none, the host's must be high enough already: it is never
+    changed from here."""
+    def limit() -> int:
+        done = host.run("cat", "/proc/sys/net/core/rmem_max", check=False)
+        if done.returncode == 0:
+            return int(done.stdout)
+        with open("/proc/sys/net/core/rmem_max") as f:  # none of its own: the host's applies
+            return int(f.read())
+    have = limit()
+    if have >= needed:
+        return None
+    done = host.run("sh", "-c", f"echo {needed} > /proc/sys/net/core/rmem_max", check=False)
+    if done.returncode == 0 and limit() >= needed:
+        return None
+    return (f"needs a socket receive buffer of {needed} bytes: net.core.rmem_max is {have} and "
+            f"this kernel does not let a network namespace raise its own "
+            f"({done.stderr.strip() or 'refused'}); raise it on this host: "
+            f"sysctl -w net.core.rmem_max={needed}")
+
+
 class Fabric:
     """Hosts joined by a bridge in its own namespace: ``fabric.add_host()`` -> Host with an IP.
 

@@ -109,7 +109,10 @@ udp = "127.0.0.1:{client_port}"
         holder.close()
     assert proc.returncode == 2
     assert "clients.udp" in proc.stderr and "in use" in proc.stderr
-    assert proc.stderr.count("\n") == 1  # one message
+    # one message (a host whose net.core.rmem_max is below the channels' ask also gets the
+    # warning the fabric channel logs about it, opened before the clients' port failed)
+    assert len([line for line in proc.stderr.splitlines()
+                if "net.core.rmem_max" not in line]) == 1
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the fabric port was released
         s.bind(("127.0.0.1", fabric_port))
 
