@@ -49,7 +49,8 @@ MAX_NODE_ID = 2**31 - 1
 MAX_U32 = 2**32 - 1
 MAX_U63 = 2**63 - 1
 MAX_U64 = 2**64 - 1
-MAX_REASON_CHARS = 4_096
+MAX_REASON_CHARS = 16_384
+"""A reason quotes what it refused (a pattern of up to 1,024 bytes, escaped)."""
 MAX_IDENTITY_CHARS = 255
 MAX_RING_CHARS = 255
 MAX_RESOLVE_KEYS = 4_096
@@ -309,7 +310,7 @@ KINDS: dict[ControlKind, Kind] = {
         {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
          "accepted": Bool()},
         {"sub_id": Int(0, MAX_U32), "pattern": TEXT, "topic": TEXT, "namespace": NAMESPACE,
-         "reason": REASON}, _request_result_rule), 16_384),
+         "reason": REASON}, _request_result_rule)),
     ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
     ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON}), 16_384),
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
