@@ -14,8 +14,9 @@ two ends of a veth pair) and then the command. The guest writes only under ``--r
 (``.venv/hwtest/rw``): the pytest JUnit report, benchmark JSON, numba's cache.
 
 The run fails when the guest could not boot, ran no test, or skipped an RDMA test (CI must
-not pass by skipping); when QEMU cannot run at all it says so and skips (exit 0). The
-kernel, the virtme-ng venv and numba's compiled kernels are cached under ``.venv/hwtest``, so
+not pass by skipping); when QEMU cannot run at all it says so and skips (exit 0), except
+under CI (``CI=true``), where that is a failure too: a CI run never passes with nothing run.
+The kernel, the virtme-ng venv and numba's compiled kernels are cached under ``.venv/hwtest``, so
 only the first run downloads (~70 MB) and compiles.
 """
 
@@ -31,6 +32,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +56,8 @@ DEFAULT_PYTEST_ARGS = ("-v", "-rP", "--durations=10")
 REQUIRE_RDMA_ENV = "TOPICWIRE_HWTEST_REQUIRE_RDMA"
 """Set in the guest: a missing RDMA device fails the RDMA tests instead of skipping them."""
 QEMU = "qemu-system-x86_64"
+CI_ENV = "CI"
+"""``CI=true`` (as CI services set it): a run that cannot boot the guest fails, not skips."""
 
 
 def say(message: str) -> None:
@@ -310,13 +314,34 @@ def boot(command: list[str], rw: Path, log: Path) -> int:
     return status
 
 
-# --- reports ------------------------------------------------------------------------------
+# --- verdicts -----------------------------------------------------------------------------
+
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this runs under CI: ``CI`` set to true (or 1, yes)."""
+    return environ.get(CI_ENV, "").strip().lower() in ("true", "1", "yes")
+
+
+def no_guest_verdict(why: str, *, ci: bool) -> tuple[int, str]:
+    """(exit status, message) when there is no RDMA device here and QEMU cannot run
+    (``why``), so the soft-RoCE guest cannot boot: outside CI a skip that says so (0);
+    under CI a failure naming why (1), since a CI run must never pass with nothing run."""
+    if ci:
+        return 1, (f"FAILED: no RDMA device here and the soft-RoCE guest cannot boot: QEMU "
+                   f"cannot run ({why}); under CI ({CI_ENV}=true) the RDMA hardware tests "
+                   "must run, not skip: install qemu-system-x86 (make setup does) or run on "
+                   "a machine with an RDMA device")
+    return 0, (f"no RDMA device here and QEMU cannot run ({why}): the RDMA hardware tests "
+               f"are SKIPPED on this machine (under CI, {CI_ENV}=true, this fails)")
+
 
 def check_report(report: Path, *, require_rdma: bool) -> tuple[bool, str]:
     """(ok, summary) of a pytest JUnit report: tests ran, none failed, RDMA tests not skipped."""
     if not report.exists():
         return False, f"no test report ({report}): pytest did not run"
-    root = ET.parse(report).getroot()
+    try:
+        root = ET.parse(report).getroot()
+    except ET.ParseError as exc:
+        return False, f"the test report {report} cannot be read ({exc}): pytest did not finish"
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {k: sum(int(s.get(k, 0)) for s in suites)
               for k in ("tests", "failures", "errors", "skipped")}
@@ -349,11 +374,12 @@ def _rw_dir() -> Path:
 
 
 def _no_qemu_skip() -> int | None:
+    """None when QEMU can run; else the exit status (a skip, or under CI a failure)."""
     ok, why = qemu_usable()
     if not ok:
-        say(f"no RDMA device here and QEMU cannot run ({why}): the RDMA hardware tests "
-            "are SKIPPED on this machine")
-        return 0
+        status, message = no_guest_verdict(why, ci=in_ci())
+        say(message)
+        return status
     return None
 
 
