@@ -58,7 +58,9 @@ def test_an_agent_failure_surfaces_when_the_runner_is_stopped():
             raise RuntimeError("boom")
 
     runner = AgentRunner([Broken(0)]).start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 10  # the first duty cycle fails
+    while runner.error is None and time.monotonic() < deadline:
+        time.sleep(0.001)
     with pytest.raises(RuntimeError, match="boom"):
         runner.stop()
 
