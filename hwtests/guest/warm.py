@@ -12,12 +12,11 @@ def main() -> None:
     import numpy as np
 
     import channels
+    from appliance.warm import run_warm
     from channels import _rdma_kernels
     from channels.base import FrameBatch, decode_batch
     from datapath.protocol.batch import new_message_batch
     from datapath.protocol.codec import encode_data_frame
-
-    from appliance.warm import run_warm
 
     channels.warm_up()
     _rdma_kernels.warm_up()
