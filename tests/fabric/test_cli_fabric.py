@@ -3,6 +3,8 @@
 
 import json
 import select
+import subprocess
+import sys
 import time
 
 from tests.appliance.helpers import CLI, FABRIC_KEY, start, stop, wait_ready
@@ -20,9 +22,27 @@ name = "{other}"
 address = "{other_address}:47470"
 [clients]
 udp = "127.0.0.1:47471"
+[mgmt]
+listen = "127.0.0.1:47490"
 [pm]
 {pm}
 """
+INTEREST = """
+import json, sys, time, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        with opener.open("http://127.0.0.1:47490/status", timeout=5) as reply:
+            subs = json.load(reply)["subscriptions"]
+        if any((s["origin"], s["pattern"]) == (sys.argv[1], sys.argv[2]) for s in subs):
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.05)
+sys.exit(f"no interest of {sys.argv[1]} in {sys.argv[2]} within 30 s")
+"""
+"""Inside a namespace: wait until its appliance has a neighbour's interest (/status)."""
 
 
 @requires_netns
@@ -58,7 +78,11 @@ def test_pub_on_one_appliance_reaches_sub_on_another_across_the_fabric(tmp_path)
                         time.sleep(0.2)
                         break
                 assert time.monotonic() < deadline, "sub never subscribed"
-            time.sleep(1.0)  # the interest reaches edge1 (flooded at once; 20 heartbeats)
+            # the subscriber's interest has reached edge1 (its management API says so)
+            seen = subprocess.run(["ip", "netns", "exec", hosts[0].name, sys.executable, "-c",
+                                   INTEREST, "core2", "fx/#"], capture_output=True, text=True,
+                                  timeout=60)
+            assert seen.returncode == 0, seen.stderr[-2000:]
             pub = start([*CLI, "pub", "--appliance", "127.0.0.1:47471", "--topic", "fx/eur/usd",
                          "--count", "200", "--rate", "2000", "--json"],
                         ["ip", "netns", "exec", hosts[0].name])
