@@ -162,7 +162,8 @@ def test_management_can_disconnect_a_client(served):
         sub = c.subscribe("d/#")
         assert app.submit("disconnect_client", {"session": c.session}) == {"ok": True}
         wait_for(lambda: c.logged_out_reason)
-        assert sub.get(timeout=1) is None
+        wait_for(lambda: sub.closed)  # the subscription ended with the session: empty
+        assert sub.get(timeout=0) is None
         wait_for(lambda: not app.status()["clients"])
 
 
