@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
+import uuid
 
 from tests.appliance.helpers import FABRIC_KEY, ROOT, wait_ready
 from tests.netns import Host, requires_netns
@@ -31,7 +32,7 @@ def test_the_readme_snippet_prints_the_message_it_published(tmp_path) -> None:
         f'key = "{FABRIC_KEY}"', "[clients]", 'udp = "127.0.0.1:47471"', "[pm]",
         'mode = "embedded"', "[pm.identities.trader1]", 'publish = ["prices/#"]',
         'subscribe = ["prices/#"]']) + "\n")
-    host = Host(f"twreadme{tmp_path.name[-6:]}")
+    host = Host(f"twreadme{uuid.uuid4().hex[:8]}")
     proc = None
     try:
         proc = host.popen([sys.executable, "-m", "tests.appliance.twcli", "run", "--config",
