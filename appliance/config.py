@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from datapath.errors import UserError
+from appliance.errors import ConfigError
 
 # --- tunables (units in the names) ---------------------------------------------------------
 HEARTBEAT_INTERVAL_MS = 100
@@ -134,7 +134,7 @@ GUARANTEED_SWEEP_INTERVAL_NS = 1_000_000_000
 """How often ended guaranteed senders are looked for."""
 RDMA_LINK_RETRY_NS = 500_000_000
 """An RDMA neighbour link whose set-up failed (the neighbour not up yet, gone) is tried again
-after this long (appliance/fabric_links.py)."""
+after this long (appliance/dataplane/fabric_links.py)."""
 RDMA_LINK_BACKLOG_FRAMES = 4_096
 """Frames an RDMA neighbour link holds back while the link pushes back (the peer's credits
 are used up), sent in order before newer ones; more are dropped and counted, as a full UDP
@@ -145,12 +145,6 @@ RDMA_LINK_BACKLOG_BYTES = 4 * 1024 * 1024
 MAX_NODE_ID = 2**31 - 1
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 FABRIC_KEY_BYTES = 32
-
-
-class ConfigError(UserError):
-    """A refused configuration: names the key and what to do."""
-
-    component = "config"
 
 
 # --- the parsed configuration ----------------------------------------------------------------
@@ -244,7 +238,7 @@ class ApplianceConfig:
     clients_udp: Address | None = None
     clients_shm: str | None = None
     clients_rdma: RdmaClientsConfig | None = None
-    """RDMA clients, sharing the client UDP channel (appliance/client_links.py)."""
+    """RDMA clients, sharing the client UDP channel (appliance/dataplane/client_links.py)."""
     max_sessions: int = CLIENT_MAX_SESSIONS
     session_dead_ms: int = CLIENT_SESSION_DEAD_MS
     max_guaranteed_sessions: int = CLIENT_MAX_GUARANTEED_SESSIONS
@@ -261,9 +255,9 @@ class ApplianceConfig:
     log: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None
     telemetry: Any = None
-    """``[telemetry]`` (appliance/telemetry/settings.py), None when absent."""
+    """``[telemetry]`` (appliance/ops/telemetry/settings.py), None when absent."""
     routes: Any = None
-    """``[routes]`` (appliance/telemetry/settings.py)."""
+    """``[routes]`` (appliance/ops/telemetry/settings.py)."""
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -553,7 +547,7 @@ def node_id_of(name: str) -> int:
 
 def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     """Check a parsed TOML document (see the module docstring)."""
-    from appliance.telemetry.settings import parse_routes, parse_telemetry
+    from appliance.ops.telemetry.settings import parse_routes, parse_telemetry
 
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
@@ -732,8 +726,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     if mode == "embedded":
         import json
 
-        from appliance.documents import DocumentError, validate
-        from appliance.pm import embedded_document
+        from appliance.control.documents import DocumentError, validate
+        from appliance.control.pm import embedded_document
         from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES, ControlKind
 
         text = json.dumps(embedded_document(config), separators=(",", ":"))
@@ -742,7 +736,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
             raise _fail("pm.identities", f"P&M's document would be {size} bytes; at most "
                         f"{MAX_CONTROL_DOCUMENT_BYTES} fit one frame: use fewer identities, "
                         "patterns or schemas")
-        try:  # what every appliance checks it against (appliance/documents.py)
+        try:  # what every appliance checks it against (appliance/control/documents.py)
             validate(ControlKind.PM_UPDATE, text)
         except DocumentError as exc:
             raise _fail("pm.identities", f"P&M's document would be refused by the appliances "

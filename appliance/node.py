@@ -25,8 +25,8 @@ from appliance.config import (
     GroupConfig,
     is_loopback_interface,
 )
-from appliance.control import ControlAgent
-from appliance.dataplane import (
+from appliance.control.agent import ControlAgent
+from appliance.dataplane.agent import (
     CLIENT_SHM,
     CLIENT_UDP,
     FABRIC,
@@ -134,7 +134,7 @@ class Appliance:
                 self.channels[FABRIC] = _open("fabric.listen", f"{host}:{port}", lambda: UdpChannel(
                     (host, port), name=f"fabric:{host}:{port}"))
                 if any(n.transport == "rdma" for n in cfg.neighbours):
-                    from appliance.fabric_links import open_fabric_links
+                    from appliance.dataplane.fabric_links import open_fabric_links
 
                     self.channels[FABRIC] = open_fabric_links(cfg, self.channels[FABRIC])
             for i, group in enumerate(cfg.groups):
@@ -145,7 +145,7 @@ class Appliance:
                                                   lambda: UdpChannel((host, port),
                                                                      name=f"clients:{host}:{port}"))
                 if cfg.clients_rdma is not None:
-                    from appliance.client_links import open_client_links
+                    from appliance.dataplane.client_links import open_client_links
 
                     self.channels[CLIENT_UDP] = open_client_links(cfg, self.channels[CLIENT_UDP])
             if cfg.clients_shm is not None:
@@ -159,7 +159,7 @@ class Appliance:
             self.dataplane = DataPlaneAgent(cfg.node_id, nic, self.channels,
                                             fabric_max_frame_bytes=cfg.fabric_max_frame_bytes)
             self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
-            from appliance.telemetry.probe import attach  # [telemetry]: docs/routing.md
+            from appliance.ops.telemetry.probe import attach  # [telemetry]: docs/routing.md
 
             self.dataplane.telemetry = attach(cfg, self.channels)
             if self.dataplane.telemetry is not None:
@@ -208,11 +208,11 @@ class Appliance:
                              name=f"group-tx:{group.name}:{group.group}:{group.port}")))
 
     def _start_mgmt(self) -> None:
-        """The management API, when configured and available (appliance.mgmt.serve)."""
+        """The management API, when configured and available (appliance.ops.mgmt.serve)."""
         if not self.config.mgmt.get("listen"):
             return
         try:
-            from appliance import mgmt  # type: ignore[attr-defined]
+            from appliance.ops import mgmt
         except ImportError:
             log.warning("%s: mgmt.listen is set but the management API is not installed",
                         self.config.name)

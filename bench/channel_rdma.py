@@ -5,12 +5,12 @@ The two ends are the soft-RoCE pair ``hwtests/guest/provision.sh --devices`` mak
 the first address, a forked child connects from the second. The child is forked, not started
 anew: in the emulated guest a new Python spends a minute importing numpy and numba.
 
-- throughput (``msgs_per_s``): as for the other kinds (``bench.channel.send_all``): frames of
+- throughput (``msgs_per_s``): as for the other kinds (``bench.channel_loops.send_all``): frames of
   ``--size`` bytes in batches of ``--batch``; the channel packs a batch into one RDMA SEND.
   Baseline ``ib_send_bw`` (perftest): one message of ``--size`` bytes per RDMA SEND, its
   ``MsgRate``, ``--messages`` iterations.
 - latency (``p50_us``/``p99_us``/``p999_us``): ping-pong of one frame, half the round trip
-  (``bench.channel.ping_pong``). Baseline ``ib_send_lat``: also half the round trip of a
+  (``bench.channel_loops.ping_pong``). Baseline ``ib_send_lat``: also half the round trip of a
   send ping-pong (its ``t_typical`` is the median), same size, in C with no Python.
 
 perftest runs on the same two devices, GID indexes and size in the same session, right after
@@ -98,7 +98,7 @@ def _child(target: Any, address: tuple, bind: str, args: argparse.Namespace,
 
 
 def _count(channel: Any, args: argparse.Namespace) -> dict:
-    from bench.channel import count_frames
+    from bench.channel_loops import count_frames
     from channels.base import FrameBatch
 
     # RC loses nothing, so no gap means the end: a long one is an emulated CPU not scheduled
@@ -107,7 +107,7 @@ def _count(channel: Any, args: argparse.Namespace) -> dict:
 
 
 def _echo(channel: Any, args: argparse.Namespace) -> dict:
-    from bench.channel import BENCH_BATCH_FRAMES, echo
+    from bench.channel_loops import BENCH_BATCH_FRAMES, echo
     from channels.base import FrameBatch
 
     return echo(channel, FrameBatch(BENCH_BATCH_FRAMES, max(args.size, 64)), None,
@@ -153,7 +153,7 @@ def _with_child(target: Any, args: argparse.Namespace, work: Any) -> tuple[Any, 
 
 
 def measure_throughput(args: argparse.Namespace) -> dict[str, float]:
-    from bench.channel import send_all, throughput_figures
+    from bench.channel_loops import send_all, throughput_figures
 
     (sent, start, elapsed), got = _with_child(_count, args,
                                               lambda ch: send_all(ch, None, args))
@@ -161,7 +161,7 @@ def measure_throughput(args: argparse.Namespace) -> dict[str, float]:
 
 
 def measure_latency(args: argparse.Namespace) -> dict[str, float]:
-    from bench.channel import WARMUP_PINGS, latency_figures, ping_pong
+    from bench.channel_loops import WARMUP_PINGS, latency_figures, ping_pong
 
     warmup = min(WARMUP_PINGS, 100)  # fewer under emulation: each ping is slow
     histogram, child = _with_child(_echo, args,

@@ -575,7 +575,7 @@ class Appliance:
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = 16\n'
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n'
             + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n'))
-        code = "import sys; from appliance.cli import main; sys.exit(main(sys.argv[1:]))"
+        code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
         self.child = _Child([sys.executable, "-c", code, "run", "--config", str(self.config)],
                             "appliance (topicwire run)", stdin=False)
         self.child.expect("topicwire: appliance")

@@ -6,7 +6,7 @@ appliances write them) over ``--paths`` links of a full mesh, written to a telem
 aggregation on Spark (``--master``, default ``local[2]``): read, row checks, histogram merge
 and percentiles per (path, evaluation window), collected on the driver; the baseline
 ``pandas`` does the same aggregation with pyarrow and pandas on one core
-(``appliance.telemetry.aggregate``, pyarrow limited to one thread). Both read the same files
+(``appliance.ops.telemetry.aggregate``, pyarrow limited to one thread). Both read the same files
 in the same run and must give the same statistics. ``windows_per_s`` is windows divided by
 the median aggregation time (after one warm-up run each); ``run_s`` is the median of the
 route job's whole run (``routes_job.compute``: checks, aggregation, route selection),
@@ -66,11 +66,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; returns the report (``bench.report.build_report``)."""
     import pyarrow as pa
 
-    from appliance.telemetry import routes_job
-    from appliance.telemetry.aggregate import aggregate, check_rows
-    from appliance.telemetry.costs import PathStats
-    from appliance.telemetry.store import TelemetryStore, read_windows
-    from appliance.telemetry.synth import synthetic_windows
+    from appliance.ops.telemetry import routes_job
+    from appliance.ops.telemetry.aggregate import aggregate, check_rows
+    from appliance.ops.telemetry.costs import PathStats
+    from appliance.ops.telemetry.store import TelemetryStore, read_windows
+    from appliance.ops.telemetry.synth import synthetic_windows
 
     links = mesh_links(args.paths)
     per_path = math.ceil(args.windows / len(links))

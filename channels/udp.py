@@ -303,7 +303,7 @@ class DatagramChannel(Channel):
 
     def io_vector(self, batch: FrameBatch) -> _mmsg.MmsgVector:
         """The I/O vector this channel receives into and sends from ``batch`` with (for a
-        kernel that makes the system calls itself: appliance/_express.py)."""
+        kernel that makes the system calls itself: appliance/dataplane/express.py)."""
         self._check_open()
         return self._batch_vector(batch)
 

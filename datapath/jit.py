@@ -46,9 +46,9 @@ KERNEL_MODULES = (
     "channels.tcp",
     "channels._rdma_kernels",
     "nic_offload.softnic._kernels",
-    "appliance._fastpath",
-    "appliance._kernels",
-    "appliance.telemetry._kernels",
+    "appliance.dataplane.fastpath",
+    "appliance.dataplane._kernels",
+    "appliance.ops.telemetry._kernels",
     "bench._fabric_kernels",
 )
 """Every module that defines numba kernels (tests/datapath/test_jit.py keeps it complete)."""

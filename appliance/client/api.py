@@ -7,7 +7,7 @@ frame when its latency budget (``CLIENT_BATCH_BUDGET_NS``) is spent. ``publish``
 messages into that frame (batching): a frame leaves when full, when the budget is spent,
 or on ``flush()``.
 
-Guaranteed QoS (appliance/guaranteed.py): ``publish(..., qos="guaranteed")`` goes through
+Guaranteed QoS (appliance/dataplane/guaranteed.py): ``publish(..., qos="guaranteed")`` goes through
 this client's reliable sender (a stream of its own, recovered by NAK and retransmission up to
 the appliance); a ``subscribe(..., qos="guaranteed")`` gets its messages over a reliable
 stream per (origin appliance, publisher), in order, each once. What the transport cannot
@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 import channels
+from appliance.client.errors import ClientError, EntitlementError, LoginError
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
@@ -52,12 +53,11 @@ from appliance.config import (
     REQUEST_RETRY_MAX_S,
     REQUEST_TIMEOUT_S,
 )
-from appliance.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
+from appliance.dataplane.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
 from channels.errors import ChannelDeviceError
 from datapath import jit
 from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
 from datapath.config import MAX_FRAME_BYTES
-from datapath.errors import UserError
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
@@ -96,20 +96,6 @@ IDLE_STRATEGIES = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": Sleepi
 park up to 1 ms (the default), or sleep 1 ms (least CPU, up to 1 ms more latency)."""
 RESOLVE_RETRY_NS = 200_000_000
 """An unanswered key resolution is asked again after this long."""
-
-
-class ClientError(UserError):
-    """A refused client operation (component ``client``)."""
-
-    component = "client"
-
-
-class LoginError(ClientError):
-    """The appliance refused the login (unknown identity, no P&M yet, shutting down)."""
-
-
-class EntitlementError(ClientError):
-    """P&M's entitlements refused a subscription or a publish."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,7 +553,7 @@ class Client:
             return
         _, entries = frame.admin()
         if h.frame_type is fl.FrameType.CONTROL:
-            from appliance.documents import DocumentError, validate
+            from appliance.control.documents import DocumentError, validate
 
             for entry in entries:
                 try:  # nothing is read from a document its schema did not accept

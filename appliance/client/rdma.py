@@ -14,7 +14,7 @@ SCHEME = "rdma://"
 
 def parse_rdma_url(url: str) -> tuple[str, int]:
     """``rdma://10.0.0.1:47472`` -> ``("10.0.0.1", 47472)``; ``ClientError`` saying what to give."""
-    from appliance.client.api import ClientError
+    from appliance.client.errors import ClientError
     from appliance.config import ConfigError, parse_address
 
     if not url.startswith(SCHEME):
@@ -33,7 +33,7 @@ def open_rdma_channel(url: str, *, device: str | None = None, gid_index: int | N
                       bind: str | None = None, timeout_s: float) -> Any:
     """A connected ``RdmaChannel`` to the appliance at ``url``; ``ClientError`` saying what is
     wrong (no RDMA here, nothing listening, the set-up failed) and what to do."""
-    from appliance.client.api import ClientError
+    from appliance.client.errors import ClientError
     from channels.errors import ChannelError
     from channels.rdma import RdmaChannel, rdma_available
 

@@ -260,7 +260,7 @@ def _pack_frames(batch, first, count, arena, out, out_offset, max_frame_bytes,
 def write_frame_header(out, start, end, count, frame_type, source_session, dest_session,
                        stream_id, send_ts_ns):
     """The header of the frame at ``out[start:end]`` (``count`` messages, flags 0); also the
-    appliance's express kernel's (appliance/_kernels.py)."""
+    appliance's express kernel's (appliance/dataplane/_kernels.py)."""
     _put16(out, start, _MAGIC)
     out[start + 2] = _VERSION
     out[start + 3] = frame_type

@@ -12,7 +12,7 @@ def main() -> None:
     import numpy as np
 
     import channels
-    from appliance.warm import run_warm
+    from appliance.ops.warm import run_warm
     from channels import _rdma_kernels
     from channels.base import FrameBatch, decode_batch
     from datapath.protocol.batch import new_message_batch

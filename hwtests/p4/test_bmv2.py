@@ -27,7 +27,7 @@ from scapy.layers.inet import IP, UDP, IPOption_NOP
 from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap, wrpcap
 
-from appliance.cli import p4_cmd
+from appliance.ops.cli import p4_cmd
 from datapath.config import NATIVE_UDP_PORT
 from datapath.protocol.frame_layout import FrameType
 from datapath.protocol.scapy_native import HelloEntry, NativeFrame, NativeMessage

@@ -198,7 +198,7 @@ class SoftNic:
         """(the current snapshot, this NIC's state with its tables): the arguments that
         ``run_burst`` (``_kernels._run``) takes after its first six (buffer, offsets,
         lengths, exact, burst_frames, max_bursts), for a kernel that runs the NIC inside its
-        own compiled code (appliance/_express.py) instead of through ``process``. Adopts a
+        own compiled code (appliance/dataplane/express.py) instead of through ``process``. Adopts a
         new snapshot first, as ``process`` does; the tuple is made once per snapshot."""
         snap = self._current()
         cached = self._burst_state

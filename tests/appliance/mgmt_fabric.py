@@ -18,7 +18,7 @@ from tests.appliance.helpers import FABRIC_KEY, free_port, run_appliance, stop, 
 
 TOKEN = "mgmt-test-token-0123456789"
 STATUS_CLI = [sys.executable, "-c",
-              "import sys, appliance.cli as c; m = 'appliance.cli.status_cmd'; "
+              "import sys, appliance.ops.cli as c; m = 'appliance.ops.cli.status_cmd'; "
               "c.COMMAND_MODULES = tuple(c.COMMAND_MODULES) + "
               "(() if m in c.COMMAND_MODULES else (m,)); sys.exit(c.main(sys.argv[1:]))"]
 """``topicwire`` with the status command registered (until the CLI lists it)."""

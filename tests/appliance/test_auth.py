@@ -1,6 +1,6 @@
 """Admin-frame authentication: MAC, key id, replay window, epochs."""
 
-from appliance.auth import FabricAuth
+from appliance.control.auth import FabricAuth
 from datapath.protocol import admin_layout as al
 from datapath.protocol.codec import decode_frame, encode_admin
 from datapath.protocol.frame_layout import FrameType

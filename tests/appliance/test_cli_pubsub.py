@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from appliance.cli.pubsub_cmd import SubStats
 from appliance.client import Message
 from appliance.config import parse_config
 from appliance.node import Appliance
+from appliance.ops.cli.pubsub_cmd import SubStats
 from tests.appliance.helpers import CLI, ROOT, free_port, start
 
 

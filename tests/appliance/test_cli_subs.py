@@ -3,7 +3,7 @@
 import io
 import json
 
-from appliance.cli import main
+from appliance.ops.cli import main
 
 
 def test_replay_prints_the_list_and_decisions(tmp_path, capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cli import main
+from appliance.ops.cli import main
 
 
 @pytest.mark.parametrize("args, code, text", [

@@ -1,4 +1,4 @@
-"""RDMA clients (appliance/client_links.py, appliance/client/rdma.py), on this host.
+"""RDMA clients (appliance/dataplane/client_links.py, appliance/client/rdma.py), on this host.
 
 Config checks, URL parsing and the refusals on a host without RDMA; the client channel's
 composite with real UDP sockets on loopback, where only the RDMA channel an accepted client
@@ -17,11 +17,11 @@ import subprocess
 
 import pytest
 
-from appliance import client_links
 from appliance.client import Client, ClientError, connect
 from appliance.client.rdma import parse_rdma_url
-from appliance.client_links import RDMA_CLIENT_PEER_BASE, ClientLinks
 from appliance.config import ConfigError, parse_config
+from appliance.dataplane import client_links
+from appliance.dataplane.client_links import RDMA_CLIENT_PEER_BASE, ClientLinks
 from appliance.node import Appliance
 from channels.base import EACH_SLOT, FrameBatch
 from channels.errors import ChannelDeviceError

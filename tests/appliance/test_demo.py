@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from appliance.demo import PUBLISHERS, SUBSCRIBERS, path_of
+from appliance.ops.demo import PUBLISHERS, SUBSCRIBERS, path_of
 from tests.appliance.helpers import ROOT
 
 DEMO_SECONDS = 5
@@ -25,14 +25,14 @@ DEMO_RATE = 200
 def _demo_processes():
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines()
-            if "topicwire-demo-" in line or "appliance.demo worker" in line]
+            if "topicwire-demo-" in line or "appliance.ops.demo worker" in line]
 
 
 @pytest.mark.skipif(not os.path.exists("/sys/class/net/lo"), reason="needs Linux loopback")
 def test_demo_delivers_what_the_subscriptions_decide_and_exits_0():
     before = set(_demo_processes())
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from appliance.cli import main; "
+        [sys.executable, "-c", "import sys; from appliance.ops.cli import main; "
          "sys.exit(main(sys.argv[1:]))", "demo", "--seconds", str(DEMO_SECONDS), "--rate",
          str(DEMO_RATE), "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -64,7 +64,7 @@ def test_demo_delivers_what_the_subscriptions_decide_and_exits_0():
 
 def test_demo_help_names_its_options():
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from appliance.cli import main; "
+        [sys.executable, "-c", "import sys; from appliance.ops.cli import main; "
          "sys.exit(main(sys.argv[1:]))", "demo", "--help"],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0

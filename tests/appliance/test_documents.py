@@ -1,4 +1,4 @@
-"""The CONTROL documents' schemas (appliance/documents.py): what the appliances and clients
+"""The CONTROL documents' schemas (appliance/control/documents.py): what the appliances and clients
 write is accepted; a document of the wrong shape, size, nesting, type, range or text is
 refused with a component-prefixed DocumentError and a reason from REASONS, before any field
 is read; nothing else ever escapes ``validate``."""
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from appliance import documents as d
 from appliance.config import parse_config
-from appliance.control import _lsa_to_doc
-from appliance.pm import embedded_document
-from appliance.routing import Lsa
+from appliance.control import documents as d
+from appliance.control.agent import _lsa_to_doc
+from appliance.control.pm import embedded_document
+from appliance.control.routing import Lsa
 from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES, ControlKind
 
 K = ControlKind

@@ -1,4 +1,4 @@
-"""The fabric channel with RDMA neighbours (appliance/fabric_links.py), on this host.
+"""The fabric channel with RDMA neighbours (appliance/dataplane/fabric_links.py), on this host.
 
 Real UDP sockets on loopback throughout; below the composite, an RDMA link's channel is a
 stand-in (a UDP pair that can be told to push back or to fail as a gone RDMA peer does),
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from appliance.config import ConfigError, parse_config
-from appliance.fabric_links import FabricLinks, RdmaLink
+from appliance.dataplane.fabric_links import FabricLinks, RdmaLink
 from appliance.node import Appliance
 from channels.base import EACH_SLOT, FrameBatch
 from channels.rdma import RdmaPeerGoneError, rdma_available
@@ -226,7 +226,7 @@ def test_a_link_that_is_down_drops_its_neighbours_frames_and_counts_them():
 
 
 def test_the_status_has_a_row_and_counters_for_each_rdma_link(fabric):
-    from appliance.status_channels import channel_row, sample_channel
+    from appliance.dataplane.status_channels import channel_row, sample_channel
 
     channel, link, far, _, _, _ = fabric
     channel.send(_batch([(frame(1, i), link.peer_id) for i in range(4)]), EACH_SLOT)

@@ -1,5 +1,5 @@
-"""The data path's express path (appliance/_express.py) and vectorised fast paths
-(appliance/_fastpath.py) against its general loops.
+"""The data path's express path (appliance/dataplane/express.py) and vectorised fast paths
+(appliance/dataplane/fastpath.py) against its general loops.
 
 Two appliances on loopback (a: P&M, b: remote), subscribers at both (client API), and a
 publisher that sends bursts of 64, 1 and 3 frames per sendmmsg (3 messages per frame, three
@@ -19,9 +19,10 @@ import time
 
 import pytest
 
-from appliance import _express, _fastpath
 from appliance.client import connect
 from appliance.config import parse_config
+from appliance.dataplane import express as _express
+from appliance.dataplane import fastpath as _fastpath
 from appliance.node import Appliance
 from bench.fabric import _login, _request
 from channels.base import FrameBatch

@@ -10,8 +10,8 @@ guaranteed client, in sequence position after the messages A did take.
 
 import json
 
-from appliance.dataplane import CLIENT_UDP, FABRIC, DpSession, ForwardingTables
-from appliance.guaranteed import LOSS_NOTICE_KEY, GuaranteedPlane
+from appliance.dataplane.agent import CLIENT_UDP, FABRIC, DpSession, ForwardingTables
+from appliance.dataplane.guaranteed import LOSS_NOTICE_KEY, GuaranteedPlane
 from datapath.protocol.admin_layout import FlowControl, FlowPolicy, FlowState
 from datapath.protocol.codec import decode_frame, encode_data_frame
 from datapath.protocol.frame_layout import FRAME_HEADER_BYTES, FRAME_HEADER_STRUCT, FrameType

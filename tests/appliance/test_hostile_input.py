@@ -20,9 +20,6 @@ import time
 
 import pytest
 
-from appliance import control as control_module
-from appliance import documents
-from appliance.auth import FabricAuth
 from appliance.client import EntitlementError, LoginError, connect
 from appliance.config import (
     DENIALS_KEPT,
@@ -31,6 +28,9 @@ from appliance.config import (
     ConfigError,
     parse_config,
 )
+from appliance.control import agent as control_module
+from appliance.control import documents
+from appliance.control.auth import FabricAuth
 from appliance.node import Appliance
 from datapath.protocol import admin_layout as al
 from datapath.protocol.admin_layout import ControlKind

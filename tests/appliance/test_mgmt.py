@@ -13,9 +13,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_prom
 
 from appliance.client import EntitlementError, connect
-from appliance.mgmt.logs import JsonFormatter
-from appliance.mgmt.metrics import METRIC_NAMES
-from appliance.mgmt.server import ENDPOINTS, SECTIONS
+from appliance.ops.mgmt.logs import JsonFormatter
+from appliance.ops.mgmt.metrics import METRIC_NAMES
+from appliance.ops.mgmt.server import ENDPOINTS, SECTIONS
 from tests.appliance.helpers import CLI, ROOT, start, stop, wait_for
 from tests.appliance.mgmt_fabric import TOKEN, Triangle, free_tcp_port, http
 

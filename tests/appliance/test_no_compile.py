@@ -1,5 +1,5 @@
 """A started appliance compiles nothing: every kernel signature its traffic needs was compiled
-by ``topicwire warm`` and loaded at start (datapath/jit.py, appliance/warm.py).
+by ``topicwire warm`` and loaded at start (datapath/jit.py, appliance/ops/warm.py).
 
 Three ``topicwire run`` processes with the user's numba cache (not the tests' bounds-checked
 one): P&M ``pm`` with a unicast neighbour ``b``; ``b`` and ``c`` on a UDP multicast fabric
@@ -95,7 +95,7 @@ def _status(cfg: dict) -> dict:
 @pytest.mark.slow
 def test_no_kernel_compiles_after_an_appliance_started(tmp_path: Path) -> None:
     env = production_env()
-    warm = subprocess.run([sys.executable, "-c", "import sys; from appliance.cli import main; "
+    warm = subprocess.run([sys.executable, "-c", "import sys; from appliance.ops.cli import main; "
                            "sys.exit(main(sys.argv[1:]))", "warm"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert warm.returncode == 0, warm.stderr

@@ -3,7 +3,7 @@
 import itertools
 import random
 
-from appliance.routing import Lsa, all_paths, graph_of, minimal_patterns, path_cost
+from appliance.control.routing import Lsa, all_paths, graph_of, minimal_patterns, path_cost
 from datapath.topics.algebra import includes
 
 

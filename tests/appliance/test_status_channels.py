@@ -4,7 +4,7 @@ counts equal hdrh's own, and a sample does not change when the channel goes on c
 import numpy as np
 import pytest
 
-from appliance.status_channels import channel_row, latency_ns_at, sample_channel
+from appliance.dataplane.status_channels import channel_row, latency_ns_at, sample_channel
 from channels.base import FrameBatch
 from channels.udp import UdpChannel
 from datapath.protocol import admin_layout as al

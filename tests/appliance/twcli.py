@@ -6,9 +6,9 @@
 import importlib.util
 import sys
 
-import appliance.cli as cli
+import appliance.ops.cli as cli
 
-EXTRA_COMMANDS = ("appliance.cli.run_cmd", "appliance.cli.pubsub_cmd")
+EXTRA_COMMANDS = ("appliance.ops.cli.run_cmd", "appliance.ops.cli.pubsub_cmd")
 
 cli.COMMAND_MODULES = tuple(cli.COMMAND_MODULES) + tuple(
     m for m in EXTRA_COMMANDS

@@ -49,7 +49,7 @@ def test_the_mesh_has_the_links_asked_for():
 
 
 def test_a_disagreement_between_spark_and_pandas_is_an_error():
-    from appliance.telemetry.costs import PathStats
+    from appliance.ops.telemetry.costs import PathStats
     from datapath.errors import TopicwireError
 
     a = PathStats("b", "a", "fabric", 0, 1, 10, 1.0, 2.0, 3.0, 0.0, 1, 1, 0, 0, 0, 0, 1, 0)

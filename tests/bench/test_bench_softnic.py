@@ -113,7 +113,7 @@ def test_the_command_prints_the_report_of_the_same_run(report):
     progress on stderr, and the workload's counts equal to those of ``run()``."""
     script = Path(sys.executable).with_name("topicwire")  # the console script of the venv
     entry = [str(script)] if script.exists() else [
-        sys.executable, "-c", "import sys; from appliance.cli import main; sys.exit(main())"]
+        sys.executable, "-c", "import sys; from appliance.ops.cli import main; sys.exit(main())"]
     command = [*entry, "bench", "softnic", *TINY, "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr

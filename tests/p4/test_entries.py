@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.cli import p4_cmd
+from appliance.ops.cli import p4_cmd
 from datapath.errors import UserError
 from nic_offload import runtime_json
 from nic_offload.model import AclField, EntrySet, PipelineSpec

@@ -7,7 +7,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from appliance.cli import p4_cmd
+from appliance.ops.cli import p4_cmd
 from datapath.config import NATIVE_UDP_PORT
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml

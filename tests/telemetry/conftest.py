@@ -17,7 +17,7 @@ def pytest_configure(config):
 def spark():
     import os
 
-    from appliance.telemetry.routes_job import spark_session
+    from appliance.ops.telemetry.routes_job import spark_session
 
     # short jobs: the client compiler alone starts the JVM's code much sooner on two cores
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS",

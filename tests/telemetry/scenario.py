@@ -3,8 +3,8 @@
 import numpy as np
 import pyarrow as pa
 
-from appliance.telemetry import routes_job
-from appliance.telemetry.synth import synthetic_windows
+from appliance.ops.telemetry import routes_job
+from appliance.ops.telemetry.synth import synthetic_windows
 
 T0 = 1_735_732_800 * 1_000_000_000
 S = 1_000_000_000

@@ -5,9 +5,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from appliance.telemetry.aggregate import INVALID, NEGATIVE, aggregate, check_rows
-from appliance.telemetry.config import COST_WEIGHTS
-from appliance.telemetry.costs import (
+from appliance.ops.telemetry.aggregate import INVALID, NEGATIVE, aggregate, check_rows
+from appliance.ops.telemetry.config import COST_WEIGHTS
+from appliance.ops.telemetry.costs import (
     PathStats,
     RouteSelector,
     backup_of,
@@ -18,9 +18,9 @@ from appliance.telemetry.costs import (
     select_routes,
     shortest,
 )
-from appliance.telemetry.errors import RoutesError
-from appliance.telemetry.synth import exact_window, synthetic_windows
-from appliance.telemetry.windows import bucket_bounds, sparse_buckets
+from appliance.ops.telemetry.errors import RoutesError
+from appliance.ops.telemetry.synth import exact_window, synthetic_windows
+from appliance.ops.telemetry.windows import bucket_bounds, sparse_buckets
 
 T0 = 1_735_732_800 * 1_000_000_000
 S = 1_000_000_000

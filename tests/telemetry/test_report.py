@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from appliance.cli import routes_cmd
-from appliance.telemetry.errors import RoutesError
-from appliance.telemetry.report import render
-from appliance.telemetry.store import TelemetryStore
+from appliance.ops.cli import routes_cmd
+from appliance.ops.telemetry.errors import RoutesError
+from appliance.ops.telemetry.report import render
+from appliance.ops.telemetry.store import TelemetryStore
 from tests.telemetry.scenario import LINKS, WINDOWS, S, scenario
 
 PNG = b"\x89PNG\r\n\x1a\n"

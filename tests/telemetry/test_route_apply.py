@@ -9,15 +9,15 @@ import time
 import pytest
 
 from appliance.config import ConfigError, parse_config
-from appliance.dataplane import ForwardingTables
-from appliance.route_apply import (
+from appliance.control.route_apply import (
     DEDUP_WINDOW,
     DUP_DEST_BIT,
     Deduplicator,
     other_route,
     table_routes,
 )
-from appliance.telemetry.store import read_windows
+from appliance.dataplane.agent import ForwardingTables
+from appliance.ops.telemetry.store import read_windows
 from datapath.protocol import frame_layout as fl
 from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from appliance.telemetry import routes_job
+from appliance.ops.telemetry import routes_job
 from tests.appliance.helpers import FABRIC_KEY
 from tests.fabric.harness import CLIENT_PORT, FABRIC_PORT, IDENTITIES, NodeProcess, wait_until
 from tests.netns import Fabric, requires_netns

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from appliance.telemetry import routes_job
-from appliance.telemetry.aggregate import aggregate
-from appliance.telemetry.errors import RoutesError
-from appliance.telemetry.store import TelemetryStore, read_windows
+from appliance.ops.telemetry import routes_job
+from appliance.ops.telemetry.aggregate import aggregate
+from appliance.ops.telemetry.errors import RoutesError
+from appliance.ops.telemetry.store import TelemetryStore, read_windows
 from tests.telemetry.scenario import (
     DEGRADED_FROM,
     LINKS,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.telemetry.store import TelemetryStore
+from appliance.ops.telemetry.store import TelemetryStore
 from tests.telemetry.scenario import job, routes_of, scenario
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -106,7 +106,7 @@ def test_spark_submit_to_a_standalone_cluster_gives_the_local_answer(spark, clus
          "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
          "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
          "--driver-java-options", QUICK_JVM, "--executor-memory", "512m",
-         str(ROOT / "appliance" / "telemetry" / "routes_job.py"),
+         str(ROOT / "appliance" / "ops" / "telemetry" / "routes_job.py"),
          "--telemetry", str(telemetry), "--out", str(out), "--window", "2s", "--k", "2",
          "--margin", "0.2"],
         cwd=tmp_path, env=spark_env(tmp_path), capture_output=True, text=True,

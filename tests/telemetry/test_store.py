@@ -10,17 +10,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from appliance.telemetry import _kernels as k
-from appliance.telemetry.config import LATENCY_BUCKETS
-from appliance.telemetry.store import (
+from appliance.ops.telemetry import _kernels as k
+from appliance.ops.telemetry.config import LATENCY_BUCKETS
+from appliance.ops.telemetry.store import (
     HOUR_NS,
     TelemetryStore,
     data_files,
     partition_of,
     read_windows,
 )
-from appliance.telemetry.windows import WINDOW_SCHEMA, ClosedWindows, windows_table
-from appliance.telemetry.writer import TelemetryWriter
+from appliance.ops.telemetry.windows import WINDOW_SCHEMA, ClosedWindows, windows_table
+from appliance.ops.telemetry.writer import TelemetryWriter
 
 T0 = 1_735_732_800 * 1_000_000_000  # 2025-01-01 12:00:00 UTC
 
@@ -130,7 +130,7 @@ def test_corrupt_and_incomplete_files_are_reported_and_skipped(tmp_path):
 
 
 def test_a_missing_directory_is_a_user_error(tmp_path):
-    from appliance.telemetry.errors import TelemetryUserError
+    from appliance.ops.telemetry.errors import TelemetryUserError
 
     with pytest.raises(TelemetryUserError, match="telemetry: no telemetry directory"):
         read_windows(tmp_path / "nope")

@@ -7,15 +7,15 @@ import time
 import numpy as np
 import pytest
 
-from appliance.telemetry import _kernels as k
-from appliance.telemetry.config import (
+from appliance.ops.telemetry import _kernels as k
+from appliance.ops.telemetry.config import (
     LATENCY_BUCKETS,
     LATENCY_SUB_BUCKETS,
     LATENCY_UNIT_NS,
     PROBE_RESTART_GAP,
     PROBE_STREAM_ID,
 )
-from appliance.telemetry.windows import (
+from appliance.ops.telemetry.windows import (
     LATENCY_MAX_NS,
     WINDOW_SCHEMA,
     WindowRecorder,

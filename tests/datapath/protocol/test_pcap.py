@@ -12,7 +12,7 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.utils import wrpcap
 
-from appliance.cli import main
+from appliance.ops.cli import main
 from datapath.config import NATIVE_UDP_PORT
 from datapath.protocol.codec import encode_data_frame
 from tests.datapath.protocol.frames import data_frame

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from appliance.cli import p4_cmd
+from appliance.ops.cli import p4_cmd
 from nic_offload import runtime_json
 from tests.p4.snapshot import entry_set
 

@@ -1,0 +1,63 @@
+"""P&M: the authority's document and the entitlement checks every appliance makes with its copy.
+
+The embedded P&M builds its document from the config (``pm.identities``, ``pm.anonymous``,
+namespaces, route overrides); every appliance keeps the newest version it has received
+(floods carry it, docs/appliance.md) and checks logins, subscriptions and publishes with it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from datapath.topics.algebra import includes, matches
+
+if TYPE_CHECKING:
+    from appliance.config import ApplianceConfig
+
+
+def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
+    """The P&M document of an embedded P&M, versioned by wall-clock microseconds (a restarted
+    P&M's document is newer than its previous one)."""
+    return {
+        "pm": config.name,
+        "version": time.time_ns() // 1_000,
+        "identities": {name: {"publish": list(ident.publish), "subscribe": list(ident.subscribe)}
+                       for name, ident in sorted(config.identities.items())},
+        "anonymous": config.pm_anonymous,
+        "namespaces": list(config.namespaces),
+        "schemas": list(config.schemas),
+        "routes": [],
+    }
+
+
+@dataclass(frozen=True)
+class Entitlements:
+    """What one identity may do."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+    def may_publish(self, topic: str) -> bool:
+        return any(matches(p, topic) for p in self.publish)
+
+    def may_subscribe(self, pattern: str) -> bool:
+        return any(includes(p, pattern) for p in self.subscribe)
+
+
+ALL = Entitlements(("#",), ("#",))
+
+
+def entitlements_of(document: dict[str, Any] | None, identity: str) -> Entitlements | None:
+    """The entitlements of ``identity`` in a P&M document; None when it may not log in."""
+    if document is None:
+        return None
+    spec = document.get("identities", {}).get(identity)
+    if spec is None:
+        return ALL if document.get("anonymous") else None
+    return Entitlements(tuple(spec.get("publish", ())), tuple(spec.get("subscribe", ())))
+
+
+def is_newer(document: dict[str, Any], current: dict[str, Any] | None) -> bool:
+    return current is None or int(document.get("version", 0)) > int(current.get("version", 0))

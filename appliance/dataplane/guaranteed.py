@@ -1,0 +1,427 @@
+"""Guaranteed QoS in the appliance: the reliable transport (datapath/reliability) on its hops.
+
+A message travels over the reliable transport wherever it goes to a *guaranteed*
+subscription, and from a publisher that publishes it ``qos="guaranteed"``. Each reliable
+stream is one ``ReliableSender`` and a ``ReliableReceiver`` stream at the other end:
+
+```
+ publisher client --(1)--> ingress appliance A --(2)--> ... --(2)--> destination D --(3)--> client
+ (1) key (session, session|R), dest_session 0: the client's sender; A's receiver per client
+     channel (session id = A's node id); NAK/ACK back to the client's address or ring.
+ (2) key (A, session|R), dest_session D: A's sender per (D, publishing session); the frames
+     are per-destination frames like any other, forwarded by (source, destination) through
+     transit appliances; D's fabric receiver (session id = D) NAKs/ACKs along path(D, A).
+ (3) key (origin, session|R), dest_session = the client's session: D's sender per (client,
+     origin, publishing session); the client's receiver.
+```
+
+``R`` is ``RELIABLE_STREAM_BIT``: client sessions are below 2^31, so a stream id with the top
+bit set names a guaranteed stream and keeps the publishing session beside it. The stream's
+sequence numbers are the transport's (contiguous per stream, across topics); each hop
+delivers in order, recovers gaps by NAK/retransmission and declares what it cannot recover
+within the recovery bound as an ``UnrecoverableLoss``. A loss cannot name the topics it hit,
+so the appliance that sees it sends a **loss notice** down every guaranteed stream that could
+have carried them: a message with topic key ``LOSS_NOTICE_KEY`` (0, which no topic has) and a
+JSON payload ``{"origin", "stream", "first", "last", "messages", "reason", "at"}``, in
+sequence position. Destinations relay notices to their guaranteed clients; the client library
+turns them (and its own hop's losses) into loss events on its guaranteed subscriptions.
+
+Senders and receivers live on the data-path thread (``GuaranteedPlane``, owned by the
+``DataPlaneAgent``); their frames leave through the data path's out queues.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from appliance.config import (
+    CLIENT_MAX_FRAME_BYTES,
+    GUARANTEED_RETRANSMIT_BUFFER_BYTES,
+    GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
+    GUARANTEED_SENDER_LINGER_NS,
+    GUARANTEED_SWEEP_INTERVAL_NS,
+    GUARANTEED_TIMER_INTERVAL_NS,
+    GUARANTEED_UDP_FRAME_BYTES,
+)
+from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
+from datapath.protocol import message_layout as ml
+from datapath.protocol.frame_layout import FrameType
+from datapath.reliability import (
+    ReceiverConfig,
+    ReliabilityError,
+    ReliableReceiver,
+    ReliableSender,
+    SenderConfig,
+    StreamKey,
+    UnrecoverableLoss,
+)
+from datapath.topics.registry import NO_KEY
+
+if TYPE_CHECKING:
+    from appliance.dataplane.agent import DataPlaneAgent
+
+RELIABLE_STREAM_BIT = 0x8000_0000
+"""Set in ``stream_id``: the frame belongs to a guaranteed (reliable) stream."""
+LOSS_NOTICE_KEY = NO_KEY
+"""Topic key of a loss notice inside a guaranteed stream (key 0 is never a topic's)."""
+RELIABILITY_ADMIN_TYPES = frozenset({int(FrameType.NAK), int(FrameType.ACK),
+                                     int(FrameType.FLOW_CONTROL), int(FrameType.LOSS)})
+"""Frame types the reliable transport exchanges besides its DATA and RETRANSMISSION."""
+_TO_SENDER = frozenset({int(FrameType.NAK), int(FrameType.ACK), int(FrameType.FLOW_CONTROL)})
+_MSG = ml.MESSAGE_HEADER_STRUCT
+_PARTIAL = int(ml.MessageFlags.PARTIAL)
+
+
+def is_reliable_stream(stream_id: int) -> bool:
+    return bool(stream_id & RELIABLE_STREAM_BIT)
+
+
+def loss_notice(origin: int, stream: int, first: int, last: int, reason: str, at: int) -> bytes:
+    """The payload of a loss notice (see the module docstring)."""
+    return json.dumps({"origin": origin, "stream": stream & ~RELIABLE_STREAM_BIT,
+                       "first": first, "last": last, "messages": last - first + 1,
+                       "reason": reason, "at": at}, separators=(",", ":")).encode()
+
+
+class _Collector:
+    """A receiver's DeliveryHandler: messages and losses wait for the data path's cycle."""
+
+    def __init__(self, plane: GuaranteedPlane, where: str) -> None:
+        self.plane = plane
+        self.where = where
+
+    def on_message(self, stream: StreamKey, message: memoryview) -> bool:
+        self.plane.delivered.append((self.where, stream, bytes(message)))
+        return True
+
+    def on_loss(self, event: UnrecoverableLoss) -> None:
+        self.plane.on_loss(self.where, event)
+
+
+class _Sink:
+    """FrameSink of the reliable agents: ``route(frame, dest)`` queues on the data path."""
+
+    def __init__(self, route: Callable[[memoryview, Any], None]) -> None:
+        self.send_frame = route
+
+
+@dataclass
+class _Sender:
+    sender: ReliableSender
+    epoch: int = 0
+    """For a sender towards an appliance: that appliance's epoch when it was made."""
+    last_offer_ns: int = 0
+
+
+class GuaranteedPlane:
+    """The data path's reliable senders and receivers (module docstring)."""
+
+    def __init__(self, dp: DataPlaneAgent, fabric_max_frame_bytes: int) -> None:
+        self.dp = dp
+        self.node_id = dp.node_id
+        self.fabric_frame_bytes = fabric_max_frame_bytes
+        self.delivered: list[tuple[str, StreamKey, bytes]] = []
+        self.held: dict[tuple[str, StreamKey], deque[tuple[bytes, int]]] = {}
+        """Delivered messages waiting for their topic key to reach the tables, per stream
+        (everything after one waits too: a stream's order is kept), with their deadlines."""
+        self.topic_seq: dict[tuple[int, int], int] = {}
+        """(publishing session, topic key) -> the last per-topic sequence given to its
+        guaranteed publishes (what plain subscribers see)."""
+        self.held_version = -1
+        self.held_retry_ns = 0
+        self.receivers: dict[str, ReliableReceiver] = {}
+        self.senders: dict[tuple, _Sender] = {}
+        self.active: dict[tuple, ReliableSender] = {}
+        self.counters: Counter[str] = Counter()
+        self._busy: set[str] = set()
+        self._timers_at = 0
+        self._sweep_at = 0
+        self._closed_counters: Counter[str] = Counter()
+
+    # --- receivers ----------------------------------------------------------------------------
+    def _receiver(self, where: str) -> ReliableReceiver:
+        rx = self.receivers.get(where)
+        if rx is None:
+
+            route = self._to_node if where == FABRIC else self._to_peer(where)
+            rx = ReliableReceiver(_Collector(self, where), _Sink(route), session_id=self.node_id,
+                                  config=ReceiverConfig())
+            self.receivers[where] = rx
+        return rx
+
+    def on_fabric_frame(self, frame: memoryview, ftype: int, src: int, stream: int,
+                        now_ns: int) -> None:
+        """A reliability frame for this node from the fabric (after the off-path guard)."""
+        if ftype in _TO_SENDER:
+            held = self.senders.get(("n", src, stream))
+            if held is None:
+                self.counters["guaranteed_no_sender"] += 1
+            else:
+                held.sender.on_frame(frame, now_ns)
+            return
+
+        self._receiver(FABRIC).on_frame(frame, now_ns, reply_to=src)
+        self._busy.add(FABRIC)
+
+    def on_client_frame(self, channel: str, session: Any, peer: int, frame: memoryview,
+                        ftype: int, dst: int, stream: int, now_ns: int) -> None:
+        """A reliability frame from a logged-in client (its session id already checked)."""
+        if ftype in _TO_SENDER:  # about a stream we send to this client
+            held = self.senders.get(("c", session.session_id, dst, stream))
+            if held is None:
+                self.counters["guaranteed_no_sender"] += 1
+            else:
+                held.sender.on_frame(frame, now_ns)
+            return
+        if ftype == int(FrameType.LOSS) or stream != session.session_id | RELIABLE_STREAM_BIT:
+            self.counters["guaranteed_bad_client_frames"] += 1
+            return
+        self._receiver(channel).on_frame(frame, now_ns, reply_to=peer)
+        self._busy.add(channel)
+
+    # --- senders ------------------------------------------------------------------------------
+    def _to_node(self, frame: memoryview, dest: Any) -> None:
+
+        hop = self.dp.tables.next_hop.get(int(dest))
+        if hop is None:
+            self.counters["guaranteed_unroutable"] += 1  # recovered by NAK once a path exists
+            return
+        self.dp.queue_frame(FABRIC, hop, frame)
+
+    def _to_peer(self, channel: str) -> Callable[[memoryview, Any], None]:
+        """Frames to a client by the peer id its frames came from (the receivers' replies)."""
+
+        def route(frame: memoryview, dest: Any) -> None:
+            if channel == CLIENT_SHM:
+                session = self.dp.session_at(channel, int(dest))
+                if session is None:
+                    self.counters["guaranteed_unroutable"] += 1
+                    return
+                dest = session.session_id
+            self.dp.queue_frame(channel, int(dest), frame)
+        return route
+
+    def _to_session(self, frame: memoryview, dest: Any) -> None:
+        session = self.dp.sessions.get(int(dest))
+        if session is None:
+            self.counters["guaranteed_unroutable"] += 1
+            return
+        self.dp.queue_frame(session.channel, session.dest, frame)
+
+    def _sender_to_node(self, node: int, stream: int) -> _Sender | None:
+        key = ("n", node, stream)
+        held = self.senders.get(key)
+        if held is None:
+            epoch = self.dp.tables.epochs.get(node)
+            if epoch is None:
+                self.counters["guaranteed_unroutable"] += 1
+                return None
+            config = SenderConfig(dest_session=node, max_frame_bytes=self.fabric_frame_bytes,
+                                  retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
+                                  retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
+            sender = ReliableSender(_Sink(self._to_node), session_id=self.node_id,
+                                    stream_id=stream, dest=node, config=config)
+            held = self.senders[key] = _Sender(sender, epoch)
+        return held
+
+    def _sender_to_client(self, session_id: int, origin: int, stream: int) -> _Sender | None:
+        key = ("c", session_id, origin, stream)
+        held = self.senders.get(key)
+        if held is None:
+
+            session = self.dp.sessions.get(session_id)
+            if session is None:
+                return None
+            size = GUARANTEED_UDP_FRAME_BYTES if session.channel == CLIENT_UDP else \
+                CLIENT_MAX_FRAME_BYTES
+            config = SenderConfig(dest_session=session_id, max_frame_bytes=size,
+                                  retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
+                                  retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
+            sender = ReliableSender(_Sink(self._to_session), session_id=origin, stream_id=stream,
+                                    dest=session_id, config=config)
+            held = self.senders[key] = _Sender(sender)
+        return held
+
+    def _offer(self, key: tuple, held: _Sender | None, message: Any, off: int,
+               now_ns: int) -> None:
+        if held is None:
+            return
+        topic_key, _, ts, ns, schema, qos, flags, plen, _, _ = _MSG.unpack_from(message, off)
+        start = off + ml.MESSAGE_HEADER_BYTES
+        payload = memoryview(message[start : start + plen])
+        try:
+            accepted = held.sender.offer(topic_key, payload, now_ns, publish_ts_ns=ts,
+                                         namespace_id=ns, schema_id=schema, qos=qos,
+                                         flags=flags & _PARTIAL)
+        except ReliabilityError:
+            accepted = None
+        held.last_offer_ns = now_ns
+        if not accepted:
+            # too large for this hop's frames, or its pending queue is full behind a closed
+            # send window or flow control: the message takes its sequence number as a declared
+            # loss (LOSS to the receivers, then a loss event and loss notices), never a silent one
+            held.sender.skip(now_ns)
+            self.counters["guaranteed_too_large" if accepted is None else
+                          "guaranteed_refused"] += 1
+            return
+        self.active[key] = held.sender
+        self.counters["guaranteed_offered"] += 1
+
+    def to_node(self, node: int, stream: int, message: Any, off: int, now_ns: int) -> None:
+        """A message for destination appliance ``node`` from publishing session ``stream``."""
+        stream |= RELIABLE_STREAM_BIT
+        self._offer(("n", node, stream), self._sender_to_node(node, stream), message, off,
+                    now_ns)
+
+    def to_client(self, session_id: int, origin: int, stream: int, message: Any, off: int,
+                  now_ns: int) -> None:
+        """A message for a local client's guaranteed subscriptions."""
+        stream |= RELIABLE_STREAM_BIT
+        self._offer(("c", session_id, origin, stream),
+                    self._sender_to_client(session_id, origin, stream), message, off, now_ns)
+
+    # --- losses -------------------------------------------------------------------------------
+    def _notice(self, key: tuple, held: _Sender | None, payload: bytes, now_ns: int) -> None:
+        if held is None:
+            return
+        if not held.sender.offer(LOSS_NOTICE_KEY, payload, now_ns, publish_ts_ns=time.time_ns(),
+                                 qos=int(ml.Qos.GUARANTEED)):
+            held.sender.skip(now_ns)  # refused as any message: then it is a loss event itself
+            self.counters["loss_notices_refused"] += 1
+        held.last_offer_ns = now_ns
+        self.active[key] = held.sender
+        self.counters["loss_notices_sent"] += 1
+
+    def _guaranteed_sessions(self) -> list[int]:
+        return [what[1] for what in self.dp.tables.ports.values() if what[0] == "gclient"]
+
+    def _guaranteed_nodes(self) -> list[int]:
+        return [what[1] for what in self.dp.tables.ports.values() if what[0] == "gnode"]
+
+    def notify_clients(self, origin: int, stream: int, payload: bytes, now_ns: int) -> None:
+        """A loss notice to every local client with a guaranteed subscription."""
+        for sid in self._guaranteed_sessions():
+            self._notice(("c", sid, origin, stream), self._sender_to_client(sid, origin, stream),
+                         payload, now_ns)
+
+    def on_loss(self, where: str, event: UnrecoverableLoss) -> None:
+        self.lost(where, event.stream, event.first_seq, event.last_seq, event.reason.name)
+
+    def lost(self, where: str, key: StreamKey, first: int, last: int, reason: str) -> None:
+        """Messages ``first``..``last`` of a received stream will not be delivered: count
+        them and send loss notices to whoever could have received them."""
+
+        now_ns = time.monotonic_ns()
+        self.counters["guaranteed_loss_events"] += 1
+        self.counters["guaranteed_lost_messages"] += last - first + 1
+        origin, stream = key
+        if where == FABRIC:  # (origin, stream) from another appliance: tell our clients
+            payload = loss_notice(origin, stream, first, last, reason, self.node_id)
+            self.notify_clients(origin, stream, payload, now_ns)
+            return
+        # a publishing client's stream: everyone who could have received those messages
+        stream = origin | RELIABLE_STREAM_BIT
+        payload = loss_notice(self.node_id, stream, first, last, reason, self.node_id)
+        for node in self._guaranteed_nodes():
+            self._notice(("n", node, stream), self._sender_to_node(node, stream), payload,
+                         now_ns)
+        self.notify_clients(self.node_id, stream, payload, now_ns)
+
+    # --- the cycle ----------------------------------------------------------------------------
+    def take_delivered(self) -> list[tuple[str, StreamKey, bytes]]:
+        out, self.delivered = self.delivered, []
+        return out
+
+    def run_timers(self, now_ns: int) -> int:
+        """Receivers that saw frames this cycle (their NAKs leave now), and every
+        GUARANTEED_TIMER_INTERVAL_NS all receivers and senders (retries, ACKs, probes)."""
+        work = 0
+        if now_ns >= self._timers_at:
+            self._timers_at = now_ns + GUARANTEED_TIMER_INTERVAL_NS
+            for rx in self.receivers.values():
+                work += rx.do_work(now_ns)
+            for held in self.senders.values():
+                work += held.sender.do_work(now_ns)
+            if now_ns >= self._sweep_at:
+                self._sweep_at = now_ns + GUARANTEED_SWEEP_INTERVAL_NS
+                self._sweep(now_ns)
+        elif self._busy:
+            for where in self._busy:
+                work += self.receivers[where].do_work(now_ns)
+        self._busy.clear()
+        return work
+
+    def flush(self, now_ns: int) -> None:
+        """Send the open frames of the senders offered to in this cycle."""
+        for sender in self.active.values():
+            sender.flush(now_ns)
+        self.active.clear()
+
+    # --- lifetimes ----------------------------------------------------------------------------
+    def on_tables(self, tables: Any) -> None:
+        """Senders towards an appliance that went away or restarted (new epoch) are dropped:
+        a new incarnation's receivers start from sequence 1."""
+        for key, held in list(self.senders.items()):
+            if key[0] == "n" and tables.epochs.get(key[1]) != held.epoch:
+                self._drop(key)
+
+    def on_session_removed(self, session_id: int) -> None:
+        for key in [k for k in self.senders if k[0] == "c" and k[1] == session_id]:
+            self._drop(key)
+        stream = StreamKey(session_id, session_id | RELIABLE_STREAM_BIT)
+        for rx in self.receivers.values():
+            rx.streams.pop(stream, None)
+        for key in [k for k in self.topic_seq if k[0] == session_id]:
+            del self.topic_seq[key]
+
+    def _sweep(self, now_ns: int) -> None:
+        """Drop senders whose publishing stream ended: its session logged out here, or the
+        upstream stream was forgotten by our fabric receiver; after a linger for NAKs."""
+
+        upstream = self.receivers.get(FABRIC)
+        for key, held in list(self.senders.items()):
+            if now_ns - held.last_offer_ns < GUARANTEED_SENDER_LINGER_NS:
+                continue
+            origin, stream = (self.node_id, key[2]) if key[0] == "n" else (key[2], key[3])
+            if origin == self.node_id:
+                ended = (stream & ~RELIABLE_STREAM_BIT) not in self.dp.sessions
+            else:
+                ended = upstream is None or StreamKey(origin, stream) not in upstream.streams
+            if ended:
+                self._drop(key)
+
+    def _drop(self, key: tuple) -> None:
+        held = self.senders.pop(key, None)
+        self.active.pop(key, None)
+        if held is not None:
+            c = held.sender.counters
+            self._closed_counters["retransmitted"] += c.retransmitted
+            self._closed_counters["nak_frames_in"] += c.nak_frames
+            self._closed_counters["sent"] += c.messages
+
+    # --- counters -----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, int]:
+        """Counters for the status snapshot (``guaranteed_*``)."""
+        out = {k: int(v) for k, v in self.counters.items()}
+        rx = Counter()
+        for r in self.receivers.values():
+            c = r.counters
+            rx["recovered"] += c.recovered
+            rx["duplicates"] += c.duplicates
+            rx["nak_frames_out"] += c.nak_frames
+            rx["received"] += c.delivered
+        tx = Counter(self._closed_counters)
+        for held in self.senders.values():
+            c = held.sender.counters
+            tx["retransmitted"] += c.retransmitted
+            tx["nak_frames_in"] += c.nak_frames
+            tx["sent"] += c.messages
+        out.update({f"guaranteed_{k}": int(v) for k, v in (rx + tx).items()})
+        out["guaranteed_streams_out"] = len(self.senders)
+        out["guaranteed_streams_in"] = sum(len(r.streams) for r in self.receivers.values())
+        return out

@@ -1,0 +1,12 @@
+"""Management and observability of an appliance: the HTTP API, Prometheus metrics, JSON logs.
+
+``serve(appliance, config)`` is the management hook ``Appliance.start`` calls when
+``mgmt.listen`` is set (docs/appliance.md, "Management API"); it returns the running
+``MgmtServer``, which ``Appliance.stop`` closes. ``server`` has the endpoints, ``metrics`` the
+Prometheus collector over the status snapshot, ``logs`` the structured (JSON lines) logging
+of ``[log]``. ``topicwire status`` (appliance/ops/cli/status_cmd.py) is the API's client.
+"""
+
+from appliance.ops.mgmt.server import MgmtServer, serve
+
+__all__ = ["MgmtServer", "serve"]
