@@ -1,0 +1,393 @@
+"""The control agent's client side: logins and sessions, subscriptions, registrations and
+key resolution, entitlements and their limits (``ClientSide``, one part of ``ControlAgent``;
+docs/appliance.md, "Clients")."""
+
+
+import copy
+import random
+import time
+from collections import Counter
+from typing import Any
+
+from appliance.config import (
+    APPLIANCE_EGRESS_PORTS,
+    DENIAL_TEXT_CHARS,
+    DENIALS_KEPT,
+)
+from appliance.control import pm as pmod
+from appliance.control.documents import DocumentError, validate
+from appliance.control.state import (
+    QOS_GUARANTEED,
+    QOS_NAMES,
+    REGISTRY_FRAME_BYTES,
+    Session,
+    log,
+)
+from appliance.dataplane.agent import (
+    CLIENT_SHM,
+    DpSession,
+)
+from datapath.protocol import admin_layout as al
+from datapath.protocol.codec import decode_frame, encode_admin
+from datapath.protocol.errors import ProtocolError
+from datapath.protocol.frame_layout import FrameType
+from datapath.topics.algebra import TopicError
+from datapath.topics.registry import RegistryError
+from datapath.topics.sublist import SubscriptionList
+from nic_offload.errors import OffloadError
+
+
+class ClientSide:
+    """Client sessions: login, subscribe, register, resolve, expiry, refusals. Its methods
+    run on the control agent's thread with the agent's state (``ControlAgent`` inherits
+    them)."""
+
+    # --- clients ------------------------------------------------------------------------------
+    def _on_client(self, channel: str, peer: int, data: bytes, now_ns: int) -> None:
+        try:
+            frame = decode_frame(data)
+        except ProtocolError:
+            self.counters["client_malformed"] += 1
+            return
+        ftype = frame.header.frame_type
+        _, entries = frame.admin()
+        sid = self.session_of_peer.get((channel, peer))
+        session = self.sessions.get(sid) if sid is not None else None
+        if ftype is FrameType.CONTROL and entries[0].kind is al.ControlKind.LOGIN:
+            try:
+                doc = validate(al.ControlKind.LOGIN, entries[0].document, "client")
+            except DocumentError as exc:
+                self._bad_document(channel, peer, exc, now_ns)
+                if channel != CLIENT_SHM:  # a ring is named by the document
+                    self._refuse_login(channel, peer, None, "bad_document", str(exc))
+                return
+            self._login(channel, peer, doc, now_ns)
+            return
+        if session is None or frame.header.source_session != session.session_id:
+            self.counters["client_no_session"] += 1
+            return
+        session.last_heard_ns = now_ns
+        if ftype in (FrameType.SUBSCRIBE, FrameType.UNSUBSCRIBE):
+            for entry in entries:
+                self._subscribe(session, entry, ftype is FrameType.SUBSCRIBE)
+        elif ftype is FrameType.REGISTRY_UPDATE:
+            self._register(session, entries)
+        elif ftype is FrameType.CONTROL:
+            for entry in entries:
+                try:
+                    doc = validate(entry.kind, entry.document, "client")
+                except DocumentError as exc:
+                    self._bad_document(channel, peer, exc, now_ns)
+                    continue
+                if entry.kind is al.ControlKind.RESOLVE:
+                    self._resolve(session, doc["keys"])
+                elif entry.kind is al.ControlKind.LOGOUT:
+                    self._end_session(session, "logout")
+                    return
+                else:  # a LOGIN after the first entry
+                    self.counters["client_unexpected"] += 1
+        elif ftype is FrameType.HEARTBEAT:
+            pass
+        else:
+            self.counters["client_unexpected"] += 1
+
+    def _deny(self, identity: str, action: str, pattern: str) -> None:
+        """Count a denial per (identity, action, pattern): at most DENIALS_KEPT rows, each
+        text cut to DENIAL_TEXT_CHARS; a denial that would need a new row beyond is counted
+        in ``denials_dropped`` only (a flood of distinct names cannot grow the status)."""
+        self.counters["denials"] += 1
+        key = (identity[:DENIAL_TEXT_CHARS], action, pattern[:DENIAL_TEXT_CHARS])
+        if key in self.denials or len(self.denials) < DENIALS_KEPT:
+            self.denials[key] += 1
+        else:
+            self.counters["denials_dropped"] += 1
+
+    def _client_port(self) -> int | None:
+        """An egress port for a client's egress, or None when only the ones kept for
+        destination appliances (APPLIANCE_EGRESS_PORTS) are left."""
+        if len(self._free_ports) <= APPLIANCE_EGRESS_PORTS:
+            return None
+        return self._free_ports.pop()
+
+    def _refuse_login(self, channel: str, peer: int, ring: object, why: str,
+                      reason: str) -> None:
+        """Answer a login with a refusal (counted ``login_refused_<why>``)."""
+        self.counters[f"login_refused_{why}"] += 1
+        doc_out = {"accepted": False, "reason": reason, "node": self.cfg.name}
+        frame = encode_admin(FrameType.CONTROL, [self._control(al.ControlKind.LOGIN_RESULT,
+                                                               doc_out)],
+                             source_session=self.node_id, send_ts_ns=time.time_ns())
+        if channel == CLIENT_SHM:
+            if isinstance(ring, str):
+                self.dp.offer_admin("ring", ring, frame)  # type: ignore[arg-type]
+        else:
+            self.dp.offer_admin(channel, peer, frame)
+
+    def _login(self, channel: str, peer: int, doc: dict, now_ns: int) -> None:
+        """A LOGIN whose document ``validate`` accepted."""
+        identity = doc["identity"]
+        ring = doc.get("ring")
+        refuse = why = None
+        ents = pmod.entitlements_of(self.pm_doc, identity)
+        if not self.accepting:
+            refuse, why = "the appliance is shutting down", "stopping"
+        elif self.pm_doc is None:
+            refuse, why = "no P&M document yet; retry in a moment", "no_pm"
+        elif ents is None:
+            refuse, why = f"identity {identity!r} is not known to P&M", "identity"
+            self._deny(identity, "login", "")
+        elif len(self.sessions) >= self.cfg.max_sessions:
+            refuse, why = (f"all {self.cfg.max_sessions} client sessions are taken "
+                           "(clients.max_sessions)"), "sessions"
+        elif channel == CLIENT_SHM and not isinstance(ring, str):
+            refuse, why = "a shared-memory client must name its reply ring", "no_ring"
+        token = doc.get("token")
+        old = self.session_of_peer.get((channel, peer))
+        if old is not None and old in self.sessions:
+            session = self.sessions[old]
+            if (self.accepting and isinstance(token, int) and token == session.login_token
+                    and session.identity == identity):
+                self.counters["login_repeats"] += 1
+                self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
+                return
+            self._end_session(session, "replaced by a new login")
+        tx = None
+        if refuse is None and channel == CLIENT_SHM:
+            from channels.shm import ShmChannel
+
+            try:
+                tx = ShmChannel(tx=ring)
+            except Exception as exc:
+                refuse, why = f"cannot open reply ring {ring!r}: {exc}", "ring"
+        port = self._client_port() if refuse is None else None
+        if refuse is None and port is None:  # ports of ended sessions wait for a snapshot
+            refuse, why = ("no egress port is free for another client session on this "
+                           "appliance; retry later"), "ports"
+        if refuse is not None or port is None:
+            if tx is not None:
+                tx.close()
+            self._refuse_login(channel, peer, ring, str(why), str(refuse))
+            return
+        sid = random.randrange(1, 2**31)
+        while sid in self.sessions or sid in self.names:
+            sid = random.randrange(1, 2**31)
+        self.compiler.add_egress(f"c:{sid}", port)
+        session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
+                          login_token=token if isinstance(token, int) else None)
+        self.sessions[sid] = session
+        self.session_of_peer[(channel, peer)] = sid
+        dest = sid if channel == CLIENT_SHM else peer
+        dps = DpSession(sid, identity, channel, dest, tx)
+        self.dp.commands.offer(lambda: self.dp.add_session(dps, (channel, peer)))
+        self._tables_dirty = True
+        log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
+                 channel)
+        self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
+
+    def _login_result(self, session: Session) -> dict:
+        return {"accepted": True, "session": session.session_id, "node": self.cfg.name,
+                "node_id": self.node_id, "schemas": (self.pm_doc or {}).get("schemas", [])}
+
+    def _end_session(self, session: Session, why: str) -> None:
+        if self.sessions.pop(session.session_id, None) is None:
+            return
+        for key, sid in list(self.session_of_peer.items()):
+            if sid == session.session_id:
+                del self.session_of_peer[key]
+        self.compiler.remove_egress(f"c:{session.session_id}")
+        self._quarantine.append(session.port)
+        self._retired[session.port] = ("client", session.session_id)
+        if session.gport is not None:
+            self.compiler.remove_egress(f"g:{session.session_id}")
+            self._quarantine.append(session.gport)
+            self._retired[session.gport] = ("gclient", session.session_id)
+        sid = session.session_id
+        self.dp.commands.offer(lambda: self.dp.remove_session(sid))
+        self._interest_dirty = True
+        self._tables_dirty = True
+        log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
+                 session.session_id, why)
+
+    def _expire_sessions(self, now_ns: int, paused_ns: int) -> None:
+        """Log out clients silent for session_dead_ms; after a stall of this process
+        (``paused_ns``: its threads did not run, e.g. compiling or a busy host) their
+        heartbeats may still sit unread, so they get half the interval again first."""
+        dead_ns = self.cfg.session_dead_ms * 1_000_000
+        if paused_ns > dead_ns // 2:
+            for session in self.sessions.values():
+                session.last_heard_ns = max(session.last_heard_ns, now_ns - dead_ns // 2)
+        for session in list(self.sessions.values()):
+            if now_ns - session.last_heard_ns > dead_ns:
+                self._end_session(session, "silent")
+
+    def _subscribe(self, session: Session, entry: al.Subscription, add: bool) -> None:
+        pattern, ns = entry.pattern, entry.namespace_id
+        result = {"request": "subscribe" if add else "unsubscribe", "sub_id": entry.sub_id,
+                  "pattern": pattern, "accepted": True}
+        guaranteed = entry.qos == QOS_GUARANTEED
+        sid = session.session_id
+        try:
+            refused = self._subscribe_refused(session, entry, add)
+            if refused is not None:
+                result.update(accepted=False, reason=refused)
+            elif add:
+                if not session.ents.may_subscribe(pattern):
+                    self._deny(session.identity, "subscribe", pattern)
+                    result.update(accepted=False, reason=f"identity {session.identity!r} may "
+                                  f"not subscribe to {pattern!r}")
+                else:
+                    if guaranteed and session.gport is None:
+                        session.gport = self._client_port()
+                        if session.gport is None:  # checked by _subscribe_refused
+                            raise OffloadError("no egress port is free")
+                        self.compiler.add_egress(f"g:{sid}", session.gport)
+                    self.compiler.subscribe(f"g:{sid}" if guaranteed else f"c:{sid}", pattern,
+                                            ns)
+            else:  # an unsubscribe applies to both classes (the client keeps one list)
+                self.compiler.unsubscribe(f"c:{sid}", pattern, ns)
+                if session.gport is not None:
+                    self.compiler.unsubscribe(f"g:{sid}", pattern, ns)
+        except (TopicError, OffloadError) as exc:
+            result.update(accepted=False, reason=str(exc))
+        if result["accepted"]:
+            if add:
+                session.qos[(ns, pattern)] = QOS_NAMES.get(entry.qos, "best-effort")
+            session.patterns = self._positive(f"c:{sid}")
+            if session.gport is not None:
+                session.gpatterns = self._positive(f"g:{sid}")
+            if len(session.qos) > len(session.patterns) + len(session.gpatterns):
+                session.qos = {k: q for k, q in session.qos.items()
+                               if k in session.patterns or k in session.gpatterns}
+            self._interest_dirty = True
+            self._tables_dirty = True
+            # answered once the tables with it are live: a message published after the
+            # client heard "accepted" reaches it
+            session.pending += 1
+            self._replies_when_live.append((session, al.ControlKind.REQUEST_RESULT, result))
+        else:
+            self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+
+    def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool
+                           ) -> str | None:
+        """Why a (un)subscribe must be refused for a limit (counted ``refused_<limit>``), or
+        None. May raise TopicError (the pattern is not one)."""
+        cfg = self.cfg
+        why = reason = None
+        if session.pending >= cfg.max_pending_requests:
+            why, reason = "pending", (f"{session.pending} requests of this session are still "
+                                      "waiting for their answer (clients.max_pending_requests "
+                                      f"= {cfg.max_pending_requests}); wait for them")
+        elif add and entry.qos == QOS_GUARANTEED and session.gport is None:
+            held = sum(1 for s in self.sessions.values() if s.gport is not None)
+            if held >= cfg.max_guaranteed_sessions:
+                why, reason = "guaranteed", (
+                    f"all {cfg.max_guaranteed_sessions} guaranteed subscriber places of this "
+                    "appliance are taken (clients.max_guaranteed_sessions)")
+            elif len(self._free_ports) <= APPLIANCE_EGRESS_PORTS:
+                why, reason = "ports", ("no egress port is free for another guaranteed "
+                                        "subscriber on this appliance; retry later")
+        if why is None:
+            entries = self._list_entries(session)
+            if entries + 2 > cfg.max_subscriptions and entries + self._list_growth(
+                    session, entry, add) > cfg.max_subscriptions:
+                why, reason = "subscriptions", (
+                    f"the session's subscription lists hold {entries} entries, at most "
+                    f"{cfg.max_subscriptions} (clients.max_subscriptions); unsubscribe "
+                    "first")
+        if why is None:
+            return None
+        self.counters[f"refused_{why}"] += 1
+        return reason
+
+    def _session_lists(self, session: Session) -> list[tuple[str, Any]]:
+        """(egress name, egress) of the session's egresses (best-effort, guaranteed)."""
+        egresses = self.compiler.egresses
+        names = [f"c:{session.session_id}", f"g:{session.session_id}"]
+        return [(name, egresses[name]) for name in names if name in egresses]
+
+    def _list_entries(self, session: Session) -> int:
+        """Entries of the session's subscription lists, both classes together."""
+        return sum(len(lst) for _, egress in self._session_lists(session)
+                   for lst in egress.lists.values())
+
+    def _list_growth(self, session: Session, entry: al.Subscription, add: bool) -> int:
+        """How many entries the request would add to the session's lists (tried on copies)."""
+        target = f"{'g' if entry.qos == QOS_GUARANTEED else 'c'}:{session.session_id}"
+        held = dict(self._session_lists(session))
+        names = [target] if add else list(held)
+        grow = 0
+        for name in names:
+            egress = held.get(name)
+            lst = egress.lists.get(entry.namespace_id) if egress is not None else None
+            trial = copy.deepcopy(lst) if lst is not None else SubscriptionList()
+            before = len(trial)
+            (trial.subscribe if add else trial.unsubscribe)(entry.pattern)
+            grow += len(trial) - before
+        return grow
+
+    def _positive(self, egress: str) -> Counter:
+        return Counter({(n, p): 1 for n, lst in self.compiler.egresses[egress].lists.items()
+                        for p in lst.positive_patterns()})
+
+    def _register(self, session: Session, entries: list) -> None:
+        granted, results = [], []
+        for entry in entries:
+            result = {"request": "register", "topic": entry.topic,
+                      "namespace": entry.namespace_id, "accepted": True}
+            try:
+                key = self.registry.key_of(entry.topic, entry.namespace_id)
+                if key != entry.topic_key:
+                    raise RegistryError(f"key {entry.topic_key:#x} is not the key of "
+                                        f"{entry.topic!r}")
+                limit = self.cfg.max_registrations
+                if key not in session.registered and len(session.registered) >= limit:
+                    self.counters["refused_registrations"] += 1
+                    result.update(accepted=False, reason=f"the session registered {limit} "
+                                  "topics, as many as one session may "
+                                  "(clients.max_registrations)")
+                elif not session.ents.may_publish(entry.topic):
+                    self._deny(session.identity, "publish", entry.topic)
+                    result.update(accepted=False, reason=f"identity {session.identity!r} may "
+                                  f"not publish to {entry.topic!r}")
+                else:
+                    new = self._merge_registry([entry], None)
+                    del new
+                    granted.append(key)
+                    session.registered.add(key)
+            except (RegistryError, TopicError) as exc:
+                result.update(accepted=False, reason=str(exc))
+            results.append(result)
+        if granted:  # before the replies: the data path allows the keys before a publish
+            sid = session.session_id
+            self.dp.commands.offer(lambda: self.dp.allow_keys(sid, granted))
+        for result in results:
+            self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+
+    def _resolve(self, session: Session, keys: list) -> None:
+        records = []
+        for key in keys[:4096]:
+            found = self.registry.lookup(int(key))
+            if found is not None:
+                records.append(al.RegistryEntry(int(key), found[0], found[1]))
+        if not records:
+            return
+        dest = session.session_id if session.channel == CLIENT_SHM else session.peer
+        chunk: list = []
+        size = 0
+        for r in records:
+            cost = 24 + len(r.topic.encode())
+            if chunk and size + cost > REGISTRY_FRAME_BYTES:
+                self._to_client((session.channel, dest), FrameType.REGISTRY_UPDATE, chunk,
+                                {"version": self.registry.version}, session.session_id)
+                chunk, size = [], 0
+            chunk.append(r)
+            size += cost
+        self._to_client((session.channel, dest), FrameType.REGISTRY_UPDATE, chunk,
+                        {"version": self.registry.version}, session.session_id)
+
+    def logout_all(self) -> None:
+        """Tell every client and neighbour the appliance is going away (shutdown)."""
+        self.accepting = False
+        for session in list(self.sessions.values()):
+            self._reply(session, al.ControlKind.LOGOUT, {"reason": "appliance shutting down"})
+        self._flood(al.ControlKind.LOGOUT, {"reason": "appliance shutting down"})

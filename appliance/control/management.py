@@ -1,0 +1,158 @@
+"""The control agent's management side: commands from the management API (``submit``) and
+the status snapshot it publishes (``ManagementSide``, one part of ``ControlAgent``;
+docs/appliance.md, "Status contract")."""
+
+
+import threading
+import time
+from collections import Counter
+
+from appliance.config import (
+    STATUS_REFRESH_NS,
+)
+from appliance.control.routing import path_cost
+from appliance.control.state import (
+    log,
+)
+from appliance.dataplane.status_channels import channel_rows
+from datapath.protocol import admin_layout as al
+
+
+class ManagementSide:
+    """Management commands and the published status snapshot. Its methods run on the
+    control agent's thread with the agent's state (``ControlAgent`` inherits them)."""
+
+    # --- management commands ------------------------------------------------------------------
+    def submit(self, command: str, args: dict, timeout_s: float) -> dict:
+        done = threading.Event()
+        out: dict = {}
+        with self._requests_lock:
+            self.requests.append((command, args, done, out))
+        if not done.wait(timeout_s):
+            return {"ok": False, "error": f"control: {command!r} not applied within "
+                    f"{timeout_s} s; the appliance is busy or stopping"}
+        return out
+
+    def _run_requests(self) -> int:
+        with self._requests_lock:
+            requests, self.requests = self.requests, []
+        for command, args, done, out in requests:
+            try:
+                out.update(self._command(command, args))
+            except (KeyError, TypeError, ValueError) as exc:
+                out.update(ok=False, error=f"control: {command}: bad arguments ({exc})")
+            except Exception as exc:  # a command's failure is its answer, not the agent's end
+                self.counters["command_failed"] += 1
+                log.error("%s: command %r failed", self.cfg.name, command, exc_info=exc)
+                out.update(ok=False, error=f"control: {command} failed "
+                           f"({type(exc).__name__}: {exc})")
+            done.set()
+        return len(requests)
+
+    def _node_named(self, name: object) -> int:
+        for node, known in self.names.items():
+            if known == name:
+                return node
+        raise ValueError(f"no appliance named {name!r}")
+
+    def _command(self, command: str, args: dict) -> dict:
+        if command == "disconnect_client":
+            session = self.sessions.get(int(args["session"]))
+            if session is None:
+                return {"ok": False, "error": f"control: no client session {args['session']}"}
+            self._reply(session, al.ControlKind.LOGOUT, {"reason": "disconnected by management"})
+            self._end_session(session, "disconnected by management")
+            return {"ok": True}
+        if command in ("set_route", "clear_route"):
+            if self.cfg.pm_mode != "embedded" or self.pm_doc is None:
+                return {"ok": False, "error": f"control: {command} goes to the P&M appliance "
+                        f"({(self.pm_doc or {}).get('pm', 'unknown')}): route overrides are "
+                        "part of its document"}
+            src, dst = self._node_named(args["source"]), self._node_named(args["destination"])
+            routes = {(int(a), int(b)): tuple(p) for a, b, p in self.pm_doc.get("routes", [])}
+            if command == "set_route":
+                path = tuple(self._node_named(n) for n in args["path"])
+                graph = getattr(self, "graph", {})
+                if path[0] != src or path[-1] != dst or path_cost(graph, path) is None:
+                    return {"ok": False, "error": "control: set_route: the path must go from "
+                            "source to destination over links that are up"}
+                routes[(src, dst)] = path
+            else:
+                routes.pop((src, dst), None)
+            self.pm_doc = {**self.pm_doc, "version": max(int(self.pm_doc["version"]) + 1,
+                                                         time.time_ns() // 1_000),
+                           "routes": [[a, b, list(p)] for (a, b), p in sorted(routes.items())]}
+            self._apply_pm(self.pm_doc)
+            self._flood(al.ControlKind.PM_UPDATE, self.pm_doc)
+            return {"ok": True, "pm_version": self.pm_doc["version"]}
+        if command == "set_routes":  # a route table: appliance/control/route_apply.py
+            return self.routes_ext.apply(args.get("table"))
+        return {"ok": False, "error": f"control: unknown command {command!r}; known: "
+                "disconnect_client, set_route, clear_route, set_routes"}
+
+    # --- status -------------------------------------------------------------------------------
+    def _build_status(self, now_ns: int) -> None:
+        self._status_at = now_ns + STATUS_REFRESH_NS
+        name = self.names.get
+        published = self.dp.published
+        dp_counters = published.get("counters", {})
+        offload = dict(published.get("offload", {}))
+        offload.setdefault("verdicts", {})
+        offload.setdefault("malformed", {})
+        offload["keys"] = len(self.registry)
+        for k in ("off_path", "unknown_peer", "transit_frames", "unroutable", "parked_expired",
+                  "publish_denied", "no_port"):
+            offload[k] = int(dp_counters.get(k, 0))
+        subs = []
+        local: Counter = Counter()
+        qos_of: dict = {}
+        for s in self.sessions.values():
+            for key in s.patterns:
+                local[(*key, False)] += 1
+                qos = s.qos.get(key, "best-effort")
+                qos_of.setdefault((*key, False), "best-effort" if qos == "guaranteed" else qos)
+            for key in s.gpatterns:
+                local[(*key, True)] += 1
+                qos_of[(*key, True)] = "guaranteed"
+        for (ns, pattern, g), n in sorted(local.items()):
+            subs.append({"origin": self.cfg.name, "pattern": pattern, "namespace": ns,
+                         "qos": qos_of[(ns, pattern, g)], "clients": n})
+        for origin, (_, _, patterns, gpatterns) in sorted(self.interest.items()):
+            for ns, pattern in sorted(patterns):
+                subs.append({"origin": name(origin, str(origin)), "pattern": pattern,
+                             "namespace": ns, "qos": "best-effort", "clients": 0})
+            for ns, pattern in sorted(gpatterns):
+                subs.append({"origin": name(origin, str(origin)), "pattern": pattern,
+                             "namespace": ns, "qos": "guaranteed", "clients": 0})
+        sessions = published.get("sessions", {})
+        self.status_snapshot = {
+            "node": {"name": self.cfg.name, "id": self.node_id, "role": self.cfg.role,
+                     "epoch": self.epoch, "uptime_s": (now_ns - self.start_ns) / 1e9,
+                     "pm": (self.pm_doc or {}).get("pm")},
+            "neighbours": [{
+                "name": nb.config.name, "id": nb.node_id,
+                "address": f"{nb.config.address[0]}:{nb.config.address[1]}",
+                "state": "up" if nb.up else "down",
+                "last_heard_ms": (now_ns - nb.last_heard_ns) / 1e6 if nb.last_heard_ns else None,
+                "rtt_us": nb.rtt_us, "group": nb.config.group,
+                "group_heard_ms": ((now_ns - nb.group_heard_ns) / 1e6 if nb.group_heard_ns
+                                   else None)} for nb in self.neighbours.values()],
+            "subscriptions": subs,
+            "routes": [{"source": name(s, str(s)), "destination": name(d, str(d)),
+                        "path": [name(x, str(x)) for x in path], "cost": cost}
+                       for (s, d), (cost, path) in sorted(self.paths.items())],
+            "channels": channel_rows(published.get("channels", [])),
+            "offload": offload,
+            "denials": [{"identity": i, "action": a, "pattern": p, "count": n}
+                        for (i, a, p), n in sorted(self.denials.items())],
+            "auth": {"rejected": dict(self.auth.rejected), "accepted": self.auth.accepted},
+            "clients": [{"session": s.session_id, "identity": s.identity, "channel": s.channel,
+                         "subscriptions": sorted({p for _, p in s.patterns}
+                                                 | {p for _, p in s.gpatterns}),
+                         "published": sessions.get(s.session_id, {}).get("published", 0),
+                         "delivered": sessions.get(s.session_id, {}).get("delivered", 0)}
+                        for s in self.sessions.values()],
+            "counters": {**{k: int(v) for k, v in dp_counters.items()},
+                         **{f"control_{k}": int(v) for k, v in self.counters.items()}},
+            "jit": self.jit.status() if self.jit is not None else None,
+        }

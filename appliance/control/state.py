@@ -1,0 +1,80 @@
+"""The control agent's shared state types and constants: a neighbour, a client session, the
+constants of the admin frames it sends, and small helpers every side uses."""
+
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from appliance.config import (
+    NeighbourConfig,
+)
+from appliance.control import pm as pmod
+from appliance.control.routing import Lsa, minimal_patterns
+from datapath.protocol import admin_layout as al
+
+log = logging.getLogger("topicwire.appliance")
+
+ROLE = {"core": al.NodeRole.CORE, "edge": al.NodeRole.EDGE}
+QOS_NAMES = {0: "best-effort", 1: "last-value", 2: "guaranteed"}
+QOS_GUARANTEED = 2
+REGISTRY_FRAME_BYTES = 60_000
+"""Registry entries per REGISTRY_UPDATE frame are packed up to about this many bytes."""
+ADMIN_FRAME_OVERHEAD_BYTES = 256
+"""Room left in a frame for the header, body header and auth trailer when entries are
+packed up to a frame size."""
+INBOX_PER_CYCLE = 512
+"""Admin frames the control agent handles per duty cycle."""
+
+
+
+@dataclass
+class Neighbour:
+    config: NeighbourConfig
+    peer: int
+    node_id: int | None = None
+    epoch: int = 0
+    up: bool = False
+    last_heard_ns: int = 0
+    rtt_us: float | None = None
+    group_heard_ns: int = 0
+    """When its last authenticated HELLO arrived on its fabric group (0: never)."""
+
+
+@dataclass
+class Session:
+    session_id: int
+    identity: str
+    channel: str
+    peer: int
+    ents: pmod.Entitlements
+    port: int
+    ring: str | None = None
+    last_heard_ns: int = 0
+    patterns: Counter = field(default_factory=Counter)
+    """Positive patterns of its best-effort / last-value list (egress ``c:SESSION``)."""
+    gpatterns: Counter = field(default_factory=Counter)
+    """Positive patterns of its guaranteed list (egress ``g:SESSION``, made on demand)."""
+    gport: int | None = None
+    qos: dict = field(default_factory=dict)
+    login_token: int | None = None
+    """The client's name for the login that made this session: a repeat of it (the client
+    retries an unanswered login) is answered again, not taken as a new login."""
+    registered: set[int] = field(default_factory=set)
+    """Topic keys this session registered (at most ``clients.max_registrations``)."""
+    pending: int = 0
+    """Its answers waiting for the tables to be live (``clients.max_pending_requests``)."""
+
+
+def _minimal(patterns: Any) -> frozenset[tuple[int, str]]:
+    """(namespace, pattern) pairs with superset suppression per namespace."""
+    by_ns: dict[int, list[str]] = {}
+    for ns, pattern in patterns:
+        by_ns.setdefault(ns, []).append(pattern)
+    return frozenset((ns, p) for ns, found in by_ns.items() for p in minimal_patterns(found))
+
+
+def _lsa_to_doc(lsa: Lsa) -> dict:
+    return {"origin": lsa.origin, "name": lsa.name, "epoch": lsa.epoch, "seq": lsa.seq,
+            "links": [list(x) for x in lsa.links]}
