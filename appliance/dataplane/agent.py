@@ -47,12 +47,8 @@ admin frames) stays unicast to their ``fabric.listen`` addresses.
 
 from __future__ import annotations
 
-import logging
-import struct
 import time
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,12 +61,11 @@ from appliance.config import (
     INBOX_FRAMES,
     OUTBOX_FRAMES,
     PARKED_MESSAGE_TTL_NS,
-    PARKED_MESSAGES,
-    STATUS_REFRESH_NS,
 )
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
 from appliance.dataplane import fastpath as _fastpath
+from appliance.dataplane.delivery import Delivery
 from appliance.dataplane.guaranteed import (
     LOSS_NOTICE_KEY,
     RELIABILITY_ADMIN_TYPES,
@@ -78,163 +73,37 @@ from appliance.dataplane.guaranteed import (
     GuaranteedPlane,
 )
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC, GROUP_RX, GROUP_TX
-from appliance.dataplane.status_channels import sample_channel
-from channels.base import EACH_SLOT, FrameArrays, FrameBatch
+from appliance.dataplane.output import Output
+from appliance.dataplane.state import (
+    _DATA,
+    _HEADER,
+    _KEY,
+    _PROBE,
+    _RETX,
+    _U32,
+    UNKNOWN_KEYS_KEPT,
+    DpSession,
+    ForwardingTables,
+    _OutQueue,
+    log,
+)
+from channels.base import FrameBatch
 from channels.udp import DatagramChannel, peer_id_of
 from datapath.agent import AgentWakeup, CommandQueue, WaitSet
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
-from nic_offload.model import DigestReason
 from nic_offload.softnic import SoftNic
-from nic_offload.softnic.layout import DescriptorKind, MessageVerdict
-
-log = logging.getLogger("topicwire.appliance")
 
 __all__ = ["CLIENT_SHM", "CLIENT_UDP", "FABRIC", "GROUP_RX", "GROUP_TX", "DataPlaneAgent",
            "DpSession", "ForwardingTables"]
 
 
-_DATA = int(fl.FrameType.DATA)
-_RETX = int(fl.FrameType.RETRANSMISSION)
-_HEADER = fl.FRAME_HEADER_STRUCT
-_GROUP = int(DescriptorKind.GROUP)
-_UNKNOWN = int(MessageVerdict.UNKNOWN_KEY)
-_U32 = struct.Struct(">I")
-_KEY = struct.Struct(">Q")
-_DIGEST_NAMES = {int(r): f"digests_{r.name.lower()}" for r in DigestReason}
-_DIGEST_UNKNOWN_KEY = int(DigestReason.UNKNOWN_KEY)
-UNKNOWN_KEYS_KEPT = 8
-"""How many of the latest unknown topic keys the status snapshot shows."""
-_PROBE = 0x7FFF_FFFF
-_FEW = 16
-"""Up to this many values, a Python list beats a numpy reduction."""
-"""``stream_id`` of telemetry probes (appliance/ops/telemetry/config.py PROBE_STREAM_ID)."""
-
-
-@dataclass(frozen=True)
-class ForwardingTables:
-    """What the data path forwards with; the control agent builds a new one on every change."""
-
-    node_id: int
-    ports: dict[int, tuple[str, int]] = field(default_factory=dict)
-    """Offload egress port -> ("client", session) or ("node", destination node id), or the
-    guaranteed kinds ("gclient", session) and ("gnode", destination node id)."""
-    next_hop: dict[int, int] = field(default_factory=dict)
-    """Destination node -> fabric peer id of the next hop on path(self, destination)."""
-    transit: dict[tuple[int, int], tuple[int, int | None]] = field(default_factory=dict)
-    """(source, destination) through or to this node -> (the node before this one on the
-    path, fabric peer id of the next hop, or None when this node is the destination)."""
-    peer_node: dict[int, int] = field(default_factory=dict)
-    """Fabric peer id -> node id of a neighbour that is up."""
-    group_direct: dict[int, str] = field(default_factory=dict)
-    """Destination node -> the group-tx channel that reaches it directly (a neighbour on a
-    fabric group, heard on it, whose path from this node is the direct link)."""
-    group_peers: dict[tuple[str, int], int] = field(default_factory=dict)
-    """(group channel, peer id of a member's group sender) -> node id of that neighbour."""
-    epochs: dict[int, int] = field(default_factory=dict)
-    """Appliance -> the epoch of its advertised interest (a new epoch: it restarted)."""
-    grace: dict[tuple[int, int], tuple[int, int | None, int]] = field(default_factory=dict)
-    """(source, destination) whose path here changed -> (old previous hop, old next peer,
-    until monotonic ns): the old path drains (appliance/control/route_apply.py)."""
-    alt_transit: dict[tuple[int, int], tuple[int, int | None]] = field(default_factory=dict)
-    """Like ``transit``, on the backup paths of duplicated pairs."""
-    alt_next_hop: dict[int, int] = field(default_factory=dict)
-    """Destination -> fabric peer of the first hop of this node's backup path to it."""
-    dup_keys: frozenset[int] = frozenset()
-    """Topic keys sent on both the current and the backup path (duplication mode)."""
-
-
-@dataclass
-class DpSession:
-    """A client session as the data path sees it."""
-
-    session_id: int
-    identity: str
-    channel: str
-    """CLIENT_UDP or CLIENT_SHM."""
-    dest: int
-    """UDP peer id, or the session id for shared memory (its ring is ``tx``)."""
-    tx: Any = None
-    """The ShmChannel towards the client's ring (shared memory only)."""
-    allowed: set[int] = field(default_factory=set)
-    """Topic keys this session may publish (granted at registration)."""
-    published: int = 0
-    delivered: int = 0
-    denied: int = 0
-
-
-class _OutQueue:
-    """Frames being built and queued for one channel kind, in a preallocated batch.
-
-    ``add_message`` appends a message to the open frame of its (dest, source, destination,
-    stream); ``add_frame`` queues a whole frame. ``flush`` finishes open frames and sends.
-    """
-
-    def __init__(self, send: Callable[[FrameBatch], None], max_frame_bytes: int,
-                 capacity: int = DATAPATH_RECEIVE_FRAMES, slot_bytes: int = 0) -> None:
-        """``max_frame_bytes``: frames built here (``add_message``); ``slot_bytes``: the
-        largest whole frame ``add_frame`` takes (admin frames may exceed the data MTU)."""
-        self.batch = FrameBatch(capacity, fl.align8(max(max_frame_bytes, slot_bytes, 512)))
-        self.too_large = 0
-        self._view = memoryview(self.batch.buf)
-        self.max_frame_bytes = max_frame_bytes
-        self._send = send
-        self._open: dict[tuple[int, int, int, int], list[int]] = {}
-
-    def add_message(self, dest: int, src: int, dst: int, stream: int, buf: np.ndarray,
-                    off: int, length: int) -> None:
-        key = (dest, src, dst, stream)
-        state = self._open.get(key)
-        if state is not None and (state[1] + length > self.max_frame_bytes
-                                  or state[2] >= ml.MAX_MESSAGES_PER_FRAME):
-            self._finish(key, state)
-            state = None
-        if state is None:
-            slot = self._new_slot(dest)
-            state = self._open[key] = [slot, fl.FRAME_HEADER_BYTES, 0]
-        slot, pos, _ = state
-        start = int(self.batch.offsets[slot]) + pos
-        self.batch.buf[start : start + length] = buf[off : off + length]
-        state[1] = pos + length
-        state[2] += 1
-
-    def add_frame(self, dest: int, frame: bytes | bytearray | memoryview | np.ndarray) -> None:
-        if len(frame) > self.batch.slot_bytes:
-            self.too_large += 1
-            return
-        slot = self._new_slot(dest)
-        start = int(self.batch.offsets[slot])
-        data = frame if isinstance(frame, np.ndarray) else np.frombuffer(frame, np.uint8)
-        self.batch.buf[start : start + len(data)] = data
-        self.batch.lengths[slot] = len(data)
-
-    def _new_slot(self, dest: int) -> int:
-        if self.batch.count == self.batch.capacity:
-            self.flush()
-        slot = self.batch.count
-        self.batch.count = slot + 1
-        self.batch.peer_ids[slot] = dest
-        self.batch.lengths[slot] = 0
-        return slot
-
-    def _finish(self, key: tuple[int, int, int, int], state: list[int]) -> None:
-        slot, pos, count = state
-        _dest, src, dst, stream = key
-        _HEADER.pack_into(self._view, int(self.batch.offsets[slot]), fl.FRAME_MAGIC,
-                          fl.PROTOCOL_VERSION, _DATA, 0, count, pos, src, dst, stream, 0)
-        self.batch.lengths[slot] = pos
-        del self._open[key]
-
-    def flush(self) -> None:
-        for key, state in list(self._open.items()):
-            self._finish(key, state)
-        if self.batch.count:
-            self._send(self.batch)
-            self.batch.count = 0
-
-
-class DataPlaneAgent:
-    """See the module docstring. Runs on the data-path thread only (except ``offer``s)."""
+class DataPlaneAgent(Delivery, Output):
+    """See the module docstring. Runs on the data-path thread only (except ``offer``s). Its
+    methods live in three files by responsibility: this one (state, commands, the duty cycle,
+    classification of received bursts, the guaranteed plane's frames), ``delivery.py``
+    (``Delivery``: the NIC over a burst, delivery per egress, parked messages) and
+    ``output.py`` (``Output``: sending, published counters), which it inherits."""
 
     name = "dataplane"
 
@@ -421,31 +290,7 @@ class DataPlaneAgent:
             self._publish(now_ns)
         return work
 
-    def _send_outbox(self) -> int:
-        done = 0
-        outbox = self.outbox
-        while outbox and done < OUTBOX_FRAMES:
-            channel, dest, frame = outbox.popleft()
-            done += 1
-            if channel == "ring":  # a refused shm login: answer on the client's ring once
-                self._answer_ring(dest, frame)
-                continue
-            if channel not in self.channels and channel != CLIENT_SHM:
-                self.counters["outbox_no_channel"] += 1
-                continue
-            self._out[channel].add_frame(dest, frame)
-        return done
 
-    def _answer_ring(self, ring: object, frame: bytes) -> None:
-        from channels.shm import ShmChannel
-
-        try:
-            with ShmChannel(tx=str(ring)) as tx:
-                b = FrameBatch(1, fl.align8(len(frame)))
-                b.append(frame)
-                tx.send(b)
-        except Exception:  # the client went away: nothing to answer
-            self.counters["ring_answer_failed"] += 1
 
     # --- classification -----------------------------------------------------------------------
     def _on_batch(self, name: str, batch: FrameBatch, now_ns: int, express: bool = True) -> None:
@@ -668,271 +513,21 @@ class DataPlaneAgent:
         if scratch.count:
             self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
 
-    # --- tables and framing -------------------------------------------------------------------
-    def _run(self, batch: FrameBatch, idx: list[int], ctxs: list[tuple], now_ns: int) -> None:
-        nic = self.nic
-        n = len(idx)
-        if n and idx[-1] == n - 1:  # 0..n-1 (ascending, no repeats): views, no gather
-            offsets = batch.offsets[:n]
-            lengths = batch.lengths[:n]
-        else:
-            sel = np.asarray(idx, dtype=np.int64)
-            offsets = batch.offsets[sel]
-            lengths = batch.lengths[sel]
-        done = 0
-        while done < n:
-            result = nic.process(batch.buf, offsets[done:], lengths[done:])
-            self._deliver(batch.buf, result, ctxs[done:], now_ns)
-            if result.frames == 0:
-                break
-            done += result.frames
 
-    def _ports_of_group(self, group: int) -> tuple[int, ...]:
-        snap = self.nic.snapshot
-        if snap.version != self._groups_version:
-            self._groups = {g.group_id: g.ports for g in snap.entries.groups}
-            self._groups_version = snap.version
-        return self._groups.get(group, ())
 
-    def _deliver(self, buf: np.ndarray, result: Any, ctxs: list[tuple], now_ns: int) -> None:
-        nic = self.nic
-        msgs = nic.batch
-        m = result.messages
-        frame_index = msgs["frame_index"][:m].tolist()
-        keys = msgs["topic_key"][:m].tolist()
-        tables = self.tables
-        ports_map = tables.ports
-        out_fabric = self._out[FABRIC]
-        group_direct = tables.group_direct
-        gp = self.guaranteed
-        grouped: set[tuple[int, str]] = set()
-        me = self.node_id
-        counters = self.counters
-        checked: dict[int, bool] = {}
-        if result.descriptors and (self.tables.dup_keys  # duplication: the general loop
-                                   or not _fastpath.deliver(self, buf, result, ctxs)):
-            for off, length, target, kind, index in nic.descriptors[
-                    : result.descriptors].tolist():
-                ingress, origin, stream, session, _, cls = ctxs[frame_index[index]]
-                if ingress:
-                    ok = checked.get(index)
-                    if ok is None:
-                        ok = checked[index] = keys[index] in session.allowed
-                        if ok:
-                            session.published += 1
-                        else:
-                            session.denied += 1
-                            counters["publish_denied"] += 1
-                    if not ok:
-                        continue
-                ports = self._ports_of_group(target) if kind == _GROUP else (target,)
-                for port in ports:
-                    what = ports_map.get(port)
-                    if what is None:
-                        counters["no_port"] += 1
-                    elif what[0] == "client":
-                        if cls and not ingress:  # a guaranteed copy: guaranteed egresses only
-                            continue
-                        client = self.sessions.get(what[1])
-                        if client is not None:
-                            self._out[client.channel].add_message(
-                                client.dest, origin, client.session_id, stream, buf, off, length)
-                            client.delivered += 1
-                    elif what[0] == "gclient":
-                        if not cls and not ingress:
-                            continue
-                        client = self.sessions.get(what[1])
-                        if client is not None:
-                            gp.to_client(client.session_id, origin, stream, buf, off, now_ns)
-                            client.delivered += 1
-                    elif what[0] == "gnode":
-                        if ingress:
-                            gp.to_node(what[1], stream, buf, off, now_ns)
-                    elif ingress:
-                        via = group_direct.get(what[1]) if group_direct else None
-                        if via is not None:  # once per message and group, to every member
-                            if (index, via) not in grouped:
-                                grouped.add((index, via))
-                                self._out[via].add_message(0, me, 0, stream, buf, off, length)
-                            continue
-                        hop = tables.next_hop.get(what[1])
-                        if hop is None:
-                            counters["unroutable"] += 1
-                        elif tables.dup_keys and keys[index] in tables.dup_keys and (
-                                what[1] in tables.alt_next_hop):  # duplication mode
-                            dup = what[1] | route_apply.DUP_DEST_BIT
-                            out_fabric.add_message(hop, me, dup, stream, buf, off, length)
-                            out_fabric.add_message(tables.alt_next_hop[what[1]], me, dup,
-                                                   stream, buf, off, length)
-                            counters["duplicated_messages"] += 1
-                        else:
-                            out_fabric.add_message(hop, me, what[1], stream, buf, off, length)
-        verdicts = nic.verdicts[:m]
-        if m > _FEW and not (verdicts == _UNKNOWN).any() or (
-                m <= _FEW and _UNKNOWN not in verdicts.tolist()):
-            return
-        self._park_unknown(buf, m, ctxs, now_ns)
 
-    def _park_unknown(self, buf: np.ndarray, m: int, ctxs: list[tuple], now_ns: int) -> None:
-        """Park the messages of the NIC's last burst (``m`` messages) whose key it did not
-        know, until a snapshot knows it or their frame's deadline passes (``ctxs`` per
-        frame of the burst)."""
-        msgs = self.nic.batch
-        counters = self.counters
-        unknown = np.flatnonzero(self.nic.verdicts[:m] == _UNKNOWN)
-        if len(unknown):
-            frame_index = msgs["frame_index"][unknown].tolist()
-            starts = msgs["payload_offset"][unknown] - ml.MESSAGE_HEADER_BYTES
-            sizes = ml.MESSAGE_HEADER_BYTES + ((msgs["payload_len"][unknown].astype(np.int64)
-                                                + msgs["topic_len"][unknown] + 7) & ~7)
-            for f, start, size in zip(frame_index, starts.tolist(), sizes.tolist()):
-                ctx = ctxs[f]
-                if ctx[4] <= now_ns:
-                    counters["parked_expired"] += 1
-                elif len(self._parked) >= PARKED_MESSAGES:
-                    counters["parked_full"] += 1
-                else:
-                    self._parked.append((ctx, buf[start : start + size].tobytes()))
-                    counters["parked"] += 1
 
-    # --- software NIC digests ------------------------------------------------------------------
-    def _drain_digests(self) -> None:
-        """Take the NIC's queued digests (punts, unknown keys, ACL logs): count them by
-        reason and keep the latest unknown keys; the queue never fills, so the NIC's
-        ``digest_drops`` stays for real overload. Runs only when digests are pending."""
-        digests = self.nic.drain_digests()
-        reasons = digests["reason"].tolist()
-        counts = self.digests
-        for reason in reasons:
-            counts[_DIGEST_NAMES.get(reason, "digests_other")] += 1
-        if _DIGEST_UNKNOWN_KEY in reasons:
-            keys = digests["topic_key"][digests["reason"] == _DIGEST_UNKNOWN_KEY]
-            self.unknown_keys.extend(keys[-UNKNOWN_KEYS_KEPT:].tolist())
 
-    # --- parked messages ----------------------------------------------------------------------
-    def ingress_ctx(self, session: DpSession, deadline: int, cls: int = 0) -> tuple:
-        """The context of a frame a local client published (``_run``'s per-frame tuple:
-        ingress, origin, stream, session, parking deadline, class)."""
-        return (True, self.node_id, session.session_id, session, deadline, cls)
 
-    def rerun_parked_before(self, version: int, now_ns: int) -> int:
-        """Run the parked messages again when the tables moved on to snapshot ``version``
-        since they were parked (their keys may be known now): before anything newer of
-        their publishers runs on it, so none is overtaken. Returns how many ran."""
-        if self._parked and version != self._parked_version:
-            return self._rerun_parked(now_ns)
-        return 0
 
-    def _rerun_parked(self, now_ns: int) -> int:
-        self._parked_version = self.nic.switch.current.version
-        parked, self._parked = self._parked, deque()
-        scratch = self._scratch
-        total = len(parked)
-        while parked:
-            scratch.count = 0
-            ctxs = []
-            while parked and scratch.count < scratch.capacity:
-                ctx, message = parked.popleft()
-                slot = scratch.count
-                start = int(scratch.offsets[slot])
-                size = fl.FRAME_HEADER_BYTES + len(message)
-                _HEADER.pack_into(memoryview(scratch.buf), start, fl.FRAME_MAGIC,
-                                  fl.PROTOCOL_VERSION, _DATA, 0, 1, size, 0, 0, 0, 0)
-                scratch.buf[start + fl.FRAME_HEADER_BYTES : start + size] = np.frombuffer(
-                    message, np.uint8)
-                scratch.lengths[slot] = size
-                scratch.count = slot + 1
-                ctxs.append(ctx)
-            self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
-        self.counters["parked_reruns"] += total
-        return total
 
-    def _expire_parked(self, now_ns: int) -> None:
-        parked = self._parked
-        while parked and parked[0][0][4] <= now_ns:
-            parked.popleft()
-            self.counters["parked_expired"] += 1
 
-    # --- sending ------------------------------------------------------------------------------
-    def _send_udp(self, name: str) -> Callable[[FrameBatch], None]:
-        def send(batch: FrameBatch) -> None:
-            channel = self.channels.get(name)
-            if channel is None:
-                self.counters[f"{name}_no_channel"] += batch.count
-                return
-            self.counted_udp_send(name, batch.count, channel.send(batch, EACH_SLOT))
-        return send
 
-    def counted_udp_send(self, name: str, count: int, sent: int) -> None:
-        """``sent`` of ``count`` frames went out on UDP channel ``name``: the rest are
-        counted as dropped under back-pressure."""
-        if sent < count:
-            self.counters[f"{name}_backpressure_drops"] += count - sent
 
-    def _send_group(self, name: str) -> Callable[[FrameBatch], None]:
-        def send(batch: FrameBatch) -> None:
-            sent = self.channels[name].send(batch, None)  # the channel's group
-            if sent < batch.count:
-                self.counters["group_backpressure_drops"] += batch.count - sent
-        return send
 
-    def _send_shm(self, batch: FrameBatch) -> None:
-        n = batch.count
-        dests = batch.peer_ids[:n]
-        for sid in np.unique(dests).tolist():
-            session = self.sessions.get(sid)
-            if session is None or session.tx is None:
-                self.counters["shm_no_session"] += 1
-                continue
-            sel = np.flatnonzero(dests == sid)
-            frames = FrameArrays(batch.buf, batch.offsets[sel], batch.lengths[sel], len(sel))
-            try:
-                sent = session.tx.send(frames)
-            except Exception:  # the client's ring is gone: its session will time out
-                self.counters["shm_send_failed"] += len(sel)
-                continue
-            if sent < len(sel):
-                self.counters["shm_backpressure_drops"] += len(sel) - sent
 
-    # --- counters -----------------------------------------------------------------------------
-    def _publish(self, now_ns: int) -> None:
-        self._publish_at_ns = now_ns + STATUS_REFRESH_NS
-        self.express.fold()  # what its kernels counted since
-        nic = self.nic
-        self.published = {  # channel samples: the control thread computes their percentiles
-            "channels": [sample_channel(name, ch) for name, ch in self._status_channels()],
-            "counters": {**self.counters, **self.digests, **self.guaranteed.snapshot(),
-                         **self._channel_counters(),
-                         "duplicates_dropped": self.dedup.dropped,
-                         **(self.telemetry.counters() if self.telemetry is not None else {}),
-                         "frames_too_large": sum(q.too_large for q in self._out.values())},
-            "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),
-                        "snapshot_version": nic.snapshot.version,
-                        "parked": len(self._parked),
-                        "last_unknown_keys": " ".join(f"{k:#018x}" for k in self.unknown_keys)},
-            "sessions": {sid: {"published": s.published, "delivered": s.delivered,
-                               "denied": s.denied} for sid, s in self.sessions.items()},
-        }
 
-    def _status_channels(self) -> list[tuple[str, Any]]:
-        """Every channel, and the parts a channel reports apart (the fabric's RDMA links,
-        appliance/dataplane/fabric_links.py)."""
-        out = []
-        for name, channel in self.channels.items():
-            out.append((name, channel))
-            parts = getattr(channel, "status_parts", None)
-            if parts is not None:
-                out.extend(parts())
-        return out
 
-    def _channel_counters(self) -> dict[str, int]:
-        """Counters a channel keeps of its own (the fabric's RDMA links)."""
-        out: dict[str, int] = {}
-        for channel in self.channels.values():
-            counters = getattr(channel, "status_counters", None)
-            if counters is not None:
-                out.update(counters())
-        return out
 
     def drain(self) -> None:
         """Send what is queued (shutdown)."""

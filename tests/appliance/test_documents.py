@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from appliance.config import parse_config
 from appliance.control import documents as d
-from appliance.control.state import _lsa_to_doc
 from appliance.control.pm import embedded_document
 from appliance.control.routing import Lsa
+from appliance.control.state import _lsa_to_doc
 from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES, ControlKind
 
 K = ControlKind

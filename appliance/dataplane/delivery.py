@@ -1,0 +1,223 @@
+"""The data-path agent's delivery: running the software NIC over a burst, delivering its
+results to local sessions and destinations (framing per egress), software NIC digests, and
+messages parked on a key the tables do not know yet (rerun on a new snapshot, expired)
+(``Delivery``, one part of ``DataPlaneAgent``)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from appliance.config import (
+    PARKED_MESSAGES,
+)
+from appliance.control import route_apply
+from appliance.dataplane import fastpath as _fastpath
+from appliance.dataplane.names import FABRIC
+from appliance.dataplane.state import (
+    _DATA,
+    _DIGEST_NAMES,
+    _DIGEST_UNKNOWN_KEY,
+    _FEW,
+    _GROUP,
+    _HEADER,
+    _UNKNOWN,
+    UNKNOWN_KEYS_KEPT,
+    DpSession,
+)
+from channels.base import FrameBatch
+from datapath.protocol import frame_layout as fl
+from datapath.protocol import message_layout as ml
+
+
+class Delivery:
+    """The NIC over a burst, delivery per egress, digests, parked messages. Its
+    methods run on the data-path thread with the agent's state (``DataPlaneAgent`` inherits
+    them)."""
+
+    # --- tables and framing -------------------------------------------------------------------
+    def _run(self, batch: FrameBatch, idx: list[int], ctxs: list[tuple], now_ns: int) -> None:
+        nic = self.nic
+        n = len(idx)
+        if n and idx[-1] == n - 1:  # 0..n-1 (ascending, no repeats): views, no gather
+            offsets = batch.offsets[:n]
+            lengths = batch.lengths[:n]
+        else:
+            sel = np.asarray(idx, dtype=np.int64)
+            offsets = batch.offsets[sel]
+            lengths = batch.lengths[sel]
+        done = 0
+        while done < n:
+            result = nic.process(batch.buf, offsets[done:], lengths[done:])
+            self._deliver(batch.buf, result, ctxs[done:], now_ns)
+            if result.frames == 0:
+                break
+            done += result.frames
+
+    def _ports_of_group(self, group: int) -> tuple[int, ...]:
+        snap = self.nic.snapshot
+        if snap.version != self._groups_version:
+            self._groups = {g.group_id: g.ports for g in snap.entries.groups}
+            self._groups_version = snap.version
+        return self._groups.get(group, ())
+
+    def _deliver(self, buf: np.ndarray, result: Any, ctxs: list[tuple], now_ns: int) -> None:
+        nic = self.nic
+        msgs = nic.batch
+        m = result.messages
+        frame_index = msgs["frame_index"][:m].tolist()
+        keys = msgs["topic_key"][:m].tolist()
+        tables = self.tables
+        ports_map = tables.ports
+        out_fabric = self._out[FABRIC]
+        group_direct = tables.group_direct
+        gp = self.guaranteed
+        grouped: set[tuple[int, str]] = set()
+        me = self.node_id
+        counters = self.counters
+        checked: dict[int, bool] = {}
+        if result.descriptors and (self.tables.dup_keys  # duplication: the general loop
+                                   or not _fastpath.deliver(self, buf, result, ctxs)):
+            for off, length, target, kind, index in nic.descriptors[
+                    : result.descriptors].tolist():
+                ingress, origin, stream, session, _, cls = ctxs[frame_index[index]]
+                if ingress:
+                    ok = checked.get(index)
+                    if ok is None:
+                        ok = checked[index] = keys[index] in session.allowed
+                        if ok:
+                            session.published += 1
+                        else:
+                            session.denied += 1
+                            counters["publish_denied"] += 1
+                    if not ok:
+                        continue
+                ports = self._ports_of_group(target) if kind == _GROUP else (target,)
+                for port in ports:
+                    what = ports_map.get(port)
+                    if what is None:
+                        counters["no_port"] += 1
+                    elif what[0] == "client":
+                        if cls and not ingress:  # a guaranteed copy: guaranteed egresses only
+                            continue
+                        client = self.sessions.get(what[1])
+                        if client is not None:
+                            self._out[client.channel].add_message(
+                                client.dest, origin, client.session_id, stream, buf, off, length)
+                            client.delivered += 1
+                    elif what[0] == "gclient":
+                        if not cls and not ingress:
+                            continue
+                        client = self.sessions.get(what[1])
+                        if client is not None:
+                            gp.to_client(client.session_id, origin, stream, buf, off, now_ns)
+                            client.delivered += 1
+                    elif what[0] == "gnode":
+                        if ingress:
+                            gp.to_node(what[1], stream, buf, off, now_ns)
+                    elif ingress:
+                        via = group_direct.get(what[1]) if group_direct else None
+                        if via is not None:  # once per message and group, to every member
+                            if (index, via) not in grouped:
+                                grouped.add((index, via))
+                                self._out[via].add_message(0, me, 0, stream, buf, off, length)
+                            continue
+                        hop = tables.next_hop.get(what[1])
+                        if hop is None:
+                            counters["unroutable"] += 1
+                        elif tables.dup_keys and keys[index] in tables.dup_keys and (
+                                what[1] in tables.alt_next_hop):  # duplication mode
+                            dup = what[1] | route_apply.DUP_DEST_BIT
+                            out_fabric.add_message(hop, me, dup, stream, buf, off, length)
+                            out_fabric.add_message(tables.alt_next_hop[what[1]], me, dup,
+                                                   stream, buf, off, length)
+                            counters["duplicated_messages"] += 1
+                        else:
+                            out_fabric.add_message(hop, me, what[1], stream, buf, off, length)
+        verdicts = nic.verdicts[:m]
+        if m > _FEW and not (verdicts == _UNKNOWN).any() or (
+                m <= _FEW and _UNKNOWN not in verdicts.tolist()):
+            return
+        self._park_unknown(buf, m, ctxs, now_ns)
+
+    def _park_unknown(self, buf: np.ndarray, m: int, ctxs: list[tuple], now_ns: int) -> None:
+        """Park the messages of the NIC's last burst (``m`` messages) whose key it did not
+        know, until a snapshot knows it or their frame's deadline passes (``ctxs`` per
+        frame of the burst)."""
+        msgs = self.nic.batch
+        counters = self.counters
+        unknown = np.flatnonzero(self.nic.verdicts[:m] == _UNKNOWN)
+        if len(unknown):
+            frame_index = msgs["frame_index"][unknown].tolist()
+            starts = msgs["payload_offset"][unknown] - ml.MESSAGE_HEADER_BYTES
+            sizes = ml.MESSAGE_HEADER_BYTES + ((msgs["payload_len"][unknown].astype(np.int64)
+                                                + msgs["topic_len"][unknown] + 7) & ~7)
+            for f, start, size in zip(frame_index, starts.tolist(), sizes.tolist()):
+                ctx = ctxs[f]
+                if ctx[4] <= now_ns:
+                    counters["parked_expired"] += 1
+                elif len(self._parked) >= PARKED_MESSAGES:
+                    counters["parked_full"] += 1
+                else:
+                    self._parked.append((ctx, buf[start : start + size].tobytes()))
+                    counters["parked"] += 1
+
+    # --- software NIC digests ------------------------------------------------------------------
+    def _drain_digests(self) -> None:
+        """Take the NIC's queued digests (punts, unknown keys, ACL logs): count them by
+        reason and keep the latest unknown keys; the queue never fills, so the NIC's
+        ``digest_drops`` stays for real overload. Runs only when digests are pending."""
+        digests = self.nic.drain_digests()
+        reasons = digests["reason"].tolist()
+        counts = self.digests
+        for reason in reasons:
+            counts[_DIGEST_NAMES.get(reason, "digests_other")] += 1
+        if _DIGEST_UNKNOWN_KEY in reasons:
+            keys = digests["topic_key"][digests["reason"] == _DIGEST_UNKNOWN_KEY]
+            self.unknown_keys.extend(keys[-UNKNOWN_KEYS_KEPT:].tolist())
+
+    # --- parked messages ----------------------------------------------------------------------
+    def ingress_ctx(self, session: DpSession, deadline: int, cls: int = 0) -> tuple:
+        """The context of a frame a local client published (``_run``'s per-frame tuple:
+        ingress, origin, stream, session, parking deadline, class)."""
+        return (True, self.node_id, session.session_id, session, deadline, cls)
+
+    def rerun_parked_before(self, version: int, now_ns: int) -> int:
+        """Run the parked messages again when the tables moved on to snapshot ``version``
+        since they were parked (their keys may be known now): before anything newer of
+        their publishers runs on it, so none is overtaken. Returns how many ran."""
+        if self._parked and version != self._parked_version:
+            return self._rerun_parked(now_ns)
+        return 0
+
+    def _rerun_parked(self, now_ns: int) -> int:
+        self._parked_version = self.nic.switch.current.version
+        parked, self._parked = self._parked, deque()
+        scratch = self._scratch
+        total = len(parked)
+        while parked:
+            scratch.count = 0
+            ctxs = []
+            while parked and scratch.count < scratch.capacity:
+                ctx, message = parked.popleft()
+                slot = scratch.count
+                start = int(scratch.offsets[slot])
+                size = fl.FRAME_HEADER_BYTES + len(message)
+                _HEADER.pack_into(memoryview(scratch.buf), start, fl.FRAME_MAGIC,
+                                  fl.PROTOCOL_VERSION, _DATA, 0, 1, size, 0, 0, 0, 0)
+                scratch.buf[start + fl.FRAME_HEADER_BYTES : start + size] = np.frombuffer(
+                    message, np.uint8)
+                scratch.lengths[slot] = size
+                scratch.count = slot + 1
+                ctxs.append(ctx)
+            self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
+        self.counters["parked_reruns"] += total
+        return total
+
+    def _expire_parked(self, now_ns: int) -> None:
+        parked = self._parked
+        while parked and parked[0][0][4] <= now_ns:
+            parked.popleft()
+            self.counters["parked_expired"] += 1
