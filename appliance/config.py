@@ -92,8 +92,10 @@ AUTH_REPLAY_WINDOW = 1_024
 """Auth sequence numbers per source remembered below the highest accepted (replay window)."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
 """A rejected admin frame is logged at most once per source per this interval."""
-CONTROL_IDLE_SLEEP_NS = 1_000_000
-"""The control agent sleeps this long when idle (it runs timers, not a hot loop)."""
+CONTROL_PENDING_POLL_NS = 200_000
+"""While the control agent waits for the data path to run the commands before a held
+snapshot or reply, it looks again this often; otherwise it sleeps until it is handed work
+(the data path's inbox, a management request) or its next timer falls due."""
 DATAPATH_RECEIVE_FRAMES = 256
 """Frames one receive call takes from one channel."""
 REQUEST_TIMEOUT_S = 5.0

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from appliance.config import (
-    CONTROL_IDLE_SLEEP_NS,
     SHM_BUS_PRODUCERS,
     SUBMIT_TIMEOUT_S,
     ApplianceConfig,
@@ -40,6 +39,7 @@ from datapath.agent import (
     BusySpinIdle,
     PollingIdle,
     SleepingIdle,
+    WakeableIdle,
     set_thread_priority,
 )
 from datapath.errors import TopicwireError
@@ -173,7 +173,9 @@ class Appliance:
                                                  spin_ns=cfg.idle_spin_us * 1_000)}[cfg.idle]()
             self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane",
                                           on_start=_priority(cfg.priority))
-            self._cp_runner = AgentRunner([self.control], SleepingIdle(CONTROL_IDLE_SLEEP_NS),
+            control = self.control
+            self._cp_runner = AgentRunner([control], WakeableIdle(control.wakeup,
+                                                                  control.wake_at_ns),
                                           name=f"{cfg.name}-control")
             self._dp_runner.start()
             self._cp_runner.start()

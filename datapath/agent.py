@@ -26,6 +26,9 @@ from typing import NamedTuple, Protocol
 
 IDLE_SLEEP_NS = 1_000_000
 """SleepingIdle's pause (config key ``agent.idle_sleep_ns``)."""
+IDLE_MAX_WAIT_NS = 1_000_000_000
+"""``WakeableIdle`` waits at most this long even with no deadline sooner (a safety net: the
+agent's timers say when it is due)."""
 BACKOFF_MAX_SPINS = 100
 BACKOFF_MAX_YIELDS = 100
 BACKOFF_MAX_PARK_NS = 1_000_000
@@ -92,6 +95,36 @@ class YieldingIdle:
     def idle(self, work_count: int) -> None:
         if work_count == 0:
             yield_cpu()
+
+    def reset(self) -> None:
+        return None
+
+
+class WakeableIdle:
+    """Idle until woken or until the agent's next deadline: for agents whose work arrives by
+    hand-off (a queue another thread fills and then ``wakeup.set()``s) or falls due at times
+    they know (``wake_at_ns(now_ns)``, CLOCK_MONOTONIC ns). Nothing polls: an idle agent
+    sleeps in ``Event.wait`` until one of the two, so it takes no CPU (and no GIL) between.
+    The event is cleared after each wait, before the next duty cycle looks for work, so a
+    hand-off made while the cycle runs ends the next wait at once and none is lost."""
+
+    def __init__(self, wakeup: threading.Event, wake_at_ns: Callable[[int], int],
+                 max_wait_ns: int = IDLE_MAX_WAIT_NS) -> None:
+        self.wakeup = wakeup
+        self.wake_at_ns = wake_at_ns
+        self.max_wait_ns = max_wait_ns
+        self.waits = 0
+        """Idle waits so far (each one a sleep that ended by a wake-up or a deadline)."""
+
+    def idle(self, work_count: int) -> None:
+        if work_count > 0:
+            return
+        now = time.monotonic_ns()
+        wait_ns = min(self.wake_at_ns(now) - now, self.max_wait_ns)
+        if wait_ns > 0:
+            self.waits += 1
+            self.wakeup.wait(wait_ns / 1e9)
+        self.wakeup.clear()
 
     def reset(self) -> None:
         return None

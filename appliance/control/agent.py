@@ -17,6 +17,7 @@ from typing import Any
 
 from appliance.config import (
     AUTH_LOG_INTERVAL_NS,
+    CONTROL_PENDING_POLL_NS,
     LOG_SOURCES_KEPT,
     LSA_MAX_AGE_REFRESHES,
     ApplianceConfig,
@@ -68,6 +69,10 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         self.cfg = config
         self.node_id = config.node_id
         self.dp = dp
+        self.wakeup = threading.Event()
+        """Set by whoever hands the agent work (the data path's inbox, management requests):
+        it ends the agent's idle wait (``WakeableIdle``)."""
+        dp.control_wakeup = self.wakeup
         self.switch = switch
         self.compiler = compiler
         self.registry = registry
@@ -175,6 +180,16 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         if now_ns >= self._status_at:
             self._build_status(now_ns)
         return work
+
+    def wake_at_ns(self, now_ns: int) -> int:
+        """When the agent next has work if nobody hands it any: soon while it waits for the
+        data path (a snapshot or replies held until the commands before them ran), else its
+        next timer (heartbeats, LSA refresh, status, route-table hold and poll)."""
+        if (self.dp.inbox or self.requests or self._pending_snapshot is not None
+                or self._replies_when_live):
+            return now_ns + CONTROL_PENDING_POLL_NS
+        return min(self._heartbeat_at, self._refresh_at, self._status_at,
+                   self.routes_ext.wake_at_ns(now_ns))
 
     def on_close(self) -> None:
         return None

@@ -28,6 +28,7 @@ class ManagementSide:
         out: dict = {}
         with self._requests_lock:
             self.requests.append((command, args, done, out))
+        self.wakeup.set()
         if not done.wait(timeout_s):
             return {"ok": False, "error": f"control: {command!r} not applied within "
                     f"{timeout_s} s; the appliance is busy or stopping"}

@@ -202,6 +202,16 @@ class RouteExtension:
             self.on_pm(agent.pm_doc)
 
     # --- P&M ----------------------------------------------------------------------------------
+    def wake_at_ns(self, now_ns: int) -> int:
+        """When ``do_work`` next has something to do: a switch hold's end, the next poll of
+        the route table file (far in the future when neither applies)."""
+        at = now_ns + 3_600_000_000_000
+        if self.held:
+            at = min(at, self._hold_until_ns)
+        if self.settings.table is not None and self.agent.cfg.pm_mode == "embedded":
+            at = min(at, self._poll_at_ns)
+        return at
+
     def do_work(self, now_ns: int) -> int:
         """Every appliance: end a switch hold; P&M: apply the route table file when it
         changed."""

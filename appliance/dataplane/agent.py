@@ -47,6 +47,7 @@ admin frames) stays unicast to their ``fabric.listen`` addresses.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter, deque
 from typing import Any
@@ -116,6 +117,9 @@ class DataPlaneAgent(Delivery, Output):
         """Signalled on every offer from the control thread (ends a PollingIdle park)."""
         self.commands = CommandQueue(self.wakeup)
         self.inbox: deque[tuple[str, int, bytes]] = deque()
+        self.control_wakeup = threading.Event()
+        """Set after each frame put in ``inbox`` (the control agent replaces it with the
+        event its idle wait watches)."""
         self.outbox: deque[tuple[str, int, bytes]] = deque()
         self.tables = ForwardingTables(node_id)
         self.sessions: dict[int, DpSession] = {}
@@ -338,6 +342,7 @@ class DataPlaneAgent(Delivery, Output):
             if not message and ftype not in RELIABILITY_ADMIN_TYPES:
                 if len(self.inbox) < INBOX_FRAMES:
                     self.inbox.append((name, peer, buf[off : off + length].tobytes()))
+                    self.control_wakeup.set()
                 else:
                     self.counters["inbox_full"] += 1
                 continue
