@@ -105,7 +105,16 @@ PROBE_FLAG = 1
 RELAY_SOURCE = Path(__file__).resolve().parent / "c" / "udp_relay.c"
 RELAY_CFLAGS = ("-O2", "-Wall")
 HOPS = ("topicwire", "c_relay", "direct")
+LOADED = "topicwire_control_load"
+"""The result of the latency run through the appliance under ``--control-load``."""
 _COMPONENT = "bench"
+CONTROL_LOAD_REQUESTS_PER_S = 1_000
+"""``--control-load``: subscribe/unsubscribe requests per second a client sends the
+appliance (each waits for its answer, as an application's would)..."""
+CONTROL_LOAD_STATUS_PER_S = 100
+"""...while another thread reads ``/status`` from its management API this often."""
+CONTROL_LOAD_PATTERNS = 100
+"""The load client subscribes and unsubscribes these many patterns in turn."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,6 +142,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "value, and the C relay's nice value, so both hops run at the "
                              "same priority (default: the appliance's own, 0; below 0 needs "
                              "root)")
+    parser.add_argument("--control-load", action="store_true",
+                        help=f"also measure latency while a client sends "
+                        f"{CONTROL_LOAD_REQUESTS_PER_S:,} subscribe/unsubscribe requests per "
+                        f"second and /status is read {CONTROL_LOAD_STATUS_PER_S} times a "
+                        "second (result topicwire_control_load)")
     parser.add_argument("--direct", action="store_true",
                         help="also measure publisher -> subscriber without a hop (reference)")
 
@@ -483,11 +497,58 @@ def _subscriber(spec: dict[str, Any]) -> None:
             channel.close()
 
 
+def _control_load(spec: dict[str, Any]) -> None:
+    """``--control-load``: subscribe/unsubscribe requests at ``CONTROL_LOAD_REQUESTS_PER_S``
+    through the client API and ``/status`` reads at ``CONTROL_LOAD_STATUS_PER_S``, until
+    told ``STOP``; prints how many of each it made."""
+    import threading
+    import urllib.request
+
+    from appliance.client import connect
+
+    stop = threading.Event()
+    counts = {"requests": 0, "status_reads": 0}
+
+    def poll_status() -> None:
+        url = f"http://{LOOPBACK}:{spec['mgmt_port']}/status"
+        period = 1 / CONTROL_LOAD_STATUS_PER_S
+        next_at = time.monotonic()
+        while not stop.is_set():
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                answer.read()
+            counts["status_reads"] += 1
+            next_at += period
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    with connect(f"udp://{LOOPBACK}:{spec['port']}", IDENTITY) as client:
+        poller = threading.Thread(target=poll_status, daemon=True)
+        poller.start()
+        print("READY", flush=True)
+        period = 1 / CONTROL_LOAD_REQUESTS_PER_S
+        next_at = time.monotonic()
+        i = 0
+        while _stdin_line(0) is None:
+            pattern = f"bench/load/{i % CONTROL_LOAD_PATTERNS}/#"
+            if (i // CONTROL_LOAD_PATTERNS) % 2 == 0:
+                client.subscribe(pattern)
+            else:
+                client.unsubscribe(pattern)
+            counts["requests"] += 1
+            i += 1
+            next_at += period
+            pause = next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        stop.set()
+        poller.join(10)
+    print(json.dumps(counts), flush=True)
+
+
 def _child_main(argv: list[str]) -> None:
-    """Entry of a child process: ``pub SPEC`` or ``sub SPEC`` (SPEC is JSON)."""
+    """Entry of a child process: ``pub SPEC``, ``sub SPEC`` or ``load SPEC`` (JSON)."""
     role, spec = argv[0], json.loads(argv[1])
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    (_publisher if role == "pub" else _subscriber)(spec)
+    {"pub": _publisher, "sub": _subscriber, "load": _control_load}[role](spec)
 
 
 # --- the parent: processes and measurements --------------------------------------------------
@@ -552,7 +613,7 @@ _CHILD_CODE = "import sys; from bench.fabric import _child_main; _child_main(sys
 
 def _child(role: str, spec: dict[str, Any]) -> _Child:
     return _Child([sys.executable, "-c", _CHILD_CODE, role, json.dumps(spec)],
-                  "publisher" if role == "pub" else "subscriber")
+                  {"pub": "publisher", "sub": "subscriber", "load": "control load"}[role])
 
 
 class Appliance:
@@ -657,6 +718,14 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance 
     return figures
 
 
+def _free_tcp_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
 def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
     keys = [k for k in runs[0] if all(k in r for r in runs)]
     return {k: statistics.median(r[k] for r in runs) for k in keys}
@@ -674,9 +743,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     relay = build_relay()
     hops = [h for h in HOPS if h != "direct" or args.direct]
     runs: dict[str, list[dict[str, float]]] = {h: [] for h in hops}
+    control_load = getattr(args, "control_load", False)
+    if control_load:
+        runs[LOADED] = []
+    load_counts: list[dict[str, int]] = []
     with tempfile.TemporaryDirectory(prefix="tw-bench-fabric-") as tmp:
         progress(NAME, "starting the appliance (topicwire run)")
-        appliance = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority)
+        mgmt_port = _free_tcp_port() if control_load else None
+        appliance = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
+                              mgmt_port=mgmt_port)
         try:
             for repeat in range(args.repeats):
                 progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
@@ -684,6 +759,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     figures = measure(hop, "throughput", args, appliance, relay)
                     figures.update(measure(hop, "latency", args, appliance, relay))
                     runs[hop].append(figures)
+                if control_load:
+                    load = _child("load", {"port": appliance.port, "mgmt_port": mgmt_port})
+                    try:
+                        load.expect("READY")
+                        started = time.monotonic()
+                        runs[LOADED].append(measure("topicwire", "latency", args, appliance,
+                                                    relay))
+                        load.tell("STOP")
+                        counts = load.result()
+                        counts["seconds"] = round(time.monotonic() - started, 1)
+                        load_counts.append(counts)
+                    finally:
+                        load.kill(CHILD_EXIT_GRACE_S)
         finally:
             code = appliance.stop()
         if code != 0:
@@ -695,6 +783,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "per_frame": args.per_frame, "batch": args.batch, "rate": args.rate,
               "duration_s": args.duration_s, "repeats": args.repeats, "idle": args.idle,
               "idle_spin_us": args.idle_spin_us, "priority": args.priority,
+              "control_load": control_load,
               "baseline": "c_relay: bench/c/udp_relay.c (recvmmsg/sendmmsg, 64 per call, "
                           "blocking), same publisher and subscriber processes, at the "
                           "appliance's --priority",
@@ -708,4 +797,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "appliance reframes, so its subscriber takes large frames "
                       "(frames_per_msg)",
               "runs": runs}
+    if control_load:
+        params["control_load"] = {
+            "requests_per_s": CONTROL_LOAD_REQUESTS_PER_S,
+            "status_reads_per_s": CONTROL_LOAD_STATUS_PER_S,
+            "made": load_counts,
+            "p99_us loaded/quiet": (results[LOADED]["p99_us"] / results["topicwire"]["p99_us"]
+                                    if results["topicwire"].get("p99_us") else None),
+            "goal": "p99 under control load within 1.5x of the quiet figure"}
     return build_report(NAME, params, results)
