@@ -35,25 +35,29 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 import channels
 from appliance.client.errors import ClientError, EntitlementError, LoginError
+from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
+from appliance.client.messages import (
+    GUARANTEED_QUEUE_MESSAGES,
+    QOS,
+    Loss,
+    Message,
+)
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
     CLIENT_HEARTBEAT_INTERVAL_NS,
-    GUARANTEED_RETRANSMIT_BUFFER_BYTES,
-    GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
-    GUARANTEED_UDP_FRAME_BYTES,
     REQUEST_RETRY_FIRST_S,
     REQUEST_RETRY_MAX_S,
     REQUEST_TIMEOUT_S,
 )
-from appliance.dataplane.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
+from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from channels.errors import ChannelDeviceError
 from datapath import jit
 from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
@@ -67,9 +71,6 @@ from datapath.topics.algebra import matches, split_pattern
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
 
-QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
-"""QoS names and their wire values (docs/protocol.md, message ``qos``)."""
-
 SUBSCRIPTION_QUEUE_MESSAGES = 1_000_000
 """Messages a subscription queue holds before the oldest are dropped (best-effort) and
 counted; last-value subscriptions keep one per topic instead."""
@@ -82,13 +83,8 @@ _TO_SENDER_TYPES = (int(fl.FrameType.NAK), int(fl.FrameType.ACK),
                     int(fl.FrameType.FLOW_CONTROL))
 _STREAM = struct.Struct(">I")
 _MSG = ml.MESSAGE_HEADER_STRUCT
-GUARANTEED_QUEUE_MESSAGES = 1_000_000
-"""Messages a guaranteed subscription queue holds; when full, the reliable receiver keeps
-the next messages and offers them again later (back-pressure), nothing is dropped."""
 SUBSCRIPTION_LOSS_EVENTS = 1_024
 """Loss events a subscription keeps (``losses``); ``lost_messages`` counts them all."""
-CLOSE_ACK_TIMEOUT_S = 2.0
-"""How long ``close`` waits for the appliance to acknowledge the guaranteed messages sent."""
 ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
 IDLE_STRATEGIES = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle}
@@ -98,53 +94,8 @@ RESOLVE_RETRY_NS = 200_000_000
 """An unanswered key resolution is asked again after this long."""
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One received message."""
-
-    topic: str
-    payload: bytes
-    topic_key: int
-    sequence: int
-    publish_ts_ns: int
-    namespace: int
-    schema_id: int
-    qos: int
-    origin: int
-    """The appliance where the message entered the fabric (node id)."""
-    stream: int
-    """The publishing session at the origin."""
-    received_ns: int
-    guaranteed: bool = False
-    """It came over a guaranteed (reliable) stream."""
-
-    @property
-    def latency_ns(self) -> int:
-        """Receive time minus publish time (wall clock; same host or synchronised clocks)."""
-        return self.received_ns - self.publish_ts_ns
 
 
-@dataclass(frozen=True, slots=True)
-class Loss:
-    """Messages of a guaranteed stream that will never arrive (unrecoverable loss).
-
-    The transport cannot tell which topics the lost messages had, so every guaranteed
-    subscription of the client gets the event."""
-
-    origin: int
-    """The appliance where the stream entered the fabric (node id)."""
-    stream: int
-    """The publishing session."""
-    first_seq: int
-    last_seq: int
-    """The range in the numbering of the hop where it was lost."""
-    messages: int
-    reason: str
-    """``RECOVERY_TIMEOUT`` (NAKs unanswered within the recovery bound), ``SENDER_LOSS`` (no
-    longer in the sender's retransmission buffer) or ``RESYNC``."""
-    at: int
-    """Node id of the appliance that saw the loss; 0: this client's own hop."""
-    received_ns: int
 
 
 class Subscription:
@@ -239,7 +190,7 @@ class _Waiter:
         self.result: dict | None = None
 
 
-class Client:
+class Client(GuaranteedSide):
     """A logged-in session with one appliance; see the module docstring."""
 
     def __init__(self, channel: Any, identity: str, *, ring: str | None = None,
@@ -428,35 +379,6 @@ class Client:
                 self._flush_locked()
         return seq
 
-    def _publish_guaranteed(self, key: int, payload: Any, now: int, namespace: int,
-                            schema_id: int, flush: bool) -> int:
-        from datapath.reliability import ReliabilityError, ReliableSender, SenderConfig
-
-        with self._lock:
-            if self._gsender is None:
-                size = GUARANTEED_UDP_FRAME_BYTES if self.channel.kind == "udp" else \
-                    fl.align8(self.channel.max_frame_bytes) - 8
-                config = SenderConfig(
-                    max_frame_bytes=min(size, MAX_FRAME_BYTES),
-                    retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
-                    retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
-                self._gsender = ReliableSender(_ClientSink(self), session_id=self.session,
-                                               stream_id=self.session | RELIABLE_STREAM_BIT,
-                                               config=config)
-            sender = self._gsender
-            try:
-                ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
-                                  namespace_id=namespace, schema_id=schema_id,
-                                  qos=QOS["guaranteed"])
-            except ReliabilityError as exc:
-                raise ClientError(str(exc).removeprefix("reliability: ")) from None
-            if not ok:
-                raise ClientError("the guaranteed stream is flow-controlled and its pending "
-                                  "queue is full; publish more slowly")
-            self.published += 1
-            if flush:
-                sender.flush(time.monotonic_ns())
-            return sender.next_seq - 1
 
     def flush(self) -> None:
         """Send the open publish frames (best-effort and guaranteed) now."""
@@ -582,112 +504,12 @@ class Client:
             if self._held:
                 self._release_held()
 
-    # --- guaranteed streams (the client thread) -------------------------------------------------
-    def _send_raw(self, frame: memoryview | bytes | bytearray) -> None:
-        """A frame of the reliable transport (NAK, ACK, DATA, RETRANSMISSION) to the appliance."""
-        buf = np.frombuffer(bytearray(frame), dtype=np.uint8)
-        with self._lock:
-            if self.channel.closed or self.channel.failure is not None:
-                return  # the session is gone with the connection (the client thread says so)
-            sent = self.channel.send((buf, np.zeros(1, np.int64),
-                                      np.array([len(buf)], np.int64), 1))
-        if sent != 1:
-            self.send_drops = getattr(self, "send_drops", 0) + 1  # recovered by the transport
 
-    def _on_guaranteed(self, stream: Any, message: memoryview) -> bool:
-        """One message of a guaranteed stream, in order (the receiver's DeliveryHandler)."""
-        key, seq, ts, ns, schema, qos, _, plen, _, _ = _MSG.unpack_from(message, 0)
-        payload = bytes(message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen])
-        origin, publisher = stream[0], stream[1] & ~RELIABLE_STREAM_BIT
-        now = time.time_ns()
-        if key == LOSS_NOTICE_KEY:
-            try:
-                doc = json.loads(payload)
-                item: Message | Loss = Loss(
-                    int(doc["origin"]), int(doc["stream"]), int(doc["first"]),
-                    int(doc["last"]), int(doc["messages"]), str(doc["reason"]), int(doc["at"]),
-                    now)
-            except (ValueError, KeyError, TypeError):
-                self.malformed = getattr(self, "malformed", 0) + 1
-                return True
-        else:
-            known = self._topics.get(key)
-            item = Message("" if known is None else known[1], payload, key, seq, ts, ns, schema,
-                           qos, origin, publisher, now, True)
-        held = self._held.get(stream)
-        if held is not None:
-            if len(held) >= GUARANTEED_QUEUE_MESSAGES:
-                return False
-            held.append(item)
-            return True
-        if isinstance(item, Message) and key not in self._topics:
-            self._held[stream] = deque([item])
-            self._pending.setdefault(key, [])
-            return True
-        return self._deliver_guaranteed(item)
 
-    def _deliver_guaranteed(self, item: Message | Loss) -> bool:
-        """To the guaranteed subscriptions; False (back-pressure) when a queue is full."""
-        if isinstance(item, Loss):
-            self.losses += 1
-            self.lost_messages += item.messages
-            for sub in [s for s in self._subs if s.qos == "guaranteed"]:
-                sub._loss(item)
-            return True
-        targets = self._targets(item.namespace, item.topic, True)
-        if any(sub._full() for sub in targets):
-            return False
-        self.received += 1
-        self._dispatch(item)
-        return True
 
-    def _on_guaranteed_loss(self, event: Any) -> None:
-        """An unrecoverable loss on this client's own hop."""
-        loss = Loss(event.stream[0], event.stream[1] & ~RELIABLE_STREAM_BIT, event.first_seq,
-                    event.last_seq, event.messages, event.reason.name, 0, time.time_ns())
-        held = self._held.get(event.stream)
-        if held is not None:
-            held.append(loss)
-        else:
-            self._deliver_guaranteed(loss)
 
-    def _release_held(self) -> None:
-        """Deliver held guaranteed items, in order, up to the next still-unknown topic."""
-        for stream, held in list(self._held.items()):
-            while held:
-                item = held[0]
-                if isinstance(item, Message) and not item.topic:
-                    known = self._topics.get(item.topic_key)
-                    if known is None:
-                        self._pending.setdefault(item.topic_key, [])
-                        break
-                    item = held[0] = replace(item, topic=known[1])
-                if not self._deliver_guaranteed(item):
-                    break
-                held.popleft()
-            if not held:
-                del self._held[stream]
 
-    def _guaranteed_timers(self, now_ns: int) -> int:
-        work = 0
-        with self._lock:
-            if self._gsender is not None:
-                work += self._gsender.do_work(now_ns)
-        if self._greceiver is not None:
-            work += self._greceiver.do_work(now_ns)
-        if self._held:
-            self._release_held()
-        return work
 
-    def guaranteed_counters(self) -> dict[str, dict[str, int]]:
-        """The reliable transport's counters of this client: its guaranteed subscriptions'
-        receiver and its guaranteed publishing stream's sender."""
-        out = {}
-        if self._greceiver is not None:
-            out["receiver"] = self._greceiver.counters.as_dict()
-        if self._gsender is not None:
-            out["sender"] = self._gsender.counters.as_dict()
-        return out
 
     def _answer(self, key: tuple, doc: dict) -> None:
         with self._lock:
@@ -779,18 +601,6 @@ class Client:
             if self._owned is not None:
                 self._owned.stop()
 
-    def _wait_acknowledged(self) -> None:
-        """Before logging out, give the appliance up to CLOSE_ACK_TIMEOUT_S to acknowledge
-        every guaranteed message sent (lost ones are retransmitted meanwhile)."""
-        sender = self._gsender
-        if sender is None or not sender.highest_sent:
-            return
-        deadline = time.monotonic() + CLOSE_ACK_TIMEOUT_S
-        while time.monotonic() < deadline:
-            with self._lock:
-                if max(sender.acks.values(), default=0) >= sender.highest_sent:
-                    return
-            time.sleep(0.002)
 
     def __enter__(self) -> Client:
         return self
@@ -805,27 +615,8 @@ def matches_or_includes(live: str, pattern: str) -> bool:
     return includes(live, pattern) or includes(pattern, live)
 
 
-class _GuaranteedHandler:
-    """The client's reliable receiver delivers through here (the client thread)."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def on_message(self, stream: Any, message: memoryview) -> bool:
-        return self.client._on_guaranteed(stream, message)
-
-    def on_loss(self, event: Any) -> None:
-        self.client._on_guaranteed_loss(event)
 
 
-class _ClientSink:
-    """FrameSink of the client's reliable sender and receiver: to its appliance."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def send_frame(self, frame: memoryview, dest: object = None) -> None:
-        self.client._send_raw(frame)
 
 
 class _ClientAgent:

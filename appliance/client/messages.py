@@ -1,0 +1,63 @@
+"""What a subscriber receives: a message, or the loss of messages of a guaranteed stream; the
+QoS names and the guaranteed queues' bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
+"""QoS names and their wire values (docs/protocol.md, message ``qos``)."""
+GUARANTEED_QUEUE_MESSAGES = 1_000_000
+"""Messages a guaranteed subscription queue holds; when full, the reliable receiver keeps
+the next messages and offers them again later (back-pressure), nothing is dropped."""
+CLOSE_ACK_TIMEOUT_S = 2.0
+"""How long ``close`` waits for the appliance to acknowledge the guaranteed messages sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One received message."""
+
+    topic: str
+    payload: bytes
+    topic_key: int
+    sequence: int
+    publish_ts_ns: int
+    namespace: int
+    schema_id: int
+    qos: int
+    origin: int
+    """The appliance where the message entered the fabric (node id)."""
+    stream: int
+    """The publishing session at the origin."""
+    received_ns: int
+    guaranteed: bool = False
+    """It came over a guaranteed (reliable) stream."""
+
+    @property
+    def latency_ns(self) -> int:
+        """Receive time minus publish time (wall clock; same host or synchronised clocks)."""
+        return self.received_ns - self.publish_ts_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Messages of a guaranteed stream that will never arrive (unrecoverable loss).
+
+    The transport cannot tell which topics the lost messages had, so every guaranteed
+    subscription of the client gets the event."""
+
+    origin: int
+    """The appliance where the stream entered the fabric (node id)."""
+    stream: int
+    """The publishing session."""
+    first_seq: int
+    last_seq: int
+    """The range in the numbering of the hop where it was lost."""
+    messages: int
+    reason: str
+    """``RECOVERY_TIMEOUT`` (NAKs unanswered within the recovery bound), ``SENDER_LOSS`` (no
+    longer in the sender's retransmission buffer) or ``RESYNC``."""
+    at: int
+    """Node id of the appliance that saw the loss; 0: this client's own hop."""
+    received_ns: int
