@@ -498,16 +498,21 @@ def _subscriber(spec: dict[str, Any]) -> None:
 
 
 def _control_load(spec: dict[str, Any]) -> None:
-    """``--control-load``: subscribe/unsubscribe requests at ``CONTROL_LOAD_REQUESTS_PER_S``
-    through the client API and ``/status`` reads at ``CONTROL_LOAD_STATUS_PER_S``, until
-    told ``STOP``; prints how many of each it made."""
+    """``--control-load``: SUBSCRIBE/UNSUBSCRIBE requests at ``CONTROL_LOAD_REQUESTS_PER_S``
+    from one logged-in session (sent at that pace, answers counted as they come: an
+    application with many subscriptions in flight) and ``/status`` reads at
+    ``CONTROL_LOAD_STATUS_PER_S``, until told ``STOP``; prints what it made."""
     import threading
     import urllib.request
 
-    from appliance.client import connect
+    from channels.base import FrameBatch
+    from channels.udp import UdpChannel
+    from datapath.protocol import admin_layout as al
+    from datapath.protocol import frame_layout as fl
+    from datapath.protocol.codec import decode_frame
 
     stop = threading.Event()
-    counts = {"requests": 0, "status_reads": 0}
+    counts = {"requests": 0, "answers": 0, "status_reads": 0}
 
     def poll_status() -> None:
         url = f"http://{LOOPBACK}:{spec['mgmt_port']}/status"
@@ -520,27 +525,45 @@ def _control_load(spec: dict[str, Any]) -> None:
             next_at += period
             stop.wait(max(0.0, next_at - time.monotonic()))
 
-    with connect(f"udp://{LOOPBACK}:{spec['port']}", IDENTITY) as client:
-        poller = threading.Thread(target=poll_status, daemon=True)
-        poller.start()
-        print("READY", flush=True)
-        period = 1 / CONTROL_LOAD_REQUESTS_PER_S
-        next_at = time.monotonic()
-        i = 0
+    def count_answers(batch: FrameBatch) -> None:
+        for i in range(channel.receive(batch, 0)):
+            frame = decode_frame(batch.frame(i).tobytes())
+            if frame.header.frame_type is fl.FrameType.CONTROL:
+                counts["answers"] += sum(1 for e in frame.admin()[1]
+                                         if e.kind is al.ControlKind.REQUEST_RESULT)
+
+    channel = UdpChannel((LOOPBACK, 0), dest=(LOOPBACK, spec["port"]), name="bench-load")
+    batch = FrameBatch(SUB_BATCH_FRAMES, SUB_SLOT_BYTES)
+    session = _login(channel, batch)
+    poller = threading.Thread(target=poll_status, daemon=True)
+    poller.start()
+    print("READY", flush=True)
+    period = 1 / CONTROL_LOAD_REQUESTS_PER_S
+    next_at = time.monotonic()
+    i = 0
+    try:
         while _stdin_line(0) is None:
-            pattern = f"bench/load/{i % CONTROL_LOAD_PATTERNS}/#"
-            if (i // CONTROL_LOAD_PATTERNS) % 2 == 0:
-                client.subscribe(pattern)
-            else:
-                client.unsubscribe(pattern)
+            n = i % CONTROL_LOAD_PATTERNS
+            add = (i // CONTROL_LOAD_PATTERNS) % 2 == 0
+            entry = al.Subscription(n + 1, 0, 0, 0, f"bench/load/{n}/#")
+            _admin(channel, fl.FrameType.SUBSCRIBE if add else fl.FrameType.UNSUBSCRIBE,
+                   [entry], session)
             counts["requests"] += 1
             i += 1
+            count_answers(batch)
             next_at += period
             pause = next_at - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
+        deadline = time.monotonic() + STEP_TIMEOUT_S / 4
+        while counts["answers"] < counts["requests"] and time.monotonic() < deadline:
+            count_answers(batch)
+            time.sleep(0.001)
+    finally:
         stop.set()
         poller.join(10)
+        _logout(channel, session)
+        channel.close()
     print(json.dumps(counts), flush=True)
 
 
@@ -579,8 +602,12 @@ class _Child:
                     return line.strip()
             elif self.proc.poll() is not None:
                 break
-        self.kill()
-        err = self.proc.stderr.read()[-3000:] if self.proc.stderr else ""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            err = (self.proc.communicate(timeout=10)[1] or "")[-3000:]
+        except (subprocess.TimeoutExpired, ValueError):
+            err = ""
         raise DeviceError(f"the {self.what} did not say {word!r} (exit {self.proc.returncode})"
                           f": {err}", component=_COMPONENT)
 
