@@ -5,6 +5,12 @@ a value of the wrong type or out of range, an address that does not parse, a fil
 not exist raise ``ConfigError`` naming the key (``config: fabric.listen: ...``). Whether a
 port is free is checked when the channels open (``node.Appliance.start``), which also fails
 as a ``ConfigError`` naming the key, before any thread starts.
+
+A config is input like a frame: ``parse_config`` returns a config or raises ``ConfigError``
+whatever the document holds. The document's shape is bounded first (``_check_tree``: nesting,
+key and string lengths, 64-bit integers), then every key is read with its type and bounds;
+addresses are ASCII ``IPv4:port`` and unicast; the files a config names are read at most so
+many bytes, as UTF-8, never under /proc or /sys (``appliance/config_files.py``).
 """
 
 from __future__ import annotations
@@ -12,11 +18,11 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from appliance.config_files import decode, existing_file, parse_toml, read_text, show
 from appliance.errors import ConfigError
 
 # --- tunables (units in the names) ---------------------------------------------------------
@@ -145,8 +151,35 @@ RDMA_LINK_BACKLOG_BYTES = 4 * 1024 * 1024
 """Bytes of that backlog at most (as deep as the UDP fabric socket's send buffer)."""
 
 MAX_NODE_ID = 2**31 - 1
-NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""Appliance, neighbour, group, ring and device names (whole string: ``fullmatch``)."""
 FABRIC_KEY_BYTES = 32
+
+# --- bounds of the input itself (a config is checked as strictly as a frame) ------------------
+MAX_CONFIG_BYTES = 1 << 20
+"""A config file, and an entitlements file, is at most this long."""
+MAX_KEY_FILE_BYTES = 4_096
+"""``fabric.key_file`` and ``mgmt.token_file`` are at most this long."""
+MAX_NESTING = 8
+"""Tables and arrays nested deeper than this are refused, before any key is looked at (the
+deepest value of a valid config, ``pm.schemas.NAME.fields[i][j]``, is 6 levels down)."""
+MAX_KEY_CHARS = 1_024
+"""A key is 1..1,024 characters (identity and schema names are keys; P&M's document bounds
+those further)."""
+MAX_STRING_CHARS = 4_096
+"""A string value is at most this long (a path: PATH_MAX; a pattern is shorter)."""
+MAX_NAMESPACES = 4_096
+MAX_NEIGHBOURS = FABRIC_MAX_ORIGINS
+"""``[[neighbours]]`` entries (``FABRIC_MAX_ORIGINS`` appliances fit one fabric)."""
+MAX_GROUPS = 64
+"""``[[fabric.groups]]`` entries (each opens two sockets)."""
+MAX_IDENTITIES = 16_384
+MAX_PATTERNS = 16_384
+"""Patterns of one list (``publish``, ``subscribe``, ``routes.duplicate``)."""
+MAX_SCHEMAS = 1_024
+MAX_SCHEMA_FIELDS = 1_024
+MAX_SCHEMA_NAME_CHARS = 255
+"""Schema and field names, as P&M's document carries them (appliance/control/documents.py)."""
 
 
 # --- the parsed configuration ----------------------------------------------------------------
@@ -268,6 +301,36 @@ def _fail(key: str, what: str) -> ConfigError:
     return ConfigError(f"{key}: {what}")
 
 
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _check_tree(value: object, key: str = "", depth: int = 0) -> None:
+    """The shape of the whole document before any key is read: tables and arrays nested at
+    most ``MAX_NESTING`` deep, keys of 1..``MAX_KEY_CHARS`` characters, strings of at most
+    ``MAX_STRING_CHARS``, integers of 64 bits (TOML's own bound)."""
+    if isinstance(value, dict | list):
+        if depth >= MAX_NESTING:
+            raise _fail(key, f"tables and arrays nested deeper than {MAX_NESTING} levels")
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if not isinstance(name, str) or not 0 < len(name) <= MAX_KEY_CHARS:
+                    raise _fail(key or "(top level)", f"a key must be 1..{MAX_KEY_CHARS} "
+                                f"characters, not {show(name)}")
+                _check_tree(item, _join(key, name), depth + 1)
+        else:
+            for i, item in enumerate(value):
+                _check_tree(item, f"{key}[{i}]", depth + 1)
+    elif isinstance(value, str):
+        if len(value) > MAX_STRING_CHARS:
+            raise _fail(key, f"a string of {len(value)} characters; at most {MAX_STRING_CHARS}")
+        if "\x00" in value:
+            raise _fail(key, "a string holding a NUL character")
+    elif isinstance(value, int) and not isinstance(value, bool) and not (
+            -(2**63) <= value < 2**63):
+        raise _fail(key, f"{show(value)} does not fit 64 bits (TOML integers are 64-bit)")
+
+
 def _table(doc: dict, key: str, allowed: set[str], prefix: str) -> dict:
     value = doc.get(key, {})
     if not isinstance(value, dict):
@@ -285,7 +348,7 @@ def _known(table: dict, allowed: set[str], prefix: str) -> None:
 def _int(table: dict, key: str, prefix: str, default: int, low: int, high: int) -> int:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(prefix + key, f"must be an integer in [{low}, {high}], not {value!r}")
+        raise _fail(prefix + key, f"must be an integer in [{low}, {high}], not {show(value)}")
     return value
 
 
@@ -296,47 +359,89 @@ def _str(table: dict, key: str, prefix: str, default: str | None, choices: tuple
         return None
     if not isinstance(value, str) or (choices and value not in choices):
         want = f"one of {', '.join(repr(c) for c in choices)}" if choices else "a string"
-        raise _fail(prefix + key, f"must be {want}, not {value!r}")
+        raise _fail(prefix + key, f"must be {want}, not {show(value)}")
     return value
 
 
-def parse_address(text: object, key: str, *, allow_zero_port: bool = False) -> Address:
-    """``"10.0.0.1:47470"`` -> ``("10.0.0.1", 47470)``; numeric IPv4 only (no name lookups)."""
-    if not isinstance(text, str) or text.count(":") != 1:
-        raise _fail(key, f"must be \"IPv4:port\" such as \"127.0.0.1:47470\", not {text!r}")
-    host, port_text = text.split(":")
+def _list(value: object, key: str, most: int, what: str) -> list:
+    """An array of at most ``most`` values (``what`` says what it holds)."""
+    if not isinstance(value, list):
+        raise _fail(key, f"must be an array of {what}, not {show(value)}")
+    if len(value) > most:
+        raise _fail(key, f"{len(value)} values; at most {most}")
+    return value
+
+
+_IPV4_RE = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}")
+_ADDRESS_RE = re.compile(r"([0-9.]{7,15}):([0-9]{1,5})")
+"""``IPv4:port`` in ASCII digits, nothing around it (no spaces, signs, '_' or other digits)."""
+BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+
+
+def _ipv4(text: object, key: str) -> ipaddress.IPv4Address:
+    """A numeric IPv4 address, four decimal numbers 0..255 without leading zeros."""
+    if not isinstance(text, str) or not _IPV4_RE.fullmatch(text):
+        raise _fail(key, f"{show(text)} is not a numeric IPv4 address such as \"10.0.0.1\" "
+                    "(names are not resolved)")
     try:
-        address = ipaddress.IPv4Address(host)
+        return ipaddress.IPv4Address(text)
     except ValueError:
-        raise _fail(key, f"{host!r} is not a numeric IPv4 address (names are not "
-                    "resolved)") from None
+        raise _fail(key, f"{text!r} is not an IPv4 address (four numbers 0..255, no leading "
+                    "zeros)") from None
+
+
+def _address(text: object, key: str, form: str, example: str, low_port: int
+             ) -> tuple[ipaddress.IPv4Address, int]:
+    match = _ADDRESS_RE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise _fail(key, f"must be \"{form}:port\" such as \"{example}\" (digits only, no "
+                    f"spaces), not {show(text)}")
+    address = _ipv4(match[1], key)
+    port_text = match[2]
+    port = int(port_text)
+    if port_text != str(port):
+        raise _fail(key, f"port {port_text!r} has a leading zero; write {port}")
+    if not low_port <= port <= 65535:
+        raise _fail(key, f"port {port} is outside [{low_port}, 65535]")
+    return address, port
+
+
+def parse_address(text: object, key: str, *, allow_zero_port: bool = False,
+                  destination: bool = False) -> Address:
+    """``"10.0.0.1:47470"`` -> ``("10.0.0.1", 47470)``: a numeric IPv4 unicast address (no
+    name lookups) and a port 1..65535 (0 too with ``allow_zero_port``: the kernel picks one).
+    Multicast and the broadcast address are refused (a unicast socket is bound or sent to);
+    so is the wildcard 0.0.0.0 for a ``destination`` (an address frames are sent to)."""
+    address, port = _address(text, key, "IPv4", "127.0.0.1:47470",
+                             0 if allow_zero_port else 1)
     if address.is_multicast:
-        raise _fail(key, f"{host} is a multicast group; give a unicast address")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise _fail(key, f"port {port_text!r} is not a number") from None
-    if not (0 if allow_zero_port else 1) <= port <= 65535:
-        raise _fail(key, f"port {port} is outside [1, 65535]")
+        raise _fail(key, f"{address} is a multicast group; give a unicast address")
+    if address == BROADCAST:
+        raise _fail(key, f"{address} is the broadcast address; give a unicast address")
+    if destination and address.is_unspecified:
+        raise _fail(key, f"{address} is the wildcard; give the address frames are sent to")
     return str(address), port
 
 
 def _patterns(value: object, key: str) -> tuple[str, ...]:
     from datapath.topics.algebra import TopicError, split_pattern
 
-    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+    value = _list(value, key, MAX_PATTERNS, "topic patterns such as [\"prices/#\"]")
+    if not all(isinstance(p, str) for p in value):
         raise _fail(key, "must be a list of topic patterns such as [\"prices/#\"]")
     for pattern in value:
         try:
             split_pattern(pattern)
         except TopicError as exc:
-            raise _fail(key, f"{pattern!r}: {str(exc).removeprefix('topics: ')}") from None
+            raise _fail(key, f"{show(pattern)}: {str(exc).removeprefix('topics: ')}") from None
     return tuple(value)
 
 
 def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
     if not isinstance(table, dict):
         raise _fail(key, "must be a table of identities ([pm.identities.NAME])")
+    if len(table) > MAX_IDENTITIES:
+        raise _fail(key, f"{len(table)} identities; at most {MAX_IDENTITIES}")
     out = {}
     for identity, spec in table.items():
         where = f"{key}.{identity}"
@@ -348,76 +453,102 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
     return out
 
 
+FIELD_FORM = "[name, offset, type] or [name, offset, type, width]"
+
+
+def _schema_field(spec: object, key: str) -> tuple[str, int, str, int]:
+    """One field of ``pm.schemas.NAME.fields``: its shape, types and bounds (it must end
+    inside the largest message payload)."""
+    from datapath.protocol.message_layout import MAX_PAYLOAD_BYTES
+    from nic_offload.schema import TYPE_NAMES
+
+    if not isinstance(spec, list) or len(spec) not in (3, 4):
+        raise _fail(key, f"must be {FIELD_FORM}, not {show(spec)}")
+    name, offset, type_name = spec[0], spec[1], spec[2]
+    if not isinstance(name, str) or not name.isidentifier() or (
+            len(name) > MAX_SCHEMA_NAME_CHARS):
+        raise _fail(key, f"the name must be an identifier of at most {MAX_SCHEMA_NAME_CHARS} "
+                    f"characters such as \"price\", not {show(name)}")
+    ftype = TYPE_NAMES.get(type_name.lower()) if isinstance(type_name, str) else None
+    if ftype is None:
+        raise _fail(key, f"the type must be one of {', '.join(TYPE_NAMES)}, not "
+                    f"{show(type_name)}")
+    fixed = ftype.value[1]
+    if len(spec) == 4:
+        width = spec[3]
+        if isinstance(width, bool) or not isinstance(width, int) or not (
+                1 <= width <= MAX_PAYLOAD_BYTES):
+            raise _fail(key, f"the width must be an integer in [1, {MAX_PAYLOAD_BYTES}], not "
+                        f"{show(width)}")
+        if fixed and width != fixed:
+            raise _fail(key, f"a {ftype.name.lower()} field is {fixed} bytes wide, not {width}")
+    elif not fixed:
+        raise _fail(key, f"a {ftype.name.lower()} field needs a width: [name, offset, "
+                    f"\"{ftype.name.lower()}\", width]")
+    else:
+        width = fixed
+    high = MAX_PAYLOAD_BYTES - width
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= high:
+        raise _fail(key, f"the offset must be an integer in [0, {high}] (the field ends inside "
+                    f"a payload of at most {MAX_PAYLOAD_BYTES} bytes), not {show(offset)}")
+    return name, offset, type_name, width
+
+
 def _schemas(table: object, key: str) -> tuple[dict[str, Any], ...]:
     from nic_offload.errors import OffloadError
     from nic_offload.schema import Schema
 
     if not isinstance(table, dict):
         raise _fail(key, "must be a table of schemas ([pm.schemas.NAME])")
+    if len(table) > MAX_SCHEMAS:
+        raise _fail(key, f"{len(table)} schemas; at most {MAX_SCHEMAS}")
     out, ids = [], set()
     for name, spec in table.items():
         where = f"{key}.{name}"
+        if not name.isprintable() or len(name) > MAX_SCHEMA_NAME_CHARS:
+            raise _fail(where, f"a schema's name must be printable text of at most "
+                        f"{MAX_SCHEMA_NAME_CHARS} characters")
         if not isinstance(spec, dict):
-            raise _fail(where, "must be a table with id = N and fields = [[name, offset, type"
-                        "(, width)], ...]")
+            raise _fail(where, f"must be a table with id = N and fields = [{FIELD_FORM}, ...]")
         _known(spec, {"id", "fields"}, where + ".")
         schema_id = _int(spec, "id", where + ".", 0, 1, 65_535)
         if schema_id in ids:
             raise _fail(where + ".id", f"schema id {schema_id} is used twice")
         ids.add(schema_id)
-        fields = spec.get("fields")
-        if not isinstance(fields, list) or not all(isinstance(f, list) for f in fields):
-            raise _fail(where + ".fields", "must be a list of [name, offset, type(, width)]")
-        try:
-            schema = Schema.of(name, schema_id, [tuple(f) for f in fields])
-        except (OffloadError, TypeError, ValueError) as exc:
+        fields = _list(spec.get("fields"), where + ".fields", MAX_SCHEMA_FIELDS, FIELD_FORM)
+        checked = [_schema_field(f, f"{where}.fields[{i}]") for i, f in enumerate(fields)]
+        try:  # distinct names, no overlap
+            schema = Schema.of(name, schema_id, checked)
+        except OffloadError as exc:
             raise _fail(where + ".fields", str(exc)) from None
         out.append(schema.to_dict())
     return tuple(out)
 
 
-def _existing_file(value: object, key: str, base: Path) -> Path:
-    if not isinstance(value, str) or not value:
-        raise _fail(key, "must be a file path")
-    path = Path(value)
-    if not path.is_absolute():
-        path = base / path
-    if not path.is_file():
-        raise _fail(key, f"no such file: {path}")
-    return path
+_HEX_KEY_RE = re.compile(f"[0-9A-Fa-f]{{{2 * FABRIC_KEY_BYTES}}}")
 
 
 def _fabric_key(text: str, key: str) -> bytes:
-    try:
-        raw = bytes.fromhex(text.strip())
-    except ValueError:
-        raise _fail(key, "the fabric key must be hex (64 hex digits)") from None
-    if len(raw) != FABRIC_KEY_BYTES:
-        raise _fail(key, f"the fabric key must be {FABRIC_KEY_BYTES} bytes (64 hex digits), "
-                    f"not {len(raw)}")
-    return raw
+    """The fabric key of a hex text (surrounding whitespace is dropped). Never quoted in a
+    message: it is a secret."""
+    text = text.strip()
+    if not _HEX_KEY_RE.fullmatch(text):
+        what = (f"{len(text)} characters" if len(text) != 2 * FABRIC_KEY_BYTES
+                else "a character that is not a hex digit")
+        raise _fail(key, f"the fabric key must be {2 * FABRIC_KEY_BYTES} hex digits "
+                    f"({FABRIC_KEY_BYTES} bytes) and nothing else, not {what}")
+    return bytes.fromhex(text)
 
 
-IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+IFNAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
 
 
 def parse_group_address(text: object, key: str) -> Address:
     """``"239.77.0.1:47480"`` -> ``("239.77.0.1", 47480)``: a multicast group and a port."""
-    if not isinstance(text, str) or text.count(":") != 1:
-        raise _fail(key, f"must be \"group:port\" such as \"239.77.0.1:47480\", not {text!r}")
-    host, port_text = text.split(":")
-    try:
-        address = ipaddress.IPv4Address(host)
-    except ValueError:
-        raise _fail(key, f"{host!r} is not a numeric IPv4 address") from None
+    address, port = _address(text, key, "group", "239.77.0.1:47480", 1)
     if not address.is_multicast:
-        raise _fail(key, f"{host} is not a multicast group (224.0.0.0/4); use e.g. 239.77.0.1")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise _fail(key, f"port {port_text!r} is not a number") from None
-    if not 1 <= port <= 65535:
-        raise _fail(key, f"port {port} is outside [1, 65535]")
+        raise _fail(key, f"{address} is not a multicast group (224.0.0.0/4); use e.g. "
+                    "239.77.0.1")
     return str(address), port
 
 
@@ -434,22 +565,20 @@ def _interface(value: object, key: str) -> str:
         raise _fail(key, "required: this host's interface for the group, as its IPv4 address "
                     "(\"10.77.0.1\", \"127.0.0.1\") or its name (\"lo\", \"eth1\"); "
                     "without it multicast would leave through the default route")
-    try:
-        address = ipaddress.IPv4Address(value)
-    except ValueError:
-        if not IFNAME_RE.match(value) or value[0].isdigit():
-            raise _fail(key, f"{value!r} is neither an IPv4 address nor an interface "
-                        "name") from None
+    if not _IPV4_RE.fullmatch(value):
+        if not IFNAME_RE.fullmatch(value) or value[0].isdigit():
+            raise _fail(key, f"{show(value)} is neither an IPv4 address nor an interface "
+                        "name")
         return value
-    if address.is_unspecified or address.is_multicast:
+    address = _ipv4(value, key)
+    if address.is_unspecified or address.is_multicast or address == BROADCAST:
         raise _fail(key, f"{value} is not one interface's address; the wildcard would send "
                     "through the default route: give this host's address on the fabric")
     return str(address)
 
 
 def _groups(value: object) -> tuple[GroupConfig, ...]:
-    if not isinstance(value, list):
-        raise _fail("fabric.groups", "must be an array of tables ([[fabric.groups]])")
+    value = _list(value, "fabric.groups", MAX_GROUPS, "tables ([[fabric.groups]])")
     out: list[GroupConfig] = []
     for i, g in enumerate(value):
         where = f"fabric.groups[{i}]."
@@ -458,7 +587,7 @@ def _groups(value: object) -> tuple[GroupConfig, ...]:
                         "interface")
         _known(g, {"name", "address", "interface", "ttl", "loopback"}, where)
         gname = g.get("name")
-        if not isinstance(gname, str) or not NAME_RE.match(gname):
+        if not isinstance(gname, str) or not NAME_RE.fullmatch(gname):
             raise _fail(where + "name", "required: a name the neighbours on this group give "
                         "as their group (letters, digits, '.', '_', '-')")
         if any(x.name == gname for x in out):
@@ -484,11 +613,8 @@ RDMA_KEYS = frozenset({"rdma_local", "rdma_remote", "rdma_port", "rdma_device",
 
 
 def _ipv4_host(value: object, key: str) -> str:
-    try:
-        address = ipaddress.IPv4Address(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise _fail(key, f"must be a numeric IPv4 address, not {value!r}") from None
-    if address.is_unspecified or address.is_multicast:
+    address = _ipv4(value, key)
+    if address.is_unspecified or address.is_multicast or address == BROADCAST:
         raise _fail(key, f"{value} is not one interface's address; give the address of the "
                     "RDMA device's network interface")
     return str(address)
@@ -516,7 +642,7 @@ def _rdma_link(n: dict, where: str, name: str, address: Address,
 def _rdma_device(table: dict, where: str) -> tuple[str | None, int | None]:
     """``rdma_device`` and ``rdma_gid_index`` of a table (None: the address picks them)."""
     device = _str(table, "rdma_device", where, None)
-    if device is not None and not NAME_RE.match(device):
+    if device is not None and not NAME_RE.fullmatch(device):
         raise _fail(where + "rdma_device", f"must be an RDMA device name such as \"rxe0\" "
                     f"(`rdma link show`), not {device!r}")
     gid_index = None if "rdma_gid_index" not in table else _int(
@@ -541,6 +667,45 @@ def _rdma_clients(cl: dict, udp: Address | None) -> RdmaClientsConfig | None:
     return RdmaClientsConfig(local, port, device, gid_index)
 
 
+def _entitlements(value: object, key: str, base: Path) -> dict[str, IdentityConfig]:
+    """``pm.entitlements``: a TOML file of ``[identities.NAME]`` tables."""
+    path = existing_file(value, key, base)
+    ents = parse_toml(read_text(path, key, MAX_CONFIG_BYTES), path, MAX_NESTING, key)
+    try:
+        _check_tree(ents)
+        _known(ents, {"identities"}, "")
+        return _identities(ents.get("identities", {}), "identities")
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {path}: {str(exc).removeprefix('config: ')}") from None
+
+
+def _token(text: object, key: str, path: Path | None = None) -> None:
+    """A management token: printable ASCII (it travels in an HTTP header), not empty."""
+    what = "must be a non-empty string" if path is None else f"{path} is empty; put the token in it"
+    if not isinstance(text, str) or not text.strip():
+        raise _fail(key, what)
+    token = text.strip()
+    if not (token.isascii() and token.isprintable()):
+        raise _fail(key, "the token must be printable ASCII on one line (it is sent in an "
+                    "HTTP header)")
+
+
+def _mgmt(doc: dict, base: Path) -> dict[str, Any]:
+    """``[mgmt]``: checked here, read by the management API when it starts."""
+    mgmt = _table(doc, "mgmt", {"listen", "token", "token_file"}, "")
+    p = "mgmt."
+    if "listen" in mgmt:
+        parse_address(mgmt["listen"], p + "listen", allow_zero_port=True)
+    if "token" in mgmt and "token_file" in mgmt:
+        raise _fail(p + "token", "give mgmt.token or mgmt.token_file, not both")
+    if "token" in mgmt:
+        _token(mgmt["token"], p + "token")
+    if "token_file" in mgmt:
+        path = existing_file(mgmt["token_file"], p + "token_file", base)
+        _token(read_text(path, p + "token_file", MAX_KEY_FILE_BYTES), p + "token_file", path)
+    return dict(mgmt)
+
+
 def node_id_of(name: str) -> int:
     """The default node id of an appliance name: stable across restarts and machines."""
     digest = hashlib.blake2b(name.encode(), digest_size=4, person=b"topicwire-node").digest()
@@ -548,9 +713,13 @@ def node_id_of(name: str) -> int:
 
 
 def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
-    """Check a parsed TOML document (see the module docstring)."""
+    """Check a parsed TOML document (see the module docstring): returns the config or raises
+    ``ConfigError``, whatever the document holds."""
     from appliance.ops.telemetry.settings import parse_routes, parse_telemetry
 
+    if not isinstance(doc, dict):
+        raise ConfigError(f"the config must be a table of tables, not {show(doc)}")
+    _check_tree(doc)
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
                  "telemetry", "routes"}, "")
@@ -559,13 +728,14 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
     p = "appliance."
     name = app.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise _fail(p + "name", "required: 1..64 letters, digits, '.', '_' or '-'"
-                    + ("" if name is None else f", not {name!r}"))
+                    + ("" if name is None else f", not {show(name)}"))
     node_id = _int(app, "id", p, node_id_of(name), 1, MAX_NODE_ID)
     role = _str(app, "role", p, "core", ("core", "edge"))
-    namespaces = app.get("namespaces", [0])
-    if (not isinstance(namespaces, list) or not namespaces
+    namespaces = _list(app.get("namespaces", [0]), p + "namespaces", MAX_NAMESPACES,
+                       "namespaces")
+    if (not namespaces
             or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**32
                        for n in namespaces)):
         raise _fail(p + "namespaces", "must be a non-empty list of integers in [0, 2^32)")
@@ -590,8 +760,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
             raise _fail(p + "key", "must be a hex string")
         key = _fabric_key(fab["key"], p + "key")
     elif "key_file" in fab:
-        path = _existing_file(fab["key_file"], p + "key_file", base)
-        key = _fabric_key(path.read_text(), p + "key_file")
+        path = existing_file(fab["key_file"], p + "key_file", base)
+        key = _fabric_key(read_text(path, p + "key_file", MAX_KEY_FILE_BYTES), p + "key_file")
     key_id = _int(fab, "key_id", p, 1, 1, 2**32 - 1)
     max_frame = _int(fab, "max_frame_bytes", p, FABRIC_MAX_FRAME_BYTES, 512, 65_504)
     if max_frame % 8:
@@ -599,9 +769,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
 
     groups = _groups(fab.get("groups", []))
 
-    raw_neighbours = doc.get("neighbours", [])
-    if not isinstance(raw_neighbours, list):
-        raise _fail("neighbours", "must be an array of tables ([[neighbours]])")
+    raw_neighbours = _list(doc.get("neighbours", []), "neighbours", MAX_NEIGHBOURS,
+                           "tables ([[neighbours]])")
     neighbours = []
     for i, n in enumerate(raw_neighbours):
         where = f"neighbours[{i}]."
@@ -609,7 +778,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
             raise _fail(f"neighbours[{i}]", "must be a table with name and address")
         _known(n, {"name", "address", "cost", "group", "transport", *RDMA_KEYS}, where)
         nname = n.get("name")
-        if not isinstance(nname, str) or not NAME_RE.match(nname):
+        if not isinstance(nname, str) or not NAME_RE.fullmatch(nname):
             raise _fail(where + "name", "required: the neighbour's appliance name")
         if nname == name or any(x.name == nname for x in neighbours):
             raise _fail(where + "name", f"{nname!r} is this appliance or listed twice")
@@ -618,10 +787,10 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                         "fabric.listen")
         group = n.get("group")
         if group is not None and not any(g.name == group for g in groups):
-            raise _fail(where + "group", f"{group!r} is not a group of fabric.groups; known: "
+            raise _fail(where + "group", f"{show(group)} is not a group of fabric.groups; known: "
                         + (", ".join(repr(g.name) for g in groups) or "none (add "
                            "[[fabric.groups]] with name, address and interface)"))
-        address = parse_address(n["address"], where + "address")
+        address = parse_address(n["address"], where + "address", destination=True)
         transport = _str(n, "transport", where, "udp", ("udp", "rdma"))
         rdma = None
         if transport == "rdma":
@@ -655,7 +824,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     clients_udp = parse_address(cl["udp"], p + "udp") if "udp" in cl else None
     clients_rdma = _rdma_clients(cl, clients_udp)
     shm = _str(cl, "shm", p, None)
-    if shm is not None and not NAME_RE.match(shm):
+    if shm is not None and not NAME_RE.fullmatch(shm):
         raise _fail(p + "shm", f"must be a ring name (letters, digits, '.', '_', '-'), not "
                     f"{shm!r}")
     max_sessions = _int(cl, "max_sessions", p, CLIENT_MAX_SESSIONS, 1, 400)
@@ -691,22 +860,12 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                 raise _fail(p + k, "only for pm.mode = \"embedded\" (the P&M appliance)")
     else:
         if "entitlements" in pm:
-            path = _existing_file(pm["entitlements"], p + "entitlements", base)
-            try:
-                ents = tomllib.loads(path.read_text())
-            except tomllib.TOMLDecodeError as exc:
-                raise _fail(p + "entitlements", f"{path}: not TOML: {exc}") from None
-            _known(ents, {"identities"}, f"{path}: ")
-            identities.update(_identities(ents.get("identities", {}), "identities"))
+            identities.update(_entitlements(pm["entitlements"], p + "entitlements", base))
         identities.update(_identities(pm.get("identities", {}), p + "identities"))
         if "registry" in pm:
-            registry = _existing_file(pm["registry"], p + "registry", base)
+            registry = existing_file(pm["registry"], p + "registry", base)
 
-    mgmt = _table(doc, "mgmt", {"listen", "token", "token_file"}, "")
-    if "listen" in mgmt:
-        parse_address(mgmt["listen"], "mgmt.listen", allow_zero_port=True)
-    if "token_file" in mgmt:
-        _existing_file(mgmt["token_file"], "mgmt.token_file", base)
+    mgmt = _mgmt(doc, base)
     log = _table(doc, "log", {"format", "level"}, "")
     _str(log, "format", "log.", "text", ("text", "json"))
     _str(log, "level", "log.", "info", ("debug", "info", "warning", "error"))
@@ -722,7 +881,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         max_subscriptions=max_subscriptions, max_registrations=max_registrations,
         max_pending_requests=max_pending, session_dead_ms=session_dead, pm_mode=mode,
         pm_registry=registry,
-        pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=dict(mgmt),
+        pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode))
     if mode == "embedded":
@@ -747,16 +906,15 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
 
 
 def load_config(path: str | Path) -> ApplianceConfig:
-    """Read and check a TOML config file (raises ConfigError)."""
+    """Read and check a TOML config file (raises ConfigError): at most ``MAX_CONFIG_BYTES``
+    of UTF-8, nested at most ``MAX_NESTING`` deep, then ``parse_config``."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"no such config file: {path}; pass --config FILE") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    return parse_config(doc, path.resolve())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    text = decode(data, path, MAX_CONFIG_BYTES)
+    return parse_config(parse_toml(text, path, MAX_NESTING), path.resolve())

@@ -161,7 +161,11 @@ class Appliance:
             self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
             from appliance.ops.telemetry.probe import attach  # [telemetry]: docs/routing.md
 
-            self.dataplane.telemetry = attach(cfg, self.channels)
+            try:  # its store's directory is made here (the config checked it can be)
+                self.dataplane.telemetry = attach(cfg, self.channels)
+            except OSError as exc:
+                raise ConfigError(f"telemetry.dir: cannot make {cfg.telemetry.dir}: "
+                                  f"{exc.strerror or exc}") from None
             if self.dataplane.telemetry is not None:
                 self.dataplane.telemetry.start()
             # every kernel the agents call is imported by now: load what the cache holds for

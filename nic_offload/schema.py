@@ -18,6 +18,7 @@ Offsets are bytes from the payload start (message byte 40); fields may not overl
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -155,6 +156,25 @@ class SchemaField:
                               f"{self.type.name.lower()} ({exc})") from None
 
 
+def _brief(value: object) -> str:
+    """A value for a message (a container by its kind: one nested deeply cannot be printed)."""
+    if isinstance(value, dict | list | tuple):
+        return f"{type(value).__name__} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _integer(value: object, field: object, what: str) -> int:
+    """An offset or width: an integer (not a bool, a float or digits in a string)."""
+    if isinstance(value, bool):
+        raise SchemaError(f"field {field!r}: the {what} must be an integer, not {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise SchemaError(f"field {field!r}: the {what} must be an integer, not "
+                          f"{_brief(value)}") from None
+
+
 @dataclass(frozen=True)
 class Schema:
     """A named layout of payload fields (``schema_id`` as in the message header)."""
@@ -192,15 +212,21 @@ class Schema:
         """``Schema.of("quote", 7, [("price", 0, "u32"), ("symbol", 8, "ascii", 8)])``."""
         built = []
         for spec in fields:
+            if not isinstance(spec, tuple | list) or len(spec) not in (3, 4):
+                raise SchemaError(f"field {_brief(spec)}: give (name, offset, type) or (name, "
+                                  "offset, type, width)")
             fname, offset, type_name = spec[0], spec[1], spec[2]
-            ftype = TYPE_NAMES.get(str(type_name).lower())
+            if not isinstance(fname, str):
+                raise SchemaError(f"field name {_brief(fname)} is not a string")
+            ftype = TYPE_NAMES.get(type_name.lower()) if isinstance(type_name, str) else None
             if ftype is None:
-                raise SchemaError(f"field {fname!r}: unknown type {type_name!r}; types are "
-                                  f"{', '.join(TYPE_NAMES)}")
+                raise SchemaError(f"field {fname!r}: unknown type {_brief(type_name)}; types "
+                                  f"are {', '.join(TYPE_NAMES)}")
             width = spec[3] if len(spec) > 3 else ftype.value[1]  # type: ignore[misc]
             if not width:
                 raise SchemaError(f"field {fname!r}: ascii fields need a width")
-            built.append(SchemaField(fname, int(offset), ftype, int(width)))
+            built.append(SchemaField(fname, _integer(offset, fname, "offset"), ftype,
+                                     _integer(width, fname, "width")))
         return cls(name, schema_id, tuple(built))
 
     def field(self, name: str) -> SchemaField:

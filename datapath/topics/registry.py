@@ -74,9 +74,21 @@ class RegistryRecord:
 def _check_namespace(namespace_id: object) -> int:
     if type(namespace_id) is not int or not 0 <= namespace_id <= NAMESPACE_MAX:
         raise RegistryError(
-            f"refused namespace {namespace_id!r}; give an integer from 0 to {NAMESPACE_MAX}"
+            f"refused namespace {_brief(namespace_id)}; give an integer from 0 to {NAMESPACE_MAX}"
         )
     return namespace_id
+
+
+def _brief(value: object) -> str:
+    """A value read from a file or a frame, for a message: a scalar quoted (cut at 60
+    characters), a container by its kind (one nested deeply is too deep to print)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str) and len(value) > 60:
+        return repr(value[:60]) + "..."
+    return repr(value)
 
 
 def _name(namespace_id: int, topic: str) -> str:
@@ -170,8 +182,8 @@ class KeyRegistry:
                     namespace_id, topic, key = entry.namespace_id, entry.topic, entry.topic_key
             except (ValueError, AttributeError) as exc:
                 raise RegistryError(
-                    f"refused {where} {entry!r}: give (namespace_id, topic, topic_key) tuples "
-                    "or registry records"
+                    f"refused {where} {_brief(entry)}: give (namespace_id, topic, topic_key) "
+                    "tuples or registry records"
                 ) from exc
             namespace_id, topic, key = self._check_entry(namespace_id, topic, key, where)
             name = (namespace_id, topic)
@@ -273,6 +285,12 @@ class KeyRegistry:
                 f"registry file {shown} is not valid JSON (line {exc.lineno}, column "
                 f"{exc.colno}: {exc.msg}); {fix}"
             ) from exc
+        except RecursionError:  # a registry file is 3 levels deep; the parser recurses per level
+            raise RegistryError(f"registry file {shown} is nested too deeply to be a registry "
+                                f"file; {fix}") from None
+        except ValueError as exc:  # e.g. an integer of more digits than Python converts
+            raise RegistryError(f"registry file {shown} is not valid JSON ({exc}); {fix}") \
+                from None
         if not isinstance(document, dict) or document.get("kind") != FILE_KIND:
             raise RegistryError(
                 f"{shown} is not a topicwire key registry file (no \"kind\": \"{FILE_KIND}\"); "
@@ -281,7 +299,7 @@ class KeyRegistry:
         found = document.get("format_version")
         if found != REGISTRY_FILE_FORMAT_VERSION:
             raise RegistryError(
-                f"registry file {shown} has format version {found!r}, this topicwire reads "
+                f"registry file {shown} has format version {_brief(found)}, this topicwire reads "
                 f"version {REGISTRY_FILE_FORMAT_VERSION}; load it with the topicwire release "
                 "that wrote it, or re-export the registry from P&M"
             )
@@ -309,8 +327,8 @@ class KeyRegistry:
             version, text_key = item["version"], item["key"]
             if type(version) is not int or version <= previous:
                 raise RegistryError(
-                    f"refused {where}: version {version!r} is not an integer above the previous "
-                    f"entry's ({previous}); re-export the registry from P&M"
+                    f"refused {where}: version {_brief(version)} is not an integer above the "
+                    f"previous entry's ({previous}); re-export the registry from P&M"
                 )
             try:
                 key = int(text_key, 16) if isinstance(text_key, str) else None
@@ -318,7 +336,7 @@ class KeyRegistry:
                 key = None
             if key is None:
                 raise RegistryError(
-                    f"refused {where}: key {text_key!r} is not a hex string like "
+                    f"refused {where}: key {_brief(text_key)} is not a hex string like "
                     "\"0x0123456789abcdef\"; re-export the registry from P&M"
                 )
             namespace_id, topic, key = self._check_entry(item["namespace_id"], item["topic"],
@@ -353,18 +371,18 @@ class KeyRegistry:
                      where: str) -> tuple[int, str, int]:
         if type(namespace_id) is not int or not 0 <= namespace_id <= NAMESPACE_MAX:
             raise RegistryError(
-                f"refused {where}: namespace {namespace_id!r} is not an integer from 0 to "
+                f"refused {where}: namespace {_brief(namespace_id)} is not an integer from 0 to "
                 f"{NAMESPACE_MAX}"
             )
         if not isinstance(topic, str):
-            raise RegistryError(f"refused {where}: topic {topic!r} is not a string")
+            raise RegistryError(f"refused {where}: topic {_brief(topic)} is not a string")
         try:
             split_topic(topic)
         except UserError as exc:
             raise RegistryError(f"refused {where}: {exc}") from exc
         expected = self.key_of(topic, namespace_id)
         if key != expected:
-            shown = f"{key:#018x}" if isinstance(key, int) else repr(key)
+            shown = f"{key:#018x}" if isinstance(key, int) else _brief(key)
             raise RegistryError(
                 f"refused {where}: key {shown} does not match the key of "
                 f"{_name(namespace_id, topic)} ({expected:#018x}); the entry was edited or made "

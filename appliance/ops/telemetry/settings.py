@@ -38,6 +38,8 @@ long (``routes.switch_hold_ms``), so the appliances of the new path have it inst
 the first frame arrives (make before break); the old path drains after (grace)."""
 ROUTES_POLL_MS = 1_000
 """How often P&M looks at the route table's file (``routes.poll_ms``)."""
+MAX_DUPLICATE_PATTERNS = 16_384
+"""``routes.duplicate`` holds at most this many patterns (as many as P&M's document does)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,9 @@ def _known(table: dict, allowed: set[str], prefix: str) -> None:
 def _int(table: dict, key: str, prefix: str, default: int, low: int, high: int) -> int:
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _error(prefix + key, f"must be an integer in [{low}, {high}], not {value!r}")
+        from appliance.config_files import show
+
+        raise _error(prefix + key, f"must be an integer in [{low}, {high}], not {show(value)}")
     return value
 
 
@@ -88,10 +92,9 @@ def parse_telemetry(table: Any, base: Path) -> TelemetrySettings | None:
     directory = table.get("dir")
     if not isinstance(directory, str) or not directory:
         raise _error(p + "dir", "required: the directory the windows are written to")
-    path = Path(directory)
-    path = path if path.is_absolute() else base / path
-    if path.exists() and not path.is_dir():
-        raise _error(p + "dir", f"{path} exists and is not a directory")
+    from appliance.config_files import writable_dir
+
+    path = writable_dir(directory, p + "dir", base)  # not under /proc or /sys; mkdir -p works
     window_ms = _int(table, "window_ms", p, WINDOW_NS // 1_000_000, 100, 3_600_000)
     if 1000 % window_ms and window_ms % 1000:
         raise _error(p + "window_ms", "must divide a second or be a multiple of one "
@@ -122,21 +125,24 @@ def parse_routes(table: Any, base: Path, pm_mode: str) -> RouteSettings:
                      "the old path must drain after the source leaves it")
     path = None
     if "table" in table:
-        if not isinstance(table["table"], str) or not table["table"]:
-            raise _error(p + "table", "must be the path of the route job's --out file")
-        path = Path(table["table"])
-        path = path if path.is_absolute() else base / path
+        from appliance.config_files import path_of
+
+        path = path_of(table["table"], p + "table", base, "the path of the route job's --out "
+                       "file")
     poll = _int(table, "poll_ms", p, ROUTES_POLL_MS, 10, 3_600_000)
     duplicate = table.get("duplicate", [])
     from datapath.topics.algebra import TopicError, split_pattern
 
     if not isinstance(duplicate, list) or not all(isinstance(x, str) for x in duplicate):
         raise _error(p + "duplicate", "must be a list of topic patterns such as [\"md/#\"]")
+    if len(duplicate) > MAX_DUPLICATE_PATTERNS:
+        raise _error(p + "duplicate", f"{len(duplicate)} patterns; at most "
+                     f"{MAX_DUPLICATE_PATTERNS}")
     for pattern in duplicate:
         try:
             split_pattern(pattern)
         except TopicError as exc:
             raise _error(p + "duplicate",
-                         f"{pattern!r}: {str(exc).removeprefix('topics: ')}") from None
+                         f"{pattern[:60]!r}: {str(exc).removeprefix('topics: ')}") from None
     return RouteSettings(grace * 1_000_000, hold * 1_000_000, path, poll * 1_000_000,
                          tuple(duplicate))
