@@ -43,6 +43,12 @@ DATAPATH_PRIORITY = 0
 """Nice value of the data-path thread (``appliance.priority``, -20..19; below 0 needs root or
 CAP_SYS_NICE). Lower runs it ahead of the host's other work: a thread the scheduler preempts
 in the middle of a forward holds every frame behind it (docs/appliance.md, benchmark)."""
+SWITCH_INTERVAL_US = 5_000
+"""The appliance process's interpreter switch interval (``appliance.switch_interval_us``,
+``sys.setswitchinterval``; set by ``topicwire run``): how long a thread that holds the
+interpreter lock (the control agent compiling tables, the management API) keeps it while
+the data path waits for it. Python's default is 5,000; docs/appliance.md, "Inside one
+appliance", gives the trade measured."""
 DRAIN_TIMEOUT_MS = 500
 """On shutdown, queued frames may take this long to leave (``appliance.drain_timeout_ms``)."""
 FABRIC_MAX_FRAME_BYTES = 1_472
@@ -260,6 +266,7 @@ class ApplianceConfig:
     idle: str = "block"
     idle_spin_us: int = IDLE_SPIN_US
     priority: int = DATAPATH_PRIORITY
+    switch_interval_us: int = SWITCH_INTERVAL_US
     drain_timeout_ms: int = DRAIN_TIMEOUT_MS
     heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
     neighbour_dead_ms: int = HEARTBEAT_INTERVAL_MS * NEIGHBOUR_DEAD_INTERVALS
@@ -724,7 +731,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
                  "telemetry", "routes"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
-                                    "priority", "drain_timeout_ms", "heartbeat_interval_ms",
+                                    "priority", "switch_interval_us", "drain_timeout_ms",
+                                    "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
     p = "appliance."
     name = app.get("name")
@@ -742,6 +750,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     idle = _str(app, "idle", p, "block", ("block", "busy", "backoff", "sleep"))
     idle_spin_us = _int(app, "idle_spin_us", p, IDLE_SPIN_US, 0, 1_000_000)
     priority = _int(app, "priority", p, DATAPATH_PRIORITY, -20, 19)
+    switch_us = _int(app, "switch_interval_us", p, SWITCH_INTERVAL_US, 10, 100_000)
     heartbeat = _int(app, "heartbeat_interval_ms", p, HEARTBEAT_INTERVAL_MS, 10, 60_000)
     dead = _int(app, "neighbour_dead_ms", p, heartbeat * NEIGHBOUR_DEAD_INTERVALS,
                 2 * heartbeat, 600_000)
@@ -872,7 +881,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
 
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
-        idle_spin_us=idle_spin_us, priority=priority,
+        idle_spin_us=idle_spin_us, priority=priority, switch_interval_us=switch_us,
         drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,

@@ -142,6 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "value, and the C relay's nice value, so both hops run at the "
                              "same priority (default: the appliance's own, 0; below 0 needs "
                              "root)")
+    parser.add_argument("--switch-interval-us", type=int, default=None,
+                        help="the appliance's appliance.switch_interval_us (its interpreter "
+                        "switch interval; default Python's 5,000)")
     parser.add_argument("--control-load", action="store_true",
                         help=f"also measure latency while a client sends "
                         f"{CONTROL_LOAD_REQUESTS_PER_S:,} subscribe/unsubscribe requests per "
@@ -647,7 +650,8 @@ class Appliance:
     """``topicwire run`` with a generated config: one client UDP endpoint on loopback."""
 
     def __init__(self, idle: str, workdir: Path, spin_us: int | None = None,
-                 priority: int | None = None, mgmt_port: int | None = None) -> None:
+                 priority: int | None = None, mgmt_port: int | None = None,
+                 switch_us: int | None = None) -> None:
         """``mgmt_port``: the appliance's management API on 127.0.0.1 at that port (none by
         default)."""
         from channels.udp import UdpChannel
@@ -659,7 +663,8 @@ class Appliance:
         self.config.write_text(
             f'[appliance]\nname = "bench-fabric"\nidle = "{idle}"\n'
             + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n")
-            + ("" if priority is None else f"priority = {priority}\n") +
+            + ("" if priority is None else f"priority = {priority}\n")
+            + ("" if switch_us is None else f"switch_interval_us = {switch_us}\n") +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = 16\n'
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n'
             + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n'))
@@ -778,7 +783,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress(NAME, "starting the appliance (topicwire run)")
         mgmt_port = _free_tcp_port() if control_load else None
         appliance = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
-                              mgmt_port=mgmt_port)
+                              mgmt_port=mgmt_port,
+                              switch_us=getattr(args, "switch_interval_us", None))
         try:
             for repeat in range(args.repeats):
                 progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
@@ -811,6 +817,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "duration_s": args.duration_s, "repeats": args.repeats, "idle": args.idle,
               "idle_spin_us": args.idle_spin_us, "priority": args.priority,
               "control_load": control_load,
+              "switch_interval_us": getattr(args, "switch_interval_us", None),
               "baseline": "c_relay: bench/c/udp_relay.c (recvmmsg/sendmmsg, 64 per call, "
                           "blocking), same publisher and subscriber processes, at the "
                           "appliance's --priority",

@@ -3,6 +3,7 @@ the status snapshot it publishes (``ManagementSide``, one part of ``ControlAgent
 docs/appliance.md, "Status contract")."""
 
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -129,7 +130,8 @@ class ManagementSide:
         self.status_snapshot = {
             "node": {"name": self.cfg.name, "id": self.node_id, "role": self.cfg.role,
                      "epoch": self.epoch, "uptime_s": (now_ns - self.start_ns) / 1e9,
-                     "pm": (self.pm_doc or {}).get("pm")},
+                     "pm": (self.pm_doc or {}).get("pm"),
+                     "switch_interval_us": round(sys.getswitchinterval() * 1e6)},
             "neighbours": [{
                 "name": nb.config.name, "id": nb.node_id,
                 "address": f"{nb.config.address[0]}:{nb.config.address[1]}",

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()
 
+    sys.setswitchinterval(config.switch_interval_us / 1e6)  # a process of its own
     appliance = Appliance(config)
     appliance.start()  # opens everything or raises, leaving nothing open
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
