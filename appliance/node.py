@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from appliance.build_info import version_line
 from appliance.config import (
     SHM_BUS_PRODUCERS,
     SUBMIT_TIMEOUT_S,
@@ -192,7 +193,8 @@ class Appliance:
                 self.dataplane.telemetry.close()  # its writer thread started above
             self._close_channels()
             raise
-        log.info("%s: appliance %s (id %d) running", cfg.name, cfg.role, cfg.node_id)
+        log.info("%s: appliance %s (id %d) running; %s", cfg.name, cfg.role, cfg.node_id,
+                 version_line())
         return self
 
     def _open_group(self, index: int, group: GroupConfig) -> None:

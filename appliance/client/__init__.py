@@ -11,8 +11,12 @@
 ``connect`` accepts ``shm://RING`` (the appliance's shared-memory bus, same host),
 ``udp://HOST:PORT`` (the appliance's client UDP endpoint), ``rdma://HOST:PORT`` (its RDMA
 client endpoint, appliance/client/rdma.py) and ``embedded:`` (an appliance in
-this process, for tests and single-process applications). The wire protocol is
-docs/appliance.md, "Clients".
+this process, for tests and single-process applications); a bare ``HOST:PORT`` is UDP, as
+on the command line. The wire protocol is docs/appliance.md, "Clients".
+
+Every error the API raises is a ``TopicwireError`` (exported here): ``ClientError`` for a
+refused operation (``LoginError``, ``EntitlementError``), the channels' and the protocol's
+errors for what the transport reports.
 """
 
 from appliance.client.api import (
@@ -26,9 +30,11 @@ from appliance.client.api import (
     Subscription,
     connect,
 )
+from datapath.errors import TopicwireError
 
 __all__ = [
     "QOS",
+    "TopicwireError",
     "Client",
     "ClientError",
     "EntitlementError",

@@ -351,6 +351,13 @@ class Client(GuaranteedSide):
                 flush: bool = False) -> int:
         """Publish one message; returns its sequence number (per topic). The first publish
         of a topic registers it (one round trip; EntitlementError if P&M refuses)."""
+        if self.closed:
+            why = f" ({self.logged_out_reason})" if self.logged_out_reason else ""
+            raise ClientError(f"publish on a closed client{why}; connect again")
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            hint = " (encode text first: payload.encode())" if isinstance(payload, str) else ""
+            raise ClientError(f"a payload is bytes, bytearray or memoryview, not "
+                              f"{type(payload).__name__}{hint}")
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         key = self._key(topic, namespace)
@@ -746,6 +753,12 @@ def connect(url: str, identity: str = "anonymous", *,
     from channels.shm import ShmChannel
     from channels.udp import UdpChannel
 
+    if not isinstance(url, str):
+        raise ClientError(f"connect takes the appliance's address as a string (shm://RING, "
+                          f"udp://HOST:PORT, HOST:PORT, rdma://HOST:PORT or embedded:), not "
+                          f"{type(url).__name__}")
+    if "://" not in url and not url.startswith("embedded:"):
+        url = f"udp://{url}"  # HOST:PORT, as the command line takes it
     if url.startswith(RDMA_SCHEME):
         from appliance.client.rdma import open_rdma_channel
 
@@ -793,6 +806,6 @@ def connect(url: str, identity: str = "anonymous", *,
                     appliance.stop()
                     raise
                 time.sleep(0.05)
-    raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT, "
-                      "rdma://HOST:PORT or embedded:")
+    raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT (or "
+                      "HOST:PORT), rdma://HOST:PORT or embedded:")
 

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 
+from appliance.build_info import build_info
 from appliance.config import (
     STATUS_REFRESH_NS,
 )
@@ -131,7 +132,8 @@ class ManagementSide:
             "node": {"name": self.cfg.name, "id": self.node_id, "role": self.cfg.role,
                      "epoch": self.epoch, "uptime_s": (now_ns - self.start_ns) / 1e9,
                      "pm": (self.pm_doc or {}).get("pm"),
-                     "switch_interval_us": round(sys.getswitchinterval() * 1e6)},
+                     "switch_interval_us": round(sys.getswitchinterval() * 1e6),
+                     "build": build_info()},
             "neighbours": [{
                 "name": nb.config.name, "id": nb.node_id,
                 "address": f"{nb.config.address[0]}:{nb.config.address[1]}",

@@ -30,12 +30,27 @@ COMMAND_MODULES = (
 )
 
 
+class _Version(argparse.Action):
+    """``--version``: the build's line (computed only when asked for: it may run git)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        from appliance.build_info import version_line
+
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, every command module registered."""
     parser = argparse.ArgumentParser(
         prog="topicwire",
         description="topicwire: publish/subscribe messaging appliance tools.",
     )
+    parser.add_argument("--version", action=_Version,
+                        help="print the version, source commit, Python and numba, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
