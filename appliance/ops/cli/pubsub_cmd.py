@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -28,11 +29,16 @@ SUB_POLL_S = 0.1
 """How often ``sub`` checks its end conditions while waiting for messages."""
 
 
+APPLIANCE_ENV = "TOPICWIRE_APPLIANCE"
+"""The environment variable ``--appliance`` defaults to (as ``NATS_URL`` is for nats)."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``pub`` and ``sub``."""
     pub = subparsers.add_parser("pub", help="publish messages through an appliance")
-    pub.add_argument("--appliance", required=True, metavar="ADDR",
-                     help="udp://HOST:PORT, shm://RING, embedded: (HOST:PORT means udp)")
+    pub.add_argument("--appliance", metavar="ADDR", default=os.environ.get(APPLIANCE_ENV),
+                     help="udp://HOST:PORT, shm://RING, embedded: (HOST:PORT means udp); "
+                     f"default ${APPLIANCE_ENV}")
     pub.add_argument("--topic", required=True, help="the topic to publish to")
     pub.add_argument("--count", type=int, default=1, help="messages to publish (default 1)")
     pub.add_argument("--rate", type=float, default=0.0,
@@ -49,8 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     sub = subparsers.add_parser("sub", help="subscribe through an appliance and print messages")
     sub.add_argument("pattern", help="topic pattern, e.g. 'prices/#'")
-    sub.add_argument("--appliance", required=True, metavar="ADDR",
-                     help="udp://HOST:PORT, shm://RING, embedded: (HOST:PORT means udp)")
+    sub.add_argument("--appliance", metavar="ADDR", default=os.environ.get(APPLIANCE_ENV),
+                     help="udp://HOST:PORT, shm://RING, embedded: (HOST:PORT means udp); "
+                     f"default ${APPLIANCE_ENV}")
     sub.add_argument("--selector", help="JMS selector over the message's fields")
     sub.add_argument("--count", type=int, default=0, help="stop after this many messages")
     sub.add_argument("--seconds", type=float, default=0.0, help="stop after this long")
@@ -71,6 +78,9 @@ def _url(address: str) -> str:
 def _connect(args: argparse.Namespace):  # noqa: ANN202 - a Client
     from appliance.client import connect
 
+    if not args.appliance:
+        raise UserError(f"give --appliance ADDR (udp://HOST:PORT, HOST:PORT, shm://RING, "
+                        f"embedded:) or set ${APPLIANCE_ENV}", component="pubsub")
     if args.count < 0 or getattr(args, "rate", 0) < 0:
         raise UserError("--count and --rate must not be negative", component="pubsub")
     return connect(_url(args.appliance), args.identity)
