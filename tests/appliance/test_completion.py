@@ -36,7 +36,8 @@ def _complete(script: str, *words: str) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 def test_bash_completes_commands_subcommands_and_options(script) -> None:
-    assert set(_complete(script, "ru")) == {"run", "routes"}
+    assert _complete(script, "ru") == ["run"]
+    assert {"run", "routes"} <= set(_complete(script, "r"))
     assert "status" in _complete(script, "")
     assert _complete(script, "bench", "fab") == ["fabric"]
     assert _complete(script, "bench", "fabric", "--control") == ["--control-load"]
