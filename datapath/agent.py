@@ -35,6 +35,9 @@ BACKOFF_MAX_PARK_NS = 1_000_000
 POLL_MAX_PARK_NS = 1_000_000
 """PollingIdle's longest block in poll(2) (``appliance.idle = "block"``): an idle agent's
 timers run at least this often, as under BackoffIdle's longest park."""
+POLL_LONGEST_PARK_NS = 1_000_000_000
+"""With a complete wait set and an agent that says when its next timer is due
+(``wake_at_ns``), PollingIdle parks until then, but never longer than this."""
 POLL_SPIN_NS = 1_000_000
 """How long PollingIdle keeps polling (spinning, releasing the GIL each idle cycle) after
 the agent's last work before it parks: a message that follows within this long finds the
@@ -232,13 +235,19 @@ class PollingIdle:
     """
 
     def __init__(self, wait_set: Callable[[], WaitSet], wakeup: AgentWakeup | None = None, *,
-                 spin_ns: int = POLL_SPIN_NS, max_park_ns: int = POLL_MAX_PARK_NS) -> None:
+                 spin_ns: int = POLL_SPIN_NS, max_park_ns: int = POLL_MAX_PARK_NS,
+                 wake_at_ns: Callable[[int], int] | None = None,
+                 longest_park_ns: int = POLL_LONGEST_PARK_NS) -> None:
         if max_park_ns <= 0:
             raise ValueError(f"agent: max_park_ns must be positive, not {max_park_ns}")
         self.wait_set = wait_set
         self.wakeup = wakeup
         self.spin_ns = spin_ns
         self.max_park_ns = max_park_ns
+        self.wake_at_ns = wake_at_ns
+        """The agent's next deadline (CLOCK_MONOTONIC ns): with a complete wait set, a park
+        lasts until then (at most ``longest_park_ns``) instead of ``max_park_ns``."""
+        self.longest_park_ns = longest_park_ns
         self._timeout_ms = max(1, math.ceil(max_park_ns / 1e6))
         self._poller = select.poll()
         self._registered: tuple[int, ...] = ()
@@ -284,7 +293,12 @@ class PollingIdle:
                 self._poller.register(fd, select.POLLIN)
             self._registered = fds
         self.polls += 1
-        events = self._poller.poll(self._timeout_ms)
+        timeout_ms = self._timeout_ms
+        if complete and self.wake_at_ns is not None:  # nothing else to look at: sleep on
+            now = time.monotonic_ns()
+            park_ns = min(self.wake_at_ns(now) - now, self.longest_park_ns)
+            timeout_ms = max(timeout_ms, math.ceil(park_ns / 1e6))
+        events = self._poller.poll(timeout_ms)
         if not events:
             self.timeouts += 1
             return

@@ -90,7 +90,7 @@ from appliance.dataplane.state import (
 )
 from channels.base import FrameBatch
 from channels.udp import DatagramChannel, peer_id_of
-from datapath.agent import AgentWakeup, CommandQueue, WaitSet
+from datapath.agent import POLL_MAX_PARK_NS, AgentWakeup, CommandQueue, WaitSet
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from nic_offload.softnic import SoftNic
@@ -195,6 +195,18 @@ class DataPlaneAgent(Delivery, Output):
             else:
                 fds.extend(got)
         return WaitSet(tuple(fds), complete)
+
+    def wake_at_ns(self, now_ns: int) -> int:
+        """When the next duty cycle is due with no frame, command or admin frame arriving
+        (those wake the park themselves): in ``POLL_MAX_PARK_NS`` while timers run
+        (guaranteed streams, parked messages, telemetry, digests, frames being filled), else
+        at the next status publish (an idle data path costs next to nothing)."""
+        gp = self.guaranteed
+        if (gp.receivers or gp.senders or gp.held or self._parked
+                or self.telemetry is not None or self.nic.pending_digests()
+                or any(out.batch.count or out._open for out in self._out_list)):
+            return now_ns + POLL_MAX_PARK_NS
+        return self._publish_at_ns
 
     # --- for the guaranteed plane (data-path thread) ------------------------------------------
     def queue_frame(self, channel: str, dest: int, frame: memoryview | bytes) -> None:

@@ -17,6 +17,7 @@ BENCHMARKS = (
     "bench.fabric",
     "bench.routes",
     "bench.softnic",
+    "bench.idle",
 )
 
 
