@@ -239,7 +239,16 @@ def registry_of(status: Callable[[], dict[str, Any]]) -> CollectorRegistry:
     return registry
 
 
+OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0"
+"""What ``exposition`` asks prometheus_client for when the scraper wants OpenMetrics."""
+
+
 def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    """One scrape: (body, content type) in the format ``accept`` asks for."""
-    encoder, content_type = choose_encoder(accept or "")
+    """One scrape: (body, content type): OpenMetrics 1.0.0 when ``accept`` names
+    ``application/openmetrics-text``, else Prometheus text 0.0.4. Only the media types of
+    ``accept`` are read: its ``version`` and ``escaping`` parameters are not passed on
+    (prometheus_client raises on some versions and escapes the names for some escapings)."""
+    wants = any(part.split(";", 1)[0].strip().lower() == "application/openmetrics-text"
+                for part in (accept or "").split(","))
+    encoder, content_type = choose_encoder(OPENMETRICS_ACCEPT if wants else "")
     return encoder(registry), content_type
