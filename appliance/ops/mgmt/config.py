@@ -1,4 +1,9 @@
-"""Tunables of the management API, ``topicwire status`` and the structured logs (units in names)."""
+"""Tunables of the management API, ``topicwire status`` and the structured logs (units in names).
+
+The ``MGMT_MAX_*`` and timeout values bound what one client can make the API hold: a request
+past a bound is refused with a JSON error (docs/appliance.md, "Management API": the status
+each bound answers with), never read to its end.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,40 @@ MGMT_DEFAULT_HOST = "127.0.0.1"
 """Where the management API listens unless ``mgmt.listen`` names another address."""
 MGMT_DEFAULT_PORT = 8470
 """The management API's port in the documented config and ``topicwire status``'s default URL."""
+MGMT_MAX_REQUEST_LINE_BYTES = 8_192
+"""The request line (method, path with its query, version, CRLF) is at most this long (414)."""
+MGMT_MAX_HEADER_LINE_BYTES = 8_192
+"""One header line (name, value, CRLF) is at most this long (431)."""
+MGMT_MAX_HEADERS = 64
+"""A request carries at most this many header lines (431)."""
+MGMT_MAX_HEADER_BYTES = 32_768
+"""All header lines of a request together are at most this long (431)."""
 MGMT_MAX_BODY_BYTES = 65_536
 """A request body larger than this is refused (413) without being read."""
+MGMT_MAX_QUERY_FIELDS = 16
+"""A command's query string holds at most this many ``name=value`` fields (400)."""
 MGMT_REQUEST_TIMEOUT_S = 10.0
-"""A connection that sends nothing for this long is closed (slow or stuck clients)."""
+"""Each request (request line, headers and body) must have arrived within this long of the
+connection being ready for it: a connection that sends nothing for this long is closed, one
+that is partway through a request is answered 408 and closed (slow or stuck clients). Writing
+an answer to a client that does not read it gives up after this long too."""
+MGMT_MAX_CONNECTIONS = 32
+"""Connections served at once (one thread each); one more is answered 503 and closed."""
+MGMT_RETRY_AFTER_S = 1
+"""The ``Retry-After`` of a 503 for too many connections (whole seconds)."""
+MGMT_LISTEN_BACKLOG = 64
+"""Connections the kernel queues before the API accepts them."""
+MGMT_LINGER_S = 1.0
+"""After refusing a request it did not read to its end, the API reads (and drops) what the
+client still sends for at most this long before closing, so that the client sees the answer
+rather than a reset."""
+MGMT_LINGER_BYTES = 1_048_576
+"""... and at most this many bytes of it."""
+MGMT_LOGGED_TEXT_CHARS = 200
+"""A client's request line or path is cut to this many characters in the log and in errors."""
+MGMT_OVERLOAD_LOG_INTERVAL_S = 60.0
+"""Connections turned away for ``MGMT_MAX_CONNECTIONS`` are logged as a warning at most once
+per this long (with how many since the last warning)."""
 MGMT_SHUTDOWN_POLL_S = 0.2
 """How often the server thread checks for ``close()`` (the longest ``close()`` waits for it)."""
 STATUS_HTTP_TIMEOUT_S = 5.0

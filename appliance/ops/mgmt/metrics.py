@@ -6,7 +6,8 @@ metric families; nothing is counted twice and the data path is never touched (th
 is the control agent's published, read-only dict). ``exposition(status, accept)`` renders one
 scrape in the text format the ``Accept`` header asks for (Prometheus text 0.0.4 or
 OpenMetrics). Every name starts with ``topicwire_``; ``METRIC_NAMES`` lists them (the docs'
-table is checked against it by the tests).
+table is checked against it by the tests). ``ApiCollector`` adds the management API's own
+counters (open connections, error answers), which are not part of the snapshot.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ METRIC_NAMES = (
     "topicwire_client_published_total",
     "topicwire_client_delivered_total",
     "topicwire_events_total",
+    "topicwire_mgmt_connections",
+    "topicwire_mgmt_errors_total",
 )
 """Every sample name ``/metrics`` can show (counters with their ``_total``)."""
 
@@ -232,14 +235,49 @@ class StatusCollector:
         yield from families(self._status())
 
 
-def registry_of(status: Callable[[], dict[str, Any]]) -> CollectorRegistry:
-    """A registry of its own (not the process-global one) holding one ``StatusCollector``."""
+class ApiCollector:
+    """The management API's own metrics: ``errors()`` gives its error answers so far by status
+    code, ``connections()`` the connections it holds open now."""
+
+    def __init__(self, errors: Callable[[], dict[int, int]],
+                 connections: Callable[[], int]) -> None:
+        self._errors = errors
+        self._connections = connections
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(PREFIX + "mgmt_connections",
+                                "Connections the management API holds open",
+                                value=self._connections())
+        errors = CounterMetricFamily(PREFIX + "mgmt_errors",
+                                     "Error answers of the management API by status code "
+                                     "(malformed or refused requests, 503 when full)",
+                                     labels=("status",))
+        for status, n in sorted(self._errors().items()):
+            errors.add_metric((str(status),), n)
+        yield errors
+
+
+def registry_of(status: Callable[[], dict[str, Any]],
+                api: ApiCollector | None = None) -> CollectorRegistry:
+    """A registry of its own (not the process-global one) holding one ``StatusCollector``
+    (and the API's own collector, when given)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatusCollector(status))
+    if api is not None:
+        registry.register(api)
     return registry
 
 
+OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0"
+"""What ``exposition`` asks prometheus_client for when the scraper wants OpenMetrics."""
+
+
 def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    """One scrape: (body, content type) in the format ``accept`` asks for."""
-    encoder, content_type = choose_encoder(accept or "")
+    """One scrape: (body, content type): OpenMetrics 1.0.0 when ``accept`` names
+    ``application/openmetrics-text``, else Prometheus text 0.0.4. Only the media types of
+    ``accept`` are read: its ``version`` and ``escaping`` parameters are not passed on
+    (prometheus_client raises on some versions and escapes the names for some escapings)."""
+    wants = any(part.split(";", 1)[0].strip().lower() == "application/openmetrics-text"
+                for part in (accept or "").split(","))
+    encoder, content_type = choose_encoder(OPENMETRICS_ACCEPT if wants else "")
     return encoder(registry), content_type

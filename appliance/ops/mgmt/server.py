@@ -21,6 +21,14 @@ no header or a wrong token is 401, and with no token configured every command is
 with 403. When ``mgmt.listen`` is not a loopback address and a token is configured, reads
 need the token too. Every error is a JSON object ``{"error": "<component>: ...", "status":
 code}``.
+
+Nothing a client sends is trusted to be HTTP: the handler reads the request line and headers
+itself, against the bounds of ``appliance/ops/mgmt/config.py`` (line and header sizes, number
+of headers, body size, one deadline for the whole request), and answers anything malformed
+with a JSON 4xx (413, 414, 431, 501 or 505 where they fit) without reading past it; at most
+``MGMT_MAX_CONNECTIONS`` connections are served at once, one more is answered 503. Every
+answer is logged as one debug line; a failure of the API's own code is one error line (no
+traceback) and a 500; a handler thread never raises out.
 """
 
 from __future__ import annotations
@@ -29,20 +37,39 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
+import socket
+import sys
 import threading
+import time
+import traceback
+from collections import Counter
 from http import HTTPStatus
+from http.client import HTTPMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 from appliance.config import ApplianceConfig, ConfigError, parse_address
 from appliance.ops.mgmt.config import (
+    MGMT_LINGER_BYTES,
+    MGMT_LINGER_S,
+    MGMT_LISTEN_BACKLOG,
+    MGMT_LOGGED_TEXT_CHARS,
     MGMT_MAX_BODY_BYTES,
+    MGMT_MAX_CONNECTIONS,
+    MGMT_MAX_HEADER_BYTES,
+    MGMT_MAX_HEADER_LINE_BYTES,
+    MGMT_MAX_HEADERS,
+    MGMT_MAX_QUERY_FIELDS,
+    MGMT_MAX_REQUEST_LINE_BYTES,
+    MGMT_OVERLOAD_LOG_INTERVAL_S,
     MGMT_REQUEST_TIMEOUT_S,
+    MGMT_RETRY_AFTER_S,
     MGMT_SHUTDOWN_POLL_S,
 )
-from appliance.ops.mgmt.metrics import exposition, registry_of
+from appliance.ops.mgmt.metrics import ApiCollector, exposition, registry_of
 
 log = logging.getLogger("topicwire.mgmt")
 
@@ -86,6 +113,38 @@ def read_token(config: ApplianceConfig) -> str | None:
     return None
 
 
+METHODS = ("GET", "POST", "DELETE", "PUT", "PATCH")
+"""Methods the API knows (PUT and PATCH to say 405 with ``Allow``); any other is 501."""
+
+_TCHAR = rb"!#$%&'*+\-.^_`|~0-9A-Za-z"
+_REQUEST_LINE = re.compile(rb"([" + _TCHAR + rb"]+) ([\x21-\x7e]+) HTTP/([0-9])\.([0-9])")
+_VERSION = re.compile(rb"HTTP/([0-9]+)\.[0-9]+")
+_NOT_IN_REQUEST_LINE = re.compile(rb"[^\x20-\x7e\r\n]")
+_HEADER_LINE = re.compile(rb"([" + _TCHAR + rb"]+):(.*)", re.DOTALL)
+_NOT_IN_HEADER_VALUE = re.compile(rb"[^\t\x20-\x7e\x80-\xff]")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x20-\x7e]")
+_BYTE_COUNT = re.compile(r"[0-9]+")
+_SESSION = re.compile(r"[0-9]{1,18}")
+
+
+def _clip(text: str, chars: int = MGMT_LOGGED_TEXT_CHARS) -> str:
+    """A client's text for a log line or an error: printable ASCII (anything else escaped), cut
+    to ``chars`` characters."""
+    cut = text[:chars]
+    shown = _NOT_PRINTABLE_ASCII.sub(lambda m: ascii(m.group())[1:-1], cut)
+    return shown + (f"... ({len(text)} characters)" if len(text) > chars else "")
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception: its type, message and where it was raised (no traceback)."""
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    at = f" at {Path(where[0].filename).name}:{where[0].lineno} in {where[0].name}" \
+        if where else ""
+    return f"{type(exc).__name__}: {_clip(str(exc))}{at}"
+
+
 class _HttpError(Exception):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
                  close: bool = False) -> None:
@@ -95,9 +154,111 @@ class _HttpError(Exception):
         self.close = close
 
 
+class _ConnectionGone(Exception):
+    """Reading the request or writing the answer failed: the client went away or stopped
+    reading (nobody to answer; the connection ends)."""
+
+
 class _Server(ThreadingHTTPServer):
+    """A ``ThreadingHTTPServer`` that serves at most ``MGMT_MAX_CONNECTIONS`` connections at
+    once (one more gets a 503 from the accepting thread, which never blocks on it) and logs a
+    failure as one line."""
+
     daemon_threads = True
+    request_queue_size = MGMT_LISTEN_BACKLOG
     mgmt: MgmtServer
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.lock = threading.Lock()
+        self.open: set[socket.socket] = set()
+        self.errors: Counter[int] = Counter()
+        self._turned_away = 0
+        self._warned_at = -MGMT_OVERLOAD_LOG_INTERVAL_S
+
+    def count_error(self, status: int) -> None:
+        with self.lock:
+            self.errors[int(status)] += 1
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            full = len(self.open) >= MGMT_MAX_CONNECTIONS
+            if not full:
+                self.open.add(request)
+        if full:
+            self._turn_away(request, client_address)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception as exc:  # no thread for it: the process is out of threads
+            with self.lock:
+                self.open.discard(request)
+            log.warning("mgmt: %s: no thread to serve the connection: %s",
+                        _peer(client_address), _describe(exc))
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.lock:
+                self.open.discard(request)
+
+    def _turn_away(self, request: socket.socket, client_address: Any) -> None:
+        self.count_error(HTTPStatus.SERVICE_UNAVAILABLE)
+        doc = {"error": f"mgmt: {MGMT_MAX_CONNECTIONS} connections are open, the most this API "
+                        "serves at once (MGMT_MAX_CONNECTIONS); retry in a moment",
+               "status": int(HTTPStatus.SERVICE_UNAVAILABLE)}
+        body = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: {MGMT_RETRY_AFTER_S}\r\n"
+                "Cache-Control: no-store\r\nConnection: close\r\n\r\n").encode()
+        try:
+            request.setblocking(False)  # the accepting thread must never wait on a client
+            try:
+                for _ in range(16):  # drop what already came, so that closing does not reset
+                    if not request.recv(65536):
+                        break
+            except BlockingIOError:
+                pass
+            request.send(head + body)  # a fresh connection's send buffer takes it whole
+        except OSError:
+            pass
+        self.shutdown_request(request)
+        now = time.monotonic()
+        with self.lock:
+            self._turned_away += 1
+            warn = now - self._warned_at >= MGMT_OVERLOAD_LOG_INTERVAL_S
+            if warn:
+                count, self._turned_away, self._warned_at = self._turned_away, 0, now
+        log.debug("mgmt: %s -> 503 too many connections", _peer(client_address),
+                  extra={"peer": _peer(client_address), "status": 503})
+        if warn:
+            log.warning("mgmt: the management API turned away %d connection(s) with 503: %d "
+                        "were open, the most it serves at once (MGMT_MAX_CONNECTIONS)", count,
+                        MGMT_MAX_CONNECTIONS, extra={"turned_away": count})
+
+    def end_connections(self) -> None:
+        """Shut every open connection (``close()``): their threads see the end and return."""
+        with self.lock:
+            sockets = list(self.open)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Not reached (the handler catches everything); one line, not a traceback, if it is."""
+        log.error("mgmt: %s: the connection's handler failed: %s", _peer(client_address),
+                  _describe(sys.exc_info()[1] or RuntimeError("unknown")))
+
+
+def _peer(client_address: Any) -> str:
+    try:
+        return f"{client_address[0]}:{client_address[1]}"
+    except (TypeError, IndexError):
+        return str(client_address)
 
 
 class MgmtServer:
@@ -108,13 +269,13 @@ class MgmtServer:
         self.token = token
         loopback = ipaddress.IPv4Address(host).is_loopback
         self.reads_need_token = token is not None and not loopback
-        self.registry = registry_of(appliance.status)
         try:
             self.httpd = _Server((host, port), _Handler)
         except OSError as exc:
             raise ConfigError(f"mgmt.listen: cannot listen on {host}:{port} ({exc.strerror}); "
                               "pick another port or stop its owner") from None
         self.httpd.mgmt = self
+        self.registry = registry_of(appliance.status, ApiCollector(self.errors, self.connections))
         self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         kwargs={"poll_interval": MGMT_SHUTDOWN_POLL_S},
                                         name="mgmt", daemon=True)
@@ -130,6 +291,16 @@ class MgmtServer:
         host, port = self.address
         return f"http://{host}:{port}"
 
+    def errors(self) -> dict[int, int]:
+        """Error answers so far by status code (``topicwire_mgmt_errors_total``)."""
+        with self.httpd.lock:
+            return dict(self.httpd.errors)
+
+    def connections(self) -> int:
+        """Connections open now (``topicwire_mgmt_connections``)."""
+        with self.httpd.lock:
+            return len(self.httpd.open)
+
     def start(self) -> MgmtServer:
         self._thread.start()
         return self
@@ -140,8 +311,13 @@ class MgmtServer:
         self._closed = True
         if self._thread.is_alive():
             self.httpd.shutdown()
+        self.httpd.end_connections()
         self.httpd.server_close()
         self._thread.join(MGMT_REQUEST_TIMEOUT_S)
+        # the connections' threads see their end at once; a refusal may linger that long
+        deadline = time.monotonic() + MGMT_LINGER_S + MGMT_SHUTDOWN_POLL_S
+        while self.connections() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # --- authorisation ------------------------------------------------------------------------
     def check_token(self, header: str | None, what: str) -> None:
@@ -154,7 +330,8 @@ class MgmtServer:
         if scheme.lower() != "bearer" or not given.strip():
             raise _HttpError(HTTPStatus.UNAUTHORIZED, f"mgmt: {what} needs the management "
                              "token: send Authorization: Bearer <token> (mgmt.token)", challenge)
-        if not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+        if not hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"),
+                                   self.token.encode()):
             raise _HttpError(HTTPStatus.UNAUTHORIZED, "mgmt: the bearer token is wrong; use "
                              "the appliance's mgmt.token", challenge)
 
@@ -192,9 +369,9 @@ class MgmtServer:
             return self._submit("clear_route", args)
         if path.startswith("/clients/") and method == "DELETE":
             text = path[len("/clients/"):]
-            if not text.isdigit():
-                raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: {text!r} is not a session "
-                                 "number; GET /clients lists them")
+            if not _SESSION.fullmatch(text):
+                raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: {_clip(text, 40)!r} is not a "
+                                 "session number; GET /clients lists them")
             return self._submit("disconnect_client", {"session": int(text)})
         raise AssertionError((method, path))
 
@@ -240,46 +417,290 @@ def _route(method: str, path: str) -> tuple[str, set[str]]:
     if path.startswith("/clients/") and path.count("/") == 2:
         return ("command" if method == "DELETE" else ""), {"DELETE"}
     known = ", ".join(f"{m} {p}" for m, p, _ in ENDPOINTS)
-    raise _HttpError(HTTPStatus.NOT_FOUND, f"mgmt: no endpoint {method} {path}; known: {known}")
+    raise _HttpError(HTTPStatus.NOT_FOUND, f"mgmt: no endpoint {method} {_clip(path, 100)}; "
+                     f"known: {known}")
+
+
+def _target(target: str) -> tuple[str, str]:
+    """(path, raw query) of a request target: a path from ``/`` that is UTF-8 once %-decoded
+    and holds no control character; 400 otherwise."""
+    if not target.startswith("/"):
+        raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: {_clip(target, 100)!r} is not a path; "
+                         "send the path from / (origin form), such as GET /status")
+    if _BAD_ESCAPE.search(target):
+        raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: a '%' in the path or query is not "
+                         "followed by two hex digits; escape '%' as %25")
+    raw_path, _, raw_query = target.partition("?")
+    try:
+        path = unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the path is not UTF-8 once "
+                         "%-decoded") from None
+    if _CONTROL.search(path):
+        raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the path holds a control character "
+                         "once %-decoded")
+    return path.rstrip("/") or "/", raw_query
+
+
+def _query(raw_query: str) -> dict[str, str]:
+    """A command's query string as {name: value} (the last of a repeated name); 400 when it is
+    not UTF-8, holds control characters or has over ``MGMT_MAX_QUERY_FIELDS`` fields."""
+    try:
+        fields = parse_qsl(raw_query, keep_blank_values=True, errors="strict",
+                           max_num_fields=MGMT_MAX_QUERY_FIELDS)
+    except ValueError:  # not UTF-8 once decoded, or too many fields
+        raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the query string must be at most "
+                         f"{MGMT_MAX_QUERY_FIELDS} name=value fields of %-escaped UTF-8, such "
+                         "as ?source=core1&destination=core2") from None
+    if any(_CONTROL.search(name + value) for name, value in fields):
+        raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the query string holds a control "
+                         "character once %-decoded")
+    return dict(fields)
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One connection: reads each request itself (bounded; see the module docstring) and
+    answers it; nothing it does raises out of ``handle``."""
+
     server: _Server
     server_version = "topicwire-mgmt/1"
     protocol_version = "HTTP/1.1"
-    timeout = MGMT_REQUEST_TIMEOUT_S
+    timeout = MGMT_REQUEST_TIMEOUT_S  # re-armed to the request's deadline before each read
 
-    def do_GET(self) -> None:
-        self._handle("GET")
+    # --- the connection -----------------------------------------------------------------------
+    def setup(self) -> None:
+        super().setup()
+        self.peer = _peer(self.client_address)
+        self._unread = False
 
-    def do_POST(self) -> None:
-        self._handle("POST")
+    def handle(self) -> None:
+        self.close_connection = True
+        try:
+            self.handle_one_request()
+            while not self.close_connection:
+                self.handle_one_request()
+        except (OSError, _ConnectionGone) as exc:  # the client went away or stopped reading
+            log.debug("mgmt: %s: connection ended: %s", self.peer, _clip(str(exc) or
+                      type(exc).__name__), extra={"peer": self.peer})
+        except Exception as exc:  # a bug of this handler: the connection ends, the API does not
+            log.error("mgmt: %s: the connection's handler failed: %s", self.peer,
+                      _describe(exc), extra={"peer": self.peer})
+        finally:
+            if self._unread:
+                self._linger()
 
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
+    def _linger(self) -> None:
+        """After a refusal that left the request unread: drop what the client still sends
+        (``MGMT_LINGER_S``, ``MGMT_LINGER_BYTES``) before closing, so that it reads the answer
+        rather than a reset."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline, left = time.monotonic() + MGMT_LINGER_S, MGMT_LINGER_BYTES
+            while left > 0 and (wait := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(wait)
+                data = self.connection.recv(min(left, 65536))
+                if not data:
+                    break
+                left -= len(data)
+        except OSError:
+            pass
 
-    def do_PUT(self) -> None:
-        self._handle("PUT")
+    # --- one request --------------------------------------------------------------------------
+    def handle_one_request(self) -> None:
+        self.close_connection = True
+        self.command, self.path, self.request_version = "", "", self.protocol_version
+        self.requestline = ""
+        self.headers = HTTPMessage()
+        self._deadline = time.monotonic() + MGMT_REQUEST_TIMEOUT_S
+        self._received = 0
+        self._body_length = 0
+        self._expect_continue = False
+        self._unread = True  # until the request is read to its end
+        try:
+            try:
+                if not self._read_head():
+                    self._unread = False
+                    return
+            except TimeoutError:
+                if not self._received:  # idle: nothing of a request came
+                    self._unread = False
+                    log.debug("mgmt: %s: closed after %s s without a request", self.peer,
+                              MGMT_REQUEST_TIMEOUT_S, extra={"peer": self.peer})
+                    return
+                raise _HttpError(HTTPStatus.REQUEST_TIMEOUT, "mgmt: the request did not arrive "
+                                 f"whole within {MGMT_REQUEST_TIMEOUT_S} s "
+                                 "(MGMT_REQUEST_TIMEOUT_S); send it at once", close=True) \
+                    from None
+            self._unread = self._body_length > 0
+            if self.command not in METHODS:
+                raise _HttpError(HTTPStatus.NOT_IMPLEMENTED, f"mgmt: {_clip(self.command, 40)} "
+                                 "is not a method this API knows; it takes GET, POST and DELETE",
+                                 {"Allow": "GET, POST, DELETE"}, close=True)
+            self._handle(self.command)
+        except _HttpError as exc:
+            self._refuse(exc)
 
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
+    def _read_line(self, limit: int, request_line: bool = False) -> bytes:
+        """The next line with its LF before the request's deadline: at most ``limit`` bytes
+        (longer: the first ``limit + 1``), b"" when the connection ended first, the bytes so far
+        when it ended inside the line. Raises TimeoutError past the deadline; a request line
+        with a byte that is not printable ASCII is refused at once (a client that is not
+        speaking HTTP may never send a line end)."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request's deadline passed")
+            self.connection.settimeout(left)
+            data = self.rfile.peek(1)  # what is buffered, or one read from the socket
+            if not data:
+                break
+            room = limit + 1 - size
+            end = data.find(b"\n", 0, room)
+            chunk = self.rfile.read(end + 1 if end >= 0 else min(len(data), room))
+            parts.append(chunk)
+            size += len(chunk)
+            self._received += len(chunk)
+            if request_line and _NOT_IN_REQUEST_LINE.search(chunk):
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the request line holds bytes "
+                                 "that are not printable ASCII; this is an HTTP/1.1 API "
+                                 "(not TLS, not HTTP/2)", close=True)
+            if end >= 0 or size > limit:
+                break
+        return b"".join(parts)
+
+    def _read_head(self) -> bool:
+        """Read and check the request line and headers; False when the connection ended before
+        a request began. Sets ``command``, ``path``, ``headers``, ``_body_length``."""
+        line = self._read_line(MGMT_MAX_REQUEST_LINE_BYTES, request_line=True)
+        if line in (b"\r\n", b"\n"):  # one empty line before a request is tolerated (RFC 9112)
+            self._received = 0
+            line = self._read_line(MGMT_MAX_REQUEST_LINE_BYTES, request_line=True)
+        if not line:
+            return False
+        self.requestline = _clip(line.decode("ascii").rstrip("\r\n"))
+        if len(line) > MGMT_MAX_REQUEST_LINE_BYTES:
+            raise _HttpError(HTTPStatus.REQUEST_URI_TOO_LONG, "mgmt: the request line is over "
+                             f"{MGMT_MAX_REQUEST_LINE_BYTES} bytes (MGMT_MAX_REQUEST_LINE_BYTES)",
+                             close=True)
+        if not line.endswith(b"\n"):
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the connection ended inside the "
+                             "request line", close=True)
+        text = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        match = _REQUEST_LINE.fullmatch(text)
+        if not match:
+            words = text.split(b" ")
+            version = _VERSION.fullmatch(words[-1])
+            if len(words) == 3 and version and version[1] != b"1":
+                raise _HttpError(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "mgmt: "
+                                 f"{_clip(words[2].decode(), 40)} is not served; send HTTP/1.1",
+                                 close=True)
+            if len(words) == 2:
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: a request line without a "
+                                 "version (HTTP/0.9) is not served; send HTTP/1.1", close=True)
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: a malformed request line; send "
+                             "METHOD /path HTTP/1.1, one space apart", close=True)
+        major, minor = int(match[3]), int(match[4])
+        if major != 1:
+            raise _HttpError(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"mgmt: HTTP/{major}.{minor} "
+                             "is not served; send HTTP/1.1", close=True)
+        self.command, self.path = match[1].decode("ascii"), match[2].decode("ascii")
+        self.request_version = f"HTTP/{major}.{minor}"
+        self._read_headers()
+        tokens = {t.strip().lower() for v in self.headers.get_all("Connection", [])
+                  for t in v.split(",")}
+        self.close_connection = minor == 0 or "close" in tokens
+        expect = [v.strip().lower() for v in self.headers.get_all("Expect", [])]
+        if any(v != "100-continue" for v in expect):
+            raise _HttpError(HTTPStatus.EXPECTATION_FAILED, "mgmt: the only Expect this API "
+                             "meets is 100-continue", close=True)
+        self._expect_continue = bool(expect) and minor >= 1
+        self._body_length = self._framing()
+        return True
+
+    def _read_headers(self) -> None:
+        headers = HTTPMessage()
+        count = total = 0
+        while True:
+            line = self._read_line(MGMT_MAX_HEADER_LINE_BYTES)
+            if len(line) > MGMT_MAX_HEADER_LINE_BYTES:
+                raise _HttpError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "mgmt: a header "
+                                 f"line is over {MGMT_MAX_HEADER_LINE_BYTES} bytes "
+                                 "(MGMT_MAX_HEADER_LINE_BYTES)", close=True)
+            if not line.endswith(b"\n"):
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the connection ended inside "
+                                 "the headers", close=True)
+            if line in (b"\r\n", b"\n"):
+                break
+            count += 1
+            total += len(line)
+            if count > MGMT_MAX_HEADERS:
+                raise _HttpError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "mgmt: over "
+                                 f"{MGMT_MAX_HEADERS} header lines (MGMT_MAX_HEADERS)",
+                                 close=True)
+            if total > MGMT_MAX_HEADER_BYTES:
+                raise _HttpError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "mgmt: the header "
+                                 f"lines are over {MGMT_MAX_HEADER_BYTES} bytes together "
+                                 "(MGMT_MAX_HEADER_BYTES)", close=True)
+            match = _HEADER_LINE.fullmatch(line[:-2] if line.endswith(b"\r\n") else line[:-1])
+            value = match[2].strip(b" \t") if match else b""
+            if not match or _NOT_IN_HEADER_VALUE.search(value):
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: a malformed header line; send "
+                                 "Name: value (no space before the colon, no folded lines, no "
+                                 "control characters)", close=True)
+            headers[match[1].decode("ascii")] = value.decode("latin-1")
+        self.headers = headers
+
+    def _framing(self) -> int:
+        """The body's length from Content-Length; transfer codings and any doubt about where
+        the body ends are refused (the connection is closed: the rest is not read)."""
+        codings = self.headers.get_all("Transfer-Encoding", [])
+        lengths = self.headers.get_all("Content-Length", [])
+        if codings and lengths:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: both Transfer-Encoding and "
+                             "Content-Length; send the body with a Content-Length only",
+                             close=True)
+        if codings:
+            if "chunked" in ",".join(codings).lower():
+                raise _HttpError(HTTPStatus.LENGTH_REQUIRED, "mgmt: send the body with a "
+                                 "Content-Length (chunked bodies are not read)", close=True)
+            raise _HttpError(HTTPStatus.NOT_IMPLEMENTED, "mgmt: Transfer-Encoding "
+                             f"{_clip(','.join(codings), 40)!r} is not supported; send the body "
+                             "with a Content-Length", close=True)
+        if not lengths:
+            return 0
+        values = {v.strip() for v in lengths}
+        value = values.pop()
+        if values or not _BYTE_COUNT.fullmatch(value):
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: Content-Length "
+                             f"{_clip(', '.join(lengths), 40)!r} is not one byte count",
+                             close=True)
+        if len(value) > 18 or int(value) > MGMT_MAX_BODY_BYTES:
+            raise _HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"mgmt: a body of "
+                             f"{_clip(value, 40)} bytes; at most {MGMT_MAX_BODY_BYTES} "
+                             "(MGMT_MAX_BODY_BYTES)", close=True)
+        return int(value)
 
     def _handle(self, method: str) -> None:
         mgmt = self.server.mgmt
-        raw_path, _, raw_query = self.path.partition("?")
-        path = unquote(raw_path).rstrip("/") or "/"
+        path = self.path
         try:
+            path, raw_query = _target(self.path)
             kind, allowed = _route(method, path)
             if not kind:
-                raise _HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"mgmt: {path} does not take "
-                                 f"{method}; it takes {', '.join(sorted(allowed))}",
+                raise _HttpError(HTTPStatus.METHOD_NOT_ALLOWED, f"mgmt: {_clip(path, 100)} does "
+                                 f"not take {method}; it takes {', '.join(sorted(allowed))}",
                                  {"Allow": ", ".join(sorted(allowed))})
             if kind == "command":
                 mgmt.check_token(self.headers.get("Authorization"), f"{method} {path}")
                 body = self._body()
-                query = {k: v[-1] for k, v in parse_qs(raw_query).items()}
+                query = _query(raw_query)
                 self._json(HTTPStatus.OK, mgmt.command(method, path, body, query))
                 return
+            if self._body_length:
+                raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: GET {path} takes no body",
+                                 close=True)
             if mgmt.reads_need_token:
                 mgmt.check_token(self.headers.get("Authorization"), f"GET {path}")
             if kind == "metrics":
@@ -287,47 +708,79 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, body, content_type)
             else:
                 self._json(HTTPStatus.OK, mgmt.get(path))
-        except _HttpError as exc:
-            if exc.close:
-                self.close_connection = True
-            self._json(exc.status, {"error": str(exc), "status": int(exc.status)}, exc.headers)
-        except Exception as exc:  # a bug here must not kill the server: answer and log it
-            log.exception("mgmt: %s %s failed", method, path)
+        except (_HttpError, _ConnectionGone):
+            raise  # a refusal, or the connection is gone (handle() ends it)
+        except Exception as exc:  # a bug here must not kill the server: answer, one log line
+            log.error("mgmt: %s %s failed: %s", method, _clip(path, 100), _describe(exc),
+                      extra={"peer": self.peer})
             self._json(HTTPStatus.INTERNAL_SERVER_ERROR,
                        {"error": f"mgmt: internal error ({type(exc).__name__}); see the "
                                  "appliance's log", "status": 500})
 
     def _body(self) -> dict[str, Any]:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise _HttpError(HTTPStatus.LENGTH_REQUIRED, "mgmt: send the body with a "
-                             "Content-Length (chunked bodies are not read)", close=True)
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: Content-Length is not a number",
-                             close=True) from None
-        if length < 0 or length > MGMT_MAX_BODY_BYTES:
-            raise _HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"mgmt: a body of {length} "
-                             f"bytes; at most {MGMT_MAX_BODY_BYTES}", close=True)
+        """The body: a JSON object of at most ``MGMT_MAX_BODY_BYTES``, read before the
+        request's deadline (408 after it)."""
+        length = self._body_length
         if length == 0:
             return {}
-        raw = self.rfile.read(length)
+        parts: list[bytes] = []
+        got = 0
         try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: the body is not JSON ({exc})") \
-                from None
+            if self._expect_continue:
+                self.send_response_only(HTTPStatus.CONTINUE)
+                self.end_headers()
+            while got < length:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the request's deadline passed")
+                self.connection.settimeout(left)
+                chunk = self.rfile.read1(min(length - got, 65536))
+                if not chunk:
+                    raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: the body ended after {got} "
+                                     f"of its {length} bytes (Content-Length)", close=True)
+                parts.append(chunk)
+                got += len(chunk)
+        except TimeoutError:
+            raise _HttpError(HTTPStatus.REQUEST_TIMEOUT, f"mgmt: {got} of the body's {length} "
+                             f"bytes came within {MGMT_REQUEST_TIMEOUT_S} s "
+                             "(MGMT_REQUEST_TIMEOUT_S); send it at once", close=True) from None
+        except OSError as exc:
+            raise _ConnectionGone(str(exc) or type(exc).__name__) from None
+        self._unread = False
+        try:
+            doc = json.loads(b"".join(parts))
+        except RecursionError:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the body is JSON nested too "
+                             "deeply") from None
+        except ValueError as exc:  # not JSON, not UTF-8, or a number past int's digit limit
+            raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: the body is not JSON "
+                             f"({_clip(str(exc), 120)})") from None
         if not isinstance(doc, dict):
             raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: the body must be a JSON object, "
                              "such as {\"source\": \"core1\", \"destination\": \"core2\"}")
         return doc
 
+    # --- answers ------------------------------------------------------------------------------
+    def _refuse(self, exc: _HttpError) -> None:
+        if exc.close or self._unread:  # what follows on the connection is not a request
+            self.close_connection = True
+        self._json(exc.status, {"error": str(exc), "status": int(exc.status)}, exc.headers)
+
     def _json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
         body = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
-        self._send(status, body, "application/json", headers)
+        error = doc.get("error") if status >= 400 and isinstance(doc, dict) else None
+        self._send(status, body, "application/json", headers, error)
 
     def _send(self, status: int, body: bytes, content_type: str,
-              headers: dict[str, str] | None = None) -> None:
+              headers: dict[str, str] | None = None, error: str | None = None) -> None:
+        """One answer (no body to HEAD), logged as one debug line."""
+        request = self.requestline or "-"
+        if status >= 400:
+            self.server.count_error(status)
+        log.debug("mgmt: %s \"%s\" -> %d%s", self.peer, request, status,
+                  f" {_clip(str(error))}" if error else "",
+                  extra={"peer": self.peer, "request": request, "status": int(status)})
+        self._headers_buffer: list[bytes] = []
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -336,25 +789,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(key, value)
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.connection.settimeout(MGMT_REQUEST_TIMEOUT_S)  # a client that does not read
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError as exc:
+            raise _ConnectionGone(str(exc) or type(exc).__name__) from None
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None
                    ) -> None:
-        """http.server's own refusals (bad request line, unsupported method) as JSON too."""
-        self.close_connection = True
+        """http.server's own refusals (not reached: requests are read here) as JSON too."""
         text = message or HTTPStatus(code).phrase
-        body = (json.dumps({"error": f"mgmt: {text}", "status": int(code)}) + "\n").encode()
-        self.send_response(code, message)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD" and code >= 200 and code not in (204, 304):
-            self.wfile.write(body)
+        self._refuse(_HttpError(code, f"mgmt: {_clip(text)}", close=True))
+
+    def version_string(self) -> str:
+        return self.server_version  # not the Python version
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Answers are logged by ``_send``."""
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("mgmt: %s %s", self.address_string(), format % args)
+        log.debug("mgmt: %s %s", self.peer, _clip(format % args), extra={"peer": self.peer})
 
 
 def serve(appliance: Any, config: ApplianceConfig) -> MgmtServer:
