@@ -237,8 +237,7 @@ class PollingIdle:
     def __init__(self, wait_set: Callable[[], WaitSet], wakeup: AgentWakeup | None = None, *,
                  spin_ns: int = POLL_SPIN_NS, max_park_ns: int = POLL_MAX_PARK_NS,
                  wake_at_ns: Callable[[int], int] | None = None,
-                 longest_park_ns: int = POLL_LONGEST_PARK_NS,
-                 worth_spinning: Callable[[], bool] | None = None) -> None:
+                 longest_park_ns: int = POLL_LONGEST_PARK_NS) -> None:
         if max_park_ns <= 0:
             raise ValueError(f"agent: max_park_ns must be positive, not {max_park_ns}")
         self.wait_set = wait_set
@@ -249,9 +248,6 @@ class PollingIdle:
         """The agent's next deadline (CLOCK_MONOTONIC ns): with a complete wait set, a park
         lasts until then (at most ``longest_park_ns``) instead of ``max_park_ns``."""
         self.longest_park_ns = longest_park_ns
-        self.worth_spinning = worth_spinning
-        """Asked when the agent goes idle: False (its last work was housekeeping, e.g. a
-        heartbeat handed on) skips the spin and parks at once."""
         self._timeout_ms = max(1, math.ceil(max_park_ns / 1e6))
         self._poller = select.poll()
         self._registered: tuple[int, ...] = ()
@@ -274,8 +270,6 @@ class PollingIdle:
             now_ns = time.monotonic_ns()
             if self._idle_since_ns == 0:
                 self._idle_since_ns = now_ns
-                if self.worth_spinning is not None and not self.worth_spinning():
-                    self._idle_since_ns = now_ns - self.spin_ns  # no traffic to wait for
             if now_ns - self._idle_since_ns < self.spin_ns:
                 yield_cpu()  # lets the control thread take the GIL
                 return

@@ -164,8 +164,6 @@ class DataPlaneAgent(Delivery, Output):
         self._groups: dict[int, tuple[int, ...]] = {}
         self._groups_version = -1
         self._publish_at_ns = 0
-        self.traffic = True
-        """The last frames received carried traffic (``worth_spinning``)."""
         self.published: dict[str, Any] = {"channels": [], "counters": {}, "offload": {}}
         self.closing = False
         self.telemetry: Any = None
@@ -276,8 +274,6 @@ class DataPlaneAgent(Delivery, Output):
         work += self.rerun_parked_before(snap_version, now_ns)
         telemetry = self.telemetry
         express = self.express if _express.ENABLED else None
-        inbox_before = len(self.inbox)
-        received = 0
         for name, batch, channel, fused in self._receivers:
             if fused and express is not None:  # receive, forward and send in one call
                 n, taken = express.receive(channel, batch, now_ns, RELIABLE_STREAM_BIT, _PROBE,
@@ -286,7 +282,6 @@ class DataPlaneAgent(Delivery, Output):
                 n, taken = channel.receive(batch, 0), _express.UNTRIED
             if n:
                 work += n
-                received += n
                 if telemetry is not None:
                     telemetry.on_batch(name, batch)
                 if taken != _express.TAKEN:
@@ -309,15 +304,7 @@ class DataPlaneAgent(Delivery, Output):
             self._expire_parked(now_ns)
         if now_ns >= self._publish_at_ns:
             self._publish(now_ns)
-        if received:  # traffic (not only admin frames for the control agent): spin after it
-            self.traffic = received > len(self.inbox) - inbox_before
         return work
-
-    def worth_spinning(self) -> bool:
-        """Whether the idle strategy should poll on after this cycle (``PollingIdle``): yes
-        after traffic, no when the last frames received were only admin frames (heartbeats,
-        link state) handed to the control agent, so a quiet fabric costs no spinning."""
-        return self.traffic
 
 
 
