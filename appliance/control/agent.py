@@ -335,10 +335,12 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
                 if now_ns - heard > max_age:
                     del self.lsa_heard_ns[origin]
                     self.lsdb.pop(origin, None)
+                    self._topology_dirty = True
+                    if self._hold_guaranteed_interest(origin):
+                        continue
                     self.interest.pop(origin, None)
                     if all(nb.node_id != origin for nb in self.neighbours.values()):
                         self.names.pop(origin, None)
-                    self._topology_dirty = True
             work += 1
         if self._lsa_due:
             self._lsa_due = False

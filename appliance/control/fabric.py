@@ -330,9 +330,10 @@ class FabricSide:
     def _sync_destinations(self) -> None:
         """One destination egress per appliance and class with interest: ``n:NODE``
         (best-effort and last-value) while NODE is reachable, ``g:NODE`` (guaranteed) as long
-        as its interest is known, through a partition too: the messages go on into the
-        reliable sender towards NODE, which keeps them until a path returns and the receiver
-        recovers them (or declares them lost once the sender's buffer has let them go)."""
+        as its interest is known, through a partition too (``_hold_guaranteed_interest``):
+        the messages go on into the reliable sender towards NODE, which keeps them until a
+        path returns and the receiver recovers them (or declares them lost once the sender's
+        buffer has let them go)."""
         reachable = {dst for (src, dst) in self.paths if src == self.node_id}
         wanted = {}
         for origin, (_, _, patterns, gpatterns) in self.interest.items():
@@ -366,6 +367,29 @@ class FabricSide:
                     log.warning("%s: interest of %s not applied: %s", self.cfg.name,
                                 self.names.get(key[1], key[1]), exc)
             self.dest_egress[key] = (port, patterns)
+
+    def _hold_guaranteed_interest(self, origin: int) -> bool:
+        """``origin``'s link state aged out (not heard for LSA_MAX_AGE_REFRESHES periods):
+        True when its interest is kept all the same because it holds guaranteed patterns.
+
+        Unreachable is not gone: a transit appliance restarting, or a partition, silences an
+        appliance's LSAs exactly as its end would. Its ``g:`` egress and the reliable senders
+        towards it (``GuaranteedPlane``) must live on, so that every guaranteed message for it
+        is kept (the senders' buffers bound what is, and what they let go reaches it as a loss
+        notice) and its stream numbering goes on where its receivers are: forgetting them here
+        restarted the streams at sequence 1, which the destination's receivers, still in the
+        middle of those streams, dropped as duplicates and then took as their continuation,
+        losing everything between without a loss event. The interest is replaced when the
+        appliance is heard again (a newer document; a new epoch when it restarted, whose
+        receivers start from 1 and whose senders are made anew)."""
+        held = self.interest.get(origin)
+        if held is None or not held[3]:
+            return False
+        self.counters["guaranteed_interest_held"] += 1
+        log.info("%s: %s is unreachable and its link state aged out; its guaranteed interest "
+                 "is kept (messages for it wait in the reliable senders towards it)",
+                 self.cfg.name, self.names.get(origin, origin))
+        return True
 
     def _build_snapshot(self) -> None:
         self._tables_dirty = False

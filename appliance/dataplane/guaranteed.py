@@ -364,11 +364,21 @@ class GuaranteedPlane:
 
     # --- lifetimes ----------------------------------------------------------------------------
     def on_tables(self, tables: Any) -> None:
-        """Senders towards an appliance that went away or restarted (new epoch) are dropped:
-        a new incarnation's receivers start from sequence 1."""
+        """Senders towards an appliance that restarted (a new epoch) are dropped: the new
+        incarnation's receivers start from sequence 1, and so does a new sender.
+
+        A sender towards an appliance whose interest is not known now (no epoch) is kept:
+        not known is not restarted. Its receiver may still be in the middle of the stream,
+        and a new sender starting again at 1 would be taken for duplicates and then for the
+        stream's continuation: what this one holds would vanish without a loss event. It
+        ends with its publishing stream (``_sweep``) or on a new epoch."""
         for key, held in list(self.senders.items()):
-            if key[0] == "n" and tables.epochs.get(key[1]) != held.epoch:
+            if key[0] != "n":
+                continue
+            epoch = tables.epochs.get(key[1])
+            if epoch is not None and epoch != held.epoch:
                 self._drop(key)
+                self.counters["guaranteed_streams_restarted"] += 1
 
     def on_session_removed(self, session_id: int) -> None:
         for key in [k for k in self.senders if k[0] == "c" and k[1] == session_id]:
