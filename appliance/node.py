@@ -5,6 +5,8 @@ fails here, as a ``ConfigError`` naming the key, before any thread starts), comp
 first table snapshot, then starts the data-path thread and the control thread.
 ``stop()`` stops accepting logins, tells clients, lets queued frames leave within
 ``appliance.drain_timeout_ms``, stops both threads and closes the channels.
+``reload(config)`` applies what of a new config can change at run time (appliance/reload.py;
+``topicwire run`` calls it on SIGHUP).
 ``status()`` and ``submit()`` are the management contract (docs/appliance.md).
 """
 
@@ -14,7 +16,7 @@ import errno
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.build_info import version_line
 from appliance.config import (
@@ -46,6 +48,9 @@ from datapath.agent import (
 from datapath.errors import TopicwireError
 from datapath.jit import JitWatch
 from datapath.topics.registry import KeyRegistry
+
+if TYPE_CHECKING:
+    from appliance.reload import Plan
 
 log = logging.getLogger("topicwire.appliance")
 
@@ -97,6 +102,20 @@ def _loopback_multicast() -> bool:
     return bool(flags & IFF_MULTICAST)
 
 
+def preload_registry(cfg: ApplianceConfig) -> KeyRegistry:
+    """The key registry to start with: ``pm.registry``'s entries (a file that does not load
+    is the config's error, ``ConfigError`` naming ``pm.registry``), else empty."""
+    registry = KeyRegistry()
+    if cfg.pm_registry is not None:
+        from datapath.topics.registry import RegistryError
+
+        try:
+            registry.merge(KeyRegistry.load(cfg.pm_registry).entries())
+        except RegistryError as exc:
+            raise ConfigError(f"pm.registry: {exc}") from None
+    return registry
+
+
 class Appliance:
     """See the module docstring."""
 
@@ -120,14 +139,7 @@ class Appliance:
         from nic_offload.softnic import SoftNic
 
         cfg = self.config
-        registry = KeyRegistry()
-        if cfg.pm_registry is not None:
-            from datapath.topics.registry import RegistryError
-
-            try:
-                registry.merge(KeyRegistry.load(cfg.pm_registry).entries())
-            except RegistryError as exc:
-                raise ConfigError(f"pm.registry: {exc}") from None
+        registry = preload_registry(cfg)
         warm_up()
         try:
             if cfg.fabric_listen is not None:
@@ -274,6 +286,28 @@ class Appliance:
             if runner is not None and runner.error is not None:
                 return runner.error
         return None
+
+    def reload(self, new: ApplianceConfig) -> Plan:
+        """Run with what of ``new`` (read and checked by ``load_config``) can change at run
+        time, keeping every session (docs/appliance.md, "Reload (SIGHUP)";
+        appliance/reload.py says which keys). Raises ``ConfigError`` for a config that would
+        not start (the checks ``start`` makes on files, e.g. ``pm.registry``), leaving the
+        running config in force. Logs each changed key that needs a restart; the caller
+        applies ``log.*`` (the process's logging) and logs the summary."""
+        from appliance.reload import plan
+
+        if new.pm_registry is not None:
+            preload_registry(new)  # the check start makes; a restart would load it
+        out = plan(self.config, new)
+        for key in out.restart:
+            log.warning("%s: config: %s changed: restart needed to apply it", self.config.name,
+                        key)
+        if out.control:
+            out.result = self.submit("reload", {"config": out.config})
+            if not out.result.get("ok"):
+                log.error("%s: reload: %s", self.config.name, out.result.get("error"))
+        self.config = out.config
+        return out
 
     # --- the management contract --------------------------------------------------------------
     def status(self) -> dict[str, Any]:
