@@ -241,8 +241,9 @@ class Appliance:
         if serve is not None:
             self.mgmt = serve(self, self.config)
 
-    def stop(self) -> None:
-        """Drain and stop (safe to call twice)."""
+    def stop(self, why: str = "stop") -> None:
+        """Drain and stop (safe to call twice); ``why`` goes into the drain's log line
+        (``topicwire run`` gives the signal's name)."""
         if self._stopped:
             return
         self._stopped = True
@@ -251,12 +252,26 @@ class Appliance:
             self.mgmt.close()
         if self._cp_runner is not None:
             self._stop_runner(self._cp_runner)
+        started = time.monotonic()
         if self.control is not None:
-            self.control.logout_all()  # the control thread has stopped: safe from here
-        deadline = time.monotonic() + cfg.drain_timeout_ms / 1e3
+            control = self.control
+            log.info("%s: draining (%s): logins refused, logging out %d client sessions and "
+                     "telling %d neighbours; queued frames get up to %d ms", cfg.name, why,
+                     len(control.sessions), sum(nb.up for nb in control.neighbours.values()),
+                     cfg.drain_timeout_ms)
+            control.logout_all()  # the control thread has stopped: safe from here
+        deadline = started + cfg.drain_timeout_ms / 1e3
         dp = self.dataplane
         while dp is not None and (dp.outbox or len(dp.commands)) and time.monotonic() < deadline:
             time.sleep(0.001)
+        if dp is not None and self.control is not None:
+            left = len(dp.outbox) + len(dp.commands)
+            if left:
+                log.warning("%s: drain: %d admin frames and commands still queued after %d ms "
+                            "(appliance.drain_timeout_ms); dropped", cfg.name, left,
+                            cfg.drain_timeout_ms)
+            else:
+                log.info("%s: drained in %.0f ms", cfg.name, (time.monotonic() - started) * 1e3)
         if self._dp_runner is not None:
             self._stop_runner(self._dp_runner)
         if dp is not None and dp.telemetry is not None:
