@@ -4,13 +4,13 @@ The config is read and checked first (docs/appliance.md lists the keys); any ref
 one message naming the key and exits 2 with nothing started. Once every channel is open and
 both agents run, one line ``topicwire: appliance NAME (id N) ready`` goes to standard output.
 
-Signals (docs/appliance.md, "Signals"): SIGTERM, SIGINT and SIGQUIT end the process the same
-clean way (logins refused, clients and neighbours logged out, queued frames drained within
-``appliance.drain_timeout_ms``, channels closed and the shared-memory ring removed), exit
-code 0. SIGHUP reloads the config file (``reload``): a config that does not pass the checks
-is refused with one log line and the running one stays in force; otherwise what can change at
-run time is applied and every other changed key is logged as needing a restart. SIGPIPE is
-ignored (a closed socket is an error of one send, not the process's end).
+Signals (docs/appliance.md, "Signals and reload"): SIGTERM, SIGINT and SIGQUIT end the
+process the same clean way (logins refused, clients and neighbours logged out, queued frames
+drained within ``appliance.drain_timeout_ms``, channels closed and the shared-memory ring
+removed), exit code 0. SIGHUP reloads the config file (``reload``): a config that does not
+pass the checks is refused with one log line and the running one stays in force; otherwise
+what can change at run time is applied and every other changed key is logged as needing a
+restart. SIGPIPE is ignored (a closed socket is an error of one send, not the process's end).
 """
 
 from __future__ import annotations
