@@ -4,6 +4,7 @@ docs/appliance.md, "Clients")."""
 
 
 import copy
+import logging
 import random
 import time
 from collections import Counter
@@ -426,11 +427,11 @@ class ClientSide:
             self.counters["entitlements_changed"] += 1
             self.counters["entitlement_withdrawn_subscriptions"] += withdrawn
             self.counters["entitlement_revoked_topics"] += len(revoked)
-            log.info("%s: client %r session %d: P&M changed its entitlements (%s); "
-                     "%d subscriptions withdrawn, %d registered topics taken back",
-                     self.cfg.name, session.identity, sid,
-                     "identity no longer known" if ents is pmod.NONE else "still known",
-                     withdrawn, len(revoked))
+            log.log(logging.INFO if withdrawn or revoked else logging.DEBUG,
+                    "%s: client %r session %d: P&M changed its entitlements%s: %d "
+                    "subscriptions withdrawn, %d registered topics taken back", self.cfg.name,
+                    session.identity, sid, " (it no longer knows the identity)"
+                    if ents is pmod.NONE else "", withdrawn, len(revoked))
 
     def logout_all(self) -> None:
         """Tell every client and neighbour the appliance is going away (shutdown)."""
