@@ -356,3 +356,55 @@ def test_every_config_field_is_either_reloaded_or_named_for_a_restart(tmp_path):
     assert out.restart == ["pm.mode", "pm.identities"] and out.applied == []
     assert out.config.identities == load_config(a).identities
     assert plan(load_config(a), load_config(a)).summary() == "nothing changed"
+
+
+def test_the_plan_names_each_changed_key_and_takes_only_the_run_time_ones(tmp_path):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text(config_text(1000, ALICE + '[mgmt]\nlisten = "127.0.0.1:1001"\n'))
+    (tmp_path / "routes.json").write_text("{}")
+    b.write_text(config_text(2000, ALICE.replace('["t/#"]', '["t/#", "u/#"]', 1) + """
+[pm.schemas.quote]
+id = 7
+fields = [["price", 0, "u32"]]
+[mgmt]
+listen = "127.0.0.1:1002"
+[log]
+format = "json"
+[routes]
+table = "routes.json"
+switch_hold_ms = 50
+"""))
+    running, new = load_config(a), load_config(b)
+    out = plan(running, new)
+    assert out.applied == ["pm.identities", "pm.schemas", "log.format", "routes.switch_hold_ms",
+                           "routes.table"]
+    assert out.restart == ["clients.udp", "mgmt.listen"] and out.control
+    assert out.identities == (0, 0, 1)
+    assert out.config.clients_udp == running.clients_udp  # kept until a restart
+    assert out.config.mgmt == running.mgmt
+    assert (out.config.identities, out.config.schemas, out.config.log, out.config.routes) == (
+        new.identities, new.schemas, new.log, new.routes)
+    assert out.summary().startswith("applied pm.identities (0 added, 0 removed, 1 changed), "
+                                    "pm.schemas, log.format")
+    assert out.summary().endswith("; 2 changed keys need a restart (clients.udp, mgmt.listen)")
+
+
+def test_a_reload_that_names_a_route_table_applies_it(tmp_path):
+    from appliance.node import Appliance
+
+    table = tmp_path / "routes.json"
+    table.write_text('{"routes": []}')
+    path = tmp_path / "a.toml"
+    path.write_text(config_text(free_port(), ALICE))
+    app = Appliance(load_config(path)).start()
+    try:
+        version = app.control.pm_doc["version"]
+        path.write_text(path.read_text() + '[routes]\ntable = "routes.json"\npoll_ms = 10\n')
+        out = app.reload(load_config(path))
+        assert out.applied == ["routes.table", "routes.poll_ms"] and out.result["ok"]
+        assert "pm_version" not in out.result  # P&M's inputs did not change
+        wait_for(lambda: app.status().get("counters", {}).get("control_route_tables_applied"))
+        assert app.control.pm_doc["version"] > version  # the table made a new version
+        assert app.reload(load_config(path)).summary() == "nothing changed"
+    finally:
+        app.stop()
