@@ -5,6 +5,8 @@ fails here, as a ``ConfigError`` naming the key, before any thread starts), comp
 first table snapshot, then starts the data-path thread and the control thread.
 ``stop()`` stops accepting logins, tells clients, lets queued frames leave within
 ``appliance.drain_timeout_ms``, stops both threads and closes the channels.
+``reload(config)`` applies what of a new config can change at run time (appliance/reload.py;
+``topicwire run`` calls it on SIGHUP).
 ``status()`` and ``submit()`` are the management contract (docs/appliance.md).
 """
 
@@ -14,7 +16,7 @@ import errno
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from appliance.build_info import version_line
 from appliance.config import (
@@ -46,6 +48,9 @@ from datapath.agent import (
 from datapath.errors import TopicwireError
 from datapath.jit import JitWatch
 from datapath.topics.registry import KeyRegistry
+
+if TYPE_CHECKING:
+    from appliance.reload import Plan
 
 log = logging.getLogger("topicwire.appliance")
 
@@ -97,6 +102,20 @@ def _loopback_multicast() -> bool:
     return bool(flags & IFF_MULTICAST)
 
 
+def preload_registry(cfg: ApplianceConfig) -> KeyRegistry:
+    """The key registry to start with: ``pm.registry``'s entries (a file that does not load
+    is the config's error, ``ConfigError`` naming ``pm.registry``), else empty."""
+    registry = KeyRegistry()
+    if cfg.pm_registry is not None:
+        from datapath.topics.registry import RegistryError
+
+        try:
+            registry.merge(KeyRegistry.load(cfg.pm_registry).entries())
+        except RegistryError as exc:
+            raise ConfigError(f"pm.registry: {exc}") from None
+    return registry
+
+
 class Appliance:
     """See the module docstring."""
 
@@ -120,14 +139,7 @@ class Appliance:
         from nic_offload.softnic import SoftNic
 
         cfg = self.config
-        registry = KeyRegistry()
-        if cfg.pm_registry is not None:
-            from datapath.topics.registry import RegistryError
-
-            try:
-                registry.merge(KeyRegistry.load(cfg.pm_registry).entries())
-            except RegistryError as exc:
-                raise ConfigError(f"pm.registry: {exc}") from None
+        registry = preload_registry(cfg)
         warm_up()
         try:
             if cfg.fabric_listen is not None:
@@ -229,8 +241,9 @@ class Appliance:
         if serve is not None:
             self.mgmt = serve(self, self.config)
 
-    def stop(self) -> None:
-        """Drain and stop (safe to call twice)."""
+    def stop(self, why: str = "stop") -> None:
+        """Drain and stop (safe to call twice); ``why`` goes into the drain's log line
+        (``topicwire run`` gives the signal's name)."""
         if self._stopped:
             return
         self._stopped = True
@@ -239,12 +252,26 @@ class Appliance:
             self.mgmt.close()
         if self._cp_runner is not None:
             self._stop_runner(self._cp_runner)
+        started = time.monotonic()
         if self.control is not None:
-            self.control.logout_all()  # the control thread has stopped: safe from here
-        deadline = time.monotonic() + cfg.drain_timeout_ms / 1e3
+            control = self.control
+            log.info("%s: draining (%s): logins refused, logging out %d client sessions and "
+                     "telling %d neighbours; queued frames get up to %d ms", cfg.name, why,
+                     len(control.sessions), sum(nb.up for nb in control.neighbours.values()),
+                     cfg.drain_timeout_ms)
+            control.logout_all()  # the control thread has stopped: safe from here
+        deadline = started + cfg.drain_timeout_ms / 1e3
         dp = self.dataplane
         while dp is not None and (dp.outbox or len(dp.commands)) and time.monotonic() < deadline:
             time.sleep(0.001)
+        if dp is not None and self.control is not None:
+            left = len(dp.outbox) + len(dp.commands)
+            if left:
+                log.warning("%s: drain: %d admin frames and commands still queued after %d ms "
+                            "(appliance.drain_timeout_ms); dropped", cfg.name, left,
+                            cfg.drain_timeout_ms)
+            else:
+                log.info("%s: drained in %.0f ms", cfg.name, (time.monotonic() - started) * 1e3)
         if self._dp_runner is not None:
             self._stop_runner(self._dp_runner)
         if dp is not None and dp.telemetry is not None:
@@ -274,6 +301,28 @@ class Appliance:
             if runner is not None and runner.error is not None:
                 return runner.error
         return None
+
+    def reload(self, new: ApplianceConfig) -> Plan:
+        """Run with what of ``new`` (read and checked by ``load_config``) can change at run
+        time, keeping every session (docs/appliance.md, "Reload (SIGHUP)";
+        appliance/reload.py says which keys). Raises ``ConfigError`` for a config that would
+        not start (the checks ``start`` makes on files, e.g. ``pm.registry``), leaving the
+        running config in force. Logs each changed key that needs a restart; the caller
+        applies ``log.*`` (the process's logging) and logs the summary."""
+        from appliance.reload import plan
+
+        if new.pm_registry is not None:
+            preload_registry(new)  # the check start makes; a restart would load it
+        out = plan(self.config, new)
+        for key in out.restart:
+            log.warning("%s: config: %s changed: restart needed to apply it", self.config.name,
+                        key)
+        if out.control:
+            out.result = self.submit("reload", {"config": out.config})
+            if not out.result.get("ok"):
+                log.error("%s: reload: %s", self.config.name, out.result.get("error"))
+        self.config = out.config
+        return out
 
     # --- the management contract --------------------------------------------------------------
     def status(self) -> dict[str, Any]:

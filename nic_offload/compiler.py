@@ -163,6 +163,11 @@ class OffloadCompiler:
         """Apply ``-pattern`` (a partial unsubscribe when a broader + entry stays)."""
         self._change_list(egress, namespace, pattern, lambda s: s.unsubscribe(pattern))
 
+    def withdraw(self, egress: str, pattern: str, namespace: int = 0) -> None:
+        """Remove the positive entry ``pattern`` from the egress's list without adding a
+        negative one (``SubscriptionList.withdraw``: a subscription taken back)."""
+        self._change_list(egress, namespace, pattern, lambda s: s.withdraw(pattern))
+
     def define_schema(self, schema: Schema) -> None:
         self._schemas[schema.name] = schema
 

@@ -4,6 +4,7 @@ docs/appliance.md, "Clients")."""
 
 
 import copy
+import logging
 import random
 import time
 from collections import Counter
@@ -384,6 +385,53 @@ class ClientSide:
             size += cost
         self._to_client((session.channel, dest), FrameType.REGISTRY_UPDATE, chunk,
                         {"version": self.registry.version}, session.session_id)
+
+    def _reentitle(self, doc: dict) -> None:
+        """A new P&M document: each session's identity gets the entitlements it now grants.
+        The session stays logged in (an identity P&M no longer knows keeps no entitlements);
+        a subscription the identity may no longer make is withdrawn from its lists (its
+        topics stop at once; the client is not told), and a topic it registered but may no
+        longer publish to is taken back (its messages are dropped and counted as denied).
+        Later requests are checked against the new entitlements (docs/appliance.md,
+        "Reload (SIGHUP)")."""
+        for session in list(self.sessions.values()):
+            ents = pmod.entitlements_of(doc, session.identity) or pmod.NONE
+            if ents == session.ents:
+                continue
+            session.ents = ents
+            sid = session.session_id
+            withdrawn = 0
+            for name, egress in self._session_lists(session):
+                for ns, sublist in list(egress.lists.items()):
+                    for pattern in sublist.positive_patterns():
+                        if not ents.may_subscribe(pattern):
+                            self.compiler.withdraw(name, pattern, ns)
+                            withdrawn += 1
+            revoked = []
+            for key in session.registered:
+                found = self.registry.lookup(key)
+                if found is None or not ents.may_publish(found[1]):
+                    revoked.append(key)
+            if withdrawn:
+                session.patterns = self._positive(f"c:{sid}")
+                if session.gport is not None:
+                    session.gpatterns = self._positive(f"g:{sid}")
+                session.qos = {k: q for k, q in session.qos.items()
+                               if k in session.patterns or k in session.gpatterns}
+                self._interest_dirty = True
+                self._tables_dirty = True
+            if revoked:
+                session.registered.difference_update(revoked)
+                self.dp.commands.offer(lambda sid=sid, keys=revoked: self.dp.revoke_keys(sid,
+                                                                                          keys))
+            self.counters["entitlements_changed"] += 1
+            self.counters["entitlement_withdrawn_subscriptions"] += withdrawn
+            self.counters["entitlement_revoked_topics"] += len(revoked)
+            log.log(logging.INFO if withdrawn or revoked else logging.DEBUG,
+                    "%s: client %r session %d: P&M changed its entitlements%s: %d "
+                    "subscriptions withdrawn, %d registered topics taken back", self.cfg.name,
+                    session.identity, sid, " (it no longer knows the identity)"
+                    if ents is pmod.NONE else "", withdrawn, len(revoked))
 
     def logout_all(self) -> None:
         """Tell every client and neighbour the appliance is going away (shutdown)."""

@@ -190,6 +190,7 @@ class FabricSide:
             routes[(int(src), int(dst))] = tuple(int(x) for x in path)
         self.overrides = routes
         self.routes_ext.on_pm(doc)
+        self._reentitle(doc)  # control/clients.py: sessions get the new entitlements
         self._topology_dirty = True
 
     def _merge_registry(self, entries: list, nb: Neighbour | None) -> list:

@@ -11,13 +11,19 @@ from collections import Counter
 from appliance.build_info import build_info
 from appliance.config import (
     STATUS_REFRESH_NS,
+    ApplianceConfig,
 )
+from appliance.control import pm as pmod
 from appliance.control.routing import path_cost
 from appliance.control.state import (
     log,
 )
 from appliance.dataplane.status_channels import channel_rows
 from datapath.protocol import admin_layout as al
+
+PM_RELOADED = ("identities", "anonymous", "namespaces", "schemas")
+"""The fields of P&M's document a reload rebuilds from the config (the routes and backups
+stay: they come from route tables and commands)."""
 
 
 class ManagementSide:
@@ -90,8 +96,41 @@ class ManagementSide:
             return {"ok": True, "pm_version": self.pm_doc["version"]}
         if command == "set_routes":  # a route table: appliance/control/route_apply.py
             return self.routes_ext.apply(args.get("table"))
+        if command == "reload":
+            return self._reload(args["config"])
         return {"ok": False, "error": f"control: unknown command {command!r}; known: "
-                "disconnect_client, set_route, clear_route, set_routes"}
+                "disconnect_client, set_route, clear_route, set_routes, reload"}
+
+    def _reload(self, new: ApplianceConfig) -> dict:
+        """``reload {"config"}``: run with ``new``, a config that differs from the running
+        one only in what can change at run time (appliance/reload.py decides that): the
+        ``[routes]`` settings and, at the P&M appliance, a new version of its document with
+        the new identities, anonymous flag, namespaces, schemas and duplicate patterns,
+        applied here (sessions get their new entitlements) and flooded like a route change.
+        Sessions stay; nothing else is touched."""
+        if not isinstance(new, ApplianceConfig):
+            raise TypeError("reload takes {\"config\": an ApplianceConfig}")
+        old, self.cfg = self.cfg, new
+        out: dict = {"ok": True}
+        if new.routes is not None and new.routes != old.routes:
+            self.routes_ext.reconfigure(new.routes)
+        if new.pm_mode != "embedded" or self.pm_doc is None:
+            return out
+        fresh = pmod.embedded_document(new)
+        doc = {**self.pm_doc, **{k: fresh[k] for k in PM_RELOADED}}
+        duplicate = new.routes.duplicate if new.routes is not None else ()
+        doc.pop("duplicate", None)
+        if duplicate:
+            doc["duplicate"] = [[ns, p] for ns in new.namespaces for p in duplicate]
+        if doc == self.pm_doc:
+            return out
+        self.pm_doc = {**doc, "version": max(int(self.pm_doc["version"]) + 1,
+                                              time.time_ns() // 1_000)}
+        self._apply_pm(self.pm_doc)
+        self._flood(al.ControlKind.PM_UPDATE, self.pm_doc)
+        self.counters["pm_reloads"] += 1
+        out["pm_version"] = self.pm_doc["version"]
+        return out
 
     # --- status -------------------------------------------------------------------------------
     def _build_status(self, now_ns: int) -> None:

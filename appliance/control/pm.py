@@ -47,6 +47,8 @@ class Entitlements:
 
 
 ALL = Entitlements(("#",), ("#",))
+NONE = Entitlements((), ())
+"""What a session keeps when P&M no longer knows its identity (it stays logged in)."""
 
 
 def entitlements_of(document: dict[str, Any] | None, identity: str) -> Entitlements | None:

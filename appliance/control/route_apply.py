@@ -212,6 +212,16 @@ class RouteExtension:
             at = min(at, self._poll_at_ns)
         return at
 
+    def reconfigure(self, settings: Any) -> None:
+        """New ``[routes]`` settings (a reload, docs/appliance.md "Reload (SIGHUP)"): the
+        switch hold and grace apply to the next path change; a new ``table`` path (or poll
+        period) is looked at on the next duty cycle and applied if it holds a table. Routes
+        already applied stay in P&M's document until a table or a command changes them."""
+        old, self.settings = self.settings, settings
+        if (settings.table, settings.poll_ns) != (old.table, old.poll_ns):
+            self._table_stamp = None
+            self._poll_at_ns = 0
+
     def do_work(self, now_ns: int) -> int:
         """Every appliance: end a switch hold; P&M: apply the route table file when it
         changed."""

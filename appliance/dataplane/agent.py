@@ -260,6 +260,15 @@ class DataPlaneAgent(Delivery, Output):
             session.allowed.update(keys)
             self.allowed_version += 1
 
+    def revoke_keys(self, session_id: int, keys: list[int]) -> None:
+        """Take back publish rights (an entitlement P&M no longer grants): the session's
+        messages with these keys are dropped and counted as denied from now on."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.allowed.difference_update(keys)
+            session._fastpath_allowed = None  # the sorted copy the fast paths search
+            self.allowed_version += 1
+
     # --- the duty cycle -----------------------------------------------------------------------
     def do_work(self, now_ns: int) -> int:
         self.cycle_ns = now_ns

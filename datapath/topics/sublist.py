@@ -116,6 +116,18 @@ class SubscriptionList:
             self._entries.append(Entry(False, pattern))
         self._drop_leading_negatives()
 
+    def withdraw(self, pattern: str) -> bool:
+        """Remove the positive entry ``pattern`` (no negative entry is added): the topics it
+        decided fall to the older entries, so the list delivers a subset of what it did and
+        every topic it still delivers is one a remaining positive entry matches. Used when an
+        entitlement is taken back (docs/appliance.md, "Reload (SIGHUP)"); True if found."""
+        kept = [e for e in self._entries if not (e.positive and e.pattern == pattern)]
+        if len(kept) == len(self._entries):
+            return False
+        self._entries = kept
+        self._drop_leading_negatives()
+        return True
+
     def decides(self, topic: str) -> bool:
         """Deliver ``topic``? The newest entry whose pattern matches it decides; none: no."""
         levels = split_topic(topic)

@@ -147,6 +147,19 @@ def test_a_subscribe_recompiles_only_the_keys_its_pattern_matches():
     assert after.version == before.version + 1
 
 
+def test_a_withdrawn_subscription_stops_its_topics_and_leaves_the_rest():
+    registry, compiler = _every_topic_compiler(e1=(1, "a/#"))
+    compiler.subscribe("e1", "b/+")
+    compiler.build()
+    compiler.withdraw("e1", "a/#")
+    assert compiler.pending_rows == len(TopicCatalog(TOPICS).matching("a/#"))
+    compiler.build()
+    rows = table_decisions(compiler, registry)
+    assert rows[(0, "a/b/c")][0] is KeyAction.DROP
+    assert rows[(0, "b/c")] == (KeyAction.FORWARD, (1,), 0)
+    assert [str(e) for e in compiler.egresses["e1"].lists[0].entries] == ["+b/+"]
+
+
 def test_keys_registered_after_a_build_get_rows_in_the_next_one():
     registry = KeyRegistry()
     compiler = OffloadCompiler(registry)

@@ -1,9 +1,16 @@
-"""``topicwire run --config FILE``: run one appliance until SIGTERM/SIGINT.
+"""``topicwire run --config FILE``: run one appliance until a signal ends it.
 
 The config is read and checked first (docs/appliance.md lists the keys); any refusal prints
 one message naming the key and exits 2 with nothing started. Once every channel is open and
 both agents run, one line ``topicwire: appliance NAME (id N) ready`` goes to standard output.
-SIGTERM or SIGINT drains and stops the appliance, exit code 0.
+
+Signals (docs/appliance.md, "Signals and reload"): SIGTERM, SIGINT and SIGQUIT end the
+process the same clean way (logins refused, clients and neighbours logged out, queued frames
+drained within ``appliance.drain_timeout_ms``, channels closed and the shared-memory ring
+removed), exit code 0. SIGHUP reloads the config file (``reload``): a config that does not
+pass the checks is refused with one log line and the running one stays in force; otherwise
+what can change at run time is applied and every other changed key is logged as needing a
+restart. SIGPIPE is ignored (a closed socket is an error of one send, not the process's end).
 """
 
 from __future__ import annotations
@@ -11,6 +18,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import logging
+
+    from appliance.node import Appliance
 
 WATCH_INTERVAL_S = 0.2
 """How often the main thread checks the agents while waiting for a signal."""
@@ -25,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT")
+"""Signals that drain and stop the appliance (exit code 0)."""
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     import signal
@@ -34,29 +51,88 @@ def run(args: argparse.Namespace) -> int:
     from appliance.node import Appliance
 
     config = load_config(args.config)
-    if not logging.getLogger().handlers:  # [log]: text or JSON lines on standard error
+    configured = not logging.getLogger().handlers
+    if configured:  # [log]: text or JSON lines on standard error
         from appliance.ops.mgmt.logs import configure
 
         configure(config.log, config.name)
-    stop = threading.Event()
+    log = logging.getLogger("topicwire.appliance")
+    wake = threading.Event()
+    received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
+        received.append(signum)  # handled by the main loop below, not in the handler
+        wake.set()
 
     sys.setswitchinterval(config.switch_interval_us / 1e6)  # a process of its own
     appliance = Appliance(config)
-    appliance.start()  # opens everything or raises, leaving nothing open
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # handlers first: a signal during the start waits for it, then is handled as below
+    handled = [getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP")]
+    previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    previous[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    try:
+        appliance.start()  # opens everything or raises, leaving nothing open
+    except BaseException:
+        restore()
+        raise
+    why = "stop"
     try:
         print(f"topicwire: appliance {config.name} (id {config.node_id}) ready", flush=True)
-        while not stop.wait(WATCH_INTERVAL_S):
+        while True:
+            wake.wait(WATCH_INTERVAL_S)
+            wake.clear()
             failure = appliance.failure()
             if failure is not None:
                 print(f"topicwire: appliance {config.name} failed: {failure!r}",
                       file=sys.stderr)
+                why = "failure"
                 return 1
+            stop_signal = None
+            while received:
+                signum = received.pop(0)
+                if signum == signal.SIGHUP:
+                    reload(appliance, args.config, configured, log)
+                else:
+                    stop_signal = signal.Signals(signum).name
+                    break
+            if stop_signal is not None:
+                why = stop_signal
+                log.info("%s: %s received: shutting down", config.name, stop_signal)
+                return 0
     finally:
-        appliance.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
+        appliance.stop(why)
+        restore()
+
+
+def reload(appliance: Appliance, path: Path, configured: bool, log: logging.Logger) -> None:
+    """SIGHUP: read ``path`` again with the checks made at start; refuse it (one log line,
+    the running config stays in force) or apply it (``Appliance.reload``, then the logging
+    when this process configured it) and log one line saying what was reloaded."""
+    import logging
+
+    from appliance.config import load_config
+    from appliance.errors import ConfigError
+
+    name = appliance.config.name
+    try:
+        outcome = appliance.reload(load_config(path))
+    except ConfigError as exc:
+        log.error("topicwire: %s (reload refused; the running config stays in force)", exc)
+        return
+    except Exception as exc:  # a bug must not end a running appliance
+        log.error("%s: reload of %s failed; the running config stays in force", name, path,
+                  exc_info=exc)
+        return
+    log.info("%s: reload of %s: %s", name, path, outcome.summary())
+    if any(key.startswith("log.") for key in outcome.applied):
+        if configured:
+            from appliance.ops.mgmt.logs import configure
+
+            configure(outcome.config.log, name)
+        else:  # someone else's handlers: the level only
+            logging.getLogger().setLevel(str(outcome.config.log.get("level", "info")).upper())

@@ -81,3 +81,25 @@ def test_replay_reads_requests_skips_blank_lines_and_names_a_bad_line():
     assert [str(e) for e in s.entries] == ["+a/#", "-a/b/#", "+a/+/c"]
     with pytest.raises(TopicError, match=r"^topics: line 2: invalid pattern 'a/b#'"):
         replay(["+a/#", "-a/b#"])
+
+
+def test_withdraw_takes_back_one_positive_entry_and_delivers_a_subset():
+    s = lst("+a/#", "-a/b/#", "+a/b/c")
+    assert s.withdraw("a/#")  # the older entry: a/b/c stays, the leading negative goes
+    assert [str(e) for e in s.entries] == ["+a/b/c"]
+    assert s.decides("a/b/c") and not s.decides("a/x")
+    assert not s.withdraw("a/#") and not s.withdraw("a/b/#")  # no such positive entry
+    rng = random.Random(20260101)
+    for _ in range(300):
+        requests = [rng.choice("+-") + random_pattern(rng) for _ in range(rng.randint(1, 8))]
+        s = lst(*requests)
+        positives = s.positive_patterns()
+        if not positives:
+            continue
+        gone = rng.choice(positives)
+        before = {t for t in TOPICS[::3] if s.decides(t)}
+        s.withdraw(gone)
+        after = {t for t in TOPICS[::3] if s.decides(t)}
+        assert after <= before, (requests, gone)
+        assert gone not in s.positive_patterns()
+        assert not s.entries or s.entries[0].positive
