@@ -16,8 +16,9 @@ PIP_STAMP   := $(VENV)/.pip-stamp
 PYVERBS_DIR := /usr/lib/python3/dist-packages/pyverbs
 PYVERBS_STAMP := $(VENV)/.pyverbs-stamp
 PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 60
 
-.PHONY: setup demo demo-cold test lint unit soak hwtest bench-rdma clean
+.PHONY: setup demo demo-cold test lint unit soak hwtest bench-rdma fuzz clean
 
 # The last step compiles every numba kernel with real traffic into the cache appliances load at
 # start (`topicwire warm`; a no-op until a kernel source changes): no first run compiles live.
@@ -67,6 +68,15 @@ unit: setup
 # `make unit` 5 times, then twice with both cores busy (stress-ng): the suite must not flake.
 soak: setup
 	$(PY) tests/soak.py
+
+# Hostile input (tests/fuzz): mutated frames at a live appliance's client and fabric ports,
+# FUZZ_SECONDS at each, then mutated inputs through every decoder for FUZZ_SECONDS; both run,
+# and it fails if either found a crash or an unaccounted frame (saved in tests/fuzz/corpus).
+fuzz: setup
+	@status=0; \
+	$(PY) -m tests.fuzz live --seconds $(FUZZ_SECONDS) || status=1; \
+	$(PY) -m tests.fuzz decoders --seconds $(FUZZ_SECONDS) || status=1; \
+	exit $$status
 
 # RDMA hardware tests: here if this machine has an RDMA device, else in a soft-RoCE QEMU guest
 # (hwtests/guest/launch.py; downloads a Debian kernel and virtme-ng the first time).

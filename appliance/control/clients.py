@@ -67,6 +67,7 @@ class ClientSide:
         if session is None or frame.header.source_session != session.session_id:
             self.counters["client_no_session"] += 1
             return
+        self.counters["client_admin_frames"] += 1  # its entries are counted as they go
         session.last_heard_ns = now_ns
         if ftype in (FrameType.SUBSCRIBE, FrameType.UNSUBSCRIBE):
             for entry in entries:
@@ -181,6 +182,7 @@ class ClientSide:
         dps = DpSession(sid, identity, channel, dest, tx)
         self.dp.commands.offer(lambda: self.dp.add_session(dps, (channel, peer)))
         self._tables_dirty = True
+        self.counters["login_accepted"] += 1
         log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
                  channel)
         self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))

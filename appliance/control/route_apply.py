@@ -95,19 +95,29 @@ class Deduplicator:
 
     def admit(self, buf: Any, off: int, length: int, src: int, stream: int) -> int:
         """Drop the messages of the frame at ``buf[off:off+length]`` seen before, compacting
-        the frame in place; returns its new length (0: nothing left)."""
+        the frame in place; returns its new length (0: nothing left).
+
+        The frame has not been validated yet (the software NIC does that next): one whose
+        messages do not exactly fill ``length`` (none, one running past the end, bytes
+        after the last) is returned whole and untouched, for the NIC to refuse and count."""
         count = _COUNT.unpack_from(buf, off + fl.MSG_COUNT_OFFSET)[0]
-        view = memoryview(buf)
-        pos = off + fl.FRAME_HEADER_BYTES
-        write = pos
-        kept = 0
         end = off + length
+        sizes = []
+        pos = off + fl.FRAME_HEADER_BYTES
         for _ in range(count):
             if pos + ml.MESSAGE_HEADER_BYTES > end:
-                break
-            key, seq = _MSG.unpack_from(buf, pos)
+                return length
             payload, topic = _LENS.unpack_from(buf, pos + ml.PAYLOAD_LEN_OFFSET)
             size = ml.MESSAGE_HEADER_BYTES + ((payload + topic + 7) & ~7)
+            sizes.append(size)
+            pos += size
+        if not sizes or pos != end:
+            return length
+        view = memoryview(buf)
+        pos = write = off + fl.FRAME_HEADER_BYTES
+        kept = 0
+        for size in sizes:
+            key, seq = _MSG.unpack_from(buf, pos)
             if self._new(src, stream, key, seq):
                 if write != pos:
                     view[write : write + size] = bytes(view[pos : pos + size])

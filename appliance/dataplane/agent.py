@@ -368,7 +368,8 @@ class DataPlaneAgent(Delivery, Output):
                     self.counters["inbox_full"] += 1
                 continue
             if stream == _PROBE and ftype == _DATA and msg_count == 0:
-                continue  # a telemetry probe: recorded on arrival, nothing to deliver
+                self.counters["probe_frames"] += 1  # recorded on arrival, nothing to deliver
+                continue
             reliable = not message or stream & RELIABLE_STREAM_BIT
             if group and reliable:  # reliable streams between neighbours are unicast
                 self.counters["group_off_path"] += 1
@@ -403,6 +404,7 @@ class DataPlaneAgent(Delivery, Output):
                     self.counters["transit_frames"] += 1
                     continue
                 if reliable:
+                    self.counters["guaranteed_frames_in"] += 1
                     try:
                         self.guaranteed.on_fabric_frame(memoryview(buf[off : off + length]),
                                                         ftype, src, stream, now_ns)
@@ -411,7 +413,8 @@ class DataPlaneAgent(Delivery, Output):
                     continue
                 if dst & route_apply.DUP_DEST_BIT:
                     kept = self.dedup.admit(buf, off, length, src, stream)
-                    if kept == 0:
+                    if kept == 0:  # every message of it was a copy seen before
+                        self.counters["duplicate_frames"] += 1
                         continue
                     batch.lengths[i] = kept
                 run_idx.append(i)
@@ -422,6 +425,7 @@ class DataPlaneAgent(Delivery, Output):
                     self.counters["unknown_client_frames"] += 1
                     continue
                 if reliable:
+                    self.counters["guaranteed_frames_in"] += 1
                     try:
                         self.guaranteed.on_client_frame(name, session, peer,
                                                         memoryview(buf[off : off + length]),
@@ -521,6 +525,7 @@ class DataPlaneAgent(Delivery, Output):
                     or pos + len(message) > scratch.slot_bytes):
                 close()
                 if scratch.count == scratch.capacity:
+                    self.counters["guaranteed_delivery_frames"] += scratch.count
                     self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
                     scratch.count = 0
                     ctxs = []
@@ -537,6 +542,7 @@ class DataPlaneAgent(Delivery, Output):
             count += 1
         close()
         if scratch.count:
+            self.counters["guaranteed_delivery_frames"] += scratch.count
             self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
 
 

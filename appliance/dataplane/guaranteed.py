@@ -186,7 +186,9 @@ class GuaranteedPlane:
 
     # --- senders ------------------------------------------------------------------------------
     def _to_node(self, frame: memoryview, dest: Any) -> None:
-
+        if dest is None:  # a receiver's answer on a stream it has no address for yet
+            self.counters["guaranteed_unroutable"] += 1
+            return
         hop = self.dp.tables.next_hop.get(int(dest))
         if hop is None:
             self.counters["guaranteed_unroutable"] += 1  # recovered by NAK once a path exists
@@ -197,6 +199,9 @@ class GuaranteedPlane:
         """Frames to a client by the peer id its frames came from (the receivers' replies)."""
 
         def route(frame: memoryview, dest: Any) -> None:
+            if dest is None:  # a receiver's answer on a stream it has no address for yet:
+                self.counters["guaranteed_unroutable"] += 1  # its first frame was beyond
+                return  # the window, and the recovery bound moved the stream on
             if channel == CLIENT_SHM:
                 session = self.dp.session_at(channel, int(dest))
                 if session is None:

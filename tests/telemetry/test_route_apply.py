@@ -84,6 +84,26 @@ def test_a_frame_with_some_seen_messages_keeps_only_the_new_ones_in_order():
     assert dedup.admit(old, 0, len(old), 7, 3) == 0
 
 
+def test_a_frame_whose_messages_do_not_fill_it_is_left_whole_for_the_nic():
+    """Deduplication runs before the software NIC validates a frame: one whose messages run
+    past its end, stop short of it or are none is returned untouched, whatever was seen (a
+    neighbour's such frame stopped the data path, tests/fuzz/corpus/live-cfc52c4e...)."""
+    dedup = Deduplicator()
+    seen = frame([message(1, 1, b"a")])
+    assert dedup.admit(seen, 0, len(seen), 7, 3) == len(seen)
+    over = frame([message(1, 1, b"a"), message(1, 2, b"b")])
+    struct.pack_into(">I", over, 32 + 48 + 32, 0xFFFF_FFF0)  # the second's payload_len
+    short = frame([message(1, 1, b"a"), message(1, 3, b"c")]) + bytes(8)
+    none = frame([])
+    buf = bytearray(4096)  # each in a larger buffer, as in a receive batch
+    for bad in (over, short, none):
+        buf[:] = bytes(4096)
+        buf[64 : 64 + len(bad)] = bad
+        before = bytes(buf)
+        assert dedup.admit(buf, 64, len(bad), 7, 3) == len(bad)
+        assert bytes(buf) == before
+
+
 def tables(**kw):
     return ForwardingTables(5, transit={(1, 9): (5, 77)}, **kw)
 
