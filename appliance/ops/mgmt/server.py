@@ -82,6 +82,9 @@ ENDPOINTS = (
     ("GET", "/status", "the whole status snapshot"),
     *(("GET", f"/{s}", f"the status snapshot's {s!r} section") for s in SECTIONS),
     ("GET", "/metrics", "Prometheus metrics"),
+    ("GET", "/healthz", "200 while the appliance's agents run, 503 once one failed (no token)"),
+    ("GET", "/readyz", "200 when it forwards: started, with P&M's document, not stopping; "
+     "else 503 with the reasons (no token)"),
     ("POST", "/routes", "set a route override {source, destination, path} (token)"),
     ("DELETE", "/routes", "clear a route override {source, destination} (token)"),
     ("DELETE", "/clients/<session>", "end a client session (token)"),
@@ -343,6 +346,26 @@ class MgmtServer:
                              "published its status yet; retry in a moment")
         return status
 
+    def health(self, path: str) -> tuple[int, dict[str, Any]]:
+        """``/healthz``: live (the agents run); ``/readyz``: ready to forward."""
+        failure = self.appliance.failure()
+        if failure is not None:
+            return HTTPStatus.SERVICE_UNAVAILABLE, {
+                "status": "failing", "error": _clip(f"{type(failure).__name__}: {failure}", 300)}
+        if path == "/healthz":
+            return HTTPStatus.OK, {"status": "ok"}
+        status = self.appliance.status()
+        reasons = []
+        if not status:
+            reasons.append("starting: no status published yet")
+        elif not (status.get("node") or {}).get("pm"):
+            reasons.append("no P&M document yet (logins are refused)")
+        if getattr(self.appliance, "_stopped", False):
+            reasons.append("stopping")
+        if reasons:
+            return HTTPStatus.SERVICE_UNAVAILABLE, {"status": "not ready", "reasons": reasons}
+        return HTTPStatus.OK, {"status": "ready"}
+
     def get(self, path: str) -> dict[str, Any]:
         if path == "/":
             node = self.appliance.status().get("node", {})
@@ -414,6 +437,8 @@ def _route(method: str, path: str) -> tuple[str, set[str]]:
         return "", allowed
     if path == "/metrics":
         return ("metrics" if method == "GET" else ""), {"GET"}
+    if path in ("/healthz", "/readyz"):
+        return ("health" if method == "GET" else ""), {"GET"}
     if path.startswith("/clients/") and path.count("/") == 2:
         return ("command" if method == "DELETE" else ""), {"DELETE"}
     known = ", ".join(f"{m} {p}" for m, p, _ in ENDPOINTS)
@@ -701,6 +726,9 @@ class _Handler(BaseHTTPRequestHandler):
             if self._body_length:
                 raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: GET {path} takes no body",
                                  close=True)
+            if kind == "health":  # for probes: no token, nothing but the verdict
+                self._json(*mgmt.health(path))
+                return
             if mgmt.reads_need_token:
                 mgmt.check_token(self.headers.get("Authorization"), f"GET {path}")
             if kind == "metrics":
