@@ -27,7 +27,7 @@ from appliance.dataplane import fastpath as _fastpath
 from appliance.node import Appliance
 from bench.fabric import _login, _request
 from channels.base import FrameBatch
-from channels.udp import UdpChannel
+from channels.udp import UdpChannel, peer_id_of
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol.codec import FrameWriter
@@ -189,6 +189,7 @@ def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
             wait_for(lambda: bool((a.dataplane.nic.switch.current.tables.lookup(keys) != 0)
                                   .all()))
             received = _watch_receives(a.channels["clients-udp"])
+            publisher = peer_id_of(*channel.local_address)
             cycle = None
             for batch in _bursts(session):
                 # hold a's data path in a command while the burst is sent, so the burst
@@ -220,10 +221,11 @@ def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
             while (msg := sub.get(timeout=0)) is not None:
                 got[name].setdefault(msg.topic, []).append((msg.sequence, msg.payload))
         # (every burst was received by now: its messages came before the end markers)
-        # client bursts of DATA frames of one client alone (another client's heartbeat or key
-        # resolution may share a receive with a burst: a mixed burst is the general loop's),
-        # and of those the ones big enough for the fast path
-        pure = [n for n, peers in received if len(peers) == 1]
+        # the publisher's bursts of DATA frames alone, sent once its keys were in a's tables
+        # (another client's heartbeat or key resolution may share a receive with a burst: a
+        # mixed burst is the general loop's), and of those the ones big enough for the fast
+        # path; the express and fast counters also count other clients' bursts (probes)
+        pure = [n for n, peers in received if peers == {publisher}]
         # a status of each appliance that counted every delivery its subscribers received
         # (the markers last), so every count is final
         sessions = {c.session: name for c, name in zip(clients, SUBSCRIBERS)}
@@ -283,11 +285,11 @@ def test_fast_paths_ran_and_deliver_exactly_what_the_general_loops_do(three_ways
     (slow, slow_counts), (fast, fast_counts), _ = three_ways
     assert slow_counts["fa"]["fast"] == (0, 0) and slow_counts["fb"]["fast"] == (0, 0)
     assert slow_counts["fa"]["express"] == 0 == fast_counts["fa"]["express"]
-    # on: a took every big client burst of the publisher alone (the bursts are sent once
-    # its keys are in a's tables) and its deliveries on arrays, b the fabric deliveries
+    # on: a took every big burst of the publisher alone (sent once its keys were in a's
+    # tables) and its deliveries on arrays, b the fabric deliveries
     fa = fast_counts["fa"]
     assert fa["pure_big_bursts"] >= 1
-    assert fa["fast"][0] == fa["pure_big_bursts"]
+    assert fa["fast"][0] >= fa["pure_big_bursts"]
     assert fa["fast"][1] >= fa["pure_big_bursts"]
     assert fast_counts["fb"]["fast"][1] >= 1
     assert fast == slow
@@ -296,13 +298,13 @@ def test_fast_paths_ran_and_deliver_exactly_what_the_general_loops_do(three_ways
 
 def test_the_express_path_ran_and_delivers_exactly_what_the_general_loops_do(three_ways):
     (slow, slow_counts), _, (express, express_counts) = three_ways
-    # every client burst of the publisher alone at a, of every size (the end marker's too),
-    # went the express way
+    # every burst of the publisher alone at a, of every size (the end marker's too), went
+    # the express way
     fa = express_counts["fa"]
     assert fa["pure_bursts"] >= ROUNDS // 2
-    assert fa["express"] == fa["pure_bursts"]
+    assert fa["express"] >= fa["pure_bursts"]
     # ... with the send to UDP subscribers in the same call (receive_forward)
-    assert fa["express_receives"] == fa["pure_bursts"]
+    assert fa["express_receives"] >= fa["pure_bursts"]
     assert slow_counts["fa"]["express_receives"] == 0
     assert express_counts["fa"]["fast"][0] <= 1  # client bursts: none left for the fast path
     assert express_counts["fb"]["fast"][1] >= 1  # b's fabric deliveries still take it
