@@ -60,6 +60,9 @@ WARM_STAMP = "warm.json"
 """File in the cache directory that ``topicwire warm`` writes when its traffic has run."""
 
 _configured: Path | None = None
+_preloaded: set[str] = set()
+"""Dispatchers whose cached signatures ``preload`` loaded (each index is read once per
+process: every ``connect()`` calls it)."""
 
 
 def _module_file(name: str) -> Path:
@@ -157,17 +160,21 @@ def _cached_signatures(dispatcher: Any) -> list[tuple]:
 
 
 def preload() -> dict[str, Any]:
-    """Load every cached signature of the imported kernel modules' dispatchers; returns
-    ``{"signatures": n, "seconds": s, "warmed": bool}`` (``warmed``: ``topicwire warm`` ran
-    for these sources). Never compiles: only what the cache holds is loaded."""
+    """Load every cached signature of the imported kernel modules' dispatchers not preloaded
+    before in this process; returns ``{"signatures": n, "seconds": s, "warmed": bool}``
+    (``warmed``: ``topicwire warm`` ran for these sources). Never compiles: only what the
+    cache holds is loaded."""
     started = time.perf_counter()
     loaded = 0
     try:
-        for dispatcher in dispatchers().values():
+        for name, dispatcher in dispatchers().items():
+            if name in _preloaded:  # its cache index was read once already in this process
+                continue
             for sig in _cached_signatures(dispatcher):
                 if sig not in dispatcher.overloads:
                     dispatcher.compile(sig)
                 loaded += 1
+            _preloaded.add(name)
     except Exception as exc:  # numba's cache internals moved: run without the preload
         log.warning("jit: cannot preload numba's cache in %s (%s: %s); kernels compile on "
                     "first use", cache_dir(), type(exc).__name__, exc)
