@@ -673,11 +673,19 @@ def test_generated_requests_get_json_answers_and_never_a_500(api, data):
 def test_afterwards_the_api_answers_and_the_log_holds_no_traceback(api):
     code, _, doc = http("GET", api.url + "/status")
     assert code == 200 and doc["node"]["name"] == "hostile"
-    time.sleep(0.5)  # the last requests' log lines
+    def refusals_logged(records: list[dict]) -> int:
+        return sum(doc["component"] == "mgmt" and doc["level"] == "debug"
+                   and doc["fields"].get("status", 0) >= 400 for doc in records)
+
+    def all_logged() -> bool:  # the last requests' records may still be on their way
+        try:
+            return refusals_logged(log_records(api.log())) >= api.refusals
+        except ValueError:  # a record half written
+            return False
+    wait_for(all_logged, timeout_s=10)
     records = assert_clean_log(api.log())
     # every refusal is in the log, one record each
-    logged = sum(doc["component"] == "mgmt" and doc["level"] == "debug"
-                 and doc["fields"].get("status", 0) >= 400 for doc in records)
+    logged = refusals_logged(records)
     assert logged >= api.refusals > 500, (logged, api.refusals, api.requests)
     # and counted: the API's own metrics
     code, _, text = http("GET", api.url + "/metrics")
