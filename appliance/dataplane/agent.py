@@ -285,16 +285,18 @@ class DataPlaneAgent(Delivery, Output):
         express = self.express if _express.ENABLED else None
         for name, batch, channel, fused in self._receivers:
             if fused and express is not None:  # receive, forward and send in one call
-                n, taken = express.receive(channel, batch, now_ns, RELIABLE_STREAM_BIT, _PROBE,
-                                           now_ns + PARKED_MESSAGE_TTL_NS)
+                n, taken, punts = express.receive(channel, batch, now_ns, RELIABLE_STREAM_BIT,
+                                                  _PROBE, now_ns + PARKED_MESSAGE_TTL_NS)
             else:
-                n, taken = channel.receive(batch, 0), _express.UNTRIED
+                n, taken, punts = channel.receive(batch, 0), _express.UNTRIED, None
             if n:
                 work += n
                 if telemetry is not None:
                     telemetry.on_batch(name, batch)
                 if taken != _express.TAKEN:
                     self._on_batch(name, batch, now_ns, taken == _express.UNTRIED)
+                elif punts:
+                    self._general(name, batch, punts, now_ns)
         if telemetry is not None:
             work += telemetry.do_work(now_ns, self.queue_frame)
         gp = self.guaranteed
@@ -319,8 +321,25 @@ class DataPlaneAgent(Delivery, Output):
 
     # --- classification -----------------------------------------------------------------------
     def _on_batch(self, name: str, batch: FrameBatch, now_ns: int, express: bool = True) -> None:
-        """Classify and run a received burst (``express``: may the express path try it; not
-        when its receive already declined it)."""
+        """Run a received burst: through the forwarding pipeline (``express``: may it try;
+        not when its receive already declined the burst), which leaves the general loop
+        only the frames it punts, or through the general loop alone."""
+        # a snapshot that came after this cycle began: parked messages go before these
+        self.rerun_parked_before(self.nic.switch.current.version, now_ns)
+        if express and _express.ENABLED and not name.startswith(GROUP_RX):
+            punts = self.express.run(name, batch, now_ns, RELIABLE_STREAM_BIT, _PROBE,
+                                     now_ns + PARKED_MESSAGE_TTL_NS)
+            if punts is not None:
+                if punts:
+                    self._general(name, batch, punts, now_ns)
+                return
+        self._general(name, batch, range(batch.count), now_ns)
+
+    def _general(self, name: str, batch: FrameBatch, frames: Any, now_ns: int) -> None:
+        """The general loop over the burst's ``frames`` (indexes): classify each by its
+        header and run it. It handles the frames the pipeline punts (admin frames, reliable
+        streams, probes, strangers, frames off their path), and every frame when the
+        pipeline is off (``express.ENABLED``): it is the pipeline's test oracle."""
         n = batch.count
         buf = batch.buf
         tables = self.tables
@@ -330,21 +349,10 @@ class DataPlaneAgent(Delivery, Output):
         fabric = name == FABRIC
         group = name.startswith(GROUP_RX)
         own = self._own_group_senders.get(name)
-        # a snapshot that came after this cycle began: parked messages go before these
-        self.rerun_parked_before(self.nic.switch.current.version, now_ns)
-        if not (fabric or group):  # a plain burst of one client: one compiled call
-            if express and _express.ENABLED and self.express.ingress(name, batch, now_ns,
-                                                         RELIABLE_STREAM_BIT, _PROBE, deadline):
-                return
-            # else a uniform burst from one client: on arrays
-            fast = _fastpath.client_burst(self, name, batch, deadline, RELIABLE_STREAM_BIT)
-            if fast is not None:
-                self._run(batch, *fast, now_ns)
-                return
         offsets = batch.offsets[:n].tolist()  # Python ints: no numpy scalar per field
         lengths = batch.lengths[:n].tolist()
         peers = batch.peer_ids[:n].tolist()
-        for i in range(n):
+        for i in frames:
             off = offsets[i]
             length = lengths[i]
             peer = peers[i]

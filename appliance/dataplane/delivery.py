@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from appliance.config import (
-    PARKED_MESSAGES,
-)
+from appliance.config import PARKED_MESSAGE_TTL_NS, PARKED_MESSAGES
 from appliance.control import route_apply
+from appliance.dataplane import express as _express
 from appliance.dataplane import fastpath as _fastpath
 from appliance.dataplane.names import FABRIC
 from appliance.dataplane.state import (
@@ -212,7 +211,9 @@ class Delivery:
                 scratch.lengths[slot] = size
                 scratch.count = slot + 1
                 ctxs.append(ctx)
-            self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
+            if not (_express.ENABLED and self.express.run_given(scratch, ctxs, now_ns,
+                                                                 now_ns + PARKED_MESSAGE_TTL_NS)):
+                self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
         self.counters["parked_reruns"] += total
         return total
 

@@ -1,17 +1,21 @@
-"""The express path of the data-path agent: a client's burst from the receive buffer to
-finished egress frames in one compiled call.
+"""The forwarding pipeline of the data-path agent: a received burst from the receive buffer
+to finished egress frames in one compiled call, whatever it mixes.
 
 The agent's general loop (appliance/dataplane/agent.py) spends a few microseconds of Python per
 frame, per descriptor and per message framed, on top of a fixed cost per step; for a burst
-of one frame that was ~100 us of a ~110 us duty cycle, which capped how many one-message
-frames an appliance forwards and put every message behind the ones before it. ``ingress``
-does the same work in one numba kernel (``appliance.dataplane._kernels.ingress``), which runs the
-software NIC's own kernel (``nic_offload.softnic.run_burst``) inside it, so a burst costs
-one call:
+of one frame that was ~100 us of a ~110 us duty cycle. ``Express.run`` does the same work in
+one numba kernel (``appliance.dataplane._kernels.pipeline``), which runs the software NIC's
+own kernel (``nic_offload.softnic.run_burst``) inside it, for every burst of the clients'
+UDP socket, the clients' shared memory and the fabric's unicast socket:
 
-1. the burst must be plain DATA frames of one client session (every frame from the peer
-   the session logged in from, with its session id as the source, none on a reliable stream
-   or a telemetry probe); otherwise nothing is done and the general loop takes it;
+1. every frame is classified by its header: a plain DATA frame of a client session (from the
+   peer the session logged in from, with its session id as the source) is that session's
+   publish; a plain DATA frame from a neighbour, on the path of its (source, destination)
+   through this node, is in transit (copied whole to its next hop) or delivered here; what
+   is left (admin frames, reliable streams and their control, telemetry probes, strangers,
+   frames off their path or duplicated, malformed frames) is *punted*: the agent's general
+   loop takes those frames alone, after the call, as it always did. A burst that mixes
+   sessions, peers and origins is split per frame by its own context inside the kernel;
 2. the software NIC runs the frames (verdicts, counters, digests, descriptors as always);
 3. every egress port the descriptors name (a multicast group: each of its ports) must be
    one the kernel can frame for: a UDP or shared-memory client, a destination appliance
@@ -19,25 +23,26 @@ one call:
    client gone, a destination without a path (``unroutable``); guaranteed egresses, fabric
    groups, duplication mode and out queues without room are the general loop's, which then
    delivers the NIC's results (``DataPlaneAgent._deliver``) as it would have;
-4. the publish entitlement of each forwarded message (a binary search in the session's
-   sorted keys), then the messages are framed per (queue, peer, destination session) in
-   descriptor order into the out queues' batches, headers finished, exactly as
-   ``_OutQueue.add_message`` and ``_finish`` frame them; the agent sends them at the end of
-   its cycle as any other frame.
+4. the publish entitlement of each message of a publish (a binary search in its session's
+   sorted keys), then the messages are framed per (queue, peer, destination session,
+   source, stream) in descriptor order into the out queues' batches, headers finished,
+   exactly as ``_OutQueue.add_message`` and ``_finish`` frame them; the agent sends them at
+   the end of its cycle as any other frame.
 
 For the clients' UDP socket the agent's receive is itself part of the call
-(``Express.receive``, kernel ``receive_forward``): the ``recvmmsg``, the lookup of the
-sender's session by its peer id (``SessionTable``), the steps above, and the ``sendmmsg``
-of the frames for UDP clients are one kernel call, so no Python runs between a datagram's
-arrival and its forward's send. What the kernels deliver is counted in arrays (per session
-row, per egress port, the agent's totals, the frames and bytes sent) that ``Express.fold``
-adds to the sessions, the counters and the channel's statistics before the agent publishes
-its status, instead of Python after every burst.
+(``Express.receive``, kernel ``receive_forward``): the ``recvmmsg``, the steps above, and
+the ``sendmmsg`` of the frames for UDP clients are one kernel call, so no Python runs
+between a datagram's arrival and its forward's send. What the kernels deliver is counted in
+arrays (per session row, per egress port, the agent's totals, the frames and bytes sent)
+that ``Express.fold`` adds to the sessions, the counters and the channel's statistics before
+the agent publishes its status, instead of Python after every burst.
 
-The egress tables the kernel reads (``ExpressPlan``: per port its kind, out queue, peer and
-destination session; multicast groups flattened) are rebuilt when the forwarding tables,
-the sessions or the snapshot change, the session table when the sessions or their keys do.
-``ENABLED`` switches the path off (the tests run the same traffic both ways and compare).
+The tables the kernel reads (``ExpressPlan``: per port its kinds, out queue, peer and
+destination session, multicast groups flattened, the neighbours' peers and the transit
+paths) are rebuilt when the forwarding tables, the sessions or the snapshot change, the
+session table when the sessions or their keys do. ``ENABLED`` switches the pipeline off:
+the general loop, which stays as its test oracle, then does everything (the differential
+tests run the same traffic both ways and compare).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ import numpy as np
 
 from appliance.dataplane import fastpath as _fastpath
 from appliance.dataplane._kernels import (
+    C_INGRESS,
+    C_LOCAL,
     CODE,
     CTL_WORDS,
     DECLINED,
@@ -61,22 +68,29 @@ from appliance.dataplane._kernels import (
     K_SKIP,
     K_UNROUTABLE,
     NIC_ONLY,
+    P_LOCAL,
+    PORT_WORDS,
     PORTS,
+    PUNTED,
     QCAPACITY,
     QCOUNT,
     QMAX,
+    QSLOT,
     RESULT_WORDS,
     RX_COUNT,
     RX_EXTRA,
+    SELECTED,
     SENT,
     SENT_SOME,
-    SESSION,
+    SOURCE_CLIENTS,
+    SOURCE_FABRIC,
+    SOURCE_GIVEN,
     T_BYTES_SENT,
     T_FRAMES_SENT,
     TOTAL_NAMES,
     TOTAL_WORDS,
     UNKNOWN,
-    ingress,
+    pipeline,
     receive_forward,
 )
 from channels import _mmsg
@@ -93,16 +107,27 @@ them as they are)."""
 
 @dataclass
 class ExpressPlan:
-    """The egress tables the kernel reads, for one (tables, sessions, snapshot)."""
+    """The tables the kernel reads, for one (tables, sessions, snapshot)."""
 
     ports: np.ndarray
-    """(port, 4) int64: kind, out queue, peer, destination session."""
+    """(port, PORT_WORDS) int64: kind for a publish, out queue, peer, destination session,
+    kind for a neighbour's frame delivered here."""
     owners: list
     """Port -> the DpSession it delivers to (its ``delivered`` count), else None."""
     group_start: np.ndarray
     group_len: np.ndarray
     group_ports: np.ndarray
     """Multicast group g's ports: ``group_ports[group_start[g]:][:group_len[g]]``."""
+    fab_peers: np.ndarray
+    """Sorted int64 fabric peer ids of the neighbours that are up ..."""
+    fab_nodes: np.ndarray
+    """... and their node ids."""
+    tr_keys: np.ndarray
+    """Sorted int64 (source << 32 | destination) of the paths through or to this node ..."""
+    tr_prev: np.ndarray
+    """... the node before this one on each ..."""
+    tr_next: np.ndarray
+    """... and the fabric peer of its next hop (-1: this node is the destination)."""
 
 
 def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan | None:
@@ -112,7 +137,7 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
     tables = dp.tables
     if tables.dup_keys:
         return None
-    ports = np.zeros((PORTS, 4), np.int64)  # kind K_NONE
+    ports = np.zeros((PORTS, PORT_WORDS), np.int64)  # kinds K_NONE
     owners: list = [None] * PORTS
     for port, (what, arg) in tables.ports.items():
         if not 0 <= port < PORTS:
@@ -121,21 +146,23 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
         if what == "client":
             session = dp.sessions.get(arg)
             if session is None:
-                row[0] = K_SKIP
+                row[0] = row[P_LOCAL] = K_SKIP
             elif session.channel != queues[FABRIC_Q] and session.channel in queues:
                 row[:] = (K_DELIVER, queues.index(session.channel), session.dest,
-                          session.session_id)
+                          session.session_id, K_DELIVER)
                 owners[port] = session
             else:
-                row[0] = K_GENERAL
+                row[0] = row[P_LOCAL] = K_GENERAL
         elif what == "node" and not tables.group_direct.get(arg):
             hop = tables.next_hop.get(arg)
             if hop is None:
                 row[0] = K_UNROUTABLE
             else:
-                row[:] = (K_DELIVER, FABRIC_Q, hop, arg)
+                row[:4] = (K_DELIVER, FABRIC_Q, hop, arg)
+            row[P_LOCAL] = K_SKIP  # a neighbour's frame goes to this node's clients only
         else:  # guaranteed egresses, destinations over a fabric group
             row[0] = K_GENERAL
+            row[P_LOCAL] = K_SKIP  # (for a plain frame from a neighbour: nothing)
     groups = snapshot.entries.groups
     top = max((g.group_id for g in groups), default=0)
     start = np.zeros(top + 1, np.int64)
@@ -145,13 +172,22 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
         start[g.group_id] = len(flat)
         count[g.group_id] = len(g.ports)
         flat.extend(g.ports)
-    return ExpressPlan(ports, owners, start, count, np.asarray(flat or [0], np.int64))
+    peers = sorted(tables.peer_node.items())
+    paths = sorted(((src << 32) | dst, prev, -1 if nxt is None else nxt)
+                   for (src, dst), (prev, nxt) in tables.transit.items()
+                   if 0 <= src < 1 << 31 and 0 <= dst < 1 << 31)
+    return ExpressPlan(ports, owners, start, count, np.asarray(flat or [0], np.int64),
+                       np.asarray([p for p, _ in peers], np.int64),
+                       np.asarray([n for _, n in peers], np.int64),
+                       np.asarray([k for k, _, _ in paths], np.int64),
+                       np.asarray([p for _, p, _ in paths], np.int64),
+                       np.asarray([n for _, _, n in paths], np.int64))
 
 
 @dataclass
 class SessionTable:
-    """The agent's client sessions by row: the kernels count per row, and ``receive_forward``
-    finds a UDP burst's sender by its peer id."""
+    """The agent's client sessions by row: the kernels count per row, and find a client
+    frame's session by its channel and peer id."""
 
     sessions: list
     """Row -> its DpSession."""
@@ -162,34 +198,37 @@ class SessionTable:
     bounds: np.ndarray
     """Row r's publishable keys are ``keys[bounds[r]:bounds[r + 1]]`` (sorted uint64)."""
     keys: np.ndarray
-    udp_peers: np.ndarray
-    """Sorted int64 peer ids of the sessions logged in over the clients' UDP channel ..."""
-    udp_rows: np.ndarray
-    """... and their rows."""
+    peers: dict
+    """Channel name -> (sorted int64 peer ids of the sessions logged in over it, their rows)."""
     counts: np.ndarray
     """(row, 2) int64: messages published and denied since the last ``Express.fold``."""
 
 
-def build_sessions(dp: Any, udp_channel: str) -> SessionTable:
-    """The table of the agent's sessions (``udp_channel``: the clients' UDP channel)."""
+_NO_PEERS = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def build_sessions(dp: Any) -> SessionTable:
+    """The table of the agent's sessions."""
     by_peer = sorted(((name, peer), session) for (name, peer), session in dp._by_peer.items())
     sessions = [session for _, session in by_peer]
     keys = [_fastpath._allowed(session) for session in sessions]
     bounds = np.zeros(len(sessions) + 1, np.int64)
     bounds[1:] = np.cumsum([len(k) for k in keys], dtype=np.int64)
-    udp = [(peer, row) for row, ((name, peer), _) in enumerate(by_peer) if name == udp_channel]
+    peers: dict[str, list[tuple[int, int]]] = {}
+    for row, ((name, peer), _) in enumerate(by_peer):
+        peers.setdefault(name, []).append((peer, row))
     return SessionTable(
         sessions, {s.session_id: row for row, s in enumerate(sessions)},
         np.asarray([s.session_id for s in sessions], np.int64), bounds,
         np.concatenate(keys) if keys else np.zeros(0, np.uint64),
-        np.asarray([peer for peer, _ in udp], np.int64),
-        np.asarray([row for _, row in udp], np.int64),
+        {name: (np.asarray([p for p, _ in rows], np.int64),
+                np.asarray([r for _, r in rows], np.int64)) for name, rows in peers.items()},
         np.zeros((len(sessions), 2), np.int64))
 
 
 class Express:
-    """The express path of one data-path agent: its plan, session table, arrays and the
-    kernels' compiled entry points.
+    """The forwarding pipeline of one data-path agent: its plan, session table, arrays and
+    the kernels' compiled entry points.
 
     The kernels count what they deliver in arrays (per session row, per egress port, and
     the agent's totals) instead of handing the counts back per burst; ``fold`` adds them to
@@ -205,7 +244,7 @@ class Express:
         self.plan: ExpressPlan | None = None
         self._plan_for: tuple = (None, -1, -1)
         """(tables, sessions version, snapshot version) the plan was built for."""
-        self.sessions = build_sessions(dp, queues[0])
+        self.sessions = build_sessions(dp)
         self._sessions_for: tuple = (dp.sessions_version, dp.allowed_version)
         """(sessions version, allowed keys version) the session table was built for."""
         self.ctl = np.zeros(CTL_WORDS, np.int64)
@@ -219,6 +258,13 @@ class Express:
             self._queue_arrays += [b.buf, b.offsets, b.lengths, b.peer_ids]
             self.ctl[QCAPACITY + i] = b.capacity
             self.ctl[QMAX + i] = q.max_frame_bytes
+        self.ctl[QSLOT] = self._queues[FABRIC_Q].batch.slot_bytes
+        frames = max(batch.capacity for batch in dp._rx.values()) if dp._rx else 1
+        self._sel = (np.zeros(frames, np.int64), np.zeros(frames, np.int64),
+                     np.zeros(frames, np.int64), np.zeros((frames, 3), np.int64),
+                     np.zeros(frames, np.int64))
+        """The kernel's per-frame outputs: the NIC's frames (offsets, lengths, index in the
+        burst), their contexts, and which frames were punted."""
         self._clock = np.zeros(2, np.int64)
         self._clock_addr, self._clock_keep = _mmsg.address_of(self._clock)
         self._fused_args: tuple = ()
@@ -238,20 +284,21 @@ class Express:
         _snap, state = self.dp.nic.burst_state()
         empty = np.zeros(1, np.int64)
         keys = np.zeros(0, np.uint64)
-        fan = (np.zeros((1, 4), np.int64), empty, empty, empty)
-        counts = (self.ctl, np.zeros((1, 2), np.int64), self.port_delivered, self.totals)
-        args = (self._queue_arrays[0], empty, empty, empty, 0, 0, 0, 0, 0, 0, keys, *fan,
-                *self._queue_arrays, *counts, *state)
-        ingress(*args)
+        fan = (np.zeros((1, PORT_WORDS), np.int64), empty, empty, empty)
+        counts = (np.zeros((1, 2), np.int64), self.port_delivered, self.totals)
+        tables = (empty, empty, empty, empty, keys, empty, empty, empty, empty, empty)
+        args = (self._queue_arrays[0], empty, empty, empty, 0, 0, *tables, 0, 0, 0, *fan,
+                *self._queue_arrays, self.ctl, *self._sel, *counts, *state)
+        pipeline(*args)
         vec = _mmsg.MmsgVector(1)
         words = (vec.h64, vec.iov64, vec.names64, vec.controls64)
         fused = (0, 0, 0, *words, 0, 0, 0, -1, _mmsg.RECVMMSG_ADDRESS, 0, 0, empty,
-                 self._queue_arrays[0], empty, empty.copy(), empty.copy(), empty, empty,
-                 empty, empty, keys, 0, 0, 0, *fan, *self._queue_arrays, *counts, *words[:3],
+                 self._queue_arrays[0], empty, empty.copy(), empty.copy(), *tables, 0, 0, 0,
+                 *fan, *self._queue_arrays, self.ctl, *self._sel, *counts, *words[:3],
                  0, 0, 0, -1, _mmsg.SENDMMSG_ADDRESS, _mmsg.ERRNO_LOCATION_ADDRESS, 0,
                  self._clock, 0, vec.send_result, *state)
         receive_forward(*fused)
-        return (ingress.overloads[tuple(numba.typeof(a) for a in args)].entry_point,
+        return (pipeline.overloads[tuple(numba.typeof(a) for a in args)].entry_point,
                 receive_forward.overloads[tuple(numba.typeof(a) for a in fused)].entry_point)
 
     def _current_plan(self, snapshot: Any) -> ExpressPlan | None:
@@ -268,7 +315,7 @@ class Express:
         dp = self.dp
         if self._sessions_for != (dp.sessions_version, dp.allowed_version):
             self.fold()
-            self.sessions = build_sessions(dp, self.queues[0])
+            self.sessions = build_sessions(dp)
             self._sessions_for = (dp.sessions_version, dp.allowed_version)
         return self.sessions
 
@@ -301,61 +348,100 @@ class Express:
                                                int(totals[T_BYTES_SENT]))
             totals[:] = 0
 
-    def ingress(self, name: str, batch: Any, now_ns: int, reliable_bit: int, probe: int,
-                deadline: int) -> bool:
-        """Run a client burst the express way; False when the general loop must take it
-        (nothing done)."""
+    def _ready(self, now_ns: int, rerun: bool = True) -> tuple[Any, Any, ExpressPlan] | None:
+        """(snapshot, NIC state, plan) when the kernel may run now, else None: no frame being
+        built by the general loop (it keeps the order), parked messages rerun first on the
+        snapshot the kernel uses (``rerun``), and a plan (not in duplication mode)."""
         dp = self.dp
-        n = batch.count
-        peer = int(batch.peer_ids[0])
-        session = dp._by_peer.get((name, peer))
-        if session is None:
-            return False
-        queues = self._queues
-        q0, q1, q2 = queues
+        q0, q1, q2 = self._queues
         if q0._open or q1._open or q2._open:
-            return False  # a frame the general loop is building: it keeps the order
+            return None
         snap, state = dp.nic.burst_state()
-        if dp.rerun_parked_before(snap.version, now_ns):  # on the snapshot the kernel uses
+        if rerun and dp.rerun_parked_before(snap.version, now_ns):
             snap, state = dp.nic.burst_state()
             if dp._parked and snap.version != dp._parked_version:
-                return False  # another snapshot meanwhile: the general loop sees to it
+                return None  # another snapshot meanwhile: the general loop sees to it
         plan = self._current_plan(snap)
+        return None if plan is None else (snap, state, plan)
+
+    def run(self, name: str, batch: Any, now_ns: int, reliable_bit: int, probe: int,
+            deadline: int) -> list[int] | None:
+        """Run a burst of channel ``name`` (the clients' or the fabric's) through the
+        pipeline: the indexes of the frames it punted (the general loop's to handle), or
+        None when the general loop must take the whole burst (nothing done)."""
+        ready = self._ready(now_ns)
+        if ready is None:
+            return None
+        snap, state, plan = ready
         table = self._current_sessions()
-        row = table.rows.get(session.session_id)
-        if plan is None or row is None:
+        dp = self.dp
+        if name == self.queues[FABRIC_Q]:
+            source = SOURCE_FABRIC
+            cli_peers, cli_rows = _NO_PEERS
+        else:
+            source = SOURCE_CLIENTS
+            cli_peers, cli_rows = table.peers.get(name, _NO_PEERS)
+        self._load_counts()
+        self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
+                   source, cli_peers, cli_rows, table.ids, table.bounds, table.keys,
+                   plan.fab_peers, plan.fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
+                   reliable_bit, probe, dp.node_id, plan.ports, plan.group_start,
+                   plan.group_len, plan.group_ports, *self._queue_arrays, self.ctl,
+                   *self._sel, table.counts, self.port_delivered, self.totals, *state)
+        return self._settle(table, snap, batch, now_ns, deadline)
+
+    def run_given(self, batch: Any, ctxs: list[tuple], now_ns: int, deadline: int) -> bool:
+        """Run the agent's own burst (parked messages again, one frame each) with the general
+        loop's contexts ``ctxs`` through the pipeline; False when the general loop must
+        (nothing done): a context of the guaranteed class or of a session gone."""
+        ready = self._ready(now_ns, rerun=False)
+        if ready is None:
             return False
+        snap, state, plan = ready
+        table = self._current_sessions()
+        fctx = self._sel[3]
+        for i, (ingress, origin, stream, session, _, cls) in enumerate(ctxs):
+            if cls:
+                return False
+            if ingress:
+                row = table.rows.get(session.session_id)
+                if row is None:
+                    return False
+                fctx[i] = (C_INGRESS, row, session.session_id)
+            else:
+                fctx[i] = (C_LOCAL, origin, stream)
+        self._load_counts()
+        self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
+                   SOURCE_GIVEN, *_NO_PEERS, table.ids, table.bounds, table.keys,
+                   plan.fab_peers, plan.fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
+                   0, -1, self.dp.node_id, plan.ports, plan.group_start, plan.group_len,
+                   plan.group_ports, *self._queue_arrays, self.ctl, *self._sel, table.counts,
+                   self.port_delivered, self.totals, *state)
+        return self._settle(table, snap, batch, now_ns, deadline, ctxs) is not None
+
+    def _load_counts(self) -> None:
         ctl = self.ctl
+        q0, q1, q2 = self._queues
         ctl[QCOUNT] = q0.batch.count
         ctl[QCOUNT + 1] = q1.batch.count
         ctl[QCOUNT + 2] = q2.batch.count
-        self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, n,
-                   session.session_id, row, reliable_bit, probe, dp.node_id,
-                   table.keys[table.bounds[row]:table.bounds[row + 1]], plan.ports,
-                   plan.group_start, plan.group_len, plan.group_ports, *self._queue_arrays,
-                   ctl, table.counts, self.port_delivered, self.totals, *state)
-        return self._settle(session, snap, batch, now_ns, deadline)
 
     def receive(self, channel: Any, batch: Any, now_ns: int, reliable_bit: int, probe: int,
-                deadline: int) -> tuple[int, int]:
+                deadline: int) -> tuple[int, int, list[int]]:
         """The clients' UDP receive of a cycle: (frames received, ``TAKEN``, ``UNTRIED`` or
-        ``DECLINED_BURST``). With nothing in the way (no frame being built, no parked
-        message to rerun first, a plan) the receive, the express ingress and the send of
-        the UDP clients' queue are one call (``receive_forward``): after a datagram arrives
-        no Python runs before its forward is sent. Else, or when the kernel declines the
-        burst, the frames are left in ``batch`` for the general loop."""
+        ``DECLINED_BURST``, the frames the pipeline punted). With nothing in the way (see
+        ``_ready``) the receive, the pipeline and the send of the UDP clients' queue are one
+        call (``receive_forward``): after a datagram arrives no Python runs before its
+        forward is sent. Else, or when the kernel declines the burst, the frames are left in
+        ``batch`` for the general loop."""
         dp = self.dp
-        q0, q1, q2 = self._queues
-        plan = None
-        if not (channel.closed or q0._open or q1._open or q2._open
-                or channel.multicast_sender):
-            snap, state = dp.nic.burst_state()
-            # parked messages (keys unknown) would park again on this snapshot: later
-            # bursts may go on (as in the general loop); on a newer one they run first
-            if not dp._parked or snap.version == dp._parked_version:
-                plan = self._current_plan(snap)
-        if plan is None:
-            return channel.receive(batch, 0), UNTRIED
+        q0 = self._queues[0]
+        ready = None
+        if not (channel.closed or channel.multicast_sender):
+            ready = self._ready(now_ns)
+        if ready is None:
+            return channel.receive(batch, 0), UNTRIED, []
+        snap, state, plan = ready
         table = self._current_sessions()
         made = self._fused_for
         if not (made and made[0] is plan and made[1] is table and made[2] is state
@@ -363,26 +449,27 @@ class Express:
             self._fused_args = self._fused_tail(channel, batch, plan, table, state,
                                                 reliable_bit, probe)
             self._fused_for = (plan, table, state, channel, batch)
-        ctl = self.ctl
-        ctl[QCOUNT] = q0.batch.count
-        ctl[QCOUNT + 1] = q1.batch.count
-        ctl[QCOUNT + 2] = q2.batch.count
+        self._load_counts()
         rx = self._rx
         prepare, rx_buf_addr = rx.receive_plan(batch.buf, batch.offsets, batch.slot_bytes,
                                                batch.capacity)
         self._fused(prepare, rx_buf_addr, time.time_ns(), *self._fused_args)
+        ctl = self.ctl
         words = ctl.tolist()
         got = words[RX_COUNT]
         rx.received(got)
         n = channel.finish_receive(batch, got, words[RX_EXTRA])
-        code, unknown, row, sent = words[CODE], words[UNKNOWN], words[SESSION], words[SENT]
-        q0.batch.count, q1.batch.count, q2.batch.count = words[QCOUNT:QCOUNT + 3]
-        if not n or row < 0:
-            return n, DECLINED_BURST
-        if code == DONE and not unknown and sent != SENT_SOME:  # all done (the common case)
-            return n, TAKEN
-        if not self._settle(table.sessions[row], snap, batch, now_ns, deadline):
-            return n, DECLINED_BURST
+        if not n:
+            return n, DECLINED_BURST, []
+        code, unknown, sent = words[CODE], words[UNKNOWN], words[SENT]
+        if code == DONE and not unknown and not words[PUNTED] and sent != SENT_SOME:
+            q0.batch.count = words[QCOUNT]  # all done (the common case)
+            self._queues[1].batch.count = words[QCOUNT + 1]
+            self._queues[2].batch.count = words[QCOUNT + 2]
+            return n, TAKEN, []
+        punts = self._settle(table, snap, batch, now_ns, deadline)
+        if punts is None:
+            return n, DECLINED_BURST, []
         if sent == SENT_SOME:  # the channel finishes the send (retries, errors, refusal)
             total, k, err = self._tx.send_result.tolist()
             if total < 0:  # a multicast destination: the channel's send refuses it
@@ -391,7 +478,7 @@ class Express:
                 dp.counted_udp_send(self.queues[0], q0.batch.count, channel.finish_send(
                     q0.batch.arrays(), self._tx, total, k, err))
                 q0.batch.count = 0
-        return n, TAKEN
+        return n, TAKEN, punts
 
     def _fused_tail(self, channel: Any, batch: Any, plan: ExpressPlan, table: SessionTable,
                     state: tuple, reliable_bit: int, probe: int) -> tuple:
@@ -404,41 +491,57 @@ class Express:
         tx = self._tx = channel.io_vector(q0.batch)
         self._tx_channel = channel
         tx.sending()
+        cli_peers, cli_rows = table.peers.get(self.queues[0], _NO_PEERS)
         return (rx.h64, rx.iov64, rx.names64, rx.controls64, rx.hdr_addr, rx.names_addr,
                 rx.controls_addr, channel.fileno(), _mmsg.RECVMMSG_ADDRESS, batch.slot_bytes,
                 batch.capacity, batch.recv_ts_ns, batch.buf, batch.offsets, batch.lengths,
-                batch.peer_ids, table.udp_peers, table.udp_rows, table.ids, table.bounds,
-                table.keys, reliable_bit, probe, self.dp.node_id, plan.ports,
-                plan.group_start, plan.group_len, plan.group_ports, *self._queue_arrays,
-                self.ctl, table.counts, self.port_delivered, self.totals, tx.h64, tx.iov64,
+                batch.peer_ids, cli_peers, cli_rows, table.ids, table.bounds, table.keys,
+                plan.fab_peers, plan.fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
+                reliable_bit, probe, self.dp.node_id, plan.ports, plan.group_start,
+                plan.group_len, plan.group_ports, *self._queue_arrays, self.ctl, *self._sel,
+                table.counts, self.port_delivered, self.totals, tx.h64, tx.iov64,
                 tx.names64, tx.hdr_addr, tx.names_addr, tx.pin(q0.batch.buf),
                 channel.fileno(), _mmsg.SENDMMSG_ADDRESS, _mmsg.ERRNO_LOCATION_ADDRESS,
                 _mmsg.CLOCK_GETTIME_ADDRESS if channel.stamp_send_ts else 0, self._clock,
                 self._clock_addr, tx.send_result, *state)
 
-    def _settle(self, session: Any, snap: Any, batch: Any, now_ns: int,
-                deadline: int) -> bool:
-        """After a kernel ran a burst of ``session``: the general loop delivers what the NIC
-        ran when the kernel left it that (True), the out queues take the counts of a
-        delivered burst and its messages with unknown keys are parked (True), or nothing was
-        done (False)."""
+    def _contexts(self, table: SessionTable, count: int, deadline: int) -> list[tuple]:
+        """The general loop's per-frame contexts of the NIC's first ``count`` frames."""
         dp = self.dp
-        n = batch.count
+        ctxs = []
+        for kind, a, b in self._sel[3][:count].tolist():
+            if kind == C_INGRESS:
+                ctxs.append(dp.ingress_ctx(table.sessions[a], deadline))
+            else:
+                ctxs.append((False, a, b, None, deadline, 0))
+        return ctxs
+
+    def _settle(self, table: SessionTable, snap: Any, batch: Any, now_ns: int,
+                deadline: int, given: list[tuple] | None = None) -> list[int] | None:
+        """After a kernel ran a burst: the general loop delivers what the NIC ran when the
+        kernel left it that, the out queues take the counts of a delivered burst and its
+        messages with unknown keys are parked (with the ``given`` contexts when the caller
+        gave them: their parking deadlines stand); returns the punted frames' indexes, or
+        None when nothing was done."""
+        dp = self.dp
         ctl = self.ctl
-        code, frames, messages, descriptors, unknown = ctl[:RESULT_WORDS].tolist()
+        words = ctl.tolist()
+        code, frames, messages, descriptors, unknown = words[:RESULT_WORDS]
         if code == DECLINED:
-            return False
+            return None
+        q0, q1, q2 = self._queues
+        q0.batch.count, q1.batch.count, q2.batch.count = words[QCOUNT:QCOUNT + 3]
+        selected = words[SELECTED]
         if code == NIC_ONLY:
-            ctxs = [dp.ingress_ctx(session, deadline)] * n
+            ctxs = given or self._contexts(table, selected, deadline)
             dp._deliver(batch.buf, BurstResult(snap.version, frames, messages, descriptors),
                         ctxs, now_ns)
-            if 0 < frames < n:
-                dp._run(batch, list(range(frames, n)), ctxs[frames:], now_ns)
+            if 0 < frames < selected:
+                dp._run(batch, self._sel[2][frames:selected].tolist(), ctxs[frames:], now_ns)
             dp.counters["express_to_general"] += 1
-            return True
-        q0, q1, q2 = self._queues
-        q0.batch.count, q1.batch.count, q2.batch.count = ctl[QCOUNT:QCOUNT + 3].tolist()
-        if unknown:
-            ctxs = [dp.ingress_ctx(session, deadline)] * n
-            dp._park_unknown(batch.buf, messages, ctxs, now_ns)
-        return True
+        elif unknown:
+            dp._park_unknown(batch.buf, messages,
+                             given or self._contexts(table, selected, deadline), now_ns)
+        if not words[PUNTED]:
+            return []
+        return np.flatnonzero(self._sel[4][:batch.count]).tolist()

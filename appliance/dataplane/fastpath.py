@@ -8,9 +8,6 @@ arrays when a burst is uniform, and decline (return ``None``/``False`` before ch
 anything) whenever it is not, so the agent's general loop stays the one definition of the
 behaviour and handles every other case:
 
-- ``client_burst``: a burst from a client channel whose frames are all well-formed DATA
-  frames from the one logged-in session of their peer, none on a reliable stream, gives the
-  frame indexes and per-frame contexts the loop would have built.
 - ``deliver``: the descriptors of one ``SoftNic.process`` call whose frames share one
   context (one publisher's ingress, or one origin's local delivery), of the plain class,
   to client and destination-appliance egresses only (no guaranteed egress, no fabric
@@ -45,58 +42,6 @@ _MAGIC0, _MAGIC1 = fl.FRAME_MAGIC >> 8, fl.FRAME_MAGIC & 0xFF
 _HDR = fl.FRAME_HEADER_BYTES
 
 
-def client_burst(dp: Any, name: str, batch: Any, deadline: int, reliable_bit: int
-                 ) -> tuple[list[int], list[tuple]] | None:
-    """(frame indexes, contexts) of a uniform client burst, else None (see the docstring).
-    The header fields are read as big-endian 32-bit words (frames start at multiples of 8):
-    word 0 holds magic, version and type, word 3 the source session, word 5 the stream."""
-    n = batch.count
-    if not ENABLED or n < FASTPATH_MIN_FRAMES:
-        return None
-    source = _uniform_source(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, n,
-                             reliable_bit, -1)
-    if source < 0:
-        return None
-    session = dp._by_peer.get((name, int(batch.peer_ids[0])))
-    if session is None or session.session_id != source:
-        return None
-    ctx = dp.ingress_ctx(session, deadline)
-    dp.counters["fastpath_bursts"] += 1
-    return list(range(n)), [ctx] * n
-
-
-@numba.njit(cache=True, nogil=True)
-def _u32(buf: np.ndarray, at: int) -> int:
-    return ((np.int64(buf[at]) << 24) | (np.int64(buf[at + 1]) << 16)
-            | (np.int64(buf[at + 2]) << 8) | np.int64(buf[at + 3]))
-
-
-@numba.njit(cache=True, nogil=True)
-def _uniform_source(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-                    peer_ids: np.ndarray, n: int, reliable_bit: int, probe_stream: int) -> int:
-    """The source session of ``n`` frames when all are DATA frames (magic and type; the
-    version is the software NIC's to check) of one peer with one source session, none on a
-    reliable stream nor on ``probe_stream`` (-1: any stream); else -1. Also the express
-    kernel's first check (appliance/dataplane/_kernels.py)."""
-    source = -1
-    for i in range(n):
-        off = offsets[i]
-        if lengths[i] < _HDR or peer_ids[i] != peer_ids[0]:
-            return -1
-        if (buf[off] != _MAGIC0 or buf[off + 1] != _MAGIC1
-                or buf[off + fl.TYPE_OFFSET] != _DATA):
-            return -1
-        src = _u32(buf, off + fl.SOURCE_SESSION_OFFSET)
-        if i == 0:
-            source = src
-        elif src != source:
-            return -1
-        stream = _u32(buf, off + fl.STREAM_ID_OFFSET)
-        if (reliable_bit and stream & reliable_bit) or stream == probe_stream:
-            return -1
-    return source
-
-
 @numba.njit(cache=True, nogil=True)
 def _gather(dst: np.ndarray, first: int, src: np.ndarray, offs: np.ndarray,
             lens: np.ndarray, i: int, j: int) -> None:
@@ -114,7 +59,6 @@ def warm_up() -> None:
     """Compile/load the kernels (the data-path agent calls it when it is made)."""
     buf = np.zeros(64, np.uint8)
     one = np.zeros(1, np.int64)
-    _uniform_source(buf, one, one + 64, one, 1, 1, -1)
     _gather(buf, 32, buf, one, one + 8, 0, 1)
 
 
