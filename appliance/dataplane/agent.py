@@ -326,7 +326,7 @@ class DataPlaneAgent(Delivery, Output):
         only the frames it punts, or through the general loop alone."""
         # a snapshot that came after this cycle began: parked messages go before these
         self.rerun_parked_before(self.nic.switch.current.version, now_ns)
-        if express and _express.ENABLED and not name.startswith(GROUP_RX):
+        if express and _express.ENABLED:
             punts = self.express.run(name, batch, now_ns, RELIABLE_STREAM_BIT, _PROBE,
                                      now_ns + PARKED_MESSAGE_TTL_NS)
             if punts is not None:
