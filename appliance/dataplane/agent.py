@@ -65,7 +65,6 @@ from appliance.config import (
 )
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
-from appliance.dataplane import fastpath as _fastpath
 from appliance.dataplane.delivery import Delivery
 from appliance.dataplane.guaranteed import (
     LOSS_NOTICE_KEY,
@@ -154,7 +153,6 @@ class DataPlaneAgent(Delivery, Output):
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
         """The topic keys of the latest UNKNOWN_KEY digests (status: offload.last_unknown_keys)."""
         self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
-        _fastpath.warm_up()
         self.cycle_ns = time.monotonic_ns()
         """When the current (or last) duty cycle started (the control agent's stall check)."""
         self._parked: deque[tuple[tuple, bytes]] = deque()
@@ -266,7 +264,7 @@ class DataPlaneAgent(Delivery, Output):
         session = self.sessions.get(session_id)
         if session is not None:
             session.allowed.difference_update(keys)
-            session._fastpath_allowed = None  # the sorted copy the fast paths search
+            session._sorted_allowed = None  # the sorted copy the pipeline searches
             self.allowed_version += 1
 
     # --- the duty cycle -----------------------------------------------------------------------

@@ -56,7 +56,6 @@ from typing import Any
 import numba
 import numpy as np
 
-from appliance.dataplane import fastpath as _fastpath
 from appliance.dataplane._kernels import (
     C_INGRESS,
     C_LOCAL,
@@ -219,11 +218,22 @@ class SessionTable:
 _NO_PEERS = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
+def allowed_keys(session: Any) -> np.ndarray:
+    """The session's publishable keys as a sorted array (rebuilt when the set changes:
+    ``DataPlaneAgent.revoke_keys`` drops the cached copy)."""
+    cached = getattr(session, "_sorted_allowed", None)
+    if cached is None or cached[0] != len(session.allowed):
+        cached = (len(session.allowed), np.sort(np.fromiter(
+            session.allowed, np.uint64, len(session.allowed))))
+        session._sorted_allowed = cached
+    return cached[1]
+
+
 def build_sessions(dp: Any) -> SessionTable:
     """The table of the agent's sessions."""
     by_peer = sorted(((name, peer), session) for (name, peer), session in dp._by_peer.items())
     sessions = [session for _, session in by_peer]
-    keys = [_fastpath._allowed(session) for session in sessions]
+    keys = [allowed_keys(session) for session in sessions]
     bounds = np.zeros(len(sessions) + 1, np.int64)
     bounds[1:] = np.cumsum([len(k) for k in keys], dtype=np.int64)
     peers: dict[str, list[tuple[int, int]]] = {}

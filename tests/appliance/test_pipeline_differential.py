@@ -12,12 +12,12 @@ another publisher's (spoofed), frames from a stranger that never logged in, and 
 frames. The publisher at c sends at the same time, so b's fabric socket receives bursts that
 mix frames for b with frames in transit both ways.
 
-The same seeded traffic runs with the pipeline on and off (the general loop alone, with its
-vectorised delivery off too). What every subscriber receives (per publisher and topic: the
-payload of each message, in order) must equal what the entitlements say it should, both
-ways; the appliances' counts of the traffic (published and delivered per session, denied,
-frames from strangers, malformed frames) must be the same both ways; and with the pipeline
-on, it must have taken a's mixed bursts and b's fabric bursts.
+The same seeded traffic runs with the pipeline on and off (the general loop alone). What
+every subscriber receives (per publisher and topic: the payload of each message, in order)
+must equal what the entitlements say it should, both ways; the appliances' counts of the
+traffic (published and delivered per session, denied, frames from strangers, malformed
+frames) must be the same both ways; and with the pipeline on, it must have taken a's mixed
+bursts and b's fabric bursts.
 """
 
 import random
@@ -29,7 +29,6 @@ import pytest
 from appliance.client import connect
 from appliance.config import parse_config
 from appliance.dataplane import express as _express
-from appliance.dataplane import fastpath as _fastpath
 from appliance.node import Appliance
 from bench.fabric import _login, _request
 from channels.base import FrameBatch
@@ -40,7 +39,7 @@ from datapath.protocol.codec import FrameWriter
 from datapath.topics.algebra import matches as topic_matches
 from datapath.topics.registry import KeyRegistry
 from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
-from tests.appliance.test_fastpath import _hold
+from tests.appliance.test_pipeline_bursts import _hold
 
 TOPICS = ["p/x/1", "p/y/2", "q/z/3"]
 UNKNOWN = "r/u/4"
@@ -164,7 +163,6 @@ def _round(rng, pubs, stranger_channel):
 
 def _run(seed: int, pipeline: bool) -> tuple[dict, dict, dict]:
     _express.ENABLED = pipeline
-    _fastpath.ENABLED = pipeline
     rng = random.Random(seed)
     apps = _chain()
     clients, pubs = [], {}
@@ -321,7 +319,6 @@ def _run(seed: int, pipeline: bool) -> tuple[dict, dict, dict]:
         for app in reversed(list(apps.values())):
             app.stop()
         _express.ENABLED = True
-        _fastpath.ENABLED = True
 
 
 PATHS = ("express_bursts", "pipeline_punts", "pipeline_client_frames", "pipeline_fabric_frames",
