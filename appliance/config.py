@@ -99,7 +99,8 @@ OUTBOX_FRAMES = 8_192
 PARKED_MESSAGES = 65_536
 """Messages with a key not yet known that wait for the next snapshot, at most."""
 PARKED_MESSAGE_TTL_NS = 2_000_000_000
-"""How long a parked message waits for its key before it is dropped and counted."""
+"""How long a parked message waits for its key before it is dropped and counted (the default
+of ``appliance.parked_ttl_ms``)."""
 AUTH_REPLAY_WINDOW = 1_024
 """Auth sequence numbers per source remembered below the highest accepted (replay window)."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
@@ -268,6 +269,7 @@ class ApplianceConfig:
     priority: int = DATAPATH_PRIORITY
     switch_interval_us: int = SWITCH_INTERVAL_US
     drain_timeout_ms: int = DRAIN_TIMEOUT_MS
+    parked_ttl_ms: int = PARKED_MESSAGE_TTL_NS // 1_000_000
     heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
     neighbour_dead_ms: int = HEARTBEAT_INTERVAL_MS * NEIGHBOUR_DEAD_INTERVALS
     lsa_refresh_ms: int = LSA_REFRESH_MS
@@ -732,7 +734,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                  "telemetry", "routes"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
                                     "priority", "switch_interval_us", "drain_timeout_ms",
-                                    "heartbeat_interval_ms",
+                                    "parked_ttl_ms", "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
     p = "appliance."
     name = app.get("name")
@@ -756,6 +758,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                 2 * heartbeat, 600_000)
     lsa = _int(app, "lsa_refresh_ms", p, LSA_REFRESH_MS, heartbeat, 600_000)
     drain = _int(app, "drain_timeout_ms", p, DRAIN_TIMEOUT_MS, 0, 60_000)
+    parked_ttl = _int(app, "parked_ttl_ms", p, PARKED_MESSAGE_TTL_NS // 1_000_000, 1, 600_000)
 
     fab = _table(doc, "fabric", {"listen", "key", "key_file", "key_id", "max_frame_bytes",
                                  "groups"}, "")
@@ -882,7 +885,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         idle_spin_us=idle_spin_us, priority=priority, switch_interval_us=switch_us,
-        drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
+        drain_timeout_ms=drain, parked_ttl_ms=parked_ttl, heartbeat_interval_ms=heartbeat,
+        neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,
         clients_udp=clients_udp, clients_shm=shm, clients_rdma=clients_rdma,

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from appliance.config import PARKED_MESSAGE_TTL_NS, PARKED_MESSAGES
+from appliance.config import PARKED_MESSAGES
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
 from appliance.dataplane.names import FABRIC
@@ -210,7 +210,7 @@ class Delivery:
                 scratch.count = slot + 1
                 ctxs.append(ctx)
             if not (_express.ENABLED and self.express.run_given(scratch, ctxs, now_ns,
-                                                                 now_ns + PARKED_MESSAGE_TTL_NS)):
+                                                                 now_ns + self.parked_ttl_ns)):
                 self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
         self.counters["parked_reruns"] += total
         return total
