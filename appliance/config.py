@@ -105,9 +105,9 @@ AUTH_REPLAY_WINDOW = 1_024
 AUTH_MAX_LINKS = 4_096
 """Replay windows (one per link: sender, receiver) an appliance keeps per plane; a frame of
 one more link is refused (``links_full``). Only holders of the fabric key create windows."""
-UNBOUND_HELLO_REPLY_NS = 20_000_000
-"""A neighbour's unbound HELLO (it does not know our node id yet) is answered with a bound
-one at most this often (a replayed one makes us send no more than this)."""
+DISCOVERY_HELLO_REPLY_NS = 20_000_000
+"""A neighbour's discovery HELLO (it does not know our node id yet) is answered with a HELLO
+bound to its node id at most this often (a replayed one makes us send no more than this)."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
 """A rejected admin frame is logged at most once per source per this interval."""
 CONTROL_PENDING_POLL_NS = 200_000

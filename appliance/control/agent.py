@@ -25,7 +25,7 @@ from appliance.config import (
 from appliance.control import auth as auth_mod
 from appliance.control import pm as pmod
 from appliance.control import route_apply
-from appliance.control.auth import UNBOUND, FabricAuth, epoch_of
+from appliance.control.auth import FabricAuth, epoch_of, hello_link_id
 from appliance.control.clients import ClientSide
 from appliance.control.documents import DocumentError
 from appliance.control.fabric import FabricSide
@@ -203,9 +203,9 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
 
     # --- sending ------------------------------------------------------------------------------
     def _signed(self, ftype: FrameType, entries: list, body_header: dict | None = None,
-                dest: int = UNBOUND) -> bytes:
+                dest: int = 0) -> bytes:
         """A signed admin frame for the link to ``dest`` (a neighbour's node id, a group's
-        ``group_link_id``, or UNBOUND for a HELLO to a neighbour not known yet)."""
+        ``group_link_id``, or a neighbour's ``hello_link_id`` for a discovery HELLO)."""
         frame = encode_admin(ftype, entries, body_header=body_header,
                              source_session=self.node_id, dest_session=dest,
                              send_ts_ns=time.time_ns(), auth=self.auth.next_auth())
@@ -215,10 +215,12 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
                       body_header: dict | None = None) -> None:
         if self.cfg.fabric_key is None:
             return
-        dest = nb.node_id or UNBOUND
-        if dest == UNBOUND and ftype is not FrameType.HELLO:
-            self.counters["neighbour_not_known"] += 1  # only a HELLO may go unbound
-            return
+        dest = nb.node_id
+        if dest is None:  # only a discovery HELLO goes before we know its node id
+            if ftype is not FrameType.HELLO:
+                self.counters["neighbour_not_known"] += 1
+                return
+            dest = hello_link_id(nb.config.name)
         try:
             frame = self._signed(ftype, entries, body_header, dest)
         except ValueError as exc:  # a document larger than one frame: refused, not fatal

@@ -8,10 +8,11 @@ every byte of the frame before it, the header included, so it covers the **link*
 is for: ``source_session`` is the sender's node id and ``dest_session`` the receiver's node
 id (a fabric group's id, ``group_link_id``, for a frame to a group). A receiver accepts a
 frame only if its ``dest_session`` is its own node id (or the group's it arrived on): a frame
-captured on one link is refused on every other (``wrong_link``). The one exception is the
-*unbound* HELLO (``dest_session`` 0), which a sender that does not know its neighbour's node
-id yet sends: it only tells the receiver which node id to answer, never that the sender is up
-(liveness comes from bound frames only; control/fabric.py).
+captured on one link is refused on every other (``wrong_link``). A sender that does not know
+its neighbour's node id yet (it started, or restarted) sends a *discovery* HELLO, bound to
+the neighbour's configured name instead (``hello_link_id``): it only tells the receiver which
+node id to answer, never that the sender is up (liveness comes from HELLOs bound to the
+receiver's node id only; control/fabric.py).
 
 Replay: ``auth_seq`` is a per-sender counter that starts at the sender's **start time in
 nanoseconds since the Unix epoch** and grows by one per frame. A restarted sender therefore
@@ -44,8 +45,6 @@ from datapath.protocol import frame_layout as fl
 from datapath.protocol.codec import Frame, set_mac
 
 MAC_BYTES = fl.AUTH_MAC_BYTES
-UNBOUND = 0
-"""``dest_session`` of a HELLO to a neighbour whose node id the sender does not know yet."""
 EPOCH_MASK = 0xFFFF_FFFF
 """The trailer's and the Hello entry's ``epoch`` fields carry this part of the epoch."""
 
@@ -67,6 +66,13 @@ def mac_of(key: bytes, signed: bytes | memoryview) -> bytes:
 def group_link_id(group: str) -> int:
     """The ``dest_session`` of frames to fabric group ``group`` (what binds them to it)."""
     digest = hashlib.blake2b(group.encode(), digest_size=4, person=b"topicwire-group").digest()
+    return int.from_bytes(digest, "big") % MAX_NODE_ID + 1
+
+
+def hello_link_id(name: str) -> int:
+    """The ``dest_session`` of a discovery HELLO to the neighbour named ``name`` (whose node
+    id the sender does not know yet)."""
+    digest = hashlib.blake2b(name.encode(), digest_size=4, person=b"topicwire-hello").digest()
     return int.from_bytes(digest, "big") % MAX_NODE_ID + 1
 
 
@@ -129,17 +135,17 @@ class FabricAuth:
         return out
 
     # --- receiving ----------------------------------------------------------------------------
-    def check(self, frame: Frame, link: int | None = None, unbound_ok: bool = False
+    def check(self, frame: Frame, link: int | None = None, hello_link: int | None = None
               ) -> str | None:
-        """None if ``frame`` is authentic, for ``link`` (its ``dest_session`` must be it;
-        ``unbound_ok``: or 0) and new; else the reason it is rejected (counted)."""
+        """None if ``frame`` is authentic, for ``link`` (its ``dest_session`` must be it, or
+        ``hello_link`` when given) and new; else the reason it is rejected (counted)."""
         auth = frame.auth
         h = frame.header
         if auth is None:
             reason: str | None = "no_trailer"
         else:
             reason = self._verdict(auth.key_id, auth.auth_seq, auth.mac, frame.signed_bytes(),
-                                   h.source_session, h.dest_session, link, unbound_ok)
+                                   h.source_session, h.dest_session, link, hello_link)
         return self._count(reason)
 
     def check_bytes(self, buf: memoryview, source: int, dest: int, link: int) -> str | None:
@@ -151,7 +157,7 @@ class FabricAuth:
             return self._count("no_trailer")
         key_id, _, seq = _TRAILER.unpack_from(buf, n - fl.AUTH_TRAILER_BYTES)
         return self._count(self._verdict(key_id, seq, bytes(buf[n - MAC_BYTES:]),
-                                         buf[:n - MAC_BYTES], source, dest, link, False))
+                                         buf[:n - MAC_BYTES], source, dest, link, None))
 
     def reject(self, reason: str) -> None:
         """Count a rejection decided elsewhere (malformed, unknown peer)."""
@@ -165,12 +171,12 @@ class FabricAuth:
         return reason
 
     def _verdict(self, key_id: int, seq: int, mac: bytes, signed: memoryview, source: int,
-                 dest: int, link: int | None, unbound_ok: bool) -> str | None:
+                 dest: int, link: int | None, hello_link: int | None) -> str | None:
         if self.key is None or key_id != self.key_id:
             return "unknown_key"
         if not hmac.compare_digest(mac_of(self.key, signed), mac):
             return "bad_mac"
-        if link is not None and dest != link and not (unbound_ok and dest == UNBOUND):
+        if link is not None and dest != link and (hello_link is None or dest != hello_link):
             return "wrong_link"
         key = (source, dest)
         window = self._windows.get(key)

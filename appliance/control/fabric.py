@@ -6,11 +6,11 @@ P&M and registry flooding, subscription interest, and the tables built from them
 import time
 
 from appliance.config import (
+    DISCOVERY_HELLO_REPLY_NS,
     FABRIC_MAX_ORIGINS,
-    UNBOUND_HELLO_REPLY_NS,
 )
 from appliance.control import pm as pmod
-from appliance.control.auth import EPOCH_MASK, UNBOUND, group_link_id
+from appliance.control.auth import EPOCH_MASK, group_link_id, hello_link_id
 from appliance.control.documents import DocumentError, validate
 from appliance.control.routing import Lsa, all_paths, graph_of
 from appliance.control.state import (
@@ -90,7 +90,8 @@ class FabricSide:
                            "a configured neighbour", now_ns)
             return
         ftype = frame.header.frame_type
-        reason = self.auth.check(frame, link=self.node_id, unbound_ok=ftype is FrameType.HELLO)
+        reason = self.auth.check(frame, link=self.node_id, hello_link=(
+            hello_link_id(self.cfg.name) if ftype is FrameType.HELLO else None))
         if reason is not None:
             self._log_once(FABRIC, peer, f"rejected an admin frame: {reason}", now_ns)
             return
@@ -101,8 +102,8 @@ class FabricSide:
             if hello.node_id != source:
                 self.counters["neighbour_id_mismatch"] += 1
                 return
-            if frame.header.dest_session == UNBOUND:
-                self._on_unbound_hello(nb, hello, now_ns)
+            if frame.header.dest_session != self.node_id:  # a discovery HELLO
+                self._on_discovery_hello(nb, hello, now_ns)
             else:
                 self._on_hello(nb, hello, frame.header.send_ts_ns, now_ns)
             return
@@ -122,12 +123,12 @@ class FabricSide:
         else:
             self.counters["unexpected_admin"] += 1
 
-    def _on_unbound_hello(self, nb: Neighbour, hello: al.Hello, now_ns: int) -> None:
+    def _on_discovery_hello(self, nb: Neighbour, hello: al.Hello, now_ns: int) -> None:
         """A HELLO from a neighbour that does not know our node id yet (it started, or
-        restarted): it says which node id to answer, never that the neighbour is up (a
-        replayed one must not keep a dead neighbour alive). We answer with a HELLO bound to
-        that id, at most every UNBOUND_HELLO_REPLY_NS; the neighbour's bound HELLOs then
-        bring it up here."""
+        restarted), bound to our name: it says which node id to answer, never that the
+        neighbour is up (a replayed one must not keep a dead neighbour alive). We answer with
+        a HELLO bound to that id, at most every DISCOVERY_HELLO_REPLY_NS; the neighbour's
+        HELLOs bound to our node id then bring it up here."""
         if hello.name != nb.config.name:
             self.counters["neighbour_name_mismatch"] += 1
             return
@@ -135,8 +136,8 @@ class FabricSide:
             self.counters["neighbour_id_mismatch"] += 1
             return
         nb.node_id = hello.node_id
-        if now_ns - nb.unbound_reply_ns >= UNBOUND_HELLO_REPLY_NS:
-            nb.unbound_reply_ns = now_ns
+        if now_ns - nb.discovery_reply_ns >= DISCOVERY_HELLO_REPLY_NS:
+            nb.discovery_reply_ns = now_ns
             self._send_hello(nb, FrameType.HELLO)
 
     def _on_hello(self, nb: Neighbour, hello: al.Hello, send_ts: int, now_ns: int) -> None:

@@ -67,8 +67,8 @@ def test_a_frame_is_accepted_only_on_the_link_it_was_signed_for():
             ftype, entries, source_session=7, dest_session=dest, auth=sender.next_auth()))))
 
     assert receiver.check(frame(FrameType.CONTROL, 9), link=8) == "wrong_link"
-    assert receiver.check(frame(FrameType.CONTROL, 0), link=8) == "wrong_link"
-    assert receiver.check(frame(FrameType.HELLO, 0), link=8, unbound_ok=True) is None
+    assert receiver.check(frame(FrameType.HELLO, 5), link=8, hello_link=4) == "wrong_link"
+    assert receiver.check(frame(FrameType.HELLO, 4), link=8, hello_link=4) is None
     assert receiver.check(frame(FrameType.CONTROL, 8), link=8) is None
     # the data path's form: a frame signed by appending a trailer, checked from its bytes
     plain = encode_admin(FrameType.NAK, [al.SeqRange(1, 5)], source_session=7,
