@@ -143,7 +143,7 @@ GUARANTEED_RETRANSMIT_BUFFER_MESSAGES = 1 << 16
 GUARANTEED_UDP_FRAME_BYTES = 1_472
 """Frames of guaranteed streams towards UDP clients: one datagram on an Ethernet MTU, so a
 lost packet costs one small frame (shared-memory clients get CLIENT_MAX_FRAME_BYTES)."""
-GUARANTEED_NAK_ANSWER_BYTES_PER_S = 32 * 1024 * 1024
+GUARANTEED_NAK_ANSWER_BYTES_PER_S = 4 * 1024 * 1024
 """What the NAKs of one requester (an appliance, or a client session) can make this
 appliance resend per second, over all the streams it sends to that requester; the rest of a
 NAK waits for the requester's next NAK (counted ``guaranteed_retransmits_limited``)."""

@@ -67,7 +67,7 @@ duplicate NAKs of several receivers); shorter than NAK_RETRY_INITIAL_NS so that 
 retry after a lost retransmission is served."""
 MAX_RETRANSMIT_MESSAGES_PER_NAK = 4_096
 """Messages one NAK frame can make a sender resend (bounds amplification by hostile NAKs)."""
-NAK_ANSWER_BYTES_PER_S = 32 * 1024 * 1024
+NAK_ANSWER_BYTES_PER_S = 4 * 1024 * 1024
 """What NAKs from one requester can make senders resend, per second (``AnswerBudget``: a
 token bucket shared by the streams towards that requester); beyond it the rest of a NAK is
 not answered now (counted ``retransmits_limited``: the requester asks again later)."""

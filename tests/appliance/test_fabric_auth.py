@@ -330,3 +330,121 @@ def test_forged_loss_and_nak_frames_are_refused_and_the_guaranteed_stream_loses_
         for app in apps:
             app.stop()
         relay.close()
+
+
+# --- NAK answers to a hostile client (issue 20, item 4) ------------------------------------------
+def _recv_until(sock: socket.socket, want, timeout_s: float = 10.0):
+    """Frames arriving at ``sock`` until ``want(frame)`` returns something; that."""
+    from datapath.protocol.codec import decode_frame
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            data = sock.recv(70_000)
+        except TimeoutError:
+            break
+        found = want(decode_frame(data))
+        if found:
+            return found
+    raise AssertionError("the appliance did not send what was expected")
+
+
+def _control_doc(kind):
+    import json
+
+    def want(frame):
+        if frame.header.frame_type is FrameType.CONTROL:
+            for entry in frame.admin()[1]:
+                if entry.kind is kind:
+                    return json.loads(entry.document)
+        return None
+    return want
+
+
+def test_a_hostile_clients_naks_make_the_appliance_resend_a_bounded_amount():
+    """A client (a raw socket speaking the client protocol) subscribes guaranteed and gets a
+    stream of 3,000 messages (312 KB of messages) it never acknowledges; then it NAKs all of
+    it. One 48-byte NAK makes the appliance resend at most GUARANTEED_NAK_ANSWER_BURST_BYTES
+    (the rest counted as limited), a flood of them at most the budget's rate, and once the
+    client has acknowledged the stream, NAKs for it make the appliance resend nothing."""
+    import json
+    import random
+
+    from appliance.config import GUARANTEED_NAK_ANSWER_BURST_BYTES as BURST
+    from appliance.config import GUARANTEED_NAK_ANSWER_BYTES_PER_S as RATE
+
+    port = free_port()
+    app = Appliance(parse_config({
+        "appliance": {"name": f"nak{port}"}, "fabric": {"listen": f"127.0.0.1:{port}",
+                                                         "key": FABRIC_KEY},
+        "clients": {"udp": f"127.0.0.1:{free_port()}"}, "pm": {"identities": IDENTITIES}}))
+    app.start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    sock.bind(("127.0.0.1", 0))
+    to = app.config.clients_udp
+
+    def send(ftype, entries, session=0, dest=0, stream=0):
+        sock.sendto(bytes(encode_admin(ftype, entries, source_session=session,
+                                       dest_session=dest, stream_id=stream,
+                                       send_ts_ns=time.time_ns())), to)
+
+    n = 3_000
+    try:
+        send(FrameType.CONTROL, [al.Control(al.ControlKind.LOGIN, json.dumps(
+            {"identity": "feed", "ring": None, "token": random.getrandbits(63)}))])
+        sid = _recv_until(sock, _control_doc(al.ControlKind.LOGIN_RESULT))["session"]
+        send(FrameType.SUBSCRIBE, [al.Subscription(1, 0, 2, 0, "h/#")], session=sid)
+        assert _recv_until(sock, _control_doc(al.ControlKind.REQUEST_RESULT))["accepted"]
+        with connect(_url(app), "feed", timeout_s=10) as pc:
+            for _ in range(n):
+                pc.publish("h/x", bytes(64), qos="guaranteed")
+            pc.flush()
+
+            def reliable(frame):
+                h = frame.header
+                if frame.is_message_frame and h.stream_id & RELIABLE_STREAM_BIT:
+                    return h.source_session, h.stream_id
+                return None
+            origin, stream = _recv_until(sock, reliable)
+            assert wait_for(lambda: _counter(app, "guaranteed_sent") >= n)
+            c0 = app.status()["counters"]
+
+            # one NAK for everything
+            send(FrameType.NAK, [al.SeqRange(1, n)], session=sid, dest=origin, stream=stream)
+            assert wait_for(lambda: _counter(app, "guaranteed_nak_frames_in")
+                            == c0.get("guaranteed_nak_frames_in", 0) + 1)
+            c1 = app.status()["counters"]
+            one = c1["guaranteed_retransmitted_bytes"] - c0.get("guaranteed_retransmitted_bytes",
+                                                                0)
+            assert 0 < one <= BURST < n * 104  # without the budget: all of it, 312 KB
+            assert c1["guaranteed_nak_answers_limited"] == 1
+            assert c1["guaranteed_retransmits_limited"] > 0
+
+            # a flood of them
+            flood = 50
+            t0 = time.monotonic()
+            for _ in range(flood):
+                send(FrameType.NAK, [al.SeqRange(1, n)], session=sid, dest=origin,
+                     stream=stream)
+            assert wait_for(lambda: _counter(app, "guaranteed_nak_frames_in")
+                            == c1["guaranteed_nak_frames_in"] + flood)
+            elapsed_s = time.monotonic() - t0
+            c2 = app.status()["counters"]
+            resent = c2["guaranteed_retransmitted_bytes"] - c1["guaranteed_retransmitted_bytes"]
+            assert resent <= BURST + RATE * elapsed_s, (resent, elapsed_s)
+            assert c2["guaranteed_nak_answers_limited"] > c1["guaranteed_nak_answers_limited"]
+
+            # acknowledged: nothing more
+            send(FrameType.ACK, [al.Ack(n, 1 << 20)], session=sid, dest=origin, stream=stream)
+            for _ in range(10):
+                send(FrameType.NAK, [al.SeqRange(1, n)], session=sid, dest=origin,
+                     stream=stream)
+            assert wait_for(lambda: _counter(app, "guaranteed_nak_ranges_acked")
+                            == c2.get("guaranteed_nak_ranges_acked", 0) + 10)
+            assert (_counter(app, "guaranteed_retransmitted_bytes")
+                    == c2["guaranteed_retransmitted_bytes"])
+    finally:
+        sock.close()
+        app.stop()
