@@ -51,7 +51,8 @@ EPOCH_MASK = 0xFFFF_FFFF
 wall_clock_ns: Callable[[], int] = time.time_ns
 """Where an appliance reads its start time (its epoch, the seed of its auth sequences)."""
 
-_FLAGS = struct.Struct(">H")
+_FLAGS_LOW = fl.FLAGS_OFFSET + 1
+"""The byte of the frame flags that holds AUTH_TRAILER (bit 0 of a big-endian u16)."""
 _U32 = struct.Struct(">I")
 _TRAILER = fl.AUTH_TRAILER_STRUCT
 _AUTH_FLAG = int(fl.FrameFlags.AUTH_TRAILER)
@@ -122,16 +123,12 @@ class FabricAuth:
         """``frame`` (a whole frame without a trailer, e.g. a reliable sender's DATA or a
         receiver's NAK) with a signed trailer appended: its flag set, ``frame_len`` grown."""
         assert self.key is not None
-        n = len(frame)
-        out = bytearray(n + fl.AUTH_TRAILER_BYTES)
-        out[:n] = frame
-        flags = _FLAGS.unpack_from(out, fl.FLAGS_OFFSET)[0] | _AUTH_FLAG
-        _FLAGS.pack_into(out, fl.FLAGS_OFFSET, flags)
-        _U32.pack_into(out, fl.FRAME_LEN_OFFSET, len(out))
+        out = bytearray(frame)
+        out[_FLAGS_LOW] |= _AUTH_FLAG
+        _U32.pack_into(out, fl.FRAME_LEN_OFFSET, len(out) + fl.AUTH_TRAILER_BYTES)
         self._seq += 1
-        _TRAILER.pack_into(out, n, self.key_id, self.epoch, self._seq)
-        end = len(out) - MAC_BYTES
-        out[end:] = mac_of(self.key, memoryview(out)[:end])
+        out += _TRAILER.pack(self.key_id, self.epoch, self._seq)
+        out += mac_of(self.key, out)
         return out
 
     # --- receiving ----------------------------------------------------------------------------
@@ -152,12 +149,13 @@ class FabricAuth:
         """``check`` for a whole frame in ``buf`` whose header the caller has read (the data
         path's reliable frames: no decode before the MAC is known good)."""
         n = len(buf)
-        if (n < _MIN_SIGNED or not _FLAGS.unpack_from(buf, fl.FLAGS_OFFSET)[0] & _AUTH_FLAG
+        if (n < _MIN_SIGNED or not buf[_FLAGS_LOW] & _AUTH_FLAG
                 or _U32.unpack_from(buf, fl.FRAME_LEN_OFFSET)[0] != n):
             return self._count("no_trailer")
         key_id, _, seq = _TRAILER.unpack_from(buf, n - fl.AUTH_TRAILER_BYTES)
-        return self._count(self._verdict(key_id, seq, bytes(buf[n - MAC_BYTES:]),
-                                         buf[:n - MAC_BYTES], source, dest, link, None))
+        end = n - MAC_BYTES
+        return self._count(self._verdict(key_id, seq, buf[end:], buf[:end], source, dest,
+                                         link, None))
 
     def reject(self, reason: str) -> None:
         """Count a rejection decided elsewhere (malformed, unknown peer)."""
@@ -170,8 +168,9 @@ class FabricAuth:
             self.rejected[reason] += 1
         return reason
 
-    def _verdict(self, key_id: int, seq: int, mac: bytes, signed: memoryview, source: int,
-                 dest: int, link: int | None, hello_link: int | None) -> str | None:
+    def _verdict(self, key_id: int, seq: int, mac: bytes | memoryview, signed: memoryview,
+                 source: int, dest: int, link: int | None, hello_link: int | None
+                 ) -> str | None:
         if self.key is None or key_id != self.key_id:
             return "unknown_key"
         if not hmac.compare_digest(mac_of(self.key, signed), mac):
