@@ -247,23 +247,28 @@ def test_forged_loss_and_nak_frames_are_refused_and_the_guaranteed_stream_loses_
     """A guaranteed stream from a publisher at A to a subscriber at D, through a relay that
     a hostile sender also sends from (A's address to D, D's address to A). Forged LOSS frames
     (unsigned, signed with another key, a captured genuine frame replayed) for the next 500
-    messages, and forged NAKs for everything sent, are refused and counted; 0 messages are
-    declared lost and 0 are retransmitted; the subscriber gets every message. A NAK signed
-    by a holder of the fabric key for messages the subscriber has acknowledged makes A
-    resend nothing."""
+    messages, and forged NAKs for everything sent, are refused and counted; so is a LOSS
+    for A's stream signed with the fabric key by another neighbour of D (only the stream's
+    sender, on the path from it, may send one); 0 messages are declared lost and 0 are
+    retransmitted; the subscriber gets every message. A NAK signed by a holder of the fabric
+    key for messages the subscriber has acknowledged makes A resend nothing."""
     fa, fd = free_port(), free_port()
     a_addr, d_addr = ("127.0.0.1", fa), ("127.0.0.1", fd)
     relay = Relay(a_addr, d_addr)
     a_name, d_name = f"ga{fa}", f"gd{fd}"
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # D's other neighbour, keyed
+    other.bind(("127.0.0.1", 0))
     apps: list[Appliance] = []
     try:
         a = Appliance(_config(a_name, fa, {d_name: relay.address}, pm=True)).start()
         apps.append(a)
-        d = Appliance(_config(d_name, fd, {a_name: relay.address})).start()
+        d = Appliance(_config(d_name, fd, {a_name: relay.address,
+                                            "other": other.getsockname()})).start()
         apps.append(d)
         assert wait_for(lambda: _up(a, d_name) and _up(d, a_name)
                         and d.status()["node"]["pm"] is not None)
         a_id, d_id = a.status()["node"]["id"], d.status()["node"]["id"]
+        holder = FabricAuth(bytes.fromhex(FABRIC_KEY), 1, 1)
         with connect(_url(d), "feed", timeout_s=10) as sc, \
                 connect(_url(a), "feed", timeout_s=10) as pc:
             sub = sc.subscribe("g/#", qos="guaranteed")
@@ -310,6 +315,17 @@ def test_forged_loss_and_nak_frames_are_refused_and_the_guaranteed_stream_loses_
             assert wait_for(lambda: _counter(a, "guaranteed_auth_refused_no_trailer")
                             == nak_refused + 20)
 
+            # D's other neighbour holds the key and signs a LOSS for A's stream
+            hello = encode_admin(FrameType.HELLO, [al.Hello(4_242, 1, HEARTBEAT_MS,
+                                                            al.NodeRole.CORE, 0, "other")],
+                                 source_session=4_242, dest_session=d_id,
+                                 auth=holder.next_auth())
+            other.sendto(bytes(holder.sign(hello)), d_addr)
+            guarded = _counter(d, "off_path") + _counter(d, "unknown_peer")
+            other.sendto(forged(FrameType.LOSS, loss, a_id, d_id, holder), d_addr)
+            assert wait_for(lambda: _counter(d, "off_path") + _counter(d, "unknown_peer")
+                            == guarded + 1)
+
             for i in range(200, 700):
                 pc.publish("g/x", b"%d" % i, qos="guaranteed")
             pc.flush()
@@ -321,7 +337,6 @@ def test_forged_loss_and_nak_frames_are_refused_and_the_guaranteed_stream_loses_
 
             # a key holder's NAK for what D has acknowledged: nothing is resent
             acked_before = _counter(a, "guaranteed_nak_ranges_acked")
-            holder = FabricAuth(bytes.fromhex(FABRIC_KEY), 1, 1)
             relay.send_as(forged(FrameType.NAK, everything, d_id, a_id, holder), a_addr)
             assert wait_for(lambda: _counter(a, "guaranteed_nak_ranges_acked")
                             == acked_before + 1)
@@ -330,6 +345,7 @@ def test_forged_loss_and_nak_frames_are_refused_and_the_guaranteed_stream_loses_
         for app in apps:
             app.stop()
         relay.close()
+        other.close()
 
 
 # --- NAK answers to a hostile client (issue 20, item 4) ------------------------------------------
