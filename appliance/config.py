@@ -103,6 +103,12 @@ PARKED_MESSAGE_TTL_NS = 2_000_000_000
 of ``appliance.parked_ttl_ms``)."""
 AUTH_REPLAY_WINDOW = 1_024
 """Auth sequence numbers per source remembered below the highest accepted (replay window)."""
+AUTH_MAX_LINKS = 4_096
+"""Replay windows (one per link: sender, receiver) an appliance keeps per plane; a frame of
+one more link is refused (``links_full``). Only holders of the fabric key create windows."""
+DISCOVERY_HELLO_REPLY_NS = 20_000_000
+"""A neighbour's discovery HELLO (it does not know our node id yet) is answered with a HELLO
+bound to its node id at most this often (a replayed one makes us send no more than this)."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
 """A rejected admin frame is logged at most once per source per this interval."""
 CONTROL_PENDING_POLL_NS = 200_000
@@ -138,6 +144,13 @@ GUARANTEED_RETRANSMIT_BUFFER_MESSAGES = 1 << 16
 GUARANTEED_UDP_FRAME_BYTES = 1_472
 """Frames of guaranteed streams towards UDP clients: one datagram on an Ethernet MTU, so a
 lost packet costs one small frame (shared-memory clients get CLIENT_MAX_FRAME_BYTES)."""
+GUARANTEED_NAK_ANSWER_BYTES_PER_S = 4 * 1024 * 1024
+"""What the NAKs of one requester (an appliance, or a client session) can make this
+appliance resend per second, over all the streams it sends to that requester; the rest of a
+NAK waits for the requester's next NAK (counted ``guaranteed_retransmits_limited``)."""
+GUARANTEED_NAK_ANSWER_BURST_BYTES = 256 * 1024
+"""...and at once: the most one NAK can make this appliance resend (a 48-byte NAK: at most
+this much, then GUARANTEED_NAK_ANSWER_BYTES_PER_S)."""
 GUARANTEED_SENDER_LINGER_NS = 10_000_000_000
 """A guaranteed sender whose publishing stream has ended stays this long (answering NAKs)
 before it is dropped."""

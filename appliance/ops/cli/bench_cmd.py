@@ -18,6 +18,7 @@ BENCHMARKS = (
     "bench.routes",
     "bench.softnic",
     "bench.idle",
+    "bench.guaranteed",
 )
 
 
