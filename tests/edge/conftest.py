@@ -16,7 +16,7 @@ from appliance.edge.node import EdgeAppliance
 from tests.appliance.helpers import free_port
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}
-DEADLINE_S = 15.0
+DEADLINE_S = 30.0
 
 
 def edge_doc(**mqtt: Any) -> dict:
