@@ -120,6 +120,21 @@ def test_keep_alive_is_enforced_at_one_and_a_half_periods(edge):
     assert counter(edge, "closed_keep_alive_timeout") == 1
 
 
+def test_keep_alive_expiry_sends_the_will(edge):
+    with Peer(edge, "will-watch") as watch:
+        assert watch.subscribe("gone/#", 1) == 1
+        sock = raw(edge)
+        sock.sendall(codec.encode_connect("silent", username="alice", password=b"alice-secret",
+                                          keep_alive_s=1,
+                                          will=codec.Will("gone/silent", b"timed out", 1,
+                                                          False)))
+        assert read_packet(sock) == (0x20, b"\x00\x00")
+        msg = watch.next()  # nothing more is sent: after 1.5 s the edge gives up on it
+        assert (msg.topic, msg.payload) == ("gone/silent", b"timed out")
+        assert counter(edge, "closed_keep_alive_timeout") == 1
+        sock.close()
+
+
 def test_a_connection_that_never_sends_connect_is_closed():
     edge = start_edge(connect_timeout_ms=300)
     try:

@@ -211,7 +211,10 @@ class MqttSession:
                 self.server.count("deliveries_dropped_backlog")
                 return
             self._pending += 1
-        self.server.loop.call_soon_threadsafe(self._from_fabric, msg)
+        try:
+            self.server.loop.call_soon_threadsafe(self._from_fabric, msg)
+        except RuntimeError:  # the server's loop has stopped: the edge is going down
+            self.server.count("deliveries_dropped_stopping")
 
     def _from_fabric(self, msg: Any) -> None:
         with self._pending_lock:
