@@ -42,9 +42,13 @@ class Peer:
     def _sub_queue(self, mid: int) -> queue.Queue:
         return self._subacks.setdefault(mid, queue.Queue())
 
-    def subscribe(self, topic_filter: str, qos: int = 0) -> int:
-        """The SUBACK's code for the filter (0..2 granted, >= 0x80 refused)."""
-        _, mid = self.client.subscribe(topic_filter, qos)
+    def subscribe(self, topic_filter: str, qos: int = 0, options: Any = None) -> int:
+        """The SUBACK's code for the filter (0..2 granted, >= 0x80 refused); ``options``: a
+        5.0 ``SubscribeOptions`` instead of ``qos``."""
+        if options is not None:
+            _, mid = self.client.subscribe(topic_filter, options=options)
+        else:
+            _, mid = self.client.subscribe(topic_filter, qos)
         return self._sub_queue(mid).get(timeout=DEADLINE_S)[0].value
 
     def unsubscribe(self, topic_filter: str) -> None:

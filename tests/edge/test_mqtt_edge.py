@@ -160,3 +160,21 @@ def test_status_reports_the_mqtt_section(edge):
     with Peer(edge, "st"):
         status = wait_for(lambda: edge.status().get("mqtt"))
         assert status["connections"] >= 1 and status["counters"]["connects_accepted"] >= 1
+
+
+def test_mqtt5_no_local_retain_handling_and_an_assigned_client_identifier(edge):
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    with Peer(edge, "", version=5) as me, Peer(edge, "other5", version=5) as other:
+        assert me.rc == 0
+        wait_for(lambda: any(cid.startswith("tw-") for cid in edge.mqtt.sessions))
+        other.publish("opts/kept", b"old", 1, retain=True)
+        wait_counter(edge, "retained_set")
+        # no-local: my own publishes do not come back; retain handling 2: no retained message
+        assert me.subscribe("opts/#", options=SubscribeOptions(qos=1, noLocal=True,
+                                                                retainHandling=2)) == 1
+        me.publish("opts/mine", b"echo?", 1)
+        other.publish("opts/theirs", b"marker", 1)
+        msg = me.next()
+        assert (msg.topic, msg.payload, msg.retain) == ("opts/theirs", b"marker", False)
+        wait_counter(edge, "deliveries_unmatched")  # the fabric did echo it: the edge held it
