@@ -85,12 +85,13 @@ async def on_connect(session: MqttSession, pkt: codec.Connect) -> bool:
         identity = ANONYMOUS_IDENTITY
     else:
         identity = pkt.username
-        stored = server.password_of(identity)
-        ok = False
-        if stored is not None and pkt.password is not None:
-            from appliance.control.credentials import verify_password
+        from appliance.control.credentials import verify_password
 
-            ok = await server.blocking(verify_password, stored, pkt.password)
+        stored = server.password_of(identity)
+        # an unknown user costs the same scrypt as a known one (no user enumeration by time)
+        ok = await server.blocking(verify_password, stored or server.decoy_hash,
+                                   pkt.password or b"")
+        ok = ok and stored is not None and pkt.password is not None
         if not ok:
             return _refuse(session, version, "bad_credentials", Reason.BAD_USERNAME_OR_PASSWORD)
 
@@ -124,6 +125,6 @@ async def on_connect(session: MqttSession, pkt: codec.Connect) -> bool:
                  (codec.PROP["shared_subscription_available"], 0)]
         if assigned:
             props.append((codec.PROP["assigned_client_identifier"], client_id))
-    session.send(codec.encode_connack(version, 0, False, props))
     session.count("connects_accepted")
+    session.send(codec.encode_connack(version, 0, False, props))
     return True

@@ -19,6 +19,7 @@ import asyncio
 import errno
 import functools
 import logging
+import os
 import socket
 import threading
 from collections import Counter
@@ -62,6 +63,10 @@ class MqttServer:
         self._server: asyncio.Server | None = None
         self._sock: socket.socket | None = None
         self.address: tuple[str, int] | None = None
+        from appliance.control.credentials import hash_password
+
+        self.decoy_hash = hash_password(os.urandom(16))
+        """Checked against when a username has no credential (the same cost as a real one)."""
 
     @staticmethod
     def _native_url(config: ApplianceConfig) -> str:

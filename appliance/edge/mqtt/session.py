@@ -160,14 +160,17 @@ class MqttSession:
         return pkt
 
     # --- sending ---------------------------------------------------------------------------------
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes) -> bool:
+        """Queue one packet to the client; False when it is not sent (closing, or larger
+        than the 5.0 client's Maximum Packet Size: dropped and counted)."""
         if self.closing or self.writer.is_closing():
-            return
+            return False
         if self.version == codec.V5 and len(data) > self.client_max_packet_bytes:
             self.count("deliveries_dropped_client_max_packet")
-            return
+            return False
         self.writer.write(data)
         self.count("packets_out")
+        return True
 
     def send_now(self, data: bytes) -> None:
         """Send even while closing (a DISCONNECT before the close)."""
@@ -185,8 +188,8 @@ class MqttSession:
             if transport.get_write_buffer_size() > self.cfg.send_buffer_bytes:
                 self.count("deliveries_dropped_send_buffer")
                 return
-            self.send(codec.encode_publish(topic, payload, 0, retain, version=self.version))
-            self.count("messages_out")
+            if self.send(codec.encode_publish(topic, payload, 0, retain, version=self.version)):
+                self.count("messages_out")
             return
         if len(self.inflight) >= min(self.cfg.max_inflight, self.client_receive_maximum):
             self.count("deliveries_dropped_inflight")
@@ -194,10 +197,10 @@ class MqttSession:
         packet_id = next(self._ids)
         while packet_id in self.inflight:
             packet_id = next(self._ids)
-        self.inflight[packet_id] = (qos, "puback" if qos == 1 else "pubrec")
-        self.send(codec.encode_publish(topic, payload, qos, retain, packet_id=packet_id,
-                                       version=self.version))
-        self.count("messages_out")
+        if self.send(codec.encode_publish(topic, payload, qos, retain, packet_id=packet_id,
+                                          version=self.version)):
+            self.inflight[packet_id] = (qos, "puback" if qos == 1 else "pubrec")
+            self.count("messages_out")
 
     # --- from the fabric -------------------------------------------------------------------------
     def on_native(self, msg: Any) -> None:
