@@ -171,7 +171,7 @@ def test_unacknowledged_deliveries_are_bounded_by_max_inflight():
                 pub.publish(f"slow/{i}", b"x", 1)
         wait_counter(edge, "deliveries_dropped_inflight", 3)
         got = [read_packet(sock) for _ in range(2)]
-        assert all(first == 0x32 for first, _ in got)
+        assert all(first == 0x32 for first, _ in got), got
         assert len(edge.mqtt.sessions["never-acks"].inflight) == 2
         sock.close()
     finally:

@@ -179,3 +179,18 @@ def test_mqtt5_no_local_retain_handling_and_an_assigned_client_identifier(edge):
         msg = me.next()
         assert (msg.topic, msg.payload, msg.retain) == ("opts/theirs", b"marker", False)
         wait_counter(edge, "deliveries_unmatched")  # the fabric did echo it: the edge held it
+
+
+def test_qos_travels_as_the_native_class_and_native_guaranteed_messages_reach_mqtt(edge):
+    with connect(f"udp://127.0.0.1:{edge.config.clients_udp[1]}", "native") as native, \
+            Peer(edge, "q-sub", version=5) as sub, Peer(edge, "q-pub", version=5) as pub:
+        assert sub.subscribe("q/#", 1) == 1
+        pub.publish("q/zero", b"0", 0)          # best-effort: delivered at QoS 0
+        msg = sub.next()
+        assert (msg.topic, msg.qos) == ("q/zero", 0)
+        pub.publish("q/one", b"1", 1)           # guaranteed: at the granted QoS 1
+        msg = sub.next()
+        assert (msg.topic, msg.qos) == ("q/one", 1)
+        native.publish("q/native", b"n", qos="guaranteed", flush=True)
+        msg = sub.next()
+        assert (msg.topic, msg.payload, msg.qos) == ("q/native", b"n", 1)

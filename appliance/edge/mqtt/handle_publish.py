@@ -5,9 +5,10 @@ identity's entitlements decide; a refused topic is counted as ``publishes_denied
 answered with reason 0x87 in 5.0, dropped silently in 3.1.1 as mosquitto does), then the
 retained store is updated and the publish acknowledged: QoS 1 with PUBACK once the native
 publish left for the appliance, QoS 2 with PUBREC (published once; a repeat of the packet id
-before PUBREL is not published again) and PUBCOMP on PUBREL. The native class is
-best-effort for every MQTT QoS: the acknowledgement says the edge took the message, not
-that subscribers got it (docs/edge.md).
+before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0 travels as a native
+best-effort message, QoS 1 and 2 as guaranteed ones (the connection's reliable stream,
+recovered hop by hop); the acknowledgement says the edge took the message, not that
+subscribers got it (docs/edge.md, "QoS").
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from appliance.edge.mqtt.session import MqttSession
 
 
+NATIVE_QOS = ("best-effort", "guaranteed")
+"""The native class of an MQTT publish at QoS 0, and at QoS 1 or 2."""
+
+
 async def _into_fabric(session: MqttSession, topic: str, payload: bytes, qos: int,
                        retain: bool) -> bool:
     """Publish natively and keep a retained message; False when entitlements refuse."""
@@ -30,7 +35,8 @@ async def _into_fabric(session: MqttSession, topic: str, payload: bytes, qos: in
 
     server = session.server
     try:
-        await server.blocking(session.native.publish, topic, payload, flush=True)
+        await server.blocking(session.native.publish, topic, payload, flush=True,
+                              qos=NATIVE_QOS[min(qos, 1)])
     except EntitlementError:
         session.count("publishes_denied")
         return False

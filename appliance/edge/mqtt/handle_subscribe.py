@@ -60,8 +60,7 @@ async def on_subscribe(session: MqttSession, pkt: codec.Subscribe) -> None:
             continue
         if new:
             try:
-                await server.blocking(session.native.subscribe, topic_filter,
-                                      callback=session.on_native)
+                await server.blocking(native_subscribe, session, topic_filter)
             except EntitlementError:
                 session.count("subscriptions_denied")
                 codes.append(_code(session, Reason.NOT_AUTHORIZED))
@@ -69,7 +68,6 @@ async def on_subscribe(session: MqttSession, pkt: codec.Subscribe) -> None:
             except ClientError as exc:
                 raise Closed("native_subscribe_failed", Reason.UNSPECIFIED,
                              detail=str(exc)) from None
-            session.native_subscribes += 1
         opts = SubOptions(qos, bool(options & 0x04), bool(options & 0x08), (options >> 4) & 3)
         if session.version != codec.V5:
             opts = SubOptions(qos)
@@ -82,6 +80,25 @@ async def on_subscribe(session: MqttSession, pkt: codec.Subscribe) -> None:
     for message, qos in retained:
         session.deliver(message.topic, message.payload, min(qos, message.qos), True)
         session.count("retained_delivered")
+
+
+def native_subscribe(session: MqttSession, topic_filter: str) -> None:
+    """Subscribe natively in both classes (best-effort, then guaranteed: MQTT QoS 1/2 and
+    native guaranteed publications travel as guaranteed); a refused guaranteed class (no
+    guaranteed place left at the appliance) is counted and the best-effort one kept. Raises
+    ``EntitlementError`` when P&M refuses the filter. Runs off the event loop."""
+    from appliance.client.errors import ClientError
+
+    native = session.native
+    native.subscribe(topic_filter, callback=session.on_native)  # P&M's decision
+    session.native_subscribes += 1
+    try:  # allowed by now: a refusal here is the appliance's guaranteed places, not P&M
+        native.subscribe(topic_filter, qos="guaranteed", callback=session.on_native)
+        session.native_subscribes += 1
+        session.guaranteed_filters.add(topic_filter)
+    except ClientError:
+        session.guaranteed_filters.discard(topic_filter)
+        session.count("subscriptions_guaranteed_refused")
 
 
 def _native_unsubscribe(session: MqttSession, topic_filter: str,
@@ -99,8 +116,7 @@ def _native_unsubscribe(session: MqttSession, topic_filter: str,
         session.native_subscribes = 0
     for other in again:
         try:
-            native.subscribe(other, callback=session.on_native)
-            session.native_subscribes += 1
+            native_subscribe(session, other)
         except EntitlementError:  # P&M took it back meanwhile
             remaining.pop(other, None)
 
@@ -112,6 +128,7 @@ async def on_unsubscribe(session: MqttSession, pkt: codec.Unsubscribe) -> None:
             codes.append(Reason.NO_SUBSCRIPTION_EXISTED)
             continue
         del session.filters[topic_filter]
+        session.guaranteed_filters.discard(topic_filter)
         remaining = dict(session.filters)
         await session.server.blocking(_native_unsubscribe, session, topic_filter, remaining)
         for gone in set(session.filters) - set(remaining):

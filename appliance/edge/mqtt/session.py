@@ -13,7 +13,7 @@ P&M identity) at this edge (appliance/edge/mqtt/handle_connect.py); its subscrip
 publishes are that session's, so the appliance applies the identity's entitlements. Messages
 the native session receives arrive on its client thread (``on_native``) and are handed to
 the event loop, bounded (``NATIVE_PENDING_MESSAGES``), then sent to the MQTT client with the
-QoS its matching filters granted.
+QoS its matching filters granted (0 for a best-effort message).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from appliance.client.messages import QOS
+from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType, Reason, Refusal
 from appliance.edge.mqtt.state import Closed, SubOptions
@@ -37,6 +39,7 @@ log = logging.getLogger("topicwire.edge.mqtt")
 NATIVE_PENDING_MESSAGES = 10_000
 """Messages from the fabric handed to the event loop for one connection and not yet sent;
 more are dropped and counted (``deliveries_dropped_backlog``)."""
+GUARANTEED_QOS = QOS["guaranteed"]
 KEEP_ALIVE_GRACE = 1.5
 """A client that sends nothing for this many keep-alive periods is disconnected."""
 
@@ -58,6 +61,8 @@ class MqttSession:
         self.native: Any = None
         """The native ``appliance.client.Client`` logged in for this connection."""
         self.filters: dict[str, SubOptions] = {}
+        self.guaranteed_filters: set[str] = set()
+        """Filters with a native guaranteed subscription too (``native_subscribe``)."""
         self.native_subscribes = 0
         self.inflight: dict[int, tuple[int, str]] = {}
         """Outgoing QoS 1/2 packet id -> (qos, what is awaited: puback, pubrec, pubcomp)."""
@@ -223,16 +228,23 @@ class MqttSession:
         with self._pending_lock:
             self._pending -= 1
         own = self.native is not None and msg.origin == self.server.node_id and (
-            msg.stream == self.native.session)
+            msg.stream & ~RELIABLE_STREAM_BIT) == self.native.session
+        # with a filter subscribed in both native classes, every message arrives twice:
+        # over the reliable stream (msg.guaranteed) and as a best-effort copy, dropped here
+        copy = not msg.guaranteed
         qos = -1
         for topic_filter, options in self.filters.items():
-            if options.qos > qos and not (own and options.no_local) and mqtt_matches(
-                    topic_filter, msg.topic):
-                qos = options.qos
+            if not (own and options.no_local) and mqtt_matches(topic_filter, msg.topic):
+                if copy and topic_filter in self.guaranteed_filters:
+                    self.count("deliveries_guaranteed_copies")
+                    return
+                qos = max(qos, options.qos)
         if qos < 0:
             self.count("deliveries_unmatched")  # the $ rule, no-local, or withdrawn meanwhile
             return
-        self.deliver(msg.topic, msg.payload, qos, False)
+        # published best-effort (MQTT QoS 0): at QoS 0; published guaranteed (QoS 1 or 2, or
+        # a native guaranteed publish): at the QoS the subscription granted
+        self.deliver(msg.topic, msg.payload, qos if msg.qos == GUARANTEED_QOS else 0, False)
 
     # --- the end ---------------------------------------------------------------------------------
     async def close(self, reason: str, code: int) -> None:
