@@ -48,8 +48,10 @@ def edge() -> Iterator[EdgeAppliance]:
         appliance.stop()
 
 
-def port_of(appliance: EdgeAppliance) -> int:
-    return appliance.mqtt.address[1]
+def port_of(broker: Any) -> int:
+    """The MQTT port of an edge appliance (or of a reference broker with ``port``)."""
+    port = getattr(broker, "port", None)
+    return port if port is not None else broker.mqtt.address[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = DEADLINE_S, what: str = "") -> Any:

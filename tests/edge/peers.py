@@ -58,7 +58,8 @@ class Peer:
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
         info = self.client.publish(topic, payload, qos, retain)
         info.wait_for_publish(DEADLINE_S)
-        assert info.is_published(), (self.client._client_id, self.edge.mqtt.status())
+        assert info.is_published(), (self.client._client_id, getattr(self.edge, "mqtt", None)
+                                      and self.edge.mqtt.status())
 
     def next(self, timeout_s: float = DEADLINE_S) -> Any:
         return self.messages.get(timeout=timeout_s)
