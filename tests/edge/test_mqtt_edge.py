@@ -194,3 +194,20 @@ def test_qos_travels_as_the_native_class_and_native_guaranteed_messages_reach_mq
         native.publish("q/native", b"n", qos="guaranteed", flush=True)
         msg = sub.next()
         assert (msg.topic, msg.payload, msg.qos) == ("q/native", b"n", 1)
+
+
+def test_a_reloaded_password_applies_to_the_next_connect(edge):
+    from appliance.config import parse_config
+    from appliance.control.credentials import hash_password
+    from tests.edge.conftest import edge_doc
+
+    doc = edge_doc(max_packet_bytes=4_096, max_subscriptions=8)  # the fixture's [mqtt]
+    doc["clients"]["udp"] = "{}:{}".format(*edge.config.clients_udp)
+    doc["pm"]["identities"]["alice"]["password"] = hash_password("rotated", n=1 << 10)
+    plan = edge.reload(parse_config(doc))
+    assert "mqtt" not in plan.restart
+    old = Peer(edge, "rot-old", password="alice-secret")
+    old.client.loop_stop()
+    assert old.rc.value == 0x86
+    with Peer(edge, "rot-new", password="rotated") as new:
+        assert new.rc == 0

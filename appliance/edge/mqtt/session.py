@@ -75,7 +75,7 @@ class MqttSession:
         self._pending_lock = threading.Lock()
         self._last_native: Any = None
         self.closing = False
-        self.taken_over = False
+        self.no_will = False
         self.done = asyncio.Event()
 
     # --- counting --------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ class MqttSession:
             self.count("closed_internal_error")
             log.exception("mqtt %s: internal error; connection closed", self.peer)
         finally:
-            await self._end(send_will=will and not clean and not self.taken_over)
+            await self._end(send_will=will and not clean and not self.no_will)
 
     async def _read(self, timeout_s: float | None, why: str) -> codec.Packet:
         """The next packet (raises ``Closed`` for a refusal or the deadline)."""
@@ -251,7 +251,7 @@ class MqttSession:
         """End this connection from outside (takeover, shutdown): no will."""
         if self.version == codec.V5 and self.connect is not None:
             self.send_now(codec.encode_disconnect(code))
-        self.taken_over = True
+        self.no_will = True
         self.closing = True
         self.writer.close()
         await self.done.wait()
