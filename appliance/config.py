@@ -166,7 +166,11 @@ MQTT_MAX_SUBSCRIPTIONS = 64
 """Topic filters one MQTT connection may hold (``mqtt.max_subscriptions``)."""
 MQTT_MAX_INFLIGHT = 64
 """QoS 1/2 messages to one MQTT client awaiting its acknowledgement, and QoS 2 messages from
-it awaiting PUBREL (``mqtt.max_inflight``); beyond, deliveries are dropped and counted."""
+it awaiting PUBREL (``mqtt.max_inflight``); beyond, deliveries wait in the connection's
+queue (``mqtt.max_queued``) and QoS 2 publishes are refused."""
+MQTT_MAX_QUEUED = 1_000
+"""QoS 1/2 messages queued for one MQTT client while its inflight window is full
+(``mqtt.max_queued``); beyond, deliveries are dropped and counted."""
 MQTT_MAX_RETAINED = 10_000
 """Retained messages the edge keeps (``mqtt.max_retained``)."""
 MQTT_MAX_RETAINED_BYTES = 16 * 1024 * 1024
@@ -291,6 +295,7 @@ class MqttConfig:
     max_packet_bytes: int = MQTT_MAX_PACKET_BYTES
     max_subscriptions: int = MQTT_MAX_SUBSCRIPTIONS
     max_inflight: int = MQTT_MAX_INFLIGHT
+    max_queued: int = MQTT_MAX_QUEUED
     max_retained: int = MQTT_MAX_RETAINED
     max_retained_bytes: int = MQTT_MAX_RETAINED_BYTES
     connect_timeout_ms: int = MQTT_CONNECT_TIMEOUT_MS
@@ -519,7 +524,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
     if "mqtt" not in doc:
         return None
     mq = _table(doc, "mqtt", {"listen", "max_connections", "max_packet_bytes",
-                              "max_subscriptions", "max_inflight", "max_retained",
+                              "max_subscriptions", "max_inflight", "max_queued",
+                              "max_retained",
                               "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
                               "allow_anonymous"}, "")
     p = "mqtt."
@@ -545,6 +551,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                                min(MQTT_MAX_SUBSCRIPTIONS, max_subscriptions), 1,
                                max_subscriptions),
         max_inflight=_int(mq, "max_inflight", p, MQTT_MAX_INFLIGHT, 1, 65_535),
+        max_queued=_int(mq, "max_queued", p, MQTT_MAX_QUEUED, 0, 1_000_000),
         max_retained=_int(mq, "max_retained", p, MQTT_MAX_RETAINED, 0, 10_000_000),
         max_retained_bytes=_int(mq, "max_retained_bytes", p, MQTT_MAX_RETAINED_BYTES, 0,
                                 1 << 34),

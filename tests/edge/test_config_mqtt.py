@@ -28,6 +28,7 @@ def refusal(doc: dict) -> str:
     ({"max_connections": 100_000}, "mqtt.max_connections: must be an integer in [1, 256]"),
     ({"max_subscriptions": 0}, "mqtt.max_subscriptions: must be an integer"),
     ({"max_inflight": 1.5}, "mqtt.max_inflight: must be an integer"),
+    ({"max_queued": -1}, "mqtt.max_queued: must be an integer in [0, 1000000]"),
     ({"allow_anonymous": "yes"}, "mqtt.allow_anonymous: must be true or false"),
     ({"tls": True}, "mqtt.tls: unknown key"),
 ])

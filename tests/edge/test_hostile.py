@@ -160,19 +160,24 @@ def test_connections_beyond_the_limit_are_closed_at_once():
         edge.stop()
 
 
-def test_unacknowledged_deliveries_are_bounded_by_max_inflight():
-    edge = start_edge(max_inflight=2)
+def test_unacknowledged_deliveries_are_bounded_by_max_inflight_and_max_queued():
+    edge = start_edge(max_inflight=2, max_queued=1)
     try:
-        sock = logged_in(edge, 4, "never-acks")
+        sock = logged_in(edge, 4, "slow-acker")
         sock.sendall(codec.encode_subscribe(1, [("slow/#", 1)]))
         assert read_packet(sock) == (0x90, b"\x00\x01\x01")
         with Peer(edge, "fast-pub") as pub:
             for i in range(5):
                 pub.publish(f"slow/{i}", b"x", 1)
-        wait_counter(edge, "deliveries_dropped_inflight", 3)
+        wait_counter(edge, "deliveries_dropped_queue_full", 2)  # 2 in flight, 1 queued
         got = [read_packet(sock) for _ in range(2)]
+        assert [body[2:8] for first, body in got] == [b"slow/0", b"slow/1"]
         assert all(first == 0x32 for first, _ in got), got
-        assert len(edge.mqtt.sessions["never-acks"].inflight) == 2
+        session = edge.mqtt.sessions["slow-acker"]
+        assert len(session.inflight) == 2 and len(session.queued) == 1
+        sock.sendall(codec.encode_ack(PacketType.PUBACK, int.from_bytes(got[0][1][8:10], "big")))
+        first, body = read_packet(sock)  # the queued one takes the freed slot
+        assert (first, body[2:8]) == (0x32, b"slow/2")
         sock.close()
     finally:
         edge.stop()

@@ -101,7 +101,7 @@ def on_ack(session: MqttSession, pkt: codec.Ack) -> None:
         session.inflight[pkt.packet_id] = (2, "pubcomp")
         session.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version))
     else:
-        del session.inflight[pkt.packet_id]
+        session.release(pkt.packet_id)
 
 
 async def publish_will(session: MqttSession, will: codec.Will) -> None:

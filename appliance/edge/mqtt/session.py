@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import logging
 import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from appliance.client.messages import QOS
@@ -66,6 +67,8 @@ class MqttSession:
         self.native_subscribes = 0
         self.inflight: dict[int, tuple[int, str]] = {}
         """Outgoing QoS 1/2 packet id -> (qos, what is awaited: puback, pubrec, pubcomp)."""
+        self.queued: deque[tuple[str, bytes, int, bool]] = deque()
+        """QoS 1/2 deliveries waiting for a free inflight slot (``mqtt.max_queued``)."""
         self.awaiting_rel: set[int] = set()
         """Incoming QoS 2 packet ids published, awaiting PUBREL."""
         self.client_receive_maximum = 65_535
@@ -197,7 +200,11 @@ class MqttSession:
                 self.count("messages_out")
             return
         if len(self.inflight) >= min(self.cfg.max_inflight, self.client_receive_maximum):
-            self.count("deliveries_dropped_inflight")
+            if len(self.queued) >= self.cfg.max_queued:
+                self.count("deliveries_dropped_queue_full")
+                return
+            self.queued.append((topic, payload, qos, retain))
+            self.count("deliveries_queued")
             return
         packet_id = next(self._ids)
         while packet_id in self.inflight:
@@ -206,6 +213,12 @@ class MqttSession:
                                           version=self.version)):
             self.inflight[packet_id] = (qos, "puback" if qos == 1 else "pubrec")
             self.count("messages_out")
+
+    def release(self, packet_id: int) -> None:
+        """An outgoing QoS 1/2 flow ended: its slot takes the next queued delivery."""
+        del self.inflight[packet_id]
+        if self.queued:
+            self.deliver(*self.queued.popleft())
 
     # --- from the fabric -------------------------------------------------------------------------
     def on_native(self, msg: Any) -> None:
