@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 NATIVE_QOS = ("best-effort", "guaranteed")
 """The native class of an MQTT publish at QoS 0, and at QoS 1 or 2."""
+REGISTERED_TOPICS = 16_384
+"""Topics per connection remembered as registered with the appliance: their publishes run on
+the event loop (no round trip: the native client has their key); others on a worker thread."""
 
 
 async def _into_fabric(session: MqttSession, topic: str, payload: bytes, qos: int,
@@ -34,9 +37,15 @@ async def _into_fabric(session: MqttSession, topic: str, payload: bytes, qos: in
     from appliance.client.errors import ClientError, EntitlementError
 
     server = session.server
+    native_qos = NATIVE_QOS[min(qos, 1)]
     try:
-        await server.blocking(session.native.publish, topic, payload, flush=True,
-                              qos=NATIVE_QOS[min(qos, 1)])
+        if topic in session.registered:  # its key is known: publishing does not wait
+            session.native.publish(topic, payload, flush=True, qos=native_qos)
+        else:  # the first publish of a topic registers it: a round trip to the appliance
+            await server.blocking(session.native.publish, topic, payload, flush=True,
+                                  qos=native_qos)
+            if len(session.registered) < REGISTERED_TOPICS:
+                session.registered.add(topic)
     except EntitlementError:
         session.count("publishes_denied")
         return False

@@ -70,6 +70,8 @@ class MqttSession:
         self.queued: deque[tuple[str, bytes, int, bool]] = deque()
         """QoS 1/2 deliveries waiting for a free inflight slot (``mqtt.max_queued``)."""
         self.awaiting_rel: set[int] = set()
+        self.registered: set[str] = set()
+        """Topics this connection published before (handle_publish.REGISTERED_TOPICS)."""
         """Incoming QoS 2 packet ids published, awaiting PUBREL."""
         self.client_receive_maximum = 65_535
         self.client_max_packet_bytes = codec.MAX_REMAINING_LENGTH + 5
