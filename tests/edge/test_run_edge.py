@@ -87,6 +87,10 @@ def test_mosquitto_clients_and_a_native_client_talk_through_a_running_edge(tmp_p
         counters = wait_for(lambda: mqtt_status(base).get("counters"))
         assert counters["connect_refused_bad_credentials"] == 1
         assert counters["connects_accepted"] >= 3 and counters["publishes_in"] == 2
+        code, _, text = http("GET", base + "/metrics")
+        assert code == 200
+        assert 'topicwire_mqtt_events_total{counter="connect_refused_bad_credentials"} 1.0' \
+            in text
     finally:
         assert stop(proc) == 0
 
