@@ -210,3 +210,50 @@ def test_a_repeated_qos2_packet_id_is_published_once(edge):
         assert watch.next().payload == b"once"
         assert watch.next().payload == b"marker"  # no second copy between them
         sock.close()
+
+
+def test_a_persistent_3_1_1_session_needs_a_client_id(edge):
+    sock = raw(edge)
+    sock.sendall(codec.encode_connect("", clean=False, username="alice",
+                                      password=b"alice-secret"))
+    assert closed_by_peer(sock) == b"\x20\x02\x00\x02"  # identifier rejected
+    assert counter(edge, "connect_refused_client_id") == 1
+
+
+def test_mqtt5_disconnect_with_will_sends_the_will(edge):
+    with Peer(edge, "w4-watch") as watch:
+        assert watch.subscribe("w4/#", 1) == 1
+        sock = raw(edge)
+        sock.sendall(codec.encode_connect("w4", version=5, username="alice",
+                                          password=b"alice-secret",
+                                          will=codec.Will("w4/gone", b"asked for", 1, False)))
+        first, body = read_packet(sock)
+        assert first == 0x20 and body[1] == 0
+        sock.sendall(codec.packet(PacketType.DISCONNECT, 0, b"\x04\x00"))
+        msg = watch.next()
+        assert (msg.topic, msg.payload) == ("w4/gone", b"asked for")
+        assert counter(edge, "disconnects_with_will") == 1
+        sock.close()
+
+
+def test_mqtt5_clients_receive_maximum_and_maximum_packet_size_are_honoured(edge):
+    sock = raw(edge)
+    sock.sendall(codec.encode_connect(
+        "small", version=5, username="alice", password=b"alice-secret",
+        props=[(codec.PROP["receive_maximum"], 1), (codec.PROP["maximum_packet_size"], 40)]))
+    first, body = read_packet(sock)
+    assert first == 0x20 and body[1] == 0
+    sock.sendall(codec.encode_subscribe(1, [("small/#", 1)], codec.V5))
+    assert read_packet(sock) == (0x90, b"\x00\x01\x00\x01")
+    with Peer(edge, "small-pub") as pub:
+        pub.publish("small/big", b"x" * 100, 1)     # larger than the client takes: dropped
+        wait_counter(edge, "deliveries_dropped_client_max_packet")
+        pub.publish("small/a", b"1", 1)
+        pub.publish("small/b", b"2", 1)             # waits: receive maximum 1
+        first, body = read_packet(sock)
+        assert (first, body[2:9]) == (0x32, b"small/a")
+        wait_counter(edge, "deliveries_queued")
+        sock.sendall(codec.encode_ack(PacketType.PUBACK, int.from_bytes(body[9:11], "big")))
+        first, body = read_packet(sock)
+        assert (first, body[2:9]) == (0x32, b"small/b")
+    sock.close()
