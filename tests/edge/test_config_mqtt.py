@@ -80,3 +80,17 @@ def test_scrypt_credentials_verify_only_their_password():
     assert not verify_password(stored, b"correct horsf")
     assert not verify_password("not a hash", b"correct horse")
     assert hash_password("x", n=1 << 10) != hash_password("x", n=1 << 10)  # salted
+
+
+def test_the_provisioning_command_prints_a_hash_of_the_password_it_reads():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "appliance.control.credentials"],
+                          input="s3cret pass\n", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    stored = done.stdout.strip()
+    assert stored.startswith("scrypt:16384:8:1:") and verify_password(stored, b"s3cret pass")
+    empty = subprocess.run([sys.executable, "-m", "appliance.control.credentials"], input="",
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "give the password on standard input" in empty.stderr
