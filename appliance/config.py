@@ -170,6 +170,32 @@ socket buffer would."""
 RDMA_LINK_BACKLOG_BYTES = 4 * 1024 * 1024
 """Bytes of that backlog at most (as deep as the UDP fabric socket's send buffer)."""
 
+MQTT_MAX_CONNECTIONS = 64
+"""MQTT connections one edge holds (``mqtt.max_connections``); each logs in a client session
+of its own, so at most ``clients.max_sessions``."""
+MQTT_MAX_PACKET_BYTES = 65_536
+"""Largest MQTT packet the edge accepts (``mqtt.max_packet_bytes``); a larger one is refused
+and its connection closed."""
+MQTT_MAX_SUBSCRIPTIONS = 64
+"""Topic filters one MQTT connection may hold (``mqtt.max_subscriptions``)."""
+MQTT_MAX_INFLIGHT = 64
+"""QoS 1/2 messages to one MQTT client awaiting its acknowledgement, and QoS 2 messages from
+it awaiting PUBREL (``mqtt.max_inflight``); beyond, deliveries wait in the connection's
+queue (``mqtt.max_queued``) and QoS 2 publishes are refused."""
+MQTT_MAX_QUEUED = 1_000
+"""QoS 1/2 messages queued for one MQTT client while its inflight window is full
+(``mqtt.max_queued``); beyond, deliveries are dropped and counted."""
+MQTT_MAX_RETAINED = 10_000
+"""Retained messages the edge keeps (``mqtt.max_retained``)."""
+MQTT_MAX_RETAINED_BYTES = 16 * 1024 * 1024
+"""Bytes of retained payloads and topics the edge keeps (``mqtt.max_retained_bytes``)."""
+MQTT_CONNECT_TIMEOUT_MS = 10_000
+"""A connection that has not sent CONNECT this long after it opened is closed
+(``mqtt.connect_timeout_ms``)."""
+MQTT_SEND_BUFFER_BYTES = 1024 * 1024
+"""Bytes queued towards one MQTT client before further QoS 0 deliveries to it are dropped and
+counted (``mqtt.send_buffer_bytes``)."""
+
 MAX_NODE_ID = 2**31 - 1
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """Appliance, neighbour, group, ring and device names (whole string: ``fullmatch``)."""
@@ -269,6 +295,27 @@ class GroupConfig:
 class IdentityConfig:
     publish: tuple[str, ...] = ()
     subscribe: tuple[str, ...] = ()
+    password: str | None = None
+    """The identity's credential (``scrypt:N:r:p:SALT:HASH``, appliance/control/credentials.py)
+    for logins that carry a password (the MQTT edge); None: it has none."""
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    """``[mqtt]``: the MQTT server of an edge appliance (docs/edge.md)."""
+
+    listen: Address
+    max_connections: int = MQTT_MAX_CONNECTIONS
+    max_packet_bytes: int = MQTT_MAX_PACKET_BYTES
+    max_subscriptions: int = MQTT_MAX_SUBSCRIPTIONS
+    max_inflight: int = MQTT_MAX_INFLIGHT
+    max_queued: int = MQTT_MAX_QUEUED
+    max_retained: int = MQTT_MAX_RETAINED
+    max_retained_bytes: int = MQTT_MAX_RETAINED_BYTES
+    connect_timeout_ms: int = MQTT_CONNECT_TIMEOUT_MS
+    send_buffer_bytes: int = MQTT_SEND_BUFFER_BYTES
+    allow_anonymous: bool = False
+    """A CONNECT without a username logs in as P&M identity ``anonymous``."""
 
 
 @dataclass(frozen=True)
@@ -315,6 +362,8 @@ class ApplianceConfig:
     """``[telemetry]`` (appliance/ops/telemetry/settings.py), None when absent."""
     routes: Any = None
     """``[routes]`` (appliance/ops/telemetry/settings.py)."""
+    mqtt: MqttConfig | None = None
+    """``[mqtt]`` (role ``edge`` only), None when absent."""
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -469,10 +518,63 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         where = f"{key}.{identity}"
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
-        _known(spec, {"publish", "subscribe"}, where + ".")
+        _known(spec, {"publish", "subscribe", "password"}, where + ".")
+        password = spec.get("password")
+        if password is not None:
+            from appliance.control.credentials import CredentialError, parse_hash
+
+            try:
+                parse_hash(password)
+            except CredentialError as exc:
+                raise _fail(where + ".password", str(exc)) from None
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
-                                       _patterns(spec.get("subscribe", []), where + ".subscribe"))
+                                       _patterns(spec.get("subscribe", []), where + ".subscribe"),
+                                       password)
     return out
+
+
+def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
+          max_sessions: int, max_subscriptions: int) -> MqttConfig | None:
+    """``[mqtt]``: an edge's MQTT server (docs/edge.md)."""
+    if "mqtt" not in doc:
+        return None
+    mq = _table(doc, "mqtt", {"listen", "max_connections", "max_packet_bytes",
+                              "max_subscriptions", "max_inflight", "max_queued",
+                              "max_retained",
+                              "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
+                              "allow_anonymous"}, "")
+    p = "mqtt."
+    if role != "edge":
+        raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
+    if "listen" not in mq:
+        raise _fail(p + "listen", "required: \"IPv4:port\" the MQTT server listens on, such as "
+                    "\"127.0.0.1:1883\"")
+    listen = parse_address(mq["listen"], p + "listen", allow_zero_port=True)
+    if clients_udp is None and shm is None:
+        raise _fail(p + "listen", "needs clients.udp or clients.shm: each MQTT connection logs "
+                    "in a client session through the edge's own client endpoint")
+    anonymous = mq.get("allow_anonymous", False)
+    if not isinstance(anonymous, bool):
+        raise _fail(p + "allow_anonymous", "must be true or false")
+    return MqttConfig(
+        listen=listen,
+        max_connections=_int(mq, "max_connections", p, min(MQTT_MAX_CONNECTIONS, max_sessions),
+                             1, max_sessions),
+        max_packet_bytes=_int(mq, "max_packet_bytes", p, MQTT_MAX_PACKET_BYTES, 64,
+                              16 * 1024 * 1024),
+        max_subscriptions=_int(mq, "max_subscriptions", p,
+                               min(MQTT_MAX_SUBSCRIPTIONS, max_subscriptions), 1,
+                               max_subscriptions),
+        max_inflight=_int(mq, "max_inflight", p, MQTT_MAX_INFLIGHT, 1, 65_535),
+        max_queued=_int(mq, "max_queued", p, MQTT_MAX_QUEUED, 0, 1_000_000),
+        max_retained=_int(mq, "max_retained", p, MQTT_MAX_RETAINED, 0, 10_000_000),
+        max_retained_bytes=_int(mq, "max_retained_bytes", p, MQTT_MAX_RETAINED_BYTES, 0,
+                                1 << 34),
+        connect_timeout_ms=_int(mq, "connect_timeout_ms", p, MQTT_CONNECT_TIMEOUT_MS, 100,
+                                600_000),
+        send_buffer_bytes=_int(mq, "send_buffer_bytes", p, MQTT_SEND_BUFFER_BYTES, 4_096,
+                               1 << 30),
+        allow_anonymous=anonymous)
 
 
 FIELD_FORM = "[name, offset, type] or [name, offset, type, width]"
@@ -744,7 +846,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _check_tree(doc)
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
-                 "telemetry", "routes"}, "")
+                 "telemetry", "routes", "mqtt"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
                                     "priority", "switch_interval_us", "drain_timeout_ms",
                                     "parked_ttl_ms", "heartbeat_interval_ms",
@@ -890,6 +992,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         if "registry" in pm:
             registry = existing_file(pm["registry"], p + "registry", base)
 
+    mqtt = _mqtt(doc, role, clients_udp, shm, max_sessions, max_subscriptions)
     mgmt = _mgmt(doc, base)
     log = _table(doc, "log", {"format", "level"}, "")
     _str(log, "format", "log.", "text", ("text", "json"))
@@ -909,7 +1012,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
-        routes=parse_routes(doc.get("routes"), base, mode))
+        routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt)
     if mode == "embedded":
         import json
 

@@ -54,7 +54,7 @@ RESTART = {
     "max_registrations": "clients.max_registrations",
     "max_pending_requests": "clients.max_pending_requests",
     "pm_mode": "pm.mode", "pm_registry": "pm.registry",
-    "mgmt": "mgmt", "telemetry": "telemetry",
+    "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt",
 }
 """Fields that need a restart -> their config key (``mgmt`` is reported per key). A field in
 neither table (one added later) needs a restart and is reported by its field name."""

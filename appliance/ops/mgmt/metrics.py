@@ -59,6 +59,8 @@ METRIC_NAMES = (
     "topicwire_client_published_total",
     "topicwire_client_delivered_total",
     "topicwire_events_total",
+    "topicwire_mqtt_connections",
+    "topicwire_mqtt_events_total",
     "topicwire_mgmt_connections",
     "topicwire_mgmt_errors_total",
 )
@@ -162,6 +164,16 @@ def families(status: dict[str, Any]) -> Iterator[Metric]:
     for name, n in sorted(status.get("counters", {}).items()):
         events.add_metric((str(name),), _num(n))
     yield events
+
+    mqtt = status.get("mqtt")  # an edge's MQTT server (docs/edge.md)
+    if mqtt:
+        yield GaugeMetricFamily(PREFIX + "mqtt_connections", "Open MQTT connections",
+                                value=_num(mqtt.get("connections")))
+        counters = CounterMetricFamily(PREFIX + "mqtt_events", "The MQTT server's counters "
+                                       "by name", labels=("counter",))
+        for name, n in sorted(mqtt.get("counters", {}).items()):
+            counters.add_metric((str(name),), _num(n))
+        yield counters
 
 
 def _channels(channels: list[dict[str, Any]]) -> Iterator[Metric]:
