@@ -1,13 +1,20 @@
 """``pip install`` of the wheel gives a complete CLI: the wheel is built from this tree,
-installed into a new virtual environment (``python -m venv``, the core dependencies from
-pip's cache or the index, no extra) and its ``topicwire`` runs an appliance, ``pub`` and
-``sub`` through it, dissects a capture, writes P4 entries with the P4Info it ships and runs
-``bench fabric`` with the C relay it ships; the commands of an extra say which to install.
+installed into a new virtual environment (``python -m venv``, ``pip install --no-deps``) and
+its ``topicwire`` runs an appliance, ``pub`` and ``sub`` through it, dissects a capture, writes
+P4 entries with the P4Info it ships and runs ``bench fabric`` with the C relay it ships; the
+commands of an extra say which to install.
+
+The core dependencies are not unpacked again (half a gigabyte: numba's llvmlite, pyarrow):
+the venv sees exactly the distributions the wheel's ``Requires-Dist`` names without an
+extra, and what they require in turn, linked from the environment running the tests (a
+``.pth`` naming a directory of links). A dependency the wheel forgot to declare, or one an
+extra holds, is not there, as after ``pip install``. ``TOPICWIRE_WHEEL_TEST_PIP=1`` installs
+them with pip instead (from its cache or the index).
 
 Each run makes a new venv. Only numba's compile cache is kept between runs (in
 ``.venv/numba-cache-wheel``, with the installed sources' mtimes set to one fixed time, since
 numba's cache is keyed on the source file's path and mtime): a first run compiles every kernel
-the commands use, later ones load them.
+the commands use (minutes), later ones load them.
 """
 
 from __future__ import annotations
@@ -70,12 +77,18 @@ def installed(tmp_path_factory):
           "-w", str(tmp / "dist"), str(source)], env, cwd=tmp)
     wheel = next((tmp / "dist").glob("topicwire-*.whl"))
     shutil.rmtree(VENV, ignore_errors=True)
-    _run([sys.executable, "-m", "venv", str(VENV)], env, cwd=tmp)
-    _run([str(VENV / "bin" / "python"), "-m", "pip", "install", "-q",
-          "--disable-pip-version-check", str(wheel)], env, cwd=tmp)
-    site = Path(_run([str(VENV / "bin" / "python"), "-c",
-                      "import sysconfig; print(sysconfig.get_path('purelib'))"], env,
-                     cwd=tmp).strip())
+    with_pip = os.environ.get("TOPICWIRE_WHEEL_TEST_PIP") == "1"
+    _run([sys.executable, "-m", "venv", *(() if with_pip else ("--without-pip",)), str(VENV)],
+         env, cwd=tmp)
+    python = str(VENV / "bin" / "python")
+    pip = [python, "-m", "pip"] if with_pip else [sys.executable, "-m", "pip", "--python",
+                                                  python]
+    _run([*pip, "install", "-q", "--disable-pip-version-check",
+          *(() if with_pip else ("--no-deps",)), str(wheel)], env, cwd=tmp)
+    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                     env, cwd=tmp).strip())
+    if not with_pip:
+        _link_core_dependencies(wheel, site, tmp / "core-deps")
     for package in PACKAGES:
         for path in (site / package).rglob("*"):
             os.utime(path, (SOURCE_MTIME, SOURCE_MTIME))
@@ -83,6 +96,41 @@ def installed(tmp_path_factory):
                PYTHONUNBUFFERED="1")
     yield VENV / "bin", env, tmp
     shutil.rmtree(VENV, ignore_errors=True)
+
+
+def _link_core_dependencies(wheel, site, links):
+    """Make the wheel's core dependencies (and theirs) importable in the venv at ``site``:
+    links to their files in this environment, in ``links``, named by a ``.pth``."""
+    import zipfile
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = [line.split(":", 1)[1].strip() for line in
+                    zf.read(meta).decode().splitlines() if line.startswith("Requires-Dist:")]
+    todo, seen = list(requires), {}
+    while todo:
+        req = Requirement(todo.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an extra's, or not for this platform
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        dist = seen[name] = metadata.distribution(req.name)
+        assert req.specifier.contains(dist.version, prereleases=True), (req, dist.version)
+        todo += dist.requires or []
+    links.mkdir()
+    for dist in seen.values():
+        base = Path(dist.locate_file(""))
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()}:
+            if top not in ("..", "__pycache__") and not top.endswith(".pth") and \
+                    not (links / top).exists():
+                (links / top).symlink_to(base / top)
+    (site / "topicwire-core-deps.pth").write_text(f"{links}\n")
+    assert not {"pyspark", "pandas", "matplotlib"} & set(seen)
 
 
 def _run(argv, env, cwd, check=True, timeout_s=STEP_TIMEOUT_S):
