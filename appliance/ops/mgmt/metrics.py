@@ -66,9 +66,9 @@ DROPPED_FRAMES = ("off_path", "unknown_peer")
 DROPPED_MESSAGES = ("unroutable", "parked_expired", "publish_denied", "no_port")
 """Messages the data path dropped, by reason (snapshot ``offload``)."""
 DENIAL_ACTIONS = ("login", "publish", "subscribe")
-GAUGE_COUNTERS = ("rdma_links_up", "rdma_link_up_")
-"""Entries (or prefixes) of the snapshot's ``counters`` that are levels, not counts: not in
-``topicwire_events_total``."""
+GAUGE_COUNTERS = ("rdma_links_up", "rdma_link_up_", "guaranteed_streams_")
+"""Entries (or prefixes) of the snapshot's ``counters`` that are levels, not counts: gauges of
+their own (``_levels``), not in ``topicwire_events_total``."""
 
 METRIC_NAMES = (
     "topicwire_build_info",
@@ -108,6 +108,9 @@ METRIC_NAMES = (
     "topicwire_auth_rejected_frames_total",
     "topicwire_auth_accepted_frames_total",
     "topicwire_client_sessions",
+    "topicwire_guaranteed_streams",
+    "topicwire_rdma_links_up",
+    "topicwire_rdma_link_up",
     "topicwire_events_total",
     "topicwire_mgmt_connections",
     "topicwire_mgmt_errors_total",
@@ -204,12 +207,31 @@ def families(status: dict[str, Any]) -> Iterator[Metric]:
         gauge.add_metric((channel,), n)
     yield gauge
 
+    yield from _levels(counters)
     events = CounterMetricFamily(PREFIX + "events", "Data-path and control counters by name "
                                  "(the status snapshot's counters)", labels=("counter",))
     for name, n in sorted(counters.items()):
         if not str(name).startswith(GAUGE_COUNTERS):
             events.add_metric((str(name),), _num(n))
     yield events
+
+
+def _levels(counters: dict[str, Any]) -> Iterator[Metric]:
+    """The levels among the snapshot's counters (``GAUGE_COUNTERS``) as gauges."""
+    streams = GaugeMetricFamily(PREFIX + "guaranteed_streams", "Guaranteed streams this "
+                                "appliance sends (out) and receives (in)", labels=("direction",))
+    for direction in ("in", "out"):
+        streams.add_metric((direction,), _num(counters.get(f"guaranteed_streams_{direction}")))
+    yield streams
+    if "rdma_links_up" in counters:
+        yield GaugeMetricFamily(PREFIX + "rdma_links_up", "RDMA links to neighbours that are up",
+                                value=_num(counters["rdma_links_up"]))
+    up = GaugeMetricFamily(PREFIX + "rdma_link_up", "1 when the RDMA link to the neighbour is "
+                           "up, else 0", labels=("neighbour",))
+    for name, n in sorted(counters.items()):  # the config's neighbours
+        if str(name).startswith("rdma_link_up_"):
+            up.add_metric((str(name).removeprefix("rdma_link_up_"),), _num(n))
+    yield up
 
 
 def _denials(rows: list[dict[str, Any]], counters: dict[str, Any]) -> Metric:
