@@ -10,13 +10,29 @@ from hdrh.histogram import HdrHistogram
 
 from appliance.client import ClientError, connect
 from appliance.ops.mgmt.config import METRICS_LATENCY_BUCKETS_S
-from appliance.ops.mgmt.metrics import METRIC_NAMES, _hdr_index_values, latency_buckets
+from appliance.ops.mgmt.metrics import (
+    MESSAGE_VERDICTS,
+    METRIC_NAMES,
+    OFFLOAD_COUNTERS,
+    _hdr_index_values,
+    latency_buckets,
+)
 from channels.stats import LATENCY_HIGHEST_NS, LATENCY_LOWEST_NS, LATENCY_SIGNIFICANT_DIGITS
 from tests.appliance.helpers import free_port, run_appliance, stop, wait_for
 from tests.appliance.mgmt_fabric import free_tcp_port, http
 from tests.appliance.promlint import lint, series
 
 EVENTS = "topicwire_events_total"
+
+
+def test_every_software_nic_counter_has_its_metric():
+    """A verdict or counter the NIC gains cannot go unexported (its malformed frames are
+    ``topicwire_offload_malformed_frames_total`` by reason)."""
+    from nic_offload.softnic import layout as L
+
+    assert set(MESSAGE_VERDICTS) == {v.name.lower() for v in L.MessageVerdict
+                                     if v is not L.MessageVerdict.NOT_PROCESSED}
+    assert set(OFFLOAD_COUNTERS) | {"malformed_frames"} == {c.name.lower() for c in L.Counter}
 
 
 def test_hdr_index_values_are_the_histograms_own():
