@@ -21,6 +21,12 @@ single-pair bench has. What that costs: the publishers' messages leave one after
 (which a total rate spread over N publishers does anyway), and a subscriber's datagrams may
 wait in its socket while the process reads another's; latency is taken at the kernel's
 receive timestamp (SO_TIMESTAMPNS) of each datagram, so that wait is not in the figure.
+For the same reason the subscriber process reads its sockets every ``SUB_READ_INTERVAL_NS``
+(1 ms: what came to each socket in one call) rather than waking for each datagram: at 10,000
+msgs/s to 16 subscribers 160,000 datagrams/s arrive, and a process woken for each of them
+took a whole core from the hop (it fell behind and took more, for both hops alike); read in
+batches it takes a fraction. Its socket buffers (4 MiB asked) hold far more than 1 ms of
+either hop's traffic.
 
 - latency: ``--rate`` messages/s in all for ``--duration-s``, one message per frame, sent by
   the publishers in turn (message i by publisher i mod N); p50/p99/p99.9 of publish time to
@@ -76,9 +82,14 @@ FANOUT_MAX_PEERS = 64
 SESSIONS_PER_CLIENT = 2
 """``clients.max_sessions`` of the appliance: this many per publisher and subscriber (room for
 the last measurement's sessions while their logouts are still on the way)."""
+SUB_READ_INTERVAL_NS = 1_000_000
+"""The subscriber process reads its M sockets this often (then everything that came), instead
+of waking for every datagram."""
 HOPS = ("topicwire", "c_relay")
 REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_msg",
-            "p50_us", "p99_us", "p999_us")
+            "p50_us", "p99_us", "p999_us", "latency_lost")
+"""The figures in the report (medians); the others stay in ``params["runs"]`` (CPU seconds
+of the publisher and subscriber processes during each measurement among them)."""
 GOALS = {"p50_us topicwire/c_relay": ("<=", 1.2), "p999_us topicwire/c_relay": ("<=", 2.0),
          "msgs_per_s topicwire/c_relay": (">=", 0.8)}
 """Issue 15's goals at N = M = 16, 10,000 msgs/s: reported with the figures, not asserted."""
@@ -165,6 +176,7 @@ def _publisher(spec: dict[str, Any]) -> None:
         print("READY", flush=True)
         if _stdin_line(STEP_TIMEOUT_S) != "PROBE":
             raise SystemExit("bench fabric: expected PROBE")
+        cpu_ready = _cpu_s()
         rounds = 0
         while True:
             for channel, probe in zip(chans, probes):
@@ -180,6 +192,7 @@ def _publisher(spec: dict[str, Any]) -> None:
         else:
             result = _blast(chans, data, per_publisher)
         result["probes"] = rounds * n
+        result["cpu_s"] = _cpu_s() - cpu_ready
         print(json.dumps(result), flush=True)
     finally:
         for channel, session in zip(chans, sessions):
@@ -187,6 +200,14 @@ def _publisher(spec: dict[str, Any]) -> None:
                 fabric._logout(channel, session)
             finally:
                 channel.close()
+
+
+def _cpu_s() -> float:
+    """CPU seconds this process has used (user and system)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _blast(chans: list, data: list, per_publisher: int) -> dict[str, Any]:
@@ -273,13 +294,15 @@ def _subscriber(spec: dict[str, Any]) -> None:
         for fd in by_fd:
             poller.register(fd, select.EPOLLIN)
         print("READY " + " ".join(str(c.local_address[1]) for c in chans), flush=True)
+        cpu_ready = _cpu_s()
         sent = None
         flowing = False
         received = 0
         idle_since = time.monotonic_ns()
         loops = 0
         while True:
-            events = poller.poll(SUB_RECEIVE_TIMEOUT_NS / 1e9)
+            time.sleep(SUB_READ_INTERVAL_NS / 1e9)
+            events = poller.poll(0)
             now = time.monotonic_ns()
             loops += 1
             for fd, _ in events:
@@ -299,6 +322,8 @@ def _subscriber(spec: dict[str, Any]) -> None:
                             probe = batch.buf[msgs["payload_offset"]] != 0
                             probed[j].update(msgs["topic_key"][probe].tolist())
                     done += step
+                    if done == n == batch.capacity:  # a full batch: there may be more
+                        n, done = chans[j].receive(batch, 0), 0
             if events:
                 now_received = sum(int(t[_fabric_kernels.RECEIVED]) for t in totals)
                 if now_received != received:  # measured messages came
@@ -313,6 +338,7 @@ def _subscriber(spec: dict[str, Any]) -> None:
                 line = _stdin_line(0)
                 if line is not None and line.startswith("END"):
                     sent = int(line.split()[1])
+                    idle_since = max(idle_since, now)  # the drain's quiet counts from END
             if sent is not None and (received >= sent * m
                                      or now - idle_since > SUB_DRAIN_IDLE_NS):
                 break
@@ -336,7 +362,7 @@ def _subscriber(spec: dict[str, Any]) -> None:
             "distinct_per_subscriber": per_sub, "malformed": malformed,
             "probes": sum(int(t[_fabric_kernels.PROBES]) for t in totals),
             "first_ns": first_ns, "last_ns": last_ns, "p50_us": at(50), "p99_us": at(99),
-            "p999_us": at(99.9), "samples": count}), flush=True)
+            "p999_us": at(99.9), "samples": count, "cpu_s": _cpu_s() - cpu_ready}), flush=True)
     finally:
         for channel, session in zip(chans, sessions):
             try:
@@ -408,8 +434,8 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
                 relay_counts = None
             relay_child.kill()
     if got["received"] == 0:
-        raise DeviceError(f"{hop}: the subscribers received none of {sent['sent']} messages",
-                          component=_COMPONENT)
+        raise DeviceError(f"{hop}: the subscribers received none of {sent['sent']} messages "
+                          f"({mode}; publisher {sent}, subscribers {got})", component=_COMPONENT)
     prefix = "" if mode == "throughput" else "latency_"
     expected = sent["sent"] * m
     per_sub = got["distinct_per_subscriber"]
@@ -418,7 +444,9 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
                prefix + "lost": float(expected - got["received"] + got["duplicates"]),
                prefix + "duplicates": float(got["duplicates"]),
                prefix + "min_subscriber_received": float(min(per_sub)),
-               prefix + "max_subscriber_received": float(max(per_sub))}
+               prefix + "max_subscriber_received": float(max(per_sub)),
+               prefix + "publisher_cpu_s": float(sent["cpu_s"]),
+               prefix + "subscriber_cpu_s": float(got["cpu_s"])}
     if mode == "throughput":
         span = max(got["last_ns"] - sent["start_ns"], 1)
         figures.update(msgs_per_s=got["received"] * 1e9 / span,
