@@ -14,8 +14,9 @@ subscribed to all N topics, on 127.0.0.1, through the same hops as bench/fabric.
 
 Processes: **one publisher process drives the N publisher sockets and one subscriber process
 holds the M subscriber sockets** (each socket its own session with the appliance), the same
-two processes for both hops. 16 + 16 processes on the 2-core machine this runs on would
-measure mostly the scheduler (every process wakes for every message it handles, and the hop
+two processes for both hops (not measured the other way: reasoned). 16 + 16 processes on the
+2-core machine this runs on would likely measure mostly the scheduler (every process wakes
+for every message it handles, and the hop
 would wait for a core behind them); one process per role keeps the measuring side to what the
 single-pair bench has. What that costs: the publishers' messages leave one after another
 (which a total rate spread over N publishers does anyway), and a subscriber's datagrams may
@@ -23,10 +24,12 @@ wait in its socket while the process reads another's; latency is taken at the ke
 receive timestamp (SO_TIMESTAMPNS) of each datagram, so that wait is not in the figure.
 For the same reason the subscriber process reads its sockets every ``SUB_READ_INTERVAL_NS``
 (1 ms: what came to each socket in one call) rather than waking for each datagram: at 10,000
-msgs/s to 16 subscribers 160,000 datagrams/s arrive, and a process woken for each of them
-took a whole core from the hop (it fell behind and took more, for both hops alike); read in
-batches it takes a fraction. Its socket buffers (4 MiB asked) hold far more than 1 ms of
-either hop's traffic.
+msgs/s to 16 subscribers up to 160,000 datagrams/s arrive, and every CPU second it spends is
+taken from the hop on 2 cores. Measured on the loaded 2-core machine (2-s latency runs, both
+hops, 8 runs each way): 0.5 to 1.2 CPU seconds per run read every 1 ms, 0.6 to 1.4 woken by
+epoll for each datagram (about 20 % more); the latency figures moved far more with the
+machine's other load than with this. Its socket buffers (4 MiB asked) hold far more than
+1 ms of either hop's traffic.
 
 - latency: ``--rate`` messages/s in all for ``--duration-s``, one message per frame, sent by
   the publishers in turn (message i by publisher i mod N); p50/p99/p99.9 of publish time to
