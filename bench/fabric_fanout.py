@@ -16,9 +16,8 @@ Processes: **one publisher process drives the N publisher sockets and one subscr
 holds the M subscriber sockets** (each socket its own session with the appliance), the same
 two processes for both hops (not measured the other way: reasoned). 16 + 16 processes on the
 2-core machine this runs on would likely measure mostly the scheduler (every process wakes
-for every message it handles, and the hop
-would wait for a core behind them); one process per role keeps the measuring side to what the
-single-pair bench has. What that costs: the publishers' messages leave one after another
+for every message it handles, and the hop would wait for a core behind them); one process per
+role keeps the measuring side to what the single-pair bench has. What that costs: the publishers' messages leave one after another
 (which a total rate spread over N publishers does anyway), and a subscriber's datagrams may
 wait in its socket while the process reads another's; latency is taken at the kernel's
 receive timestamp (SO_TIMESTAMPNS) of each datagram, so that wait is not in the figure.
