@@ -17,9 +17,10 @@ holds the M subscriber sockets** (each socket its own session with the appliance
 two processes for both hops (not measured the other way: reasoned). 16 + 16 processes on the
 2-core machine this runs on would likely measure mostly the scheduler (every process wakes
 for every message it handles, and the hop would wait for a core behind them); one process per
-role keeps the measuring side to what the single-pair bench has. What that costs: the publishers' messages leave one after another
-(which a total rate spread over N publishers does anyway), and a subscriber's datagrams may
-wait in its socket while the process reads another's; latency is taken at the kernel's
+role keeps the measuring side to what the single-pair bench has. What that costs: the
+publishers' messages leave one after another (which a total rate spread over N publishers
+does anyway), and a subscriber's datagrams may wait in its socket while the process reads
+another's; latency is taken at the kernel's
 receive timestamp (SO_TIMESTAMPNS) of each datagram, so that wait is not in the figure.
 For the same reason the subscriber process reads its sockets every ``SUB_READ_INTERVAL_NS``
 (1 ms: what came to each socket in one call) rather than waking for each datagram: at 10,000
@@ -196,6 +197,9 @@ def _publisher(spec: dict[str, Any]) -> None:
         result["probes"] = rounds * n
         result["cpu_s"] = _cpu_s() - cpu_ready
         print(json.dumps(result), flush=True)
+        # log out once the subscribers are done: right after a full-rate blast the hop's
+        # socket is still full and the logouts were lost (stale sessions piled up)
+        _stdin_line(STEP_TIMEOUT_S)
     finally:
         for channel, session in zip(chans, sessions):
             try:
@@ -423,6 +427,7 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
         sent = pub.result()
         sub.tell(f"END {sent['sent']}")
         got = sub.result()
+        pub.tell("BYE")
         finished = True
     finally:
         for child in children:  # a client killed before its logout stays a session
@@ -464,6 +469,24 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
     return figures
 
 
+def _wait_no_sessions(mgmt_port: int) -> None:
+    """Wait until the appliance holds no client session (every client logged out), so no
+    stale subscriber takes copies in the next measurement."""
+    import urllib.request
+
+    deadline = time.monotonic() + STEP_TIMEOUT_S / 4
+    while True:
+        with urllib.request.urlopen(f"http://{LOOPBACK}:{mgmt_port}/status",
+                                    timeout=10) as reply:
+            left = len(json.load(reply)["clients"])
+        if left == 0:
+            return
+        if time.monotonic() > deadline:
+            raise DeviceError(f"{left} client sessions stayed at the appliance after a "
+                              "measurement (their logouts were lost)", component=_COMPONENT)
+        time.sleep(0.05)
+
+
 def _check(args: argparse.Namespace) -> None:
     if args.duration_s <= 0:
         raise UserError("--duration-s must be positive", component=_COMPONENT)
@@ -486,16 +509,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sessions = min(400, max(16, SESSIONS_PER_CLIENT * (args.publishers + args.subscribers)))
     with tempfile.TemporaryDirectory(prefix="tw-bench-fanout-") as tmp:
         progress(fabric.NAME, "starting the appliance (topicwire run)")
+        mgmt_port = fabric._free_tcp_port()
         appliance = fabric.Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
                                      switch_us=getattr(args, "switch_interval_us", None),
-                                     max_sessions=sessions)
+                                     max_sessions=sessions, mgmt_port=mgmt_port)
         try:
             for repeat in range(args.repeats):
                 for hop in HOPS:
                     progress(fabric.NAME, f"repeat {repeat + 1}/{args.repeats}: {hop}, "
                              f"{args.publishers} publishers x {args.subscribers} subscribers")
-                    figures = measure(hop, "throughput", args, appliance, relay)
-                    figures.update(measure(hop, "latency", args, appliance, relay))
+                    figures = {}
+                    for mode in ("throughput", "latency"):
+                        figures.update(measure(hop, mode, args, appliance, relay))
+                        if hop == "topicwire":
+                            _wait_no_sessions(mgmt_port)
                     runs[hop].append(figures)
         finally:
             code = appliance.stop()
