@@ -90,9 +90,11 @@ SUB_READ_INTERVAL_NS = 1_000_000
 of waking for every datagram."""
 HOPS = ("topicwire", "c_relay")
 REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_msg",
-            "p50_us", "p99_us", "p999_us", "latency_lost")
-"""The figures in the report (medians); the others stay in ``params["runs"]`` (CPU seconds
-of the publisher and subscriber processes during each measurement among them)."""
+            "p50_us", "p99_us", "p999_us", "latency_lost", "latency_hop_cpu_us_per_delivery")
+"""The figures in the report (medians); the others stay in ``params["runs"]``, among them the
+CPU seconds of the publisher, the subscriber and the hop process (``hop_cpu_s``: all the
+appliance's threads, its idle spinning included, or the relay) from GO to the subscriber's
+result, and the hop's CPU per delivered message (``hop_cpu_us_per_delivery``)."""
 GOALS = {"p50_us topicwire/c_relay": ("<=", 1.2), "p999_us topicwire/c_relay": ("<=", 2.0),
          "msgs_per_s topicwire/c_relay": (">=", 0.8)}
 """Issue 15's goals at N = M = 16, 10,000 msgs/s: reported with the figures, not asserted."""
@@ -423,10 +425,13 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
         pub.expect("READY")
         pub.tell("PROBE")
         sub.expect("FLOWING")
+        hop_pid = appliance.child.proc.pid if hop == "topicwire" else relay_child.proc.pid
+        hop_cpu_s = -_proc_cpu_s(hop_pid)
         pub.tell("GO")
         sent = pub.result()
         sub.tell(f"END {sent['sent']}")
         got = sub.result()
+        hop_cpu_s += _proc_cpu_s(hop_pid)
         pub.tell("BYE")
         finished = True
     finally:
@@ -453,7 +458,9 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
                prefix + "min_subscriber_received": float(min(per_sub)),
                prefix + "max_subscriber_received": float(max(per_sub)),
                prefix + "publisher_cpu_s": float(sent["cpu_s"]),
-               prefix + "subscriber_cpu_s": float(got["cpu_s"])}
+               prefix + "subscriber_cpu_s": float(got["cpu_s"]),
+               prefix + "hop_cpu_s": hop_cpu_s,
+               prefix + "hop_cpu_us_per_delivery": hop_cpu_s * 1e6 / max(got["received"], 1)}
     if mode == "throughput":
         span = max(got["last_ns"] - sent["start_ns"], 1)
         figures.update(msgs_per_s=got["received"] * 1e9 / span,
@@ -467,6 +474,14 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
         figures.update(p50_us=got["p50_us"], p99_us=got["p99_us"], p999_us=got["p999_us"],
                        latency_samples=float(got["samples"]))
     return figures
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has used, all its threads (/proc/PID/stat)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_no_sessions(mgmt_port: int) -> None:
