@@ -152,6 +152,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "second (result topicwire_control_load)")
     parser.add_argument("--direct", action="store_true",
                         help="also measure publisher -> subscriber without a hop (reference)")
+    parser.add_argument("--publishers", type=positive_int, default=1,
+                        help="publishers, each on its own topic; above 1 (or with "
+                        "--subscribers above 1) the fan-out bench (bench/fabric_fanout.py)")
+    parser.add_argument("--subscribers", type=positive_int, default=1,
+                        help="subscribers, each subscribed to every publisher's topic; the "
+                        "C relay sends every datagram to each of them")
 
 
 def _size(text: str) -> int:
@@ -651,9 +657,9 @@ class Appliance:
 
     def __init__(self, idle: str, workdir: Path, spin_us: int | None = None,
                  priority: int | None = None, mgmt_port: int | None = None,
-                 switch_us: int | None = None) -> None:
+                 switch_us: int | None = None, max_sessions: int = 16) -> None:
         """``mgmt_port``: the appliance's management API on 127.0.0.1 at that port (none by
-        default)."""
+        default); ``max_sessions``: its ``clients.max_sessions``."""
         from channels.udp import UdpChannel
 
         probe = UdpChannel((LOOPBACK, 0))
@@ -665,7 +671,7 @@ class Appliance:
             + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n")
             + ("" if priority is None else f"priority = {priority}\n")
             + ("" if switch_us is None else f"switch_interval_us = {switch_us}\n") +
-            f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = 16\n'
+            f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = {max_sessions}\n'
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n'
             + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n'))
         code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -769,7 +775,12 @@ REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_m
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure every hop ``--repeats`` times (throughput and latency each); medians."""
+    """Measure every hop ``--repeats`` times (throughput and latency each); medians. More than
+    one publisher or subscriber: the fan-out bench (bench/fabric_fanout.py)."""
+    if getattr(args, "publishers", 1) > 1 or getattr(args, "subscribers", 1) > 1:
+        from bench import fabric_fanout
+
+        return fabric_fanout.run(args)
     if args.duration_s <= 0:
         raise UserError("--duration-s must be positive", component=_COMPONENT)
     relay = build_relay()

@@ -2,15 +2,20 @@
  * udp_relay: the baseline of `topicwire bench fabric` (baseline name "c_relay").
  *
  * A plain UDP relay: every datagram that arrives on 127.0.0.1:LISTEN_PORT is sent on, byte
- * for byte, to DEST_HOST:DEST_PORT from the same socket. One blocking recvmmsg (up to
- * RELAY_BATCH datagrams, MSG_WAITFORONE: it returns as soon as one is there) and one
- * sendmmsg per batch; no parsing, no routing, no copies beyond the kernel's. It is what a
- * hop costs when it does nothing but move datagrams.
+ * for byte, to DEST_HOST:DEST_PORT, and to each further DEST_PORT (fan-out: one copy per
+ * destination, in the order given, datagram by datagram), from the same socket. One
+ * blocking recvmmsg (up to RELAY_BATCH datagrams, MSG_WAITFORONE: it returns as soon as one
+ * is there) and one sendmmsg per batch (more when the batch times the destinations exceeds
+ * RELAY_SEND_VLEN); no parsing, no routing, no copies beyond the kernel's. It is what a hop
+ * costs when it does nothing but move datagrams.
  *
- *   udp_relay LISTEN_PORT DEST_HOST DEST_PORT     (LISTEN_PORT 0: the kernel picks one)
+ *   udp_relay LISTEN_PORT DEST_HOST DEST_PORT [DEST_PORT ...]   (LISTEN_PORT 0: the kernel
+ *                                                                picks one; at most
+ *                                                                RELAY_MAX_DESTS ports)
  *
  * Prints "READY <port>" on standard output once bound, and on SIGTERM/SIGINT one JSON line
- * {"datagrams_in": N, "datagrams_out": N, "send_errors": N, "batches": N}, exit 0.
+ * {"datagrams_in": N, "datagrams_out": N, "send_errors": N, "batches": N}, exit 0
+ * (datagrams_out counts the copies: datagrams_in times the destinations when none failed).
  * Exit 2 on bad arguments, 1 when a socket call fails.
  * Only loopback: it binds 127.0.0.1 and refuses a destination outside 127.0.0.0/8.
  */
@@ -28,6 +33,8 @@
 #define RELAY_BATCH 64            /* datagrams per recvmmsg/sendmmsg */
 #define RELAY_SLOT_BYTES 65536    /* one datagram at most (the largest UDP payload fits) */
 #define RELAY_SOCKET_BUFFER_BYTES (4 * 1024 * 1024) /* as the appliance's UDP channels ask */
+#define RELAY_MAX_DESTS 64        /* destination ports (subscribers) at most */
+#define RELAY_SEND_VLEN 1024      /* messages per sendmmsg at most (the kernel's UIO_MAXIOV) */
 
 static volatile sig_atomic_t stop_requested = 0;
 
@@ -42,24 +49,34 @@ static int parse_port(const char *text, int allow_zero) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: udp_relay LISTEN_PORT DEST_HOST DEST_PORT\n");
+    if (argc < 4 || argc - 3 > RELAY_MAX_DESTS) {
+        fprintf(stderr, "usage: udp_relay LISTEN_PORT DEST_HOST DEST_PORT [DEST_PORT ...] "
+                "(at most %d destination ports)\n", RELAY_MAX_DESTS);
         return 2;
     }
     int listen_port = parse_port(argv[1], 1);
-    int dest_port = parse_port(argv[3], 0);
-    struct sockaddr_in dest;
-    memset(&dest, 0, sizeof dest);
-    dest.sin_family = AF_INET;
-    if (listen_port < 0 || dest_port <= 0 || inet_pton(AF_INET, argv[2], &dest.sin_addr) != 1) {
+    int ndest = argc - 3;
+    static struct sockaddr_in dests[RELAY_MAX_DESTS];
+    struct in_addr host;
+    if (listen_port < 0 || inet_pton(AF_INET, argv[2], &host) != 1) {
         fprintf(stderr, "udp_relay: bad port or address\n");
         return 2;
     }
-    if ((ntohl(dest.sin_addr.s_addr) >> 24) != 127) {
+    if ((ntohl(host.s_addr) >> 24) != 127) {
         fprintf(stderr, "udp_relay: the destination must be a loopback address\n");
         return 2;
     }
-    dest.sin_port = htons((unsigned short)dest_port);
+    for (int d = 0; d < ndest; d++) {
+        int dest_port = parse_port(argv[3 + d], 0);
+        if (dest_port <= 0) {
+            fprintf(stderr, "udp_relay: bad port or address\n");
+            return 2;
+        }
+        memset(&dests[d], 0, sizeof dests[d]);
+        dests[d].sin_family = AF_INET;
+        dests[d].sin_addr = host;
+        dests[d].sin_port = htons((unsigned short)dest_port);
+    }
 
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
     if (fd < 0) { perror("udp_relay: socket"); return 1; }
@@ -87,6 +104,7 @@ int main(int argc, char **argv) {
     static char slots[RELAY_BATCH][RELAY_SLOT_BYTES];
     struct iovec iov[RELAY_BATCH];
     struct mmsghdr msgs[RELAY_BATCH];
+    static struct mmsghdr out[RELAY_BATCH * RELAY_MAX_DESTS];
     unsigned long long datagrams_in = 0, datagrams_out = 0, send_errors = 0, batches = 0;
 
     printf("READY %d\n", ntohs(local.sin_port));
@@ -108,17 +126,21 @@ int main(int argc, char **argv) {
         }
         datagrams_in += (unsigned long long)n;
         batches++;
+        int total = 0; /* copies to send: datagram by datagram, each to every destination */
         for (int i = 0; i < n; i++) {
             iov[i].iov_len = msgs[i].msg_len;
-            msgs[i].msg_hdr.msg_name = &dest;
-            msgs[i].msg_hdr.msg_namelen = sizeof dest;
-            msgs[i].msg_hdr.msg_control = NULL;
-            msgs[i].msg_hdr.msg_controllen = 0;
-            msgs[i].msg_hdr.msg_flags = 0;
+            for (int d = 0; d < ndest; d++, total++) {
+                memset(&out[total].msg_hdr, 0, sizeof out[total].msg_hdr);
+                out[total].msg_hdr.msg_iov = &iov[i];
+                out[total].msg_hdr.msg_iovlen = 1;
+                out[total].msg_hdr.msg_name = &dests[d];
+                out[total].msg_hdr.msg_namelen = sizeof dests[d];
+            }
         }
         int done = 0;
-        while (done < n) {
-            int k = sendmmsg(fd, msgs + done, (unsigned int)(n - done), 0);
+        while (done < total) {
+            int want = total - done < RELAY_SEND_VLEN ? total - done : RELAY_SEND_VLEN;
+            int k = sendmmsg(fd, out + done, (unsigned int)want, 0);
             if (k < 0) {
                 if (errno == EINTR) continue;
                 send_errors++; /* e.g. ECONNREFUSED after the receiver left: skip one */
