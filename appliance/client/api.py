@@ -271,6 +271,9 @@ class Client(GuaranteedSide, ConnectionSide):
         self.probes = 0
         """Liveness probes sent to a silent appliance."""
         self.unacknowledged_at_close = 0
+        """What ``close`` returned: guaranteed messages not acknowledged nor reported."""
+        self.close_failures: dict[str, int] = {}
+        """Those by reason."""
         self._lock = threading.RLock()
         self._waiters: dict[tuple, _Waiter] = {}
         self._keys: dict[tuple[int, str], int] = {}
@@ -377,7 +380,8 @@ class Client(GuaranteedSide, ConnectionSide):
         finally:
             with self._lock:
                 self._waiters.pop(key, None)
-        assert waiter.result is not None
+        if waiter.result is None:  # close() woke it
+            raise ClientError(f"the client was closed while waiting for the answer to {key[0]}")
         return waiter.result
 
     def _send_login(self, token: int) -> None:
@@ -713,6 +717,10 @@ class Client(GuaranteedSide, ConnectionSide):
             return self.unacknowledged_at_close
         self.closed = True
         self._closing.set()
+        with self._lock:  # a reconnection attempt waiting for an answer stops waiting
+            waiting = [w for w in self._waiters.values() if w.result is None]
+        for w in waiting:
+            w.event.set()
         reconnector = self._reconnector
         if reconnector is not None and reconnector is not threading.current_thread():
             reconnector.join(RECONNECT_LOGIN_TIMEOUT_S * 4)
@@ -729,6 +737,7 @@ class Client(GuaranteedSide, ConnectionSide):
         self._outcomes.fail_all(REASON_CLOSED)
         failed = self._outcomes.take_unreported()
         self.unacknowledged_at_close = count = sum(failed.values())
+        self.close_failures = dict(failed)
         if count:
             log.warning("client %s: closed with %d guaranteed messages not acknowledged (%s)",
                         self.identity, count, unacknowledged_text(failed, 0, None))
@@ -906,6 +915,9 @@ def connect(url: str, identity: str = "anonymous", *,
                           f"{type(url).__name__}")
     if "://" not in url and not url.startswith("embedded:"):
         url = f"udp://{url}"  # HOST:PORT, as the command line takes it
+    if on_state is not None and not callable(on_state):
+        raise ClientError(f"on_state must be a callable taking a StateChange, not "
+                          f"{type(on_state).__name__}")
     _seconds("session_timeout_s", session_timeout_s, SESSION_TIMEOUT_MIN_S,
              SESSION_TIMEOUT_MAX_S)
     _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S, RECONNECT_MAX_S, zero=True)

@@ -165,6 +165,8 @@ class ConnectionSide:
                 return
             self.state = LOST
             self.session = 0
+            if not self.logged_out_reason:
+                self.logged_out_reason = f"connection lost: {reason}"
             self.losses_of_connection += 1
             self._loss_notice = f"the connection to the appliance was lost: {reason}"
             self._gsender = None
@@ -219,6 +221,7 @@ class ConnectionSide:
                 self.reconnects += 1
                 with self._lock:
                     self._heard_ns = time.monotonic_ns()
+                    self.logged_out_reason = None
                     self.state = CONNECTED
                 log.warning("client %s: reconnected to %s (attempt %d, session %d)",
                             self.identity, self.url, attempt, self.session)
