@@ -16,6 +16,11 @@ recover reaches the subscription as a ``Loss`` event (``on_loss`` callback, ``lo
 upstream. A guaranteed message's ``sequence`` is its stream's transport sequence (contiguous
 per publisher and origin across topics), not the publisher's per-topic number.
 
+Guaranteed publishing returns an ``Outcome`` per message, resolved by the appliance's
+acknowledgements (appliance/client/outcomes.py); ``flush(timeout=)`` raises
+``UnacknowledgedError`` with the count, ``close()`` returns it. The connection's state, its
+liveness probes and reconnection are appliance/client/connection.py.
+
 Requests (login, subscribe, unsubscribe, the first publish of a topic, which registers it)
 wait for the appliance's answer and raise ``EntitlementError`` when P&M's entitlements
 refuse them. Subscriptions follow seed 000: ``unsubscribe`` of a pattern narrower than a
@@ -46,6 +51,7 @@ import channels
 from appliance.client.connection import (
     CLOSED,
     CONNECTED,
+    RECONNECTING,
     ConnectionSide,
     StateChange,
     unacknowledged_text,
@@ -812,7 +818,9 @@ class _ClientAgent:
         if client._greceiver is not None or client._gsender is not None:
             work += client._guaranteed_timers(now_ns)
         work += client._liveness(now_ns)
-        if client.session and client.state == CONNECTED and now_ns >= self._heartbeat_at:
+        # (also while a reconnection makes its subscriptions again on the new session)
+        if client.session and client.state in (CONNECTED, RECONNECTING) and \
+                now_ns >= self._heartbeat_at:
             self._heartbeat_at = now_ns + CLIENT_HEARTBEAT_INTERVAL_NS
             try:
                 client._admin(fl.FrameType.HEARTBEAT, [al.Hello(
