@@ -244,6 +244,36 @@ def test_an_appliance_restarted_within_the_timeout_is_noticed_by_its_answer(proc
         client.close()
 
 
+def test_a_shared_memory_client_reconnects_on_a_new_bus_after_a_restart(tmp_path):
+    """A restarted appliance makes its shared-memory bus anew: the client opens a new ring
+    and producer slot on it and logs in again."""
+    name = f"st-shm-{free_port()}"
+    config = tmp_path / "shm.toml"
+    config.write_text(f'[appliance]\nname = "{name}"\n[clients]\nshm = "{name}"\n'
+                      "[pm]\nanonymous = true\n")
+    proc = run_appliance(config)
+    states = States()
+    client = None
+    try:
+        client = connect(f"shm://{name}", "s", on_state=states,
+                         session_timeout_s=SESSION_TIMEOUT_S)
+        sub = client.subscribe("t/#")
+        old_channel = client.channel
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(DEADLINE_S)
+        states.wait("lost")
+        proc = run_appliance(config)
+        states.wait("reconnected")
+        assert client.channel is not old_channel and old_channel.closed
+        with connect(f"shm://{name}", "p") as pub:
+            pub.publish("t/shm", b"back", flush=True)
+            assert sub.get(timeout=DEADLINE_S).payload == b"back"
+    finally:
+        if client is not None:
+            client.close()
+        stop(proc)
+
+
 # --- the command line ----------
 class Command:
     """A ``topicwire`` process whose stderr a thread reads line by line (so the process
