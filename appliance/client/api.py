@@ -92,6 +92,7 @@ from channels.errors import ChannelDeviceError
 from datapath import jit
 from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
 from datapath.config import MAX_FRAME_BYTES
+from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
@@ -327,6 +328,7 @@ class Client(GuaranteedSide, ConnectionSide):
         try:
             self._login(ring)
         except BaseException:
+            self.state = CLOSED  # never connected: no state change to report
             self.close()
             raise
 
@@ -738,7 +740,7 @@ class Client(GuaranteedSide, ConnectionSide):
                         self._gsender.flush(time.monotonic_ns())
                 self._outcomes.wait_all(CLOSE_ACK_TIMEOUT_S)
                 self._control(al.ControlKind.LOGOUT, {"reason": "client closed"})
-        except ClientError:
+        except (TopicwireError, OSError):
             pass  # the connection is gone: what was not acknowledged fails below
         self._outcomes.fail_all(REASON_CLOSED)
         failed = self._outcomes.take_unreported()

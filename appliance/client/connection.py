@@ -172,16 +172,15 @@ class ConnectionSide:
             self._gsender = None
             self._greceiver = None
             self._open_since_ns = 0  # an open best-effort frame goes with the session
-            self._held.clear()
         failed = self._outcomes.fail_all(f"{REASON_LOST} ({reason})")
         log.warning("client %s: connection to %s lost: %s%s", self.identity, self.url, reason,
                     f"; {failed} guaranteed messages not acknowledged" if failed else "")
         self._emit(LOST, reason, failed=failed)
-        now = time.time_ns()
-        loss = Loss(0, 0, 0, 0, 0, SESSION_LOST, 0, now)
-        for sub in [s for s in self._subs if s.qos == "guaranteed"]:
-            sub._loss(loss)
-        self.losses += 1
+        loss = Loss(0, 0, 0, 0, 0, SESSION_LOST, 0, time.time_ns())
+        if self._held:  # after the messages received before the loss (their topics unknown)
+            next(reversed(self._held.values())).append(loss)
+        else:
+            self._deliver_guaranteed(loss)
         if reconnect and self.reconnect_s > 0 and not self.closed:
             thread = threading.Thread(target=self._reconnect, args=(reason,), daemon=True,
                                       name=f"client-{self.identity}-reconnect")
