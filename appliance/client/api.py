@@ -265,7 +265,7 @@ class Client(GuaranteedSide, ConnectionSide):
         self.last_state: StateChange | None = None
         self.state_changes = 0
         self._loss_notice: str | None = None
-        self._heard_ns = time.monotonic_ns()
+        self._heard_ns = self._liveness_ns = time.monotonic_ns()
         self._probe_at_ns = 0
         self._token = 0
         self._closing = threading.Event()

@@ -126,11 +126,18 @@ class ConnectionSide:
         """Probe a silent appliance; declare it lost after the session timeout."""
         if self.state != CONNECTED or not self.session or self.closed:
             return 0
+        interval = self._probe_interval_ns()
+        timeout_ns = int(self.session_timeout_s * 1e9)
+        if now_ns - self._liveness_ns > interval:
+            # this thread itself did not run for a while (the process stopped, the host or
+            # the application's threads busy): what the appliance sent meanwhile may still
+            # wait unread, so its silence counts from half a timeout ago at most
+            self._heard_ns = max(self._heard_ns, now_ns - timeout_ns // 2)
+        self._liveness_ns = now_ns
         silent_ns = now_ns - self._heard_ns
-        if silent_ns > self.session_timeout_s * 1e9:
+        if silent_ns > timeout_ns:
             self._lost(f"no answer from the appliance for {self.session_timeout_s:g} s")
             return 1
-        interval = self._probe_interval_ns()
         if silent_ns >= interval and now_ns >= self._probe_at_ns:
             self._probe_at_ns = now_ns + interval
             self.probes += 1

@@ -5,10 +5,11 @@ in appliance/config.py."""
 
 from __future__ import annotations
 
-SESSION_TIMEOUT_S = 5.0
+SESSION_TIMEOUT_S = 10.0
 """A client that hears nothing from its appliance for this long declares the connection
-lost (``connect(..., session_timeout_s=)``); as the appliance's ``clients.session_dead_ms``
-logs out a silent client."""
+lost (``connect(..., session_timeout_s=)``). Longer than the appliance's
+``clients.session_dead_ms`` (5 s): an appliance whose data path compiles its kernels on a
+cold cache (no ``topicwire warm``) answers nothing for seconds, and is not lost."""
 SESSION_TIMEOUT_MIN_S = 0.2
 SESSION_TIMEOUT_MAX_S = 3_600.0
 """Bounds of ``session_timeout_s``."""
