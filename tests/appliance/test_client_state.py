@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import threading
 import time
 
@@ -26,7 +27,7 @@ from appliance.client import (
 )
 from appliance.config import parse_config
 from appliance.node import Appliance
-from tests.appliance.helpers import CLI, free_port, run_appliance, start, stop, wait_for
+from tests.appliance.helpers import CLI, ROOT, free_port, run_appliance, start, stop, wait_for
 
 SESSION_TIMEOUT_S = 1.0
 """The clients' session timeout in these tests (short: the tests wait for it)."""
@@ -381,3 +382,13 @@ def test_topicwire_sub_says_which_signal_stopped_it(process):
         stop(sub.proc)
     assert code == 0
     assert "stopping (SIGTERM) after 0 messages" in err
+
+
+@pytest.mark.parametrize("command,option,value", [("sub", "--session-timeout", "-1"),
+                                                  ("pub", "--reconnect", "nan")])
+def test_bad_connection_options_are_refused_naming_the_option(command, option, value):
+    args = ["x/#"] if command == "sub" else ["--topic", "x"]
+    done = subprocess.run([*CLI, command, "--appliance", "127.0.0.1:1", *args, option, value],
+                          cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert done.returncode == 2
+    assert f"topicwire: {command}: {option} must be a number of seconds" in done.stderr
