@@ -330,7 +330,10 @@ def run_sub(args: argparse.Namespace) -> int:
     try:
         def on_loss(loss) -> None:  # noqa: ANN001 - appliance.client.Loss
             stats.lost += loss.messages
-            if not args.stats:
+            if loss.reason == "SESSION_LOST":  # the connection: how many is not known
+                print("topicwire: sub: guaranteed messages published while the connection was "
+                      "lost are missing (how many is not known)", file=sys.stderr, flush=True)
+            elif not args.stats:
                 print(f"topicwire: lost {loss.messages} messages of origin {loss.origin} "
                       f"stream {loss.stream} ({loss.reason})", file=sys.stderr, flush=True)
 
