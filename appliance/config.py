@@ -99,9 +99,16 @@ OUTBOX_FRAMES = 8_192
 PARKED_MESSAGES = 65_536
 """Messages with a key not yet known that wait for the next snapshot, at most."""
 PARKED_MESSAGE_TTL_NS = 2_000_000_000
-"""How long a parked message waits for its key before it is dropped and counted."""
+"""How long a parked message waits for its key before it is dropped and counted (the default
+of ``appliance.parked_ttl_ms``)."""
 AUTH_REPLAY_WINDOW = 1_024
 """Auth sequence numbers per source remembered below the highest accepted (replay window)."""
+AUTH_MAX_LINKS = 4_096
+"""Replay windows (one per link: sender, receiver) an appliance keeps per plane; a frame of
+one more link is refused (``links_full``). Only holders of the fabric key create windows."""
+DISCOVERY_HELLO_REPLY_NS = 20_000_000
+"""A neighbour's discovery HELLO (it does not know our node id yet) is answered with a HELLO
+bound to its node id at most this often (a replayed one makes us send no more than this)."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
 """A rejected admin frame is logged at most once per source per this interval."""
 CONTROL_PENDING_POLL_NS = 200_000
@@ -137,6 +144,13 @@ GUARANTEED_RETRANSMIT_BUFFER_MESSAGES = 1 << 16
 GUARANTEED_UDP_FRAME_BYTES = 1_472
 """Frames of guaranteed streams towards UDP clients: one datagram on an Ethernet MTU, so a
 lost packet costs one small frame (shared-memory clients get CLIENT_MAX_FRAME_BYTES)."""
+GUARANTEED_NAK_ANSWER_BYTES_PER_S = 4 * 1024 * 1024
+"""What the NAKs of one requester (an appliance, or a client session) can make this
+appliance resend per second, over all the streams it sends to that requester; the rest of a
+NAK waits for the requester's next NAK (counted ``guaranteed_retransmits_limited``)."""
+GUARANTEED_NAK_ANSWER_BURST_BYTES = 256 * 1024
+"""...and at once: the most one NAK can make this appliance resend (a 48-byte NAK: at most
+this much, then GUARANTEED_NAK_ANSWER_BYTES_PER_S)."""
 GUARANTEED_SENDER_LINGER_NS = 10_000_000_000
 """A guaranteed sender whose publishing stream has ended stays this long (answering NAKs)
 before it is dropped."""
@@ -155,6 +169,32 @@ are used up), sent in order before newer ones; more are dropped and counted, as 
 socket buffer would."""
 RDMA_LINK_BACKLOG_BYTES = 4 * 1024 * 1024
 """Bytes of that backlog at most (as deep as the UDP fabric socket's send buffer)."""
+
+MQTT_MAX_CONNECTIONS = 64
+"""MQTT connections one edge holds (``mqtt.max_connections``); each logs in a client session
+of its own, so at most ``clients.max_sessions``."""
+MQTT_MAX_PACKET_BYTES = 65_536
+"""Largest MQTT packet the edge accepts (``mqtt.max_packet_bytes``); a larger one is refused
+and its connection closed."""
+MQTT_MAX_SUBSCRIPTIONS = 64
+"""Topic filters one MQTT connection may hold (``mqtt.max_subscriptions``)."""
+MQTT_MAX_INFLIGHT = 64
+"""QoS 1/2 messages to one MQTT client awaiting its acknowledgement, and QoS 2 messages from
+it awaiting PUBREL (``mqtt.max_inflight``); beyond, deliveries wait in the connection's
+queue (``mqtt.max_queued``) and QoS 2 publishes are refused."""
+MQTT_MAX_QUEUED = 1_000
+"""QoS 1/2 messages queued for one MQTT client while its inflight window is full
+(``mqtt.max_queued``); beyond, deliveries are dropped and counted."""
+MQTT_MAX_RETAINED = 10_000
+"""Retained messages the edge keeps (``mqtt.max_retained``)."""
+MQTT_MAX_RETAINED_BYTES = 16 * 1024 * 1024
+"""Bytes of retained payloads and topics the edge keeps (``mqtt.max_retained_bytes``)."""
+MQTT_CONNECT_TIMEOUT_MS = 10_000
+"""A connection that has not sent CONNECT this long after it opened is closed
+(``mqtt.connect_timeout_ms``)."""
+MQTT_SEND_BUFFER_BYTES = 1024 * 1024
+"""Bytes queued towards one MQTT client before further QoS 0 deliveries to it are dropped and
+counted (``mqtt.send_buffer_bytes``)."""
 
 MAX_NODE_ID = 2**31 - 1
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -255,6 +295,27 @@ class GroupConfig:
 class IdentityConfig:
     publish: tuple[str, ...] = ()
     subscribe: tuple[str, ...] = ()
+    password: str | None = None
+    """The identity's credential (``scrypt:N:r:p:SALT:HASH``, appliance/control/credentials.py)
+    for logins that carry a password (the MQTT edge); None: it has none."""
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    """``[mqtt]``: the MQTT server of an edge appliance (docs/edge.md)."""
+
+    listen: Address
+    max_connections: int = MQTT_MAX_CONNECTIONS
+    max_packet_bytes: int = MQTT_MAX_PACKET_BYTES
+    max_subscriptions: int = MQTT_MAX_SUBSCRIPTIONS
+    max_inflight: int = MQTT_MAX_INFLIGHT
+    max_queued: int = MQTT_MAX_QUEUED
+    max_retained: int = MQTT_MAX_RETAINED
+    max_retained_bytes: int = MQTT_MAX_RETAINED_BYTES
+    connect_timeout_ms: int = MQTT_CONNECT_TIMEOUT_MS
+    send_buffer_bytes: int = MQTT_SEND_BUFFER_BYTES
+    allow_anonymous: bool = False
+    """A CONNECT without a username logs in as P&M identity ``anonymous``."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +329,7 @@ class ApplianceConfig:
     priority: int = DATAPATH_PRIORITY
     switch_interval_us: int = SWITCH_INTERVAL_US
     drain_timeout_ms: int = DRAIN_TIMEOUT_MS
+    parked_ttl_ms: int = PARKED_MESSAGE_TTL_NS // 1_000_000
     heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
     neighbour_dead_ms: int = HEARTBEAT_INTERVAL_MS * NEIGHBOUR_DEAD_INTERVALS
     lsa_refresh_ms: int = LSA_REFRESH_MS
@@ -300,6 +362,8 @@ class ApplianceConfig:
     """``[telemetry]`` (appliance/ops/telemetry/settings.py), None when absent."""
     routes: Any = None
     """``[routes]`` (appliance/ops/telemetry/settings.py)."""
+    mqtt: MqttConfig | None = None
+    """``[mqtt]`` (role ``edge`` only), None when absent."""
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -454,10 +518,63 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         where = f"{key}.{identity}"
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
-        _known(spec, {"publish", "subscribe"}, where + ".")
+        _known(spec, {"publish", "subscribe", "password"}, where + ".")
+        password = spec.get("password")
+        if password is not None:
+            from appliance.control.credentials import CredentialError, parse_hash
+
+            try:
+                parse_hash(password)
+            except CredentialError as exc:
+                raise _fail(where + ".password", str(exc)) from None
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
-                                       _patterns(spec.get("subscribe", []), where + ".subscribe"))
+                                       _patterns(spec.get("subscribe", []), where + ".subscribe"),
+                                       password)
     return out
+
+
+def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
+          max_sessions: int, max_subscriptions: int) -> MqttConfig | None:
+    """``[mqtt]``: an edge's MQTT server (docs/edge.md)."""
+    if "mqtt" not in doc:
+        return None
+    mq = _table(doc, "mqtt", {"listen", "max_connections", "max_packet_bytes",
+                              "max_subscriptions", "max_inflight", "max_queued",
+                              "max_retained",
+                              "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
+                              "allow_anonymous"}, "")
+    p = "mqtt."
+    if role != "edge":
+        raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
+    if "listen" not in mq:
+        raise _fail(p + "listen", "required: \"IPv4:port\" the MQTT server listens on, such as "
+                    "\"127.0.0.1:1883\"")
+    listen = parse_address(mq["listen"], p + "listen", allow_zero_port=True)
+    if clients_udp is None and shm is None:
+        raise _fail(p + "listen", "needs clients.udp or clients.shm: each MQTT connection logs "
+                    "in a client session through the edge's own client endpoint")
+    anonymous = mq.get("allow_anonymous", False)
+    if not isinstance(anonymous, bool):
+        raise _fail(p + "allow_anonymous", "must be true or false")
+    return MqttConfig(
+        listen=listen,
+        max_connections=_int(mq, "max_connections", p, min(MQTT_MAX_CONNECTIONS, max_sessions),
+                             1, max_sessions),
+        max_packet_bytes=_int(mq, "max_packet_bytes", p, MQTT_MAX_PACKET_BYTES, 64,
+                              16 * 1024 * 1024),
+        max_subscriptions=_int(mq, "max_subscriptions", p,
+                               min(MQTT_MAX_SUBSCRIPTIONS, max_subscriptions), 1,
+                               max_subscriptions),
+        max_inflight=_int(mq, "max_inflight", p, MQTT_MAX_INFLIGHT, 1, 65_535),
+        max_queued=_int(mq, "max_queued", p, MQTT_MAX_QUEUED, 0, 1_000_000),
+        max_retained=_int(mq, "max_retained", p, MQTT_MAX_RETAINED, 0, 10_000_000),
+        max_retained_bytes=_int(mq, "max_retained_bytes", p, MQTT_MAX_RETAINED_BYTES, 0,
+                                1 << 34),
+        connect_timeout_ms=_int(mq, "connect_timeout_ms", p, MQTT_CONNECT_TIMEOUT_MS, 100,
+                                600_000),
+        send_buffer_bytes=_int(mq, "send_buffer_bytes", p, MQTT_SEND_BUFFER_BYTES, 4_096,
+                               1 << 30),
+        allow_anonymous=anonymous)
 
 
 FIELD_FORM = "[name, offset, type] or [name, offset, type, width]"
@@ -729,10 +846,10 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _check_tree(doc)
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
-                 "telemetry", "routes"}, "")
+                 "telemetry", "routes", "mqtt"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
                                     "priority", "switch_interval_us", "drain_timeout_ms",
-                                    "heartbeat_interval_ms",
+                                    "parked_ttl_ms", "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
     p = "appliance."
     name = app.get("name")
@@ -756,6 +873,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                 2 * heartbeat, 600_000)
     lsa = _int(app, "lsa_refresh_ms", p, LSA_REFRESH_MS, heartbeat, 600_000)
     drain = _int(app, "drain_timeout_ms", p, DRAIN_TIMEOUT_MS, 0, 60_000)
+    parked_ttl = _int(app, "parked_ttl_ms", p, PARKED_MESSAGE_TTL_NS // 1_000_000, 1, 600_000)
 
     fab = _table(doc, "fabric", {"listen", "key", "key_file", "key_id", "max_frame_bytes",
                                  "groups"}, "")
@@ -874,6 +992,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         if "registry" in pm:
             registry = existing_file(pm["registry"], p + "registry", base)
 
+    mqtt = _mqtt(doc, role, clients_udp, shm, max_sessions, max_subscriptions)
     mgmt = _mgmt(doc, base)
     log = _table(doc, "log", {"format", "level"}, "")
     _str(log, "format", "log.", "text", ("text", "json"))
@@ -882,7 +1001,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         idle_spin_us=idle_spin_us, priority=priority, switch_interval_us=switch_us,
-        drain_timeout_ms=drain, heartbeat_interval_ms=heartbeat, neighbour_dead_ms=dead,
+        drain_timeout_ms=drain, parked_ttl_ms=parked_ttl, heartbeat_interval_ms=heartbeat,
+        neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,
         clients_udp=clients_udp, clients_shm=shm, clients_rdma=clients_rdma,
@@ -892,7 +1012,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
-        routes=parse_routes(doc.get("routes"), base, mode))
+        routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt)
     if mode == "embedded":
         import json
 

@@ -170,7 +170,8 @@ class Appliance:
             switch = SnapshotSwitch(compiler.build())
             nic = SoftNic(switch)
             self.dataplane = DataPlaneAgent(cfg.node_id, nic, self.channels,
-                                            fabric_max_frame_bytes=cfg.fabric_max_frame_bytes)
+                                            fabric_max_frame_bytes=cfg.fabric_max_frame_bytes,
+                                            parked_ttl_ns=cfg.parked_ttl_ms * 1_000_000)
             self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
             from appliance.ops.telemetry.probe import attach  # [telemetry]: docs/routing.md
 

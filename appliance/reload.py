@@ -40,6 +40,7 @@ RESTART = {
     "idle": "appliance.idle", "idle_spin_us": "appliance.idle_spin_us",
     "priority": "appliance.priority", "switch_interval_us": "appliance.switch_interval_us",
     "drain_timeout_ms": "appliance.drain_timeout_ms",
+    "parked_ttl_ms": "appliance.parked_ttl_ms",
     "heartbeat_interval_ms": "appliance.heartbeat_interval_ms",
     "neighbour_dead_ms": "appliance.neighbour_dead_ms",
     "lsa_refresh_ms": "appliance.lsa_refresh_ms",
@@ -53,7 +54,7 @@ RESTART = {
     "max_registrations": "clients.max_registrations",
     "max_pending_requests": "clients.max_pending_requests",
     "pm_mode": "pm.mode", "pm_registry": "pm.registry",
-    "mgmt": "mgmt", "telemetry": "telemetry",
+    "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt",
 }
 """Fields that need a restart -> their config key (``mgmt`` is reported per key). A field in
 neither table (one added later) needs a restart and is reported by its field name."""

@@ -29,6 +29,8 @@ from datapath.errors import TopicwireError
 
 NAME = "routes"
 HELP = "telemetry windows -> per-path statistics: the Spark route job vs pandas on one core"
+EXTRA_MODULES = ("pyspark", "pandas")
+"""What it needs of the ``bench`` extra (`topicwire bench` checks before it runs)."""
 REPEATS = 3
 """Default repeats per figure (each one reads and aggregates every window)."""
 

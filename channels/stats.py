@@ -1,8 +1,11 @@
-"""Per-channel statistics: frame/byte counters, drops, latency histogram, per-peer jitter.
+"""Per-channel statistics: frame/byte counters, drops, latency and frame-size histograms,
+per-peer jitter.
 
 ``ChannelStats.on_receive`` takes a whole received batch: one numba kernel reads each frame's
 ``send_ts_ns`` (header bytes 24..31), records ``recv_ts_ns - send_ts_ns`` into the HdrHistogram's
-own counts array (``_record_latency``, the vectorized twin of ``HdrHistogram.record_value``) and
+own counts array (``_record_latency``, the vectorized twin of ``HdrHistogram.record_value``),
+counts the frame's length in a power-of-two size histogram (``size_counts[i]``: frames of at
+most ``2**i`` bytes and more than ``2**(i-1)``; the last slot also holds every larger one) and
 updates the RFC 3550 interarrival jitter of the frame's peer (``J += (|D| - J) / 16`` with
 ``D`` the change in transit time between consecutive frames of that peer) in a small
 open-addressing table of arrays. No Python runs per frame.
@@ -36,6 +39,9 @@ JITTER_MAX_PEERS = 4_096
 ``jitter_peers_untracked``."""
 JITTER_GAIN_SHIFT = 4
 """RFC 3550's 1/16 gain, as a shift."""
+SIZE_BUCKETS = 25
+"""Slots of the received frame-size histogram: slot ``i`` counts frames of at most ``2**i``
+bytes (and more than half that); slot 24 (16 MiB) also counts every larger frame."""
 
 _EMPTY = np.iinfo(np.int64).min
 _MAGIC_HI = fl.FRAME_MAGIC >> 8
@@ -70,8 +76,9 @@ def _record_latency(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
                     peer_ids: np.ndarray, recv_ts_ns: np.ndarray, count: int,
                     counts: np.ndarray, highest: int, sub_bucket_mask: int, unit_magnitude: int,
                     shcm: int, sub_bucket_half_count: int, keys: np.ndarray,
-                    last_transit: np.ndarray, jitter: np.ndarray, out: np.ndarray) -> None:
-    """Record latency and jitter of ``count`` frames; ``out`` = [recorded, min, max,
+                    last_transit: np.ndarray, jitter: np.ndarray, sizes: np.ndarray,
+                    out: np.ndarray) -> None:
+    """Record latency, size and jitter of ``count`` frames; ``out`` = [recorded, min, max,
     out_of_range, untracked_peers, bytes] (min/max only meaningful when recorded > 0)."""
     recorded = 0
     nbytes = 0
@@ -81,8 +88,11 @@ def _record_latency(buf: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
     untracked = 0
     mask = len(keys) - 1
     counts_len = len(counts)
+    last_size = len(sizes) - 1
     for i in range(count):
         nbytes += lengths[i]
+        size_slot = _bit_length(lengths[i] - 1) if lengths[i] > 1 else 0
+        sizes[min(size_slot, last_size)] += 1
         if lengths[i] < 32:
             continue
         o = offsets[i]
@@ -158,6 +168,8 @@ class ChannelStats:
         self.reset_counters()
 
     def reset_counters(self) -> None:
+        self.size_counts = np.zeros(SIZE_BUCKETS, dtype=np.int64)
+        """Received frames by size (see ``SIZE_BUCKETS``); sums to ``frames_in``."""
         self.frames_in = 0
         self.bytes_in = 0
         self.frames_out = 0
@@ -189,7 +201,7 @@ class ChannelStats:
         _record_latency(buf, offsets, lengths, peer_ids, recv_ts_ns, count, self._counts,
                         LATENCY_HIGHEST_NS, h.sub_bucket_mask, h.unit_magnitude,
                         h.sub_bucket_half_count_magnitude, h.sub_bucket_half_count,
-                        self._keys, self._last_transit, self._jitter, out)
+                        self._keys, self._last_transit, self._jitter, self.size_counts, out)
         self.bytes_in += int(out[5])
         recorded = int(out[0])
         if recorded:

@@ -46,7 +46,6 @@ KERNEL_MODULES = (
     "channels.tcp",
     "channels._rdma_kernels",
     "nic_offload.softnic._kernels",
-    "appliance.dataplane.fastpath",
     "appliance.dataplane._kernels",
     "appliance.ops.telemetry._kernels",
     "bench._fabric_kernels",

@@ -22,9 +22,10 @@ from appliance.config import (
     LSA_MAX_AGE_REFRESHES,
     ApplianceConfig,
 )
+from appliance.control import auth as auth_mod
 from appliance.control import pm as pmod
 from appliance.control import route_apply
-from appliance.control.auth import FabricAuth
+from appliance.control.auth import FabricAuth, epoch_of, hello_link_id
 from appliance.control.clients import ClientSide
 from appliance.control.documents import DocumentError
 from appliance.control.fabric import FabricSide
@@ -77,8 +78,14 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         self.compiler = compiler
         self.registry = registry
         self.start_ns = time.monotonic_ns()
-        self.epoch = (time.time_ns() // 1_000_000) & 0xFFFFFFFF
-        self.auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch)
+        start_ns = auth_mod.wall_clock_ns()
+        self.epoch = epoch_of(start_ns)
+        """This incarnation's start time in ms (64 bits: it never wraps); orders its link
+        state and interest after a restart (control/auth.py)."""
+        self.auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch, start_ns)
+        if config.fabric_key is not None:  # the data path signs its reliable streams' frames
+            dp_auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch, start_ns)
+            dp.commands.offer(lambda: dp.guaranteed.use_auth(dp_auth))
         self.neighbours = {n.name: Neighbour(n, peer_id_of(*n.address))
                            for n in config.neighbours}
         self.by_peer = {nb.peer: nb for nb in self.neighbours.values()}
@@ -195,19 +202,27 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         return None
 
     # --- sending ------------------------------------------------------------------------------
-    def _signed(self, ftype: FrameType, entries: list, body_header: dict | None = None
-                ) -> bytes:
+    def _signed(self, ftype: FrameType, entries: list, body_header: dict | None = None,
+                dest: int = 0) -> bytes:
+        """A signed admin frame for the link to ``dest`` (a neighbour's node id, a group's
+        ``group_link_id``, or a neighbour's ``hello_link_id`` for a discovery HELLO)."""
         frame = encode_admin(ftype, entries, body_header=body_header,
-                             source_session=self.node_id, send_ts_ns=time.time_ns(),
-                             auth=self.auth.next_auth())
+                             source_session=self.node_id, dest_session=dest,
+                             send_ts_ns=time.time_ns(), auth=self.auth.next_auth())
         return bytes(self.auth.sign(frame))
 
     def _to_neighbour(self, nb: Neighbour, ftype: FrameType, entries: list,
                       body_header: dict | None = None) -> None:
         if self.cfg.fabric_key is None:
             return
+        dest = nb.node_id
+        if dest is None:  # only a discovery HELLO goes before we know its node id
+            if ftype is not FrameType.HELLO:
+                self.counters["neighbour_not_known"] += 1
+                return
+            dest = hello_link_id(nb.config.name)
         try:
-            frame = self._signed(ftype, entries, body_header)
+            frame = self._signed(ftype, entries, body_header, dest)
         except ValueError as exc:  # a document larger than one frame: refused, not fatal
             self.counters["frame_too_large"] += 1
             log.error("%s: cannot send %s to %s: %s", self.cfg.name, ftype.name,

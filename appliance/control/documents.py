@@ -243,7 +243,8 @@ def _is_pattern(text: str) -> bool:
 
 
 NODE_ID = Int(1, MAX_NODE_ID)
-EPOCH = Int(0, MAX_U32)
+EPOCH = Int(0, MAX_U63)
+"""An appliance's epoch: its start time in ms (64 bits: control/auth.py)."""
 SEQ = Int(0, MAX_U63)
 NAMESPACE = Int(0, MAX_U32)
 COST = Int(1, 65_535)

@@ -6,9 +6,11 @@ P&M and registry flooding, subscription interest, and the tables built from them
 import time
 
 from appliance.config import (
+    DISCOVERY_HELLO_REPLY_NS,
     FABRIC_MAX_ORIGINS,
 )
 from appliance.control import pm as pmod
+from appliance.control.auth import EPOCH_MASK, group_link_id, hello_link_id
 from appliance.control.documents import DocumentError, validate
 from appliance.control.routing import Lsa, all_paths, graph_of
 from appliance.control.state import (
@@ -48,7 +50,8 @@ class FabricSide:
             self.auth.reject("malformed")
             self._log_once(channel, peer, f"rejected a malformed admin frame ({exc})", now_ns)
             return
-        reason = self.auth.check(frame)
+        group = channel[len(GROUP_RX):]
+        reason = self.auth.check(frame, link=group_link_id(group))
         if reason is not None:
             self._log_once(channel, peer, f"rejected an admin frame: {reason}", now_ns)
             return
@@ -58,7 +61,6 @@ class FabricSide:
         _, entries = frame.admin()
         hello = entries[0]
         nb = self.neighbours.get(hello.name)
-        group = channel[len(GROUP_RX):]
         if nb is None or nb.config.group != group or (nb.node_id is not None
                                                       and nb.node_id != hello.node_id):
             self.counters["group_hello_unexpected"] += 1
@@ -87,15 +89,28 @@ class FabricSide:
             self._log_once(FABRIC, peer, "rejected an admin frame from an address that is not "
                            "a configured neighbour", now_ns)
             return
-        reason = self.auth.check(frame)
+        ftype = frame.header.frame_type
+        reason = self.auth.check(frame, link=self.node_id, hello_link=(
+            hello_link_id(self.cfg.name) if ftype is FrameType.HELLO else None))
         if reason is not None:
             self._log_once(FABRIC, peer, f"rejected an admin frame: {reason}", now_ns)
             return
-        ftype = frame.header.frame_type
         _, entries = frame.admin()
+        source = frame.header.source_session
         if ftype in (FrameType.HELLO, FrameType.HEARTBEAT):
-            self._on_hello(nb, entries[0], frame.header.send_ts_ns, now_ns)
-        elif ftype is FrameType.CONTROL:
+            hello = entries[0]
+            if hello.node_id != source:
+                self.counters["neighbour_id_mismatch"] += 1
+                return
+            if frame.header.dest_session != self.node_id:  # a discovery HELLO
+                self._on_discovery_hello(nb, hello, now_ns)
+            else:
+                self._on_hello(nb, hello, frame.header.send_ts_ns, now_ns)
+            return
+        if source != nb.node_id:  # signed by another node than the one at this address
+            self.counters["neighbour_id_mismatch"] += 1
+            return
+        if ftype is FrameType.CONTROL:
             for entry in entries:
                 try:
                     doc = validate(entry.kind, entry.document, "neighbour")
@@ -107,6 +122,23 @@ class FabricSide:
             self._merge_registry(entries, nb)
         else:
             self.counters["unexpected_admin"] += 1
+
+    def _on_discovery_hello(self, nb: Neighbour, hello: al.Hello, now_ns: int) -> None:
+        """A HELLO from a neighbour that does not know our node id yet (it started, or
+        restarted), bound to our name: it says which node id to answer, never that the
+        neighbour is up (a replayed one must not keep a dead neighbour alive). We answer with
+        a HELLO bound to that id, at most every DISCOVERY_HELLO_REPLY_NS; the neighbour's
+        HELLOs bound to our node id then bring it up here."""
+        if hello.name != nb.config.name:
+            self.counters["neighbour_name_mismatch"] += 1
+            return
+        if nb.up and nb.node_id != hello.node_id:
+            self.counters["neighbour_id_mismatch"] += 1
+            return
+        nb.node_id = hello.node_id
+        if now_ns - nb.discovery_reply_ns >= DISCOVERY_HELLO_REPLY_NS:
+            nb.discovery_reply_ns = now_ns
+            self._send_hello(nb, FrameType.HELLO)
 
     def _on_hello(self, nb: Neighbour, hello: al.Hello, send_ts: int, now_ns: int) -> None:
         if hello.name != nb.config.name:
@@ -229,7 +261,7 @@ class FabricSide:
 
     # --- neighbours and timers ----------------------------------------------------------------
     def _send_hello(self, nb: Neighbour, ftype: FrameType) -> None:
-        hello = al.Hello(self.node_id, self.epoch, self.cfg.heartbeat_interval_ms,
+        hello = al.Hello(self.node_id, self.epoch & EPOCH_MASK, self.cfg.heartbeat_interval_ms,
                          ROLE[self.cfg.role], 0, self.cfg.name)
         self._to_neighbour(nb, ftype, [hello])
 
@@ -238,10 +270,11 @@ class FabricSide:
         which group address is this appliance."""
         if self.cfg.fabric_key is None or not self._groups_in_use:
             return
-        hello = al.Hello(self.node_id, self.epoch, self.cfg.heartbeat_interval_ms,
+        hello = al.Hello(self.node_id, self.epoch & EPOCH_MASK, self.cfg.heartbeat_interval_ms,
                          ROLE[self.cfg.role], 0, self.cfg.name)
         for group in self._groups_in_use:
-            self.dp.offer_admin(GROUP_TX + group, 0, self._signed(FrameType.HEARTBEAT, [hello]))
+            self.dp.offer_admin(GROUP_TX + group, 0, self._signed(
+                FrameType.HEARTBEAT, [hello], dest=group_link_id(group)))
 
     def _send_full_state(self, nb: Neighbour) -> None:
         entries = [self._control(al.ControlKind.LSA, self._lsa_doc())]

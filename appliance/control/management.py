@@ -174,7 +174,7 @@ class ManagementSide:
                      "switch_interval_us": round(sys.getswitchinterval() * 1e6),
                      "build": build_info()},
             "neighbours": [{
-                "name": nb.config.name, "id": nb.node_id,
+                "name": nb.config.name, "id": nb.node_id, "epoch": nb.epoch,
                 "address": f"{nb.config.address[0]}:{nb.config.address[1]}",
                 "state": "up" if nb.up else "down",
                 "last_heard_ms": (now_ns - nb.last_heard_ns) / 1e6 if nb.last_heard_ns else None,

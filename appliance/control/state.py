@@ -40,6 +40,8 @@ class Neighbour:
     rtt_us: float | None = None
     group_heard_ns: int = 0
     """When its last authenticated HELLO arrived on its fabric group (0: never)."""
+    discovery_reply_ns: int = -(1 << 62)
+    """When we last answered its discovery HELLO (control/fabric.py)."""
 
 
 @dataclass

@@ -86,21 +86,26 @@ errno)."""
 SENT_NONE, SENT_SOME, SENT_ALL = range(3)
 CTL_WORDS = RESULT_WORDS + 15
 
-SOURCE_CLIENTS, SOURCE_FABRIC, SOURCE_GIVEN = 0, 1, 2
-"""What a burst came from (``pipeline``'s ``source``): the clients, the fabric, or the agent
-itself (parked messages run again), whose contexts the caller gives in ``fctx``."""
+SOURCE_CLIENTS, SOURCE_FABRIC, SOURCE_GROUP, SOURCE_GIVEN = 0, 1, 2, 3
+"""What a burst came from (``pipeline``'s ``source``): the clients, the fabric's unicast
+socket, a fabric group (multicast), or the agent itself (parked messages run again), whose
+contexts the caller gives in ``fctx``."""
 C_INGRESS, C_LOCAL = 0, 1
 """A NIC frame's context (``fctx[f, 0]``): a local client's publish (``fctx[f, 1]`` its
 session row, ``fctx[f, 2]`` its session id) or a neighbour's frame for this node (its
 origin and stream)."""
 
 # what the kernels count (``totals``; ``Express.fold`` adds them to the agent's counters)
-(T_BURSTS, T_RECEIVES, T_DENIED, T_NO_PORT, T_UNROUTABLE, T_TRANSIT, T_PUNTS, T_FRAMES_SENT,
- T_BYTES_SENT) = range(9)
-TOTAL_WORDS = 9
+(T_BURSTS, T_RECEIVES, T_DENIED, T_NO_PORT, T_UNROUTABLE, T_TRANSIT, T_PUNTS, T_GROUP,
+ T_SELECTED) = range(9)
+T_FRAMES_SENT, T_BYTES_SENT = T_SELECTED + 4, T_SELECTED + 5
+TOTAL_WORDS = T_SELECTED + 6
 TOTAL_NAMES = ("express_bursts", "express_receives", "publish_denied", "no_port",
-               "unroutable", "transit_frames", "pipeline_punts")
-"""The agent counters of the first totals (the sent frames and bytes are the channel's)."""
+               "unroutable", "transit_frames", "pipeline_punts", "group_data_frames",
+               "pipeline_client_frames", "pipeline_fabric_frames", "pipeline_group_frames",
+               "pipeline_parked_frames")
+"""The agent counters of the first totals (the sent frames and bytes are the channel's);
+``T_SELECTED + source``: frames the NIC ran in the pipeline, by source."""
 
 _HDR = fl.FRAME_HEADER_BYTES
 _DATA = int(fl.FrameType.DATA)
@@ -186,7 +191,10 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
        (source, destination) is on its path through this node with that neighbour before
        it (``tr_keys`` = source << 32 | destination, sorted; ``tr_prev``, ``tr_next``: the
        node before, the next hop's peer or -1 here) is in transit (copied whole to its next
-       hop) or, here, a delivery of its origin. Anything else is punted (``punt[i]`` = 1):
+       hop) or, here, a delivery of its origin. From a fabric group (``fab_peers`` then
+       the group's member senders): a plain DATA frame for every member (destination 0)
+       whose source is the member that sent it and whose path to this node is the direct
+       link is a delivery of that member. Anything else is punted (``punt[i]`` = 1):
        the caller's general loop handles it, as it always did. The NIC's frames are
        ``sel_frame[:ctl[SELECTED]]`` with their contexts in ``fctx`` (``C_INGRESS`` or
        ``C_LOCAL``, then session row and id, or origin and stream).
@@ -224,6 +232,7 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
     nsel = 0
     npunt = 0
     ntransit = 0
+    ngroup = 0
     for i in range(n):
         punt[i] = 1
         off = offsets[i]
@@ -252,6 +261,19 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
             kind = C_INGRESS
             a = cli_rows[r]
             b = src
+        elif source == SOURCE_GROUP:  # sent once to the group by a neighbour, for here
+            r = _index_of(fab_peers, peer_ids[i])
+            if r < 0 or src != fab_nodes[r] or _u32(buf, off + fl.DEST_SESSION_OFFSET) != 0:
+                npunt += 1
+                continue
+            t = _index_of(tr_keys, (src << 32) | node_id)
+            if t < 0 or tr_prev[t] != src or tr_next[t] >= 0:
+                npunt += 1
+                continue
+            ngroup += 1
+            kind = C_LOCAL
+            a = src
+            b = stream
         else:
             r = _index_of(fab_peers, peer_ids[i])
             if r < 0:
@@ -303,10 +325,13 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
     res[SELECTED] = nsel
     res[PUNTED] = npunt
     totals[T_PUNTS] += npunt
+    totals[T_GROUP] += ngroup
     res[CODE] = DONE
     if nsel == 0:
-        totals[T_BURSTS] += 1
+        if ntransit:
+            totals[T_BURSTS] += 1
         return
+    totals[T_SELECTED + source] += nsel
     # 3. the software NIC
     run_burst(buf, sel_off[:nsel], sel_len[:nsel], True, nsel, 1, batch, status, frame_types,
               homes, values, acl_results, payloads, pending, slots, shift, class_root, groups,

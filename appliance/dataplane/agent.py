@@ -65,7 +65,6 @@ from appliance.config import (
 )
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
-from appliance.dataplane import fastpath as _fastpath
 from appliance.dataplane.delivery import Delivery
 from appliance.dataplane.guaranteed import (
     LOSS_NOTICE_KEY,
@@ -109,8 +108,11 @@ class DataPlaneAgent(Delivery, Output):
     name = "dataplane"
 
     def __init__(self, node_id: int, nic: SoftNic, channels: dict[str, Any], *,
-                 fabric_max_frame_bytes: int) -> None:
+                 fabric_max_frame_bytes: int,
+                 parked_ttl_ns: int = PARKED_MESSAGE_TTL_NS) -> None:
         self.node_id = node_id
+        self.parked_ttl_ns = parked_ttl_ns
+        """How long a message whose key the tables do not know yet waits (parked)."""
         self.nic = nic
         self.channels = channels
         self.wakeup = AgentWakeup()
@@ -154,7 +156,6 @@ class DataPlaneAgent(Delivery, Output):
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
         """The topic keys of the latest UNKNOWN_KEY digests (status: offload.last_unknown_keys)."""
         self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
-        _fastpath.warm_up()
         self.cycle_ns = time.monotonic_ns()
         """When the current (or last) duty cycle started (the control agent's stall check)."""
         self._parked: deque[tuple[tuple, bytes]] = deque()
@@ -266,7 +267,7 @@ class DataPlaneAgent(Delivery, Output):
         session = self.sessions.get(session_id)
         if session is not None:
             session.allowed.difference_update(keys)
-            session._fastpath_allowed = None  # the sorted copy the fast paths search
+            session._sorted_allowed = None  # the sorted copy the pipeline searches
             self.allowed_version += 1
 
     # --- the duty cycle -----------------------------------------------------------------------
@@ -286,7 +287,7 @@ class DataPlaneAgent(Delivery, Output):
         for name, batch, channel, fused in self._receivers:
             if fused and express is not None:  # receive, forward and send in one call
                 n, taken, punts = express.receive(channel, batch, now_ns, RELIABLE_STREAM_BIT,
-                                                  _PROBE, now_ns + PARKED_MESSAGE_TTL_NS)
+                                                  _PROBE, now_ns + self.parked_ttl_ns)
             else:
                 n, taken, punts = channel.receive(batch, 0), _express.UNTRIED, None
             if n:
@@ -326,9 +327,9 @@ class DataPlaneAgent(Delivery, Output):
         only the frames it punts, or through the general loop alone."""
         # a snapshot that came after this cycle began: parked messages go before these
         self.rerun_parked_before(self.nic.switch.current.version, now_ns)
-        if express and _express.ENABLED and not name.startswith(GROUP_RX):
+        if express and _express.ENABLED:
             punts = self.express.run(name, batch, now_ns, RELIABLE_STREAM_BIT, _PROBE,
-                                     now_ns + PARKED_MESSAGE_TTL_NS)
+                                     now_ns + self.parked_ttl_ns)
             if punts is not None:
                 if punts:
                     self._general(name, batch, punts, now_ns)
@@ -345,7 +346,7 @@ class DataPlaneAgent(Delivery, Output):
         tables = self.tables
         run_idx: list[int] = []
         ctxs: list[tuple] = []
-        deadline = now_ns + PARKED_MESSAGE_TTL_NS
+        deadline = now_ns + self.parked_ttl_ns
         fabric = name == FABRIC
         group = name.startswith(GROUP_RX)
         own = self._own_group_senders.get(name)
@@ -470,7 +471,7 @@ class DataPlaneAgent(Delivery, Output):
         gp = self.guaranteed
         scratch = self._gscratch
         view = memoryview(scratch.buf)
-        deadline = now_ns + PARKED_MESSAGE_TTL_NS
+        deadline = now_ns + self.parked_ttl_ns
         items: list[tuple[str, Any, bytes, int]] = []
         snapshot = self.nic.switch.current
         version = snapshot.version

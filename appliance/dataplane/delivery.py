@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from appliance.config import PARKED_MESSAGE_TTL_NS, PARKED_MESSAGES
+from appliance.config import PARKED_MESSAGES
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
-from appliance.dataplane import fastpath as _fastpath
 from appliance.dataplane.names import FABRIC
 from appliance.dataplane.state import (
     _DATA,
@@ -77,8 +76,7 @@ class Delivery:
         me = self.node_id
         counters = self.counters
         checked: dict[int, bool] = {}
-        if result.descriptors and (self.tables.dup_keys  # duplication: the general loop
-                                   or not _fastpath.deliver(self, buf, result, ctxs)):
+        if result.descriptors:
             for off, length, target, kind, index in nic.descriptors[
                     : result.descriptors].tolist():
                 ingress, origin, stream, session, _, cls = ctxs[frame_index[index]]
@@ -212,7 +210,7 @@ class Delivery:
                 scratch.count = slot + 1
                 ctxs.append(ctx)
             if not (_express.ENABLED and self.express.run_given(scratch, ctxs, now_ns,
-                                                                 now_ns + PARKED_MESSAGE_TTL_NS)):
+                                                                 now_ns + self.parked_ttl_ns)):
                 self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
         self.counters["parked_reruns"] += total
         return total

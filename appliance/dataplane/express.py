@@ -6,12 +6,14 @@ frame, per descriptor and per message framed, on top of a fixed cost per step; f
 of one frame that was ~100 us of a ~110 us duty cycle. ``Express.run`` does the same work in
 one numba kernel (``appliance.dataplane._kernels.pipeline``), which runs the software NIC's
 own kernel (``nic_offload.softnic.run_burst``) inside it, for every burst of the clients'
-UDP socket, the clients' shared memory and the fabric's unicast socket:
+UDP socket, the clients' shared memory, the fabric's unicast socket and its groups, and for
+the parked messages the agent runs again (``run_given``):
 
 1. every frame is classified by its header: a plain DATA frame of a client session (from the
    peer the session logged in from, with its session id as the source) is that session's
    publish; a plain DATA frame from a neighbour, on the path of its (source, destination)
-   through this node, is in transit (copied whole to its next hop) or delivered here; what
+   through this node, is in transit (copied whole to its next hop) or delivered here, as
+   is one a member neighbour sent once to a fabric group for every member; what
    is left (admin frames, reliable streams and their control, telemetry probes, strangers,
    frames off their path or duplicated, malformed frames) is *punted*: the agent's general
    loop takes those frames alone, after the call, as it always did. A burst that mixes
@@ -54,7 +56,6 @@ from typing import Any
 import numba
 import numpy as np
 
-from appliance.dataplane import fastpath as _fastpath
 from appliance.dataplane._kernels import (
     C_INGRESS,
     C_LOCAL,
@@ -85,6 +86,7 @@ from appliance.dataplane._kernels import (
     SOURCE_CLIENTS,
     SOURCE_FABRIC,
     SOURCE_GIVEN,
+    SOURCE_GROUP,
     T_BYTES_SENT,
     T_FRAMES_SENT,
     TOTAL_NAMES,
@@ -93,6 +95,7 @@ from appliance.dataplane._kernels import (
     pipeline,
     receive_forward,
 )
+from appliance.dataplane.names import GROUP_RX
 from channels import _mmsg
 from nic_offload.softnic import BurstResult
 
@@ -128,6 +131,8 @@ class ExpressPlan:
     """... the node before this one on each ..."""
     tr_next: np.ndarray
     """... and the fabric peer of its next hop (-1: this node is the destination)."""
+    group_peers: dict
+    """Group channel -> (sorted int64 peer ids of the members' group senders, their nodes)."""
 
 
 def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan | None:
@@ -176,12 +181,18 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
     paths = sorted(((src << 32) | dst, prev, -1 if nxt is None else nxt)
                    for (src, dst), (prev, nxt) in tables.transit.items()
                    if 0 <= src < 1 << 31 and 0 <= dst < 1 << 31)
+    members: dict[str, list[tuple[int, int]]] = {}
+    for (channel, peer), node in sorted(tables.group_peers.items()):
+        members.setdefault(channel, []).append((peer, node))
     return ExpressPlan(ports, owners, start, count, np.asarray(flat or [0], np.int64),
                        np.asarray([p for p, _ in peers], np.int64),
                        np.asarray([n for _, n in peers], np.int64),
                        np.asarray([k for k, _, _ in paths], np.int64),
                        np.asarray([p for _, p, _ in paths], np.int64),
-                       np.asarray([n for _, _, n in paths], np.int64))
+                       np.asarray([n for _, _, n in paths], np.int64),
+                       {channel: (np.asarray([p for p, _ in rows], np.int64),
+                                  np.asarray([n for _, n in rows], np.int64))
+                        for channel, rows in members.items()})
 
 
 @dataclass
@@ -207,11 +218,22 @@ class SessionTable:
 _NO_PEERS = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
+def allowed_keys(session: Any) -> np.ndarray:
+    """The session's publishable keys as a sorted array (rebuilt when the set changes:
+    ``DataPlaneAgent.revoke_keys`` drops the cached copy)."""
+    cached = getattr(session, "_sorted_allowed", None)
+    if cached is None or cached[0] != len(session.allowed):
+        cached = (len(session.allowed), np.sort(np.fromiter(
+            session.allowed, np.uint64, len(session.allowed))))
+        session._sorted_allowed = cached
+    return cached[1]
+
+
 def build_sessions(dp: Any) -> SessionTable:
     """The table of the agent's sessions."""
     by_peer = sorted(((name, peer), session) for (name, peer), session in dp._by_peer.items())
     sessions = [session for _, session in by_peer]
-    keys = [_fastpath._allowed(session) for session in sessions]
+    keys = [allowed_keys(session) for session in sessions]
     bounds = np.zeros(len(sessions) + 1, np.int64)
     bounds[1:] = np.cumsum([len(k) for k in keys], dtype=np.int64)
     peers: dict[str, list[tuple[int, int]]] = {}
@@ -366,8 +388,8 @@ class Express:
 
     def run(self, name: str, batch: Any, now_ns: int, reliable_bit: int, probe: int,
             deadline: int) -> list[int] | None:
-        """Run a burst of channel ``name`` (the clients' or the fabric's) through the
-        pipeline: the indexes of the frames it punted (the general loop's to handle), or
+        """Run a burst of channel ``name`` (the clients', the fabric's or a fabric group's)
+        through the pipeline: the indexes of the frames it punted (the general loop's to handle), or
         None when the general loop must take the whole burst (nothing done)."""
         ready = self._ready(now_ns)
         if ready is None:
@@ -375,16 +397,20 @@ class Express:
         snap, state, plan = ready
         table = self._current_sessions()
         dp = self.dp
+        cli_peers, cli_rows = _NO_PEERS
+        fab_peers, fab_nodes = plan.fab_peers, plan.fab_nodes
         if name == self.queues[FABRIC_Q]:
             source = SOURCE_FABRIC
-            cli_peers, cli_rows = _NO_PEERS
+        elif name.startswith(GROUP_RX):
+            source = SOURCE_GROUP
+            fab_peers, fab_nodes = plan.group_peers.get(name, _NO_PEERS)
         else:
             source = SOURCE_CLIENTS
             cli_peers, cli_rows = table.peers.get(name, _NO_PEERS)
         self._load_counts()
         self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
                    source, cli_peers, cli_rows, table.ids, table.bounds, table.keys,
-                   plan.fab_peers, plan.fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
+                   fab_peers, fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
                    reliable_bit, probe, dp.node_id, plan.ports, plan.group_start,
                    plan.group_len, plan.group_ports, *self._queue_arrays, self.ctl,
                    *self._sel, table.counts, self.port_delivered, self.totals, *state)

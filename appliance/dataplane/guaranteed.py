@@ -26,6 +26,17 @@ JSON payload ``{"origin", "stream", "first", "last", "messages", "reason", "at"}
 sequence position. Destinations relay notices to their guaranteed clients; the client library
 turns them (and its own hop's losses) into loss events on its guaranteed subscriptions.
 
+Authentication: every reliable-stream frame between appliances (DATA, RETRANSMISSION, NAK,
+ACK, LOSS, FLOW_CONTROL) carries the fabric MAC trailer (control/auth.py), appended by
+``_to_node`` and checked by ``on_fabric_frame`` at the destination before anything reads it:
+the MAC covers its (source, destination) node ids, so it is bound to its end-to-end link, and
+a replay window per source refuses it a second time. A LOSS names only its own sender's
+streams (``source_session`` is the stream's), and since the MAC authenticates
+``source_session``, a LOSS is accepted only from the stream's sender. What NAKs make a sender
+resend is bounded per requester: never what the requester's own cumulative ACK covers, and
+at most an ``AnswerBudget`` (GUARANTEED_NAK_ANSWER_*) shared by the streams towards it.
+Frames to and from clients are not authenticated yet (docs/security.md).
+
 Senders and receivers live on the data-path thread (``GuaranteedPlane``, owned by the
 ``DataPlaneAgent``); their frames leave through the data path's out queues.
 """
@@ -41,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.config import (
     CLIENT_MAX_FRAME_BYTES,
+    GUARANTEED_NAK_ANSWER_BURST_BYTES,
+    GUARANTEED_NAK_ANSWER_BYTES_PER_S,
     GUARANTEED_RETRANSMIT_BUFFER_BYTES,
     GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
     GUARANTEED_SENDER_LINGER_NS,
@@ -49,6 +62,7 @@ from appliance.config import (
     GUARANTEED_UDP_FRAME_BYTES,
 )
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
+from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from datapath.protocol.frame_layout import FrameType
 from datapath.reliability import (
@@ -60,9 +74,11 @@ from datapath.reliability import (
     StreamKey,
     UnrecoverableLoss,
 )
+from datapath.reliability.retransmit import AnswerBudget
 from datapath.topics.registry import NO_KEY
 
 if TYPE_CHECKING:
+    from appliance.control.auth import FabricAuth
     from appliance.dataplane.agent import DataPlaneAgent
 
 RELIABLE_STREAM_BIT = 0x8000_0000
@@ -74,6 +90,7 @@ RELIABILITY_ADMIN_TYPES = frozenset({int(FrameType.NAK), int(FrameType.ACK),
 """Frame types the reliable transport exchanges besides its DATA and RETRANSMISSION."""
 _TO_SENDER = frozenset({int(FrameType.NAK), int(FrameType.ACK), int(FrameType.FLOW_CONTROL)})
 _MSG = ml.MESSAGE_HEADER_STRUCT
+_HEADER = fl.FRAME_HEADER_STRUCT  # magic .. send_ts_ns; [7] is dest_session
 _PARTIAL = int(ml.MessageFlags.PARTIAL)
 
 
@@ -142,6 +159,16 @@ class GuaranteedPlane:
         self._timers_at = 0
         self._sweep_at = 0
         self._closed_counters: Counter[str] = Counter()
+        self.auth: FabricAuth | None = None
+        """Signs and checks the reliable streams' frames between appliances (``use_auth``);
+        None (no fabric key): such frames are refused and sent unsigned."""
+        self.budgets: dict[tuple, AnswerBudget] = {}
+        """Requester (("n", node) or ("c", session)) -> what its NAKs may still make us
+        resend (shared by the senders towards it)."""
+
+    def use_auth(self, auth: FabricAuth) -> None:
+        """Sign and check with ``auth`` from now on (a command from the control agent)."""
+        self.auth = auth
 
     # --- receivers ----------------------------------------------------------------------------
     def _receiver(self, where: str) -> ReliableReceiver:
@@ -156,7 +183,16 @@ class GuaranteedPlane:
 
     def on_fabric_frame(self, frame: memoryview, ftype: int, src: int, stream: int,
                         now_ns: int) -> None:
-        """A reliability frame for this node from the fabric (after the off-path guard)."""
+        """A reliability frame for this node from the fabric (after the off-path guard): its
+        MAC, link and freshness are checked before anything else reads it."""
+        auth = self.auth
+        dst = _HEADER.unpack_from(frame)[7] if len(frame) >= fl.FRAME_HEADER_BYTES else 0
+        reason = ("no_key" if auth is None else
+                  auth.check_bytes(frame, src, dst, self.node_id))
+        if reason is not None:
+            self.counters["guaranteed_auth_refused"] += 1
+            self.counters[f"guaranteed_auth_refused_{reason}"] += 1
+            return
         if ftype in _TO_SENDER:
             held = self.senders.get(("n", src, stream))
             if held is None:
@@ -193,7 +229,8 @@ class GuaranteedPlane:
         if hop is None:
             self.counters["guaranteed_unroutable"] += 1  # recovered by NAK once a path exists
             return
-        self.dp.queue_frame(FABRIC, hop, frame)
+        auth = self.auth
+        self.dp.queue_frame(FABRIC, hop, frame if auth is None else auth.signed_copy(frame))
 
     def _to_peer(self, channel: str) -> Callable[[memoryview, Any], None]:
         """Frames to a client by the peer id its frames came from (the receivers' replies)."""
@@ -226,13 +263,23 @@ class GuaranteedPlane:
             if epoch is None:
                 self.counters["guaranteed_unroutable"] += 1
                 return None
-            config = SenderConfig(dest_session=node, max_frame_bytes=self.fabric_frame_bytes,
+            # its frames leave room for the trailer _to_node appends
+            config = SenderConfig(dest_session=node,
+                                  max_frame_bytes=self.fabric_frame_bytes - fl.AUTH_TRAILER_BYTES,
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
                                   retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
             sender = ReliableSender(_Sink(self._to_node), session_id=self.node_id,
-                                    stream_id=stream, dest=node, config=config)
+                                    stream_id=stream, dest=node, config=config,
+                                    answer_budget=self._budget(("n", node)))
             held = self.senders[key] = _Sender(sender, epoch)
         return held
+
+    def _budget(self, requester: tuple) -> AnswerBudget:
+        budget = self.budgets.get(requester)
+        if budget is None:
+            budget = self.budgets[requester] = AnswerBudget(GUARANTEED_NAK_ANSWER_BYTES_PER_S,
+                                                            GUARANTEED_NAK_ANSWER_BURST_BYTES)
+        return budget
 
     def _sender_to_client(self, session_id: int, origin: int, stream: int) -> _Sender | None:
         key = ("c", session_id, origin, stream)
@@ -248,7 +295,8 @@ class GuaranteedPlane:
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
                                   retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
             sender = ReliableSender(_Sink(self._to_session), session_id=origin, stream_id=stream,
-                                    dest=session_id, config=config)
+                                    dest=session_id, config=config,
+                                    answer_budget=self._budget(("c", session_id)))
             held = self.senders[key] = _Sender(sender)
         return held
 
@@ -414,10 +462,10 @@ class GuaranteedPlane:
         held = self.senders.pop(key, None)
         self.active.pop(key, None)
         if held is not None:
-            c = held.sender.counters
-            self._closed_counters["retransmitted"] += c.retransmitted
-            self._closed_counters["nak_frames_in"] += c.nak_frames
-            self._closed_counters["sent"] += c.messages
+            self._closed_counters.update(_sender_counters(held.sender.counters))
+            requester = key[:2]
+            if requester in self.budgets and not any(k[:2] == requester for k in self.senders):
+                del self.budgets[requester]
 
     # --- counters -----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, int]:
@@ -432,11 +480,20 @@ class GuaranteedPlane:
             rx["received"] += c.delivered
         tx = Counter(self._closed_counters)
         for held in self.senders.values():
-            c = held.sender.counters
-            tx["retransmitted"] += c.retransmitted
-            tx["nak_frames_in"] += c.nak_frames
-            tx["sent"] += c.messages
+            tx.update(_sender_counters(held.sender.counters))
+        auth = self.auth
+        if auth is not None:
+            out["guaranteed_auth_accepted"] = auth.accepted
         out.update({f"guaranteed_{k}": int(v) for k, v in (rx + tx).items()})
         out["guaranteed_streams_out"] = len(self.senders)
         out["guaranteed_streams_in"] = sum(len(r.streams) for r in self.receivers.values())
         return out
+
+
+def _sender_counters(c: Any) -> dict[str, int]:
+    """What the status shows of a sender's counters (``guaranteed_<name>``, summed)."""
+    return {"retransmitted": c.retransmitted, "retransmitted_bytes": c.retransmitted_bytes,
+            "nak_frames_in": c.nak_frames, "sent": c.messages,
+            "retransmits_limited": c.retransmits_limited,
+            "nak_answers_limited": c.nak_answers_limited,
+            "nak_ranges_acked": c.nak_ranges_acked, "loss_frames_out": c.loss_frames}

@@ -76,7 +76,10 @@ def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:
 
     def base(name: str, pm: dict, neighbours: list[dict]) -> dict:
         return {"appliance": {"name": name, "heartbeat_interval_ms": 100,
-                              "neighbour_dead_ms": 30_000},
+                              "neighbour_dead_ms": 30_000,
+                              # a message whose key is not known yet waits as long as a cold
+                              # cache may take to compile on a busy host (not 2 s)
+                              "parked_ttl_ms": int(WARM_TIMEOUT_S * 1000)},
                 "fabric": {"listen": f"127.0.0.1:{fabric[name]}", "key": key},
                 "neighbours": neighbours,
                 "clients": {"udp": f"127.0.0.1:{_free_port()}", "shm": f"twwarm-{tag}-{name}",
@@ -104,13 +107,17 @@ def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:
     return out
 
 
-def _until(what: str, predicate: Callable[[], Any], deadline: float) -> Any:
+def _until(what: str | Callable[[], str], predicate: Callable[[], Any], deadline: float
+           ) -> Any:
+    """``predicate()`` once it is true; else at the deadline an error saying ``what`` (a
+    callable: what it says then)."""
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise UserError(f"{what} within {WARM_TIMEOUT_S:.0f} s", component="warm")
+            said = what() if callable(what) else what
+            raise UserError(f"{said} within {WARM_TIMEOUT_S:.0f} s", component="warm")
         time.sleep(0.02)
 
 
@@ -191,8 +198,9 @@ def _traffic(appliances: dict[str, Any], configs: dict[str, dict], deadline: flo
                 return (all(got[n] >= want[n] for n in want) and counts["g"] >= gwant
                         and counts["gshm"] >= gwant and counts["s"] >= sselected)
 
-            _until(f"warm: round {rnd}'s messages did not all arrive (got {got}, "
-                   f"{counts}; wanted {want}, {gwant} guaranteed, {sselected} selected)",
+            _until(lambda rnd=rnd, got=got, counts=counts, want=want, gwant=gwant,
+                   sselected=sselected: f"round {rnd}'s messages did not all arrive (got "
+                   f"{got}, {counts}; wanted {want}, {gwant} guaranteed, {sselected} selected)",
                    drained, deadline)
             delivered += sum(got.values()) + sum(counts.values())
         return delivered
@@ -223,7 +231,7 @@ def run_warm(force: bool = False, say: Callable[[str], None] = print) -> dict[st
     try:
         for name in ("pm", "b", "c"):
             appliances[name] = Appliance(parse_config(configs[name])).start()
-        _until("warm: the three appliances did not converge", lambda: (
+        _until("the three appliances did not converge", lambda: (
             len(appliances["pm"].status().get("routes", ())) >= 3
             and all(appliances[n].status().get("node", {}).get("pm") for n in ("b", "c"))),
             deadline)

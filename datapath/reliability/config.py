@@ -67,6 +67,12 @@ duplicate NAKs of several receivers); shorter than NAK_RETRY_INITIAL_NS so that 
 retry after a lost retransmission is served."""
 MAX_RETRANSMIT_MESSAGES_PER_NAK = 4_096
 """Messages one NAK frame can make a sender resend (bounds amplification by hostile NAKs)."""
+NAK_ANSWER_BYTES_PER_S = 4 * 1024 * 1024
+"""What NAKs from one requester can make senders resend, per second (``AnswerBudget``: a
+token bucket shared by the streams towards that requester); beyond it the rest of a NAK is
+not answered now (counted ``retransmits_limited``: the requester asks again later)."""
+NAK_ANSWER_BURST_BYTES = 256 * 1024
+"""...and at once (the bucket's depth): the most one NAK can make senders resend."""
 TAIL_PROBE_DELAY_NS = 5_000_000
 """When a sender goes quiet, it resends its last message (a tail-loss probe, as a
 RETRANSMISSION) after this delay, then backs off by doubling up to TAIL_PROBE_MAX_INTERVAL_NS:

@@ -118,11 +118,20 @@ class SenderCounters:
     nak_ranges_unsent: int = 0
     """Ranges (or their parts) above the highest sequence sent: ignored, never answered."""
     retransmitted: int = 0
+    retransmitted_bytes: int = 0
+    """Message bytes resent in answer to NAKs (headers included, frame overhead not)."""
     retransmit_frames: int = 0
     retransmits_lingering: int = 0
     """Messages asked for again within the linger time: not resent."""
     retransmits_capped: int = 0
     """Messages over the per-NAK cap: not resent (the receiver asks again)."""
+    retransmits_limited: int = 0
+    """Messages a NAK asked for beyond its requester's answer budget: not resent now."""
+    nak_answers_limited: int = 0
+    """NAKs answered only in part (or not at all) because the requester's budget ran out."""
+    nak_ranges_acked: int = 0
+    """Ranges (or their parts) at or below the requester's own cumulative ACK: it has them
+    (a stale or forged NAK); ignored."""
     loss_frames: int = 0
     loss_messages: int = 0
     tail_probes: int = 0

@@ -185,3 +185,33 @@ class RetransmitBuffer:
             return True
         self._retransmitted_ns[slot] = now_ns
         return False
+
+
+class AnswerBudget:
+    """How many bytes NAKs from one requester may still make senders resend: a token bucket
+    of ``burst_bytes`` refilled at ``bytes_per_s`` (docs/reliability.md, "Bounded answers").
+    The streams towards one requester share one budget, so the bound is per requester and
+    per time, however many streams it NAKs."""
+
+    __slots__ = ("burst_bytes", "bytes_per_s", "tokens", "updated_ns")
+
+    def __init__(self, bytes_per_s: int, burst_bytes: int) -> None:
+        if bytes_per_s <= 0 or burst_bytes <= 0:
+            raise ValueError("an answer budget needs bytes_per_s and burst_bytes above 0")
+        self.bytes_per_s = bytes_per_s
+        self.burst_bytes = burst_bytes
+        self.tokens = float(burst_bytes)
+        self.updated_ns: int | None = None
+
+    def take(self, nbytes: int, now_ns: int) -> bool:
+        """Spend ``nbytes`` if the budget holds them now; False (nothing spent) if not."""
+        last = self.updated_ns
+        if last is None or now_ns > last:
+            if last is not None:
+                self.tokens = min(self.burst_bytes,
+                                  self.tokens + (now_ns - last) * self.bytes_per_s / 1e9)
+            self.updated_ns = now_ns
+        if nbytes > self.tokens:
+            return False
+        self.tokens -= nbytes
+        return True

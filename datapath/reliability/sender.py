@@ -30,7 +30,7 @@ from datapath.protocol.frame_layout import FRAME_HEADER_BYTES, FrameType
 from datapath.reliability.config import FIRST_SEQUENCE, SenderConfig
 from datapath.reliability.errors import ReliabilityError
 from datapath.reliability.events import SenderCounters, StreamKey
-from datapath.reliability.retransmit import RetransmitBuffer
+from datapath.reliability.retransmit import AnswerBudget, RetransmitBuffer
 from datapath.reliability.sink import FrameSink
 from datapath.reliability.wire import RawFrameBuilder, admin_frames
 
@@ -57,7 +57,8 @@ class ReliableSender:
     def __init__(self, sink: FrameSink, *, session_id: int, stream_id: int, dest: object = None,
                  config: SenderConfig | None = None,
                  latency_budget_ns: int = LATENCY_BUDGET_NS,
-                 flow: SenderFlowControl | None = None) -> None:
+                 flow: SenderFlowControl | None = None,
+                 answer_budget: AnswerBudget | None = None) -> None:
         self.config = config = config or SenderConfig()
         self.sink = sink
         self.key = StreamKey(session_id, stream_id)
@@ -67,6 +68,9 @@ class ReliableSender:
         self.buffer = RetransmitBuffer(config.retransmit_buffer_bytes,
                                        config.retransmit_buffer_messages)
         self.flow = flow or SenderFlowControl()
+        self.answer_budget = answer_budget
+        """Bounds what NAKs make this sender resend (shared by the streams to one requester);
+        None: only the per-NAK cap bounds it."""
         self.pending = PolicyQueue(config.pending_messages, FlowPolicy.THROTTLE)
         self.acks: dict[int, int] = {}
         """Receiver session -> highest cumulative ACK seen from it."""
@@ -320,7 +324,7 @@ class ReliableSender:
             return False
         _, entries = parsed.admin()
         if h.frame_type is FrameType.NAK:
-            self._on_nak(entries, now_ns)
+            self._on_nak(entries, now_ns, self.acks.get(h.source_session, 0))
         elif h.frame_type is FrameType.ACK:
             c.acks += 1
             if h.source_session in self.acks or len(self.acks) < MAX_ACKING_RECEIVERS:
@@ -335,8 +339,12 @@ class ReliableSender:
             self._paused = self.flow.paused(now_ns)
         return True
 
-    def _on_nak(self, ranges: list[SeqRange], now_ns: int) -> None:
+    def _on_nak(self, ranges: list[SeqRange], now_ns: int, acked: int = 0) -> None:
+        """Answer a NAK from a requester whose cumulative ACK is ``acked``: what it already
+        has is never resent, and what is resent is drawn from its ``answer_budget``."""
         c = self.counters
+        answer_budget = self.answer_budget
+        limited = False
         c.nak_frames += 1
         buffer = self.buffer
         highest = buffer.next_seq - 1
@@ -354,6 +362,11 @@ class ReliableSender:
             if first > highest:
                 c.nak_ranges_unsent += 1
                 continue
+            if first <= acked:  # the requester said it has these: stale, or not its NAK
+                c.nak_ranges_acked += 1
+                first = acked + 1
+                if first > last:
+                    continue
             if last > highest:
                 c.nak_ranges_unsent += 1
                 last = highest
@@ -373,11 +386,18 @@ class ReliableSender:
                 if buffer.lingering(seq, now_ns, linger):
                     c.retransmits_lingering += 1
                     continue
+                if answer_budget is not None and not answer_budget.take(len(message), now_ns):
+                    c.retransmits_limited += last - seq + 1
+                    limited = True
+                    break
                 builder.add(message)
                 budget -= 1
                 c.retransmitted += 1
+                c.retransmitted_bytes += len(message)
         builder.flush()
         c.retransmit_frames += builder.frames
+        if limited:
+            c.nak_answers_limited += 1
         if lost:
             self._announce_loss(lost)
 

@@ -1,4 +1,4 @@
-"""Admin-frame authentication: MAC, key id, replay window, epochs."""
+"""Fabric frame authentication: MAC, key id, link binding, replay window, epochs."""
 
 from appliance.control.auth import FabricAuth
 from datapath.protocol import admin_layout as al
@@ -45,9 +45,37 @@ def test_forged_unsigned_and_foreign_key_frames_are_rejected():
     assert receiver.check(decode_frame(bytes(tampered))) == "bad_mac"
 
 
-def test_a_restarted_sender_starts_a_new_epoch_and_old_epochs_are_stale():
+def test_a_restarted_sender_counts_on_from_its_start_time_and_its_old_frames_are_replays():
     receiver = FabricAuth(KEY, 1, 5)
-    old, new = FabricAuth(KEY, 1, 1000), FabricAuth(KEY, 1, 2000)
-    old_frame = _signed(old)
+    start_ns = 1_700_000_000_000_000_000
+    old = FabricAuth(KEY, 1, start_ns // 1_000_000, start_ns)
+    captured = [_signed(old) for _ in range(3)]
+    assert receiver.check(decode_frame(captured[0])) is None
+    # restarted 2 s later: its epoch field wrapped (low 32 bits of ms), its counter did not
+    new = FabricAuth(KEY, 1, (start_ns + 2 * 10**9) // 1_000_000, start_ns + 2 * 10**9)
     assert receiver.check(decode_frame(_signed(new))) is None
-    assert receiver.check(decode_frame(old_frame)) == "stale_epoch"
+    assert [receiver.check(decode_frame(f)) for f in captured] == ["replay"] * 3
+
+
+def test_a_frame_is_accepted_only_on_the_link_it_was_signed_for():
+    sender, receiver = FabricAuth(KEY, 1, 1), FabricAuth(KEY, 1, 2)
+
+    def frame(ftype, dest):
+        entries = [al.Hello(7, 1, 100, al.NodeRole.CORE, 0, "n")] if ftype is not \
+            FrameType.CONTROL else [al.Control(al.ControlKind.ECHO, '{"ts":0}')]
+        return decode_frame(bytes(sender.sign(encode_admin(
+            ftype, entries, source_session=7, dest_session=dest, auth=sender.next_auth()))))
+
+    assert receiver.check(frame(FrameType.CONTROL, 9), link=8) == "wrong_link"
+    assert receiver.check(frame(FrameType.HELLO, 5), link=8, hello_link=4) == "wrong_link"
+    assert receiver.check(frame(FrameType.HELLO, 4), link=8, hello_link=4) is None
+    assert receiver.check(frame(FrameType.CONTROL, 8), link=8) is None
+    # the data path's form: a frame signed by appending a trailer, checked from its bytes
+    plain = encode_admin(FrameType.NAK, [al.SeqRange(1, 5)], source_session=7,
+                         dest_session=8, stream_id=1)
+    signed = sender.signed_copy(memoryview(plain))
+    assert decode_frame(bytes(signed)).auth is not None
+    assert receiver.check_bytes(memoryview(signed), 7, 8, link=9) == "wrong_link"
+    assert receiver.check_bytes(memoryview(signed), 7, 8, link=8) is None
+    assert receiver.check_bytes(memoryview(signed), 7, 8, link=8) == "replay"
+    assert receiver.check_bytes(memoryview(bytes(plain)), 7, 8, link=8) == "no_trailer"

@@ -119,7 +119,7 @@ def test_bounds_are_checked():
     lsa = GOOD[K.LSA]
     cases = [
         (K.LSA, {**lsa, "origin": 0}), (K.LSA, {**lsa, "origin": 2**31}),
-        (K.LSA, {**lsa, "epoch": -1}), (K.LSA, {**lsa, "epoch": 2**32}),
+        (K.LSA, {**lsa, "epoch": -1}), (K.LSA, {**lsa, "epoch": 2**63}),  # 64-bit ms
         (K.LSA, {**lsa, "links": [[6, 0]]}), (K.LSA, {**lsa, "links": [[6, 1, 2]]}),
         (K.LSA, {**lsa, "links": [[6]]}), (K.LSA, {**lsa, "name": ""}),
         (K.RESOLVE, {"keys": [1] * (d.MAX_RESOLVE_KEYS + 1)}), (K.RESOLVE, {"keys": [-1]}),

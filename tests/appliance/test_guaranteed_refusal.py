@@ -10,6 +10,7 @@ guaranteed client, in sequence position after the messages A did take.
 
 import json
 
+from appliance.control.auth import FabricAuth
 from appliance.dataplane.agent import CLIENT_UDP, FABRIC, DpSession, ForwardingTables
 from appliance.dataplane.guaranteed import LOSS_NOTICE_KEY, GuaranteedPlane
 from datapath.protocol.admin_layout import FlowControl, FlowPolicy, FlowState
@@ -37,6 +38,14 @@ class _DataPath:
         self.out.append((channel, dest, bytes(frame)))
 
 
+def _plane(dp, fabric_max_frame_bytes):
+    """A GuaranteedPlane whose frames between appliances are signed and checked with the
+    fabric key, as an appliance's are (control/auth.py)."""
+    plane = GuaranteedPlane(dp, fabric_max_frame_bytes)
+    plane.use_auth(FabricAuth(bytes(range(32)), 1, dp.node_id, 1_000_000 * dp.node_id))
+    return plane
+
+
 def _message(topic_key, payload):
     frame = encode_data_frame([{"topic_key": topic_key, "sequence": 1, "payload": payload}],
                               source_session=PUBLISHER)
@@ -58,8 +67,8 @@ def _exchange(a, d, now_ns):
 
 
 def test_messages_a_hop_refuses_reach_the_destination_as_a_loss_and_a_notice():
-    a = GuaranteedPlane(_DataPath(A, D), 1_472)
-    d = GuaranteedPlane(_DataPath(D, A, client=CLIENT), 1_472)
+    a = _plane(_DataPath(A, D), 1_472)
+    d = _plane(_DataPath(D, A, client=CLIENT), 1_472)
     now = 10 * MS
     a.to_node(D, PUBLISHER, *_message(100, b"first"), now)
     sender = a.senders[("n", D, PUBLISHER | 0x8000_0000)].sender

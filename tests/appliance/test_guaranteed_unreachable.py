@@ -24,7 +24,7 @@ from datapath.topics.registry import KeyRegistry
 from nic_offload.compiler import OffloadCompiler
 from nic_offload.snapshot import SnapshotSwitch
 from nic_offload.softnic import SoftNic
-from tests.appliance.test_guaranteed_refusal import _DataPath, _exchange, _message
+from tests.appliance.test_guaranteed_refusal import _DataPath, _exchange, _message, _plane
 
 A, D = 1, 2
 PUBLISHER = 5
@@ -52,8 +52,8 @@ def _delivered(d: GuaranteedPlane) -> list[int]:
 
 
 def test_a_sender_outlives_its_destination_being_forgotten_and_resumes_its_stream():
-    a = GuaranteedPlane(_DataPath(A, D), 1_472)
-    d = GuaranteedPlane(_DataPath(D, A), 1_472)
+    a = _plane(_DataPath(A, D), 1_472)
+    d = _plane(_DataPath(D, A), 1_472)
     now, key = 10 * MS, 100
     for _ in range(5):
         a.to_node(D, PUBLISHER, *_message(key, b"x"), now)
@@ -88,7 +88,7 @@ def test_a_sender_outlives_its_destination_being_forgotten_and_resumes_its_strea
 
 
 def test_a_new_epoch_of_the_destination_restarts_the_stream():
-    a = GuaranteedPlane(_DataPath(A, D), 1_472)
+    a = _plane(_DataPath(A, D), 1_472)
     a.to_node(D, PUBLISHER, *_message(100, b"x"), 10 * MS)
     a.on_tables(_tables(reachable=True, epoch=EPOCH + 1))
     assert a.senders == {} and a.counters["guaranteed_streams_restarted"] == 1

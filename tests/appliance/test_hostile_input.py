@@ -30,7 +30,7 @@ from appliance.config import (
 )
 from appliance.control import agent as control_module
 from appliance.control import documents
-from appliance.control.auth import FabricAuth
+from appliance.control.auth import FabricAuth, hello_link_id
 from appliance.node import Appliance
 from datapath.protocol import admin_layout as al
 from datapath.protocol.admin_layout import ControlKind
@@ -53,9 +53,10 @@ once the counters show the last one handled, so the accounting is exact."""
 
 # --- frames --------------------------------------------------------------------------------------
 def _frame(entries: list, ftype: FrameType = FrameType.CONTROL, session: int = 0,
-           auth: FabricAuth | None = None, body_header: dict | None = None) -> bytes:
+           auth: FabricAuth | None = None, body_header: dict | None = None,
+           dest: int = 0) -> bytes:
     frame = encode_admin(ftype, entries, source_session=session, body_header=body_header,
-                         send_ts_ns=time.time_ns(),
+                         send_ts_ns=time.time_ns(), dest_session=dest,
                          auth=auth.next_auth() if auth is not None else None)
     return bytes(auth.sign(frame) if auth is not None else frame)
 
@@ -214,6 +215,16 @@ def _documents_of(sock: socket.socket, kind: ControlKind, n: int = 1,
     return out
 
 
+def meet(t: Target, auth: FabricAuth) -> int:
+    """The hostile neighbour's discovery HELLO: the target learns its node id (EVIL_NODE) and
+    takes its frames bound to the target from then on; the target's node id."""
+    hello = al.Hello(EVIL_NODE, 1, 100, al.NodeRole.CORE, 0, "evil")
+    t.evil.sendto(_frame([hello], FrameType.HELLO, session=EVIL_NODE, auth=auth,
+                         dest=hello_link_id(t.app.config.name)), t.fabric)
+    assert wait_for(lambda: t.app.status()["neighbours"][0]["id"] == EVIL_NODE)
+    return t.app.status()["node"]["id"]
+
+
 def raw_login(t: Target, sock: socket.socket, identity: str = "feed") -> dict:
     sock.sendto(_frame([_control(ControlKind.LOGIN, json.dumps(
         {"identity": identity, "ring": None, "token": random.getrandbits(63)}))]), t.client)
@@ -240,6 +251,8 @@ def test_a_flood_of_hostile_frames_is_refused_counted_and_survived(target):
     assert login["accepted"]
     sid = login["session"]
     auth = FabricAuth(bytes.fromhex(FABRIC_KEY), 1, 77)
+    # the neighbour says who it is (a discovery HELLO): its frames are bound to the target
+    node = meet(t, auth)
     sends: list[tuple[socket.socket, tuple, bytes, int]] = []
     valid: list[bytes] = []
     for kind in ControlKind:
@@ -254,23 +267,28 @@ def test_a_flood_of_hostile_frames_is_refused_counted_and_survived(target):
         # a configured neighbour with the fabric key: every kind checked
         for text in hostile_documents(kind, "neighbour", rng):
             sends.append((evil, t.fabric, _frame([_control(kind, text)], session=EVIL_NODE,
-                                                 auth=auth), 1))
+                                                 auth=auth, dest=node), 1))
         valid.append(_frame([_control(kind, json.dumps(GOOD[kind]))]))
     # several entries in one frame: each checked on its own, the good one applied
     sends.append((evil, t.fabric, _frame([_control(ControlKind.LSA, "[]"),
                                           _control(ControlKind.INTEREST, '"x"'),
                                           _control(ControlKind.ECHO, json.dumps(
                                               {"ts": time.time_ns()}))],
-                                         session=EVIL_NODE, auth=auth), 2))
+                                         session=EVIL_NODE, auth=auth, dest=node), 2))
     # frames the fabric's authentication refuses
-    signed = _frame([_control(ControlKind.LOGOUT, "{}")], session=EVIL_NODE, auth=auth)
+    signed = _frame([_control(ControlKind.LOGOUT, "{}")], session=EVIL_NODE, auth=auth,
+                    dest=node)
     forged = bytearray(signed)
     forged[-1] ^= 0xFF
     wrong_key = FabricAuth(b"\x22" * 32, 2, 78)
-    sends += [(evil, t.fabric, _frame([_control(ControlKind.LSA, "{}")]), 1),  # no trailer
+    sends += [(evil, t.fabric, _frame([_control(ControlKind.LSA, "{}")], dest=node),
+               1),  # no trailer
               (evil, t.fabric, bytes(forged), 1),  # bad MAC
               (evil, t.fabric, _frame([_control(ControlKind.LSA, "{}")], session=EVIL_NODE,
-                                      auth=wrong_key), 1),
+                                      auth=wrong_key, dest=node), 1),
+              # a frame for another link (the neighbour's frames bound to someone else)
+              (evil, t.fabric, _frame([_control(ControlKind.LSA, "{}")], session=EVIL_NODE,
+                                      auth=auth, dest=node + 1), 1),
               (other, t.fabric, signed, 1)]  # not a configured neighbour
     sends.append((evil, t.fabric, signed, 0))  # accepted (a goodbye: it was not up) ...
     sends.append((evil, t.fabric, signed, 1))  # ... and its replay refused
@@ -297,7 +315,8 @@ def test_a_flood_of_hostile_frames_is_refused_counted_and_survived(target):
                                               "wrong_type", "missing_key", "unknown_key",
                                               "out_of_range")}
     assert set(status["auth"]["rejected"]) >= {"no_trailer", "bad_mac", "unknown_key",
-                                              "unknown_peer", "replay", "malformed"}
+                                              "unknown_peer", "replay", "malformed",
+                                              "wrong_link"}
     # the echo beside two bad entries was applied (the only echo): a round-trip time
     assert wait_for(lambda: t.app.status()["neighbours"][0]["rtt_us"] is not None)
     # a bad login document is answered with the reason

@@ -4,6 +4,7 @@ commands with and without the token, bad requests, the port check, JSON logs."""
 
 import json
 import logging
+import re
 import signal
 import socket
 import subprocess
@@ -97,21 +98,39 @@ def test_metrics_parse_and_agree_with_the_status(fabric):
     assert code == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
     families = list(parse_prom(text))
     names = {s.name for f in families for s in f.samples}
-    assert names <= set(METRIC_NAMES)
+    assert {n for n in names if n.startswith("topicwire_")} <= set(METRIC_NAMES)
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes",
+            "process_open_fds", "python_info"} <= names
     samples = _samples(families)
     status = tri.status("m1")
+    build = status["node"]["build"]
+    assert samples[("topicwire_build_info", tuple(sorted(build.items())))] == 1
     assert samples[("topicwire_node_info", (("id", str(status["node"]["id"])), ("node", "m1"),
                                             ("pm", "m1"), ("role", "core")))] == 1
     assert samples[("topicwire_neighbour_up", (("address", f"127.0.0.1:{tri.fabric['m2']}"),
                                                ("neighbour", "m2")))] == 1
     assert samples[("topicwire_routes", ())] == 6
-    assert samples[("topicwire_entitlement_denials_total",
-                    (("action", "subscribe"), ("identity", "feed"), ("pattern", "q/#")))] == 1
-    assert samples[("topicwire_offload_verdicts_total", (("verdict", "messages"),))] >= 5
-    assert samples[("topicwire_clients", ())] == 1
-    assert samples[("topicwire_channel_frames_total", (("channel", "fabric"),
-                                                       ("direction", "in"), ("kind", "udp")))] > 0
-    assert ("topicwire_auth_accepted_total", ()) in samples
+    assert samples[("topicwire_entitlement_denials_total", (("action", "subscribe"),))] == 1
+    assert samples[("topicwire_offload_messages_total", ())] >= 5
+    assert samples[("topicwire_offload_message_verdicts_total",
+                    (("verdict", "forwarded"),))] >= 5
+    channel = status["clients"][0]["channel"]
+    assert samples[("topicwire_client_sessions", (("channel", channel),))] == 1
+    fabric = (("channel", "fabric"), ("kind", "udp"))
+    assert samples[("topicwire_channel_frames_total", (*fabric[:1], ("direction", "in"),
+                                                       *fabric[1:]))] > 0
+    # the channel's latency and frame sizes are histograms that agree with its counters
+    frames_in = samples[("topicwire_channel_frames_total",
+                         (("channel", "clients-udp"), ("direction", "in"), ("kind", "udp")))]
+    size_count = samples[("topicwire_channel_received_frame_size_bytes_count",
+                          (("channel", "clients-udp"), ("kind", "udp")))]
+    assert size_count > 0 and frames_in > 0  # read one after the other while frames come
+    assert samples[("topicwire_channel_received_frame_size_bytes_bucket",
+                    (("channel", "clients-udp"), ("kind", "udp"), ("le", "+Inf")))] == size_count
+    assert samples[("topicwire_channel_latency_seconds_count", fabric)] > 0
+    assert 0 < samples[("topicwire_channel_latency_seconds_sum", fabric)] < 60 * samples[
+        ("topicwire_channel_latency_seconds_count", fabric)]
+    assert ("topicwire_auth_accepted_frames_total", ()) in samples
     # OpenMetrics when the scraper asks for it
     code, headers, text = http("GET", base + "/metrics",
                                headers={"Accept": "application/openmetrics-text; version=1.0.0"})
@@ -122,8 +141,10 @@ def test_metrics_parse_and_agree_with_the_status(fabric):
 
 def test_metric_names_are_the_documented_ones():
     doc = (ROOT / "docs" / "appliance.md").read_text()
-    for name in METRIC_NAMES:
-        assert f"`{name}`" in doc, name
+    for name in METRIC_NAMES:  # a histogram is documented by its family's name
+        family = re.sub(r"_(bucket|sum|count)$", "", name) if "_seconds_" in name or \
+            "_bytes_" in name else name
+        assert f"`{family}`" in doc, name
 
 
 def test_commands_are_refused_without_the_right_token(fabric):

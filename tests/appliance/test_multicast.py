@@ -94,6 +94,8 @@ def test_group_members_get_each_message_once_over_the_group(trio):
         wait_for(lambda: _counter(mc1, "group_own_frames") > 0, timeout_s=5)
         assert _counter(mc2, "group_unknown_peer") == 0
         wait_for(lambda: _counter(mc2, "group_data_frames") > 0, timeout_s=5)
+        # ... through the forwarding pipeline, as every other DATA burst
+        wait_for(lambda: _counter(mc2, "pipeline_group_frames") > 0, timeout_s=5)
         assert _counter(mc3, "group_data_frames") == 0
         # mc3 hears mc1's group frames too, but mc1 is not its group neighbour: dropped
         wait_for(lambda: _counter(mc3, "group_unknown_peer") > 0, timeout_s=5)

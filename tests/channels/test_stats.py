@@ -8,6 +8,7 @@ from channels.stats import (
     LATENCY_HIGHEST_NS,
     LATENCY_LOWEST_NS,
     LATENCY_SIGNIFICANT_DIGITS,
+    SIZE_BUCKETS,
     ChannelStats,
 )
 from tests.channels.peer import make_frame
@@ -75,6 +76,33 @@ def test_jitter_per_peer_follows_rfc3550():
     for peer, value in expected.items():
         assert abs(got[peer] - value) < 1e-6 * max(1.0, value)
     assert stats.snapshot()["jitter_max_ns"] == max(got.values())
+
+
+def size_slot(length):
+    """The slow twin of the size histogram's slot: the smallest i with length <= 2**i."""
+    i = 0
+    while (1 << i) < length and i < SIZE_BUCKETS - 1:
+        i += 1
+    return i
+
+
+def test_frame_sizes_are_counted_in_power_of_two_slots_every_frame_once():
+    rng = np.random.default_rng(11)
+    lengths = np.concatenate([[0, 1, 2, 3, 31, 32, 33, 64, 65, 1024, 1025, 65_535],
+                              rng.integers(0, 70_000, 500), [1 << 24, (1 << 24) + 1, 1 << 30]])
+    buf = np.zeros(64, np.uint8)  # the frames' bytes do not matter for their sizes
+    offsets = np.zeros(len(lengths), np.int64)
+    stats = ChannelStats()
+    for chunk in range(0, len(lengths), 100):
+        part = lengths[chunk:chunk + 100].astype(np.int64)
+        stats.on_receive(buf, offsets[:len(part)], part,
+                         np.zeros(len(part), np.int64), np.zeros(len(part), np.int64), len(part))
+    twin = np.zeros(SIZE_BUCKETS, np.int64)
+    for length in lengths:
+        twin[size_slot(int(length))] += 1
+    assert stats.size_counts.tolist() == twin.tolist()
+    assert stats.size_counts.sum() == stats.frames_in == len(lengths)
+    assert stats.bytes_in == int(lengths.sum())
 
 
 def test_frames_that_cannot_be_timed_are_not_recorded():

@@ -154,7 +154,8 @@ def admin_frames(session: int, auth: FabricAuth | None = None, dest: int = 0,
 
 
 def control_frames(session: int, sender: str, auth: FabricAuth | None = None,
-                   origin: int = 5, name: str = "fuzzer", self_id: int = 7) -> list[bytes]:
+                   origin: int = 5, name: str = "fuzzer", self_id: int = 7,
+                   dest: int = 0) -> list[bytes]:
     """A CONTROL frame of every kind with its good document, every kind with wrong shapes,
     and a frame of several entries."""
     docs = good_documents(origin, name, self_id)
@@ -162,15 +163,15 @@ def control_frames(session: int, sender: str, auth: FabricAuth | None = None,
     rng = random.Random(len(sender))
     for k in K:
         for text in rng.sample(SHAPES, 4):
-            out.append(_control([(k, text)], session, auth))
+            out.append(_control([(k, text)], session, auth, dest))
     if sender == "client":
-        out.append(_control([(K.LOGIN, "[]")], session, auth))
-        out.append(_control([(K.LOGIN, '"feed"')], session, auth))
+        out.append(_control([(K.LOGIN, "[]")], session, auth, dest))
+        out.append(_control([(K.LOGIN, '"feed"')], session, auth, dest))
         out.append(_control([(K.RESOLVE, json.dumps(docs[K.RESOLVE])),
-                             (K.LOGOUT, "[]"), (K.LOGIN, "{}")], session, auth))
+                             (K.LOGOUT, "[]"), (K.LOGIN, "{}")], session, auth, dest))
     else:
         out.append(_control([(K.LSA, "[]"), (K.INTEREST, '"x"'),
-                             (K.ECHO, json.dumps(docs[K.ECHO]))], session, auth))
+                             (K.ECHO, json.dumps(docs[K.ECHO]))], session, auth, dest))
     return out
 
 
@@ -192,9 +193,9 @@ def frame_seeds(neighbour_id: int, appliance_id: int, auth: FabricAuth,
                 neighbour_name: str = "fuzzer") -> FrameSeeds:
     golden = golden_frames()
     client = (admin_frames(0) + control_frames(0, "client") + data_frames(0))
-    neighbour = (admin_frames(neighbour_id, auth, node_name=neighbour_name)
+    neighbour = (admin_frames(neighbour_id, auth, dest=appliance_id, node_name=neighbour_name)
                  + control_frames(neighbour_id, "neighbour", auth, origin=neighbour_id,
-                                  name=neighbour_name, self_id=appliance_id)
+                                  name=neighbour_name, self_id=appliance_id, dest=appliance_id)
                  + data_frames(neighbour_id, appliance_id)
                  + data_frames(neighbour_id, appliance_id | DUP_DEST_BIT)
                  + data_frames(neighbour_id, appliance_id + 1))

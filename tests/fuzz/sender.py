@@ -109,7 +109,8 @@ def hello_frames(auth: FabricAuth, appliance_id: int, full: bool) -> list[bytes]
     """The neighbour's heartbeat; ``full``: its link state and interest too (the appliance
     then has a path from it and to it)."""
     hello = al.Hello(NEIGHBOUR_ID, NEIGHBOUR_EPOCH, 100, al.NodeRole.CORE, 0, NEIGHBOUR_NAME)
-    out = [S.frame(FrameType.HEARTBEAT, [hello], session=NEIGHBOUR_ID, auth=auth)]
+    out = [S.frame(FrameType.HEARTBEAT, [hello], session=NEIGHBOUR_ID, auth=auth,
+                   dest=appliance_id)]  # bound to the appliance: docs/protocol.md
     if full:
         seq = int(time.monotonic() * 1_000)
         lsa = {"origin": NEIGHBOUR_ID, "name": NEIGHBOUR_NAME, "epoch": NEIGHBOUR_EPOCH,
@@ -118,7 +119,7 @@ def hello_frames(auth: FabricAuth, appliance_id: int, full: bool) -> list[bytes]
                     "patterns": [[0, "fz/#"]], "guaranteed": [[0, "fz/g/#"]]}
         out.append(S.frame(FrameType.CONTROL, [al.Control(K.LSA, json.dumps(lsa)),
                                                al.Control(K.INTEREST, json.dumps(interest))],
-                           session=NEIGHBOUR_ID, auth=auth))
+                           session=NEIGHBOUR_ID, auth=auth, dest=appliance_id))
     return out
 
 

@@ -1,7 +1,8 @@
 """``topicwire bench NAME ...``: run one benchmark from ``bench/`` and print its JSON report.
 
 Each benchmark module in ``BENCHMARKS`` exposes ``NAME``, ``HELP``, ``add_arguments(parser)``
-and ``run(args) -> dict`` (a report built with ``bench.report.build_report``).
+and ``run(args) -> dict`` (a report built with ``bench.report.build_report``); one that needs
+modules of the ``bench`` extra lists them in ``EXTRA_MODULES`` (checked before it runs).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ BENCHMARKS = (
     "bench.routes",
     "bench.softnic",
     "bench.idle",
+    "bench.guaranteed",
 )
 
 
@@ -37,7 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _runner(module: object):  # noqa: ANN202 - returns a handler closure
     def handler(args: argparse.Namespace) -> int:
+        from appliance.ops.cli.extras import require
         from bench.report import dumps
+
+        modules = getattr(module, "EXTRA_MODULES", ())
+        if modules:
+            require("bench", f"bench {module.NAME}", tuple(modules))  # type: ignore[attr-defined]
 
         report = module.run(args)  # type: ignore[attr-defined]
         sys.stdout.write(dumps(report) + "\n")

@@ -31,7 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from nic_offload.model import EntrySet, TableEntry
 
 COMPONENT = "p4"
-P4_PROGRAM_DIR = Path(__file__).resolve().parents[3] / "p4" / "topicwire"
+P4_PROGRAM_DIR = (Path(__file__).parent / "p4_program").resolve()
+"""The P4 program and its P4Info: ``p4_program`` links to the repository's p4/topicwire, and an
+installed package holds them there as package data (pyproject.toml)."""
 DEFAULT_P4INFO = P4_PROGRAM_DIR / "topicwire.p4info.txt"
 DEFAULT_BMV2_JSON = P4_PROGRAM_DIR / "build" / "topicwire.json"
 RUNTIME_FILE = "runtime.json"
@@ -76,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     if not any(p.name == BMV2_JSON_FILE for p in written):
-        print(f"note: no compiled program copied; build it with 'make -C {P4_PROGRAM_DIR}' "
-              f"and copy build/topicwire.json to {args.out / BMV2_JSON_FILE}")
+        print(f"note: no compiled program copied; {build_hint(args.out / BMV2_JSON_FILE)}")
     return 0
 
 
@@ -98,8 +99,8 @@ def write_entries(snapshot: Path, out_dir: Path, *, p4info: Path = DEFAULT_P4INF
         shutil.copyfile(p4info, written[2])
         source = bmv2_json if bmv2_json is not None else DEFAULT_BMV2_JSON
         if bmv2_json is not None and not bmv2_json.is_file():
-            raise P4Error(f"no compiled program at {bmv2_json}; build it with 'make -C "
-                          f"{P4_PROGRAM_DIR}' or leave out --bmv2-json")
+            raise P4Error(f"no compiled program at {bmv2_json}; "
+                          f"{build_hint(out_dir / BMV2_JSON_FILE)}, or leave out --bmv2-json")
         if source.is_file():
             written.append(out_dir / BMV2_JSON_FILE)
             shutil.copyfile(source, written[-1])
@@ -112,8 +113,18 @@ def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise P4Error(f"cannot read the P4Info {path}: {exc}; build it with 'make -C "
-                      f"{P4_PROGRAM_DIR}' or pass --p4info") from None
+        raise P4Error(f"cannot read the P4Info {path}: {exc}; pass --p4info (the program's "
+                      f"is {DEFAULT_P4INFO})") from None
+
+
+def build_hint(target: Path) -> str:
+    """How to compile the program (with p4c) to ``target``: ``make`` in a checkout, p4c's
+    command where the package is installed (it holds the program, not its Makefile)."""
+    if (P4_PROGRAM_DIR / "Makefile").is_file():
+        return (f"build it with 'make -C {P4_PROGRAM_DIR}' and copy build/{BMV2_JSON_FILE} to "
+                f"{target}")
+    return (f"compile it with 'p4c-bm2-ss --p4v 16 -o {target} "
+            f"{P4_PROGRAM_DIR / 'topicwire.p4'}' (p4lang's p4c)")
 
 
 # --- P4Info text format ------------------------------------------------------------------------

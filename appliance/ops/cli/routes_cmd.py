@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from appliance.ops.cli.extras import require
 from appliance.ops.telemetry.job_args import add_compute_arguments, duration_ns
 
 
@@ -37,12 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_compute(args: argparse.Namespace) -> int:
+    require("routes", "routes compute", ("pyspark",))
     from appliance.ops.telemetry.routes_job import run_compute as run
 
     return run(args)
 
 
 def run_report(args: argparse.Namespace) -> int:
+    require("routes", "routes report", ("pandas", "matplotlib"))
     from appliance.ops.telemetry.report import render
 
     out = render(args.telemetry, args.out, step_ns=args.window, routes=args.routes,

@@ -65,7 +65,12 @@ def run(args: argparse.Namespace) -> int:
         wake.set()
 
     sys.setswitchinterval(config.switch_interval_us / 1e6)  # a process of its own
-    appliance = Appliance(config)
+    if config.role == "edge":  # an edge runs its protocol servers too (docs/edge.md)
+        from appliance.edge.node import EdgeAppliance
+
+        appliance = EdgeAppliance(config)
+    else:
+        appliance = Appliance(config)
     # handlers first: a signal during the start waits for it, then is handled as below
     handled = [getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP")]
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}

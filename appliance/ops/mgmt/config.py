@@ -49,3 +49,12 @@ MGMT_SHUTDOWN_POLL_S = 0.2
 """How often the server thread checks for ``close()`` (the longest ``close()`` waits for it)."""
 STATUS_HTTP_TIMEOUT_S = 5.0
 """How long ``topicwire status`` waits for the appliance's answer."""
+METRICS_LATENCY_BUCKETS_S = (0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05,
+                             0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+                             0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Upper bounds (``le``, seconds) of ``topicwire_channel_latency_seconds``'s buckets (and
+``+Inf``): the same on every appliance, so that histograms add up across a fabric."""
+METRICS_FRAME_SIZE_BUCKETS_BYTES = tuple(1 << k for k in range(6, 17))
+"""Upper bounds (``le``, bytes: 64 B to 64 KiB, powers of two, and ``+Inf``) of
+``topicwire_channel_received_frame_size_bytes``'s buckets; each is a slot edge of the
+channel's own size histogram (channels/stats.py, ``SIZE_BUCKETS``), so the counts are exact."""

@@ -69,7 +69,7 @@ from appliance.ops.mgmt.config import (
     MGMT_RETRY_AFTER_S,
     MGMT_SHUTDOWN_POLL_S,
 )
-from appliance.ops.mgmt.metrics import ApiCollector, exposition, registry_of
+from appliance.ops.mgmt.metrics import ApiCollector, channel_stats, exposition, registry_of
 
 log = logging.getLogger("topicwire.mgmt")
 
@@ -278,7 +278,8 @@ class MgmtServer:
             raise ConfigError(f"mgmt.listen: cannot listen on {host}:{port} ({exc.strerror}); "
                               "pick another port or stop its owner") from None
         self.httpd.mgmt = self
-        self.registry = registry_of(appliance.status, ApiCollector(self.errors, self.connections))
+        self.registry = registry_of(appliance.status, ApiCollector(self.errors, self.connections),
+                                    lambda: channel_stats(appliance))
         self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         kwargs={"poll_interval": MGMT_SHUTDOWN_POLL_S},
                                         name="mgmt", daemon=True)

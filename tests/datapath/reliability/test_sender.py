@@ -15,10 +15,11 @@ PEER = ("10.0.0.2", 47470)
 RECEIVER = 42
 
 
-def make_sender(budget_ns=0, **config):
+def make_sender(budget_ns=0, answer_budget=None, **config):
     sink = CollectingSink()
     tx = ReliableSender(sink, session_id=SENDER_SESSION, stream_id=STREAM, dest=PEER,
-                        config=SenderConfig(**config), latency_budget_ns=budget_ns)
+                        config=SenderConfig(**config), latency_budget_ns=budget_ns,
+                        answer_budget=answer_budget)
     return tx, sink
 
 
@@ -226,3 +227,48 @@ def test_a_send_window_of_zero_is_off():
     tx.on_frame(ack(1), MS)
     publish(tx, 50, MS, start=2)
     assert len(sent_seqs(sink)) == 52 and tx.counters.window_full == 0
+
+
+def _resent_bytes(sink):
+    return sum(len(f) for f in frames_of(sink, FrameType.RETRANSMISSION))
+
+
+def test_a_nak_for_what_the_requester_acknowledged_resends_nothing():
+    tx, sink = make_sender()
+    publish(tx, 100)
+    sink.take()
+    ack = bytes(encode_admin(FrameType.ACK, [Ack(80, 1 << 20)], source_session=RECEIVER,
+                             dest_session=SENDER_SESSION, stream_id=STREAM))
+    tx.on_frame(ack, MS)
+    tx.on_frame(nak([(1, 100)], from_session=RECEIVER), 2 * MS)
+    resent = [s for f in frames_of(sink, FrameType.RETRANSMISSION) for s in message_seqs(f)]
+    assert resent == list(range(81, 101)) and tx.counters.nak_ranges_acked == 1
+    tx.on_frame(nak([(1, 80)], from_session=RECEIVER), 30 * MS)  # stale or forged: nothing
+    assert not sink.take() and tx.counters.nak_ranges_acked == 2
+    # another receiver's ACK says nothing about this requester
+    tx.on_frame(nak([(1, 10)], from_session=RECEIVER + 1), 60 * MS)
+    assert tx.counters.retransmitted == 30
+
+
+def test_what_naks_make_a_sender_resend_is_bounded_per_requester_and_per_time():
+    from datapath.reliability.retransmit import AnswerBudget
+
+    budget = AnswerBudget(bytes_per_s=100_000, burst_bytes=4_000)
+    tx, sink = make_sender(answer_budget=None)
+    tx.answer_budget = budget
+    other, other_sink = make_sender()
+    other.answer_budget = budget  # a second stream towards the same requester shares it
+    publish(tx, 1_000)
+    publish(other, 1_000)
+    sink.take()
+    other_sink.take()
+    for t in range(20):  # 20 NAKs of 48 bytes for everything, 1 ms apart
+        tx.on_frame(nak([(1, 1_000)], from_session=RECEIVER), (100 + t) * MS)
+    resent = tx.counters.retransmitted_bytes
+    assert resent <= 4_000 + 100_000 * 0.02  # the burst, then the rate
+    assert tx.counters.nak_answers_limited == 20 and tx.counters.retransmits_limited > 0
+    other.on_frame(nak([(1, 1_000)], from_session=RECEIVER), 120 * MS)
+    assert other.counters.retransmitted_bytes <= 100_000 * 0.001 + 100  # the budget is spent
+    tx.on_frame(nak([(1, 1_000)], from_session=RECEIVER), 1_200 * MS)  # a second later
+    assert 3_000 <= tx.counters.retransmitted_bytes - resent <= 4_000
+    assert _resent_bytes(sink) >= tx.counters.retransmitted_bytes

@@ -1,13 +1,13 @@
-"""The data path's forwarding pipeline (appliance/dataplane/express.py) and the general loop's
-vectorised delivery (appliance/dataplane/fastpath.py) against the general loop alone.
+"""The data path's forwarding pipeline (appliance/dataplane/express.py) against its oracle, the
+general loop, over bursts of one publisher of every size.
 
 Two appliances on loopback (a: P&M, b: remote), subscribers at both (client API), and a
 publisher that sends bursts of 64, 1 and 3 frames per sendmmsg (3 messages per frame, three
 topics, one of which its identity may not publish), each burst arriving whole (the data path
 is held in a command while it is sent), so the appliance receives bursts of those sizes.
-The same traffic runs three ways: the general loop only, the general loop with its vectorised
-delivery, and the pipeline on (the default: the pipeline over what the clients' UDP socket
-received and the send to UDP subscribers are then one kernel call); what every subscriber
+The same traffic runs two ways: the general loop only, and the pipeline on (the default: the
+pipeline over what the clients' UDP socket received and the send to UDP subscribers are then
+one kernel call); what every subscriber
 receives (per topic: sequence and payload, in order) and the appliances' published /
 denied / delivered counts must be the same, and each path must have run where it was on.
 (The order across topics follows the software NIC's descriptor order per burst, which
@@ -23,7 +23,6 @@ import pytest
 from appliance.client import connect
 from appliance.config import parse_config
 from appliance.dataplane import express as _express
-from appliance.dataplane import fastpath as _fastpath
 from appliance.node import Appliance
 from bench.fabric import _login, _request
 from channels.base import FrameBatch
@@ -40,7 +39,6 @@ BURSTS = [64, 1, 64, 3, 64, 1, 64, 3, 64, 1, 64, 64]
 """Frames per send (and per burst the appliance receives), round by round."""
 DATA = int(fl.FrameType.DATA)
 ROUNDS = len(BURSTS)
-BIG_ROUNDS = sum(n >= _fastpath.FASTPATH_MIN_FRAMES for n in BURSTS)
 MESSAGES = sum(BURSTS)
 SUBSCRIBERS = {"a-all": ("a", "#"), "a-x": ("a", "p/x/#"), "b-p": ("b", "p/#"),
                "b-q": ("b", "q/#")}
@@ -146,8 +144,7 @@ def _watch_receives(channel: UdpChannel) -> list[tuple[int, set[int]]]:
     return seen
 
 
-def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
-    _fastpath.ENABLED = fast
+def _run_traffic(express: bool) -> tuple[dict, dict]:
     _express.ENABLED = express
     a, b = _pair()
     clients = []
@@ -223,8 +220,8 @@ def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
         # (every burst was received by now: its messages came before the end markers)
         # the publisher's bursts of DATA frames alone, sent once its keys were in a's tables
         # (another client's heartbeat or key resolution may share a receive with a burst: a
-        # mixed burst is the general loop's), and of those the ones big enough for the fast
-        # path; the express and fast counters also count other clients' bursts (probes)
+        # mixed burst's punts are the general loop's); the pipeline's counters also count
+        # other clients' bursts (probes)
         pure = [n for n, peers in received if peers == {publisher}]
         # a status of each appliance that counted every delivery its subscribers received
         # (the markers last), so every count is final
@@ -250,51 +247,34 @@ def _run_traffic(fast: bool, express: bool) -> tuple[dict, dict]:
                                     for c in status["clients"]
                                     if c["subscriptions"] in (["p/#"], ["p/x/#"])),
                 "denials": status["offload"]["publish_denied"],
-                "fast": status["counters"].get("fastpath_deliveries", 0),
                 "express": status["counters"].get("express_bursts", 0),
                 "express_receives": status["counters"].get("express_receives", 0),
                 "udp_frames_out": [c["frames_out"] for c in status["channels"]
                                    if c["name"] == "clients-udp"],
-                "pure_bursts": len(pure),
-                "pure_big_bursts": sum(n >= _fastpath.FASTPATH_MIN_FRAMES for n in pure)}
+                "pure_bursts": len(pure)}
         return got, counts
     finally:
         for c in clients:
             c.close()
         b.stop()
         a.stop()
-        _fastpath.ENABLED = True
         _express.ENABLED = True
 
 
 @pytest.fixture(scope="module")
-def three_ways():
-    return _run_traffic(False, False), _run_traffic(True, False), _run_traffic(True, True)
+def two_ways():
+    return _run_traffic(False), _run_traffic(True)
 
 
 def _same_counts(one: dict, other: dict) -> bool:
-    paths = ("fast", "express", "express_receives", "udp_frames_out", "pure_bursts",
-             "pure_big_bursts")
+    paths = ("express", "express_receives", "udp_frames_out", "pure_bursts")
     return all({k: v for k, v in one[side].items() if k not in paths}
                == {k: v for k, v in other[side].items() if k not in paths}
                for side in ("fa", "fb"))
 
 
-def test_fast_paths_ran_and_deliver_exactly_what_the_general_loops_do(three_ways):
-    (slow, slow_counts), (fast, fast_counts), _ = three_ways
-    assert slow_counts["fa"]["fast"] == 0 == slow_counts["fb"]["fast"]
-    assert slow_counts["fa"]["express"] == 0 == fast_counts["fa"]["express"]
-    # on: the general loop delivered the publisher's big bursts at a and the fabric's at b
-    # on arrays
-    assert fast_counts["fa"]["pure_big_bursts"] >= 1
-    assert fast_counts["fa"]["fast"] >= 1
-    assert fast_counts["fb"]["fast"] >= 1
-    assert fast == slow
-    assert _same_counts(fast_counts, slow_counts)
-
-
-def test_the_pipeline_ran_and_delivers_exactly_what_the_general_loops_do(three_ways):
-    (slow, slow_counts), _, (express, express_counts) = three_ways
+def test_the_pipeline_ran_and_delivers_exactly_what_the_general_loop_does(two_ways):
+    (slow, slow_counts), (express, express_counts) = two_ways
     # every burst of the publisher alone at a, of every size (the end marker's too), went
     # through the pipeline ...
     fa = express_counts["fa"]
@@ -302,15 +282,15 @@ def test_the_pipeline_ran_and_delivers_exactly_what_the_general_loops_do(three_w
     assert fa["express"] >= fa["pure_bursts"]
     # ... with the send to UDP subscribers in the same call (receive_forward)
     assert fa["express_receives"] >= fa["pure_bursts"]
-    assert slow_counts["fa"]["express_receives"] == 0
+    assert slow_counts["fa"]["express_receives"] == 0 == slow_counts["fa"]["express"]
     # b's fabric bursts went through it too
     assert express_counts["fb"]["express"] >= 1
     assert express == slow
     assert _same_counts(express_counts, slow_counts)
 
 
-def test_the_reference_delivery_is_exact(three_ways):
-    (slow, slow_counts), _, _ = three_ways
+def test_the_reference_delivery_is_exact(two_ways):
+    (slow, slow_counts), _ = two_ways
     n = MESSAGES
     every = list(range(1, n + 1))
     for name, topics in (("a-all", ALLOWED), ("a-x", ALLOWED[:1]), ("b-p", ALLOWED),

@@ -1,0 +1,75 @@
+"""A paho-mqtt peer that waits for each answer with a deadline."""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tests.edge.conftest import DEADLINE_S, PASSWORDS, port_of
+
+VERSIONS = {4: mqtt.MQTTv311, 5: mqtt.MQTTv5}
+
+
+class Peer:
+    """One paho-mqtt client connected to the edge (``rc``: the CONNACK's reason code)."""
+
+    def __init__(self, edge: Any, client_id: str, user: str | None = "alice",
+                 password: str | None = None, version: int = 4,
+                 will: tuple[str, bytes, int, bool] | None = None, keepalive: int = 60) -> None:
+        self.messages: queue.Queue = queue.Queue()
+        self._connacks: queue.Queue = queue.Queue()
+        self._subacks: dict[int, queue.Queue] = {}
+        self.version = version
+        self.edge = edge
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                        protocol=VERSIONS[version], reconnect_on_failure=False)
+        if user is not None:
+            c.username_pw_set(user, PASSWORDS.get(user, "") if password is None else password)
+        c.on_connect = lambda _c, _u, _f, rc, _p: self._connacks.put(rc)
+        c.on_message = lambda _c, _u, m: self.messages.put(m)
+        c.on_subscribe = lambda _c, _u, mid, rcs, _p: self._sub_queue(mid).put(rcs)
+        c.on_unsubscribe = lambda _c, _u, mid, rcs, _p: self._sub_queue(mid).put(rcs)
+        if will is not None:
+            c.will_set(*will)
+        self.client = c
+        c.connect("127.0.0.1", port_of(edge), keepalive=keepalive)
+        c.loop_start()
+        self.rc = self._connacks.get(timeout=DEADLINE_S)
+
+    def _sub_queue(self, mid: int) -> queue.Queue:
+        return self._subacks.setdefault(mid, queue.Queue())
+
+    def subscribe(self, topic_filter: str, qos: int = 0, options: Any = None) -> int:
+        """The SUBACK's code for the filter (0..2 granted, >= 0x80 refused); ``options``: a
+        5.0 ``SubscribeOptions`` instead of ``qos``."""
+        if options is not None:
+            _, mid = self.client.subscribe(topic_filter, options=options)
+        else:
+            _, mid = self.client.subscribe(topic_filter, qos)
+        return self._sub_queue(mid).get(timeout=DEADLINE_S)[0].value
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        _, mid = self.client.unsubscribe(topic_filter)
+        self._sub_queue(mid).get(timeout=DEADLINE_S)
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+        info = self.client.publish(topic, payload, qos, retain)
+        info.wait_for_publish(DEADLINE_S)
+        assert info.is_published(), (self.client._client_id, getattr(self.edge, "mqtt", None)
+                                      and self.edge.mqtt.status())
+
+    def next(self, timeout_s: float = DEADLINE_S) -> Any:
+        return self.messages.get(timeout=timeout_s)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def __enter__(self) -> Peer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

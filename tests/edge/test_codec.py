@@ -1,0 +1,158 @@
+"""The MQTT codec against golden bytes (from the MQTT 3.1.1 and 5.0 standards' layouts, and
+bytes paho-mqtt sends), and hostile input: every malformed packet is a ``Refusal``."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from appliance.edge.mqtt import codec
+from appliance.edge.mqtt.codec import PacketType, Reason, Refusal
+from appliance.edge.mqtt.topics import filter_problem, mqtt_matches, topic_problem
+
+
+@pytest.mark.parametrize(("value", "golden"), [
+    (0, b"\x00"), (127, b"\x7f"), (128, b"\x80\x01"), (16_383, b"\xff\x7f"),
+    (16_384, b"\x80\x80\x01"), (2_097_151, b"\xff\xff\x7f"), (268_435_455, b"\xff\xff\xff\x7f")])
+def test_remaining_length_encodes_and_decodes_as_the_standard_table_says(value, golden):
+    assert codec.varint(value) == golden
+    assert codec.read_remaining_length(golden) == (value, len(golden))
+
+
+def test_a_remaining_length_of_five_bytes_is_refused_and_a_short_one_waits():
+    assert isinstance(codec.read_remaining_length(b"\xff\xff\xff\xff\x7f"), Refusal)
+    assert codec.read_remaining_length(b"\xff\xff") is None
+
+
+def test_server_packets_encode_to_golden_bytes():
+    assert codec.encode_connack(codec.V311, 0) == b"\x20\x02\x00\x00"
+    assert codec.encode_connack(codec.V311, 5) == b"\x20\x02\x00\x05"
+    assert codec.encode_connack(codec.V5, 0x86) == b"\x20\x03\x00\x86\x00"
+    assert codec.PINGRESP == b"\xd0\x00"
+    assert codec.encode_publish("a/b", b"hi") == b"\x30\x07\x00\x03a/bhi"
+    assert codec.encode_publish("a/b", b"hi", qos=1, retain=True, packet_id=10) == \
+        b"\x33\x09\x00\x03a/b\x00\x0ahi"
+    assert codec.encode_publish("a/b", b"hi", qos=2, packet_id=1, version=codec.V5) == \
+        b"\x34\x0a\x00\x03a/b\x00\x01\x00hi"
+    assert codec.encode_ack(PacketType.PUBACK, 10) == b"\x40\x02\x00\x0a"
+    assert codec.encode_ack(PacketType.PUBREL, 10) == b"\x62\x02\x00\x0a"
+    assert codec.encode_ack(PacketType.PUBACK, 10, codec.V5, 0x87) == b"\x40\x03\x00\x0a\x87"
+    assert codec.encode_suback(1, [0, 1, 0x80]) == b"\x90\x05\x00\x01\x00\x01\x80"
+    assert codec.encode_suback(1, [0x87], codec.V5) == b"\x90\x04\x00\x01\x00\x87"
+    assert codec.encode_unsuback(7, [0]) == b"\xb0\x02\x00\x07"
+    assert codec.encode_unsuback(7, [0, 0x11], codec.V5) == b"\xb0\x05\x00\x07\x00\x00\x11"
+    assert codec.encode_disconnect(Reason.KEEP_ALIVE_TIMEOUT) == b"\xe0\x02\x8d\x00"
+
+
+PAHO_CONNECT_311 = b"\x10\x10\x00\x04MQTT\x04\x02\x00\x3c\x00\x04abcd"
+"""paho-mqtt's CONNECT, client id "abcd", clean session, keep-alive 60."""
+
+
+def _decode(data: bytes, version: int = 0):
+    length, used = codec.read_remaining_length(data[1:])
+    assert len(data) == 1 + used + length
+    return codec.decode(data[0], data[1 + used:], version)
+
+
+def test_connect_decodes_from_golden_bytes_both_versions():
+    pkt = _decode(PAHO_CONNECT_311)
+    assert pkt == codec.Connect(4, True, 60, "abcd", None, None, None, [])
+    v5 = codec.encode_connect("c", version=codec.V5, username="u", password=b"p",
+                              will=codec.Will("w/t", b"bye", 1, True,
+                                              [(codec.PROP["will_delay_interval"], 5)]),
+                              props=[(codec.PROP["session_expiry_interval"], 30),
+                                     (codec.PROP["user_property"], ("k", "v"))])
+    pkt = _decode(v5)
+    assert pkt.version == 5 and pkt.username == "u" and pkt.password == b"p"
+    assert pkt.will == codec.Will("w/t", b"bye", 1, True, [(0x18, 5)])
+    assert codec.prop(pkt.props, "session_expiry_interval") == 30
+    assert codec.prop(pkt.props, "user_property") == ("k", "v")
+
+
+def test_subscribe_and_publish_decode():
+    pkt = _decode(b"\x82\x0a\x00\x05\x00\x05a/b/#\x01")
+    assert pkt == codec.Subscribe(5, [("a/b/#", 1)], [])
+    pkt = _decode(b"\x33\x09\x00\x03a/b\x00\x0ahi", codec.V311)
+    assert pkt == codec.Publish("a/b", b"hi", 1, True, False, 10, [])
+    pkt = _decode(b"\x34\x0a\x00\x03a/b\x00\x01\x00hi", codec.V5)
+    assert pkt == codec.Publish("a/b", b"hi", 2, False, False, 1, [])
+
+
+def test_a_bad_protocol_name_or_level_decodes_for_the_connect_handler_to_refuse():
+    pkt = _decode(PAHO_CONNECT_311.replace(b"MQTT\x04", b"MQTT\x06"))
+    assert pkt.version == 6
+    pkt = _decode(PAHO_CONNECT_311.replace(b"MQTT", b"MQIs"))
+    assert pkt.protocol_name == b"MQIs"
+
+
+@pytest.mark.parametrize(("data", "version", "reason"), [
+    (b"\x00\x00", 4, "bad_packet_type"),                                 # type 0
+    (b"\x82\x00", 4, "truncated"),                                       # SUBSCRIBE, no id
+    (b"\x80\x05\x00\x01\x00\x01a", 4, "bad_flags"),                      # SUBSCRIBE flags 0000
+    (b"\x82\x03\x00\x01\x00", 4, "truncated"),                           # filter cut short
+    (b"\x82\x02\x00\x01", 4, "protocol_error"),                          # no filter
+    (b"\x82\x06\x00\x00\x00\x01a\x00", 4, "bad_packet_id"),              # packet id 0
+    (b"\x82\x06\x00\x01\x00\x01a\x04", 4, "bad_subscription_options"),   # 3.1.1 reserved bit
+    (b"\x82\x06\x00\x01\x00\x01a\x03", 4, "bad_subscription_options"),   # QoS 3
+    (b"\x82\x07\x00\x01\x00\x00\x01a\x30", 5, "bad_subscription_options"),  # retain handling 3
+    (b"\x36\x07\x00\x03a/b\x00\x01", 4, "bad_qos"),                      # PUBLISH QoS 3
+    (b"\x38\x05\x00\x03a/b", 4, "bad_flags"),                            # DUP at QoS 0
+    (b"\x30\x04\x00\x02\xc3\x28", 4, "bad_utf8"),                        # invalid UTF-8
+    (b"\x30\x04\x00\x02a\x00", 4, "bad_utf8"),                           # U+0000
+    (b"\x30\x05\x00\x02\xed\xa0\x80", 4, "bad_utf8"),                    # a surrogate
+    (b"\x30\x05\x00\x01a\x01\x04", 5, "bad_property"),                   # unknown property
+    (b"\x30\x0a\x00\x01a\x04\x02\x00\x00\x00\x00\x00", 5, "bad_property"),  # past its length
+    (b"\x30\x09\x00\x01a\x06\x02\x00\x00\x00\x01", 5, "truncated"),      # longer than packet
+    (b"\x40\x03\x00\x01\x00", 4, "trailing_bytes"),                      # PUBACK + 1 byte
+    (b"\xc0\x01\x00", 4, "trailing_bytes"),                              # PINGREQ + 1 byte
+    (b"\xc1\x00", 4, "bad_flags"),                                       # PINGREQ flags
+    (b"\x20\x02\x00\x00", 4, "protocol_error"),                          # CONNACK from a client
+    (b"\xf0\x00", 5, "auth_unsupported"),                                # AUTH
+    (b"\x10\x0d\x00\x04MQTT\x04\x03\x00\x3c\x00\x01a", 0, "bad_flags"),  # reserved flag
+    (b"\x10\x0d\x00\x04MQTT\x04\x0a\x00\x3c\x00\x01a", 0, "bad_flags"),  # will QoS w/o will
+    (b"\x10\x0f\x00\x04MQTT\x04\x42\x00\x3c\x00\x01a\x00\x00", 0, "bad_flags"),  # password only
+])
+def test_malformed_packets_are_refusals_naming_the_reason(data, version, reason):
+    pkt = _decode(data, version)
+    assert isinstance(pkt, Refusal), pkt
+    assert pkt.reason == reason, pkt
+
+
+def test_a_property_given_twice_is_a_protocol_error():
+    props = codec.encode_props([(0x02, 5), (0x02, 6)])
+    pkt = codec.decode(0x30, b"\x00\x01a" + props, codec.V5)
+    assert isinstance(pkt, Refusal) and pkt.code == Reason.PROTOCOL_ERROR
+
+
+@settings(max_examples=3_000, deadline=None)
+@given(st.integers(0, 255), st.binary(max_size=64), st.sampled_from([0, 4, 5]))
+def test_decode_never_raises_on_any_bytes(first, body, version):
+    pkt = codec.decode(first, body, version)
+    assert isinstance(pkt, Refusal | codec.Connect | codec.Publish | codec.Ack | codec.Subscribe
+                      | codec.Unsubscribe | codec.Simple | codec.Disconnect)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(min_size=1, max_size=20), st.binary(max_size=40), st.integers(0, 2),
+       st.booleans(), st.integers(1, 65_535), st.sampled_from([4, 5]))
+def test_publish_round_trips(topic, payload, qos, retain, packet_id, version):
+    if "\x00" in topic:
+        return
+    data = codec.encode_publish(topic, payload, qos, retain, packet_id=packet_id,
+                                version=version)
+    pkt = _decode(data, version)
+    assert pkt == codec.Publish(topic, payload, qos, retain, False, packet_id if qos else 0, [])
+
+
+def test_topic_rules_are_mqtts_and_the_dollar_rule_holds():
+    assert topic_problem("a/b") is None and topic_problem("a//b") is None
+    assert topic_problem("a/+") and topic_problem("") and topic_problem("a/#")
+    assert filter_problem("a/+/c/#") is None and filter_problem("#") is None
+    assert filter_problem("a/#/c")  # fabric patterns allow it, MQTT does not
+    assert filter_problem("a/b#") and filter_problem("a+/b") and filter_problem("")
+    assert mqtt_matches("a/#", "a") and mqtt_matches("a/#", "a/b/c")
+    assert mqtt_matches("a/+", "a/b") and not mqtt_matches("a/+", "a/b/c")
+    assert mqtt_matches("+/+", "/x") and not mqtt_matches("a/b", "a")
+    assert not mqtt_matches("#", "$SYS/x") and not mqtt_matches("+/x", "$SYS/x")
+    assert mqtt_matches("$SYS/#", "$SYS/x") and mqtt_matches("$SYS/+", "$SYS/x")
