@@ -242,7 +242,8 @@ class Client(GuaranteedSide, ConnectionSide):
                  on_state: Callable[[StateChange], None] | None = None,
                  session_timeout_s: float = SESSION_TIMEOUT_S,
                  reconnect_s: float = RECONNECT_S,
-                 reopen: Callable[[], tuple[Any, str | None]] | None = None) -> None:
+                 reopen: Callable[[], tuple[Any, str | None]] | None = None,
+                 resend: bool = False) -> None:
         if idle not in IDLE_STRATEGIES:
             raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
         if on_state is not None and not callable(on_state):
@@ -277,6 +278,12 @@ class Client(GuaranteedSide, ConnectionSide):
         """Times the client reconnected."""
         self.probes = 0
         """Liveness probes sent to a silent appliance."""
+        self.resend = bool(resend)
+        """Send the guaranteed messages a lost session did not acknowledge again on the next
+        one (at least once: connection.py)."""
+        self._to_resend: list[Outcome] = []
+        self.resent = 0
+        """Guaranteed messages sent again after a reconnection."""
         self.unacknowledged_at_close = 0
         """What ``close`` returned: guaranteed messages not acknowledged nor reported."""
         self.close_failures: dict[str, int] = {}
@@ -500,8 +507,12 @@ class Client(GuaranteedSide, ConnectionSide):
                 if self._gsender is not None:
                     self._gsender.flush(time.monotonic_ns())
         pending = 0
-        if timeout is not None and self.state == CONNECTED:
-            pending = self._outcomes.wait_all(timeout)
+        if timeout is not None and (self.state == CONNECTED or self._to_resend):
+            # (with resend=True, those the lost session left are sent again once connected)
+            tracker = self._outcomes
+            tracker._wait_for(lambda: not self._to_resend and not any(
+                o.state == "pending" for o in tracker._pending), timeout)
+            pending = self.unacknowledged
         failed = self._outcomes.take_unreported()
         if failed or pending:
             self._loss_notice = None  # reported here
@@ -514,8 +525,9 @@ class Client(GuaranteedSide, ConnectionSide):
 
     @property
     def unacknowledged(self) -> int:
-        """Guaranteed messages sent whose outcome is still pending."""
-        return self._outcomes.unacknowledged()
+        """Guaranteed messages sent whose outcome is still pending (with ``resend=True``,
+        those waiting to be sent again too)."""
+        return self._outcomes.unacknowledged() + len(self._to_resend)
 
     def _flush_locked(self) -> None:
         if self._open_since_ns == 0:
@@ -743,6 +755,9 @@ class Client(GuaranteedSide, ConnectionSide):
         except (TopicwireError, OSError):
             pass  # the connection is gone: what was not acknowledged fails below
         self._outcomes.fail_all(REASON_CLOSED)
+        with self._lock:
+            held, self._to_resend = self._to_resend, []
+        self._outcomes.fail_detached(held, REASON_CLOSED)
         failed = self._outcomes.take_unreported()
         self.unacknowledged_at_close = count = sum(failed.values())
         self.close_failures = dict(failed)
@@ -906,7 +921,7 @@ def connect(url: str, identity: str = "anonymous", *,
             rdma_bind: str | None = None,
             on_state: Callable[[StateChange], None] | None = None,
             session_timeout_s: float = SESSION_TIMEOUT_S,
-            reconnect_s: float = RECONNECT_S) -> Client:
+            reconnect_s: float = RECONNECT_S, resend: bool = False) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
     ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
@@ -915,7 +930,9 @@ def connect(url: str, identity: str = "anonymous", *,
     ``on_state(change)`` is called with each ``StateChange`` of the connection (``lost``,
     ``reconnecting``, ``reconnected``, ``closed``); ``session_timeout_s``: silence from the
     appliance after which the connection is lost; ``reconnect_s``: how long the client then
-    tries to connect again (0: never; it closes). docs/appliance.md, "Connection states"."""
+    tries to connect again (0: never; it closes); ``resend``: send the guaranteed messages
+    the lost session did not acknowledge again on the new one (at least once: some may arrive
+    twice) instead of failing their outcomes. docs/appliance.md, "Connection states"."""
     from channels.shm import ShmChannel
     from channels.udp import UdpChannel
 
@@ -932,7 +949,8 @@ def connect(url: str, identity: str = "anonymous", *,
              SESSION_TIMEOUT_MAX_S)
     _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S, RECONNECT_MAX_S, zero=True)
     session = dict(timeout_s=timeout_s, idle=idle, url=url, on_state=on_state,
-                   session_timeout_s=session_timeout_s, reconnect_s=reconnect_s)
+                   session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
+                   resend=resend)
     if url.startswith(RDMA_SCHEME):
         from appliance.client.rdma import open_rdma_channel
 
@@ -984,7 +1002,7 @@ def connect(url: str, identity: str = "anonymous", *,
             try:
                 client = connect(f"shm://{name}", identity, timeout_s=timeout_s, idle=idle,
                                  on_state=on_state, session_timeout_s=session_timeout_s,
-                                 reconnect_s=reconnect_s)
+                                 reconnect_s=reconnect_s, resend=resend)
                 client._owned = appliance
                 return client
             except ClientError:

@@ -12,7 +12,10 @@ failed for good: the connection is **lost**.
 States (``StateChange.state``, given to ``connect(..., on_state=)``): ``connected`` ->
 ``lost`` -> ``reconnecting`` (each attempt) -> ``reconnected`` (then connected again) or
 ``closed`` (gave up, or ``close()``). On ``lost`` the client fails the outcomes of its
-unacknowledged guaranteed messages (reason ``appliance lost``), gives each guaranteed
+unacknowledged guaranteed messages (reason ``appliance lost``; with ``connect(...,
+resend=True)`` it keeps them instead and sends them again, in order, on the new session
+before anything newer: at least once, as the lost appliance may have passed some on before
+it acknowledged them), gives each guaranteed
 subscription a ``Loss`` event (reason ``SESSION_LOST``, count unknown: what was published
 while it was away is not delivered to it), and raises ``ConnectionLostError`` from the next
 call. Reconnection runs on a thread of its own: capped, jittered exponential backoff; per
@@ -32,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.client.errors import ClientError, ConnectionLostError
 from appliance.client.messages import QOS, Loss
-from appliance.client.outcomes import REASON_LOST, describe
+from appliance.client.outcomes import REASON_LOST, REASON_REFUSED, describe
 from appliance.client.settings import (
     LIVENESS_PROBE_MAX_INTERVAL_NS,
     LIVENESS_PROBES_PER_TIMEOUT,
@@ -103,8 +106,10 @@ class ConnectionSide:
             self._loss_notice = None
             state = self.state
             if state == CONNECTED:
-                raise ConnectionLostError(f"{notice}; reconnected since (messages published "
-                                          "meanwhile were not delivered)", state=state)
+                what = ("best-effort messages published meanwhile were not delivered; the "
+                        "guaranteed ones were sent again") if self.resend else (
+                        "messages published meanwhile were not delivered")
+                raise ConnectionLostError(f"{notice}; reconnected since ({what})", state=state)
             raise ConnectionLostError(f"{notice}; {self._where()}", state=state)
         if self.state != CONNECTED:
             raise ConnectionLostError(f"not connected to the appliance: {self._where()}",
@@ -179,7 +184,12 @@ class ConnectionSide:
             self._gsender = None
             self._greceiver = None
             self._open_since_ns = 0  # an open best-effort frame goes with the session
-        failed = self._outcomes.fail_all(f"{REASON_LOST} ({reason})")
+        if self.resend and reconnect and self.reconnect_s > 0:
+            with self._lock:  # sent again, in order, once the client is connected again
+                self._to_resend.extend(self._outcomes.detach_pending())
+            failed = 0
+        else:
+            failed = self._outcomes.fail_all(f"{REASON_LOST} ({reason})")
         log.warning("client %s: connection to %s lost: %s%s", self.identity, self.url, reason,
                     f"; {failed} guaranteed messages not acknowledged" if failed else "")
         self._emit(LOST, reason, failed=failed)
@@ -191,8 +201,8 @@ class ConnectionSide:
         if reconnect and self.reconnect_s > 0 and not self.closed:
             thread = threading.Thread(target=self._reconnect, args=(reason,), daemon=True,
                                       name=f"client-{self.identity}-reconnect")
-            self._reconnector = thread
             thread.start()
+            self._reconnector = thread  # (started: close() may join it)
         else:
             self._give_up(reason)
 
@@ -201,6 +211,8 @@ class ConnectionSide:
             self.state = CLOSED
             if not self.logged_out_reason:
                 self.logged_out_reason = reason
+            held, self._to_resend = self._to_resend, []
+        self._outcomes.fail_detached(held, f"{REASON_LOST} ({reason})")
         for sub in list(self._subs):
             sub._close()
         self._emit(CLOSED, reason)
@@ -259,6 +271,34 @@ class ConnectionSide:
             self._heard_ns = time.monotonic_ns()
         self._register_again()
         self._subscribe_again()
+        self._send_again()
+
+    def _send_again(self: Client) -> None:
+        """``resend=True``: the guaranteed messages the lost session did not acknowledge go
+        on the new session's stream, in their order, before anything published after."""
+        with self._lock:
+            held, self._to_resend = self._to_resend, []
+        names = {key: nt for nt, key in self._keys.items()}
+        for i, outcome in enumerate(held):
+            key, payload, ts, namespace, schema = outcome._message or (0, b"", 0, 0, 0)
+            if key not in names:  # P&M no longer lets this client publish to the topic
+                self._outcomes.fail_detached([outcome], f"{REASON_REFUSED} (topic "
+                                             f"{outcome.topic!r} refused on reconnection)")
+                continue
+            try:
+                self._publish_guaranteed(key, outcome.topic, payload, ts, namespace, schema,
+                                         False, None, outcome)
+            except ClientError as exc:
+                self._outcomes.fail_detached(held[i:], f"{REASON_LOST} (not sent again: "
+                                             f"{exc})")
+                break
+        self.resent += len(held)
+        if held:
+            with self._lock:
+                if self._gsender is not None:
+                    self._gsender.flush(time.monotonic_ns())
+            with self._outcomes._cond:  # a flush waiting for them looks again
+                self._outcomes._cond.notify_all()
 
     def _register_again(self: Client) -> None:
         """Register the topics this client published to again (those P&M now refuses are

@@ -82,7 +82,10 @@ class GuaranteedSide:
     client's state and lock."""
 
     def _publish_guaranteed(self, key: int, topic: str, payload: Any, now: int, namespace: int,
-                            schema_id: int, flush: bool, on_outcome: Any) -> Outcome:
+                            schema_id: int, flush: bool, on_outcome: Any,
+                            outcome: Outcome | None = None) -> Outcome:
+        """Offer one guaranteed message; its ``Outcome`` (``outcome``: one sent again after
+        a reconnection, which takes its new sequence)."""
         from datapath.reliability import ReliabilityError, SenderConfig
 
         with self._lock:
@@ -109,7 +112,13 @@ class GuaranteedSide:
             self.published += 1
             # a message held in the pending queue (flow control, the send window) takes its
             # sequence when it leaves the queue, after those ahead of it
-            outcome = Outcome(self._outcomes, sender.next_seq + len(sender.pending) - 1, topic)
+            seq = sender.next_seq + len(sender.pending) - 1
+            if outcome is None:
+                outcome = Outcome(self._outcomes, seq, topic)
+                if self.resend:  # kept to be sent again on the next session
+                    outcome._message = (key, bytes(payload), now, namespace, schema_id)
+            else:
+                outcome.sequence = seq
             self._outcomes.add(outcome, on_outcome)
             if flush:
                 sender.flush(time.monotonic_ns())

@@ -38,7 +38,7 @@ class Outcome:
     """The outcome of one guaranteed message (its ``sequence`` on the client's reliable
     stream, its ``topic``): pending, then acknowledged or failed (``reason``)."""
 
-    __slots__ = ("sequence", "topic", "state", "reason", "_callbacks", "_tracker")
+    __slots__ = ("sequence", "topic", "state", "reason", "_callbacks", "_tracker", "_message")
 
     def __init__(self, tracker: OutcomeTracker, sequence: int, topic: str) -> None:
         self._tracker = tracker
@@ -47,6 +47,9 @@ class Outcome:
         self.state = PENDING
         self.reason: str | None = None
         self._callbacks: list[Callable[[Outcome], None]] | None = None
+        self._message: tuple | None = None
+        """(key, payload, publish time, namespace, schema) when the client sends it again
+        after a reconnection (``connect(..., resend=True)``)."""
 
     def __repr__(self) -> str:
         why = f" ({self.reason})" if self.reason else ""
@@ -141,6 +144,7 @@ class OutcomeTracker:
                 outcome = pending.popleft()
                 if outcome.state == PENDING:
                     outcome.state = ACKNOWLEDGED
+                    outcome._message = None
                     self.acknowledged += 1
                     if outcome._callbacks:
                         done.append(outcome)
@@ -167,6 +171,25 @@ class OutcomeTracker:
         with self._cond:
             while self._pending:
                 outcome = self._pending.popleft()
+                if outcome.state == PENDING:
+                    self._fail(outcome, reason, done)
+            self._cond.notify_all()
+        self._run_callbacks(done)
+        return len(done)
+
+    def detach_pending(self) -> list[Outcome]:
+        """Take every pending outcome out, still pending (to be sent again), in order."""
+        with self._cond:
+            out = [o for o in self._pending if o.state == PENDING]
+            self._pending.clear()
+            self._cond.notify_all()
+            return out
+
+    def fail_detached(self, outcomes: list[Outcome], reason: str) -> int:
+        """Fail outcomes ``detach_pending`` took out (they could not be sent again)."""
+        done: list[Outcome] = []
+        with self._cond:
+            for outcome in outcomes:
                 if outcome.state == PENDING:
                     self._fail(outcome, reason, done)
             self._cond.notify_all()

@@ -1,6 +1,7 @@
 """Clients that know where they stand: each guaranteed message's outcome, ``flush`` and
 ``close`` that report what the appliance did not acknowledge, and a connection that notices a
-lost appliance, says so, reconnects, logs in again and subscribes again.
+lost appliance, says so, reconnects, logs in again and subscribes again (and, with
+``resend=True``, sends the unacknowledged guaranteed messages again).
 
 Real appliances: ``topicwire run`` processes killed with SIGKILL (no logout, no goodbye) and
 started again on the same address; in-process ones where nothing is killed. Every wait has a
@@ -178,6 +179,42 @@ def test_close_fails_and_returns_what_the_appliance_did_not_acknowledge(process)
     outcomes = [pub.publish("g/a", b"x", qos="guaranteed") for _ in range(25)]
     assert pub.close() == 25
     assert pub.close_failures == {"session closed": 25}
+    assert all(o.exception(timeout=0).reason == "session closed" for o in outcomes)
+
+
+def test_with_resend_the_unacknowledged_messages_go_again_on_the_new_session(process):
+    states = States()
+    pub = connect(process.url, "p", on_state=states, session_timeout_s=3 * SESSION_TIMEOUT_S,
+                  resend=True)
+    try:
+        pub.publish("g/a", b"before", qos="guaranteed")
+        pub.flush(timeout=DEADLINE_S)
+        process.kill()
+        outcomes = [pub.publish("g/a", b"%d" % i, qos="guaranteed") for i in range(30)]
+        pub.flush()
+        assert states.wait("lost").failed == 0  # kept, not failed
+        assert pub.unacknowledged == 30 and not any(o.done() for o in outcomes)
+        process.restart()
+        states.wait("reconnected")
+        with pytest.raises(ConnectionLostError, match="the guaranteed ones were sent again"):
+            pub.flush(timeout=DEADLINE_S)  # waits for them, then reports the loss once
+        pub.flush(timeout=DEADLINE_S)  # raises if any was not acknowledged
+        assert all(o.acknowledged for o in outcomes) and pub.resent == 30
+        assert [o.sequence for o in outcomes] == list(range(1, 31))  # the new stream's
+    finally:
+        assert pub.close() == 0
+
+
+def test_with_resend_close_fails_what_waits_to_go_again(process):
+    states = States()
+    pub = connect(process.url, "p", on_state=states, session_timeout_s=SESSION_TIMEOUT_S,
+                  resend=True)
+    pub.publish("g/a", b"before", qos="guaranteed")
+    pub.flush(timeout=DEADLINE_S)
+    process.kill()
+    outcomes = [pub.publish("g/a", b"x", qos="guaranteed") for _ in range(5)]
+    states.wait("lost")
+    assert pub.close() == 5 and pub.close_failures == {"session closed": 5}
     assert all(o.exception(timeout=0).reason == "session closed" for o in outcomes)
 
 
