@@ -14,9 +14,17 @@ client endpoint, appliance/client/rdma.py) and ``embedded:`` (an appliance in
 this process, for tests and single-process applications); a bare ``HOST:PORT`` is UDP, as
 on the command line. The wire protocol is docs/appliance.md, "Clients".
 
+Guaranteed publishing returns an ``Outcome`` per message (acknowledged by the appliance, or
+failed with a reason); ``flush(timeout=...)`` raises ``UnacknowledgedError`` with the count
+of messages not acknowledged. ``connect(..., on_state=fn)`` reports the connection's
+``StateChange``s (lost, reconnecting, reconnected, closed): a client notices a lost
+appliance within its session timeout, reconnects with backoff, logs in again and makes its
+subscriptions again (docs/appliance.md, "Connection states").
+
 Every error the API raises is a ``TopicwireError`` (exported here): ``ClientError`` for a
-refused operation (``LoginError``, ``EntitlementError``), the channels' and the protocol's
-errors for what the transport reports.
+refused operation (``LoginError``, ``EntitlementError``, ``ConnectionLostError``,
+``UnacknowledgedError``, ``PublishFailedError``), the channels' and the protocol's errors for
+what the transport reports.
 """
 
 from appliance.client.api import (
@@ -30,6 +38,13 @@ from appliance.client.api import (
     Subscription,
     connect,
 )
+from appliance.client.connection import STATES, StateChange
+from appliance.client.errors import (
+    ConnectionLostError,
+    PublishFailedError,
+    UnacknowledgedError,
+)
+from appliance.client.outcomes import Outcome
 from datapath.errors import TopicwireError
 
 __all__ = [
@@ -37,6 +52,12 @@ __all__ = [
     "TopicwireError",
     "Client",
     "ClientError",
+    "ConnectionLostError",
+    "Outcome",
+    "PublishFailedError",
+    "STATES",
+    "StateChange",
+    "UnacknowledgedError",
     "EntitlementError",
     "LoginError",
     "Loss",

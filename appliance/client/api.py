@@ -16,6 +16,11 @@ recover reaches the subscription as a ``Loss`` event (``on_loss`` callback, ``lo
 upstream. A guaranteed message's ``sequence`` is its stream's transport sequence (contiguous
 per publisher and origin across topics), not the publisher's per-topic number.
 
+Guaranteed publishing returns an ``Outcome`` per message, resolved by the appliance's
+acknowledgements (appliance/client/outcomes.py); ``flush(timeout=)`` raises
+``UnacknowledgedError`` with the count, ``close()`` returns it. The connection's state, its
+liveness probes and reconnection are appliance/client/connection.py.
+
 Requests (login, subscribe, unsubscribe, the first publish of a topic, which registers it)
 wait for the appliance's answer and raise ``EntitlementError`` when P&M's entitlements
 refuse them. Subscriptions follow seed 000: ``unsubscribe`` of a pattern narrower than a
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
+import math
 import os
 import secrets
 import struct
@@ -41,7 +48,20 @@ from typing import Any
 import numpy as np
 
 import channels
-from appliance.client.errors import ClientError, EntitlementError, LoginError
+from appliance.client.connection import (
+    CLOSED,
+    CONNECTED,
+    RECONNECTING,
+    ConnectionSide,
+    StateChange,
+    unacknowledged_text,
+)
+from appliance.client.errors import (
+    ClientError,
+    EntitlementError,
+    LoginError,
+    UnacknowledgedError,
+)
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
 from appliance.client.messages import (
     GUARANTEED_QUEUE_MESSAGES,
@@ -49,7 +69,17 @@ from appliance.client.messages import (
     Loss,
     Message,
 )
+from appliance.client.outcomes import REASON_CLOSED, Outcome, OutcomeTracker
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
+from appliance.client.settings import (
+    CLOSE_ACK_TIMEOUT_S,
+    RECONNECT_LOGIN_TIMEOUT_S,
+    RECONNECT_MAX_S,
+    RECONNECT_S,
+    SESSION_TIMEOUT_MAX_S,
+    SESSION_TIMEOUT_MIN_S,
+    SESSION_TIMEOUT_S,
+)
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
     CLIENT_HEARTBEAT_INTERVAL_NS,
@@ -62,6 +92,7 @@ from channels.errors import ChannelDeviceError
 from datapath import jit
 from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
 from datapath.config import MAX_FRAME_BYTES
+from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
@@ -92,6 +123,7 @@ IDLE_STRATEGIES = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": Sleepi
 park up to 1 ms (the default), or sleep 1 ms (least CPU, up to 1 ms more latency)."""
 RESOLVE_RETRY_NS = 200_000_000
 """An unanswered key resolution is asked again after this long."""
+log = logging.getLogger("topicwire.client")
 
 
 
@@ -190,18 +222,72 @@ class _Waiter:
         self.result: dict | None = None
 
 
-class Client(GuaranteedSide):
+def _seconds(name: str, value: object, low: float, high: float, *, zero: bool = False
+             ) -> float:
+    """A duration argument of ``connect``, checked: a ``ClientError`` naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value) or not (low <= value <= high or zero and value == 0):
+        also = " or 0" if zero else ""
+        raise ClientError(f"{name} must be a number of seconds from {low:g} to {high:g}{also}, "
+                          f"not {value!r}")
+    return float(value)
+
+
+class Client(GuaranteedSide, ConnectionSide):
     """A logged-in session with one appliance; see the module docstring."""
 
     def __init__(self, channel: Any, identity: str, *, ring: str | None = None,
                  owned: Any = None, timeout_s: float = REQUEST_TIMEOUT_S,
-                 idle: str = "backoff") -> None:
+                 idle: str = "backoff", url: str = "",
+                 on_state: Callable[[StateChange], None] | None = None,
+                 session_timeout_s: float = SESSION_TIMEOUT_S,
+                 reconnect_s: float = RECONNECT_S,
+                 reopen: Callable[[], tuple[Any, str | None]] | None = None,
+                 resend: bool = False) -> None:
         if idle not in IDLE_STRATEGIES:
             raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
+        if on_state is not None and not callable(on_state):
+            raise ClientError(f"on_state must be a callable taking a StateChange, not "
+                              f"{type(on_state).__name__}")
+        self.session_timeout_s = _seconds("session_timeout_s", session_timeout_s,
+                                          SESSION_TIMEOUT_MIN_S, SESSION_TIMEOUT_MAX_S)
+        self.reconnect_s = _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S,
+                                    RECONNECT_MAX_S, zero=True)
         self.channel = channel
         self.identity = identity
+        self.url = url
         self.timeout_s = timeout_s
         self._owned = owned
+        self._ring = ring
+        self._reopen = reopen
+        self._on_state = on_state
+        self.state = CONNECTED
+        """``connected``, ``lost``, ``reconnecting`` or ``closed`` (connection.py)."""
+        self.last_state: StateChange | None = None
+        self.state_changes = 0
+        self._loss_notice: str | None = None
+        self._heard_ns = self._liveness_ns = time.monotonic_ns()
+        self._probe_at_ns = 0
+        self._token = 0
+        self._closing = threading.Event()
+        self._reconnector: threading.Thread | None = None
+        self._outcomes = OutcomeTracker()
+        self.losses_of_connection = 0
+        """Times the connection to the appliance was lost."""
+        self.reconnects = 0
+        """Times the client reconnected."""
+        self.probes = 0
+        """Liveness probes sent to a silent appliance."""
+        self.resend = bool(resend)
+        """Send the guaranteed messages a lost session did not acknowledge again on the next
+        one (at least once: connection.py)."""
+        self._to_resend: list[Outcome] = []
+        self.resent = 0
+        """Guaranteed messages sent again after a reconnection."""
+        self.unacknowledged_at_close = 0
+        """What ``close`` returned: guaranteed messages not acknowledged nor reported."""
+        self.close_failures: dict[str, int] = {}
+        """Those by reason."""
         self._lock = threading.RLock()
         self._waiters: dict[tuple, _Waiter] = {}
         self._keys: dict[tuple[int, str], int] = {}
@@ -249,6 +335,7 @@ class Client(GuaranteedSide):
         try:
             self._login(ring)
         except BaseException:
+            self.state = CLOSED  # never connected: no state change to report
             self.close()
             raise
 
@@ -284,39 +371,46 @@ class Client(GuaranteedSide):
     def _control(self, kind: al.ControlKind, doc: dict) -> None:
         self._admin(fl.FrameType.CONTROL, [al.Control(kind, json.dumps(doc))])
 
-    def _request(self, key: tuple, send: Callable[[], None], *, repeatable: bool = False
-                 ) -> dict:
+    def _request(self, key: tuple, send: Callable[[], None], *, repeatable: bool = False,
+                 timeout_s: float | None = None) -> dict:
         """Send a request and wait for its answer until ``timeout_s``; a ``repeatable``
         one (login, registration: the appliance answers a repeat as the first) is sent
         again with backoff while unanswered, so one lost datagram or an appliance busy for
         a moment costs a retry, not the request."""
         waiter = _Waiter()
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
             self._waiters[key] = waiter
         try:
-            deadline = time.monotonic() + self.timeout_s
-            retry_s = REQUEST_RETRY_FIRST_S if repeatable else self.timeout_s
+            deadline = time.monotonic() + timeout_s
+            retry_s = REQUEST_RETRY_FIRST_S if repeatable else timeout_s
             send()
             while not waiter.event.wait(max(0.0, min(retry_s, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
                     raise ClientError(f"no answer from the appliance to {key[0]} within "
-                                      f"{self.timeout_s} s; is it running?")
+                                      f"{timeout_s} s; is it running?")
                 send()
                 self.request_retries += 1
                 retry_s = min(retry_s * 2, REQUEST_RETRY_MAX_S)
         finally:
             with self._lock:
                 self._waiters.pop(key, None)
-        assert waiter.result is not None
+        if waiter.result is None:  # close() woke it
+            raise ClientError(f"the client was closed while waiting for the answer to {key[0]}")
         return waiter.result
 
-    def _login(self, ring: str | None) -> None:
+    def _send_login(self, token: int) -> None:
+        self._control(al.ControlKind.LOGIN, {"identity": self.identity, "ring": self._ring,
+                                             "token": token})
+
+    def _login(self, ring: str | None, timeout_s: float | None = None) -> None:
         token = secrets.randbits(63)  # names this login: a repeat is answered, not redone
-        result = self._request(("login",), lambda: self._control(
-            al.ControlKind.LOGIN, {"identity": self.identity, "ring": ring, "token": token}),
-            repeatable=True)
+        self._ring = ring
+        result = self._request(("login",), lambda: self._send_login(token), repeatable=True,
+                               timeout_s=timeout_s)
         if not result.get("accepted"):
             raise LoginError(f"login as {self.identity!r} refused: {result.get('reason')}")
+        self._token = token
         self.session = int(result["session"])
         self.node = str(result.get("node", ""))
         self.node_id = int(result.get("node_id", 0))
@@ -348,12 +442,21 @@ class Client(GuaranteedSide):
 
     def publish(self, topic: str, payload: bytes | bytearray | memoryview = b"", *,
                 qos: str = "best-effort", namespace: int = 0, schema_id: int = 0,
-                flush: bool = False) -> int:
-        """Publish one message; returns its sequence number (per topic). The first publish
-        of a topic registers it (one round trip; EntitlementError if P&M refuses)."""
+                flush: bool = False, on_outcome: Callable[[Outcome], None] | None = None
+                ) -> int | Outcome:
+        """Publish one message. Best-effort and last-value: returns its sequence number (per
+        topic). Guaranteed: returns its ``Outcome``, resolved when the appliance acknowledges
+        the message or failed with the reason (``on_outcome(outcome)`` is called then too).
+        The first publish of a topic registers it (one round trip; EntitlementError if P&M
+        refuses). ``ConnectionLostError`` when the connection is lost (the first call after
+        a loss, and every call until the client is connected again)."""
         if self.closed:
             why = f" ({self.logged_out_reason})" if self.logged_out_reason else ""
             raise ClientError(f"publish on a closed client{why}; connect again")
+        if on_outcome is not None and (qos != "guaranteed" or not callable(on_outcome)):
+            raise ClientError("on_outcome is a callable, and only for qos=\"guaranteed\" (other "
+                              "QoS classes are not acknowledged)")
+        self._check_usable()
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             hint = " (encode text first: payload.encode())" if isinstance(payload, str) else ""
             raise ClientError(f"a payload is bytes, bytearray or memoryview, not "
@@ -363,7 +466,8 @@ class Client(GuaranteedSide):
         key = self._key(topic, namespace)
         now = time.time_ns()
         if qos == "guaranteed":
-            return self._publish_guaranteed(key, payload, now, namespace, schema_id, flush)
+            return self._publish_guaranteed(key, topic, payload, now, namespace, schema_id,
+                                            flush, on_outcome)
         with self._lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
@@ -387,12 +491,43 @@ class Client(GuaranteedSide):
         return seq
 
 
-    def flush(self) -> None:
-        """Send the open publish frames (best-effort and guaranteed) now."""
-        with self._lock:
-            self._flush_locked()
-            if self._gsender is not None:
-                self._gsender.flush(time.monotonic_ns())
+    def flush(self, timeout: float | None = None) -> None:
+        """Send the open publish frames (best-effort and guaranteed) now. Raises
+        ``UnacknowledgedError`` (with the count) if guaranteed messages failed since the last
+        report. With ``timeout`` (seconds), first waits up to that long until the appliance
+        has acknowledged every guaranteed message sent, and counts those it has not as
+        unacknowledged too. ``ConnectionLostError`` when the connection is lost and nothing
+        failed."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not timeout >= 0):
+            raise ClientError(f"flush(timeout=) takes seconds (a number >= 0), not {timeout!r}")
+        if self.state == CONNECTED and not self.closed:
+            with self._lock:
+                self._flush_locked()
+                if self._gsender is not None:
+                    self._gsender.flush(time.monotonic_ns())
+        pending = 0
+        if timeout is not None and (self.state == CONNECTED or self._to_resend):
+            # (with resend=True, those the lost session left are sent again once connected)
+            tracker = self._outcomes
+            tracker._wait_for(lambda: not self._to_resend and not any(
+                o.state == "pending" for o in tracker._pending), timeout)
+            pending = self.unacknowledged
+        failed = self._outcomes.take_unreported()
+        if failed or pending:
+            self._loss_notice = None  # reported here
+            raise UnacknowledgedError(
+                f"{sum(failed.values()) + pending} guaranteed messages not acknowledged by the "
+                f"appliance: {unacknowledged_text(failed, pending, timeout)}; publish them "
+                "again once connected", failed=sum(failed.values()), pending=pending,
+                reasons=failed)
+        self._check_usable()
+
+    @property
+    def unacknowledged(self) -> int:
+        """Guaranteed messages sent whose outcome is still pending (with ``resend=True``,
+        those waiting to be sent again too)."""
+        return self._outcomes.unacknowledged() + len(self._to_resend)
 
     def _flush_locked(self) -> None:
         if self._open_since_ns == 0:
@@ -415,6 +550,7 @@ class Client(GuaranteedSide):
         ``Subscription.losses``)."""
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
+        self._check_usable()
         split_pattern(pattern)
         compiled = None
         if selector:
@@ -437,6 +573,7 @@ class Client(GuaranteedSide):
     def unsubscribe(self, pattern: str, *, namespace: int = 0) -> None:
         """Seed 000 unsubscribe: withdraws ``pattern`` and what it includes; narrower than a
         subscription, it is a partial unsubscribe."""
+        self._check_usable()
         split_pattern(pattern)
         sub_id = next(self._sub_ids)
         result = self._request(("unsubscribe", sub_id), lambda: self._admin(
@@ -491,7 +628,8 @@ class Client(GuaranteedSide):
                     self.malformed = getattr(self, "malformed", 0) + 1
                     continue
                 if entry.kind is al.ControlKind.LOGIN_RESULT:
-                    self._answer(("login",), doc)
+                    if not self._answer(("login",), doc):
+                        self._on_login_answer(doc)
                 elif entry.kind is al.ControlKind.REQUEST_RESULT:
                     request = doc.get("request")
                     if request == "register":
@@ -500,9 +638,7 @@ class Client(GuaranteedSide):
                     else:
                         self._answer((request, doc.get("sub_id")), doc)
                 elif entry.kind is al.ControlKind.LOGOUT:
-                    self.logged_out_reason = str(doc.get("reason", "logged out"))
-                    for sub in list(self._subs):
-                        sub._close()
+                    self._on_logout(str(doc.get("reason", "logged out")))
         elif h.frame_type is fl.FrameType.REGISTRY_UPDATE:
             for entry in entries:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
@@ -518,12 +654,15 @@ class Client(GuaranteedSide):
 
 
 
-    def _answer(self, key: tuple, doc: dict) -> None:
+    def _answer(self, key: tuple, doc: dict) -> bool:
+        """Give ``doc`` to the request waiting for it; whether one was."""
         with self._lock:
             waiter = self._waiters.get(key)
-        if waiter is not None:
-            waiter.result = doc
-            waiter.event.set()
+        if waiter is None:
+            return False
+        waiter.result = doc
+        waiter.event.set()
+        return True
 
     def _targets(self, namespace: int, topic: str, guaranteed: bool = False
                  ) -> list[Subscription]:
@@ -587,33 +726,64 @@ class Client(GuaranteedSide):
         return work
 
     # --- closing -------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Flush, log out, stop the client thread, close the channel (safe twice)."""
+    def close(self) -> int:
+        """Send what is open, wait up to ``CLOSE_ACK_TIMEOUT_S`` for the appliance to
+        acknowledge every guaranteed message, log out, stop the client's threads, close the
+        channel (safe twice). Never raises for unacknowledged messages: it fails their
+        outcomes (reason ``session closed``), logs a warning with the count, and returns the
+        number of guaranteed messages not acknowledged and not yet reported by ``flush``
+        (0 when every one was); call ``flush(timeout=...)`` first to get an exception."""
         if self.closed:
-            return
+            return self.unacknowledged_at_close
         self.closed = True
+        self._closing.set()
+        with self._lock:  # a reconnection attempt waiting for an answer stops waiting
+            waiting = [w for w in self._waiters.values() if w.result is None]
+        for w in waiting:
+            w.event.set()
+        reconnector = self._reconnector
+        if reconnector is not None and reconnector is not threading.current_thread():
+            reconnector.join(RECONNECT_LOGIN_TIMEOUT_S * 4)
         try:
-            if self.session and not self.channel.closed:
-                self.flush()
-                self._wait_acknowledged()
+            if self.session and self.state == CONNECTED and not self.channel.closed:
+                with self._lock:
+                    self._flush_locked()
+                    if self._gsender is not None:
+                        self._gsender.flush(time.monotonic_ns())
+                self._outcomes.wait_all(CLOSE_ACK_TIMEOUT_S)
                 self._control(al.ControlKind.LOGOUT, {"reason": "client closed"})
-        except Exception:
-            pass
+        except (TopicwireError, OSError):
+            pass  # the connection is gone: what was not acknowledged fails below
+        self._outcomes.fail_all(REASON_CLOSED)
+        with self._lock:
+            held, self._to_resend = self._to_resend, []
+        self._outcomes.fail_detached(held, REASON_CLOSED)
+        failed = self._outcomes.take_unreported()
+        self.unacknowledged_at_close = count = sum(failed.values())
+        self.close_failures = dict(failed)
+        if count:
+            log.warning("client %s: closed with %d guaranteed messages not acknowledged (%s)",
+                        self.identity, count, unacknowledged_text(failed, 0, None))
         try:
             self._runner.stop()
         finally:
             for sub in self._subs:
                 sub._close()
-            self.channel.close()
+            with self._lock:
+                self.channel.close()
             if self._owned is not None:
                 self._owned.stop()
+            if self.state != CLOSED:
+                self.state = CLOSED
+                self._emit(CLOSED, "client closed", failed=count)
+        return count
 
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close()  # returns (and logs) the unacknowledged count; see close()
 
 
 def matches_or_includes(live: str, pattern: str) -> bool:
@@ -652,17 +822,22 @@ class _ClientAgent:
                     raise
                 # the channel's connection is gone for good (an RDMA peer left): so is the
                 # session
-                client.logged_out_reason = f"connection lost: {exc}"
-                for sub in list(client._subs):
-                    sub._close()
-                client.channel.close()
-                return 0
+                failure: str | None = str(exc)
+            else:
+                failure = None
+        if failure is not None:
+            client._lost(f"the connection failed ({failure})")
+            return 0
         if n:
+            client._heard_ns = now_ns
             self._on_batch(n, time.time_ns(), now_ns)
         work = n + client._housekeeping(now_ns)
-        if client._greceiver is not None:
+        if client._greceiver is not None or client._gsender is not None:
             work += client._guaranteed_timers(now_ns)
-        if client.session and now_ns >= self._heartbeat_at:
+        work += client._liveness(now_ns)
+        # (also while a reconnection makes its subscriptions again on the new session)
+        if client.session and client.state in (CONNECTED, RECONNECTING) and \
+                now_ns >= self._heartbeat_at:
             self._heartbeat_at = now_ns + CLIENT_HEARTBEAT_INTERVAL_NS
             try:
                 client._admin(fl.FrameType.HEARTBEAT, [al.Hello(
@@ -698,9 +873,7 @@ class _ClientAgent:
                         if client._greceiver is not None:
                             client._greceiver.on_frame(frame, now_ns, validated=True)
                 elif ftype in _TO_SENDER_TYPES:
-                    with client._lock:
-                        if client._gsender is not None:
-                            client._gsender.on_frame(frame, now_ns)
+                    client._on_sender_frame(frame, now_ns)
                 elif ftype == _LOSS_TYPE:
                     if client._greceiver is not None:
                         client._greceiver.on_frame(frame, now_ns)
@@ -745,11 +918,21 @@ class _ClientAgent:
 def connect(url: str, identity: str = "anonymous", *,
             timeout_s: float = REQUEST_TIMEOUT_S, idle: str = "backoff",
             rdma_device: str | None = None, rdma_gid_index: int | None = None,
-            rdma_bind: str | None = None) -> Client:
+            rdma_bind: str | None = None,
+            on_state: Callable[[StateChange], None] | None = None,
+            session_timeout_s: float = SESSION_TIMEOUT_S,
+            reconnect_s: float = RECONNECT_S, resend: bool = False) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
     ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
-    kernel would send from to HOST)."""
+    kernel would send from to HOST).
+
+    ``on_state(change)`` is called with each ``StateChange`` of the connection (``lost``,
+    ``reconnecting``, ``reconnected``, ``closed``); ``session_timeout_s``: silence from the
+    appliance after which the connection is lost; ``reconnect_s``: how long the client then
+    tries to connect again (0: never; it closes); ``resend``: send the guaranteed messages
+    the lost session did not acknowledge again on the new one (at least once: some may arrive
+    twice) instead of failing their outcomes. docs/appliance.md, "Connection states"."""
     from channels.shm import ShmChannel
     from channels.udp import UdpChannel
 
@@ -759,12 +942,24 @@ def connect(url: str, identity: str = "anonymous", *,
                           f"{type(url).__name__}")
     if "://" not in url and not url.startswith("embedded:"):
         url = f"udp://{url}"  # HOST:PORT, as the command line takes it
+    if on_state is not None and not callable(on_state):
+        raise ClientError(f"on_state must be a callable taking a StateChange, not "
+                          f"{type(on_state).__name__}")
+    _seconds("session_timeout_s", session_timeout_s, SESSION_TIMEOUT_MIN_S,
+             SESSION_TIMEOUT_MAX_S)
+    _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S, RECONNECT_MAX_S, zero=True)
+    session = dict(timeout_s=timeout_s, idle=idle, url=url, on_state=on_state,
+                   session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
+                   resend=resend)
     if url.startswith(RDMA_SCHEME):
         from appliance.client.rdma import open_rdma_channel
 
-        channel = open_rdma_channel(url, device=rdma_device, gid_index=rdma_gid_index,
-                                    bind=rdma_bind, timeout_s=timeout_s)
-        return Client(channel, identity, timeout_s=timeout_s, idle=idle)
+        def open_rdma() -> tuple[Any, str | None]:
+            return open_rdma_channel(url, device=rdma_device, gid_index=rdma_gid_index,
+                                     bind=rdma_bind, timeout_s=timeout_s), None
+
+        channel, _ = open_rdma()
+        return Client(channel, identity, reopen=open_rdma, **session)
 
     if url.startswith("udp://"):
         from appliance.config import ConfigError, parse_address
@@ -775,17 +970,24 @@ def connect(url: str, identity: str = "anonymous", *,
             raise ClientError(str(exc).removeprefix("config: ")) from None
         bind = "127.0.0.1" if host.startswith("127.") else "0.0.0.0"
         channel = UdpChannel((bind, 0), dest=(host, port), name=f"client:{host}:{port}")
-        return Client(channel, identity, timeout_s=timeout_s, idle=idle)
+        # the same socket serves a restarted appliance: no new channel to reconnect
+        return Client(channel, identity, **session)
     if url.startswith("shm://"):
         bus = url[len("shm://"):]
-        ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        channel = ShmChannel(rx=ring, name=f"client:shm:{bus}")
-        try:
-            channel.connect(bus)
-        except BaseException:
-            channel.close()
-            raise
-        return Client(channel, identity, ring=ring, timeout_s=timeout_s, idle=idle)
+
+        def open_shm() -> tuple[Any, str | None]:
+            # a restarted appliance makes its bus anew: a new ring and a new producer slot
+            ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            channel = ShmChannel(rx=ring, name=f"client:shm:{bus}")
+            try:
+                channel.connect(bus)
+            except BaseException:
+                channel.close()
+                raise
+            return channel, ring
+
+        channel, ring = open_shm()
+        return Client(channel, identity, ring=ring, reopen=open_shm, **session)
     if url.startswith("embedded:"):
         from appliance.config import parse_config
         from appliance.node import Appliance
@@ -798,7 +1000,9 @@ def connect(url: str, identity: str = "anonymous", *,
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                client = connect(f"shm://{name}", identity, timeout_s=timeout_s, idle=idle)
+                client = connect(f"shm://{name}", identity, timeout_s=timeout_s, idle=idle,
+                                 on_state=on_state, session_timeout_s=session_timeout_s,
+                                 reconnect_s=reconnect_s, resend=resend)
                 client._owned = appliance
                 return client
             except ClientError:
@@ -808,4 +1012,3 @@ def connect(url: str, identity: str = "anonymous", *,
                 time.sleep(0.05)
     raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT (or "
                       "HOST:PORT), rdma://HOST:PORT or embedded:")
-

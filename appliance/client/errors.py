@@ -17,3 +17,39 @@ class LoginError(ClientError):
 
 class EntitlementError(ClientError):
     """P&M's entitlements refused a subscription or a publish."""
+
+
+class ConnectionLostError(ClientError):
+    """The connection to the appliance was lost: raised by the next call after the loss
+    (once, even when the client has reconnected meanwhile) and by every call while it is
+    not connected again. ``state`` is the connection state when raised."""
+
+    def __init__(self, message: str, *, state: str = "lost") -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class UnacknowledgedError(ClientError):
+    """Guaranteed messages the appliance did not acknowledge: ``failed`` (their outcomes
+    failed since the last report: appliance lost, session closed, refused), ``pending``
+    (still unacknowledged when the wait ended); ``reasons`` counts the failed by reason."""
+
+    def __init__(self, message: str, *, failed: int, pending: int,
+                 reasons: dict[str, int]) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.pending = pending
+        self.reasons = dict(reasons)
+
+    @property
+    def count(self) -> int:
+        """Messages not acknowledged: failed plus still pending."""
+        return self.failed + self.pending
+
+
+class PublishFailedError(ClientError):
+    """One guaranteed message's outcome: it will not be acknowledged (``reason``)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -1,7 +1,7 @@
-"""The client's guaranteed streams: publishing on its reliable stream to the appliance,
+"""The client's guaranteed streams: publishing on its reliable stream to the appliance (each
+message's ``Outcome`` resolved by the appliance's acknowledgements, appliance/client/outcomes.py),
 receiving its reliable stream from the appliance (in order, repaired by NAK, losses
-declared), and waiting for acknowledgements at close (``GuaranteedSide``, one part of
-``Client``)."""
+declared) (``GuaranteedSide``, one part of ``Client``)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import numpy as np
 
 from appliance.client.errors import ClientError
 from appliance.client.messages import (
-    CLOSE_ACK_TIMEOUT_S,
     GUARANTEED_QUEUE_MESSAGES,
     QOS,
     Loss,
     Message,
 )
+from appliance.client.outcomes import REASON_REFUSED, Outcome
 from appliance.config import (
     GUARANTEED_RETRANSMIT_BUFFER_BYTES,
     GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
@@ -30,6 +30,7 @@ from appliance.dataplane.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
 from datapath.config import MAX_FRAME_BYTES
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.reliability import ReliableSender
 
 if TYPE_CHECKING:
     from appliance.client.api import Client
@@ -60,13 +61,32 @@ class _ClientSink:
         self.client._send_raw(frame)
 
 
+class _ClientSender(ReliableSender):
+    """The client's reliable sender; what it answers with LOSS (no longer in its
+    retransmission buffer when the appliance asked for it again) fails those outcomes."""
+
+    def __init__(self, client: Client, **kwargs: Any) -> None:
+        super().__init__(_ClientSink(client), **kwargs)
+        self.client = client
+
+    def _announce_loss(self, lost: list) -> None:
+        super()._announce_loss(lost)
+        for r in lost:
+            self.client._outcomes.fail_range(
+                r.first_seq, r.last_seq, f"{REASON_REFUSED} (no longer in the client's "
+                "retransmission buffer when the appliance asked for it again)")
+
+
 class GuaranteedSide:
     """The guaranteed streams of a ``Client`` (which inherits them); its methods use the
     client's state and lock."""
 
-    def _publish_guaranteed(self, key: int, payload: Any, now: int, namespace: int,
-                            schema_id: int, flush: bool) -> int:
-        from datapath.reliability import ReliabilityError, ReliableSender, SenderConfig
+    def _publish_guaranteed(self, key: int, topic: str, payload: Any, now: int, namespace: int,
+                            schema_id: int, flush: bool, on_outcome: Any,
+                            outcome: Outcome | None = None) -> Outcome:
+        """Offer one guaranteed message; its ``Outcome`` (``outcome``: one sent again after
+        a reconnection, which takes its new sequence)."""
+        from datapath.reliability import ReliabilityError, SenderConfig
 
         with self._lock:
             if self._gsender is None:
@@ -76,9 +96,9 @@ class GuaranteedSide:
                     max_frame_bytes=min(size, MAX_FRAME_BYTES),
                     retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
                     retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
-                self._gsender = ReliableSender(_ClientSink(self), session_id=self.session,
-                                               stream_id=self.session | RELIABLE_STREAM_BIT,
-                                               config=config)
+                self._gsender = _ClientSender(self, session_id=self.session,
+                                              stream_id=self.session | RELIABLE_STREAM_BIT,
+                                              config=config)
             sender = self._gsender
             try:
                 ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
@@ -90,9 +110,31 @@ class GuaranteedSide:
                 raise ClientError("the guaranteed stream is flow-controlled and its pending "
                                   "queue is full; publish more slowly")
             self.published += 1
+            # a message held in the pending queue (flow control, the send window) takes its
+            # sequence when it leaves the queue, after those ahead of it
+            seq = sender.next_seq + len(sender.pending) - 1
+            if outcome is None:
+                outcome = Outcome(self._outcomes, seq, topic)
+                if self.resend:  # kept to be sent again on the next session
+                    outcome._message = (key, bytes(payload), now, namespace, schema_id)
+            else:
+                outcome.sequence = seq
+            self._outcomes.add(outcome, on_outcome)
             if flush:
                 sender.flush(time.monotonic_ns())
-            return sender.next_seq - 1
+            return outcome
+
+    def _on_sender_frame(self, frame: memoryview, now_ns: int) -> None:
+        """A NAK, ACK or FLOW_CONTROL frame for this client's sender (the client thread):
+        an ACK resolves the outcomes up to it."""
+        with self._lock:
+            sender = self._gsender
+            if sender is None:
+                return
+            sender.on_frame(frame, now_ns)
+            acked = max(sender.acks.values(), default=0)
+        if acked:
+            self._outcomes.acknowledge_upto(acked)
 
     # --- guaranteed streams (the client thread) -------------------------------------------------
     def _send_raw(self, frame: memoryview | bytes | bytearray) -> None:
@@ -200,16 +242,3 @@ class GuaranteedSide:
         if self._gsender is not None:
             out["sender"] = self._gsender.counters.as_dict()
         return out
-
-    def _wait_acknowledged(self) -> None:
-        """Before logging out, give the appliance up to CLOSE_ACK_TIMEOUT_S to acknowledge
-        every guaranteed message sent (lost ones are retransmitted meanwhile)."""
-        sender = self._gsender
-        if sender is None or not sender.highest_sent:
-            return
-        deadline = time.monotonic() + CLOSE_ACK_TIMEOUT_S
-        while time.monotonic() < deadline:
-            with self._lock:
-                if max(sender.acks.values(), default=0) >= sender.highest_sent:
-                    return
-            time.sleep(0.002)

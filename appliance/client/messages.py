@@ -10,8 +10,6 @@ QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
 GUARANTEED_QUEUE_MESSAGES = 1_000_000
 """Messages a guaranteed subscription queue holds; when full, the reliable receiver keeps
 the next messages and offers them again later (back-pressure), nothing is dropped."""
-CLOSE_ACK_TIMEOUT_S = 2.0
-"""How long ``close`` waits for the appliance to acknowledge the guaranteed messages sent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,9 @@ anonymous = true
 """)
     proc = run_appliance(config)
     try:
-        with connect(f"udp://127.0.0.1:{port}", "tester") as client:
+        # reconnect_s=0: a client told its appliance is going away closes (by default it
+        # would try to reconnect: tests/appliance/test_client_state.py)
+        with connect(f"udp://127.0.0.1:{port}", "tester", reconnect_s=0) as client:
             sub = client.subscribe("t/#")
             client.publish("t/one", b"payload", flush=True)
             msg = sub.get(timeout=10)
@@ -32,6 +34,7 @@ anonymous = true
             # the appliance told its client it was going away
             wait_for(lambda: client.logged_out_reason, timeout_s=5)
             wait_for(lambda: sub.closed, timeout_s=5)  # the subscription ended: empty
+            assert client.state == "closed"
             assert sub.get(timeout=0) is None
     finally:
         stop(proc)

@@ -8,7 +8,14 @@ API's URLs (``udp://HOST:PORT``, ``shm://RING``, ``embedded:``; a bare ``HOST:PO
 UDP). ``sub`` prints one line per message (``--json``: one JSON object per line), or with
 ``--stats`` one JSON object when it ends: received, gaps and duplicates (per publisher stream
 and topic, from the message sequence numbers), latency p50/p99 (publish to receive).
-It ends after ``--count`` messages, ``--seconds`` or SIGINT/SIGTERM.
+It ends after ``--count`` messages, ``--seconds`` or SIGINT/SIGTERM (and says which).
+
+Both say on stderr what happens to their connection: lost (no answer from the appliance for
+``--session-timeout`` seconds, or it restarted), each reconnection attempt, reconnected (``sub``
+has subscribed again), or given up after ``--reconnect`` seconds: then they exit with 1.
+``pub --qos guaranteed`` waits up to ``PUB_ACK_TIMEOUT_S`` at the end for the appliance to
+acknowledge every message, and exits with 1 when some were not, saying how many (with
+``--json`` in ``unacknowledged``, by reason in ``failed_reasons``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ PUB_DEFAULT_SIZE_BYTES = 64
 """Payload size of ``pub`` messages unless ``--size`` says otherwise."""
 SUB_POLL_S = 0.1
 """How often ``sub`` checks its end conditions while waiting for messages."""
+PUB_ACK_TIMEOUT_S = 5.0
+"""How long ``pub`` waits at the end for the appliance to acknowledge guaranteed messages."""
+EXIT_NOT_DELIVERED = 1
+"""Exit code of ``pub`` and ``sub`` when guaranteed messages were not acknowledged or the
+connection was lost for good."""
 
 
 APPLIANCE_ENV = "TOPICWIRE_APPLIANCE"
@@ -51,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("--identity", default="anonymous", help="who to log in as")
     pub.add_argument("--namespace", type=int, default=0)
     pub.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _connection_args(pub)
     pub.set_defaults(handler=run_pub)
 
     sub = subparsers.add_parser("sub", help="subscribe through an appliance and print messages")
@@ -68,55 +81,168 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      choices=("best-effort", "last-value", "guaranteed"))
     sub.add_argument("--identity", default="anonymous", help="who to log in as")
     sub.add_argument("--namespace", type=int, default=0)
+    _connection_args(sub)
     sub.set_defaults(handler=run_sub)
+
+
+def _connection_args(parser: argparse.ArgumentParser) -> None:
+    from appliance.client.settings import RECONNECT_S, SESSION_TIMEOUT_S
+
+    parser.add_argument("--session-timeout", type=float, default=SESSION_TIMEOUT_S,
+                        metavar="S", help="the connection is lost after this long without an "
+                        f"answer from the appliance (default {SESSION_TIMEOUT_S:g})")
+    parser.add_argument("--reconnect", type=float, default=RECONNECT_S, metavar="S",
+                        help="then try to connect again for this long; 0: exit at once "
+                        f"(default {RECONNECT_S:g})")
 
 
 def _url(address: str) -> str:
     return address if "://" in address or address.startswith("embedded:") else f"udp://{address}"
 
 
-def _connect(args: argparse.Namespace):  # noqa: ANN202 - a Client
-    from appliance.client import connect
+class ConnectionReport:
+    """``on_state`` of ``pub`` and ``sub``: one line on stderr per change of the connection,
+    and an event set on each, for the command's loop to wait on."""
+
+    def __init__(self, command: str, address: str, pattern: str | None = None) -> None:
+        import threading
+
+        self.command = command
+        self.address = address
+        self.pattern = pattern
+        self.changed = threading.Event()
+        self.gave_up: str | None = None
+        self.losses = 0
+
+    def __call__(self, change) -> None:  # noqa: ANN001 - appliance.client.StateChange
+        if change.state == "lost":
+            self.losses += 1
+            failed = (f"; {change.failed} guaranteed messages not acknowledged"
+                      if change.failed else "")
+            self._say(f"connection to {self.address} lost: {change.reason}{failed}")
+        elif change.state == "reconnecting":
+            if change.attempt == 1:
+                self._say(f"reconnecting to {self.address}")
+            else:
+                self._say(f"reconnecting to {self.address}, attempt {change.attempt} "
+                          f"({change.reason})")
+        elif change.state == "reconnected":
+            again = f"; subscribed to {self.pattern} again" if self.pattern else ""
+            self._say(f"reconnected to {self.address} (attempt {change.attempt}){again}")
+        elif change.state == "closed" and change.reason != "client closed":
+            self.gave_up = change.reason
+            self._say(f"connection closed: {change.reason}")
+        self.changed.set()
+
+    def _say(self, text: str) -> None:
+        print(f"topicwire: {self.command}: {text}", file=sys.stderr, flush=True)
+
+
+def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN202 - a Client
+    from appliance.client import ClientError, connect
 
     if not args.appliance:
         raise UserError(f"give --appliance ADDR (udp://HOST:PORT, HOST:PORT, shm://RING, "
                         f"embedded:) or set ${APPLIANCE_ENV}", component="pubsub")
     if args.count < 0 or getattr(args, "rate", 0) < 0:
         raise UserError("--count and --rate must not be negative", component="pubsub")
-    return connect(_url(args.appliance), args.identity)
+    try:
+        return connect(_url(args.appliance), args.identity, on_state=report,
+                       session_timeout_s=args.session_timeout, reconnect_s=args.reconnect)
+    except ClientError as exc:
+        if "session_timeout_s" in str(exc) or "reconnect_s" in str(exc):
+            raise UserError(str(exc).removeprefix("client: ").replace(
+                "session_timeout_s", "--session-timeout").replace("reconnect_s", "--reconnect"),
+                component=args.command_name) from None
+        raise
 
 
 def run_pub(args: argparse.Namespace) -> int:
+    from appliance.client import ConnectionLostError, UnacknowledgedError
+
     if args.size < 0:
         raise UserError("--size must not be negative", component="pub")
     payload = args.message.encode() if args.message is not None else bytes(
         (i * 7) & 0xFF for i in range(args.size))
-    client = _connect(args)
+    args.command_name = "pub"
+    report = ConnectionReport("pub", args.appliance or "")
+    client = _connect(args, report)
+    guaranteed = args.qos == "guaranteed"
     sent = 0
+    failed: dict[str, int] = {}
+    pending = 0
+
+    def count(exc: UnacknowledgedError) -> None:
+        nonlocal pending
+        for reason, n in exc.reasons.items():
+            failed[reason] = failed.get(reason, 0) + n
+        pending = exc.pending
+
     start = time.perf_counter()
     try:
-        for i in range(args.count):
-            if args.rate:
-                wait = start + i / args.rate - time.perf_counter()
-                if wait > 0:
-                    client.flush()
-                    time.sleep(wait)
-            client.publish(args.topic, payload, qos=args.qos, namespace=args.namespace)
+        i = 0
+        while i < args.count and report.gave_up is None:
+            try:
+                if args.rate:
+                    wait = start + i / args.rate - time.perf_counter()
+                    if wait > 0:
+                        client.flush()
+                        time.sleep(wait)
+                client.publish(args.topic, payload, qos=args.qos, namespace=args.namespace)
+            except UnacknowledgedError as exc:
+                count(exc)
+                continue
+            except ConnectionLostError:
+                # wait until the client is connected again (or gives up), then go on
+                while client.state != "connected" and report.gave_up is None:
+                    report.changed.wait(SUB_POLL_S)
+                    report.changed.clear()
+                continue
             sent += 1
-        client.flush()
+            i += 1
+        if report.gave_up is None:
+            try:
+                client.flush(timeout=PUB_ACK_TIMEOUT_S if guaranteed else None)
+            except UnacknowledgedError as exc:
+                count(exc)
+            except ConnectionLostError:
+                pass
     except KeyboardInterrupt:
-        pass
+        print("topicwire: pub: interrupted", file=sys.stderr, flush=True)
     finally:
         client.close()
+        for reason, n in client.close_failures.items():
+            if pending and reason == "session closed":  # those the final wait left pending
+                reason = f"not acknowledged within {PUB_ACK_TIMEOUT_S:g} s"
+            failed[reason] = failed.get(reason, 0) + n
     elapsed = time.perf_counter() - start
+    unacknowledged = sum(failed.values()) if guaranteed else 0
     summary = {"sent": sent, "seconds": round(elapsed, 6),
-               "msgs_per_s": round(sent / elapsed, 1) if elapsed > 0 else 0.0}
+               "msgs_per_s": round(sent / elapsed, 1) if elapsed > 0 else 0.0,
+               "connection_losses": report.losses, "reconnects": client.reconnects}
+    if guaranteed:
+        summary.update(acknowledged=client.connection_counters()["acknowledged"],
+                       unacknowledged=unacknowledged, failed_reasons=failed)
+    if report.gave_up is not None:
+        summary["gave_up"] = report.gave_up
     if args.json:
         print(json.dumps(summary))
     else:
         print(f"published {sent} messages to {args.topic} in {elapsed:.3f} s "
               f"({summary['msgs_per_s']} msg/s)", file=sys.stderr)
-    return 0
+    if unacknowledged:
+        print(f"topicwire: pub: {unacknowledged} of {sent} guaranteed messages were not "
+              f"acknowledged by the appliance ({_reasons(failed)})", file=sys.stderr,
+              flush=True)
+    if report.gave_up is not None:
+        print(f"topicwire: pub: stopped after {sent} of {args.count} messages: "
+              f"{report.gave_up}", file=sys.stderr, flush=True)
+    return EXIT_NOT_DELIVERED if unacknowledged or report.gave_up is not None else 0
+
+
+def _reasons(failed: dict[str, int]) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in sorted(failed.items(),
+                                                               key=lambda kv: -kv[1]))
 
 
 class SubStats:
@@ -189,14 +315,25 @@ def run_sub(args: argparse.Namespace) -> int:
     import threading
 
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    stopped: list[str] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopped.append(signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     stats = SubStats()
-    client = _connect(args)
+    args.command_name = "sub"
+    report = ConnectionReport("sub", args.appliance or "", args.pattern)
+    client = _connect(args, report)
+    why = None
     try:
         def on_loss(loss) -> None:  # noqa: ANN001 - appliance.client.Loss
             stats.lost += loss.messages
-            if not args.stats:
+            if loss.reason == "SESSION_LOST":  # the connection: how many is not known
+                print("topicwire: sub: guaranteed messages published while the connection was "
+                      "lost are missing (how many is not known)", file=sys.stderr, flush=True)
+            elif not args.stats:
                 print(f"topicwire: lost {loss.messages} messages of origin {loss.origin} "
                       f"stream {loss.stream} ({loss.reason})", file=sys.stderr, flush=True)
 
@@ -210,7 +347,7 @@ def run_sub(args: argparse.Namespace) -> int:
                 break
             if args.count and stats.received >= args.count:
                 break
-            if client.logged_out_reason:
+            if report.gave_up is not None:
                 break
             msg = sub.get(timeout=SUB_POLL_S)
             if msg is None:
@@ -218,10 +355,22 @@ def run_sub(args: argparse.Namespace) -> int:
             stats.on_message(msg)
             if not args.stats:
                 print(_format(msg, args.json), flush=True)
+        if stop.is_set():
+            why = stopped[0] if stopped else "a signal"
+            print(f"topicwire: sub: stopping ({why}) after {stats.received} messages",
+                  file=sys.stderr, flush=True)
     finally:
         client.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if args.stats:
-        print(json.dumps(stats.summary()), flush=True)
+        summary = stats.summary()
+        summary.update(connection_losses=report.losses, reconnects=client.reconnects)
+        if report.gave_up is not None:
+            summary["gave_up"] = report.gave_up
+        print(json.dumps(summary), flush=True)
+    if report.gave_up is not None:
+        print(f"topicwire: sub: exiting after {stats.received} messages: {report.gave_up}",
+              file=sys.stderr, flush=True)
+        return EXIT_NOT_DELIVERED
     return 0

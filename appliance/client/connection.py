@@ -1,0 +1,370 @@
+"""Where a client stands with its appliance: liveness, the connection states, reconnection
+(``ConnectionSide``, one part of ``Client``).
+
+Liveness. Everything the appliance sends counts as a sign of life. A client that has heard
+nothing for a while asks (``LIVENESS_PROBES_PER_TIMEOUT`` times per session timeout, at most
+``LIVENESS_PROBE_MAX_INTERVAL_NS`` apart) with a repeat of its login, which the appliance
+answers with the session it made (docs/appliance.md, "Clients"; counted there as
+``control_login_repeats``). Silence for the session timeout, an answer naming another session
+or refusing (the appliance restarted and no longer knows it), a LOGOUT, or a channel that
+failed for good: the connection is **lost**.
+
+States (``StateChange.state``, given to ``connect(..., on_state=)``): ``connected`` ->
+``lost`` -> ``reconnecting`` (each attempt) -> ``reconnected`` (then connected again) or
+``closed`` (gave up, or ``close()``). On ``lost`` the client fails the outcomes of its
+unacknowledged guaranteed messages (reason ``appliance lost``; with ``connect(...,
+resend=True)`` it keeps them instead and sends them again, in order, on the new session
+before anything newer: at least once, as the lost appliance may have passed some on before
+it acknowledged them), gives each guaranteed
+subscription a ``Loss`` event (reason ``SESSION_LOST``, count unknown: what was published
+while it was away is not delivered to it), and raises ``ConnectionLostError`` from the next
+call. Reconnection runs on a thread of its own: capped, jittered exponential backoff; per
+attempt a fresh channel where the transport needs one (shared memory, RDMA), the login, the
+topics registered again and the subscriptions made again (the client's lists replayed), until
+``reconnect_s`` has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from appliance.client.errors import ClientError, ConnectionLostError
+from appliance.client.messages import QOS, Loss
+from appliance.client.outcomes import REASON_LOST, REASON_REFUSED, describe
+from appliance.client.settings import (
+    LIVENESS_PROBE_MAX_INTERVAL_NS,
+    LIVENESS_PROBES_PER_TIMEOUT,
+    RECONNECT_BACKOFF_FIRST_S,
+    RECONNECT_BACKOFF_MAX_S,
+    RECONNECT_JITTER_FRACTION,
+    RECONNECT_LOGIN_TIMEOUT_S,
+)
+from datapath.protocol import admin_layout as al
+from datapath.protocol import frame_layout as fl
+
+if TYPE_CHECKING:
+    from appliance.client.api import Client
+
+log = logging.getLogger("topicwire.client")
+
+CONNECTED = "connected"
+LOST = "lost"
+RECONNECTING = "reconnecting"
+RECONNECTED = "reconnected"
+CLOSED = "closed"
+STATES = (CONNECTED, LOST, RECONNECTING, RECONNECTED, CLOSED)
+SESSION_LOST = "SESSION_LOST"
+"""``Loss.reason`` given to guaranteed subscriptions when the connection is lost."""
+_KICKED = "disconnected by management"
+"""A LOGOUT with this reason ends the client: an operator ended the session on purpose."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """One change of a client's connection state."""
+
+    state: str
+    """``connected``, ``lost``, ``reconnecting``, ``reconnected`` or ``closed``."""
+    reason: str
+    """Why (the loss, the last attempt's failure, the give-up), or ``""``."""
+    attempt: int = 0
+    """Reconnection attempts so far in this outage (``reconnecting``, ``reconnected``)."""
+    failed: int = 0
+    """Guaranteed messages whose outcomes failed with the change (``lost``, ``closed``)."""
+    at_ns: int = 0
+    """Wall clock of the change."""
+
+
+class ConnectionSide:
+    """The connection state of a ``Client`` (which inherits it); its methods use the
+    client's state and lock."""
+
+    # --- states --------------------------------------------------------------------------------
+    def _emit(self: Client, state: str, reason: str = "", attempt: int = 0,
+              failed: int = 0) -> None:
+        change = StateChange(state, reason, attempt, failed, time.time_ns())
+        self.state_changes += 1
+        self.last_state = change
+        callback = self._on_state
+        if callback is not None:
+            try:
+                callback(change)
+            except Exception:  # an application's callback must not end the client's thread
+                log.exception("client %s: the on_state callback raised", self.identity)
+
+    def _check_usable(self: Client) -> None:
+        """Raise what a call must see: closed, a loss not reported yet, not connected."""
+        if self.closed and self.state != CLOSED:
+            raise ClientError("the client is closed; connect again")
+        notice = self._loss_notice
+        if notice is not None:
+            self._loss_notice = None
+            state = self.state
+            if state == CONNECTED:
+                what = ("best-effort messages published meanwhile were not delivered; the "
+                        "guaranteed ones were sent again") if self.resend else (
+                        "messages published meanwhile were not delivered")
+                raise ConnectionLostError(f"{notice}; reconnected since ({what})", state=state)
+            raise ConnectionLostError(f"{notice}; {self._where()}", state=state)
+        if self.state != CONNECTED:
+            raise ConnectionLostError(f"not connected to the appliance: {self._where()}",
+                                      state=self.state)
+
+    def _where(self: Client) -> str:
+        state = self.state
+        if state == CLOSED:
+            why = self.logged_out_reason or "closed"
+            return f"the client is closed ({why}); connect again"
+        return f"{state}, reconnecting for up to {self.reconnect_s:g} s"
+
+    # --- liveness (the client thread) ------------------------------------------------------------
+    def _probe_interval_ns(self: Client) -> int:
+        return min(LIVENESS_PROBE_MAX_INTERVAL_NS,
+                   int(self.session_timeout_s * 1e9) // LIVENESS_PROBES_PER_TIMEOUT)
+
+    def _liveness(self: Client, now_ns: int) -> int:
+        """Probe a silent appliance; declare it lost after the session timeout."""
+        if self.state != CONNECTED or not self.session or self.closed:
+            return 0
+        interval = self._probe_interval_ns()
+        timeout_ns = int(self.session_timeout_s * 1e9)
+        if now_ns - self._liveness_ns > interval:
+            # this thread itself did not run for a while (the process stopped, the host or
+            # the application's threads busy): what the appliance sent meanwhile may still
+            # wait unread, so its silence counts from half a timeout ago at most
+            self._heard_ns = max(self._heard_ns, now_ns - timeout_ns // 2)
+        self._liveness_ns = now_ns
+        silent_ns = now_ns - self._heard_ns
+        if silent_ns > timeout_ns:
+            self._lost(f"no answer from the appliance for {self.session_timeout_s:g} s")
+            return 1
+        if silent_ns >= interval and now_ns >= self._probe_at_ns:
+            self._probe_at_ns = now_ns + interval
+            self.probes += 1
+            try:
+                self._send_login(self._token)
+            except ClientError:
+                pass  # the channel is gone: the timeout (or the channel's failure) says so
+            return 1
+        return 0
+
+    def _on_login_answer(self: Client, doc: dict) -> None:
+        """A LOGIN_RESULT nobody waits for: the answer to a liveness probe."""
+        if self.state != CONNECTED or not self.session:
+            return
+        if not doc.get("accepted"):
+            self._lost(f"the appliance refused this session ({doc.get('reason')})")
+        elif int(doc.get("session", 0)) != self.session:
+            self._lost("the appliance no longer knows this session (it restarted)")
+
+    def _on_logout(self: Client, reason: str) -> None:
+        self.logged_out_reason = reason
+        if reason == _KICKED or self.reconnect_s <= 0:
+            self._lost(f"logged out by the appliance: {reason}", reconnect=False)
+        else:
+            self._lost(f"logged out by the appliance: {reason}")
+
+    # --- losing and regaining the connection ------------------------------------------------------
+    def _lost(self: Client, reason: str, *, reconnect: bool = True) -> None:
+        """The session is gone: fail what it carried, tell the application, reconnect."""
+        with self._lock:
+            if self.state != CONNECTED or self.closed:
+                return
+            self.state = LOST
+            self.session = 0
+            if not self.logged_out_reason:
+                self.logged_out_reason = f"connection lost: {reason}"
+            self.losses_of_connection += 1
+            self._loss_notice = f"the connection to the appliance was lost: {reason}"
+            self._gsender = None
+            self._greceiver = None
+            self._open_since_ns = 0  # an open best-effort frame goes with the session
+        if self.resend and reconnect and self.reconnect_s > 0:
+            with self._lock:  # sent again, in order, once the client is connected again
+                self._to_resend.extend(self._outcomes.detach_pending())
+            failed = 0
+        else:
+            failed = self._outcomes.fail_all(f"{REASON_LOST} ({reason})")
+        log.warning("client %s: connection to %s lost: %s%s", self.identity, self.url, reason,
+                    f"; {failed} guaranteed messages not acknowledged" if failed else "")
+        self._emit(LOST, reason, failed=failed)
+        loss = Loss(0, 0, 0, 0, 0, SESSION_LOST, 0, time.time_ns())
+        if self._held:  # after the messages received before the loss (their topics unknown)
+            next(reversed(self._held.values())).append(loss)
+        else:
+            self._deliver_guaranteed(loss)
+        if reconnect and self.reconnect_s > 0 and not self.closed:
+            thread = threading.Thread(target=self._reconnect, args=(reason,), daemon=True,
+                                      name=f"client-{self.identity}-reconnect")
+            thread.start()
+            self._reconnector = thread  # (started: close() may join it)
+        else:
+            self._give_up(reason)
+
+    def _give_up(self: Client, reason: str) -> None:
+        with self._lock:
+            self.state = CLOSED
+            if not self.logged_out_reason:
+                self.logged_out_reason = reason
+            held, self._to_resend = self._to_resend, []
+        self._outcomes.fail_detached(held, f"{REASON_LOST} ({reason})")
+        for sub in list(self._subs):
+            sub._close()
+        self._emit(CLOSED, reason)
+
+    def _reconnect(self: Client, reason: str) -> None:
+        """The reconnection thread: attempts with capped, jittered backoff."""
+        deadline = time.monotonic() + self.reconnect_s
+        backoff = RECONNECT_BACKOFF_FIRST_S
+        attempt = 0
+        last = reason
+        while not self.closed:
+            attempt += 1
+            self.state = RECONNECTING
+            self._emit(RECONNECTING, last, attempt)
+            try:
+                self._reattach()
+            except Exception as exc:  # any failure of an attempt is the next attempt's reason
+                last = str(exc)
+                log.info("client %s: reconnection attempt %d failed: %s", self.identity,
+                         attempt, last)
+            else:
+                if self.closed:
+                    return
+                self.reconnects += 1
+                with self._lock:
+                    self._heard_ns = time.monotonic_ns()
+                    self.logged_out_reason = None
+                    self.state = CONNECTED
+                log.warning("client %s: reconnected to %s (attempt %d, session %d)",
+                            self.identity, self.url, attempt, self.session)
+                self._emit(RECONNECTED, reason, attempt)
+                return
+            wait = backoff * (1 - RECONNECT_JITTER_FRACTION * random.random())
+            if time.monotonic() + wait > deadline:
+                break
+            if self._closing.wait(wait):
+                return
+            backoff = min(backoff * 2, RECONNECT_BACKOFF_MAX_S)
+        if not self.closed:
+            why = (f"gave up reconnecting to {self.url} after {attempt} attempts in "
+                   f"{self.reconnect_s:g} s ({last})")
+            log.warning("client %s: %s", self.identity, why)
+            self._loss_notice = f"the connection to the appliance was lost: {reason}"
+            self._give_up(why)
+
+    def _reattach(self: Client) -> None:
+        """One attempt: a channel, the login, the topics, the subscriptions."""
+        if self._reopen is not None:
+            channel, ring = self._reopen()
+            with self._lock:
+                old, self.channel = self.channel, channel
+                self._ring = ring
+            old.close()
+        self._login(self._ring, timeout_s=min(self.timeout_s, RECONNECT_LOGIN_TIMEOUT_S))
+        with self._lock:
+            self._heard_ns = time.monotonic_ns()
+        self._register_again()
+        self._subscribe_again()
+        self._send_again()
+
+    def _send_again(self: Client) -> None:
+        """``resend=True``: the guaranteed messages the lost session did not acknowledge go
+        on the new session's stream, in their order, before anything published after."""
+        with self._lock:
+            held, self._to_resend = self._to_resend, []
+        names = {key: nt for nt, key in self._keys.items()}
+        for i, outcome in enumerate(held):
+            key, payload, ts, namespace, schema = outcome._message or (0, b"", 0, 0, 0)
+            if key not in names:  # P&M no longer lets this client publish to the topic
+                self._outcomes.fail_detached([outcome], f"{REASON_REFUSED} (topic "
+                                             f"{outcome.topic!r} refused on reconnection)")
+                continue
+            try:
+                self._publish_guaranteed(key, outcome.topic, payload, ts, namespace, schema,
+                                         False, None, outcome)
+            except ClientError as exc:
+                self._outcomes.fail_detached(held[i:], f"{REASON_LOST} (not sent again: "
+                                             f"{exc})")
+                break
+        self.resent += len(held)
+        if held:
+            with self._lock:
+                if self._gsender is not None:
+                    self._gsender.flush(time.monotonic_ns())
+            with self._outcomes._cond:  # a flush waiting for them looks again
+                self._outcomes._cond.notify_all()
+
+    def _register_again(self: Client) -> None:
+        """Register the topics this client published to again (those P&M now refuses are
+        forgotten: the next publish to one raises ``EntitlementError``)."""
+        for (namespace, topic), key in list(self._keys.items()):
+            result = self._request(("register", namespace, topic), lambda k=key, n=namespace,
+                                   t=topic: self._admin(
+                fl.FrameType.REGISTRY_UPDATE, [al.RegistryEntry(k, n, t)], {"version": 0}),
+                repeatable=True, timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
+            if not result.get("accepted"):
+                log.warning("client %s: topic %r refused on reconnection: %s", self.identity,
+                            topic, result.get("reason"))
+                self._keys.pop((namespace, topic), None)
+
+    def _subscribe_again(self: Client) -> None:
+        """Make the subscriptions again: first those the client's lists absorbed (a broader
+        entry includes them), then each list's entries in order (positive entries with the
+        QoS of their subscriptions, negative ones as unsubscribes), as they were made."""
+        with self._lock:
+            subs = list(self._subs)
+            lists = {ns: lst.entries for ns, lst in self._lists.items()}
+        listed = {(ns, e.pattern) for ns, entries in lists.items() for e in entries if e.positive}
+        plan: list[tuple[bool, int, str, int]] = []  # (subscribe, namespace, pattern, qos)
+        for sub in subs:
+            if (sub.namespace, sub.pattern) not in listed:
+                plan.append((True, sub.namespace, sub.pattern, QOS[sub.qos]))
+        for ns, entries in lists.items():
+            for entry in entries:
+                if not entry.positive:
+                    plan.append((False, ns, entry.pattern, 0))
+                    continue
+                qoses = {QOS[s.qos] for s in subs
+                         if s.namespace == ns and s.pattern == entry.pattern}
+                for qos in sorted(qoses or {0}):
+                    plan.append((True, ns, entry.pattern, qos))
+        for subscribe, ns, pattern, qos in plan:
+            sub_id = next(self._sub_ids)
+            ftype = fl.FrameType.SUBSCRIBE if subscribe else fl.FrameType.UNSUBSCRIBE
+            request = "subscribe" if subscribe else "unsubscribe"
+            result = self._request((request, sub_id), lambda f=ftype, i=sub_id, n=ns,
+                                   p=pattern, q=qos: self._admin(
+                f, [al.Subscription(i, n, q, 0, p)]), timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
+            if not result.get("accepted"):
+                log.warning("client %s: %s %r refused on reconnection: %s", self.identity,
+                            request, pattern, result.get("reason"))
+                if subscribe:
+                    for sub in [s for s in subs if s.namespace == ns and s.pattern == pattern]:
+                        sub._close()
+
+    # --- reporting --------------------------------------------------------------------------------
+    def connection_counters(self: Client) -> dict[str, Any]:
+        """The client's connection state and counters (``state``, ``losses``,
+        ``reconnects``, ``probes``, guaranteed outcomes)."""
+        return {"state": self.state, "session": self.session, "losses": self.losses_of_connection,
+                "reconnects": self.reconnects, "probes": self.probes,
+                "acknowledged": self._outcomes.acknowledged, "failed": self._outcomes.failed,
+                "unacknowledged": self._outcomes.unacknowledged()}
+
+
+def unacknowledged_text(failed: dict[str, int], pending: int, timeout_s: float | None) -> str:
+    """The sentence of ``UnacknowledgedError`` and ``close``'s warning."""
+    parts = []
+    if failed:
+        parts.append(f"{sum(failed.values())} failed ({describe(failed)})")
+    if pending:
+        wait = f" after {timeout_s:g} s" if timeout_s else ""
+        parts.append(f"{pending} still unacknowledged{wait}")
+    return "; ".join(parts)
+
