@@ -775,12 +775,13 @@ REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_m
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure every hop ``--repeats`` times (throughput and latency each); medians. More than
-    one publisher or subscriber: the fan-out bench (bench/fabric_fanout.py)."""
+    """Measure every hop ``--repeats`` times (throughput and latency each); medians. One
+    publisher and one subscriber (``topicwire bench fabric`` takes more to the fan-out bench:
+    bench/fabric_bench.py)."""
     if getattr(args, "publishers", 1) > 1 or getattr(args, "subscribers", 1) > 1:
-        from bench import fabric_fanout
-
-        return fabric_fanout.run(args)
+        raise UserError("bench/fabric.py measures one publisher and one subscriber: more go "
+                        "through bench.fabric_bench.run (topicwire bench fabric)",
+                        component=_COMPONENT)
     if args.duration_s <= 0:
         raise UserError("--duration-s must be positive", component=_COMPONENT)
     relay = build_relay()

@@ -15,7 +15,7 @@ BENCHMARKS = (
     "bench.topics",
     "bench.channel",
     "bench.selectors",
-    "bench.fabric",
+    "bench.fabric_bench",
     "bench.routes",
     "bench.softnic",
     "bench.idle",
