@@ -151,6 +151,7 @@ class DataPlaneAgent(Delivery, Output):
         self._receivers = self._list_receivers()
         self._out_list = list(self._out.values())
         self.express = _express.Express(self, (CLIENT_UDP, FABRIC, CLIENT_SHM))
+        self._load_general_kernels()
         self.digests: Counter[str] = Counter()
         """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
@@ -171,6 +172,14 @@ class DataPlaneAgent(Delivery, Output):
         """appliance.ops.telemetry.probe.PathTelemetry when ``[telemetry]`` is configured."""
         self.dedup = route_apply.Deduplicator()
         self._bad_log_at = 0
+
+    def _load_general_kernels(self) -> None:
+        """Load (or, with a cold cache, compile) the kernels the general loop calls, before the
+        data path runs: a compile on the data-path thread would stall it for seconds (the
+        pipeline's kernels are loaded by ``Express``; ``topicwire warm`` fills the cache)."""
+        empty = np.zeros(0, np.int64)
+        self.nic.switch.current.tables.lookup(np.zeros(1, np.uint64))  # _run_guaranteed
+        self.nic.process(np.zeros(fl.FRAME_HEADER_BYTES, np.uint8), empty, empty)  # _run
 
     # --- called from the control thread -------------------------------------------------------
     def offer_admin(self, channel: str, dest: int, frame: bytes | bytearray) -> bool:
