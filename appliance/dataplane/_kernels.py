@@ -284,11 +284,11 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
             if t < 0 or tr_prev[t] != fab_nodes[r]:
                 npunt += 1
                 continue
-            if tr_next[t] >= 0:  # in transit: punt[i] >= 2 marks it until it is queued
+            if tr_next[t] >= 0:  # in transit: punt[i] = 2 + its path until it is queued
                 if length > qslot:
                     npunt += 1
                     continue
-                punt[i] = 2 + ntransit
+                punt[i] = 2 + t
                 ntransit += 1
                 continue
             kind = C_LOCAL
@@ -309,12 +309,10 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
         for i in range(n):
             if punt[i] < 2:
                 continue
+            t = punt[i] - 2  # the path classification found
             punt[i] = 0
             off = offsets[i]
             length = lengths[i]
-            src = _u32(buf, off + fl.SOURCE_SESSION_OFFSET)
-            dst = _u32(buf, off + fl.DEST_SESSION_OFFSET)
-            t = _index_of(tr_keys, (src << 32) | dst)
             slot = qcount[FABRIC_Q]
             qcount[FABRIC_Q] = slot + 1
             at = o1[slot]
