@@ -76,13 +76,14 @@ def stop(proc: subprocess.Popen, timeout_s: float = 20.0) -> int:
     return proc.returncode
 
 
-def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.05):
-    """Poll ``predicate`` until it returns something truthy; return it (or fail)."""
+def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what: str = ""):
+    """Poll ``predicate`` until it returns something truthy; return it (or fail, saying
+    ``what`` was awaited)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
+            raise AssertionError(f"{what or 'condition'} not met within {timeout_s} s")
         time.sleep(interval_s)

@@ -4,7 +4,6 @@ P&M identities that have passwords, and helpers that wait with deadlines."""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from appliance.config import parse_config
 from appliance.control.credentials import hash_password
 from appliance.edge.node import EdgeAppliance
+from tests.appliance import helpers
 from tests.appliance.helpers import free_port
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}
@@ -55,14 +55,9 @@ def port_of(broker: Any) -> int:
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = DEADLINE_S, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = predicate()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)
+    """tests/appliance/helpers.py's ``wait_for`` with the edge tests' deadline and a 20 ms
+    poll."""
+    return helpers.wait_for(predicate, timeout_s, 0.02, what or repr(predicate))
 
 
 def counter(appliance: EdgeAppliance, name: str) -> int:
