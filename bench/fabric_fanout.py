@@ -203,11 +203,17 @@ def _publisher(spec: dict[str, Any]) -> None:
         # socket is still full and the logouts were lost (stale sessions piled up)
         _stdin_line(STEP_TIMEOUT_S)
     finally:
-        for channel, session in zip(chans, sessions):
-            try:
-                fabric._logout(channel, session)
-            finally:
-                channel.close()
+        _log_out(chans, sessions)
+
+
+def _log_out(chans: list, sessions: list[int]) -> None:
+    """Log every session out and close its socket (a socket closes even if its logout
+    fails)."""
+    for channel, session in zip(chans, sessions):
+        try:
+            fabric._logout(channel, session)
+        finally:
+            channel.close()
 
 
 def _cpu_s() -> float:
@@ -372,11 +378,7 @@ def _subscriber(spec: dict[str, Any]) -> None:
             "first_ns": first_ns, "last_ns": last_ns, "p50_us": at(50), "p99_us": at(99),
             "p999_us": at(99.9), "samples": count, "cpu_s": _cpu_s() - cpu_ready}), flush=True)
     finally:
-        for channel, session in zip(chans, sessions):
-            try:
-                fabric._logout(channel, session)
-            finally:
-                channel.close()
+        _log_out(chans, sessions)
 
 
 def _child_main(argv: list[str]) -> None:
