@@ -140,12 +140,12 @@ def test_without_a_disjoint_path_the_backup_is_the_next_cheapest_path():
     assert backup_of(graph, ("a", "b", "d"))[1] == ("a", "b", "c", "d")
 
 
-def run_windows(per_window):
+def run_windows(per_window, min_gain=50.0):
     """Selector over evaluation windows given as {(u, v): latency_us} dicts."""
     stats = []
     for i, links in enumerate(per_window):
         stats += stats_of(links, T0 + i * S)
-    return select_routes(stats, COST_WEIGHTS, margin=0.2, k=3)[0]
+    return select_routes(stats, COST_WEIGHTS, margin=0.2, k=3, min_gain=min_gain)[0]
 
 
 def test_a_route_moves_only_after_k_consecutive_better_windows():
@@ -165,6 +165,19 @@ def test_an_improvement_smaller_than_the_margin_never_moves_the_route():
     worse = {**SQUARE, ("a", "b"): 140, ("b", "d"): 160, ("d", "b"): 160}
     sel = run_windows([SQUARE] + [worse] * 6)
     assert not [c for c in sel.changes if (c["source"], c["destination"]) == ("a", "d")]
+
+
+def test_a_large_ratio_of_small_costs_moves_the_route_only_past_the_minimum_gain():
+    """Fast links: a->c->d costs half of a busy a->b->d, far past the 20 % margin, but less
+    than 50 cost units less."""
+    fast = {x: v / 20 for x, v in SQUARE.items()}   # b: 5 us a link, c: 7.5 us
+    busy_b = {**fast, ("a", "b"): 15, ("b", "d"): 15, ("d", "b"): 15}
+    assert not [c for c in run_windows([fast] + [busy_b] * 5).changes
+                if (c["source"], c["destination"]) == ("a", "d")]
+    [moved] = [c for c in run_windows([fast] + [busy_b] * 5, min_gain=10).changes
+               if (c["source"], c["destination"]) == ("a", "d")]
+    assert moved["to"] == ["a", "c", "d"] and moved["to_cost"] < 0.6 * moved["from_cost"]
+    assert moved["from_cost"] - moved["to_cost"] < 50
 
 
 def test_a_route_that_lost_a_link_moves_at_once_and_an_unreachable_pair_is_dropped():
@@ -203,3 +216,5 @@ def test_hysteresis_parameters_are_checked():
         RouteSelector(margin=1.0)
     with pytest.raises(RoutesError, match="hysteresis"):
         RouteSelector(k=0)
+    with pytest.raises(RoutesError, match="minimum gain"):
+        RouteSelector(min_gain=-1)

@@ -25,15 +25,13 @@ from tests.netns import Fabric, requires_netns
 pytestmark = [requires_netns, pytest.mark.spark, pytest.mark.slow]
 LINKS = [(1, 2), (2, 4), (1, 3), (3, 4)]
 DELAY_US = 3_000
-MARGIN, K = 0.75, 3
-"""Hysteresis of the test's job: the two paths cost the same until the delay, so a wide margin
-keeps the noise of two shared cores from moving routes: the backup must cost a quarter of the
-current path for K windows, which the delay gives (the test checks the delayed path's p50 is
-over 10x the other's; at 0.9, a tenth, a busy host's windows took longer than K to agree).
-At 0.5, noise alone moved the route: in two clean-clone runs the move was decided on windows
-that ended before the delay began (with transit forwarded in the compiled pipeline a hop
-costs tens of microseconds, so a busy core's jitter can double a path's p50; the cause is
-not proven)."""
+MARGIN, K, MIN_GAIN = 0.5, 3, DELAY_US / 3
+"""Hysteresis of the test's job: the two paths cost the same until the delay. The delay makes
+the slow path cost over 10x the other (checked below), far past the margin; the minimum gain
+(a third of the delay) keeps the noise of two shared cores from moving the route before it:
+with relative margins alone (0.5, then 0.75) noise did, decided on windows that ended before
+the delay began, in clean-clone runs (the core that forwards the guaranteed stream answers
+probes later than the idle one, and hops of tens of microseconds make that a large ratio)."""
 
 
 class LoopNodeProcess(NodeProcess):
@@ -119,7 +117,8 @@ def test_telemetry_moves_the_route_and_guaranteed_traffic_follows_without_loss(
     def follow():
         try:
             routes_job.follow(spark, tmp_path / "telemetry", tmp_path / "routes.json",
-                              eval_ns=1_000_000_000, margin=MARGIN, k=K, trigger_s=1.0, stop=stop,
+                              eval_ns=1_000_000_000, margin=MARGIN, k=K, min_gain=MIN_GAIN,
+                              trigger_s=1.0, stop=stop,
                               on_table=tables.append)
         except BaseException as exc:  # reported below
             failure["error"] = exc

@@ -1,7 +1,7 @@
 """``topicwire routes compute|report``: route selection from telemetry (docs/routing.md).
 
 ``routes compute --telemetry DIR --out routes.json [--master URL] [--window 60s]
-[--margin F] [--k N] [--weight NAME=VALUE]... [--clock shared|relative] [--follow
+[--margin F] [--k N] [--min-gain COST] [--weight NAME=VALUE]... [--clock shared|relative] [--follow
 [--trigger 1s] [--for 30s]] [--json]`` runs the Spark job (appliance/ops/telemetry/routes_job.py)
 and writes the route table; ``routes report --telemetry DIR --out report.png`` draws
 latency percentiles and loss per path over time with the route changes marked.
@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the same telemetry with the default hysteresis)")
     report.add_argument("--margin", type=float, default=None)
     report.add_argument("--k", type=int, default=None)
+    report.add_argument("--min-gain", type=float, default=None, metavar="COST")
     report.set_defaults(handler=run_report)
 
 
@@ -49,6 +50,6 @@ def run_report(args: argparse.Namespace) -> int:
     from appliance.ops.telemetry.report import render
 
     out = render(args.telemetry, args.out, step_ns=args.window, routes=args.routes,
-                 margin=args.margin, k=args.k)
+                 margin=args.margin, k=args.k, min_gain=args.min_gain)
     print(f"routes report: {out}", file=sys.stderr)
     return 0

@@ -56,6 +56,10 @@ HYSTERESIS_MARGIN = 0.2
 """A new path must cost at most (1 - margin) x the current path's cost (``--margin``)."""
 HYSTERESIS_WINDOWS = 3
 """... in this many consecutive evaluation windows before the route changes (``--k``)."""
+HYSTERESIS_MIN_GAIN = 50.0
+"""... and at least this much cheaper in cost units (microseconds of weighted latency,
+``--min-gain``): on fast links a busy host's jitter can make one path look several times
+another's for a while, which the relative margin alone would take for a better route."""
 COST_WEIGHTS = {
     "p50_us": 1.0,
     "p99_us": 0.5,

@@ -8,8 +8,8 @@ this module prices them (``link_cost``), builds each evaluation window's directe
 - best path per (source, destination): Dijkstra on the link costs, ties broken by the
   lexicographically smallest sequence of appliance names;
 - hysteresis: the current path is replaced only when the best path costs at most
-  ``(1 - margin)`` x the current path's cost (both priced in the same window) in ``k``
-  consecutive evaluation windows; a current path that lost a link (no telemetry on it in
+  ``(1 - margin)`` x the current path's cost and at least ``min_gain`` less (both priced in
+  the same window) in ``k`` consecutive evaluation windows; a current path that lost a link (no telemetry on it in
   the window) is replaced at once;
 - backup path: the cheapest path sharing no link with the current one; when there is none,
   the cheapest path other than the current one (it avoids at least one of its links).
@@ -32,6 +32,7 @@ import numpy as np
 from appliance.ops.telemetry.config import (
     COST_WEIGHTS,
     HYSTERESIS_MARGIN,
+    HYSTERESIS_MIN_GAIN,
     HYSTERESIS_WINDOWS,
     MIN_LATENCY_SAMPLES,
 )
@@ -228,13 +229,15 @@ class RouteSelector:
 
     margin: float = HYSTERESIS_MARGIN
     k: int = HYSTERESIS_WINDOWS
+    min_gain: float = HYSTERESIS_MIN_GAIN
     routes: dict[tuple[str, str], Route] = field(default_factory=dict)
     changes: list[dict[str, Any]] = field(default_factory=list)
     evaluated: int = 0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.margin < 1 or self.k < 1:
-            raise RoutesError("hysteresis: the margin must be in [0, 1) and k >= 1")
+        if not 0 <= self.margin < 1 or self.k < 1 or not self.min_gain >= 0:
+            raise RoutesError("hysteresis: the margin must be in [0, 1), k >= 1 and the "
+                              "minimum gain >= 0")
 
     def step(self, eval_start_ns: int, graph: Graph) -> list[dict[str, Any]]:
         """Decide every pair for one evaluation window; returns this window's changes."""
@@ -260,7 +263,8 @@ class RouteSelector:
                     cost = path_cost(graph, cur.path)
                     if cost is None:
                         reason = "unavailable"
-                    elif best_path != cur.path and best_cost <= (1 - self.margin) * cost:
+                    elif best_path != cur.path and best_cost <= min((1 - self.margin) * cost,
+                                                                     cost - self.min_gain):
                         cur.streak += 1
                         if cur.streak >= self.k:
                             reason = "better"
@@ -296,7 +300,7 @@ class RouteSelector:
 
 def select_routes(stats: Sequence[PathStats], weights: Mapping[str, float], *,
                   margin: float = HYSTERESIS_MARGIN, k: int = HYSTERESIS_WINDOWS,
-                  clock: str = "shared") -> tuple[RouteSelector, dict[int, Graph],
+                  min_gain: float = HYSTERESIS_MIN_GAIN, clock: str = "shared") -> tuple[RouteSelector, dict[int, Graph],
                                                   dict[tuple[str, str, str], float]]:
     """Run the selector over every evaluation window of ``stats`` in time order; returns it,
     the graph of each window and the floors used (``clock`` = "relative")."""
@@ -311,7 +315,7 @@ def select_routes(stats: Sequence[PathStats], weights: Mapping[str, float], *,
     by_eval: dict[int, list[PathStats]] = {}
     for s in stats:
         by_eval.setdefault(s.eval_start_ns, []).append(s)
-    selector = RouteSelector(margin, k)
+    selector = RouteSelector(margin, k, min_gain)
     graphs = {}
     for start in sorted(by_eval):
         graph, _ = graph_of(by_eval[start], weights, floors=floors)
@@ -345,7 +349,8 @@ def route_table(selector: RouteSelector, stats: Sequence[PathStats],
                        "first_ns": starts[0] if starts else None,
                        "last_ns": starts[-1] if starts else None},
         "weights": dict(weights), "clock": clock,
-        "hysteresis": {"margin": selector.margin, "k": selector.k},
+        "hysteresis": {"margin": selector.margin, "k": selector.k,
+                       "min_gain": selector.min_gain},
         "routes": selector.table(),
         "paths": paths,
         "changes": selector.changes,

@@ -28,6 +28,7 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
         EVAL_WINDOW_NS,
         FOLLOW_TRIGGER_S,
         HYSTERESIS_MARGIN,
+        HYSTERESIS_MIN_GAIN,
         HYSTERESIS_WINDOWS,
         LATENESS_NS,
     )
@@ -49,6 +50,9 @@ def add_compute_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=HYSTERESIS_WINDOWS,
                         help="... in this many consecutive evaluation windows "
                         f"(default {HYSTERESIS_WINDOWS})")
+    parser.add_argument("--min-gain", type=float, default=HYSTERESIS_MIN_GAIN, metavar="COST",
+                        help="... and at least this much cheaper, in cost units (weighted "
+                        f"microseconds; default {HYSTERESIS_MIN_GAIN:g})")
     parser.add_argument("--weight", action="append", default=[], metavar="NAME=VALUE",
                         help="cost weight (p50_us, p99_us, p999_us, jitter_us, loss, "
                         "retransmit_rate, hop_us); repeatable")

@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from appliance.ops.telemetry.aggregate import aggregate, check_rows, path_name
-from appliance.ops.telemetry.config import HYSTERESIS_MARGIN, HYSTERESIS_WINDOWS
+from appliance.ops.telemetry.config import (
+    HYSTERESIS_MARGIN,
+    HYSTERESIS_MIN_GAIN,
+    HYSTERESIS_WINDOWS,
+)
 from appliance.ops.telemetry.costs import parse_weights, select_routes
 from appliance.ops.telemetry.errors import RoutesError
 from appliance.ops.telemetry.store import read_windows
@@ -33,7 +37,8 @@ PANEL_INCHES = (5.0, 2.6)
 
 def render(telemetry: str | os.PathLike[str], out: str | os.PathLike[str], *,
            step_ns: int | None = None, routes: str | os.PathLike[str] | None = None,
-           margin: float | None = None, k: int | None = None) -> dict[str, Any]:
+           margin: float | None = None, k: int | None = None,
+           min_gain: float | None = None) -> dict[str, Any]:
     """Draw the report; returns what it drew: ``{"out", "paths", "points", "changes",
     "excluded"}``."""
     import matplotlib
@@ -61,7 +66,9 @@ def render(telemetry: str | os.PathLike[str], out: str | os.PathLike[str], *,
     else:
         selector, _, _ = select_routes(stats, parse_weights([]),
                                        margin=HYSTERESIS_MARGIN if margin is None else margin,
-                                       k=HYSTERESIS_WINDOWS if k is None else k)
+                                       k=HYSTERESIS_WINDOWS if k is None else k,
+                                       min_gain=HYSTERESIS_MIN_GAIN if min_gain is None
+                                       else min_gain)
         changes = selector.changes
     by_path: dict[tuple[str, str, str], list] = {}
     for s in stats:

@@ -54,6 +54,7 @@ from appliance.ops.telemetry.config import (
     FOLLOW_MAX_WINDOWS,
     FOLLOW_TRIGGER_S,
     HYSTERESIS_MARGIN,
+    HYSTERESIS_MIN_GAIN,
     HYSTERESIS_WINDOWS,
     LATENCY_BUCKETS,
     LATENCY_SUB_BUCKETS,
@@ -255,8 +256,8 @@ def _problem_counts(df: Any) -> list[Any]:
 
 def compute(spark: Any, directory: str | os.PathLike[str], *, eval_ns: int = EVAL_WINDOW_NS,
             weights: dict[str, float] | None = None, margin: float = HYSTERESIS_MARGIN,
-            k: int = HYSTERESIS_WINDOWS, clock: str = "shared",
-            lateness_ns: int = LATENESS_NS) -> dict[str, Any]:
+            k: int = HYSTERESIS_WINDOWS, min_gain: float = HYSTERESIS_MIN_GAIN,
+            clock: str = "shared", lateness_ns: int = LATENESS_NS) -> dict[str, Any]:
     """The route table of everything under ``directory`` (see the module docstring)."""
     weights = weights or parse_weights([])
     data_files(directory)  # a missing directory is a user error, before Spark runs
@@ -265,11 +266,11 @@ def compute(spark: Any, directory: str | os.PathLike[str], *, eval_ns: int = EVA
     problems = _file_problems(directory, seen) + problems
     stats = _stats_of(aggregate_df(df.filter(df.reason.isNull()), eval_ns).collect())
     return _table(stats, problems, eval_ns=eval_ns, weights=weights, margin=margin, k=k,
-                  clock=clock, lateness_ns=lateness_ns)
+                  min_gain=min_gain, clock=clock, lateness_ns=lateness_ns)
 
 
 def _table(stats: list[PathStats], problems: list[dict[str, Any]], *, eval_ns: int,
-           weights: dict[str, float], margin: float, k: int, clock: str,
+           weights: dict[str, float], margin: float, k: int, min_gain: float, clock: str,
            lateness_ns: int) -> dict[str, Any]:
     """The route table over the complete evaluation windows of ``stats`` (those the newest
     telemetry passed by ``lateness_ns``)."""
@@ -284,7 +285,8 @@ def _table(stats: list[PathStats], problems: list[dict[str, Any]], *, eval_ns: i
         raise RoutesError(f"no complete evaluation window yet: the telemetry must pass the end "
                           f"of one --window ({eval_ns / 1e9:g} s) by --lateness "
                           f"({lateness_ns / 1e9:g} s); wait, or give a shorter --window")
-    selector, _, floors = select_routes(stats, weights, margin=margin, k=k, clock=clock)
+    selector, _, floors = select_routes(stats, weights, margin=margin, k=k, min_gain=min_gain,
+                                        clock=clock)
     return route_table(selector, stats, weights, eval_ns=eval_ns, clock=clock, floors=floors,
                        excluded=problems, generated_at_ns=time.time_ns())
 
@@ -386,7 +388,8 @@ def _partials(good: Any, eval_ns: int) -> tuple[Any, Any]:
 def follow(spark: Any, directory: str | os.PathLike[str], out: str | os.PathLike[str], *,
            eval_ns: int = EVAL_WINDOW_NS, weights: dict[str, float] | None = None,
            margin: float = HYSTERESIS_MARGIN, k: int = HYSTERESIS_WINDOWS,
-           clock: str = "shared", lateness_ns: int = LATENESS_NS,
+           min_gain: float = HYSTERESIS_MIN_GAIN, clock: str = "shared",
+           lateness_ns: int = LATENESS_NS,
            trigger_s: float = FOLLOW_TRIGGER_S,
            stop: threading.Event | None = None, duration_s: float | None = None,
            on_table: Callable[[dict[str, Any]], None] | None = None) -> int:
@@ -421,7 +424,7 @@ def follow(spark: Any, directory: str | os.PathLike[str], out: str | os.PathLike
         excluded = [_problem(w, r, n) for (w, r), n in sorted(state.problems.items())]
         try:
             doc = _table(stats, excluded, eval_ns=eval_ns, weights=weights, margin=margin,
-                         k=k, clock=clock, lateness_ns=lateness_ns)
+                         k=k, min_gain=min_gain, clock=clock, lateness_ns=lateness_ns)
         except RoutesError:  # no complete evaluation window yet
             return
         key = json.dumps(doc["routes"], sort_keys=True)
@@ -485,8 +488,9 @@ def run_compute(args: Any) -> int:
     from appliance.ops.telemetry.costs import parse_weights
 
     weights = parse_weights(args.weight)
-    if not 0 <= args.margin < 1 or args.k < 1:
-        raise UserError("--margin must be in [0, 1) and --k >= 1", component="routes")
+    if not 0 <= args.margin < 1 or args.k < 1 or not args.min_gain >= 0:
+        raise UserError("--margin must be in [0, 1), --k >= 1 and --min-gain >= 0",
+                        component="routes")
     spark = spark_session(args.master)
     try:
         if args.follow:
@@ -494,13 +498,14 @@ def run_compute(args: Any) -> int:
                 print(json.dumps(doc) if args.json else summary(doc), flush=True)
 
             follow(spark, args.telemetry, args.out, eval_ns=args.window,
-                              weights=weights, margin=args.margin, k=args.k, clock=args.clock,
-                              lateness_ns=args.lateness, trigger_s=args.trigger / 1e9,
+                              weights=weights, margin=args.margin, k=args.k,
+                              min_gain=args.min_gain, clock=args.clock, lateness_ns=args.lateness, trigger_s=args.trigger / 1e9,
                               duration_s=None if args.for_ns is None else args.for_ns / 1e9,
                               on_table=show)
             return 0
         doc = compute(spark, args.telemetry, eval_ns=args.window, weights=weights,
-                                 margin=args.margin, k=args.k, clock=args.clock,
+                                 margin=args.margin, k=args.k, min_gain=args.min_gain,
+                                 clock=args.clock,
                                  lateness_ns=args.lateness)
     finally:
         spark.stop()
