@@ -25,7 +25,7 @@ from appliance.config import (
 from appliance.control import auth as auth_mod
 from appliance.control import pm as pmod
 from appliance.control import route_apply
-from appliance.control.auth import FabricAuth, epoch_of, hello_link_id
+from appliance.control.auth import FabricAuth, epoch_of, group_link_id, hello_link_id
 from appliance.control.clients import ClientSide
 from appliance.control.documents import DocumentError
 from appliance.control.fabric import FabricSide
@@ -43,6 +43,8 @@ from appliance.dataplane.agent import (
     GROUP_RX,
     DataPlaneAgent,
 )
+from appliance.dataplane.frame_auth import DataAuth
+from appliance.dataplane.names import GROUP_TX
 from channels.udp import peer_id_of
 from datapath.protocol import admin_layout as al
 from datapath.protocol.codec import encode_admin
@@ -83,9 +85,15 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         """This incarnation's start time in ms (64 bits: it never wraps); orders its link
         state and interest after a restart (control/auth.py)."""
         self.auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch, start_ns)
-        if config.fabric_key is not None:  # the data path signs its reliable streams' frames
+        if config.fabric_key is not None:  # the data path signs its frames to neighbours
             dp_auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch, start_ns)
             dp.commands.offer(lambda: dp.guaranteed.use_auth(dp_auth))
+            groups = {nb.group for nb in config.neighbours if nb.group}
+            data_auth = DataAuth(config.fabric_key, config.fabric_key_id, self.epoch,
+                                 config.node_id, start_ns,
+                                 {prefix + g: group_link_id(g) for g in groups
+                                  for prefix in (GROUP_RX, GROUP_TX)})
+            dp.commands.offer(lambda: dp.use_data_auth(data_auth))
         self.neighbours = {n.name: Neighbour(n, peer_id_of(*n.address))
                            for n in config.neighbours}
         self.by_peer = {nb.peer: nb for nb in self.neighbours.values()}

@@ -26,7 +26,8 @@ import numpy as np
 from channels._mmsg import receive_datagrams, send_datagrams, wall_clock_ns
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
-from datapath.protocol._kernels import write_frame_header
+from datapath.protocol._kernels import check_burst_frame, sorted_index, write_frame_header
+from datapath.protocol.frame_mac import REFUSED
 from nic_offload.model import MAX_EGRESS_PORT
 from nic_offload.softnic import (
     RESULT_DESCRIPTORS,
@@ -119,20 +120,6 @@ PORTS = MAX_EGRESS_PORT + 1
 
 
 @numba.njit(inline="always")
-def _index_of(values: np.ndarray, value: int) -> int:
-    """Index of ``value`` in the sorted ``values`` (a binary search), or -1."""
-    lo = 0
-    hi = values.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if values[mid] < value:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo if lo < values.shape[0] and values[lo] == value else -1
-
-
-@numba.njit(inline="always")
 def _fanout(kind: int, target: int, group_start: np.ndarray, group_len: np.ndarray
             ) -> tuple[int, int, bool]:
     """Where a descriptor's ports are: (first, count, True) = ``group_ports[first:][:count]``
@@ -174,15 +161,21 @@ def _u32(buf: np.ndarray, at: int) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, sess_ids,
-             sess_bounds, sess_keys, fab_peers, fab_nodes, tr_keys, tr_prev, tr_next,
-             reliable_bit, probe_stream, node_id, ports, group_start, group_len, group_ports,
-             b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl, sel_off, sel_len, sel_frame,
+             sess_bounds, sess_keys, fab_peers, fab_nodes, fab_rows, auth_link, tr_keys,
+             tr_prev, tr_next, reliable_bit, probe_stream, node_id, ports, group_start,
+             group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl,
+             abytes, actl, windows, sel_off, sel_len, sel_frame,
              fctx, punt, sess_counts, port_delivered, totals, batch, status, frame_types,
              homes, values, acl_results, payloads, pending, slots, shift, class_root, groups,
              bound_lo, bound_result, fields_end, key_counts, counters, malformed, desc,
              verdicts, digests, digest_state, result):
     """See the module docstring; the steps:
 
+    0. from the fabric or a group: every plain DATA frame of a neighbour (``fab_peers``) is
+       checked (datapath/protocol/frame_mac.py ``check_burst_frame``: MAC on the link from
+       its node to ``auth_link``, with its window ``fab_rows``, under ``abytes``/``actl``;
+       its trailer removed); a refused one is dropped (``punt[i]`` = -1, counted in
+       ``actl``);
     1. classify the ``n`` frames of a burst from ``source``. From the clients: a plain DATA
        frame (no reliable stream, not ``probe_stream``) whose source session is the one its
        peer logged in as (``cli_peers`` sorted, their rows in ``cli_rows``; a row's session
@@ -248,13 +241,20 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
                 or buf[off + fl.TYPE_OFFSET] != _DATA):
             npunt += 1
             continue
+        if source == SOURCE_FABRIC or source == SOURCE_GROUP:
+            if check_burst_frame(buf, offsets, lengths, peer_ids, i, reliable_bit, fab_peers,
+                                 fab_nodes, fab_rows, auth_link, abytes, actl,
+                                 windows) == REFUSED:
+                punt[i] = -1
+                continue
+            length = lengths[i]
         src = _u32(buf, off + fl.SOURCE_SESSION_OFFSET)
         stream = _u32(buf, off + fl.STREAM_ID_OFFSET)
         if stream & reliable_bit or stream == probe_stream:
             npunt += 1
             continue
         if source == SOURCE_CLIENTS:
-            r = _index_of(cli_peers, peer_ids[i])
+            r = sorted_index(cli_peers, peer_ids[i])
             if r < 0 or sess_ids[cli_rows[r]] != src:
                 npunt += 1
                 continue
@@ -262,11 +262,11 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
             a = cli_rows[r]
             b = src
         elif source == SOURCE_GROUP:  # sent once to the group by a neighbour, for here
-            r = _index_of(fab_peers, peer_ids[i])
+            r = sorted_index(fab_peers, peer_ids[i])
             if r < 0 or src != fab_nodes[r] or _u32(buf, off + fl.DEST_SESSION_OFFSET) != 0:
                 npunt += 1
                 continue
-            t = _index_of(tr_keys, (src << 32) | node_id)
+            t = sorted_index(tr_keys, (src << 32) | node_id)
             if t < 0 or tr_prev[t] != src or tr_next[t] >= 0:
                 npunt += 1
                 continue
@@ -275,12 +275,12 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
             a = src
             b = stream
         else:
-            r = _index_of(fab_peers, peer_ids[i])
+            r = sorted_index(fab_peers, peer_ids[i])
             if r < 0:
                 npunt += 1
                 continue
             dst = _u32(buf, off + fl.DEST_SESSION_OFFSET)
-            t = _index_of(tr_keys, (src << 32) | dst)
+            t = sorted_index(tr_keys, (src << 32) | dst)
             if t < 0 or tr_prev[t] != fab_nodes[r]:
                 npunt += 1
                 continue
@@ -389,7 +389,7 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
             row = fctx[f, 1]
             if index != last:  # a message's descriptors are consecutive: checked once
                 last = index
-                ok = _index_of(sess_keys[sess_bounds[row]:sess_bounds[row + 1]],
+                ok = sorted_index(sess_keys[sess_bounds[row]:sess_bounds[row + 1]],
                                batch[index].topic_key) >= 0
                 if ok:
                     sess_counts[row, 0] += 1
@@ -473,10 +473,11 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
 def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_controls,
                     rx_h_addr, rx_names_addr, rx_controls_addr, fd, recv_fn, slot_bytes,
                     capacity, recv_ts_ns, buf, offsets, lengths, peer_ids, cli_peers, cli_rows,
-                    sess_ids, sess_bounds, sess_keys, fab_peers, fab_nodes, tr_keys, tr_prev,
-                    tr_next, reliable_bit, probe_stream, node_id, ports, group_start,
-                    group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2,
-                    ctl, sel_off, sel_len, sel_frame, fctx, punt, sess_counts, port_delivered,
+                    sess_ids, sess_bounds, sess_keys, fab_peers, fab_nodes, fab_rows,
+                    auth_link, tr_keys, tr_prev, tr_next, reliable_bit, probe_stream, node_id,
+                    ports, group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1,
+                    b2, o2, l2, p2, ctl, abytes, actl, windows, sel_off, sel_len, sel_frame,
+                    fctx, punt, sess_counts, port_delivered,
                     totals, tx_h, tx_iov, tx_names, tx_h_addr, tx_names_addr, tx_buf_addr,
                     tx_fd, send_fn, errno_fn, clock_fn, clock, clock_addr, tx_out, batch,
                     status, frame_types, homes, values, acl_results, payloads, pending, slots,
@@ -512,9 +513,10 @@ def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_con
     if n <= 0 or extra != 0:
         return
     pipeline(buf, offsets, lengths, peer_ids, n, SOURCE_CLIENTS, cli_peers, cli_rows, sess_ids,
-             sess_bounds, sess_keys, fab_peers, fab_nodes, tr_keys, tr_prev, tr_next,
-             reliable_bit, probe_stream, node_id, ports, group_start, group_len, group_ports,
-             b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl, sel_off, sel_len, sel_frame,
+             sess_bounds, sess_keys, fab_peers, fab_nodes, fab_rows, auth_link, tr_keys,
+             tr_prev, tr_next, reliable_bit, probe_stream, node_id, ports, group_start,
+             group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl,
+             abytes, actl, windows, sel_off, sel_len, sel_frame,
              fctx, punt, sess_counts, port_delivered, totals, batch, status, frame_types,
              homes, values, acl_results, payloads, pending, slots, shift, class_root, groups,
              bound_lo, bound_result, fields_end, key_counts, counters, malformed, desc,

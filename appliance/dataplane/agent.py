@@ -66,6 +66,7 @@ from appliance.config import (
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
 from appliance.dataplane.delivery import Delivery
+from appliance.dataplane.frame_auth import DataAuth
 from appliance.dataplane.guaranteed import (
     LOSS_NOTICE_KEY,
     RELIABILITY_ADMIN_TYPES,
@@ -134,8 +135,11 @@ class DataPlaneAgent(Delivery, Output):
         self.counters: Counter[str] = Counter()
         self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels
                     if not name.startswith(GROUP_TX)}
+        self.data_auth = DataAuth(None, 0, 0, node_id, 0)
+        """Signs and checks plain DATA frames between appliances (``use_data_auth``)."""
+        data_frame_bytes = fabric_max_frame_bytes - fl.AUTH_TRAILER_BYTES  # room to sign
         self._out = {
-            FABRIC: _OutQueue(self._send_udp(FABRIC), fabric_max_frame_bytes,
+            FABRIC: _OutQueue(self._send_udp(FABRIC), data_frame_bytes,
                               slot_bytes=CLIENT_MAX_FRAME_BYTES),
             CLIENT_UDP: _OutQueue(self._send_udp(CLIENT_UDP), CLIENT_MAX_FRAME_BYTES),
             CLIENT_SHM: _OutQueue(self._send_shm, CLIENT_MAX_FRAME_BYTES),
@@ -143,7 +147,7 @@ class DataPlaneAgent(Delivery, Output):
         self._own_group_senders: dict[str, tuple[int, int]] = {}
         for name, channel in channels.items():
             if name.startswith(GROUP_TX):
-                self._out[name] = _OutQueue(self._send_group(name), fabric_max_frame_bytes,
+                self._out[name] = _OutQueue(self._send_group(name), data_frame_bytes,
                                             slot_bytes=CLIENT_MAX_FRAME_BYTES)
                 host, port = channel.local_address
                 rx = GROUP_RX + name[len(GROUP_TX):]
@@ -264,6 +268,12 @@ class DataPlaneAgent(Delivery, Output):
                 for name, batch in self._rx.items()
                 for channel in (self.channels[name],)]
 
+    def use_data_auth(self, auth: DataAuth) -> None:
+        """Sign and check plain DATA frames between appliances with ``auth`` from now on (a
+        command from the control agent, which holds the fabric key)."""
+        self.data_auth = auth
+        self.express.reset()
+
     def allow_keys(self, session_id: int, keys: list[int]) -> None:
         session = self.sessions.get(session_id)
         if session is not None:
@@ -301,12 +311,12 @@ class DataPlaneAgent(Delivery, Output):
                 n, taken, punts = channel.receive(batch, 0), _express.UNTRIED, None
             if n:
                 work += n
-                if telemetry is not None:
-                    telemetry.on_batch(name, batch)
                 if taken != _express.TAKEN:
                     self._on_batch(name, batch, now_ns, taken == _express.UNTRIED)
                 elif punts:
                     self._general(name, batch, punts, now_ns)
+                if telemetry is not None:  # after the frame MAC: forged frames do not count
+                    telemetry.on_batch(name, batch)
         if telemetry is not None:
             work += telemetry.do_work(now_ns, self.queue_frame)
         gp = self.guaranteed
@@ -343,7 +353,10 @@ class DataPlaneAgent(Delivery, Output):
                 if punts:
                     self._general(name, batch, punts, now_ns)
                 return
-        self._general(name, batch, range(batch.count), now_ns)
+        frames: Any = range(batch.count)
+        if name == FABRIC or name.startswith(GROUP_RX):  # the pipeline did not check them
+            frames = self.data_auth.check(name, batch, self.tables, RELIABLE_STREAM_BIT)
+        self._general(name, batch, frames, now_ns)
 
     def _general(self, name: str, batch: FrameBatch, frames: Any, now_ns: int) -> None:
         """The general loop over the burst's ``frames`` (indexes): classify each by its

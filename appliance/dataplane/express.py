@@ -9,6 +9,9 @@ own kernel (``nic_offload.softnic.run_burst``) inside it, for every burst of the
 UDP socket, the clients' shared memory, the fabric's unicast socket and its groups, and for
 the parked messages the agent runs again (``run_given``):
 
+0. every plain DATA frame from a neighbour or a group member is checked: its MAC on its
+   link and its replay window (appliance/dataplane/frame_auth.py); a refused one is dropped
+   and counted, the trailer of a good one removed;
 1. every frame is classified by its header: a plain DATA frame of a client session (from the
    peer the session logged in from, with its session id as the source) is that session's
    publish; a plain DATA frame from a neighbour, on the path of its (source, destination)
@@ -124,7 +127,9 @@ class ExpressPlan:
     fab_peers: np.ndarray
     """Sorted int64 fabric peer ids of the neighbours that are up ..."""
     fab_nodes: np.ndarray
-    """... and their node ids."""
+    """... their node ids ..."""
+    fab_rows: np.ndarray
+    """... and the replay windows of their links to this node (frame_auth.DataAuth)."""
     tr_keys: np.ndarray
     """Sorted int64 (source << 32 | destination) of the paths through or to this node ..."""
     tr_prev: np.ndarray
@@ -132,7 +137,8 @@ class ExpressPlan:
     tr_next: np.ndarray
     """... and the fabric peer of its next hop (-1: this node is the destination)."""
     group_peers: dict
-    """Group channel -> (sorted int64 peer ids of the members' group senders, their nodes)."""
+    """Group channel -> (sorted int64 peer ids of the members' group senders, their nodes,
+    their windows, the group's link id)."""
 
 
 def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan | None:
@@ -177,22 +183,18 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
         start[g.group_id] = len(flat)
         count[g.group_id] = len(g.ports)
         flat.extend(g.ports)
-    peers = sorted(tables.peer_node.items())
+    auth = dp.data_auth
+    fab_peers, fab_nodes, fab_rows, _ = auth.receive_arrays(tables, queues[FABRIC_Q])
     paths = sorted(((src << 32) | dst, prev, -1 if nxt is None else nxt)
                    for (src, dst), (prev, nxt) in tables.transit.items()
                    if 0 <= src < 1 << 31 and 0 <= dst < 1 << 31)
-    members: dict[str, list[tuple[int, int]]] = {}
-    for (channel, peer), node in sorted(tables.group_peers.items()):
-        members.setdefault(channel, []).append((peer, node))
     return ExpressPlan(ports, owners, start, count, np.asarray(flat or [0], np.int64),
-                       np.asarray([p for p, _ in peers], np.int64),
-                       np.asarray([n for _, n in peers], np.int64),
+                       fab_peers, fab_nodes, fab_rows,
                        np.asarray([k for k, _, _ in paths], np.int64),
                        np.asarray([p for _, p, _ in paths], np.int64),
                        np.asarray([n for _, _, n in paths], np.int64),
-                       {channel: (np.asarray([p for p, _ in rows], np.int64),
-                                  np.asarray([n for _, n in rows], np.int64))
-                        for channel, rows in members.items()})
+                       {channel: auth.receive_arrays(tables, channel)
+                        for channel in sorted({c for c, _ in tables.group_peers})})
 
 
 @dataclass
@@ -216,6 +218,7 @@ class SessionTable:
 
 
 _NO_PEERS = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+_NO_MEMBERS = (*_NO_PEERS, np.zeros(0, np.int64), 0)
 
 
 def allowed_keys(session: Any) -> np.ndarray:
@@ -308,20 +311,29 @@ class Express:
         keys = np.zeros(0, np.uint64)
         fan = (np.zeros((1, PORT_WORDS), np.int64), empty, empty, empty)
         counts = (np.zeros((1, 2), np.int64), self.port_delivered, self.totals)
-        tables = (empty, empty, empty, empty, keys, empty, empty, empty, empty, empty)
+        tables = (empty, empty, empty, empty, keys, empty, empty, empty, 0, empty, empty, empty)
+        auth = self.dp.data_auth
+        cred = (auth.abytes, auth.actl, auth.windows)
         args = (self._queue_arrays[0], empty, empty, empty, 0, 0, *tables, 0, 0, 0, *fan,
-                *self._queue_arrays, self.ctl, *self._sel, *counts, *state)
+                *self._queue_arrays, self.ctl, *cred, *self._sel, *counts, *state)
         pipeline(*args)
         vec = _mmsg.MmsgVector(1)
         words = (vec.h64, vec.iov64, vec.names64, vec.controls64)
         fused = (0, 0, 0, *words, 0, 0, 0, -1, _mmsg.RECVMMSG_ADDRESS, 0, 0, empty,
                  self._queue_arrays[0], empty, empty.copy(), empty.copy(), *tables, 0, 0, 0,
-                 *fan, *self._queue_arrays, self.ctl, *self._sel, *counts, *words[:3],
+                 *fan, *self._queue_arrays, self.ctl, *cred, *self._sel, *counts, *words[:3],
                  0, 0, 0, -1, _mmsg.SENDMMSG_ADDRESS, _mmsg.ERRNO_LOCATION_ADDRESS, 0,
                  self._clock, 0, vec.send_result, *state)
         receive_forward(*fused)
         return (pipeline.overloads[tuple(numba.typeof(a) for a in args)].entry_point,
                 receive_forward.overloads[tuple(numba.typeof(a) for a in fused)].entry_point)
+
+    def reset(self) -> None:
+        """Rebuild the plan and the fused call's arguments before the next burst (the
+        agent's frame authentication changed)."""
+        self.fold()
+        self._plan_for = (None, -1, -1)
+        self._fused_for = ()
 
     def _current_plan(self, snapshot: Any) -> ExpressPlan | None:
         dp = self.dp
@@ -398,23 +410,27 @@ class Express:
         table = self._current_sessions()
         dp = self.dp
         cli_peers, cli_rows = _NO_PEERS
-        fab_peers, fab_nodes = plan.fab_peers, plan.fab_nodes
+        fab_peers, fab_nodes, fab_rows, link = (plan.fab_peers, plan.fab_nodes, plan.fab_rows,
+                                                dp.node_id)
         if name == self.queues[FABRIC_Q]:
             source = SOURCE_FABRIC
         elif name.startswith(GROUP_RX):
             source = SOURCE_GROUP
-            fab_peers, fab_nodes = plan.group_peers.get(name, _NO_PEERS)
+            fab_peers, fab_nodes, fab_rows, link = plan.group_peers.get(name, _NO_MEMBERS)
         else:
             source = SOURCE_CLIENTS
             cli_peers, cli_rows = table.peers.get(name, _NO_PEERS)
         self._load_counts()
+        auth = dp.data_auth
         self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
                    source, cli_peers, cli_rows, table.ids, table.bounds, table.keys,
-                   fab_peers, fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
-                   reliable_bit, probe, dp.node_id, plan.ports, plan.group_start,
+                   fab_peers, fab_nodes, fab_rows, link, plan.tr_keys, plan.tr_prev,
+                   plan.tr_next, reliable_bit, probe, dp.node_id, plan.ports, plan.group_start,
                    plan.group_len, plan.group_ports, *self._queue_arrays, self.ctl,
-                   *self._sel, table.counts, self.port_delivered, self.totals, *state)
-        return self._settle(table, snap, batch, now_ns, deadline)
+                   auth.abytes, auth.actl, auth.windows, *self._sel, table.counts,
+                   self.port_delivered, self.totals, *state)
+        return self._settle(table, snap, batch, now_ns, deadline,
+                            checked=source != SOURCE_CLIENTS)
 
     def run_given(self, batch: Any, ctxs: list[tuple], now_ns: int, deadline: int) -> bool:
         """Run the agent's own burst (parked messages again, one frame each) with the general
@@ -425,6 +441,7 @@ class Express:
             return False
         snap, state, plan = ready
         table = self._current_sessions()
+        auth = self.dp.data_auth
         fctx = self._sel[3]
         for i, (ingress, origin, stream, session, _, cls) in enumerate(ctxs):
             if cls:
@@ -439,10 +456,11 @@ class Express:
         self._load_counts()
         self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
                    SOURCE_GIVEN, *_NO_PEERS, table.ids, table.bounds, table.keys,
-                   plan.fab_peers, plan.fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
-                   0, -1, self.dp.node_id, plan.ports, plan.group_start, plan.group_len,
-                   plan.group_ports, *self._queue_arrays, self.ctl, *self._sel, table.counts,
-                   self.port_delivered, self.totals, *state)
+                   plan.fab_peers, plan.fab_nodes, plan.fab_rows, self.dp.node_id,
+                   plan.tr_keys, plan.tr_prev, plan.tr_next, 0, -1, self.dp.node_id,
+                   plan.ports, plan.group_start, plan.group_len, plan.group_ports,
+                   *self._queue_arrays, self.ctl, auth.abytes, auth.actl, auth.windows,
+                   *self._sel, table.counts, self.port_delivered, self.totals, *state)
         return self._settle(table, snap, batch, now_ns, deadline, ctxs) is not None
 
     def _load_counts(self) -> None:
@@ -518,14 +536,16 @@ class Express:
         self._tx_channel = channel
         tx.sending()
         cli_peers, cli_rows = table.peers.get(self.queues[0], _NO_PEERS)
+        auth = self.dp.data_auth
         return (rx.h64, rx.iov64, rx.names64, rx.controls64, rx.hdr_addr, rx.names_addr,
                 rx.controls_addr, channel.fileno(), _mmsg.RECVMMSG_ADDRESS, batch.slot_bytes,
                 batch.capacity, batch.recv_ts_ns, batch.buf, batch.offsets, batch.lengths,
                 batch.peer_ids, cli_peers, cli_rows, table.ids, table.bounds, table.keys,
-                plan.fab_peers, plan.fab_nodes, plan.tr_keys, plan.tr_prev, plan.tr_next,
-                reliable_bit, probe, self.dp.node_id, plan.ports, plan.group_start,
-                plan.group_len, plan.group_ports, *self._queue_arrays, self.ctl, *self._sel,
-                table.counts, self.port_delivered, self.totals, tx.h64, tx.iov64,
+                plan.fab_peers, plan.fab_nodes, plan.fab_rows, self.dp.node_id, plan.tr_keys,
+                plan.tr_prev, plan.tr_next, reliable_bit, probe, self.dp.node_id, plan.ports,
+                plan.group_start, plan.group_len, plan.group_ports, *self._queue_arrays,
+                self.ctl, auth.abytes, auth.actl, auth.windows, *self._sel, table.counts,
+                self.port_delivered, self.totals, tx.h64, tx.iov64,
                 tx.names64, tx.hdr_addr, tx.names_addr, tx.pin(q0.batch.buf),
                 channel.fileno(), _mmsg.SENDMMSG_ADDRESS, _mmsg.ERRNO_LOCATION_ADDRESS,
                 _mmsg.CLOCK_GETTIME_ADDRESS if channel.stamp_send_ts else 0, self._clock,
@@ -543,17 +563,22 @@ class Express:
         return ctxs
 
     def _settle(self, table: SessionTable, snap: Any, batch: Any, now_ns: int,
-                deadline: int, given: list[tuple] | None = None) -> list[int] | None:
+                deadline: int, given: list[tuple] | None = None,
+                checked: bool = False) -> list[int] | None:
         """After a kernel ran a burst: the general loop delivers what the NIC ran when the
         kernel left it that, the out queues take the counts of a delivered burst and its
         messages with unknown keys are parked (with the ``given`` contexts when the caller
         gave them: their parking deadlines stand); returns the punted frames' indexes, or
-        None when nothing was done."""
+        None when nothing was done. A burst the kernel ``checked`` (from the fabric) and
+        then declined is punted whole but for the frames it refused (the others' trailers
+        are gone: the general loop must not check them again)."""
         dp = self.dp
         ctl = self.ctl
         words = ctl.tolist()
         code, frames, messages, descriptors, unknown = words[:RESULT_WORDS]
         if code == DECLINED:
+            if checked:
+                return np.flatnonzero(self._sel[4][:batch.count] >= 0).tolist()
             return None
         q0, q1, q2 = self._queues
         q0.batch.count, q1.batch.count, q2.batch.count = words[QCOUNT:QCOUNT + 3]
@@ -570,4 +595,4 @@ class Express:
                              given or self._contexts(table, selected, deadline), now_ns)
         if not words[PUNTED]:
             return []
-        return np.flatnonzero(self._sel[4][:batch.count]).tolist()
+        return np.flatnonzero(self._sel[4][:batch.count] == 1).tolist()

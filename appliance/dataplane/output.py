@@ -4,6 +4,7 @@ one part of ``DataPlaneAgent``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ from appliance.config import (
     OUTBOX_FRAMES,
     STATUS_REFRESH_NS,
 )
-from appliance.dataplane.names import CLIENT_SHM
+from appliance.dataplane.names import CLIENT_SHM, FABRIC
 from appliance.dataplane.status_channels import sample_channel
 from channels.base import EACH_SLOT, FrameArrays, FrameBatch
 from datapath.protocol import frame_layout as fl
@@ -52,11 +53,15 @@ class Output:
 
     # --- sending ------------------------------------------------------------------------------
     def _send_udp(self, name: str) -> Callable[[FrameBatch], None]:
+        sign = name == FABRIC  # plain DATA frames to neighbours carry the DATA MAC
+
         def send(batch: FrameBatch) -> None:
             channel = self.channels.get(name)
             if channel is None:
                 self.counters[f"{name}_no_channel"] += batch.count
                 return
+            if sign:
+                self.data_auth.sign(name, batch, self.tables, time.time_ns())
             self.counted_udp_send(name, batch.count, channel.send(batch, EACH_SLOT))
         return send
 
@@ -68,6 +73,7 @@ class Output:
 
     def _send_group(self, name: str) -> Callable[[FrameBatch], None]:
         def send(batch: FrameBatch) -> None:
+            self.data_auth.sign(name, batch, self.tables, time.time_ns())
             sent = self.channels[name].send(batch, None)  # the channel's group
             if sent < batch.count:
                 self.counters["group_backpressure_drops"] += batch.count - sent
@@ -101,6 +107,7 @@ class Output:
             "counters": {**self.counters, **self.digests, **self.guaranteed.snapshot(),
                          **self._channel_counters(),
                          "duplicates_dropped": self.dedup.dropped,
+                         **self.data_auth.counters(),
                          **(self.telemetry.counters() if self.telemetry is not None else {}),
                          "frames_too_large": sum(q.too_large for q in self._out.values())},
             "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),

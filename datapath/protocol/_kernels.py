@@ -1,4 +1,5 @@
-"""numba kernels of the native protocol codec: batch decode and batch pack.
+"""numba kernels of the native protocol codec: batch decode and batch pack, and the DATA
+frame MAC (sign, check, replay window: datapath/protocol/frame_mac.py says what they do).
 
 Private: they take only arrays and scalars and trust their caller (``batch.py``) for types
 and sizes; ``write_frame_header`` and ``put_be64`` are also called from other kernels (the
@@ -13,11 +14,16 @@ CONTROL, was added that way).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from datapath.config import MAX_FRAME_BYTES
 from datapath.protocol import frame_layout as fl
+from datapath.protocol import frame_mac as fm
 from datapath.protocol import message_layout as ml
 from datapath.protocol.errors import MalformedReason as R
 
@@ -271,3 +277,198 @@ def write_frame_header(out, start, end, count, frame_type, source_session, dest_
     _put32(out, start + 16, dest_session)
     _put32(out, start + 20, stream_id)
     put_be64(out, start + 24, send_ts_ns)
+
+
+# --- the DATA frame MAC (datapath/protocol/frame_mac.py) -------------------------------
+
+_MAC = fm.MAC_BYTES
+_FLAGS_LOW = fl.FLAGS_OFFSET + 1
+_TS = fl.SEND_TS_OFFSET
+_LEN = fl.FRAME_LEN_OFFSET
+_I64 = ir.IntType(64)
+_I32 = ir.IntType(32)
+
+
+@intrinsic
+def _call8(typingctx: Any, fn: Any, a0: Any, a1: Any, a2: Any, a3: Any, a4: Any, a5: Any,
+           a6: Any, a7: Any) -> Any:
+    """``int fn(a0, ..., a7)`` at address ``fn`` with 64-bit integer arguments (x86-64 System
+    V: six in registers, two on the stack; the callee's pointers and sizes are 64 bits)."""
+    sig = types.int64(*([types.int64] * 9))
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fnty = ir.FunctionType(_I32, [_I64] * 8)
+        f = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.sext(builder.call(f, list(args[1:])), _I64)
+    return sig, codegen
+
+
+@njit(inline="always")
+def sorted_index(values, value):
+    """Index of ``value`` in the sorted ``values`` (a binary search), or -1; also the
+    appliance's pipeline kernel's."""
+    lo = 0
+    hi = values.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if values[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < values.shape[0] and values[lo] == value else -1
+
+
+@njit(inline="always")
+def _mac(buf, off, n, sender, receiver, ab, ac):
+    """MAC of ``buf[off:off + n]`` (send time read as zero) on link (sender, receiver) into
+    ``ab[B_MAC:B_MAC + 16]``."""
+    for k in range(8):
+        ab[fm.B_TS + k] = buf[off + _TS + k]
+        buf[off + _TS + k] = 0
+    _put32(ab, fm.B_SALT, sender)
+    _put32(ab, fm.B_SALT + 4, receiver)
+    base = np.int64(ab.ctypes.data)
+    _call8(ac[fm.A_FN], base + fm.B_MAC, _MAC, np.int64(buf.ctypes.data) + off, n,
+           base + fm.B_KEY, ac[fm.A_KEY_LEN], base + fm.B_SALT, base + fm.B_PERSON)
+    for k in range(8):
+        buf[off + _TS + k] = ab[fm.B_TS + k]
+
+
+@njit(inline="always")
+def sign_frame(buf, off, length, room, receiver, now_ns, ab, ac):
+    """Append a signed trailer to the frame at ``buf[off:off + length]`` (``room`` bytes in
+    its slot) for ``receiver``, its send time stamped ``now_ns``: its new length, or -1 when
+    it does not fit or is not a frame (left as it is, counted unsigned)."""
+    end = length + _AUTH_BYTES
+    if length < _HDR or end > room or end % 8 != 0:
+        ac[fm.A_UNSIGNED] += 1
+        return -1
+    buf[off + _FLAGS_LOW] |= _AUTH
+    _put32(buf, off + _LEN, end)
+    put_be64(buf, off + _TS, now_ns)
+    seq = ac[fm.A_SEQ] + 1
+    ac[fm.A_SEQ] = seq
+    t = off + length
+    _put32(buf, t, ac[fm.A_KEY_ID])
+    _put32(buf, t + 4, ac[fm.A_EPOCH])
+    put_be64(buf, t + 8, seq)
+    _mac(buf, off, end - _MAC, ac[fm.A_NODE], receiver, ab, ac)
+    buf[off + end - _MAC:off + end] = ab[fm.B_MAC:fm.B_MAC + _MAC]
+    ac[fm.A_SIGNED] += 1
+    return end
+
+
+@njit(cache=True, nogil=True)
+def sign_frames(buf, offsets, lengths, peer_ids, count, room, peers, receivers, group_link,
+                now_ns, ab, ac):
+    """Sign every frame of a batch that has no trailer yet (admin and reliable-stream frames
+    come signed by their planes) for the receiver of its peer id (``peers`` sorted, their
+    node ids in ``receivers``), or for ``group_link`` when it is >= 0 (a group's batch)."""
+    for i in range(count):
+        off = offsets[i]
+        length = lengths[i]
+        if length >= _HDR and buf[off + _FLAGS_LOW] & _AUTH:
+            continue
+        receiver = group_link
+        if receiver < 0:
+            r = sorted_index(peers, peer_ids[i])
+            if r < 0:
+                ac[fm.A_UNSIGNED] += 1
+                continue
+            receiver = receivers[r]
+        got = sign_frame(buf, off, length, room, receiver, now_ns, ab, ac)
+        if got > 0:
+            lengths[i] = got
+
+
+@njit(inline="always")
+def check_frame(buf, off, length, sender, receiver, row, ab, ac, windows):
+    """Check the trailer of the plain DATA frame at ``buf[off:off + length]`` from ``sender``
+    to ``receiver`` with replay window ``windows[row]`` (``row`` < 0: unknown peer): its
+    length without the trailer (the trailer removed: flag cleared, ``frame_len`` shrunk), or
+    -1 (refused, counted by reason)."""
+    if row < 0:
+        ac[fm.A_LINKS_FULL] += 1
+        return -1
+    if (length < _HDR + _AUTH_BYTES or not buf[off + _FLAGS_LOW] & _AUTH
+            or _be32(buf, off + _LEN) != length):
+        ac[fm.A_NO_TRAILER] += 1
+        return -1
+    t = off + length - _AUTH_BYTES
+    if _be32(buf, t) != ac[fm.A_KEY_ID]:
+        ac[fm.A_UNKNOWN_KEY] += 1
+        return -1
+    _mac(buf, off, length - _MAC, sender, receiver, ab, ac)
+    diff = 0
+    m = off + length - _MAC
+    for k in range(_MAC):
+        diff |= ab[fm.B_MAC + k] ^ buf[m + k]
+    if diff:
+        ac[fm.A_BAD_MAC] += 1
+        return -1
+    seq = np.int64(_be64(buf, t + 8))
+    w = windows[row]
+    high = w[0]
+    word = (seq >> 6) % fm.WINDOW_WORDS
+    bit = np.int64(1) << (seq & 63)
+    if high < 0 or seq > high:
+        if high >= 0:  # clear the words the window slides over
+            steps = min((seq >> 6) - (high >> 6), fm.WINDOW_WORDS)
+            for k in range(steps):
+                w[1 + ((high >> 6) + 1 + k) % fm.WINDOW_WORDS] = 0
+        else:
+            for k in range(fm.WINDOW_WORDS):
+                w[1 + k] = 0
+        w[0] = seq
+        w[1 + word] |= bit
+    elif (high >> 6) - (seq >> 6) >= fm.WINDOW_WORDS or w[1 + word] & bit:
+        ac[fm.A_REPLAY] += 1
+        return -1
+    else:
+        w[1 + word] |= bit
+    ac[fm.A_ACCEPTED] += 1
+    body = length - _AUTH_BYTES
+    buf[off + _FLAGS_LOW] &= ~_AUTH & 0xFF
+    _put32(buf, off + _LEN, body)
+    return body
+
+
+@njit(cache=True, nogil=True)
+def check_frames(buf, offsets, lengths, peer_ids, frames, count, reliable_bit, peers, senders,
+                 rows, receiver, ab, ac, windows, verdicts):
+    """``check_frame`` over the frames ``frames[:count]`` of a burst from the fabric (plain
+    DATA frames only: the others' planes check them), the sender and window row of each
+    from its peer id (``peers`` sorted, ``senders``, ``rows``); ``verdicts[i]`` = OK (its
+    length updated), NOT_SUBJECT or REFUSED."""
+    for j in range(count):
+        i = frames[j]
+        verdicts[i] = check_burst_frame(buf, offsets, lengths, peer_ids, i, reliable_bit,
+                                        peers, senders, rows, receiver, ab, ac, windows)
+
+
+@njit(inline="always")
+def is_plain_data(buf, off, length, reliable_bit):
+    """Whether the frame is one the DATA MAC covers: a DATA frame not of a reliable stream."""
+    if length < _HDR or buf[off + fl.TYPE_OFFSET] != _DATA:
+        return False
+    return not (_be32(buf, off + fl.STREAM_ID_OFFSET) & reliable_bit)
+
+
+@njit(inline="always")
+def check_burst_frame(buf, offsets, lengths, peer_ids, i, reliable_bit, peers, senders, rows,
+                      receiver, ab, ac, windows):
+    """The verdict of frame ``i`` of a fabric burst (see ``check_frames``). A frame from a
+    peer that is no neighbour is NOT_SUBJECT: the caller drops it as it drops any frame from
+    a stranger (counted there), unchecked."""
+    off = offsets[i]
+    length = lengths[i]
+    if not is_plain_data(buf, off, length, reliable_bit):
+        return fm.NOT_SUBJECT
+    r = sorted_index(peers, peer_ids[i])
+    if r < 0:
+        return fm.NOT_SUBJECT
+    got = check_frame(buf, off, length, senders[r], receiver, rows[r], ab, ac, windows)
+    if got < 0:
+        return fm.REFUSED
+    lengths[i] = got
+    return fm.OK

@@ -22,6 +22,7 @@ from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.node import Appliance
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
+from datapath.protocol import frame_mac
 from datapath.protocol.codec import encode_admin
 from datapath.protocol.frame_layout import FrameType
 from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
@@ -240,6 +241,94 @@ def test_frames_of_one_link_are_refused_on_another_and_replayed_hellos_keep_no_o
             app.stop()
         to_m.close()
         to_p.close()
+
+
+# --- plain DATA frames (issue 20, item 4) -------------------------------------------------------
+def _plain_data(frames: list[bytes]) -> list[bytes]:
+    """The plain DATA frames (messages, not probes: not of a reliable stream) among ``frames``."""
+    return [f for f in frames if _fields(f)[0] == FrameType.DATA
+            and not _fields(f)[3] & RELIABLE_STREAM_BIT and _HEADER.unpack_from(f)[4] > 0]
+
+
+def _unsigned(frame: bytes) -> bytes:
+    """``frame`` without its trailer: what an appliance sent before DATA frames were signed."""
+    out = bytearray(frame[:-fl.AUTH_TRAILER_BYTES])
+    out[fl.FLAGS_OFFSET + 1] &= ~int(fl.FrameFlags.AUTH_TRAILER) & 0xFF
+    out[fl.FRAME_LEN_OFFSET:fl.FRAME_LEN_OFFSET + 4] = len(out).to_bytes(4, "big")
+    return bytes(out)
+
+
+def test_plain_data_frames_are_signed_for_their_link_and_forged_or_replayed_ones_delivered_never():
+    """N publishes to a subscriber at M, through a relay that keeps what N sent. Every plain
+    DATA frame N sent carries a trailer whose MAC (hashlib's BLAKE2b, frame_mac.mac_py) is the
+    one of the link N -> M. From N's address (as M knows it): the same frames without their
+    trailer (what a spoofing host sends), with a payload byte changed, replayed as captured,
+    and signed for another link, are dropped, each counted under its reason, and the
+    subscriber receives none of them: only the messages N published."""
+    fn, fm = free_port(), free_port()
+    n_addr, m_addr = ("127.0.0.1", fn), ("127.0.0.1", fm)
+    relay = Relay(n_addr, m_addr)
+    n_name, m_name = f"dn{fn}", f"dm{fm}"
+    apps: list[Appliance] = []
+    try:
+        n = Appliance(_config(n_name, fn, {m_name: relay.address}, pm=True)).start()
+        apps.append(n)
+        m = Appliance(_config(m_name, fm, {n_name: relay.address})).start()
+        apps.append(m)
+        assert wait_for(lambda: _up(n, m_name) and _up(m, n_name)
+                        and m.status()["node"]["pm"] is not None)
+        n_id, m_id = n.status()["node"]["id"], m.status()["node"]["id"]
+        with connect(_url(m), "feed", timeout_s=10) as sc, \
+                connect(_url(n), "feed", timeout_s=10) as pc:
+            sub = sc.subscribe("d/#")
+            assert wait_for(lambda: any(s["origin"] == m_name
+                                        for s in n.status()["subscriptions"]))
+            sent = []
+            while not _plain_data(relay.captured(n_addr)) or len(sent) < 20:
+                sent.append(b"genuine %d" % len(sent))
+                pc.publish("d/x", sent[-1], flush=True)
+                assert len(sent) < 2_000, "no plain DATA frame from N reached M"
+            got = []
+            while len(got) < len(sent):
+                msg = sub.get(timeout=10)
+                assert msg is not None, f"{len(got)} of {len(sent)} genuine messages arrived"
+                got.append(msg.payload)
+            genuine = _plain_data(relay.captured(n_addr))
+            for frame in genuine:
+                assert frame[fl.FLAGS_OFFSET + 1] & int(fl.FrameFlags.AUTH_TRAILER)
+                assert frame[-16:] == frame_mac.mac_py(bytes.fromhex(FABRIC_KEY), frame[:-16],
+                                                       n_id, m_id)
+
+            before = {r: _counter(m, f"data_auth_{r}") for r in ("no_trailer", "bad_mac",
+                                                                  "replay")}
+            spoofed = [_unsigned(genuine[i % len(genuine)]) for i in range(50)]
+            for frame in spoofed:
+                relay.send_as(frame, m_addr)
+            tampered = bytearray(genuine[-1])
+            tampered[fl.FRAME_HEADER_BYTES + 40] ^= 0xFF  # in the first message's payload
+            relay.send_as(bytes(tampered), m_addr)
+            for frame in genuine:
+                relay.send_as(frame, m_addr)
+            # N's frames to M, sent to N from M's address: the link M -> N is another
+            for frame in genuine[:5]:
+                relay.send_as(frame, n_addr)
+            assert wait_for(lambda: _counter(m, "data_auth_no_trailer")
+                            == before["no_trailer"] + 50
+                            and _counter(m, "data_auth_bad_mac") == before["bad_mac"] + 1
+                            and _counter(m, "data_auth_replay")
+                            == before["replay"] + len(genuine)
+                            and _counter(n, "data_auth_bad_mac") >= 5)
+            pc.publish("d/x", b"last", flush=True)
+            rest = []
+            while not rest or rest[-1] != b"last":
+                msg = sub.get(timeout=10)
+                assert msg is not None, f"the last message did not arrive after {rest}"
+                rest.append(msg.payload)
+            assert got == sent and rest == [b"last"]  # nothing forged was delivered
+    finally:
+        for app in apps:
+            app.stop()
+        relay.close()
 
 
 # --- reliable-stream frames (issue 20, item 4) ---------------------------------------------------

@@ -63,6 +63,8 @@ class TwinRecorder:
             "frames": 0, "messages": 0, "bytes": 0, "lat_count": 0, "lat_negative": 0,
             "lat_overflow": 0, "min": None, "max": None, "expected": 0, "lost": 0, "late": 0,
             "naks": 0, "retx": 0, "buckets": {}, "jitter": 0.0, "last": None, "next": -1})
+        if data[3] == 1 and data[5] & 1 and not int.from_bytes(data[20:24], "big") >> 31:
+            return  # a plain DATA frame that kept its trailer: refused by the frame MAC
         p["frames"] += 1
         p["bytes"] += len(data)
         ftype = data[3]
@@ -141,7 +143,7 @@ def random_frames(rng, n):
     for _ in range(n):
         peer = int(rng.integers(0, 6))
         recv = now + int(rng.integers(0, 10**9))
-        kind = int(rng.integers(0, 9))
+        kind = int(rng.integers(0, 11))
         lat = int(rng.choice([rng.integers(0, 2000), rng.integers(0, 10**8),
                               -int(rng.integers(1, 10**6)), LATENCY_MAX_NS + 7]))
         if kind == 0:
@@ -162,8 +164,13 @@ def random_frames(rng, n):
             data = bytes(rng.integers(0, 256, int(rng.integers(0, 64)), dtype=np.uint8))
         elif kind == 7:
             data = frame(1, msgs=1, send_ts=recv - lat, body=bytes(8), length=20)  # short
-        else:
+        elif kind == 8:
             data = frame(1, msgs=1, send_ts=(1 << 63) + 5, body=bytes(8))  # sign bit set
+        else:  # with the trailer flag: refused by the frame MAC (plain), or a reliable stream's
+            data = bytearray(frame(1, msgs=1, send_ts=recv - lat, body=bytes(40),
+                                   stream=5 if kind == 9 else 0x8000_0005))
+            data[5] |= 1
+            data = bytes(data)
         out.append((data, peer * 7919 + 3, recv))
     return out
 

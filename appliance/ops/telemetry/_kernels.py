@@ -37,6 +37,10 @@ JITTER_GAIN = 16.0
 _DATA = 1
 _NAK = 7
 _RETX = 8
+_AUTH = 1
+"""The frame flag AUTH_TRAILER (low byte of the flags)."""
+_RELIABLE = 0x8000_0000
+"""A reliable stream's bit in ``stream_id`` (appliance/dataplane/guaranteed.py)."""
 
 
 @numba.njit(cache=True, nogil=True)
@@ -93,7 +97,9 @@ def _record_frames(buf, offsets, lengths, peer_ids, recv_ts_ns, count, keys, cou
 
     Timed frames: DATA and RETRANSMISSION with a nonzero ``send_ts_ns`` (the sending channel
     stamps it with its wall clock). A probe (DATA, no messages, ``stream_id`` ==
-    ``probe_stream``, a u64 sequence body) also counts expected/lost/late probes.
+    ``probe_stream``, a u64 sequence body) also counts expected/lost/late probes. The data
+    path records a burst after it checked its plain DATA frames: one that still carries its
+    trailer was refused (forged, replayed) and is not recorded.
     """
     untracked = 0
     n_buckets = counts.shape[1]
@@ -108,10 +114,12 @@ def _record_frames(buf, offsets, lengths, peer_ids, recv_ts_ns, count, keys, cou
         if slot < 0:
             untracked += 1
             continue
+        ftype = buf[o + 3]
+        if ftype == _DATA and buf[o + 5] & _AUTH and not _u(buf, o + 20, 4) & _RELIABLE:
+            continue  # refused by the frame MAC: as if it never came
         st = stats[slot]
         st[FRAMES] += 1
         st[BYTES] += length
-        ftype = buf[o + 3]
         if ftype == _NAK:
             st[NAKS] += 1
             continue

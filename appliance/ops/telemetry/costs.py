@@ -9,8 +9,8 @@ this module prices them (``link_cost``), builds each evaluation window's directe
   lexicographically smallest sequence of appliance names;
 - hysteresis: the current path is replaced only when the best path costs at most
   ``(1 - margin)`` x the current path's cost and at least ``min_gain`` less (both priced in
-  the same window) in ``k`` consecutive evaluation windows; a current path that lost a link (no telemetry on it in
-  the window) is replaced at once;
+  the same window) in ``k`` consecutive evaluation windows; a current path that lost a link
+  (no telemetry on it in the window) is replaced at once;
 - backup path: the cheapest path sharing no link with the current one; when there is none,
   the cheapest path other than the current one (it avoids at least one of its links).
 
@@ -300,8 +300,8 @@ class RouteSelector:
 
 def select_routes(stats: Sequence[PathStats], weights: Mapping[str, float], *,
                   margin: float = HYSTERESIS_MARGIN, k: int = HYSTERESIS_WINDOWS,
-                  min_gain: float = HYSTERESIS_MIN_GAIN, clock: str = "shared") -> tuple[RouteSelector, dict[int, Graph],
-                                                  dict[tuple[str, str, str], float]]:
+                  min_gain: float = HYSTERESIS_MIN_GAIN, clock: str = "shared"
+                  ) -> tuple[RouteSelector, dict[int, Graph], dict[tuple[str, str, str], float]]:
     """Run the selector over every evaluation window of ``stats`` in time order; returns it,
     the graph of each window and the floors used (``clock`` = "relative")."""
     if clock not in ("shared", "relative"):

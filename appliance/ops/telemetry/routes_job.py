@@ -497,11 +497,11 @@ def run_compute(args: Any) -> int:
             def show(doc: dict) -> None:
                 print(json.dumps(doc) if args.json else summary(doc), flush=True)
 
-            follow(spark, args.telemetry, args.out, eval_ns=args.window,
-                              weights=weights, margin=args.margin, k=args.k,
-                              min_gain=args.min_gain, clock=args.clock, lateness_ns=args.lateness, trigger_s=args.trigger / 1e9,
-                              duration_s=None if args.for_ns is None else args.for_ns / 1e9,
-                              on_table=show)
+            follow(spark, args.telemetry, args.out, eval_ns=args.window, weights=weights,
+                   margin=args.margin, k=args.k, min_gain=args.min_gain, clock=args.clock,
+                   lateness_ns=args.lateness, trigger_s=args.trigger / 1e9,
+                   duration_s=None if args.for_ns is None else args.for_ns / 1e9,
+                   on_table=show)
             return 0
         doc = compute(spark, args.telemetry, eval_ns=args.window, weights=weights,
                                  margin=args.margin, k=args.k, min_gain=args.min_gain,

@@ -1,0 +1,125 @@
+"""The data path's signer and checker of plain DATA frames between appliances.
+
+Plain DATA frames (published messages, frames in transit, telemetry probes) are signed as
+their out queue is sent (``sign``: the fabric's unicast queue for the neighbour each frame
+goes to, a group's queue for the group) and checked as they are received, by the forwarding
+pipeline's kernel (appliance/dataplane/_kernels.py) or, for a burst it did not take, by
+``check`` before the general loop reads it; the MAC, its link binding and the replay window
+are datapath/protocol/frame_mac.py's. Admin frames and reliable-stream frames carry the
+same trailer, signed and checked by their own planes (control/auth.py).
+
+Windows: one per link (neighbour, this node) and (group member, group), allocated as the
+neighbours and group members become known, at most AUTH_MAX_LINKS (a frame of a link beyond
+them is refused, ``links_full``). Counters: ``data_auth_<reason>`` in ``/status``.
+Without a fabric key (no neighbours) nothing is signed and every plain DATA frame from a
+neighbour is refused (``unknown_key``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from appliance.config import AUTH_MAX_LINKS
+from appliance.dataplane.names import GROUP_RX, GROUP_TX
+from datapath.protocol import frame_mac as fm
+from datapath.protocol._kernels import check_frames, sign_frames
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+class DataAuth:
+    """See the module docstring. Runs on the data-path thread."""
+
+    def __init__(self, key: bytes | None, key_id: int, epoch: int, node_id: int,
+                 start_ns: int, group_links: dict[str, int] | None = None,
+                 max_links: int = AUTH_MAX_LINKS) -> None:
+        """``group_links``: the link id (control/auth.py ``group_link_id``) of each fabric
+        group channel, by the names of its receive and send channels."""
+        self.keyed = key is not None
+        self.abytes, self.actl = fm.new_state(key or b"\x00", key_id, epoch, node_id,
+                                              start_ns)
+        if key is None:
+            self.actl[fm.A_KEY_ID] = -1  # no frame's key id matches: unknown_key
+        self.node_id = node_id
+        self.group_links = dict(group_links or {})
+        self.windows = fm.new_windows(max_links)
+        self._rows: dict[tuple[int, int], int] = {}
+        self._arrays: dict[str, tuple[Any, tuple[np.ndarray, ...]]] = {}
+        self.verdicts = np.zeros(0, np.int8)
+
+    def row(self, sender: int, link: int) -> int:
+        """The window row of link (sender, link), allocated on first use; -1 when none is
+        left."""
+        key = (sender, link)
+        row = self._rows.get(key)
+        if row is None:
+            if len(self._rows) >= self.windows.shape[0]:
+                return -1
+            row = self._rows[key] = len(self._rows)
+        return row
+
+    def link_of(self, channel: str) -> int:
+        """The receiver id in the MAC of frames on ``channel``: a group's link id (0 for a
+        group without one: no key), else this node's id."""
+        if channel.startswith(GROUP_RX):
+            return self.group_links.get(channel, 0)
+        return self.node_id
+
+    def receive_arrays(self, tables: Any, channel: str) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray, int]:
+        """(peer ids sorted, their node ids, their window rows, the receiver id) of the
+        neighbours (or ``channel``'s group members) whose frames come in on ``channel``;
+        made once per tables."""
+        cached = self._arrays.get(channel)
+        if cached is not None and cached[0] is tables:
+            return cached[1]  # type: ignore[return-value]
+        link = self.link_of(channel)
+        if channel.startswith(GROUP_RX):
+            pairs = sorted((peer, node) for (name, peer), node in tables.group_peers.items()
+                           if name == channel)
+        else:
+            pairs = sorted(tables.peer_node.items())
+        out = (np.asarray([p for p, _ in pairs], np.int64) if pairs else _EMPTY,
+               np.asarray([n for _, n in pairs], np.int64) if pairs else _EMPTY,
+               np.asarray([self.row(n, link) for _, n in pairs], np.int64) if pairs
+               else _EMPTY, link)
+        self._arrays[channel] = (tables, out)
+        return out
+
+    def check(self, channel: str, batch: Any, tables: Any, reliable_bit: int) -> list[int]:
+        """Check the plain DATA frames of a received burst from the fabric (``check_frames``):
+        the indexes of the frames to go on with (the refused ones are dropped, counted)."""
+        n = batch.count
+        if self.verdicts.shape[0] < n:
+            self.verdicts = np.zeros(batch.capacity, np.int8)
+        peers, senders, rows, link = self.receive_arrays(tables, channel)
+        check_frames(batch.buf, batch.offsets, batch.lengths, batch.peer_ids,
+                        np.arange(n, dtype=np.int64), n, reliable_bit, peers, senders, rows,
+                        link, self.abytes, self.actl, self.windows, self.verdicts)
+        return np.flatnonzero(self.verdicts[:n] != fm.REFUSED).tolist()
+
+    def sign(self, channel: str, batch: Any, tables: Any, now_ns: int) -> None:
+        """Sign the frames of an out queue's batch about to be sent on ``channel`` (the
+        fabric's: for each frame's neighbour; a group's: for the group)."""
+        if not self.keyed or not batch.count:
+            return
+        if channel.startswith(GROUP_TX):
+            peers, receivers, link = _EMPTY, _EMPTY, self.group_links.get(channel, 0)
+        else:
+            peers, receivers, _, _ = self.receive_arrays(tables, channel)
+            link = -1
+        sign_frames(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
+                       batch.slot_bytes, peers, receivers, link, now_ns, self.abytes,
+                       self.actl)
+
+    def counters(self) -> dict[str, int]:
+        """``data_auth_<reason>`` of the frames checked, and of the frames signed or left
+        unsigned (no room, no neighbour behind their peer id)."""
+        c = self.actl
+        out = {f"data_auth_{name}": int(v)
+               for name, v in zip(fm.REASONS, c[fm.A_ACCEPTED:fm.A_ACCEPTED + len(fm.REASONS)])}
+        out["data_auth_signed"] = int(c[fm.A_SIGNED])
+        out["data_auth_unsigned"] = int(c[fm.A_UNSIGNED])
+        return out
