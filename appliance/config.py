@@ -80,6 +80,11 @@ best-effort and guaranteed); clients never take the last ones."""
 DENIALS_KEPT = 128
 """Rows of the denial table ((identity, action, pattern) -> count); denials of a new row
 beyond are counted (``control_denials_dropped``), not kept."""
+LOGIN_CHALLENGES_KEPT = 4_096
+"""Logins waiting for the proof of a password at once (one per client address); one more is
+refused until one is used or expires (a flood of LOGINs cannot grow the table)."""
+LOGIN_CHALLENGE_TTL_NS = 10 * 1_000_000_000
+"""How long a login challenge waits for its proof."""
 DENIAL_TEXT_CHARS = 128
 """An identity or pattern is kept in the denial table up to this many characters."""
 LOG_SOURCES_KEPT = 256

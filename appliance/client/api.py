@@ -73,6 +73,7 @@ from appliance.client.outcomes import REASON_CLOSED, Outcome, OutcomeTracker
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
 from appliance.client.settings import (
     CLOSE_ACK_TIMEOUT_S,
+    LOGIN_ROUNDS,
     RECONNECT_LOGIN_TIMEOUT_S,
     RECONNECT_MAX_S,
     RECONNECT_S,
@@ -243,7 +244,7 @@ class Client(GuaranteedSide, ConnectionSide):
                  session_timeout_s: float = SESSION_TIMEOUT_S,
                  reconnect_s: float = RECONNECT_S,
                  reopen: Callable[[], tuple[Any, str | None]] | None = None,
-                 resend: bool = False) -> None:
+                 resend: bool = False, password: str | bytes | None = None) -> None:
         if idle not in IDLE_STRATEGIES:
             raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
         if on_state is not None and not callable(on_state):
@@ -278,6 +279,11 @@ class Client(GuaranteedSide, ConnectionSide):
         """Times the client reconnected."""
         self.probes = 0
         """Liveness probes sent to a silent appliance."""
+        if password is not None and not isinstance(password, (str, bytes)):
+            raise ClientError(f"password must be a string or bytes, not "
+                              f"{type(password).__name__}")
+        self._password = password.encode() if isinstance(password, str) else password
+        """Kept to log in again after a reconnection; never sent (the login proves it)."""
         self.resend = bool(resend)
         """Send the guaranteed messages a lost session did not acknowledge again on the next
         one (at least once: connection.py)."""
@@ -399,17 +405,51 @@ class Client(GuaranteedSide, ConnectionSide):
             raise ClientError(f"the client was closed while waiting for the answer to {key[0]}")
         return waiter.result
 
-    def _send_login(self, token: int) -> None:
+    def _send_login(self, token: int, extra: dict | None = None) -> None:
         self._control(al.ControlKind.LOGIN, {"identity": self.identity, "ring": self._ring,
-                                             "token": token})
+                                             "token": token, **(extra or {})})
 
     def _login(self, ring: str | None, timeout_s: float | None = None) -> None:
+        """Log in; an identity with a password answers the appliance's challenge with the
+        proof of it and checks the appliance's own proof (appliance/control/credentials.py).
+        """
+        from appliance.control.credentials import (
+            NONCE_BYTES,
+            CredentialError,
+            auth_message,
+            client_proof,
+        )
+
         token = secrets.randbits(63)  # names this login: a repeat is answered, not redone
         self._ring = ring
-        result = self._request(("login",), lambda: self._send_login(token), repeatable=True,
-                               timeout_s=timeout_s)
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        first = {"nonce": nonce.hex()}
+        result = self._request(("login",), lambda: self._send_login(token, first),
+                               repeatable=True, timeout_s=timeout_s)
+        expected = None
+        for _ in range(LOGIN_ROUNDS):
+            challenge = result.get("challenge")
+            if result.get("accepted") or challenge is None:
+                break
+            if self._password is None:
+                raise LoginError(f"login as {self.identity!r} refused: the identity logs in "
+                                 f"with a password (connect(..., password=...), or "
+                                 f"--password-file)")
+            message = auth_message(self.identity, nonce, bytes.fromhex(challenge["nonce"]),
+                                   str(result.get("node", "")))
+            try:
+                proof, expected = client_proof(self._password, challenge, message)
+            except CredentialError as exc:
+                raise LoginError(f"login as {self.identity!r}: the appliance's challenge "
+                                 f"asks for scrypt parameters refused here ({exc})") from None
+            proven = {**first, "server_nonce": challenge["nonce"], "proof": proof.hex()}
+            result = self._request(("login",), lambda p=proven: self._send_login(token, p),
+                                   repeatable=True, timeout_s=timeout_s)
         if not result.get("accepted"):
             raise LoginError(f"login as {self.identity!r} refused: {result.get('reason')}")
+        if expected is not None and result.get("server_signature") != expected.hex():
+            raise LoginError(f"login as {self.identity!r}: the appliance did not prove it "
+                             f"knows the identity's credential (is it the one you meant?)")
         self._token = token
         self.session = int(result["session"])
         self.node = str(result.get("node", ""))
@@ -921,7 +961,8 @@ def connect(url: str, identity: str = "anonymous", *,
             rdma_bind: str | None = None,
             on_state: Callable[[StateChange], None] | None = None,
             session_timeout_s: float = SESSION_TIMEOUT_S,
-            reconnect_s: float = RECONNECT_S, resend: bool = False) -> Client:
+            reconnect_s: float = RECONNECT_S, resend: bool = False,
+            password: str | bytes | None = None) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
     ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
@@ -932,7 +973,9 @@ def connect(url: str, identity: str = "anonymous", *,
     appliance after which the connection is lost; ``reconnect_s``: how long the client then
     tries to connect again (0: never; it closes); ``resend``: send the guaranteed messages
     the lost session did not acknowledge again on the new one (at least once: some may arrive
-    twice) instead of failing their outcomes. docs/appliance.md, "Connection states"."""
+    twice) instead of failing their outcomes. docs/appliance.md, "Connection states".
+    ``password``: the identity's password, when P&M gives it one; it is never sent: the login
+    proves it (docs/security.md, "Client credentials")."""
     from channels.shm import ShmChannel
     from channels.udp import UdpChannel
 
@@ -950,7 +993,7 @@ def connect(url: str, identity: str = "anonymous", *,
     _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S, RECONNECT_MAX_S, zero=True)
     session = dict(timeout_s=timeout_s, idle=idle, url=url, on_state=on_state,
                    session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
-                   resend=resend)
+                   resend=resend, password=password)
     if url.startswith(RDMA_SCHEME):
         from appliance.client.rdma import open_rdma_channel
 
@@ -1002,7 +1045,7 @@ def connect(url: str, identity: str = "anonymous", *,
             try:
                 client = connect(f"shm://{name}", identity, timeout_s=timeout_s, idle=idle,
                                  on_state=on_state, session_timeout_s=session_timeout_s,
-                                 reconnect_s=reconnect_s, resend=resend)
+                                 reconnect_s=reconnect_s, resend=resend, password=password)
                 client._owned = appliance
                 return client
             except ClientError:

@@ -37,3 +37,6 @@ subscriptions) before it counts as failed."""
 CLOSE_ACK_TIMEOUT_S = 2.0
 """How long ``close`` waits for the appliance to acknowledge the guaranteed messages sent;
 what is still unacknowledged then fails (reason ``session closed``)."""
+LOGIN_ROUNDS = 3
+"""Challenges a login answers at most (one is the rule; a repeated LOGIN crossing the proof
+may bring another) before it gives up."""

@@ -118,6 +118,9 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         self.sessions: dict[int, Session] = {}
         self.session_of_peer: dict[tuple[str, int], int] = {}
         self.denials: Counter[tuple[str, str, str]] = Counter()
+        self._challenges: dict[tuple[str, int], tuple[str, str, str, int]] = {}
+        """(channel, peer) -> (identity, client nonce, server nonce, expiry ns) of the logins
+        waiting for the proof of a password (ClientSide._credential)."""
         self.counters: Counter[str] = Counter()
         self.dest_egress: dict[tuple[str, int], tuple[int, frozenset[tuple[int, str]]]] = {}
         """("n" or "g", node) -> (port, patterns): an appliance's best-effort and guaranteed

@@ -5,6 +5,7 @@ docs/appliance.md, "Clients")."""
 
 import copy
 import logging
+import os
 import random
 import time
 from collections import Counter
@@ -14,8 +15,16 @@ from appliance.config import (
     APPLIANCE_EGRESS_PORTS,
     DENIAL_TEXT_CHARS,
     DENIALS_KEPT,
+    LOGIN_CHALLENGE_TTL_NS,
+    LOGIN_CHALLENGES_KEPT,
 )
 from appliance.control import pm as pmod
+from appliance.control.credentials import (
+    NONCE_BYTES,
+    auth_message,
+    server_signature,
+    verify_proof,
+)
 from appliance.control.documents import DocumentError, validate
 from appliance.control.state import (
     QOS_GUARANTEED,
@@ -115,7 +124,11 @@ class ClientSide:
                       reason: str) -> None:
         """Answer a login with a refusal (counted ``login_refused_<why>``)."""
         self.counters[f"login_refused_{why}"] += 1
-        doc_out = {"accepted": False, "reason": reason, "node": self.cfg.name}
+        self._answer_login(channel, peer, ring, {"accepted": False, "reason": reason,
+                                                 "node": self.cfg.name})
+
+    def _answer_login(self, channel: str, peer: int, ring: object, doc_out: dict) -> None:
+        """A LOGIN_RESULT to a peer that has no session (a refusal or a challenge)."""
         frame = encode_admin(FrameType.CONTROL, [self._control(al.ControlKind.LOGIN_RESULT,
                                                                doc_out)],
                              source_session=self.node_id, send_ts_ns=time.time_ns())
@@ -152,7 +165,21 @@ class ClientSide:
                 self.counters["login_repeats"] += 1
                 self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
                 return
-            self._end_session(session, "replaced by a new login")
+        else:
+            old = None
+        signature = None
+        verifier = pmod.verifier_of(self.pm_doc, identity) if refuse is None else None
+        if verifier is not None:
+            checked = self._credential(channel, peer, ring, identity, doc, verifier, now_ns)
+            if checked is None:
+                return  # a challenge went out (the peer's session, if any, stays)
+            if isinstance(checked, bytes):
+                signature = checked.hex()
+            else:  # refused: a LOGIN forged from a session's address does not end it
+                self._refuse_login(channel, peer, ring, checked[1], checked[0])
+                return
+        if old is not None:
+            self._end_session(self.sessions[old], "replaced by a new login")
         tx = None
         if refuse is None and channel == CLIENT_SHM:
             from channels.shm import ShmChannel
@@ -175,7 +202,8 @@ class ClientSide:
             sid = random.randrange(1, 2**31)
         self.compiler.add_egress(f"c:{sid}", port)
         session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
-                          login_token=token if isinstance(token, int) else None)
+                          login_token=token if isinstance(token, int) else None,
+                          server_signature=signature)
         self.sessions[sid] = session
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
@@ -188,8 +216,60 @@ class ClientSide:
         self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
 
     def _login_result(self, session: Session) -> dict:
-        return {"accepted": True, "session": session.session_id, "node": self.cfg.name,
-                "node_id": self.node_id, "schemas": (self.pm_doc or {}).get("schemas", [])}
+        out = {"accepted": True, "session": session.session_id, "node": self.cfg.name,
+               "node_id": self.node_id, "schemas": (self.pm_doc or {}).get("schemas", [])}
+        if session.server_signature is not None:
+            out["server_signature"] = session.server_signature
+        return out
+
+    def _credential(self, channel: str, peer: int, ring: object, identity: str, doc: dict,
+                    verifier: dict, now_ns: int) -> bytes | tuple[str, str] | None:
+        """The challenge-response of a login as an identity with a password
+        (appliance/control/credentials.py): None when this LOGIN got a challenge (the
+        same one while it is pending for this peer, login and client nonce: a repeated
+        LOGIN is answered alike), the server signature when it carries the proof of the
+        challenge pending for its peer, else (reason, why) to refuse it. A challenge is
+        used once and expires after LOGIN_CHALLENGE_TTL_NS; at most LOGIN_CHALLENGES_KEPT
+        are pending."""
+        nonce = doc.get("nonce")
+        if nonce is None:
+            return (f"identity {identity!r} logs in with its password: this client sent no "
+                    "nonce (connect with password=..., or --password-file)", "credential")
+        key = (channel, peer)
+        pending = self._challenges.get(key)
+        proof = doc.get("proof")
+        if proof is None:
+            if (pending is None or pending[:2] != (identity, nonce)
+                    or now_ns >= pending[3]):
+                if key not in self._challenges and len(self._challenges) >= \
+                        LOGIN_CHALLENGES_KEPT:
+                    for k in [k for k, c in self._challenges.items() if now_ns >= c[3]]:
+                        del self._challenges[k]
+                    if len(self._challenges) >= LOGIN_CHALLENGES_KEPT:
+                        return ("too many logins waiting for their proof; retry in a "
+                                "moment", "challenges")
+                pending = (identity, nonce, os.urandom(NONCE_BYTES).hex(),
+                           now_ns + LOGIN_CHALLENGE_TTL_NS)
+                self._challenges[key] = pending
+                self.counters["login_challenges"] += 1
+            challenge = {"nonce": pending[2], **{k: verifier[k] for k in ("n", "r", "p",
+                                                                           "salt")}}
+            self._answer_login(channel, peer, ring, {
+                "accepted": False, "node": self.cfg.name, "challenge": challenge,
+                "reason": f"identity {identity!r} logs in with its password: prove it"})
+            return None
+        if (pending is None or now_ns >= pending[3] or pending[:2] != (identity, nonce)
+                or pending[2] != doc.get("server_nonce")):
+            return ("no login challenge is pending for this proof (expired, used, or for "
+                    "another login or address): log in again", "challenge")
+        del self._challenges[key]
+        message = auth_message(identity, bytes.fromhex(nonce), bytes.fromhex(pending[2]),
+                               self.cfg.name)
+        if not verify_proof(verifier, message, bytes.fromhex(proof)):
+            self._deny(identity, "login", "")
+            return f"wrong password for identity {identity!r}", "credential"
+        self.counters["login_proofs_accepted"] += 1
+        return server_signature(verifier, message)
 
     def _end_session(self, session: Session, why: str) -> None:
         if self.sessions.pop(session.session_id, None) is None:

@@ -1,4 +1,4 @@
-"""Password credentials of P&M identities: scrypt hashes (``hashlib.scrypt``).
+"""Password credentials of P&M identities: scrypt hashes, and the challenge-response login.
 
 An identity's ``password`` in ``pm.identities`` is never the password itself but the text
 
@@ -9,6 +9,23 @@ An identity's ``password`` in ``pm.identities`` is never the password itself but
 ``python -m appliance.control.credentials`` reads a password on standard input and prints
 its line for the config. ``verify_password`` compares in constant time. The MQTT edge
 checks CONNECT's username/password with it (docs/edge.md).
+
+Native clients never send the password: they prove they know it (SCRAM's exchange, RFC
+5802 section 3, with scrypt for the salted password and keyed BLAKE2b-256 for HMAC and H):
+
+    SaltedPassword  = scrypt(password, salt, N, r, p)        (the stored HASH)
+    ClientKey       = BLAKE2b(key=SaltedPassword, "Client Key")
+    StoredKey       = BLAKE2b(ClientKey)
+    ServerKey       = BLAKE2b(key=SaltedPassword, "Server Key")
+    AuthMessage     = "topicwire-login-v1" | identity | client nonce | server nonce | node
+    ClientProof     = ClientKey XOR BLAKE2b(key=StoredKey, AuthMessage)
+    ServerSignature = BLAKE2b(key=ServerKey, AuthMessage)
+
+P&M distributes each identity's ``verifier`` (salt, N, r, p, StoredKey, ServerKey: not the
+hash, from which a login could be made) to every appliance; an appliance checks a proof
+with it (``verify_proof``) and signs its answer, which the client checks (the appliance
+knew the verifier). The server nonce is fresh per login and used once, so a captured login
+cannot be replayed (docs/security.md).
 """
 
 from __future__ import annotations
@@ -93,6 +110,59 @@ def verify_password(stored: str, password: bytes) -> bool:
     except CredentialError:
         return False
     return hmac.compare_digest(_derive(password, h), h.digest)
+
+
+# --- the challenge-response login --------------------------------------------------------------
+NONCE_BYTES = 16
+KEY_BYTES = 32
+LOGIN_CONTEXT = b"topicwire-login-v1"
+
+
+def _h(data: bytes, key: bytes = b"") -> bytes:
+    return hashlib.blake2b(data, key=key, digest_size=KEY_BYTES).digest()
+
+
+def verifier_of(stored: str) -> dict[str, object]:
+    """What P&M distributes for an identity with password hash ``stored`` (raises
+    ``CredentialError``): scrypt's parameters and salt, StoredKey and ServerKey, hex."""
+    h = parse_hash(stored)
+    client_key = _h(b"Client Key", h.digest)
+    return {"n": h.n, "r": h.r, "p": h.p, "salt": h.salt.hex(),
+            "stored_key": _h(client_key).hex(), "server_key": _h(b"Server Key", h.digest).hex()}
+
+
+def auth_message(identity: str, client_nonce: bytes, server_nonce: bytes, node: str) -> bytes:
+    return b"|".join((LOGIN_CONTEXT, identity.encode(), client_nonce, server_nonce,
+                      node.encode()))
+
+
+def client_proof(password: bytes, challenge: dict[str, object], message: bytes
+                 ) -> tuple[bytes, bytes]:
+    """(ClientProof, the ServerSignature to expect) for ``password`` under a challenge's
+    scrypt parameters (``n``, ``r``, ``p``, ``salt`` hex); raises ``CredentialError`` for
+    parameters a check must not run (``parse_hash``'s bounds)."""
+    salt = str(challenge["salt"])
+    h = parse_hash(f"{PREFIX}:{challenge['n']}:{challenge['r']}:{challenge['p']}:{salt}:"
+                   + "00" * HASH_BYTES)
+    salted = _derive(password, h)
+    client_key = _h(b"Client Key", salted)
+    signature = _h(message, _h(client_key))
+    proof = bytes(a ^ b for a, b in zip(client_key, signature))
+    return proof, _h(message, _h(b"Server Key", salted))
+
+
+def verify_proof(verifier: dict[str, object], message: bytes, proof: bytes) -> bool:
+    """Whether ``proof`` shows knowledge of the password behind ``verifier`` for
+    ``message`` (constant-time compare)."""
+    stored = bytes.fromhex(str(verifier["stored_key"]))
+    if len(proof) != KEY_BYTES:
+        return False
+    client_key = bytes(a ^ b for a, b in zip(proof, _h(message, stored)))
+    return hmac.compare_digest(_h(client_key), stored)
+
+
+def server_signature(verifier: dict[str, object], message: bytes) -> bytes:
+    return _h(message, bytes.fromhex(str(verifier["server_key"])))
 
 
 def main() -> int:

@@ -251,6 +251,21 @@ COST = Int(1, 65_535)
 NAME = Str(64, 1, text=_NAME_RE.fullmatch, what="an appliance name (letters, digits, '.', "
            "'_', '-')")
 IDENTITY = Str(MAX_IDENTITY_CHARS)
+
+
+def _is_hex(text: str) -> bool:
+    return len(text) % 2 == 0 and all(c in "0123456789abcdef" for c in text)
+
+
+NONCE = Str(32, 32, text=_is_hex, what="16 bytes in lower-case hex")
+KEY_HEX = Str(64, 64, text=_is_hex, what="32 bytes in lower-case hex")
+VERIFIER = Obj({"n": Int(2, 1 << 20), "r": Int(1, 32), "p": Int(1, 16),
+                "salt": Str(128, 32, text=_is_hex, what="16..64 bytes in lower-case hex"),
+                "stored_key": KEY_HEX, "server_key": KEY_HEX})
+"""An identity's login verifier (appliance/control/credentials.py): scrypt's parameters and
+salt, StoredKey, ServerKey."""
+CHALLENGE = Obj({"nonce": NONCE, "n": Int(2, 1 << 20), "r": Int(1, 32), "p": Int(1, 16),
+                 "salt": Str(128, 32, text=_is_hex, what="16..64 bytes in lower-case hex")})
 PATTERN = Str(MAX_TOPIC_BYTES, 1, text=_is_pattern, what="a topic pattern")
 TEXT = Str(MAX_TOPIC_BYTES)
 """A topic or pattern echoed back (not necessarily valid: it may be the one refused)."""
@@ -295,18 +310,21 @@ KINDS: dict[ControlKind, Kind] = {
     ControlKind.PM_UPDATE: Kind(Obj(
         {"pm": NAME, "version": Int(0, MAX_U63),
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
-                                          "subscribe": List(PATTERN, MAX_LIST_ITEMS)}),
+                                          "subscribe": List(PATTERN, MAX_LIST_ITEMS)},
+                                         {"verifier": VERIFIER}),
                            MAX_LIST_ITEMS),
          "anonymous": Bool(), "namespaces": List(NAMESPACE, 4_096),
          "schemas": List(SCHEMA, 1_024), "routes": ROUTES},
         {"backups": ROUTES, "duplicate": PATTERNS})),
     ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
-                                 "token": Nullable(Int(0, MAX_U63))}), 4_096),
+                                 "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
+                                 "server_nonce": NONCE, "proof": KEY_HEX}), 4_096),
     ControlKind.LOGIN_RESULT: Kind(Obj(
         {"accepted": Bool()},
         {"session": Int(1, MAX_NODE_ID), "node": NAME, "node_id": NODE_ID,
-         "schemas": List(SCHEMA, 1_024), "reason": REASON}, _login_result_rule)),
+         "schemas": List(SCHEMA, 1_024), "reason": REASON, "challenge": CHALLENGE,
+         "server_signature": KEY_HEX}, _login_result_rule)),
     ControlKind.REQUEST_RESULT: Kind(Obj(
         {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
          "accepted": Bool()},

@@ -23,13 +23,33 @@ def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
     return {
         "pm": config.name,
         "version": time.time_ns() // 1_000,
-        "identities": {name: {"publish": list(ident.publish), "subscribe": list(ident.subscribe)}
-                       for name, ident in sorted(config.identities.items())},
+        "identities": {name: _identity(ident) for name, ident in
+                       sorted(config.identities.items())},
         "anonymous": config.pm_anonymous,
         "namespaces": list(config.namespaces),
         "schemas": list(config.schemas),
         "routes": [],
     }
+
+
+def _identity(ident: Any) -> dict[str, Any]:
+    """An identity in the document: its entitlements, and its login verifier when it has a
+    password (appliance/control/credentials.py; never the password's hash)."""
+    out: dict[str, Any] = {"publish": list(ident.publish), "subscribe": list(ident.subscribe)}
+    if ident.password is not None:
+        from appliance.control.credentials import verifier_of
+
+        out["verifier"] = verifier_of(ident.password)
+    return out
+
+
+def verifier_of(document: dict[str, Any] | None, identity: str) -> dict[str, Any] | None:
+    """The login verifier of ``identity`` in a P&M document; None when it has no password
+    (it logs in without one, as every identity did before credentials)."""
+    if document is None:
+        return None
+    spec = document.get("identities", {}).get(identity)
+    return None if spec is None else spec.get("verifier")
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,9 @@ class Session:
     login_token: int | None = None
     """The client's name for the login that made this session: a repeat of it (the client
     retries an unanswered login) is answered again, not taken as a new login."""
+    server_signature: str | None = None
+    """The appliance's proof to the client (hex) when the login proved a password: sent
+    with every answer to the login, repeats included."""
     registered: set[int] = field(default_factory=set)
     """Topic keys this session registered (at most ``clients.max_registrations``)."""
     pending: int = 0

@@ -106,7 +106,10 @@ async def on_connect(session: MqttSession, pkt: codec.Connect) -> bool:
     from appliance.client.errors import ClientError, LoginError
 
     try:
-        session.native = await server.blocking(server.native_login, identity)
+        # the native login proves the password again (an identity with one: challenge-response)
+        session.native = await server.blocking(
+            server.native_login, identity,
+            None if identity == ANONYMOUS_IDENTITY else pkt.password)
     except LoginError:
         return _refuse(session, version, "not_authorized", Reason.NOT_AUTHORIZED)
     except ClientError:

@@ -156,10 +156,12 @@ class MqttServer:
         """Run a call that waits (for the appliance, or scrypt) off the event loop."""
         return await self.loop.run_in_executor(self._pool, functools.partial(fn, *args, **kw))
 
-    def native_login(self, identity: str) -> Any:
+    def native_login(self, identity: str, password: bytes | None = None) -> Any:
+        """The native session of a CONNECT (``password``: the one CONNECT carried, checked
+        already; an identity P&M gives a password proves it again to the appliance)."""
         from appliance.client.api import connect
 
-        return connect(self.native_url, identity, idle=NATIVE_IDLE)
+        return connect(self.native_url, identity, idle=NATIVE_IDLE, password=password)
 
     def password_of(self, identity: str) -> str | None:
         """The stored credential of a P&M identity in this appliance's config (the running

@@ -94,6 +94,32 @@ def _connection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconnect", type=float, default=RECONNECT_S, metavar="S",
                         help="then try to connect again for this long; 0: exit at once "
                         f"(default {RECONNECT_S:g})")
+    parser.add_argument("--password-file", metavar="FILE", default=None,
+                        help="the identity's password, on the first line of FILE (for an "
+                        "identity P&M gives a password; never sent: the login proves it)")
+
+
+PASSWORD_FILE_MAX_BYTES = 4_096
+
+
+def _password(path: str | None, command: str) -> bytes | None:
+    """The first line of ``--password-file`` (a missing, unreadable or empty file is a usage
+    error naming the flag)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(PASSWORD_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"--password-file {path}: {exc.strerror or exc}",
+                        component=command) from None
+    if len(data) > PASSWORD_FILE_MAX_BYTES:
+        raise UserError(f"--password-file {path}: longer than {PASSWORD_FILE_MAX_BYTES} "
+                        "bytes (give the password on its first line)", component=command)
+    line = data.split(b"\n", 1)[0].rstrip(b"\r")
+    if not line:
+        raise UserError(f"--password-file {path}: the first line is empty", component=command)
+    return line
 
 
 def _url(address: str) -> str:
@@ -146,9 +172,11 @@ def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN20
                         f"embedded:) or set ${APPLIANCE_ENV}", component="pubsub")
     if args.count < 0 or getattr(args, "rate", 0) < 0:
         raise UserError("--count and --rate must not be negative", component="pubsub")
+    password = _password(args.password_file, args.command_name)
     try:
         return connect(_url(args.appliance), args.identity, on_state=report,
-                       session_timeout_s=args.session_timeout, reconnect_s=args.reconnect)
+                       session_timeout_s=args.session_timeout, reconnect_s=args.reconnect,
+                       password=password)
     except ClientError as exc:
         if "session_timeout_s" in str(exc) or "reconnect_s" in str(exc):
             raise UserError(str(exc).removeprefix("client: ").replace(

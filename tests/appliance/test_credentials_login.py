@@ -1,0 +1,192 @@
+"""Client credentials: an identity with a password logs in by challenge-response
+(appliance/control/credentials.py), a captured login cannot be replayed, and the appliance
+proves it knows the credential too.
+
+The SCRAM exchange's functions first, then a real appliance (in this process, loopback) with
+real clients (the client API, the `topicwire pub` command) and a raw socket that speaks the
+client protocol as a hostile host would.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from appliance.client import LoginError, connect
+from appliance.config import parse_config
+from appliance.control import credentials as cr
+from appliance.node import Appliance
+from datapath.protocol import admin_layout as al
+from datapath.protocol.codec import decode_frame, encode_admin
+from datapath.protocol.frame_layout import FrameType
+from tests.appliance.helpers import ROOT, free_port, wait_for
+
+PASSWORD = "correct horse battery staple"
+CHEAP = {"n": 1 << 10, "r": 8, "p": 1}  # scrypt cost of the tests' credentials
+
+
+# --- the exchange --------------------------------------------------------------------------------
+def test_a_proof_made_with_the_password_passes_and_one_made_with_another_does_not():
+    stored = cr.hash_password(PASSWORD, **CHEAP)
+    verifier = cr.verifier_of(stored)
+    assert stored.split(":")[-1] not in json.dumps(verifier)  # the hash itself is not shared
+    message = cr.auth_message("alice", b"c" * 16, b"s" * 16, "n1")
+    proof, expected = cr.client_proof(PASSWORD.encode(), verifier, message)
+    assert cr.verify_proof(verifier, message, proof)
+    assert cr.server_signature(verifier, message) == expected
+    wrong, _ = cr.client_proof(b"Tr0ub4dor&3", verifier, message)
+    assert not cr.verify_proof(verifier, message, wrong)
+    other = cr.auth_message("alice", b"c" * 16, b"t" * 16, "n1")  # another server nonce
+    assert not cr.verify_proof(verifier, other, proof)
+    assert not cr.verify_proof(verifier, message, proof[:-1])
+
+
+def test_a_challenge_asking_for_unbounded_scrypt_work_is_refused_by_the_client():
+    with pytest.raises(cr.CredentialError, match="N must be"):
+        cr.client_proof(b"x", {"n": 1 << 30, "r": 8, "p": 1, "salt": "00" * 16}, b"m")
+
+
+# --- a real appliance ----------------------------------------------------------------------------
+@pytest.fixture
+def appliance():
+    port = free_port()
+    identities = {"alice": {"publish": ["a/#"], "subscribe": ["a/#"],
+                            "password": cr.hash_password(PASSWORD, **CHEAP)},
+                  "bob": {"publish": ["a/#"], "subscribe": ["a/#"]}}
+    app = Appliance(parse_config({"appliance": {"name": f"cred{port}"},
+                                  "clients": {"udp": f"127.0.0.1:{port}"},
+                                  "pm": {"identities": identities}})).start()
+    try:
+        yield app
+    finally:
+        app.stop()
+
+
+def _url(app: Appliance) -> str:
+    host, port = app.config.clients_udp
+    return f"udp://{host}:{port}"
+
+
+def _counter(app: Appliance, name: str) -> int:
+    return int(app.status()["counters"].get(name, 0))
+
+
+def test_the_right_password_logs_in_and_the_session_works(appliance):
+    with connect(_url(appliance), "alice", password=PASSWORD, timeout_s=10) as a:
+        sub = a.subscribe("a/#")
+        a.publish("a/x", b"hello", flush=True)
+        got = sub.get(timeout=10)
+        assert got is not None and got.payload == b"hello"
+    assert wait_for(lambda: _counter(appliance, "control_login_proofs_accepted") == 1)
+    # an identity P&M gives no password logs in as before
+    with connect(_url(appliance), "bob", timeout_s=10) as b:
+        assert b.session > 0
+
+
+def test_no_password_or_a_wrong_one_is_refused_with_a_reason_and_counted(appliance):
+    with pytest.raises(LoginError, match="logs in with a password"):
+        connect(_url(appliance), "alice", timeout_s=10)
+    with pytest.raises(LoginError, match="wrong password for identity 'alice'"):
+        connect(_url(appliance), "alice", password="hunter2", timeout_s=10)
+    assert wait_for(lambda: _counter(appliance, "control_login_refused_credential") == 1)
+    assert not appliance.status()["clients"]
+
+
+class RawClient:
+    """A UDP socket that speaks the client protocol's LOGIN by hand."""
+
+    def __init__(self, app: Appliance) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.to = app.config.clients_udp
+
+    def frame(self, doc: dict) -> bytes:
+        return bytes(encode_admin(FrameType.CONTROL, [al.Control(al.ControlKind.LOGIN,
+                                                                 json.dumps(doc))],
+                                  source_session=0, send_ts_ns=time.time_ns()))
+
+    def send(self, frame: bytes) -> dict:
+        """Send a LOGIN frame; the LOGIN_RESULT it gets."""
+        self.sock.sendto(frame, self.to)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            data = self.sock.recv(70_000)
+            frame_in = decode_frame(data)
+            if frame_in.header.frame_type is FrameType.CONTROL:
+                for entry in frame_in.admin()[1]:
+                    if entry.kind is al.ControlKind.LOGIN_RESULT:
+                        return json.loads(entry.document)
+        raise AssertionError("no LOGIN_RESULT")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_captured_login_replayed_from_anywhere_logs_no_one_in(appliance):
+    """A host that captured alice's whole login (her LOGIN with the proof) sends it again:
+    from another address, and from the same kind of socket after asking for a challenge of
+    its own. Both are refused (the proof answers a challenge that was used once, for another
+    address), and no session is made; alice's own login worked."""
+    alice, thief, late = RawClient(appliance), RawClient(appliance), RawClient(appliance)
+    try:
+        nonce = secrets.token_bytes(16)
+        first = {"identity": "alice", "ring": None, "token": 1, "nonce": nonce.hex()}
+        challenge = alice.send(alice.frame(first))
+        assert not challenge["accepted"] and set(challenge["challenge"]) == {
+            "nonce", "n", "r", "p", "salt"}
+        # a LOGIN sent again before the proof gets the same challenge (retries cross)
+        assert alice.send(alice.frame(first))["challenge"] == challenge["challenge"]
+        message = cr.auth_message("alice", nonce, bytes.fromhex(challenge["challenge"]["nonce"]),
+                                  challenge["node"])
+        proof, expected = cr.client_proof(PASSWORD.encode(), challenge["challenge"], message)
+        captured = alice.frame({**first, "server_nonce": challenge["challenge"]["nonce"],
+                                "proof": proof.hex()})
+        accepted = alice.send(captured)
+        assert accepted["accepted"] and accepted["server_signature"] == expected.hex()
+
+        refused = thief.send(captured)
+        assert not refused["accepted"] and "no login challenge is pending" in refused["reason"]
+        assert "challenge" in late.send(late.frame(first))  # a fresh challenge of its own ...
+        again = late.send(captured)  # ... which the captured proof does not answer
+        assert not again["accepted"] and "no login challenge is pending" in again["reason"]
+        assert wait_for(lambda: _counter(appliance, "control_login_refused_challenge") == 2)
+        assert wait_for(lambda: len(appliance.status()["clients"]) == 1)
+        # a LOGIN forged from alice's address (another token) gets a challenge, and a wrong
+        # proof a refusal: neither ends her session
+        forged = {**first, "token": 2, "nonce": secrets.token_hex(16)}
+        fresh = alice.send(alice.frame(forged))["challenge"]
+        wrong = alice.send(alice.frame({**forged, "server_nonce": fresh["nonce"],
+                                        "proof": "00" * 32}))
+        assert not wrong["accepted"] and "wrong password" in wrong["reason"]
+        assert [c["session"] for c in appliance.status()["clients"]] == [accepted["session"]]
+    finally:
+        for c in (alice, thief, late):
+            c.close()
+
+
+def test_the_pub_command_logs_in_with_a_password_file(appliance, tmp_path):
+    secret = tmp_path / "alice.password"
+    secret.write_text(PASSWORD + "\n")
+    cli = [sys.executable, "-c", "import sys; from appliance.ops.cli import main; "
+           "sys.exit(main(sys.argv[1:]))"]
+    host, port = appliance.config.clients_udp
+    common = ["pub", "--topic", "a/x", "--appliance", f"{host}:{port}", "--identity", "alice",
+              "--message", "hi", "--json"]
+    done = subprocess.run(cli + common + ["--password-file", str(secret)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["sent"] == 1
+    missing = subprocess.run(cli + common + ["--password-file", str(tmp_path / "nope")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "--password-file" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    refused = subprocess.run(cli + common, cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode != 0 and "password" in refused.stderr
