@@ -97,8 +97,10 @@ from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.protocol._kernels import sign_frames
 from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
+from datapath.protocol.frame_mac import new_state
 from datapath.topics.algebra import matches, split_pattern
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
@@ -125,10 +127,9 @@ park up to 1 ms (the default), or sleep 1 ms (least CPU, up to 1 ms more latency
 RESOLVE_RETRY_NS = 200_000_000
 """An unanswered key resolution is asked again after this long."""
 log = logging.getLogger("topicwire.client")
-
-
-
-
+_ZERO = np.zeros(1, np.int64)
+_NONE = np.zeros(0, np.int64)
+"""Arguments of ``sign_frames`` for one frame at offset 0 to the session's appliance."""
 
 
 class Subscription:
@@ -317,9 +318,13 @@ class Client(GuaranteedSide, ConnectionSide):
         self._pub = bytearray(MAX_FRAME_BYTES)
         self._pub_np = np.frombuffer(self._pub, dtype=np.uint8)
         self._writer = FrameWriter(self._pub, capacity_bytes=min(MAX_FRAME_BYTES,
-                                                                 channel.max_frame_bytes))
+                                                                 channel.max_frame_bytes)
+                                   - fl.AUTH_TRAILER_BYTES)  # room for the session's MAC
+        self._mac: tuple[np.ndarray, np.ndarray] | None = None
+        """The session's frame MAC state (a password login: its key), else None."""
         self._open_since_ns = 0
         self._one = np.zeros(1, np.int64)
+        self._sign_len = np.zeros(1, np.int64)
         self._gsender: Any = None
         self._greceiver: Any = None
         self._held: dict[tuple[int, int], deque] = {}
@@ -347,12 +352,24 @@ class Client(GuaranteedSide, ConnectionSide):
 
     # --- sending -------------------------------------------------------------------------------
     def _send(self, frame: bytes | bytearray) -> None:
-        buf = np.frombuffer(bytearray(frame), dtype=np.uint8)
+        buf = np.frombuffer(bytearray(frame) + bytes(fl.AUTH_TRAILER_BYTES), dtype=np.uint8)
         with self._lock:
-            self._one[0] = len(buf)
+            self._one[0] = self._sign(buf, len(frame))
             sent = self._channel_send((buf, np.zeros(1, np.int64), self._one.copy(), 1))
         if sent != 1:
             raise ClientError("the appliance's channel is full; retry later")
+
+    def _sign(self, buf: np.ndarray, length: int) -> int:
+        """The length of the frame at ``buf[:length]`` once the session's MAC trailer is
+        appended (``buf`` has room; a session without a key: as it is). Under the lock: the
+        sequence counts up once per frame."""
+        mac = self._mac
+        if mac is None:
+            return length
+        self._sign_len[0] = length
+        sign_frames(buf, _ZERO, self._sign_len, _ZERO, 1, len(buf), _NONE, _NONE,
+                    self.node_id, time.time_ns(), *mac)
+        return int(self._sign_len[0])
 
     def _channel_send(self, frames: tuple) -> int:
         """``channel.send`` (the caller holds the lock); a channel whose connection is gone
@@ -422,6 +439,9 @@ class Client(GuaranteedSide, ConnectionSide):
 
         token = secrets.randbits(63)  # names this login: a repeat is answered, not redone
         self._ring = ring
+        with self._lock:
+            self._mac = None  # a new session: a new key, if any
+        key = None
         nonce = secrets.token_bytes(NONCE_BYTES)
         first = {"nonce": nonce.hex()}
         result = self._request(("login",), lambda: self._send_login(token, first),
@@ -438,7 +458,7 @@ class Client(GuaranteedSide, ConnectionSide):
             message = auth_message(self.identity, nonce, bytes.fromhex(challenge["nonce"]),
                                    str(result.get("node", "")))
             try:
-                proof, expected = client_proof(self._password, challenge, message)
+                proof, expected, key = client_proof(self._password, challenge, message)
             except CredentialError as exc:
                 raise LoginError(f"login as {self.identity!r}: the appliance's challenge "
                                  f"asks for scrypt parameters refused here ({exc})") from None
@@ -450,6 +470,9 @@ class Client(GuaranteedSide, ConnectionSide):
         if expected is not None and result.get("server_signature") != expected.hex():
             raise LoginError(f"login as {self.identity!r}: the appliance did not prove it "
                              f"knows the identity's credential (is it the one you meant?)")
+        if key is not None:  # every frame of the session carries its MAC from now on
+            with self._lock:
+                self._mac = new_state(key, 0, 0, int(result["session"]), time.time_ns())
         self._token = token
         self.session = int(result["session"])
         self.node = str(result.get("node", ""))
@@ -575,7 +598,7 @@ class Client(GuaranteedSide, ConnectionSide):
         length = self._writer.finish()
         self._open_since_ns = 0
         if length:
-            self._one[0] = length
+            self._one[0] = self._sign(self._pub_np, length)
             sent = self._channel_send((self._pub_np, np.zeros(1, np.int64), self._one.copy(),
                                        1))
             if sent != 1:

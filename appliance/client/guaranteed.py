@@ -139,12 +139,12 @@ class GuaranteedSide:
     # --- guaranteed streams (the client thread) -------------------------------------------------
     def _send_raw(self, frame: memoryview | bytes | bytearray) -> None:
         """A frame of the reliable transport (NAK, ACK, DATA, RETRANSMISSION) to the appliance."""
-        buf = np.frombuffer(bytearray(frame), dtype=np.uint8)
+        buf = np.frombuffer(bytearray(frame) + bytes(fl.AUTH_TRAILER_BYTES), dtype=np.uint8)
         with self._lock:
             if self.channel.closed or self.channel.failure is not None:
                 return  # the session is gone with the connection (the client thread says so)
             sent = self.channel.send((buf, np.zeros(1, np.int64),
-                                      np.array([len(buf)], np.int64), 1))
+                                      np.array([self._sign(buf, len(frame))], np.int64), 1))
         if sent != 1:
             self.send_drops = getattr(self, "send_drops", 0) + 1  # recovered by the transport
 

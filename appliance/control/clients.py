@@ -167,16 +167,16 @@ class ClientSide:
                 return
         else:
             old = None
-        signature = None
+        signature = key = None
         verifier = pmod.verifier_of(self.pm_doc, identity) if refuse is None else None
         if verifier is not None:
             checked = self._credential(channel, peer, ring, identity, doc, verifier, now_ns)
             if checked is None:
                 return  # a challenge went out (the peer's session, if any, stays)
-            if isinstance(checked, bytes):
-                signature = checked.hex()
+            if isinstance(checked[0], bytes):
+                signature, key = checked[0].hex(), checked[1]
             else:  # refused: a LOGIN forged from a session's address does not end it
-                self._refuse_login(channel, peer, ring, checked[1], checked[0])
+                self._refuse_login(channel, peer, ring, str(checked[1]), str(checked[0]))
                 return
         if old is not None:
             self._end_session(self.sessions[old], "replaced by a new login")
@@ -207,7 +207,7 @@ class ClientSide:
         self.sessions[sid] = session
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
-        dps = DpSession(sid, identity, channel, dest, tx)
+        dps = DpSession(sid, identity, channel, dest, tx, key=key)
         self.dp.commands.offer(lambda: self.dp.add_session(dps, (channel, peer)))
         self._tables_dirty = True
         self.counters["login_accepted"] += 1
@@ -223,14 +223,15 @@ class ClientSide:
         return out
 
     def _credential(self, channel: str, peer: int, ring: object, identity: str, doc: dict,
-                    verifier: dict, now_ns: int) -> bytes | tuple[str, str] | None:
+                    verifier: dict, now_ns: int
+                    ) -> tuple[bytes, bytes] | tuple[str, str] | None:
         """The challenge-response of a login as an identity with a password
         (appliance/control/credentials.py): None when this LOGIN got a challenge (the
         same one while it is pending for this peer, login and client nonce: a repeated
-        LOGIN is answered alike), the server signature when it carries the proof of the
-        challenge pending for its peer, else (reason, why) to refuse it. A challenge is
-        used once and expires after LOGIN_CHALLENGE_TTL_NS; at most LOGIN_CHALLENGES_KEPT
-        are pending."""
+        LOGIN is answered alike), (the server signature, the session key) when it carries
+        the proof of the challenge pending for its peer, else (reason, why) to refuse it.
+        A challenge is used once and expires after LOGIN_CHALLENGE_TTL_NS; at most
+        LOGIN_CHALLENGES_KEPT are pending."""
         nonce = doc.get("nonce")
         if nonce is None:
             return (f"identity {identity!r} logs in with its password: this client sent no "
@@ -265,11 +266,12 @@ class ClientSide:
         del self._challenges[key]
         message = auth_message(identity, bytes.fromhex(nonce), bytes.fromhex(pending[2]),
                                self.cfg.name)
-        if not verify_proof(verifier, message, bytes.fromhex(proof)):
+        key = verify_proof(verifier, message, bytes.fromhex(proof))
+        if key is None:
             self._deny(identity, "login", "")
             return f"wrong password for identity {identity!r}", "credential"
         self.counters["login_proofs_accepted"] += 1
-        return server_signature(verifier, message)
+        return server_signature(verifier, message), key
 
     def _end_session(self, session: Session, why: str) -> None:
         if self.sessions.pop(session.session_id, None) is None:

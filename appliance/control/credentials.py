@@ -20,12 +20,14 @@ Native clients never send the password: they prove they know it (SCRAM's exchang
     AuthMessage     = "topicwire-login-v1" | identity | client nonce | server nonce | node
     ClientProof     = ClientKey XOR BLAKE2b(key=StoredKey, AuthMessage)
     ServerSignature = BLAKE2b(key=ServerKey, AuthMessage)
+    SessionKey      = BLAKE2b(key=ClientKey, "topicwire-session-v1|" AuthMessage)
 
 P&M distributes each identity's ``verifier`` (salt, N, r, p, StoredKey, ServerKey: not the
 hash, from which a login could be made) to every appliance; an appliance checks a proof
 with it (``verify_proof``) and signs its answer, which the client checks (the appliance
 knew the verifier). The server nonce is fresh per login and used once, so a captured login
-cannot be replayed (docs/security.md).
+cannot be replayed. Every frame the client then sends carries the frame MAC under the
+session key (datapath/protocol/frame_mac.py; docs/security.md).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ def verify_password(stored: str, password: bytes) -> bool:
 NONCE_BYTES = 16
 KEY_BYTES = 32
 LOGIN_CONTEXT = b"topicwire-login-v1"
+SESSION_CONTEXT = b"topicwire-session-v1|"
 
 
 def _h(data: bytes, key: bytes = b"") -> bytes:
@@ -137,10 +140,10 @@ def auth_message(identity: str, client_nonce: bytes, server_nonce: bytes, node: 
 
 
 def client_proof(password: bytes, challenge: dict[str, object], message: bytes
-                 ) -> tuple[bytes, bytes]:
-    """(ClientProof, the ServerSignature to expect) for ``password`` under a challenge's
-    scrypt parameters (``n``, ``r``, ``p``, ``salt`` hex); raises ``CredentialError`` for
-    parameters a check must not run (``parse_hash``'s bounds)."""
+                 ) -> tuple[bytes, bytes, bytes]:
+    """(ClientProof, the ServerSignature to expect, the session key) for ``password`` under
+    a challenge's scrypt parameters (``n``, ``r``, ``p``, ``salt`` hex); raises
+    ``CredentialError`` for parameters a check must not run (``parse_hash``'s bounds)."""
     salt = str(challenge["salt"])
     h = parse_hash(f"{PREFIX}:{challenge['n']}:{challenge['r']}:{challenge['p']}:{salt}:"
                    + "00" * HASH_BYTES)
@@ -148,17 +151,25 @@ def client_proof(password: bytes, challenge: dict[str, object], message: bytes
     client_key = _h(b"Client Key", salted)
     signature = _h(message, _h(client_key))
     proof = bytes(a ^ b for a, b in zip(client_key, signature))
-    return proof, _h(message, _h(b"Server Key", salted))
+    return proof, _h(message, _h(b"Server Key", salted)), session_key(client_key, message)
 
 
-def verify_proof(verifier: dict[str, object], message: bytes, proof: bytes) -> bool:
-    """Whether ``proof`` shows knowledge of the password behind ``verifier`` for
-    ``message`` (constant-time compare)."""
+def verify_proof(verifier: dict[str, object], message: bytes, proof: bytes) -> bytes | None:
+    """The session key when ``proof`` shows knowledge of the password behind ``verifier``
+    for ``message`` (constant-time compare), else None."""
     stored = bytes.fromhex(str(verifier["stored_key"]))
     if len(proof) != KEY_BYTES:
-        return False
+        return None
     client_key = bytes(a ^ b for a, b in zip(proof, _h(message, stored)))
-    return hmac.compare_digest(_h(client_key), stored)
+    if not hmac.compare_digest(_h(client_key), stored):
+        return None
+    return session_key(client_key, message)
+
+
+def session_key(client_key: bytes, message: bytes) -> bytes:
+    """The key of the session's frame MAC: known to the client (from its password) and to
+    the appliance (ClientKey, recovered from the proof), to no one who saw the login."""
+    return _h(SESSION_CONTEXT + message, client_key)
 
 
 def server_signature(verifier: dict[str, object], message: bytes) -> bytes:

@@ -26,7 +26,12 @@ import numpy as np
 from channels._mmsg import receive_datagrams, send_datagrams, wall_clock_ns
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
-from datapath.protocol._kernels import check_burst_frame, sorted_index, write_frame_header
+from datapath.protocol._kernels import (
+    check_burst_frame,
+    check_session_frame,
+    sorted_index,
+    write_frame_header,
+)
 from datapath.protocol.frame_mac import REFUSED
 from nic_offload.model import MAX_EGRESS_PORT
 from nic_offload.softnic import (
@@ -161,10 +166,11 @@ def _u32(buf: np.ndarray, at: int) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, sess_ids,
-             sess_bounds, sess_keys, fab_peers, fab_nodes, fab_rows, auth_link, tr_keys,
-             tr_prev, tr_next, reliable_bit, probe_stream, node_id, ports, group_start,
-             group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl,
-             abytes, actl, windows, sel_off, sel_len, sel_frame,
+             sess_bounds, sess_keys, sess_slots, fab_peers, fab_nodes, fab_rows, auth_link,
+             tr_keys, tr_prev, tr_next, reliable_bit, probe_stream, node_id, ports,
+             group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2,
+             p2, ctl, abytes, actl, windows, cab, cac, skeys, swindows, sel_off, sel_len,
+             sel_frame,
              fctx, punt, sess_counts, port_delivered, totals, batch, status, frame_types,
              homes, values, acl_results, payloads, pending, slots, shift, class_root, groups,
              bound_lo, bound_result, fields_end, key_counts, counters, malformed, desc,
@@ -175,7 +181,9 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
        checked (datapath/protocol/frame_mac.py ``check_burst_frame``: MAC on the link from
        its node to ``auth_link``, with its window ``fab_rows``, under ``abytes``/``actl``;
        its trailer removed); a refused one is dropped (``punt[i]`` = -1, counted in
-       ``actl``);
+       ``actl``); from the clients, a publish of a session with a key (``sess_slots[row]``
+       >= 0) is checked under its key and window (``check_session_frame``: ``skeys``,
+       ``swindows``, counted in ``cac``), refused ones dropped alike;
     1. classify the ``n`` frames of a burst from ``source``. From the clients: a plain DATA
        frame (no reliable stream, not ``probe_stream``) whose source session is the one its
        peer logged in as (``cli_peers`` sorted, their rows in ``cli_rows``; a row's session
@@ -258,6 +266,14 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
             if r < 0 or sess_ids[cli_rows[r]] != src:
                 npunt += 1
                 continue
+            slot = sess_slots[cli_rows[r]]
+            if slot >= 0:  # a session with a key: its frame MAC
+                length = check_session_frame(buf, off, length, src, node_id, slot, cab, cac,
+                                             skeys, swindows)
+                if length < 0:
+                    punt[i] = -1
+                    continue
+                lengths[i] = length
             kind = C_INGRESS
             a = cli_rows[r]
             b = src
@@ -473,10 +489,11 @@ def pipeline(buf, offsets, lengths, peer_ids, n, source, cli_peers, cli_rows, se
 def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_controls,
                     rx_h_addr, rx_names_addr, rx_controls_addr, fd, recv_fn, slot_bytes,
                     capacity, recv_ts_ns, buf, offsets, lengths, peer_ids, cli_peers, cli_rows,
-                    sess_ids, sess_bounds, sess_keys, fab_peers, fab_nodes, fab_rows,
-                    auth_link, tr_keys, tr_prev, tr_next, reliable_bit, probe_stream, node_id,
-                    ports, group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1,
-                    b2, o2, l2, p2, ctl, abytes, actl, windows, sel_off, sel_len, sel_frame,
+                    sess_ids, sess_bounds, sess_keys, sess_slots, fab_peers, fab_nodes,
+                    fab_rows, auth_link, tr_keys, tr_prev, tr_next, reliable_bit, probe_stream,
+                    node_id, ports, group_start, group_len, group_ports, b0, o0, l0, p0, b1,
+                    o1, l1, p1, b2, o2, l2, p2, ctl, abytes, actl, windows, cab, cac, skeys,
+                    swindows, sel_off, sel_len, sel_frame,
                     fctx, punt, sess_counts, port_delivered,
                     totals, tx_h, tx_iov, tx_names, tx_h_addr, tx_names_addr, tx_buf_addr,
                     tx_fd, send_fn, errno_fn, clock_fn, clock, clock_addr, tx_out, batch,
@@ -513,10 +530,11 @@ def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_con
     if n <= 0 or extra != 0:
         return
     pipeline(buf, offsets, lengths, peer_ids, n, SOURCE_CLIENTS, cli_peers, cli_rows, sess_ids,
-             sess_bounds, sess_keys, fab_peers, fab_nodes, fab_rows, auth_link, tr_keys,
-             tr_prev, tr_next, reliable_bit, probe_stream, node_id, ports, group_start,
-             group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2, p2, ctl,
-             abytes, actl, windows, sel_off, sel_len, sel_frame,
+             sess_bounds, sess_keys, sess_slots, fab_peers, fab_nodes, fab_rows, auth_link,
+             tr_keys, tr_prev, tr_next, reliable_bit, probe_stream, node_id, ports,
+             group_start, group_len, group_ports, b0, o0, l0, p0, b1, o1, l1, p1, b2, o2, l2,
+             p2, ctl, abytes, actl, windows, cab, cac, skeys, swindows, sel_off, sel_len,
+             sel_frame,
              fctx, punt, sess_counts, port_delivered, totals, batch, status, frame_types,
              homes, values, acl_results, payloads, pending, slots, shift, class_root, groups,
              bound_lo, bound_result, fields_end, key_counts, counters, malformed, desc,

@@ -66,7 +66,7 @@ from appliance.config import (
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
 from appliance.dataplane.delivery import Delivery
-from appliance.dataplane.frame_auth import DataAuth
+from appliance.dataplane.frame_auth import DataAuth, SessionAuth
 from appliance.dataplane.guaranteed import (
     LOSS_NOTICE_KEY,
     RELIABILITY_ADMIN_TYPES,
@@ -93,6 +93,7 @@ from channels.udp import DatagramChannel, peer_id_of
 from datapath.agent import POLL_MAX_PARK_NS, AgentWakeup, CommandQueue, WaitSet
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from nic_offload.model import MAX_EGRESS_PORT
 from nic_offload.softnic import SoftNic
 
 __all__ = ["CLIENT_SHM", "CLIENT_UDP", "FABRIC", "GROUP_RX", "GROUP_TX", "DataPlaneAgent",
@@ -137,6 +138,8 @@ class DataPlaneAgent(Delivery, Output):
                     if not name.startswith(GROUP_TX)}
         self.data_auth = DataAuth(None, 0, 0, node_id, 0)
         """Signs and checks plain DATA frames between appliances (``use_data_auth``)."""
+        self.session_auth = SessionAuth(node_id, MAX_EGRESS_PORT + 1)
+        """Checks the frames of client sessions with a key (one per egress port at most)."""
         data_frame_bytes = fabric_max_frame_bytes - fl.AUTH_TRAILER_BYTES  # room to sign
         self._out = {
             FABRIC: _OutQueue(self._send_udp(FABRIC), data_frame_bytes,
@@ -237,6 +240,7 @@ class DataPlaneAgent(Delivery, Output):
         self.guaranteed.on_tables(tables)
 
     def add_session(self, session: DpSession, peer: tuple[str, int]) -> None:
+        self.session_auth.attach(session)
         self.sessions[session.session_id] = session
         self._by_peer[peer] = session
         self.sessions_version += 1
@@ -246,6 +250,7 @@ class DataPlaneAgent(Delivery, Output):
         if session is None:
             return
         self.sessions_version += 1
+        self.session_auth.detach(session)
         for peer, s in list(self._by_peer.items()):
             if s is session:
                 del self._by_peer[peer]
@@ -371,6 +376,7 @@ class DataPlaneAgent(Delivery, Output):
         deadline = now_ns + self.parked_ttl_ns
         fabric = name == FABRIC
         group = name.startswith(GROUP_RX)
+        client = not (fabric or group)
         own = self._own_group_senders.get(name)
         offsets = batch.offsets[:n].tolist()  # Python ints: no numpy scalar per field
         lengths = batch.lengths[:n].tolist()
@@ -390,6 +396,13 @@ class DataPlaneAgent(Delivery, Output):
                 run_idx.append(i)  # malformed: the NIC counts it per reason
                 ctxs.append((False, 0, 0, None, deadline, 0))
                 continue
+            if client and src:  # a session's frame: under its key when it has one
+                session = self._by_peer.get((name, peer))
+                if session is not None and session.auth_slot >= 0 and \
+                        src == session.session_id:
+                    length = self.session_auth.check(batch, i, session)
+                    if length < 0:
+                        continue
             message = ftype == _DATA or ftype == _RETX
             if not message and ftype not in RELIABILITY_ADMIN_TYPES:
                 if len(self.inbox) < INBOX_FRAMES:

@@ -215,6 +215,8 @@ class SessionTable:
     """Channel name -> (sorted int64 peer ids of the sessions logged in over it, their rows)."""
     counts: np.ndarray
     """(row, 2) int64: messages published and denied since the last ``Express.fold``."""
+    slots: np.ndarray
+    """Each row's key and window in the agent's SessionAuth (-1: the session has no key)."""
 
 
 _NO_PEERS = (np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -248,7 +250,8 @@ def build_sessions(dp: Any) -> SessionTable:
         np.concatenate(keys) if keys else np.zeros(0, np.uint64),
         {name: (np.asarray([p for p, _ in rows], np.int64),
                 np.asarray([r for _, r in rows], np.int64)) for name, rows in peers.items()},
-        np.zeros((len(sessions), 2), np.int64))
+        np.zeros((len(sessions), 2), np.int64),
+        np.asarray([s.auth_slot for s in sessions], np.int64))
 
 
 class Express:
@@ -311,9 +314,10 @@ class Express:
         keys = np.zeros(0, np.uint64)
         fan = (np.zeros((1, PORT_WORDS), np.int64), empty, empty, empty)
         counts = (np.zeros((1, 2), np.int64), self.port_delivered, self.totals)
-        tables = (empty, empty, empty, empty, keys, empty, empty, empty, 0, empty, empty, empty)
+        tables = (empty, empty, empty, empty, keys, empty, empty, empty, empty, 0, empty, empty,
+                  empty)
         auth = self.dp.data_auth
-        cred = (auth.abytes, auth.actl, auth.windows)
+        cred = (auth.abytes, auth.actl, auth.windows, *self._session_auth())
         args = (self._queue_arrays[0], empty, empty, empty, 0, 0, *tables, 0, 0, 0, *fan,
                 *self._queue_arrays, self.ctl, *cred, *self._sel, *counts, *state)
         pipeline(*args)
@@ -327,6 +331,12 @@ class Express:
         receive_forward(*fused)
         return (pipeline.overloads[tuple(numba.typeof(a) for a in args)].entry_point,
                 receive_forward.overloads[tuple(numba.typeof(a) for a in fused)].entry_point)
+
+    def _session_auth(self) -> tuple:
+        """The kernels' arguments of the agent's SessionAuth: scratch, counts, keys,
+        windows."""
+        sa = self.dp.session_auth
+        return sa.abytes, sa.actl, sa.keys, sa.windows
 
     def reset(self) -> None:
         """Rebuild the plan and the fused call's arguments before the next burst (the
@@ -424,11 +434,11 @@ class Express:
         auth = dp.data_auth
         self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
                    source, cli_peers, cli_rows, table.ids, table.bounds, table.keys,
-                   fab_peers, fab_nodes, fab_rows, link, plan.tr_keys, plan.tr_prev,
+                   table.slots, fab_peers, fab_nodes, fab_rows, link, plan.tr_keys, plan.tr_prev,
                    plan.tr_next, reliable_bit, probe, dp.node_id, plan.ports, plan.group_start,
                    plan.group_len, plan.group_ports, *self._queue_arrays, self.ctl,
-                   auth.abytes, auth.actl, auth.windows, *self._sel, table.counts,
-                   self.port_delivered, self.totals, *state)
+                   auth.abytes, auth.actl, auth.windows, *self._session_auth(), *self._sel,
+                   table.counts, self.port_delivered, self.totals, *state)
         return self._settle(table, snap, batch, now_ns, deadline,
                             checked=source != SOURCE_CLIENTS)
 
@@ -455,12 +465,13 @@ class Express:
                 fctx[i] = (C_LOCAL, origin, stream)
         self._load_counts()
         self._call(batch.buf, batch.offsets, batch.lengths, batch.peer_ids, batch.count,
-                   SOURCE_GIVEN, *_NO_PEERS, table.ids, table.bounds, table.keys,
+                   SOURCE_GIVEN, *_NO_PEERS, table.ids, table.bounds, table.keys, table.slots,
                    plan.fab_peers, plan.fab_nodes, plan.fab_rows, self.dp.node_id,
                    plan.tr_keys, plan.tr_prev, plan.tr_next, 0, -1, self.dp.node_id,
                    plan.ports, plan.group_start, plan.group_len, plan.group_ports,
                    *self._queue_arrays, self.ctl, auth.abytes, auth.actl, auth.windows,
-                   *self._sel, table.counts, self.port_delivered, self.totals, *state)
+                   *self._session_auth(), *self._sel, table.counts, self.port_delivered,
+                   self.totals, *state)
         return self._settle(table, snap, batch, now_ns, deadline, ctxs) is not None
 
     def _load_counts(self) -> None:
@@ -541,11 +552,12 @@ class Express:
                 rx.controls_addr, channel.fileno(), _mmsg.RECVMMSG_ADDRESS, batch.slot_bytes,
                 batch.capacity, batch.recv_ts_ns, batch.buf, batch.offsets, batch.lengths,
                 batch.peer_ids, cli_peers, cli_rows, table.ids, table.bounds, table.keys,
-                plan.fab_peers, plan.fab_nodes, plan.fab_rows, self.dp.node_id, plan.tr_keys,
-                plan.tr_prev, plan.tr_next, reliable_bit, probe, self.dp.node_id, plan.ports,
+                table.slots, plan.fab_peers, plan.fab_nodes, plan.fab_rows, self.dp.node_id,
+                plan.tr_keys, plan.tr_prev, plan.tr_next, reliable_bit, probe, self.dp.node_id,
+                plan.ports,
                 plan.group_start, plan.group_len, plan.group_ports, *self._queue_arrays,
-                self.ctl, auth.abytes, auth.actl, auth.windows, *self._sel, table.counts,
-                self.port_delivered, self.totals, tx.h64, tx.iov64,
+                self.ctl, auth.abytes, auth.actl, auth.windows, *self._session_auth(),
+                *self._sel, table.counts, self.port_delivered, self.totals, tx.h64, tx.iov64,
                 tx.names64, tx.hdr_addr, tx.names_addr, tx.pin(q0.batch.buf),
                 channel.fileno(), _mmsg.SENDMMSG_ADDRESS, _mmsg.ERRNO_LOCATION_ADDRESS,
                 _mmsg.CLOCK_GETTIME_ADDRESS if channel.stamp_send_ts else 0, self._clock,

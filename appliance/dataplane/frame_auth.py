@@ -13,6 +13,12 @@ neighbours and group members become known, at most AUTH_MAX_LINKS (a frame of a 
 them is refused, ``links_full``). Counters: ``data_auth_<reason>`` in ``/status``.
 Without a fabric key (no neighbours) nothing is signed and every plain DATA frame from a
 neighbour is refused (``unknown_key``).
+
+``SessionAuth`` holds the keys and replay windows of client sessions that logged in with a
+password (appliance/control/credentials.py): every frame such a session sends carries the
+trailer under its session key, bound to (session id, this node); the pipeline's kernel
+checks its DATA frames, the general loop (``SessionAuth.check``) the others. A LOGIN (source
+session 0) needs none: a new login from a session's address proves its password anew.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 from appliance.config import AUTH_MAX_LINKS
 from appliance.dataplane.names import GROUP_RX, GROUP_TX
 from datapath.protocol import frame_mac as fm
-from datapath.protocol._kernels import check_frames, sign_frames
+from datapath.protocol._kernels import check_frames, check_session_frame, sign_frames
 
 _EMPTY = np.zeros(0, np.int64)
 
@@ -123,3 +129,52 @@ class DataAuth:
         out["data_auth_signed"] = int(c[fm.A_SIGNED])
         out["data_auth_unsigned"] = int(c[fm.A_UNSIGNED])
         return out
+
+
+class SessionAuth:
+    """Keys and replay windows of the client sessions with a key, one row each (see the
+    module docstring). Runs on the data-path thread."""
+
+    def __init__(self, node_id: int, rows: int) -> None:
+        self.abytes, self.actl = fm.new_state(b"\x00", 0, 0, node_id, 0)  # scratch, counts
+        self.node_id = node_id
+        self.keys = fm.new_session_keys(rows)
+        self.windows = fm.new_windows(rows)
+        self._free = list(range(rows - 1, -1, -1))
+
+    def attach(self, session: Any) -> None:
+        """Give a session with a key its row (a session without one keeps -1)."""
+        if session.key is None or not self._free:
+            return
+        row = self._free.pop()
+        key = session.key
+        self.keys[row] = 0
+        self.keys[row, 0] = len(key)
+        self.keys[row, fm.SESSION_KEY_AT:fm.SESSION_KEY_AT + len(key)] = np.frombuffer(
+            key, np.uint8)
+        self.windows[row] = 0
+        self.windows[row, 0] = -1
+        session.auth_slot = row
+
+    def detach(self, session: Any) -> None:
+        row = session.auth_slot
+        if row >= 0:
+            self.keys[row] = 0
+            self._free.append(row)
+            session.auth_slot = -1
+
+    def check(self, batch: Any, i: int, session: Any) -> int:
+        """Check frame ``i`` of a received burst from ``session`` (which has a key): its
+        length without the trailer (updated in the batch), or -1 (refused, counted)."""
+        got = check_session_frame(batch.buf, int(batch.offsets[i]), int(batch.lengths[i]),
+                                  session.session_id, self.node_id, session.auth_slot,
+                                  self.abytes, self.actl, self.keys, self.windows)
+        if got >= 0:
+            batch.lengths[i] = got
+        return int(got)
+
+    def counters(self) -> dict[str, int]:
+        """``client_auth_<reason>`` of the sessions' frames checked."""
+        c = self.actl
+        return {f"client_auth_{name}": int(v) for name, v in
+                zip(fm.REASONS[:-1], c[fm.A_ACCEPTED:fm.A_ACCEPTED + len(fm.REASONS) - 1])}

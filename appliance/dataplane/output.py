@@ -107,7 +107,7 @@ class Output:
             "counters": {**self.counters, **self.digests, **self.guaranteed.snapshot(),
                          **self._channel_counters(),
                          "duplicates_dropped": self.dedup.dropped,
-                         **self.data_auth.counters(),
+                         **self.data_auth.counters(), **self.session_auth.counters(),
                          **(self.telemetry.counters() if self.telemetry is not None else {}),
                          "frames_too_large": sum(q.too_large for q in self._out.values())},
             "offload": {"verdicts": nic.counters(), "malformed": nic.malformed(),

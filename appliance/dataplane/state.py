@@ -92,6 +92,11 @@ class DpSession:
     published: int = 0
     delivered: int = 0
     denied: int = 0
+    key: bytes | None = None
+    """The session's frame MAC key (a password login: appliance/control/credentials.py);
+    None: its frames carry no MAC."""
+    auth_slot: int = -1
+    """Its row in the data path's SessionAuth (-1: no key)."""
 
 
 class _OutQueue:

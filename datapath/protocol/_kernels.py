@@ -319,9 +319,9 @@ def sorted_index(values, value):
 
 
 @njit(inline="always")
-def _mac(buf, off, n, sender, receiver, ab, ac):
-    """MAC of ``buf[off:off + n]`` (send time read as zero) on link (sender, receiver) into
-    ``ab[B_MAC:B_MAC + 16]``."""
+def _mac(buf, off, n, sender, receiver, ab, ac, key_addr, key_len):
+    """MAC of ``buf[off:off + n]`` (send time read as zero) on link (sender, receiver) under
+    the key at address ``key_addr`` into ``ab[B_MAC:B_MAC + 16]``."""
     for k in range(8):
         ab[fm.B_TS + k] = buf[off + _TS + k]
         buf[off + _TS + k] = 0
@@ -329,7 +329,7 @@ def _mac(buf, off, n, sender, receiver, ab, ac):
     _put32(ab, fm.B_SALT + 4, receiver)
     base = np.int64(ab.ctypes.data)
     _call8(ac[fm.A_FN], base + fm.B_MAC, _MAC, np.int64(buf.ctypes.data) + off, n,
-           base + fm.B_KEY, ac[fm.A_KEY_LEN], base + fm.B_SALT, base + fm.B_PERSON)
+           key_addr, key_len, base + fm.B_SALT, base + fm.B_PERSON)
     for k in range(8):
         buf[off + _TS + k] = ab[fm.B_TS + k]
 
@@ -352,7 +352,8 @@ def sign_frame(buf, off, length, room, receiver, now_ns, ab, ac):
     _put32(buf, t, ac[fm.A_KEY_ID])
     _put32(buf, t + 4, ac[fm.A_EPOCH])
     put_be64(buf, t + 8, seq)
-    _mac(buf, off, end - _MAC, ac[fm.A_NODE], receiver, ab, ac)
+    _mac(buf, off, end - _MAC, ac[fm.A_NODE], receiver, ab, ac,
+         np.int64(ab.ctypes.data) + fm.B_KEY, ac[fm.A_KEY_LEN])
     buf[off + end - _MAC:off + end] = ab[fm.B_MAC:fm.B_MAC + _MAC]
     ac[fm.A_SIGNED] += 1
     return end
@@ -384,21 +385,38 @@ def sign_frames(buf, offsets, lengths, peer_ids, count, room, peers, receivers, 
 @njit(inline="always")
 def check_frame(buf, off, length, sender, receiver, row, ab, ac, windows):
     """Check the trailer of the plain DATA frame at ``buf[off:off + length]`` from ``sender``
-    to ``receiver`` with replay window ``windows[row]`` (``row`` < 0: unknown peer): its
-    length without the trailer (the trailer removed: flag cleared, ``frame_len`` shrunk), or
-    -1 (refused, counted by reason)."""
+    to ``receiver`` under the key of ``ab`` with replay window ``windows[row]`` (``row`` < 0:
+    none left for its link): its length without the trailer (the trailer removed: flag
+    cleared, ``frame_len`` shrunk), or -1 (refused, counted by reason)."""
     if row < 0:
         ac[fm.A_LINKS_FULL] += 1
         return -1
+    return _check(buf, off, length, sender, receiver, ab, ac, windows[row],
+                  np.int64(ab.ctypes.data) + fm.B_KEY, ac[fm.A_KEY_LEN], ac[fm.A_KEY_ID])
+
+
+@njit(cache=True, nogil=True)
+def check_session_frame(buf, off, length, session, receiver, slot, ab, ac, keys, windows):
+    """Check the trailer of a frame a client session sent (any frame type: every frame of
+    a session with a key carries it) under the session's key ``keys[slot]`` (its length in
+    byte 0, the key from byte ``fm.SESSION_KEY_AT``; key id 0) and window ``windows[slot]``
+    (``check_frame``'s result)."""
+    return _check(buf, off, length, session, receiver, ab, ac, windows[slot],
+                  np.int64(keys.ctypes.data) + slot * keys.shape[1] + fm.SESSION_KEY_AT,
+                  np.int64(keys[slot, 0]), 0)
+
+
+@njit(inline="always")
+def _check(buf, off, length, sender, receiver, ab, ac, w, key_addr, key_len, key_id):
     if (length < _HDR + _AUTH_BYTES or not buf[off + _FLAGS_LOW] & _AUTH
             or _be32(buf, off + _LEN) != length):
         ac[fm.A_NO_TRAILER] += 1
         return -1
     t = off + length - _AUTH_BYTES
-    if _be32(buf, t) != ac[fm.A_KEY_ID]:
+    if _be32(buf, t) != key_id:
         ac[fm.A_UNKNOWN_KEY] += 1
         return -1
-    _mac(buf, off, length - _MAC, sender, receiver, ab, ac)
+    _mac(buf, off, length - _MAC, sender, receiver, ab, ac, key_addr, key_len)
     diff = 0
     m = off + length - _MAC
     for k in range(_MAC):
@@ -407,7 +425,6 @@ def check_frame(buf, off, length, sender, receiver, row, ab, ac, windows):
         ac[fm.A_BAD_MAC] += 1
         return -1
     seq = np.int64(_be64(buf, t + 8))
-    w = windows[row]
     high = w[0]
     word = (seq >> 6) % fm.WINDOW_WORDS
     bit = np.int64(1) << (seq & 63)

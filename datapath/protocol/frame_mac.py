@@ -61,6 +61,9 @@ AUTH_CTL_WORDS = 14
 REASONS = ("accepted", "no_trailer", "unknown_key", "bad_mac", "replay", "links_full")
 """Names of the receive verdict counts ``auth_ctl[A_ACCEPTED:][:len(REASONS)]``."""
 
+SESSION_KEY_AT = 8
+"""A session key's row (``new_session_keys``): its length in byte 0, the key from here."""
+
 OK, NOT_SUBJECT, REFUSED = 1, 0, 2
 """A received frame's verdict: checked and its trailer removed, not a plain DATA frame (its
 own plane checks it), refused (counted by reason)."""
@@ -110,6 +113,11 @@ def new_state(key: bytes, key_id: int, epoch: int, node_id: int, start_seq: int
     c[A_SEQ] = start_seq
     c[A_FN] = BLAKE2B_ADDRESS
     return b, c
+
+
+def new_session_keys(rows: int) -> np.ndarray:
+    """Room for ``rows`` session keys (``check_session_frame``): length 0, no key."""
+    return np.zeros((rows, SESSION_KEY_AT + MAX_KEY_BYTES), np.uint8)
 
 
 def new_windows(rows: int) -> np.ndarray:

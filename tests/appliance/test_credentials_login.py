@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from appliance.client import LoginError, connect
@@ -23,7 +24,9 @@ from appliance.config import parse_config
 from appliance.control import credentials as cr
 from appliance.node import Appliance
 from datapath.protocol import admin_layout as al
-from datapath.protocol.codec import decode_frame, encode_admin
+from datapath.protocol import frame_mac
+from datapath.protocol._kernels import sign_frames
+from datapath.protocol.codec import decode_frame, encode_admin, encode_data_frame
 from datapath.protocol.frame_layout import FrameType
 from tests.appliance.helpers import ROOT, free_port, wait_for
 
@@ -37,14 +40,15 @@ def test_a_proof_made_with_the_password_passes_and_one_made_with_another_does_no
     verifier = cr.verifier_of(stored)
     assert stored.split(":")[-1] not in json.dumps(verifier)  # the hash itself is not shared
     message = cr.auth_message("alice", b"c" * 16, b"s" * 16, "n1")
-    proof, expected = cr.client_proof(PASSWORD.encode(), verifier, message)
-    assert cr.verify_proof(verifier, message, proof)
+    proof, expected, key = cr.client_proof(PASSWORD.encode(), verifier, message)
+    assert cr.verify_proof(verifier, message, proof) == key  # both ends: one session key
     assert cr.server_signature(verifier, message) == expected
-    wrong, _ = cr.client_proof(b"Tr0ub4dor&3", verifier, message)
-    assert not cr.verify_proof(verifier, message, wrong)
+    wrong, _, _ = cr.client_proof(b"Tr0ub4dor&3", verifier, message)
+    assert cr.verify_proof(verifier, message, wrong) is None
     other = cr.auth_message("alice", b"c" * 16, b"t" * 16, "n1")  # another server nonce
-    assert not cr.verify_proof(verifier, other, proof)
-    assert not cr.verify_proof(verifier, message, proof[:-1])
+    assert cr.verify_proof(verifier, other, proof) is None
+    assert cr.verify_proof(verifier, message, proof[:-1]) is None
+    assert key not in (proof, expected) and len(key) == 32
 
 
 def test_a_challenge_asking_for_unbounded_scrypt_work_is_refused_by_the_client():
@@ -80,10 +84,15 @@ def _counter(app: Appliance, name: str) -> int:
 def test_the_right_password_logs_in_and_the_session_works(appliance):
     with connect(_url(appliance), "alice", password=PASSWORD, timeout_s=10) as a:
         sub = a.subscribe("a/#")
-        a.publish("a/x", b"hello", flush=True)
-        got = sub.get(timeout=10)
-        assert got is not None and got.payload == b"hello"
+        for i in range(20):
+            a.publish("a/x", b"hello %d" % i, flush=True)
+        got = [sub.get(timeout=10) for _ in range(20)]
+        assert [m.payload for m in got] == [b"hello %d" % i for i in range(20)]
     assert wait_for(lambda: _counter(appliance, "control_login_proofs_accepted") == 1)
+    # every frame of the session carried its MAC and passed (its publishes, its subscribe)
+    assert wait_for(lambda: _counter(appliance, "client_auth_accepted") >= 21)
+    assert sum(_counter(appliance, f"client_auth_{r}") for r in
+               ("no_trailer", "unknown_key", "bad_mac", "replay")) == 0
     # an identity P&M gives no password logs in as before
     with connect(_url(appliance), "bob", timeout_s=10) as b:
         assert b.session > 0
@@ -145,7 +154,8 @@ def test_a_captured_login_replayed_from_anywhere_logs_no_one_in(appliance):
         assert alice.send(alice.frame(first))["challenge"] == challenge["challenge"]
         message = cr.auth_message("alice", nonce, bytes.fromhex(challenge["challenge"]["nonce"]),
                                   challenge["node"])
-        proof, expected = cr.client_proof(PASSWORD.encode(), challenge["challenge"], message)
+        proof, expected, _ = cr.client_proof(PASSWORD.encode(), challenge["challenge"],
+                                             message)
         captured = alice.frame({**first, "server_nonce": challenge["challenge"]["nonce"],
                                 "proof": proof.hex()})
         accepted = alice.send(captured)
@@ -169,6 +179,64 @@ def test_a_captured_login_replayed_from_anywhere_logs_no_one_in(appliance):
     finally:
         for c in (alice, thief, late):
             c.close()
+
+
+def _signed(frame: bytes, mac: tuple, node_id: int) -> bytes:
+    """``frame`` with the session's MAC trailer (the client's own signing kernel)."""
+    buf = np.frombuffer(bytearray(frame) + bytes(32), np.uint8).copy()
+    length = np.array([len(frame)], np.int64)
+    zero, none = np.zeros(1, np.int64), np.zeros(0, np.int64)
+    sign_frames(buf, zero, length, zero, 1, len(buf), none, none, node_id, time.time_ns(),
+                *mac)
+    return bytes(buf[:length[0]])
+
+
+def test_a_sessions_frames_are_taken_only_with_its_mac(appliance):
+    """alice logs in with her password from a raw socket; from her own address (what a host
+    that forges it sends), frames with her session id are taken only with the MAC under her
+    session key: an unsigned SUBSCRIBE and DATA frame, a DATA frame with a byte changed,
+    and a signed SUBSCRIBE sent again are dropped, each counted under its reason; the
+    signed ones are taken."""
+    alice = RawClient(appliance)
+    try:
+        nonce = secrets.token_bytes(16)
+        first = {"identity": "alice", "ring": None, "token": 1, "nonce": nonce.hex()}
+        challenge = alice.send(alice.frame(first))
+        message = cr.auth_message("alice", nonce, bytes.fromhex(challenge["challenge"]["nonce"]),
+                                  challenge["node"])
+        proof, _, key = cr.client_proof(PASSWORD.encode(), challenge["challenge"], message)
+        result = alice.send(alice.frame({**first, "proof": proof.hex(),
+                                         "server_nonce": challenge["challenge"]["nonce"]}))
+        sid, node_id = result["session"], result["node_id"]
+        mac = frame_mac.new_state(key, 0, 0, sid, time.time_ns())
+
+        def subscribe(sub_id):
+            return bytes(encode_admin(FrameType.SUBSCRIBE, [al.Subscription(sub_id, 0, 0, 0,
+                                                                            "a/#")],
+                                      source_session=sid, send_ts_ns=time.time_ns()))
+        data = encode_data_frame([{"topic_key": 7, "sequence": 1, "payload": b"x" * 16}],
+                                 source_session=sid, stream_id=sid)
+
+        def counts():
+            return {r: _counter(appliance, f"client_auth_{r}") for r in
+                    ("accepted", "no_trailer", "bad_mac", "replay")}
+        alice.sock.sendto(subscribe(1), alice.to)
+        alice.sock.sendto(data, alice.to)
+        assert wait_for(lambda: counts()["no_trailer"] == 2)
+        signed = _signed(subscribe(2), mac, node_id)
+        alice.sock.sendto(signed, alice.to)
+        assert wait_for(lambda: any(s["pattern"] == "a/#" and s["origin"] ==
+                                    appliance.config.name
+                                    for s in appliance.status()["subscriptions"]))
+        alice.sock.sendto(signed, alice.to)
+        tampered = bytearray(_signed(data, mac, node_id))
+        tampered[60] ^= 1
+        alice.sock.sendto(bytes(tampered), alice.to)
+        alice.sock.sendto(_signed(data, mac, node_id), alice.to)
+        assert wait_for(lambda: counts() == {"accepted": 2, "no_trailer": 2, "bad_mac": 1,
+                                             "replay": 1}), counts()
+    finally:
+        alice.close()
 
 
 def test_the_pub_command_logs_in_with_a_password_file(appliance, tmp_path):
