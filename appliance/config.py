@@ -821,7 +821,8 @@ def _token(text: object, key: str, path: Path | None = None) -> None:
 
 def _mgmt(doc: dict, base: Path) -> dict[str, Any]:
     """``[mgmt]``: checked here, read by the management API when it starts."""
-    mgmt = _table(doc, "mgmt", {"listen", "token", "token_file"}, "")
+    mgmt = _table(doc, "mgmt", {"listen", "token", "token_file", "tls_cert_file",
+                                "tls_key_file", "tls_client_ca_file"}, "")
     p = "mgmt."
     if "listen" in mgmt:
         parse_address(mgmt["listen"], p + "listen", allow_zero_port=True)
@@ -832,7 +833,24 @@ def _mgmt(doc: dict, base: Path) -> dict[str, Any]:
     if "token_file" in mgmt:
         path = existing_file(mgmt["token_file"], p + "token_file", base)
         _token(read_text(path, p + "token_file", MAX_KEY_FILE_BYTES), p + "token_file", path)
-    return dict(mgmt)
+    out = dict(mgmt)
+    tls = [k for k in ("tls_cert_file", "tls_key_file") if k in mgmt]
+    if len(tls) == 1 or ("tls_client_ca_file" in mgmt and not tls):
+        raise _fail(p + (tls[0] if tls else "tls_client_ca_file"),
+                    "TLS needs mgmt.tls_cert_file and mgmt.tls_key_file together (and "
+                    "mgmt.tls_client_ca_file only with them)")
+    if tls:
+        from appliance.ops.tls import TlsFileError, server_context
+
+        for key in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+            if key in mgmt:
+                out[key] = str(existing_file(mgmt[key], p + key, base))
+        try:
+            server_context(out["tls_cert_file"], out["tls_key_file"],
+                           out.get("tls_client_ca_file"))
+        except TlsFileError as exc:
+            raise _fail(p + "tls_cert_file", str(exc)) from None
+    return out
 
 
 def node_id_of(name: str) -> int:

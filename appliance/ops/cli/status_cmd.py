@@ -1,14 +1,17 @@
-"""``topicwire status [--mgmt URL] [--json] [--token T]``: an appliance's state as tables.
+"""``topicwire status [--mgmt URL] [--json] [--token T] [--ca-file F]``: an appliance's state.
 
 Reads ``GET /status`` from the appliance's management API (``mgmt.listen``; default
 ``http://127.0.0.1:8470``, or ``$TOPICWIRE_MGMT``) and prints the node, neighbours,
 subscriptions, routes, channels with their statistics, offload counters, entitlement
 denials, admin-frame authentication and client sessions as rich tables; ``--json`` prints
-the snapshot as it came. The token (``--token``, ``--token-file`` or
+the snapshot as it came. An ``https://`` URL (the API with ``mgmt.tls_cert_file``) is
+checked against ``--ca-file`` (default: the system's CAs), with ``--cert-file``/``--key-file``
+when the API requires client certificates. The token (``--token``, ``--token-file`` or
 ``$TOPICWIRE_MGMT_TOKEN``) is sent as ``Authorization: Bearer``: reads need it only when the
 API listens on a non-loopback address with a token set.
 
-Exit codes: 0 printed; 2 the command line is wrong (a URL that is not ``http://HOST:PORT``,
+Exit codes: 0 printed; 2 the command line is wrong (a URL that is not ``http(s)://HOST:PORT``,
+a CA or certificate file that does not load,
 a token file that cannot be read, a token the appliance refuses: fix the arguments);
 1 the appliance could not be reached or did not answer like a topicwire management API
 (not running, wrong port, no ``mgmt.listen``: start it or point ``--mgmt`` at it).
@@ -43,13 +46,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the API protects reads")
     parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
                         help="read the bearer token from FILE")
+    parser.add_argument("--ca-file", type=Path, default=None, metavar="FILE",
+                        help="for https: the CA certificates (PEM) that signed the API's "
+                        "certificate (default: the system's)")
+    parser.add_argument("--cert-file", type=Path, default=None, metavar="FILE",
+                        help="for https: this client's certificate (PEM), when the API "
+                        "requires one (mgmt.tls_client_ca_file)")
+    parser.add_argument("--key-file", type=Path, default=None, metavar="FILE",
+                        help="the private key of --cert-file (PEM; default: in it)")
     parser.add_argument("--timeout", type=float, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
                         help=f"seconds to wait for the answer (default {STATUS_HTTP_TIMEOUT_S})")
     parser.set_defaults(handler=run)
 
 
 def base_url(text: str | None) -> str:
-    """``--mgmt`` as ``http://HOST:PORT`` (a bare ``HOST:PORT`` is accepted)."""
+    """``--mgmt`` as ``http(s)://HOST:PORT`` (a bare ``HOST:PORT`` is taken as http)."""
     from urllib.parse import urlsplit
 
     from appliance.ops.mgmt.errors import StatusUsageError
@@ -62,10 +73,28 @@ def base_url(text: str | None) -> str:
         port = parts.port
     except ValueError:
         port = -1
-    if parts.scheme != "http" or not parts.hostname or port == -1 or parts.path not in ("", "/"):
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 \
+            or parts.path not in ("", "/"):
         raise StatusUsageError(f"--mgmt {text!r}: give the management API as http://HOST:PORT "
-                               f"(the appliance's mgmt.listen), e.g. {DEFAULT_URL}")
-    return f"http://{parts.netloc}"
+                               f"or https://HOST:PORT (the appliance's mgmt.listen), e.g. "
+                               f"{DEFAULT_URL}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _tls(args: argparse.Namespace, url: str) -> Any:
+    """The TLS context of an https URL (None for http); a file that does not load is a
+    usage error."""
+    from appliance.ops.mgmt.errors import StatusUsageError
+    from appliance.ops.tls import TlsFileError, client_context
+
+    if not url.startswith("https://"):
+        if args.ca_file or args.cert_file:
+            raise StatusUsageError("--ca-file and --cert-file are for an https:// --mgmt URL")
+        return None
+    try:
+        return client_context(args.ca_file, args.cert_file, args.key_file)
+    except TlsFileError as exc:
+        raise StatusUsageError(str(exc)) from None
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -81,8 +110,9 @@ def _token(args: argparse.Namespace) -> str | None:
     return args.token or os.environ.get("TOPICWIRE_MGMT_TOKEN") or None
 
 
-def fetch(url: str, path: str, token: str | None, timeout_s: float) -> Any:
-    """GET ``url + path`` as JSON; StatusUsageError / StatusUnreachable when it fails."""
+def fetch(url: str, path: str, token: str | None, timeout_s: float, tls: Any = None) -> Any:
+    """GET ``url + path`` as JSON (``tls``: the context of an https URL); StatusUsageError /
+    StatusUnreachable when it fails."""
     import urllib.error
     import urllib.request
 
@@ -92,7 +122,7 @@ def fetch(url: str, path: str, token: str | None, timeout_s: float) -> Any:
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=tls) as answer:
             body = answer.read()
     except urllib.error.HTTPError as exc:
         detail = _error_text(exc)
@@ -124,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from appliance.ops.mgmt.errors import StatusUnreachable
 
     url = base_url(args.mgmt)
-    status = fetch(url, "/status", _token(args), args.timeout)
+    status = fetch(url, "/status", _token(args), args.timeout, _tls(args, url))
     if not isinstance(status, dict) or "node" not in status:
         raise StatusUnreachable(f"{url}/status is not an appliance status snapshot")
     if args.json:

@@ -39,6 +39,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -171,13 +172,25 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = MGMT_LISTEN_BACKLOG
     mgmt: MgmtServer
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 tls: ssl.SSLContext | None = None) -> None:
         super().__init__(address, handler)
+        self.tls = tls
+        """HTTPS when set: each connection's handshake runs on its own thread (``_Handler``),
+        under the request deadline, so a client that never finishes it holds no one up."""
+        self.tls_failures = 0
         self.lock = threading.Lock()
         self.open: set[socket.socket] = set()
         self.errors: Counter[int] = Counter()
         self._turned_away = 0
         self._warned_at = -MGMT_OVERLOAD_LOG_INTERVAL_S
+
+    def get_request(self) -> tuple[Any, Any]:
+        request, address = super().get_request()
+        if self.tls is not None:
+            request = self.tls.wrap_socket(request, server_side=True,
+                                           do_handshake_on_connect=False)
+        return request, address
 
     def count_error(self, status: int) -> None:
         with self.lock:
@@ -267,13 +280,14 @@ def _peer(client_address: Any) -> str:
 class MgmtServer:
     """The running API; ``close()`` stops it (safe twice)."""
 
-    def __init__(self, appliance: Any, host: str, port: int, token: str | None) -> None:
+    def __init__(self, appliance: Any, host: str, port: int, token: str | None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.appliance = appliance
         self.token = token
         loopback = ipaddress.IPv4Address(host).is_loopback
         self.reads_need_token = token is not None and not loopback
         try:
-            self.httpd = _Server((host, port), _Handler)
+            self.httpd = _Server((host, port), _Handler, tls)
         except OSError as exc:
             raise ConfigError(f"mgmt.listen: cannot listen on {host}:{port} ({exc.strerror}); "
                               "pick another port or stop its owner") from None
@@ -293,7 +307,7 @@ class MgmtServer:
     @property
     def url(self) -> str:
         host, port = self.address
-        return f"http://{host}:{port}"
+        return f"{'https' if self.httpd.tls is not None else 'http'}://{host}:{port}"
 
     def errors(self) -> dict[int, int]:
         """Error answers so far by status code (``topicwire_mgmt_errors_total``)."""
@@ -495,12 +509,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- the connection -----------------------------------------------------------------------
     def setup(self) -> None:
-        super().setup()
         self.peer = _peer(self.client_address)
         self._unread = False
+        self._handshake_failed = False
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(MGMT_REQUEST_TIMEOUT_S)
+            try:
+                self.request.do_handshake()
+            except (OSError, ValueError) as exc:  # not TLS, no client certificate, too slow
+                self._handshake_failed = True
+                with self.server.lock:
+                    self.server.tls_failures += 1
+                log.debug("mgmt: %s: TLS handshake failed: %s", self.peer,
+                          _clip(str(exc) or type(exc).__name__), extra={"peer": self.peer})
+        super().setup()
 
     def handle(self) -> None:
         self.close_connection = True
+        if self._handshake_failed:
+            return
         try:
             self.handle_one_request()
             while not self.close_connection:
@@ -846,7 +873,13 @@ def serve(appliance: Any, config: ApplianceConfig) -> MgmtServer:
     """Start the API on ``mgmt.listen`` (the management hook ``Appliance.start`` calls)."""
     host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True)
     token = read_token(config)
-    server = MgmtServer(appliance, host, port, token).start()
+    tls = None
+    if "tls_cert_file" in config.mgmt:
+        from appliance.ops.tls import server_context
+
+        tls = server_context(config.mgmt["tls_cert_file"], config.mgmt["tls_key_file"],
+                             config.mgmt.get("tls_client_ca_file"))
+    server = MgmtServer(appliance, host, port, token, tls).start()
     if not ipaddress.IPv4Address(host).is_loopback:
         log.warning("%s: management API on %s, reachable from other hosts%s", config.name,
                     server.url, "" if token else " and without a token for reads")
