@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -70,15 +70,6 @@ class ReplayBatch:
         return self.buf[start : start + int(self.lengths[i])].tobytes()
 
 
-@dataclass
-class _Pending:
-    """What the write buffer holds, not yet written to the segment."""
-
-    seqs: list[np.ndarray] = field(default_factory=list)
-    stamps: list[np.ndarray] = field(default_factory=list)
-    positions: list[np.ndarray] = field(default_factory=list)
-
-
 class StreamLog:
     """The log of one stream in ``directory`` (created if missing); a context manager."""
 
@@ -94,7 +85,8 @@ class StreamLog:
         size = max(WRITE_BUFFER_BYTES, record_bytes(config.max_payload_bytes))
         self._buf = np.zeros((size + 7) // 8 * 8, np.uint8)
         self._fill = 0
-        self._pending = _Pending()
+        self._fill_last_seq = 0
+        """The last sequence in the write buffer."""
         self._dirty_since_ns: int | None = None
         """When the first write not yet synced happened (interval policy)."""
         self.segments: list[Segment] = []
@@ -148,62 +140,60 @@ class StreamLog:
                      offsets: np.ndarray, lengths: np.ndarray) -> None:
         """Records ``i``: sequence ``seqs[i]`` (rising, above ``last_seq``), timestamp
         ``stamps[i]`` (ns), payload ``src[offsets[i] : offsets[i] + lengths[i]]``. Buffered
-        until ``commit`` (or until the buffer fills)."""
+        until ``commit`` (or until the buffer fills). A refused record raises ``UserError``;
+        the records before it are appended."""
         n = len(seqs)
-        if not n:
-            return
+        if not (len(stamps) == len(offsets) == len(lengths) == n):
+            raise UserError("append_batch: seqs, stamps, offsets and lengths differ in length",
+                            component=COMPONENT)
         seqs = np.ascontiguousarray(seqs, np.uint64)
         stamps = np.ascontiguousarray(stamps, np.uint64)
         offsets = np.ascontiguousarray(offsets, np.int64)
         lengths = np.ascontiguousarray(lengths, np.int64)
-        if not (len(stamps) == len(offsets) == len(lengths) == n):
-            raise UserError("append_batch: seqs, stamps, offsets and lengths differ in length",
-                            component=COMPONENT)
-        if int(seqs[0]) <= self.last_seq or (n > 1 and not (np.diff(seqs) > 0).all()):
-            raise UserError(f"sequences must rise above the log's last ({self.last_seq}); got "
-                            f"{int(seqs[0])}.. in {self.directory}", component=COMPONENT)
-        if int(lengths.max()) > self.config.max_payload_bytes or int(lengths.min()) < 0:
-            raise UserError(f"a payload of {int(lengths.max())} bytes is over max_payload_bytes "
-                            f"({self.config.max_payload_bytes}); raise it", component=COMPONENT)
-        if int((offsets + lengths).max()) > len(src) or int(offsets.min()) < 0:
-            raise UserError("append_batch: a payload lies outside src", component=COMPONENT)
-        sizes = 24 + ((lengths + 7) & ~7)
-        ends = np.cumsum(sizes)
-        done = 0
-        while done < n:
-            base = int(ends[done - 1]) if done else 0
-            room = min(len(self._buf) - self._fill,
-                       self.config.segment_bytes - self._newest.size - self._fill)
-            take = int(np.searchsorted(ends, base + room, side="right")) - done
-            if take <= 0:
-                if self._fill:
+        src = np.ascontiguousarray(src, np.uint8)
+        config = self.config
+        i = 0
+        while i < n:
+            seg = self._newest
+            limit = min(len(self._buf), config.segment_bytes - seg.size)
+            start, fill_before = i, self._fill
+            i, self._fill, status = k._append(
+                self._buf, self._fill, limit, seqs, stamps, src, offsets, lengths, i,
+                np.uint64(self.last_seq), config.max_payload_bytes, seg.size,
+                config.index_interval_bytes, seg.meta, seg.idx_seq, seg.idx_ts, seg.idx_pos,
+                k.TABLES)
+            if i > start:
+                self.last_seq = self._fill_last_seq = int(seqs[i - 1])
+                self.counters.appended += i - start
+                self.counters.appended_bytes += self._fill - fill_before
+            if status == k.APPEND_DONE:
+                break
+            if status == k.APPEND_NO_ROOM:
+                if seg.size + self._fill + record_bytes(int(lengths[i])) > config.segment_bytes:
+                    self._roll(int(seqs[i]))
+                else:
                     self._write()
-                    continue
-                self._roll(int(seqs[done]))
                 continue
-            part = slice(done, done + take)
-            start = self._fill
-            self._fill = k._encode(self._buf, start, seqs[part], stamps[part], src,
-                                   offsets[part], lengths[part], k.TABLES)
-            positions = start + (ends[part] - sizes[part] - base)
-            self._pending.seqs.append(seqs[part])
-            self._pending.stamps.append(stamps[part])
-            self._pending.positions.append(positions)
-            done += take
-        self.last_seq = int(seqs[-1])
-        self.counters.appended += n
-        self.counters.appended_bytes += int(ends[-1])
+            raise UserError(self._refusal(status, i, seqs, lengths), component=COMPONENT)
+
+    def _refusal(self, status: int, i: int, seqs: np.ndarray, lengths: np.ndarray) -> str:
+        if status == k.APPEND_BAD_SEQUENCE:
+            return (f"sequences must rise above the log's last ({self.last_seq}); got "
+                    f"{int(seqs[i])} in {self.directory}")
+        if status == k.APPEND_BAD_LENGTH:
+            return (f"a payload of {int(lengths[i])} bytes is over max_payload_bytes "
+                    f"({self.config.max_payload_bytes}); raise it")
+        if status == k.APPEND_BAD_SOURCE:
+            return f"append_batch: payload {i} lies outside src"
+        return f"the index of {self._newest.path} is full"  # cannot be: sized by the segment
 
     def _write(self) -> None:
         """The write buffer to the newest segment (not synced)."""
         if not self._fill:
             return
-        p = self._pending
-        self._newest.write(memoryview(self._buf)[: self._fill], np.concatenate(p.seqs),
-                           np.concatenate(p.stamps), np.concatenate(p.positions))
-        self.written_seq = int(p.seqs[-1][-1])
+        self._newest.write(memoryview(self._buf)[: self._fill])
+        self.written_seq = self._fill_last_seq
         self._fill = 0
-        self._pending = _Pending()
         if self._dirty_since_ns is None:
             self._dirty_since_ns = time.monotonic_ns()
 

@@ -63,19 +63,39 @@ class Segment:
         self.index_path = directory / index_name(base)
         self.size = 0
         """Bytes of valid records written to the file."""
-        self.first_seq = 0
-        self.last_seq = 0
-        """0 while the segment holds no record."""
-        self.max_ts = 0
-        self.records = 0
         self.sealed = False
-        self._index: list[tuple[int, int, int]] = []
-        """(sequence, running max timestamp, position) per INDEX_INTERVAL_BYTES bucket."""
-        self._index_bucket = -1
+        self.meta = np.zeros(k.META_FIELDS, np.uint64)
+        """Record count, first/last sequence, max timestamp, index state (``_kernels._note``)."""
+        capacity = config.segment_bytes // config.index_interval_bytes + 2
+        self.idx_seq = np.zeros(capacity, np.uint64)
+        self.idx_ts = np.zeros(capacity, np.uint64)
+        """Running maximum of the timestamps up to each entry's record (non-decreasing)."""
+        self.idx_pos = np.zeros(capacity, np.int64)
         try:
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise _fail("cannot open segment", self.path, exc) from exc
+
+    @property
+    def records(self) -> int:
+        return int(self.meta[k.META_RECORDS])
+
+    @property
+    def first_seq(self) -> int:
+        """0 while the segment holds no record."""
+        return int(self.meta[k.META_FIRST])
+
+    @property
+    def last_seq(self) -> int:
+        return int(self.meta[k.META_LAST])
+
+    @property
+    def max_ts(self) -> int:
+        return int(self.meta[k.META_MAX_TS])
+
+    @property
+    def index_count(self) -> int:
+        return int(self.meta[k.META_INDEX_COUNT])
 
     # --- open ---------------------------------------------------------------------------------
     def load(self, newest: bool) -> int:
@@ -108,12 +128,21 @@ class Segment:
         entries = body[: -_INDEX_TRAILER.size]
         if size != file_size or count * INDEX_ENTRY_DTYPE.itemsize != len(entries):
             return False
+        if count > len(self.idx_seq):
+            return False
         table = np.frombuffer(entries, INDEX_ENTRY_DTYPE)
-        self._index = [(int(s), int(t), int(p)) for s, t, p in table.tolist()]
-        self.size, self.records, self.first_seq, self.last_seq = size, records, first, last
-        self.max_ts = max_ts
-        self._index_bucket = (self._index[-1][2] // self.config.index_interval_bytes
-                              if self._index else -1)
+        self.idx_seq[:count] = table["sequence"]
+        self.idx_ts[:count] = table["max_ts_ns"]
+        self.idx_pos[:count] = table["position"]
+        self.size = size
+        self.meta[:] = 0
+        self.meta[k.META_INDEX_COUNT] = count
+        self.meta[k.META_BUCKET] = (int(table["position"][-1]) // self.config.index_interval_bytes
+                                    + 1) if count else 0
+        self.meta[k.META_RECORDS] = records
+        self.meta[k.META_FIRST] = first
+        self.meta[k.META_LAST] = last
+        self.meta[k.META_MAX_TS] = max_ts
         return True
 
     def _scan_all(self) -> int:
@@ -131,8 +160,9 @@ class Segment:
                                          self.config.max_payload_bytes, k.TABLES, arrays.seqs,
                                          arrays.stamps, arrays.offsets, arrays.lengths)
             if count:
-                self._note(arrays.seqs[:count], arrays.stamps[:count],
-                           arrays.offsets[:count] + start)
+                k._note_many(arrays.seqs, arrays.stamps, arrays.offsets + start, count,
+                             self.config.index_interval_bytes, self.meta, self.idx_seq,
+                             self.idx_ts, self.idx_pos)
                 prev = int(arrays.seqs[count - 1])
             pos = start + int(end)
             if status == k.SCAN_CORRUPT:
@@ -152,34 +182,14 @@ class Segment:
         return cut
 
     # --- write --------------------------------------------------------------------------------
-    def _note(self, seqs: np.ndarray, stamps: np.ndarray, positions: np.ndarray) -> None:
-        """Account for records at ``positions`` (first sequence, last, max timestamp, index)."""
-        if not len(seqs):
-            return
-        if not self.first_seq:
-            self.first_seq = int(seqs[0])
-        self.last_seq = int(seqs[-1])
-        self.records += len(seqs)
-        running = np.maximum.accumulate(stamps)
-        running = np.maximum(running, np.uint64(self.max_ts))
-        self.max_ts = int(running[-1])
-        buckets = positions // self.config.index_interval_bytes
-        new = np.flatnonzero(np.diff(buckets, prepend=self._index_bucket) > 0)
-        if len(new):
-            self._index.extend(zip(seqs[new].tolist(), running[new].tolist(),
-                                   positions[new].tolist()))
-            self._index_bucket = int(buckets[new[-1]])
-
-    def write(self, data: memoryview, seqs: np.ndarray, stamps: np.ndarray,
-              rel_positions: np.ndarray) -> None:
-        """Append encoded records (their sequences, timestamps and positions in ``data``)."""
+    def write(self, data: memoryview) -> None:
+        """Append encoded records (``_kernels._append`` noted them already)."""
         try:
             written = 0
             while written < len(data):
                 written += os.pwrite(self.fd, data[written:], self.size + written)
         except OSError as exc:
             raise _fail("cannot write segment", self.path, exc) from exc
-        self._note(seqs, stamps, rel_positions + self.size)
         self.size += len(data)
 
     def sync(self) -> None:
@@ -195,9 +205,13 @@ class Segment:
         self._write_index()
 
     def _write_index(self) -> None:
-        table = np.array(self._index, INDEX_ENTRY_DTYPE)
+        count = self.index_count
+        table = np.zeros(count, INDEX_ENTRY_DTYPE)
+        table["sequence"] = self.idx_seq[:count]
+        table["max_ts_ns"] = self.idx_ts[:count]
+        table["position"] = self.idx_pos[:count]
         body = table.tobytes() + _INDEX_TRAILER.pack(self.size, self.records, self.first_seq,
-                                                     self.last_seq, self.max_ts, len(table))
+                                                     self.last_seq, self.max_ts, count)
         tmp = self.index_path.with_suffix(".idx.tmp")
         try:
             with open(tmp, "wb") as f:
@@ -228,24 +242,18 @@ class Segment:
 
     def position_of(self, seq: int) -> int:
         """Where to start scanning for ``seq``: the last index entry at or below it."""
-        best = 0
-        for s, _, p in self._index:  # a few hundred entries; bisect if it ever matters
-            if s > seq:
-                break
-            best = p
-        return best
+        count = self.index_count
+        e = int(np.searchsorted(self.idx_seq[:count], np.uint64(seq), side="right"))
+        return int(self.idx_pos[e - 1]) if e else 0
 
     def position_of_time(self, ts_ns: int) -> int | None:
         """Where to start scanning for the first record with a timestamp >= ``ts_ns``: the
         entry before the first whose running maximum reaches it (None: no record does)."""
-        if self.max_ts < ts_ns:
+        if not self.records or self.max_ts < ts_ns:
             return None
-        prev = 0
-        for _, max_ts, p in self._index:
-            if max_ts >= ts_ns:
-                return prev
-            prev = p
-        return prev
+        count = self.index_count
+        e = int(np.searchsorted(self.idx_ts[:count], np.uint64(ts_ns), side="left"))
+        return int(self.idx_pos[e - 1]) if e else 0
 
     # --- end ----------------------------------------------------------------------------------
     def delete(self) -> None:

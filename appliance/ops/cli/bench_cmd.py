@@ -20,6 +20,7 @@ BENCHMARKS = (
     "bench.softnic",
     "bench.idle",
     "bench.guaranteed",
+    "bench.persist",
 )
 
 
