@@ -86,37 +86,27 @@ def crc_tables() -> np.ndarray:
 TABLES = crc_tables()
 
 
-@intrinsic
-def _sse42_crc64(typingctx, crc, word):
-    sig = types.uint64(types.uint64, types.uint64)
+def _sse42_crc(bits: int) -> object:
+    """An intrinsic: the SSE4.2 ``crc32`` of a ``bits``-bit word into a running CRC-32C
+    (64-bit words take and give the running value as 64 bits)."""
+    acc = 64 if bits == 64 else 32
+    name = f"llvm.x86.sse42.crc32.{acc}.{bits}"
+    acc_type = types.uint64 if acc == 64 else types.uint32
+    word_type = {8: types.uint8, 32: types.uint32, 64: types.uint64}[bits]
 
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(64)])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse42.crc32.64.64")
-        return builder.call(fn, args)
-    return sig, codegen
-
-
-@intrinsic
-def _sse42_crc32(typingctx, crc, word):
-    sig = types.uint32(types.uint32, types.uint32)
-
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(32)])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse42.crc32.32.32")
-        return builder.call(fn, args)
-    return sig, codegen
+    @intrinsic
+    def crc(typingctx, state, word):
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.IntType(acc), [ir.IntType(acc), ir.IntType(bits)])
+            return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name),
+                                args)
+        return acc_type(acc_type, word_type), codegen
+    return crc
 
 
-@intrinsic
-def _sse42_crc8(typingctx, crc, byte):
-    sig = types.uint32(types.uint32, types.uint8)
-
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(8)])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse42.crc32.32.8")
-        return builder.call(fn, args)
-    return sig, codegen
+_sse42_crc8 = _sse42_crc(8)
+_sse42_crc32 = _sse42_crc(32)
+_sse42_crc64 = _sse42_crc(64)
 
 
 @numba.njit(cache=True, nogil=True)

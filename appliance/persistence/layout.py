@@ -6,7 +6,8 @@ A **record** (little-endian, 8-byte aligned; the file is the host's, not the wir
     +--------+--------+------------------+------------------+---------------------+-----+
     | crc32  | length | sequence (u64)   | timestamp_ns (u64)| payload (length B) | pad |
     +--------+--------+------------------+------------------+---------------------+-----+
-    crc32 (zlib's CRC-32) covers bytes 4 .. 24 + length: length, sequence, timestamp, payload.
+    crc32 (CRC-32C, Castagnoli) covers bytes 4 .. 24 + length: length, sequence, timestamp,
+    payload.
     The record takes 24 + length rounded up to 8 bytes; padding is zero.
 
 A record is valid when its length fits what is left of the file, its CRC matches, and its
@@ -20,8 +21,11 @@ missing or does not check) holds one entry per INDEX_INTERVAL_BYTES of records::
 
      0                  8                  16                 24
     +------------------+------------------+------------------+
-    | sequence (u64)   | max_ts_ns (u64)  | position (u64)   |   x entries, then crc32 (u32)
+    | sequence (u64)   | max_ts_ns (u64)  | position (u64)   |   x entries
     +------------------+------------------+------------------+
+    then size, records, first sequence, last sequence, max timestamp, entry count (u64 each)
+    and zlib's CRC-32 of all of it (u32). An index that does not check, or whose size is not
+    its segment's, is ignored and the segment scanned.
     max_ts_ns: the highest timestamp of the records up to and including this one (the time
     index: timestamps need not grow, the running maximum does).
 """
