@@ -348,11 +348,12 @@ class StreamLog:
 
     # --- end ----------------------------------------------------------------------------------
     def close(self) -> None:
-        """Write and sync what is buffered, seal nothing, close the files (twice is fine)."""
+        """Write and sync what is buffered or unsynced, seal nothing, close the files (twice
+        is fine)."""
         if getattr(self, "_dir_fd", -1) < 0:
             return
         try:
-            if self.segments and self._fill:
+            if self.segments and (self._fill or self._dirty_since_ns is not None):
                 self.sync()
         finally:
             for segment in self.segments:

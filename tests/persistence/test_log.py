@@ -115,6 +115,11 @@ def test_batch_policy_is_durable_at_commit_and_interval_policy_once_due(tmp_path
         log.commit(now_ns=due - 1)
         assert log.durable_seq == 0 and log.wake_at_ns() == due  # the first write's deadline
         assert log.do_work(due) == 1 and log.durable_seq == 2 and log.wake_at_ns() is None
+        log.append(3, 3, b"c")
+        log.commit(now_ns=due)
+        assert log.durable_seq == 2
+        fsyncs = log.counters.fsyncs
+    assert log.counters.fsyncs == fsyncs + 1  # close syncs what was written and not synced
 
 
 def test_retention_deletes_the_oldest_sealed_segments_by_size_and_by_age(tmp_path):
