@@ -48,6 +48,7 @@ KERNEL_MODULES = (
     "nic_offload.softnic._kernels",
     "appliance.dataplane._kernels",
     "appliance.ops.telemetry._kernels",
+    "appliance.persistence._kernels",
     "bench._fabric_kernels",
 )
 """Every module that defines numba kernels (tests/datapath/test_jit.py keeps it complete)."""

@@ -1,4 +1,5 @@
-"""Guaranteed messages across a transit appliance that is killed and restarted.
+"""Guaranteed messages across a transit appliance, or to a destination, that is killed and
+restarted.
 
 A chain A -> B -> C of ``topicwire run`` processes, one per namespace, with no other path; a
 guaranteed publisher at A sends numbered messages at RATE messages per second to a guaranteed
@@ -17,6 +18,13 @@ messages silently in every run: A dropped its stream to C with what it held, let
 published meanwhile match nothing, and began a new stream at sequence 1 that C's receiver took
 for duplicates and then for the continuation. With the long setting C's link state outlives
 the outage.
+
+The destination test kills and restarts C instead: its subscribers' sessions end with it, so
+a new subscriber logs in there once it is back and must get every message from its first one
+to the last (A begins its stream to C anew for C's new epoch). A frame of A's old stream
+reaching the new C before A learns the new epoch could make C drop the new stream's first
+messages (docs/fault-tolerance.md); this test would not see that (it happens before the
+subscriber's first message), only what follows.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +50,9 @@ pytestmark = [requires_netns, pytest.mark.slow]
 MESSAGES = 12_000
 RATE = 1_200.0
 KILL_AT = 3_000
+DESTINATION_MESSAGES = 30_000
+"""The destination-restart test's count: the publisher goes on for 25 s, well past C's
+restart and a new subscriber's login there."""
 RESTART_AFTER_S = 0.8
 TOPIC = "g/chain/x"
 LSA_REFRESH_MS = (250, 2_000)
@@ -229,9 +242,33 @@ def _ranges(numbers: list[int]) -> list[tuple[int, int]]:
     return [tuple(r) for r in out]
 
 
-@pytest.mark.parametrize("run", range(REPEAT))
-@pytest.mark.parametrize("lsa_refresh_ms", LSA_REFRESH_MS)
-def test_guaranteed_stream_survives_a_transit_restart(tmp_path, lsa_refresh_ms, run):
+class Chain:
+    """The running chain: its appliances, the subscriber at C and the publisher at A."""
+
+    def __init__(self, hosts: dict, nodes: dict[str, Appliance], tmp_path: Path) -> None:
+        self.hosts, self.nodes, self.tmp_path = hosts, nodes, tmp_path
+        self.clients: list[Lines] = []
+
+    def client(self, name: str, args: list[str], what: str) -> Lines:
+        client = _client(self.hosts[name], args, self.tmp_path / f"{what}.log", what)
+        self.clients.append(client)
+        return client
+
+    def restart(self, name: str) -> None:
+        """SIGKILL, RESTART_AFTER_S down, then started again with the same config."""
+        self.nodes[name].kill()
+        time.sleep(RESTART_AFTER_S)  # the scenario: down this long before it restarts
+        self.nodes[name].start()
+        self.nodes[name].wait_ready()
+
+    def counters(self) -> dict[str, dict]:
+        return {name: node.status().get("counters", {}) for name, node in self.nodes.items()}
+
+
+@contextmanager
+def _chain(tmp_path: Path, lsa_refresh_ms: int, messages: int) -> Iterator[Chain]:
+    """A -> B -> C running, a subscriber at C, a publisher at A that has sent KILL_AT of
+    ``messages``; everything stopped on exit."""
     url = f"udp://127.0.0.1:{CLIENT_PORT}"
     with Fabric() as fabric:
         hosts = {name: fabric.add_host() for name in NAMES}
@@ -240,57 +277,102 @@ def test_guaranteed_stream_survives_a_transit_restart(tmp_path, lsa_refresh_ms, 
             config = tmp_path / f"{name}.toml"
             config.write_text(_config(name, lsa_refresh_ms))
             nodes[name] = Appliance(hosts[name], config, tmp_path / name)
-        sub = pub = None
+        chain = Chain(hosts, nodes, tmp_path)
         try:
             for node in nodes.values():
                 node.start()
             for node in nodes.values():
                 node.wait_ready()
-            sub = _client(hosts["c"], ["sub", url, "g/#"], tmp_path / "sub.log", "subscriber")
-            pub = _client(hosts["a"], ["pub", url, TOPIC, str(MESSAGES), str(RATE)],
-                          tmp_path / "pub.log", "publisher")
+            chain.sub = chain.client("c", ["sub", url, "g/#"], "subscriber")
+            chain.pub = chain.client("a", ["pub", url, TOPIC, str(messages), str(RATE)],
+                                     "publisher")
             # warm-up messages flow once C's interest has reached A: the path works end to end
-            sub.wait(lambda item: item.get("m") == "w", START_TIMEOUT_S, "a warm-up message")
-            pub.tell("go")
-            pub.wait(lambda item: item.get("sent", 0) >= KILL_AT, 30, f"{KILL_AT} sent")
-            nodes["b"].kill()
-            time.sleep(RESTART_AFTER_S)  # the scenario: B is down this long before it restarts
-            nodes["b"].start()
-            nodes["b"].wait_ready()
-            pub.wait(lambda item: item.get("done"), 60, "the publisher's end")
-            last = str(MESSAGES - 1)
-            try:
-                sub.wait(lambda item: item.get("m") == last, DELIVERY_TIMEOUT_S,
-                         "the last message at the subscriber")
-            except AssertionError:
-                pass  # reported below with what did arrive
-            with sub.cond:
-                items = list(sub.items)
-            got = [int(item["m"]) for item in items if item.get("m", "w").isdigit()]
-            losses = [item["loss"] for item in items if "loss" in item]
-            lost = sum(loss["messages"] for loss in losses)
-            missing = sorted(set(range(MESSAGES)) - set(got))
-            duplicates = len(got) - len(set(got))
-            in_order = all(a < b for a, b in zip(got, got[1:]))
-            summary = (f"lsa_refresh_ms {lsa_refresh_ms}: received {len(set(got))} of {MESSAGES}"
-                       f", missing {len(missing)} {_ranges(missing)[:10]}, duplicates "
-                       f"{duplicates}, in order {in_order}, loss events {len(losses)} naming "
-                       f"{lost} messages {losses[:5]}")
-            counters = {name: node.status().get("counters", {}) for name, node in nodes.items()}
-            held = counters["a"].get("control_guaranteed_interest_held", 0)
-            print(f"{summary}; A held C's aged-out guaranteed interest {held} times")
-            detail = "".join(f"\n{name}: " + json.dumps(
-                {k: v for k, v in sorted(c.items()) if "guaranteed" in k or "loss" in k})
-                for name, c in counters.items())
-            assert duplicates == 0 and in_order, summary + detail
-            assert len(missing) == lost, "silent loss: " + summary + detail
-            assert not missing, "A held these messages: " + summary + detail
-            if lsa_refresh_ms == LSA_REFRESH_MS[0]:
-                # the run did what it is for: B's outage outlasted C's link state at A
-                assert held >= 1, "C's link state did not age out at A: " + summary + detail
+            chain.sub.wait(lambda item: item.get("m") == "w", START_TIMEOUT_S,
+                           "a warm-up message")
+            chain.pub.tell("go")
+            chain.pub.wait(lambda item: item.get("sent", 0) >= KILL_AT, 30, f"{KILL_AT} sent")
+            yield chain
         finally:
-            for client in (pub, sub):
-                if client is not None:
-                    client.close()
+            for client in chain.clients:
+                client.close()
             for node in nodes.values():
                 node.stop()
+
+
+def _outcome(sub: Lines, expected: range, messages: int, what: str) -> tuple[list, str]:
+    """Wait for the last message, then judge what arrived against ``expected``: every
+    message once and in order, or loss events naming as many as are missing. Returns the
+    missing numbers and a summary for the failure messages."""
+    try:
+        sub.wait(lambda item: item.get("m") == str(messages - 1), DELIVERY_TIMEOUT_S,
+                 "the last message at the subscriber")
+    except AssertionError:
+        pass  # reported by the caller with what did arrive
+    with sub.cond:
+        items = list(sub.items)
+    got = [int(item["m"]) for item in items if item.get("m", "w").isdigit()]
+    losses = [item["loss"] for item in items if "loss" in item]
+    lost = sum(loss["messages"] for loss in losses)
+    missing = sorted(set(expected) - set(got))
+    duplicates = len(got) - len(set(got))
+    in_order = all(a < b for a, b in zip(got, got[1:]))
+    summary = (f"{what}: received {len(set(got))} of {len(expected)}, missing {len(missing)} "
+               f"{_ranges(missing)[:10]}, duplicates {duplicates}, in order {in_order}, loss "
+               f"events {len(losses)} naming {lost} messages {losses[:5]}")
+    assert duplicates == 0 and in_order, summary
+    assert len(missing) == lost, "silent loss: " + summary
+    return missing, summary
+
+
+def _detail(counters: dict[str, dict]) -> str:
+    return "".join(f"\n{name}: " + json.dumps(
+        {k: v for k, v in sorted(c.items()) if "guaranteed" in k or "loss" in k})
+        for name, c in counters.items())
+
+
+@pytest.mark.parametrize("run", range(REPEAT))
+@pytest.mark.parametrize("lsa_refresh_ms", LSA_REFRESH_MS)
+def test_guaranteed_stream_survives_a_transit_restart(tmp_path, lsa_refresh_ms, run):
+    with _chain(tmp_path, lsa_refresh_ms, MESSAGES) as chain:
+        chain.restart("b")
+        chain.pub.wait(lambda item: item.get("done"), 60, "the publisher's end")
+        try:
+            missing, summary = _outcome(chain.sub, range(MESSAGES), MESSAGES,
+                                        f"lsa_refresh_ms {lsa_refresh_ms}")
+        except AssertionError as exc:
+            raise AssertionError(str(exc) + _detail(chain.counters())) from None
+        counters = chain.counters()
+        held = counters["a"].get("control_guaranteed_interest_held", 0)
+        print(f"{summary}; A held C's aged-out guaranteed interest {held} times")
+        assert not missing, "A held these messages: " + summary + _detail(counters)
+        if lsa_refresh_ms == LSA_REFRESH_MS[0]:
+            # the run did what it is for: B's outage outlasted C's link state at A
+            assert held >= 1, "C's link state did not age out at A: " + summary + \
+                _detail(counters)
+
+
+@pytest.mark.parametrize("lsa_refresh_ms", LSA_REFRESH_MS)
+def test_a_subscriber_at_a_restarted_destination_gets_every_message_from_its_first_on(
+        tmp_path, lsa_refresh_ms):
+    """C is killed and restarted under the publisher; a new subscriber there receives every
+    message from its first one to the last, once and in order (or loss events naming exactly
+    the missing ones), and A began its stream to C anew (C's new epoch)."""
+    url = f"udp://127.0.0.1:{CLIENT_PORT}"
+    with _chain(tmp_path, lsa_refresh_ms, DESTINATION_MESSAGES) as chain:
+        chain.restart("c")
+        sub = chain.client("c", ["sub", url, "g/#"], "subscriber-after-restart")
+        chain.pub.wait(lambda item: item.get("done"), 90, "the publisher's end")
+        first = sub.wait(lambda item: item.get("m", "w").isdigit(), DELIVERY_TIMEOUT_S,
+                         "a message at the new subscriber")
+        assert int(first["m"]) < DESTINATION_MESSAGES - 1, \
+            "C restarted too late for the test: raise DESTINATION_MESSAGES"
+        try:
+            _, summary = _outcome(sub, range(int(first["m"]), DESTINATION_MESSAGES),
+                                  DESTINATION_MESSAGES,
+                                  f"lsa_refresh_ms {lsa_refresh_ms}, from {first['m']}")
+        except AssertionError as exc:
+            raise AssertionError(str(exc) + _detail(chain.counters())) from None
+        counters = chain.counters()
+        print(summary)
+        assert counters["a"].get("guaranteed_streams_restarted", 0) >= 1, \
+            "A did not begin its stream to C anew: " + summary + _detail(counters)

@@ -21,6 +21,7 @@ BENCHMARKS = (
     "bench.idle",
     "bench.guaranteed",
     "bench.frame_mac",
+    "bench.persist",
 )
 
 
