@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "appliance.ops.cli.topic_cmd",
     "appliance.ops.cli.subs_cmd",
     "appliance.ops.cli.pcap_cmd",
+    "appliance.ops.cli.dissector_cmd",
     "appliance.ops.cli.p4_cmd",
     "appliance.ops.cli.bench_cmd",
     "appliance.ops.cli.demo_cmd",
