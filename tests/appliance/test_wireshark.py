@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import socket
+import subprocess
+import time
 from pathlib import Path
 
+import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
-from scapy.utils import wrpcap
+from scapy.utils import rdpcap, wrpcap
 
+from appliance.client import connect
+from appliance.config import load_config
+from appliance.node import Appliance
 from appliance.ops.cli import main
 from appliance.ops.wireshark import SHIPPED_DISSECTOR, generate
 from datapath.config import NATIVE_UDP_PORT
+from datapath.protocol.frame_layout import FrameType
+from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
 from tests.appliance.wireshark_view import (
     assert_same,
     codec_view,
@@ -95,3 +105,89 @@ def test_tshark_flags_malformed_frames_with_the_codecs_reason_and_offset(tmp_pat
     assert reasons >= {"too_short", "bad_magic", "bad_version", "unknown_type", "unknown_flags",
                        "bad_frame_length", "length_mismatch", "bad_count", "message_overrun",
                        "trailing_bytes", "bad_qos", "bad_field"}, reasons
+
+
+def _mark(pcap: Path, proc: subprocess.Popen, port: int, marker: bytes) -> None:
+    """Send ``marker`` to ``port`` until dumpcap has written it: everything captured before
+    it is in the file then (libpcap hands packets over in blocks, not one by one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        def written() -> bool:
+            if proc.poll() is not None:
+                pytest.skip(f"dumpcap cannot capture on lo here: {proc.stderr.read().strip()}")
+            probe.sendto(marker, ("127.0.0.1", port))
+            return pcap.exists() and marker in pcap.read_bytes()
+        wait_for(written, timeout_s=30, interval_s=0.1, what=f"dumpcap writing {marker!r}")
+
+
+def _start_capture(pcap: Path, ports: list[int], sentinel: int) -> subprocess.Popen:
+    """dumpcap on loopback for ``ports`` and ``sentinel``, live when this returns (or a skip
+    when this host lets no one capture)."""
+    flt = "udp and (" + " or ".join(f"port {p}" for p in [*ports, sentinel]) + ")"
+    proc = subprocess.Popen(["dumpcap", "-q", "-i", "lo", "-f", flt, "-P", "-w", str(pcap)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _mark(pcap, proc, sentinel, b"capture started")
+    return proc
+
+
+def _fabric_config(path: Path, name: str, port: int, client_port: int, peer: str,
+                   peer_port: int) -> Path:
+    path.write_text("\n".join([
+        "[appliance]", f'name = "{name}"', "heartbeat_interval_ms = 50",
+        "[fabric]", f'listen = "127.0.0.1:{port}"', f'key = "{FABRIC_KEY}"',
+        "[[neighbours]]", f'name = "{peer}"', f'address = "127.0.0.1:{peer_port}"',
+        "[clients]", f'udp = "127.0.0.1:{client_port}"',
+        "[pm.identities.feed]", 'publish = ["#"]', 'subscribe = ["#"]']) + "\n")
+    return path
+
+
+@requires_tshark
+def test_tshark_decodes_a_capture_of_two_real_appliances_and_their_clients(tmp_path,
+                                                                           capsys) -> None:
+    fa, fb, ca, cb, sentinel = (free_port() for _ in range(5))
+    configs = [_fabric_config(tmp_path / "a.toml", "wa", fa, ca, "wb", fb),
+               _fabric_config(tmp_path / "b.toml", "wb", fb, cb, "wa", fa)]
+    pcap = tmp_path / "fabric.pcap"
+    dumpcap = _start_capture(pcap, [fa, fb, ca, cb], sentinel)
+    apps = []
+    try:
+        apps = [Appliance(load_config(c)).start() for c in configs]
+        with connect(f"127.0.0.1:{cb}", "feed", timeout_s=10) as sc, \
+                connect(f"127.0.0.1:{ca}", "feed", timeout_s=10) as pc:
+            sub = sc.subscribe("prices/#")
+            deadline = time.monotonic() + 30
+            got = None
+            while got is None and time.monotonic() < deadline:
+                pc.publish("prices/eu/ibm", b"across the fabric", flush=True)
+                got = sub.get(timeout=0.2)
+            assert got is not None and got.topic == "prices/eu/ibm"
+    finally:
+        for app in apps:
+            app.stop()
+        _mark(pcap, dumpcap, sentinel, b"capture ends")
+        dumpcap.send_signal(signal.SIGINT)
+        dumpcap.wait(30)
+    packets = rdpcap(str(pcap))
+    shown = tshark_frames(pcap)
+    assert len(shown) == len(packets)
+    types = set()
+    for packet, view in zip(packets, shown):
+        data = bytes(packet[UDP].payload)
+        if packet[UDP].dport == sentinel:
+            assert view is None
+            continue
+        expected = codec_view(data)
+        assert_same(view, expected, data)
+        assert expected["malformed"] is None
+        types.add(expected["header"]["frame_type"])
+    assert {FrameType.HELLO, FrameType.HEARTBEAT, FrameType.CONTROL, FrameType.DATA,
+            FrameType.REGISTRY_UPDATE} <= types, types
+    # the same capture through `topicwire pcap`: the ports of both configs, topics named
+    assert main(["pcap", str(pcap), "--json", "--config", str(configs[0]), "--config",
+                 str(configs[1])]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    summary = records.pop()["summary"]
+    sentinels = sum(1 for packet in packets if packet[UDP].dport == sentinel)
+    assert summary["malformed"] == {} and summary["other_packets"] == sentinels
+    assert summary["ports"] == sorted([fa, fb, ca, cb])
+    data = [r for r in records if r["kind"] == "message" and r["frame_type"] == "DATA"]
+    assert data and {r["topic"] for r in data} == {"prices/eu/ibm"}
