@@ -23,6 +23,7 @@ subscriptions again (docs/appliance.md, "Connection states").
 
 Every error the API raises is a ``TopicwireError`` (exported here): ``ClientError`` for a
 refused operation (``LoginError``, ``EntitlementError``, ``ConnectionLostError``,
+``NoAnswerError`` (the appliance did not answer: not running or unreachable),
 ``UnacknowledgedError``, ``PublishFailedError``), the channels' and the protocol's errors for
 what the transport reports.
 """
@@ -41,6 +42,7 @@ from appliance.client.api import (
 from appliance.client.connection import STATES, StateChange
 from appliance.client.errors import (
     ConnectionLostError,
+    NoAnswerError,
     PublishFailedError,
     UnacknowledgedError,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "Client",
     "ClientError",
     "ConnectionLostError",
+    "NoAnswerError",
     "Outcome",
     "PublishFailedError",
     "STATES",

@@ -48,6 +48,14 @@ from typing import Any
 import numpy as np
 
 import channels
+from appliance.client.checks import (
+    MAX_NAMESPACE,
+    MAX_SCHEMA_ID,
+    check_identity,
+    check_int,
+    check_pattern,
+    check_topic,
+)
 from appliance.client.connection import (
     CLOSED,
     CONNECTED,
@@ -60,6 +68,7 @@ from appliance.client.errors import (
     ClientError,
     EntitlementError,
     LoginError,
+    NoAnswerError,
     UnacknowledgedError,
 )
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
@@ -98,7 +107,7 @@ from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
-from datapath.topics.algebra import matches, split_pattern
+from datapath.topics.algebra import matches
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
 
@@ -361,8 +370,8 @@ class Client(GuaranteedSide, ConnectionSide):
         except ChannelDeviceError as exc:
             if self.channel.failure is None:
                 raise
-            raise ClientError(f"the connection to the appliance is gone ({exc}); connect "
-                              "again") from None
+            raise NoAnswerError(f"the connection to the appliance is gone ({exc}); connect "
+                                "again") from None
 
     def _admin(self, ftype: fl.FrameType, entries: list, body_header: dict | None = None) -> None:
         self._send(encode_admin(ftype, entries, body_header=body_header,
@@ -387,8 +396,8 @@ class Client(GuaranteedSide, ConnectionSide):
             send()
             while not waiter.event.wait(max(0.0, min(retry_s, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
-                    raise ClientError(f"no answer from the appliance to {key[0]} within "
-                                      f"{timeout_s} s; is it running?")
+                    raise NoAnswerError(f"no answer from the appliance to {key[0]} within "
+                                        f"{timeout_s} s; is it running?")
                 send()
                 self.request_retries += 1
                 retry_s = min(retry_s * 2, REQUEST_RETRY_MAX_S)
@@ -457,6 +466,9 @@ class Client(GuaranteedSide, ConnectionSide):
             raise ClientError("on_outcome is a callable, and only for qos=\"guaranteed\" (other "
                               "QoS classes are not acknowledged)")
         self._check_usable()
+        check_topic(topic)
+        check_int("namespace", namespace, MAX_NAMESPACE)
+        check_int("schema_id", schema_id, MAX_SCHEMA_ID)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             hint = " (encode text first: payload.encode())" if isinstance(payload, str) else ""
             raise ClientError(f"a payload is bytes, bytearray or memoryview, not "
@@ -551,7 +563,8 @@ class Client(GuaranteedSide, ConnectionSide):
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         self._check_usable()
-        split_pattern(pattern)
+        check_pattern(pattern)
+        check_int("namespace", namespace, MAX_NAMESPACE)
         compiled = None
         if selector:
             from nic_offload.selectors import compile_selector
@@ -574,7 +587,8 @@ class Client(GuaranteedSide, ConnectionSide):
         """Seed 000 unsubscribe: withdraws ``pattern`` and what it includes; narrower than a
         subscription, it is a partial unsubscribe."""
         self._check_usable()
-        split_pattern(pattern)
+        check_pattern(pattern)
+        check_int("namespace", namespace, MAX_NAMESPACE)
         sub_id = next(self._sub_ids)
         result = self._request(("unsubscribe", sub_id), lambda: self._admin(
             fl.FrameType.UNSUBSCRIBE, [al.Subscription(sub_id, namespace, 0, 0, pattern)]))
@@ -940,6 +954,7 @@ def connect(url: str, identity: str = "anonymous", *,
         raise ClientError(f"connect takes the appliance's address as a string (shm://RING, "
                           f"udp://HOST:PORT, HOST:PORT, rdma://HOST:PORT or embedded:), not "
                           f"{type(url).__name__}")
+    check_identity(identity)
     if "://" not in url and not url.startswith("embedded:"):
         url = f"udp://{url}"  # HOST:PORT, as the command line takes it
     if on_state is not None and not callable(on_state):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -138,14 +139,43 @@ class ConnectionReport:
         print(f"topicwire: {self.command}: {text}", file=sys.stderr, flush=True)
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Every argument checked before anything is sent: a bad one is one line and exit 2."""
+    from appliance.client import ClientError
+    from appliance.client.checks import (
+        MAX_NAMESPACE,
+        check_identity,
+        check_int,
+        check_pattern,
+        check_seconds,
+        check_topic,
+    )
+
+    name = args.command_name
+    if not args.appliance:
+        raise UserError(f"give --appliance ADDR (udp://HOST:PORT, HOST:PORT, shm://RING, "
+                        f"embedded:) or set ${APPLIANCE_ENV}", component=name)
+    if args.count < 0 or getattr(args, "rate", 0) < 0:
+        raise UserError("--count and --rate must not be negative", component=name)
+    try:
+        check_identity(args.identity)
+        check_int("--namespace", args.namespace, MAX_NAMESPACE)
+        if name == "pub":
+            check_topic(args.topic)
+            if not math.isfinite(args.rate):
+                raise ClientError(f"--rate is a finite number of messages per second, not "
+                                  f"{args.rate}")
+        else:
+            check_pattern(args.pattern)
+            check_seconds("--seconds", args.seconds)
+    except ClientError as exc:
+        raise UserError(str(exc).removeprefix("client: "), component=name) from None
+
+
 def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN202 - a Client
     from appliance.client import ClientError, connect
 
-    if not args.appliance:
-        raise UserError(f"give --appliance ADDR (udp://HOST:PORT, HOST:PORT, shm://RING, "
-                        f"embedded:) or set ${APPLIANCE_ENV}", component="pubsub")
-    if args.count < 0 or getattr(args, "rate", 0) < 0:
-        raise UserError("--count and --rate must not be negative", component="pubsub")
+    _check(args)
     try:
         return connect(_url(args.appliance), args.identity, on_state=report,
                        session_timeout_s=args.session_timeout, reconnect_s=args.reconnect)
@@ -159,11 +189,16 @@ def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN20
 
 def run_pub(args: argparse.Namespace) -> int:
     from appliance.client import ConnectionLostError, UnacknowledgedError
+    from datapath.protocol.message_layout import MAX_PAYLOAD_BYTES
 
-    if args.size < 0:
-        raise UserError("--size must not be negative", component="pub")
-    payload = args.message.encode() if args.message is not None else bytes(
-        (i * 7) & 0xFF for i in range(args.size))
+    if not 0 <= args.size <= MAX_PAYLOAD_BYTES:
+        raise UserError(f"--size is 0 to {MAX_PAYLOAD_BYTES} bytes, not {args.size}",
+                        component="pub")
+    try:
+        payload = args.message.encode() if args.message is not None else bytes(
+            (i * 7) & 0xFF for i in range(args.size))
+    except UnicodeEncodeError:
+        raise UserError("--message is not valid UTF-8 text", component="pub") from None
     args.command_name = "pub"
     report = ConnectionReport("pub", args.appliance or "")
     client = _connect(args, report)

@@ -83,6 +83,7 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def fetch(url: str, path: str, token: str | None, timeout_s: float) -> Any:
     """GET ``url + path`` as JSON; StatusUsageError / StatusUnreachable when it fails."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -106,6 +107,9 @@ def fetch(url: str, path: str, token: str | None, timeout_s: float) -> Any:
         raise StatusUnreachable(f"cannot reach the management API at {url} ({reason}); is "
                                 "the appliance running with mgmt.listen set to that address? "
                                 "Point --mgmt at it") from None
+    except http.client.HTTPException as exc:  # not HTTP at all, or cut short
+        raise StatusUnreachable(f"{url}{path} did not answer HTTP ({type(exc).__name__}); is "
+                                "this a topicwire management API?") from None
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):

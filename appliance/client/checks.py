@@ -1,0 +1,82 @@
+"""Argument checks of the client API: each refuses with a ``ClientError`` saying what it
+accepts, before anything is sent (a bad value must never reach the codec as an exception).
+
+Topics and patterns are native (``/`` levels, ``+`` and ``#`` wildcards, docs/topics.md). A
+NATS-style dot subject with a wildcard token (``prices.>``, ``a.*.c``) is refused with its
+native spelling: taken as it is, it would be one literal level that no one publishes to.
+A dotted name without wildcards (``prices.eu``) stays what it is natively: one level.
+"""
+
+from __future__ import annotations
+
+import math
+
+from appliance.client.errors import ClientError
+from datapath.topics.algebra import TopicError, split_pattern, split_topic
+from datapath.topics.syntax import dot_to_slash
+
+MAX_IDENTITY_BYTES = 255
+"""Longest identity a login carries (its HELLO name field, docs/protocol.md)."""
+MAX_NAMESPACE = 2**32 - 1
+MAX_SCHEMA_ID = 2**16 - 1
+_DOT_WILDCARDS = ("*", ">")
+
+
+def _dot_hint(text: str, kind: str) -> None:
+    for level in text.split("/"):
+        if "." in level and any(t in _DOT_WILDCARDS for t in level.split(".")):
+            try:
+                native = f"; write {dot_to_slash(text)!r}" if "/" not in text else ""
+            except TopicError:
+                native = ""
+            raise ClientError(f"{kind} {text!r} is in NATS dot syntax, which this API does not "
+                              f"translate: native {kind}s separate levels with '/' and use "
+                              f"'+' (one level) and '#' (any levels){native}")
+
+
+def check_topic(topic: object) -> str:
+    """A concrete native topic (what ``publish`` takes)."""
+    try:
+        split_topic(topic)
+    except TopicError as exc:
+        raise ClientError(str(exc).removeprefix("topics: ")) from None
+    _dot_hint(topic, "topic")
+    return topic
+
+
+def check_pattern(pattern: object) -> str:
+    """A native subscription pattern (what ``subscribe`` takes)."""
+    try:
+        split_pattern(pattern)
+    except TopicError as exc:
+        raise ClientError(str(exc).removeprefix("topics: ")) from None
+    _dot_hint(pattern, "pattern")
+    return pattern
+
+
+def check_int(name: str, value: object, high: int) -> int:
+    """An integer 0..``high`` (namespace, schema id)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise ClientError(f"{name} is an integer from 0 to {high}, not {value!r}")
+    return value
+
+
+def check_identity(identity: object) -> str:
+    """A login identity: text of 1..MAX_IDENTITY_BYTES UTF-8 bytes."""
+    if not isinstance(identity, str):
+        raise ClientError(f"identity is a string, not {type(identity).__name__}")
+    try:
+        size = len(identity.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ClientError(f"identity {identity!r} is not valid UTF-8 text") from None
+    if not 0 < size <= MAX_IDENTITY_BYTES:
+        raise ClientError(f"identity of {size} UTF-8 bytes; give 1 to {MAX_IDENTITY_BYTES}")
+    return identity
+
+
+def check_seconds(name: str, value: object) -> float:
+    """A finite, non-negative number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value >= 0):
+        raise ClientError(f"{name} is a finite number of seconds >= 0, not {value!r}")
+    return float(value)
