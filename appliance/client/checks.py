@@ -34,24 +34,23 @@ def _dot_hint(text: str, kind: str) -> None:
                               f"'+' (one level) and '#' (any levels){native}")
 
 
-def check_topic(topic: object) -> str:
-    """A concrete native topic (what ``publish`` takes)."""
+def _native(text: object, kind: str) -> str:
     try:
-        split_topic(topic)
+        (split_topic if kind == "topic" else split_pattern)(text)
     except TopicError as exc:
         raise ClientError(str(exc).removeprefix("topics: ")) from None
-    _dot_hint(topic, "topic")
-    return topic
+    _dot_hint(text, kind)
+    return text
+
+
+def check_topic(topic: object) -> str:
+    """A concrete native topic (what ``publish`` takes)."""
+    return _native(topic, "topic")
 
 
 def check_pattern(pattern: object) -> str:
     """A native subscription pattern (what ``subscribe`` takes)."""
-    try:
-        split_pattern(pattern)
-    except TopicError as exc:
-        raise ClientError(str(exc).removeprefix("topics: ")) from None
-    _dot_hint(pattern, "pattern")
-    return pattern
+    return _native(pattern, "pattern")
 
 
 def check_int(name: str, value: object, high: int) -> int:
