@@ -502,6 +502,7 @@ def parse_address(text: object, key: str, *, allow_zero_port: bool = False,
 
 def _patterns(value: object, key: str) -> tuple[str, ...]:
     from datapath.topics.algebra import TopicError, split_pattern
+    from datapath.topics.syntax import dot_subject_refusal
 
     value = _list(value, key, MAX_PATTERNS, "topic patterns such as [\"prices/#\"]")
     if not all(isinstance(p, str) for p in value):
@@ -511,6 +512,9 @@ def _patterns(value: object, key: str) -> tuple[str, ...]:
             split_pattern(pattern)
         except TopicError as exc:
             raise _fail(key, f"{show(pattern)}: {str(exc).removeprefix('topics: ')}") from None
+        refusal = dot_subject_refusal(pattern, "pattern")
+        if refusal is not None:
+            raise _fail(key, refusal)
     return tuple(value)
 
 

@@ -13,25 +13,12 @@ import math
 
 from appliance.client.errors import ClientError
 from datapath.topics.algebra import TopicError, split_pattern, split_topic
-from datapath.topics.syntax import dot_to_slash
+from datapath.topics.syntax import dot_subject_refusal
 
 MAX_IDENTITY_BYTES = 255
 """Longest identity a login carries (its HELLO name field, docs/protocol.md)."""
 MAX_NAMESPACE = 2**32 - 1
 MAX_SCHEMA_ID = 2**16 - 1
-_DOT_WILDCARDS = ("*", ">")
-
-
-def _dot_hint(text: str, kind: str) -> None:
-    for level in text.split("/"):
-        if "." in level and any(t in _DOT_WILDCARDS for t in level.split(".")):
-            try:
-                native = f"; write {dot_to_slash(text)!r}" if "/" not in text else ""
-            except TopicError:
-                native = ""
-            raise ClientError(f"{kind} {text!r} is in NATS dot syntax, which this API does not "
-                              f"translate: native {kind}s separate levels with '/' and use "
-                              f"'+' (one level) and '#' (any levels){native}")
 
 
 def _native(text: object, kind: str) -> str:
@@ -39,7 +26,9 @@ def _native(text: object, kind: str) -> str:
         (split_topic if kind == "topic" else split_pattern)(text)
     except TopicError as exc:
         raise ClientError(str(exc).removeprefix("topics: ")) from None
-    _dot_hint(text, kind)
+    refusal = dot_subject_refusal(text, kind)
+    if refusal is not None:
+        raise ClientError(refusal)
     return text
 
 
