@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from appliance.ops.mgmt.config import MGMT_DEFAULT_HOST, MGMT_DEFAULT_PORT, STATUS_HTTP_TIMEOUT_S
+from appliance.ops.mgmt.config import (
+    MGMT_DEFAULT_HOST,
+    MGMT_DEFAULT_PORT,
+    STATUS_HTTP_TIMEOUT_S,
+    STATUS_MAX_TIMEOUT_S,
+)
 
 DEFAULT_URL = f"http://{MGMT_DEFAULT_HOST}:{MGMT_DEFAULT_PORT}"
 """Where ``topicwire status`` looks without ``--mgmt`` or ``$TOPICWIRE_MGMT``."""
@@ -43,9 +49,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the API protects reads")
     parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
                         help="read the bearer token from FILE")
-    parser.add_argument("--timeout", type=float, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
+    parser.add_argument("--timeout", type=_timeout, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
                         help=f"seconds to wait for the answer (default {STATUS_HTTP_TIMEOUT_S})")
     parser.set_defaults(handler=run)
+
+
+def _timeout(text: str) -> float:
+    """``--timeout``: seconds, more than 0 and at most STATUS_MAX_TIMEOUT_S."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= STATUS_MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"give seconds above 0 and at most "
+                                         f"{STATUS_MAX_TIMEOUT_S:g}, not {text!r}")
+    return value
 
 
 def base_url(text: str | None) -> str:
