@@ -27,6 +27,7 @@ import os
 import sys
 import time
 
+from appliance.ops.cli.exit_codes import FAILURE, INTERRUPTED
 from datapath.errors import UserError
 
 STATS_LATENCY_HIGHEST_NS = 60_000_000_000
@@ -37,9 +38,9 @@ SUB_POLL_S = 0.1
 """How often ``sub`` checks its end conditions while waiting for messages."""
 PUB_ACK_TIMEOUT_S = 5.0
 """How long ``pub`` waits at the end for the appliance to acknowledge guaranteed messages."""
-EXIT_NOT_DELIVERED = 1
+EXIT_NOT_DELIVERED = FAILURE
 """Exit code of ``pub`` and ``sub`` when guaranteed messages were not acknowledged or the
-connection was lost for good."""
+connection was lost for good (exit_codes: a runtime failure)."""
 
 
 APPLIANCE_ENV = "TOPICWIRE_APPLIANCE"
@@ -214,6 +215,7 @@ def run_pub(args: argparse.Namespace) -> int:
         pending = exc.pending
 
     start = time.perf_counter()
+    interrupted = False
     try:
         i = 0
         while i < args.count and report.gave_up is None:
@@ -243,6 +245,7 @@ def run_pub(args: argparse.Namespace) -> int:
             except ConnectionLostError:
                 pass
     except KeyboardInterrupt:
+        interrupted = True
         print("topicwire: pub: interrupted", file=sys.stderr, flush=True)
     finally:
         client.close()
@@ -272,6 +275,8 @@ def run_pub(args: argparse.Namespace) -> int:
     if report.gave_up is not None:
         print(f"topicwire: pub: stopped after {sent} of {args.count} messages: "
               f"{report.gave_up}", file=sys.stderr, flush=True)
+    if interrupted:  # what was sent is summed up above; the code says it did not finish
+        return INTERRUPTED
     return EXIT_NOT_DELIVERED if unacknowledged or report.gave_up is not None else 0
 
 
