@@ -261,3 +261,33 @@ def test_the_exit_code_convention_is_documented_where_users_look() -> None:
     docs = (root / "docs" / "appliance.md").read_text()
     for text in (readme, docs):
         assert "130" in text and "runtime failure" in text, "exit codes 0/1/2/130 documented"
+
+
+def test_ctrl_c_during_a_benchmark_is_one_line_and_exit_130_never_a_traceback() -> None:
+    """Ctrl-C as a terminal sends it: SIGINT to the whole process group (the benchmark's
+    child processes too), once the benchmark is under way (its progress line)."""
+    import os
+    import select
+    import subprocess
+    import time
+
+    from tests.appliance.helpers import CLI, ROOT
+
+    proc = subprocess.Popen([*CLI, "bench", "channel"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = ""
+    try:
+        deadline = time.monotonic() + 120
+        while "repeat 1/" not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, seen
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                seen += proc.stderr.readline()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, seen + err
+    assert "Traceback" not in seen + err
+    assert err.strip().splitlines()[-1] == "topicwire: interrupted", err
