@@ -153,7 +153,9 @@ def capture_registry(path: str | Path, ports: int | Collection[int] | Ports) -> 
 def dissect(path: str | Path, ports: int | Collection[int] | Ports,
             topic_name: TopicName | None = None,
             summary: CaptureSummary | None = None) -> Iterator[dict[str, Any]]:
-    """One record per message, admin entry or malformed frame, in capture order."""
+    """One record per message, admin entry or malformed frame, in capture order. The capture
+    is read twice: first for its REGISTRY_UPDATE frames, so a message is named even when the
+    frame naming its key comes later."""
     summary = summary if summary is not None else CaptureSummary()
     path = Path(path)
     if not path.is_file():
