@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,6 +123,8 @@ def _mark(pcap: Path, proc: subprocess.Popen, port: int, marker: bytes) -> None:
 def _start_capture(pcap: Path, ports: list[int], sentinel: int) -> subprocess.Popen:
     """dumpcap on loopback for ``ports`` and ``sentinel``, live when this returns (or a skip
     when this host lets no one capture)."""
+    if shutil.which("dumpcap") is None:
+        pytest.skip("dumpcap is not installed (Debian's wireshark-common, which tshark needs)")
     flt = "udp and (" + " or ".join(f"port {p}" for p in [*ports, sentinel]) + ")"
     proc = subprocess.Popen(["dumpcap", "-q", "-i", "lo", "-f", flt, "-P", "-w", str(pcap)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
