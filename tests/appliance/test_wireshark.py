@@ -27,6 +27,8 @@ from appliance.node import Appliance
 from appliance.ops.cli import main
 from appliance.ops.wireshark import SHIPPED_DISSECTOR, generate
 from datapath.config import NATIVE_UDP_PORT
+from datapath.protocol import admin_layout as al
+from datapath.protocol.codec import encode_admin, encode_data_frame
 from datapath.protocol.frame_layout import FrameType
 from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
 from tests.appliance.wireshark_view import (
@@ -68,6 +70,19 @@ def test_tshark_decodes_every_field_of_every_golden_vector(tmp_path) -> None:
     for view, data in zip(shown, VECTORS + VECTORS):
         assert_same(view, codec_view(data), data)
         assert view["malformed"] is None
+
+
+@requires_tshark
+def test_tshark_names_message_keys_from_the_captures_registry_updates(tmp_path) -> None:
+    named = encode_admin(FrameType.REGISTRY_UPDATE, [al.RegistryEntry(0xAB, 0, "seen/later")],
+                         body_header={"version": 1})
+    message = encode_data_frame([{"topic_key": 0xAB, "sequence": 1, "payload": b"p"}])
+    other = encode_data_frame([{"topic_key": 0xCD, "sequence": 1, "payload": b"p"}])
+    pcap = tmp_path / "named.pcap"
+    wrpcap(str(pcap), [_udp(message), _udp(bytes(named)), _udp(message), _udp(other)])
+    shown = tshark_frames(pcap)
+    names = [view["messages"][0].get("topic_name") for view in (shown[0], shown[2], shown[3])]
+    assert names == ["seen/later", "seen/later", None]
 
 
 def _mutant(rng: random.Random) -> bytes:
@@ -194,3 +209,7 @@ def test_tshark_decodes_a_capture_of_two_real_appliances_and_their_clients(tmp_p
     assert summary["ports"] == sorted([fa, fb, ca, cb])
     data = [r for r in records if r["kind"] == "message" and r["frame_type"] == "DATA"]
     assert data and {r["topic"] for r in data} == {"prices/eu/ibm"}
+    # and in tshark: each DATA message carries its topic or is named by an update
+    shown_topics = {m.get("topic") or m.get("topic_name") for view in shown if view
+                    for m in view["messages"]}
+    assert shown_topics == {"prices/eu/ibm"}, shown_topics

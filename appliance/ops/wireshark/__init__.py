@@ -104,8 +104,17 @@ def _admin_layouts() -> str:
             f"  text_limit_bytes = {layout.text_limit_bytes},\n"
             f'  body_name = "{frame_type.name.lower()}",\n'
             f"  body_bytes = {body.size if body else 0},\n"
-            f"  body_fields = {_struct_fields(body, body_names, {}) if body else '{}'},\n}}")
+            f"  body_fields = {_struct_fields(body, body_names, {}) if body else '{}'},\n"
+            f"  names_keys = {_names_keys(layout)},\n}}")
     return "{\n" + ",\n".join(rows) + ",\n}"
+
+
+def _names_keys(layout: al.AdminLayout) -> str:
+    """Whether an entry names a topic key (``topic_key`` first, its only text ``topic``): the
+    dissector keeps these to name the keys of later messages."""
+    names = layout.fields[0] == "topic_key" and layout.texts == ("topic",)
+    assert not names or layout.entry_struct.format.lstrip(">")[0] == "Q"
+    return "true" if names else "false"
 
 
 def _enum_tables() -> str:

@@ -32,6 +32,8 @@ declare_ints("topicwire.auth", AUTH_FIELDS)
 declare("topicwire.auth.mac", ProtoField.bytes("topicwire.auth.mac", "mac"))
 declare("topicwire.message.payload", ProtoField.bytes("topicwire.message.payload", "payload"))
 declare("topicwire.message.topic", ProtoField.string("topicwire.message.topic", "topic"))
+declare("topicwire.message.topic_name",
+        ProtoField.string("topicwire.message.topic_name", "topic (from REGISTRY_UPDATE)"))
 declare("topicwire.message", ProtoField.none("topicwire.message", "message"))
 declare("topicwire.entry", ProtoField.none("topicwire.entry", "entry"))
 declare("topicwire.auth", ProtoField.none("topicwire.auth", "authentication trailer"))
@@ -51,6 +53,13 @@ proto.fields = field_list
 local malformed_expert = ProtoExpert.new("topicwire.malformed.expert", "malformed frame",
                                          expert.group.MALFORMED, expert.severity.ERROR)
 proto.experts = {malformed_expert}
+
+-- Topic key (hex text) -> topic, from the REGISTRY_UPDATE entries dissected so far in this
+-- capture: messages carry keys only. `tshark -2` names keys whose update comes later too.
+local topic_names = {}
+function proto.init()
+  topic_names = {}
+end
 
 local function align8(n)
   return n + (C.FRAME_ALIGNMENT_BYTES - n % C.FRAME_ALIGNMENT_BYTES) % C.FRAME_ALIGNMENT_BYTES
@@ -155,6 +164,10 @@ local function walk_messages(tvb, pinfo, tree, body_end, count)
     sub:add(F["topicwire.message.payload"], range(tvb, at, v.payload_len))
     sub:add_packet_field(F["topicwire.message.topic"],
                          range(tvb, at + v.payload_len, v.topic_len), ENC_UTF_8)
+    local name = topic_names[tostring(tvb:range(pos, 8):uint64())]
+    if v.topic_len == 0 and name ~= nil then
+      sub:add(F["topicwire.message.topic_name"], name):set_generated()
+    end
     pos = pos + size
   end
   if pos ~= body_end then return flag(tree, pinfo, "trailing_bytes", pos) end
@@ -199,6 +212,11 @@ local function walk_admin(tvb, pinfo, tree, body_end, frame_type, count)
     end
     local entry_end = pos + layout.fixed_bytes + align8(text_pos - pos - layout.fixed_bytes)
     if entry_end > body_end then return flag(tree, pinfo, "message_overrun", text_pos) end
+    if layout.names_keys then  -- a REGISTRY_UPDATE entry: topic_key first, then its topic
+      local at = pos + layout.fixed_bytes
+      topic_names[tostring(tvb:range(pos, 8):uint64())] = tvb:range(at, v.topic_len):string(
+        ENC_UTF_8)
+    end
     sub:set_len(entry_end - pos)
     pos = entry_end
   end

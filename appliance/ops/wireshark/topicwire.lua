@@ -82,6 +82,7 @@ local ADMIN_LAYOUTS = {
   body_name = "hello",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [3] = { -- HEARTBEAT
   entry = "hello",
@@ -92,6 +93,7 @@ local ADMIN_LAYOUTS = {
   body_name = "heartbeat",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [4] = { -- SUBSCRIBE
   entry = "subscription",
@@ -102,6 +104,7 @@ local ADMIN_LAYOUTS = {
   body_name = "subscribe",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [5] = { -- UNSUBSCRIBE
   entry = "subscription",
@@ -112,6 +115,7 @@ local ADMIN_LAYOUTS = {
   body_name = "unsubscribe",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [6] = { -- REGISTRY_UPDATE
   entry = "registryentry",
@@ -122,6 +126,7 @@ local ADMIN_LAYOUTS = {
   body_name = "registry_update",
   body_bytes = 8,
   body_fields = {{name = "version", offset = 0, width = 8}},
+  names_keys = true,
 },
 [7] = { -- NAK
   entry = "seqrange",
@@ -132,6 +137,7 @@ local ADMIN_LAYOUTS = {
   body_name = "nak",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [9] = { -- FLOW_CONTROL
   entry = "flowcontrol",
@@ -142,6 +148,7 @@ local ADMIN_LAYOUTS = {
   body_name = "flow_control",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [10] = { -- SESSION_MOVE
   entry = "sessionmove",
@@ -152,6 +159,7 @@ local ADMIN_LAYOUTS = {
   body_name = "session_move",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [11] = { -- SUCCESSOR
   entry = "successor",
@@ -162,6 +170,7 @@ local ADMIN_LAYOUTS = {
   body_name = "successor",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [12] = { -- ACK
   entry = "ack",
@@ -172,6 +181,7 @@ local ADMIN_LAYOUTS = {
   body_name = "ack",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [13] = { -- LOSS
   entry = "seqrange",
@@ -182,6 +192,7 @@ local ADMIN_LAYOUTS = {
   body_name = "loss",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 [14] = { -- CONTROL
   entry = "control",
@@ -192,6 +203,7 @@ local ADMIN_LAYOUTS = {
   body_name = "control",
   body_bytes = 0,
   body_fields = {},
+  names_keys = false,
 },
 }
 
@@ -229,6 +241,8 @@ declare_ints("topicwire.auth", AUTH_FIELDS)
 declare("topicwire.auth.mac", ProtoField.bytes("topicwire.auth.mac", "mac"))
 declare("topicwire.message.payload", ProtoField.bytes("topicwire.message.payload", "payload"))
 declare("topicwire.message.topic", ProtoField.string("topicwire.message.topic", "topic"))
+declare("topicwire.message.topic_name",
+        ProtoField.string("topicwire.message.topic_name", "topic (from REGISTRY_UPDATE)"))
 declare("topicwire.message", ProtoField.none("topicwire.message", "message"))
 declare("topicwire.entry", ProtoField.none("topicwire.entry", "entry"))
 declare("topicwire.auth", ProtoField.none("topicwire.auth", "authentication trailer"))
@@ -248,6 +262,13 @@ proto.fields = field_list
 local malformed_expert = ProtoExpert.new("topicwire.malformed.expert", "malformed frame",
                                          expert.group.MALFORMED, expert.severity.ERROR)
 proto.experts = {malformed_expert}
+
+-- Topic key (hex text) -> topic, from the REGISTRY_UPDATE entries dissected so far in this
+-- capture: messages carry keys only. `tshark -2` names keys whose update comes later too.
+local topic_names = {}
+function proto.init()
+  topic_names = {}
+end
 
 local function align8(n)
   return n + (C.FRAME_ALIGNMENT_BYTES - n % C.FRAME_ALIGNMENT_BYTES) % C.FRAME_ALIGNMENT_BYTES
@@ -352,6 +373,10 @@ local function walk_messages(tvb, pinfo, tree, body_end, count)
     sub:add(F["topicwire.message.payload"], range(tvb, at, v.payload_len))
     sub:add_packet_field(F["topicwire.message.topic"],
                          range(tvb, at + v.payload_len, v.topic_len), ENC_UTF_8)
+    local name = topic_names[tostring(tvb:range(pos, 8):uint64())]
+    if v.topic_len == 0 and name ~= nil then
+      sub:add(F["topicwire.message.topic_name"], name):set_generated()
+    end
     pos = pos + size
   end
   if pos ~= body_end then return flag(tree, pinfo, "trailing_bytes", pos) end
@@ -396,6 +421,11 @@ local function walk_admin(tvb, pinfo, tree, body_end, frame_type, count)
     end
     local entry_end = pos + layout.fixed_bytes + align8(text_pos - pos - layout.fixed_bytes)
     if entry_end > body_end then return flag(tree, pinfo, "message_overrun", text_pos) end
+    if layout.names_keys then  -- a REGISTRY_UPDATE entry: topic_key first, then its topic
+      local at = pos + layout.fixed_bytes
+      topic_names[tostring(tvb:range(pos, 8):uint64())] = tvb:range(at, v.topic_len):string(
+        ENC_UTF_8)
+    end
     sub:set_len(entry_end - pos)
     pos = entry_end
   end
