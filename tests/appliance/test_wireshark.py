@@ -26,16 +26,21 @@ from appliance.config import load_config
 from appliance.node import Appliance
 from appliance.ops.cli import main
 from appliance.ops.wireshark import SHIPPED_DISSECTOR, generate
+from channels.base import FrameBatch
+from channels.tcp import TcpChannel
 from datapath.config import NATIVE_UDP_PORT
 from datapath.protocol import admin_layout as al
+from datapath.protocol import frame_layout as fl
 from datapath.protocol.codec import encode_admin, encode_data_frame
 from datapath.protocol.frame_layout import FrameType
 from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
 from tests.appliance.wireshark_view import (
     assert_same,
+    codec_stream_views,
     codec_view,
     requires_tshark,
     tshark_frames,
+    tshark_layers,
 )
 
 GOLDEN = Path(__file__).resolve().parents[1] / "datapath" / "protocol" / "golden"
@@ -135,12 +140,14 @@ def _mark(pcap: Path, proc: subprocess.Popen, port: int, marker: bytes) -> None:
         wait_for(written, timeout_s=30, interval_s=0.1, what=f"dumpcap writing {marker!r}")
 
 
-def _start_capture(pcap: Path, ports: list[int], sentinel: int) -> subprocess.Popen:
+def _start_capture(pcap: Path, ports: list[int], sentinel: int,
+                   transport: str = "udp") -> subprocess.Popen:
     """dumpcap on loopback for ``ports`` and ``sentinel``, live when this returns (or a skip
     when this host lets no one capture)."""
     if shutil.which("dumpcap") is None:
         pytest.skip("dumpcap is not installed (Debian's wireshark-common, which tshark needs)")
-    flt = "udp and (" + " or ".join(f"port {p}" for p in [*ports, sentinel]) + ")"
+    flt = (f"({transport} and (" + " or ".join(f"port {p}" for p in ports) + ")) or "
+           f"(udp and port {sentinel})")
     proc = subprocess.Popen(["dumpcap", "-q", "-i", "lo", "-f", flt, "-P", "-w", str(pcap)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _mark(pcap, proc, sentinel, b"capture started")
@@ -213,3 +220,41 @@ def test_tshark_decodes_a_capture_of_two_real_appliances_and_their_clients(tmp_p
     shown_topics = {m.get("topic") or m.get("topic_name") for view in shown if view
                     for m in view["messages"]}
     assert shown_topics == {"prices/eu/ibm"}, shown_topics
+
+
+@requires_tshark
+def test_tshark_decodes_frames_on_a_tcp_channel_as_the_codec_decodes_the_stream(tmp_path) -> None:
+    """Frames back to back on a real TCP channel (channels/tcp.py) on loopback, written in
+    pieces that do not follow frame boundaries, the last one malformed (a frame_len no frame
+    can have: the channel closes the connection there, the dissector flags it)."""
+    bad = bytearray(VECTORS[0])
+    bad[8:12] = (fl.MAX_FRAME_BYTES + 8).to_bytes(4, "big")
+    stream = b"".join(VECTORS) + bytes(bad)
+    server = TcpChannel(listen=("127.0.0.1", 0))
+    sentinel = free_port()
+    pcap = tmp_path / "tcp.pcap"
+    dumpcap = _start_capture(pcap, [server.local_address[1]], sentinel, transport="tcp")
+    try:
+        with socket.create_connection(server.local_address) as client:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            batch, got = FrameBatch(64, fl.MAX_FRAME_BYTES), []
+            for start in range(0, len(stream), 333):  # segments cut mid-frame
+                client.sendall(stream[start : start + 333])
+
+            def every_good_frame() -> bool:
+                count = server.receive(batch, timeout_ns=10_000_000)
+                got.extend(bytes(batch.frame(i)) for i in range(count))
+                return len(got) >= len(VECTORS)
+            wait_for(every_good_frame, what="the TCP channel cutting out every good frame")
+            assert got == VECTORS  # (the channel drops the bad one and the connection)
+    finally:
+        server.close()
+        _mark(pcap, dumpcap, sentinel, b"capture ends")
+        dumpcap.send_signal(signal.SIGINT)
+        dumpcap.wait(30)
+    shown = [view for layers in tshark_layers(pcap) for view in layers]
+    expected = codec_stream_views(stream)
+    assert len(shown) == len(expected) == len(VECTORS) + 1
+    for view, (decoded, data) in zip(shown, expected):
+        assert_same(view, decoded, data)
+    assert shown[-1]["malformed"] == ("bad_frame_length", fl.FRAME_LEN_OFFSET)

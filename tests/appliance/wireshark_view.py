@@ -33,16 +33,19 @@ _GENERATED_TEXT_FIELDS = {"topic_name"}
 
 def tshark_frames(pcap: Path) -> list[dict[str, Any] | None]:
     """Per packet: the dissector's view of its native frame, or None (no topicwire layer)."""
+    return [layers[0] if layers else None for layers in tshark_layers(pcap)]
+
+
+def tshark_layers(pcap: Path) -> list[list[dict[str, Any]]]:
+    """Per packet: the dissector's views of every native frame in it (a TCP segment holds
+    several; a frame reassembled from segments shows in the packet that completes it)."""
     done = subprocess.run([TSHARK, "-n", "-2", "-X", f"lua_script:{SHIPPED_DISSECTOR}", "-r",
                            str(pcap), "-T", "pdml"], capture_output=True, text=True,
                           timeout=120)  # -2: two passes, keys named by later updates too
     assert done.returncode == 0, done.stderr
     assert "Lua" not in done.stderr, done.stderr  # a Lua error in the dissector
-    views = []
-    for packet in ET.fromstring(done.stdout).iter("packet"):
-        layer = packet.find("proto[@name='topicwire']")
-        views.append(None if layer is None else _tshark_view(layer))
-    return views
+    return [[_tshark_view(layer) for layer in packet.findall("proto[@name='topicwire']")]
+            for packet in ET.fromstring(done.stdout).iter("packet")]
 
 
 def _value(field: ET.Element) -> Any:
@@ -105,6 +108,27 @@ def codec_view(data: bytes) -> dict[str, Any]:
         frame = decode_frame(data)
     except ProtocolError as exc:
         return {"malformed": (exc.reason.name.lower(), exc.offset)}
+    return _frame_view(frame)
+
+
+def codec_stream_views(stream: bytes) -> list[tuple[dict[str, Any], bytes]]:
+    """The codec's decode of a byte stream (TCP): each frame's view and bytes, up to the
+    first malformed one, whose view says why and which takes the rest of the stream."""
+    out, offset = [], 0
+    while offset < len(stream):
+        try:
+            frame = decode_frame(stream, offset, len(stream) - offset, exact=False)
+        except ProtocolError as exc:
+            out.append(({"malformed": (exc.reason.name.lower(), exc.offset - offset)},
+                        stream[offset:]))
+            break
+        end = offset + frame.header.frame_len
+        out.append((_frame_view(decode_frame(stream[offset:end])), stream[offset:end]))
+        offset = end
+    return out
+
+
+def _frame_view(frame: Any) -> dict[str, Any]:
     head = frame.header
     header = {name: int(getattr(head, name)) for name in fl.FRAME_HEADER_DTYPE.names
               if name != "magic"}

@@ -130,6 +130,15 @@ local function add_ints(tree, tvb, prefix, fields, base_pos)
   return values
 end
 
+-- The Info column: one frame's summary, or after the first of a TCP segment's, " | " and more.
+local function show_info(pinfo, text)
+  if tostring(pinfo.cols.info):find("^topicwire ") then
+    pinfo.cols.info:append(" | " .. text)
+  else
+    pinfo.cols.info:set(text)
+  end
+end
+
 local function flag(tree, pinfo, reason, offset)
   tree:add(F["topicwire.malformed"], reason)
   tree:add(F["topicwire.malformed_offset"], offset)
@@ -230,13 +239,13 @@ local function dissect_frame(tvb, pinfo, root)
   pinfo.cols.protocol = "topicwire"
   local tree = root:add(proto, tvb())
   if length < C.FRAME_HEADER_BYTES then
-    pinfo.cols.info:set("topicwire")
+    show_info(pinfo, "topicwire")
     return flag(tree, pinfo, "too_short", 0)
   end
   local h = add_ints(tree, tvb, "topicwire", HEADER_FIELDS, 0)
   local type_name = ENUMS.frame_type[h.frame_type] or ("type " .. h.frame_type)
-  pinfo.cols.info:set(string.format("topicwire %s count=%d stream=%d", type_name, h.msg_count,
-                                    h.stream_id))
+  show_info(pinfo, string.format("topicwire %s count=%d stream=%d", type_name, h.msg_count,
+                                 h.stream_id))
   tree:append_text(", " .. type_name)
   if h.magic ~= C.FRAME_MAGIC then return flag(tree, pinfo, "bad_magic", C.MAGIC_OFFSET) end
   if h.version ~= C.PROTOCOL_VERSION then
@@ -287,3 +296,49 @@ end
 
 DissectorTable.get("udp.port"):add(C.NATIVE_UDP_PORT, proto)
 proto:register_heuristic("udp", heuristic)
+
+-- TCP (channels/tcp.py): frames back to back, delimited by frame_len. A header that is not
+-- a frame's, or an impossible frame_len, takes the rest of the segment and is flagged: the
+-- channel closes such a connection, since a stream cannot be resynchronised.
+local tcp_proto = Proto("topicwire_tcp", "topicwire native protocol v1 over TCP")
+
+local function tcp_frame_len(tvb, _pinfo, offset)
+  local frame_len = tvb:range(offset + C.FRAME_LEN_OFFSET, 4):uint()
+  if tvb:range(offset, 2):uint() ~= C.FRAME_MAGIC or frame_len < C.FRAME_HEADER_BYTES
+      or frame_len % C.FRAME_ALIGNMENT_BYTES ~= 0 or frame_len > C.MAX_FRAME_BYTES then
+    return tvb:len() - offset
+  end
+  return frame_len
+end
+
+-- Frames cut out of a segment; a frame that goes on in the next segment asks TCP for it
+-- (pinfo.desegment_*: dissect_tcp_pdus cannot from a heuristic dissector in Wireshark 4.0).
+function tcp_proto.dissector(tvb, pinfo, root)
+  local offset, length = 0, tvb:len()
+  while offset < length do
+    if length - offset < C.FRAME_LEN_OFFSET + 4 then
+      pinfo.desegment_offset = offset
+      pinfo.desegment_len = DESEGMENT_ONE_MORE_SEGMENT
+      return length
+    end
+    local size = tcp_frame_len(tvb, pinfo, offset)
+    if offset + size > length then
+      pinfo.desegment_offset = offset
+      pinfo.desegment_len = offset + size - length
+      return length
+    end
+    dissect_frame(tvb:range(offset, size):tvb(), pinfo, root)
+    offset = offset + size
+  end
+  return offset
+end
+
+local function tcp_heuristic(tvb, pinfo, root)
+  if tvb:len() < 2 or tvb:range(0, 2):uint() ~= C.FRAME_MAGIC then return false end
+  pinfo.conversation = tcp_proto  -- the rest of this connection, segment boundaries or not
+  tcp_proto.dissector(tvb, pinfo, root)
+  return true
+end
+
+tcp_proto:register_heuristic("tcp", tcp_heuristic)
+DissectorTable.get("tcp.port"):add_for_decode_as(tcp_proto)  -- Decode As: a known port
