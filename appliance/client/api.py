@@ -439,6 +439,7 @@ class Client(GuaranteedSide, ConnectionSide):
         key = self._keys.get((namespace, topic))
         if key is not None:
             return key
+        check_topic(topic)  # once per topic: a key is cached only for a topic that passed
         key = self._keyer.key_of(topic, namespace)
         result = self._request(("register", namespace, topic), lambda: self._admin(
             fl.FrameType.REGISTRY_UPDATE, [al.RegistryEntry(key, namespace, topic)],
@@ -466,7 +467,8 @@ class Client(GuaranteedSide, ConnectionSide):
             raise ClientError("on_outcome is a callable, and only for qos=\"guaranteed\" (other "
                               "QoS classes are not acknowledged)")
         self._check_usable()
-        check_topic(topic)
+        if not isinstance(topic, str):  # (a str is checked once, when its key is made)
+            check_topic(topic)
         check_int("namespace", namespace, MAX_NAMESPACE)
         check_int("schema_id", schema_id, MAX_SCHEMA_ID)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
