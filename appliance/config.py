@@ -747,7 +747,13 @@ RDMA_KEYS = frozenset({"rdma_local", "rdma_remote", "rdma_port", "rdma_device",
 
 
 def _ipv4_host(value: object, key: str) -> str:
-    address = _ipv4(value, key)
+    """An interface's IPv4 address, given as one or as a host name (resolved now)."""
+    if isinstance(value, str) and value and not _IPV4_RE.fullmatch(value):
+        from appliance.addresses import resolve
+
+        address = resolve(value, key, ipv6=False)
+    else:
+        address = _ipv4(value, key)
     if address.is_unspecified or address.is_multicast or address == BROADCAST:
         raise _fail(key, f"{value} is not one interface's address; give the address of the "
                     "RDMA device's network interface")

@@ -124,3 +124,19 @@ def test_a_config_refuses_nats_dot_subjects_in_entitlements_naming_the_key() -> 
     cfg = parse_config({"appliance": {"name": "dots"},  # a dotted level without wildcards
                         "pm": {"identities": {"feed": {"subscribe": ["prices.eu/#"]}}}})
     assert cfg.identities["feed"].subscribe == ("prices.eu/#",)
+
+
+def test_rdma_addresses_take_host_names_too() -> None:
+    cfg = parse_config({
+        "appliance": {"name": "rd"}, "fabric": {"listen": "127.0.0.1:47470", "key": FABRIC_KEY},
+        "neighbours": [{"name": "b", "address": "127.0.0.1:47480", "transport": "rdma",
+                        "rdma_local": "localhost", "rdma_remote": "localhost",
+                        "rdma_port": 47490}]})
+    assert (cfg.neighbours[0].rdma.local, cfg.neighbours[0].rdma.remote) == ("127.0.0.1",
+                                                                            "127.0.0.1")
+    with pytest.raises(ConfigError, match="neighbours\\[0\\].rdma_remote: cannot resolve"):
+        parse_config({
+            "appliance": {"name": "rd"},
+            "fabric": {"listen": "127.0.0.1:47470", "key": FABRIC_KEY},
+            "neighbours": [{"name": "b", "address": "127.0.0.1:47480", "transport": "rdma",
+                            "rdma_remote": "no-such-host.invalid", "rdma_port": 47490}]})
