@@ -53,8 +53,8 @@ def _udp(payload: bytes, dport: int = NATIVE_UDP_PORT) -> Ether:
 
 def test_the_shipped_dissector_is_what_the_layouts_generate() -> None:
     assert SHIPPED_DISSECTOR.read_text() == generate(), (
-        "appliance/ops/wireshark/topicwire.lua is stale: run `topicwire dissector --out "
-        "appliance/ops/wireshark/topicwire.lua`")
+        "the declarations in appliance/ops/wireshark/topicwire.lua are stale: run `topicwire "
+        "dissector --out appliance/ops/wireshark/topicwire.lua`")
 
 
 def test_the_dissector_command_writes_the_generated_dissector(tmp_path, capsys) -> None:
