@@ -1,6 +1,7 @@
 # topicwire: the two commands a user needs are `make demo` and `make test`.
 # Both do all set-up on a fresh Debian 12 machine (run as root): Debian packages, a venv in
-# .venv and an editable install of the project with its dev extras. Re-runs are quick: each
+# .venv and an editable install of the project with its dev extras (tshark: the tests run the
+# Wireshark dissector with it; dumpcap is not made setuid). Re-runs are quick: each
 # step is skipped when its stamp is newer than what it depends on.
 
 PYTHON      ?= python3
@@ -8,7 +9,8 @@ VENV        := .venv
 PY          := $(VENV)/bin/python
 APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf \
                 qemu-system-x86 kmod busybox-static rdma-core ibverbs-providers ibverbs-utils \
-                libibverbs-dev python3-pyverbs perftest stress-ng mosquitto mosquitto-clients openssl
+                libibverbs-dev python3-pyverbs perftest stress-ng mosquitto mosquitto-clients \
+                tshark openssl
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
 # Debian's python3-pyverbs (built for rdma-core's libibverbs; PyPI's does not load against it),
@@ -31,6 +33,7 @@ $(APT_STAMP): Makefile
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "make: installing Debian packages:$$missing"; \
+	  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 	@mkdir -p $(VENV) && touch $@

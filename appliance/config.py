@@ -9,7 +9,8 @@ as a ``ConfigError`` naming the key, before any thread starts.
 A config is input like a frame: ``parse_config`` returns a config or raises ``ConfigError``
 whatever the document holds. The document's shape is bounded first (``_check_tree``: nesting,
 key and string lengths, 64-bit integers), then every key is read with its type and bounds;
-addresses are ASCII ``IPv4:port`` and unicast; the files a config names are read at most so
+addresses are ``HOST:PORT`` (an IPv4 address or a host name, resolved at load; ``[IPv6]`` on
+``mgmt.listen``: appliance/addresses.py) and unicast; the files a config names are read at most so
 many bytes, as UTF-8, never under /proc or /sys (``appliance/config_files.py``).
 """
 
@@ -483,13 +484,18 @@ def _address(text: object, key: str, form: str, example: str, low_port: int
 
 
 def parse_address(text: object, key: str, *, allow_zero_port: bool = False,
-                  destination: bool = False) -> Address:
-    """``"10.0.0.1:47470"`` -> ``("10.0.0.1", 47470)``: a numeric IPv4 unicast address (no
-    name lookups) and a port 1..65535 (0 too with ``allow_zero_port``: the kernel picks one).
-    Multicast and the broadcast address are refused (a unicast socket is bound or sent to);
-    so is the wildcard 0.0.0.0 for a ``destination`` (an address frames are sent to)."""
-    address, port = _address(text, key, "IPv4", "127.0.0.1:47470",
-                             0 if allow_zero_port else 1)
+                  destination: bool = False, ipv6: bool = False) -> Address:
+    """``"10.0.0.1:47470"`` or ``"localhost:47470"`` -> ``("10.0.0.1", 47470)``: the host an
+    IPv4 address or a host name, resolved now (appliance/addresses.py; ``[IPv6]`` too with
+    ``ipv6``: the TCP listeners), and a port 1..65535 (0 too with ``allow_zero_port``: the
+    kernel picks one). Multicast and the broadcast address are refused (a unicast socket is
+    bound or sent to); so is the wildcard for a ``destination`` (an address frames are sent
+    to)."""
+    from appliance.addresses import host_address
+
+    address, port = host_address(text, key, ipv6=ipv6)
+    if not (0 if allow_zero_port else 1) <= port <= 65535:
+        raise _fail(key, f"port {port} is outside [{0 if allow_zero_port else 1}, 65535]")
     if address.is_multicast:
         raise _fail(key, f"{address} is a multicast group; give a unicast address")
     if address == BROADCAST:
@@ -501,6 +507,7 @@ def parse_address(text: object, key: str, *, allow_zero_port: bool = False,
 
 def _patterns(value: object, key: str) -> tuple[str, ...]:
     from datapath.topics.algebra import TopicError, split_pattern
+    from datapath.topics.syntax import dot_subject_refusal
 
     value = _list(value, key, MAX_PATTERNS, "topic patterns such as [\"prices/#\"]")
     if not all(isinstance(p, str) for p in value):
@@ -510,6 +517,9 @@ def _patterns(value: object, key: str) -> tuple[str, ...]:
             split_pattern(pattern)
         except TopicError as exc:
             raise _fail(key, f"{show(pattern)}: {str(exc).removeprefix('topics: ')}") from None
+        refusal = dot_subject_refusal(pattern, "pattern")
+        if refusal is not None:
+            raise _fail(key, refusal)
     return tuple(value)
 
 
@@ -742,7 +752,13 @@ RDMA_KEYS = frozenset({"rdma_local", "rdma_remote", "rdma_port", "rdma_device",
 
 
 def _ipv4_host(value: object, key: str) -> str:
-    address = _ipv4(value, key)
+    """An interface's IPv4 address, given as one or as a host name (resolved now)."""
+    if isinstance(value, str) and value and not _IPV4_RE.fullmatch(value):
+        from appliance.addresses import resolve
+
+        address = resolve(value, key, ipv6=False)
+    else:
+        address = _ipv4(value, key)
     if address.is_unspecified or address.is_multicast or address == BROADCAST:
         raise _fail(key, f"{value} is not one interface's address; give the address of the "
                     "RDMA device's network interface")
@@ -825,7 +841,7 @@ def _mgmt(doc: dict, base: Path) -> dict[str, Any]:
                                 "tls_key_file", "tls_client_ca_file"}, "")
     p = "mgmt."
     if "listen" in mgmt:
-        parse_address(mgmt["listen"], p + "listen", allow_zero_port=True)
+        parse_address(mgmt["listen"], p + "listen", allow_zero_port=True, ipv6=True)
     if "token" in mgmt and "token_file" in mgmt:
         raise _fail(p + "token", "give mgmt.token or mgmt.token_file, not both")
     if "token" in mgmt:

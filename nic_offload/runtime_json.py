@@ -200,8 +200,8 @@ def save(entries: EntrySet, path: str | os.PathLike[str], **paths: str) -> None:
 def load(path: str | os.PathLike[str]) -> EntrySet:
     """Read an entry file written by ``save`` (or by hand in the same layout)."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelError(f"cannot read entry file {os.fspath(path)!r} ({exc})") from None
     if not isinstance(doc, dict):
         raise ModelError(f"entry file {os.fspath(path)!r} is not a JSON object")

@@ -147,13 +147,19 @@ def test_the_installed_package_has_its_data_and_no_extra(installed):
     assert re.fullmatch(r"topicwire \S+ \(commit \S+, Python \S+, numba \S+\)\n", out)
     where = json.loads(_run([str(bin_dir / "python"), "-c", (
         "import json, importlib.util as u, appliance.ops.cli.p4_cmd as p4, bench.fabric as f; "
+        "import appliance.ops.wireshark as w; "
         "print(json.dumps({'p4info': str(p4.DEFAULT_P4INFO), 'relay': str(f.RELAY_SOURCE), "
+        "'dissector': str(w.SHIPPED_DISSECTOR), "
         "'missing': [m for m in ('pyspark', 'pandas', 'matplotlib') if not u.find_spec(m)]}))")],
         env, cwd=tmp))
     site = str(VENV)
     assert where["p4info"].startswith(site) and Path(where["p4info"]).is_file()
     assert where["relay"].startswith(site) and Path(where["relay"]).is_file()
     assert where["missing"] == ["pyspark", "pandas", "matplotlib"]
+    # the Wireshark dissector ships, and the installed command generates the same
+    assert where["dissector"].startswith(site) and Path(where["dissector"]).is_file()
+    out = _run([str(bin_dir / "topicwire"), "dissector"], env, cwd=tmp)
+    assert out == Path(where["dissector"]).read_text()
     # P4 entries from the P4Info the package holds
     out = _run([str(bin_dir / "topicwire"), "p4", "entries", "--snapshot",
                 str(ROOT / "tests" / "p4" / "golden" / "snapshot.json"), "--out",

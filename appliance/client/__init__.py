@@ -12,7 +12,10 @@
 ``udp://HOST:PORT`` (the appliance's client UDP endpoint), ``rdma://HOST:PORT`` (its RDMA
 client endpoint, appliance/client/rdma.py) and ``embedded:`` (an appliance in
 this process, for tests and single-process applications); a bare ``HOST:PORT`` is UDP, as
-on the command line. The wire protocol is docs/appliance.md, "Clients".
+on the command line. HOST is an IPv4 address or a host name (resolved when ``connect`` is
+called; IPv6 is not supported on the UDP path yet and is refused saying so). Topics are
+native (``a/b``; patterns with ``+`` and ``#``): a NATS subject such as ``prices.>`` is
+refused with its native spelling. The wire protocol is docs/appliance.md, "Clients".
 
 Guaranteed publishing returns an ``Outcome`` per message (acknowledged by the appliance, or
 failed with a reason); ``flush(timeout=...)`` raises ``UnacknowledgedError`` with the count
@@ -23,6 +26,7 @@ subscriptions again (docs/appliance.md, "Connection states").
 
 Every error the API raises is a ``TopicwireError`` (exported here): ``ClientError`` for a
 refused operation (``LoginError``, ``EntitlementError``, ``ConnectionLostError``,
+``NoAnswerError`` (the appliance did not answer: not running or unreachable),
 ``UnacknowledgedError``, ``PublishFailedError``), the channels' and the protocol's errors for
 what the transport reports.
 """
@@ -41,6 +45,7 @@ from appliance.client.api import (
 from appliance.client.connection import STATES, StateChange
 from appliance.client.errors import (
     ConnectionLostError,
+    NoAnswerError,
     PublishFailedError,
     UnacknowledgedError,
 )
@@ -53,6 +58,7 @@ __all__ = [
     "Client",
     "ClientError",
     "ConnectionLostError",
+    "NoAnswerError",
     "Outcome",
     "PublishFailedError",
     "STATES",

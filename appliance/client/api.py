@@ -48,6 +48,14 @@ from typing import Any
 import numpy as np
 
 import channels
+from appliance.client.checks import (
+    MAX_NAMESPACE,
+    MAX_SCHEMA_ID,
+    check_identity,
+    check_int,
+    check_pattern,
+    check_topic,
+)
 from appliance.client.connection import (
     CLOSED,
     CONNECTED,
@@ -60,6 +68,7 @@ from appliance.client.errors import (
     ClientError,
     EntitlementError,
     LoginError,
+    NoAnswerError,
     UnacknowledgedError,
 )
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
@@ -101,7 +110,7 @@ from datapath.protocol._kernels import sign_frames
 from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
 from datapath.protocol.frame_mac import new_state
-from datapath.topics.algebra import matches, split_pattern
+from datapath.topics.algebra import matches
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
 
@@ -384,8 +393,8 @@ class Client(GuaranteedSide, ConnectionSide):
         except ChannelDeviceError as exc:
             if self.channel.failure is None:
                 raise
-            raise ClientError(f"the connection to the appliance is gone ({exc}); connect "
-                              "again") from None
+            raise NoAnswerError(f"the connection to the appliance is gone ({exc}); connect "
+                                "again") from None
 
     def _admin(self, ftype: fl.FrameType, entries: list, body_header: dict | None = None) -> None:
         self._send(encode_admin(ftype, entries, body_header=body_header,
@@ -410,8 +419,8 @@ class Client(GuaranteedSide, ConnectionSide):
             send()
             while not waiter.event.wait(max(0.0, min(retry_s, deadline - time.monotonic()))):
                 if time.monotonic() >= deadline:
-                    raise ClientError(f"no answer from the appliance to {key[0]} within "
-                                      f"{timeout_s} s; is it running?")
+                    raise NoAnswerError(f"no answer from the appliance to {key[0]} within "
+                                        f"{timeout_s} s; is it running?")
                 send()
                 self.request_retries += 1
                 retry_s = min(retry_s * 2, REQUEST_RETRY_MAX_S)
@@ -493,6 +502,7 @@ class Client(GuaranteedSide, ConnectionSide):
         key = self._keys.get((namespace, topic))
         if key is not None:
             return key
+        check_topic(topic)  # once per topic: a key is cached only for a topic that passed
         key = self._keyer.key_of(topic, namespace)
         result = self._request(("register", namespace, topic), lambda: self._admin(
             fl.FrameType.REGISTRY_UPDATE, [al.RegistryEntry(key, namespace, topic)],
@@ -520,6 +530,10 @@ class Client(GuaranteedSide, ConnectionSide):
             raise ClientError("on_outcome is a callable, and only for qos=\"guaranteed\" (other "
                               "QoS classes are not acknowledged)")
         self._check_usable()
+        if not isinstance(topic, str):  # (a str is checked once, when its key is made)
+            check_topic(topic)
+        check_int("namespace", namespace, MAX_NAMESPACE)
+        check_int("schema_id", schema_id, MAX_SCHEMA_ID)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             hint = " (encode text first: payload.encode())" if isinstance(payload, str) else ""
             raise ClientError(f"a payload is bytes, bytearray or memoryview, not "
@@ -614,7 +628,8 @@ class Client(GuaranteedSide, ConnectionSide):
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         self._check_usable()
-        split_pattern(pattern)
+        check_pattern(pattern)
+        check_int("namespace", namespace, MAX_NAMESPACE)
         compiled = None
         if selector:
             from nic_offload.selectors import compile_selector
@@ -637,7 +652,8 @@ class Client(GuaranteedSide, ConnectionSide):
         """Seed 000 unsubscribe: withdraws ``pattern`` and what it includes; narrower than a
         subscription, it is a partial unsubscribe."""
         self._check_usable()
-        split_pattern(pattern)
+        check_pattern(pattern)
+        check_int("namespace", namespace, MAX_NAMESPACE)
         sub_id = next(self._sub_ids)
         result = self._request(("unsubscribe", sub_id), lambda: self._admin(
             fl.FrameType.UNSUBSCRIBE, [al.Subscription(sub_id, namespace, 0, 0, pattern)]))
@@ -1006,6 +1022,7 @@ def connect(url: str, identity: str = "anonymous", *,
         raise ClientError(f"connect takes the appliance's address as a string (shm://RING, "
                           f"udp://HOST:PORT, HOST:PORT, rdma://HOST:PORT or embedded:), not "
                           f"{type(url).__name__}")
+    check_identity(identity)
     if "://" not in url and not url.startswith("embedded:"):
         url = f"udp://{url}"  # HOST:PORT, as the command line takes it
     if on_state is not None and not callable(on_state):

@@ -19,6 +19,11 @@ class EntitlementError(ClientError):
     """P&M's entitlements refused a subscription or a publish."""
 
 
+class NoAnswerError(ClientError):
+    """The appliance did not answer a request in time, or its channel is gone: it is not
+    running, not reachable, or overloaded (a runtime failure, not a refusal)."""
+
+
 class ConnectionLostError(ClientError):
     """The connection to the appliance was lost: raised by the next call after the loss
     (once, even when the client has reconnected meanwhile) and by every call while it is

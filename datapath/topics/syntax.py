@@ -58,6 +58,25 @@ def dot_to_slash(subject: str) -> str:
     return pattern
 
 
+def dot_subject_refusal(text: str, kind: str) -> str | None:
+    """Why a native ``kind`` (topic or pattern) written in dot syntax is refused, or None.
+
+    ``prices.>`` or ``a.*.c`` where a native topic is expected would be one literal level that
+    nothing publishes to; the refusal gives the native spelling. A dotted name without
+    wildcard tokens (``prices.eu``) is a fine native level: None.
+    """
+    for level in text.split(SEPARATOR):
+        if DOT in level and any(t in (DOT_SINGLE, DOT_TAIL) for t in level.split(DOT)):
+            try:
+                native = f"; write {dot_to_slash(text)!r}" if SEPARATOR not in text else ""
+            except TopicError:
+                native = ""
+            return (f"{kind} {text!r} is in NATS dot syntax, which is not translated here: "
+                    f"native {kind}s separate levels with '/' and use '+' (one level) and "
+                    f"'#' (any levels){native}")
+    return None
+
+
 def slash_to_dot_subjects(pattern: str) -> list[str]:
     """The dot subjects whose union denotes exactly the native ``pattern``.
 

@@ -3,17 +3,20 @@
 Each command module exposes ``register(subparsers)``, which adds its parser and sets
 ``handler`` to a function ``(args) -> int`` (the exit code). Command modules import their
 heavy dependencies inside the handler, so ``topicwire --help`` stays fast.
-Exit codes: 0 success/true, 1 false (predicates), 2 invalid input (argparse and UserError).
+Exit codes (one convention for every command, ``exit_codes``): 0 success/true, 1 runtime
+failure/false, 2 usage or input error, 130 interrupted; every failure is one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from datapath.errors import TopicwireError, UserError
+from appliance.ops.cli.exit_codes import FAILURE, INTERRUPTED, OK, USAGE, exit_code
+from datapath.errors import TopicwireError
 
 COMMAND_MODULES = (
     "appliance.ops.cli.run_cmd",
@@ -23,6 +26,7 @@ COMMAND_MODULES = (
     "appliance.ops.cli.topic_cmd",
     "appliance.ops.cli.subs_cmd",
     "appliance.ops.cli.pcap_cmd",
+    "appliance.ops.cli.dissector_cmd",
     "appliance.ops.cli.p4_cmd",
     "appliance.ops.cli.bench_cmd",
     "appliance.ops.cli.demo_cmd",
@@ -44,9 +48,27 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its refusals on one line (no usage block): the error, then where help is."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(USAGE, _line(f"{self.prog}: error: {message}; see {self.prog} --help") + "\n")
+
+
+def _line(text: str) -> str:
+    """``text`` as one printable line: newlines folded, undecodable characters escaped."""
+    text = " ".join(text.split("\n"))
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def _say(text: str) -> None:
+    print(_line(text), file=sys.stderr, flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, every command module registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="topicwire",
         description="topicwire: publish/subscribe messaging appliance tools.",
     )
@@ -61,17 +83,33 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.handler(args))
-    except UserError as exc:  # the message names the component and what to do
-        print(f"topicwire: {exc}", file=sys.stderr)
-        return 2
-    except TopicwireError as exc:
-        print(f"topicwire: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        return 0
+    except KeyboardInterrupt:
+        _say("topicwire: interrupted")
+        return INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`| head`): not a failure
+        _silence_stdout()
+        return OK
+    except TopicwireError as exc:  # the message names the component and what to do
+        _say(f"topicwire: {exc}")
+        return exit_code(exc)
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get("TOPICWIRE_TRACEBACK"):
+            raise
+        _say(f"topicwire: internal error: {type(exc).__name__}: {exc} (a bug; run with "
+             "TOPICWIRE_TRACEBACK=1 to see where)")
+        return FAILURE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
+from appliance.ops.cli.exit_codes import FAILURE, INTERRUPTED
 from datapath.errors import UserError
 
 STATS_LATENCY_HIGHEST_NS = 60_000_000_000
@@ -36,9 +38,9 @@ SUB_POLL_S = 0.1
 """How often ``sub`` checks its end conditions while waiting for messages."""
 PUB_ACK_TIMEOUT_S = 5.0
 """How long ``pub`` waits at the end for the appliance to acknowledge guaranteed messages."""
-EXIT_NOT_DELIVERED = 1
+EXIT_NOT_DELIVERED = FAILURE
 """Exit code of ``pub`` and ``sub`` when guaranteed messages were not acknowledged or the
-connection was lost for good."""
+connection was lost for good (exit_codes: a runtime failure)."""
 
 
 APPLIANCE_ENV = "TOPICWIRE_APPLIANCE"
@@ -164,14 +166,43 @@ class ConnectionReport:
         print(f"topicwire: {self.command}: {text}", file=sys.stderr, flush=True)
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Every argument checked before anything is sent: a bad one is one line and exit 2."""
+    from appliance.client import ClientError
+    from appliance.client.checks import (
+        MAX_NAMESPACE,
+        check_identity,
+        check_int,
+        check_pattern,
+        check_seconds,
+        check_topic,
+    )
+
+    name = args.command_name
+    if not args.appliance:
+        raise UserError(f"give --appliance ADDR (udp://HOST:PORT, HOST:PORT, shm://RING, "
+                        f"embedded:) or set ${APPLIANCE_ENV}", component=name)
+    if args.count < 0 or getattr(args, "rate", 0) < 0:
+        raise UserError("--count and --rate must not be negative", component=name)
+    try:
+        check_identity(args.identity)
+        check_int("--namespace", args.namespace, MAX_NAMESPACE)
+        if name == "pub":
+            check_topic(args.topic)
+            if not math.isfinite(args.rate):
+                raise ClientError(f"--rate is a finite number of messages per second, not "
+                                  f"{args.rate}")
+        else:
+            check_pattern(args.pattern)
+            check_seconds("--seconds", args.seconds)
+    except ClientError as exc:
+        raise UserError(str(exc).removeprefix("client: "), component=name) from None
+
+
 def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN202 - a Client
     from appliance.client import ClientError, connect
 
-    if not args.appliance:
-        raise UserError(f"give --appliance ADDR (udp://HOST:PORT, HOST:PORT, shm://RING, "
-                        f"embedded:) or set ${APPLIANCE_ENV}", component="pubsub")
-    if args.count < 0 or getattr(args, "rate", 0) < 0:
-        raise UserError("--count and --rate must not be negative", component="pubsub")
+    _check(args)
     password = _password(args.password_file, args.command_name)
     try:
         return connect(_url(args.appliance), args.identity, on_state=report,
@@ -187,11 +218,16 @@ def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN20
 
 def run_pub(args: argparse.Namespace) -> int:
     from appliance.client import ConnectionLostError, UnacknowledgedError
+    from datapath.protocol.message_layout import MAX_PAYLOAD_BYTES
 
-    if args.size < 0:
-        raise UserError("--size must not be negative", component="pub")
-    payload = args.message.encode() if args.message is not None else bytes(
-        (i * 7) & 0xFF for i in range(args.size))
+    if not 0 <= args.size <= MAX_PAYLOAD_BYTES:
+        raise UserError(f"--size is 0 to {MAX_PAYLOAD_BYTES} bytes, not {args.size}",
+                        component="pub")
+    try:
+        payload = args.message.encode() if args.message is not None else bytes(
+            (i * 7) & 0xFF for i in range(args.size))
+    except UnicodeEncodeError:
+        raise UserError("--message is not valid UTF-8 text", component="pub") from None
     args.command_name = "pub"
     report = ConnectionReport("pub", args.appliance or "")
     client = _connect(args, report)
@@ -207,6 +243,7 @@ def run_pub(args: argparse.Namespace) -> int:
         pending = exc.pending
 
     start = time.perf_counter()
+    interrupted = False
     try:
         i = 0
         while i < args.count and report.gave_up is None:
@@ -236,6 +273,7 @@ def run_pub(args: argparse.Namespace) -> int:
             except ConnectionLostError:
                 pass
     except KeyboardInterrupt:
+        interrupted = True
         print("topicwire: pub: interrupted", file=sys.stderr, flush=True)
     finally:
         client.close()
@@ -265,6 +303,8 @@ def run_pub(args: argparse.Namespace) -> int:
     if report.gave_up is not None:
         print(f"topicwire: pub: stopped after {sent} of {args.count} messages: "
               f"{report.gave_up}", file=sys.stderr, flush=True)
+    if interrupted:  # what was sent is summed up above; the code says it did not finish
+        return INTERRUPTED
     return EXIT_NOT_DELIVERED if unacknowledged or report.gave_up is not None else 0
 
 

@@ -21,12 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from appliance.ops.mgmt.config import MGMT_DEFAULT_HOST, MGMT_DEFAULT_PORT, STATUS_HTTP_TIMEOUT_S
+from appliance.ops.mgmt.config import (
+    MGMT_DEFAULT_HOST,
+    MGMT_DEFAULT_PORT,
+    STATUS_HTTP_TIMEOUT_S,
+    STATUS_MAX_TIMEOUT_S,
+)
 
 DEFAULT_URL = f"http://{MGMT_DEFAULT_HOST}:{MGMT_DEFAULT_PORT}"
 """Where ``topicwire status`` looks without ``--mgmt`` or ``$TOPICWIRE_MGMT``."""
@@ -54,9 +60,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "requires one (mgmt.tls_client_ca_file)")
     parser.add_argument("--key-file", type=Path, default=None, metavar="FILE",
                         help="the private key of --cert-file (PEM; default: in it)")
-    parser.add_argument("--timeout", type=float, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
+    parser.add_argument("--timeout", type=_timeout, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
                         help=f"seconds to wait for the answer (default {STATUS_HTTP_TIMEOUT_S})")
     parser.set_defaults(handler=run)
+
+
+def _timeout(text: str) -> float:
+    """``--timeout``: seconds, more than 0 and at most STATUS_MAX_TIMEOUT_S."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= STATUS_MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"give seconds above 0 and at most "
+                                         f"{STATUS_MAX_TIMEOUT_S:g}, not {text!r}")
+    return value
 
 
 def base_url(text: str | None) -> str:
@@ -113,6 +131,7 @@ def _token(args: argparse.Namespace) -> str | None:
 def fetch(url: str, path: str, token: str | None, timeout_s: float, tls: Any = None) -> Any:
     """GET ``url + path`` as JSON (``tls``: the context of an https URL); StatusUsageError /
     StatusUnreachable when it fails."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -136,6 +155,9 @@ def fetch(url: str, path: str, token: str | None, timeout_s: float, tls: Any = N
         raise StatusUnreachable(f"cannot reach the management API at {url} ({reason}); is "
                                 "the appliance running with mgmt.listen set to that address? "
                                 "Point --mgmt at it") from None
+    except http.client.HTTPException as exc:  # not HTTP at all, or cut short
+        raise StatusUnreachable(f"{url}{path} did not answer HTTP ({type(exc).__name__}); is "
+                                "this a topicwire management API?") from None
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):

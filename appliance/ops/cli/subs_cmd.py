@@ -14,6 +14,10 @@ from pathlib import Path
 
 from datapath.errors import UserError
 
+SUBS_REPLAY_MAX_REQUESTS = 10_000
+"""Most requests one replay takes: each costs up to a few milliseconds (pattern inclusion
+against the list), so a file ten times longer would run for minutes, looking hung."""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``subs replay``."""
@@ -28,12 +32,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     replay.set_defaults(handler=run)
 
 
+SUBS_REPLAY_MAX_BYTES = 16 * 1024 * 1024
+"""Largest request file read (10,000 requests of the longest patterns fit)."""
+
+
 def _read_lines(name: str) -> list[str]:
     if name == "-":
-        return sys.stdin.read().splitlines()
+        text = sys.stdin.read(SUBS_REPLAY_MAX_BYTES + 1)
+        if len(text) > SUBS_REPLAY_MAX_BYTES:
+            raise UserError(f"standard input holds more than {SUBS_REPLAY_MAX_BYTES:,} "
+                            "characters; split the requests", component="subs")
+        return text.splitlines()
     path = Path(name)
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        with path.open("rb") as f:
+            data = f.read(SUBS_REPLAY_MAX_BYTES + 1)
+        if len(data) > SUBS_REPLAY_MAX_BYTES:
+            raise UserError(f"{path} is larger than {SUBS_REPLAY_MAX_BYTES:,} bytes; split "
+                            "the requests", component="subs")
+        return data.decode("utf-8").splitlines()
     except FileNotFoundError:
         raise UserError(f"no such file: {path}", component="subs") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -44,8 +61,14 @@ def run(args: argparse.Namespace) -> int:
     from datapath.topics.algebra import TopicError
     from datapath.topics.sublist import replay
 
+    lines = _read_lines(args.file)
+    requests = sum(1 for line in lines if line.strip())
+    if requests > SUBS_REPLAY_MAX_REQUESTS:
+        raise UserError(f"{args.file}: {requests:,} requests, at most "
+                        f"{SUBS_REPLAY_MAX_REQUESTS:,} are replayed at once; split the file",
+                        component="subs")
     try:
-        sublist = replay(_read_lines(args.file))
+        sublist = replay(lines)
         decisions = {topic: sublist.decides(topic) for topic in args.publish}
     except TopicError as exc:
         source = "standard input" if args.file == "-" else args.file

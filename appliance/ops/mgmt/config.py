@@ -49,6 +49,8 @@ MGMT_SHUTDOWN_POLL_S = 0.2
 """How often the server thread checks for ``close()`` (the longest ``close()`` waits for it)."""
 STATUS_HTTP_TIMEOUT_S = 5.0
 """How long ``topicwire status`` waits for the appliance's answer."""
+STATUS_MAX_TIMEOUT_S = 3600.0
+"""Longest ``topicwire status --timeout`` (an hour: past it, no answer is coming)."""
 METRICS_LATENCY_BUCKETS_S = (0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05,
                              0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
                              0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

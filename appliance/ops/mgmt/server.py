@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
+from appliance.addresses import format_host_port
 from appliance.config import ApplianceConfig, ConfigError, parse_address
 from appliance.ops.mgmt.config import (
     MGMT_LINGER_BYTES,
@@ -277,6 +278,12 @@ def _peer(client_address: Any) -> str:
         return str(client_address)
 
 
+class _Server6(_Server):
+    """The same server on an IPv6 address (``mgmt.listen = "[::1]:8470"``)."""
+
+    address_family = socket.AF_INET6
+
+
 class MgmtServer:
     """The running API; ``close()`` stops it (safe twice)."""
 
@@ -284,13 +291,14 @@ class MgmtServer:
                  tls: ssl.SSLContext | None = None) -> None:
         self.appliance = appliance
         self.token = token
-        loopback = ipaddress.IPv4Address(host).is_loopback
+        loopback = ipaddress.ip_address(host).is_loopback
         self.reads_need_token = token is not None and not loopback
+        server_class = _Server6 if ":" in host else _Server
         try:
-            self.httpd = _Server((host, port), _Handler, tls)
+            self.httpd = server_class((host, port), _Handler, tls)
         except OSError as exc:
-            raise ConfigError(f"mgmt.listen: cannot listen on {host}:{port} ({exc.strerror}); "
-                              "pick another port or stop its owner") from None
+            raise ConfigError(f"mgmt.listen: cannot listen on {format_host_port(host, port)} "
+                              f"({exc.strerror}); pick another port or stop its owner") from None
         self.httpd.mgmt = self
         self.registry = registry_of(appliance.status, ApiCollector(self.errors, self.connections),
                                     lambda: channel_stats(appliance))
@@ -306,8 +314,8 @@ class MgmtServer:
 
     @property
     def url(self) -> str:
-        host, port = self.address
-        return f"{'https' if self.httpd.tls is not None else 'http'}://{host}:{port}"
+        scheme = 'https' if self.httpd.tls is not None else 'http'
+        return f"{scheme}://{format_host_port(*self.address)}"
 
     def errors(self) -> dict[int, int]:
         """Error answers so far by status code (``topicwire_mgmt_errors_total``)."""
@@ -871,7 +879,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 def serve(appliance: Any, config: ApplianceConfig) -> MgmtServer:
     """Start the API on ``mgmt.listen`` (the management hook ``Appliance.start`` calls)."""
-    host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True)
+    host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True,
+                               ipv6=True)
     token = read_token(config)
     tls = None
     if "tls_cert_file" in config.mgmt:
@@ -880,7 +889,7 @@ def serve(appliance: Any, config: ApplianceConfig) -> MgmtServer:
         tls = server_context(config.mgmt["tls_cert_file"], config.mgmt["tls_key_file"],
                              config.mgmt.get("tls_client_ca_file"))
     server = MgmtServer(appliance, host, port, token, tls).start()
-    if not ipaddress.IPv4Address(host).is_loopback:
+    if not ipaddress.ip_address(host).is_loopback:
         log.warning("%s: management API on %s, reachable from other hosts%s", config.name,
                     server.url, "" if token else " and without a token for reads")
     log.info("%s: management API on %s", config.name, server.url,
