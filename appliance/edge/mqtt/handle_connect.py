@@ -124,8 +124,7 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
     conn.state = state
     props = _agree(conn, pkt, state, assigned and client_id)
     conn.count("connects_accepted")
-    conn.send(codec.encode_connack(version, 0, present, props))
-    state.attach(conn)
+    state.attach(conn, codec.encode_connack(version, 0, present, props))
     return True
 
 

@@ -140,15 +140,17 @@ class SessionState:
             self._send_new(d)
 
     # --- the connection comes and goes ---------------------------------------------------------
-    def attach(self, conn: MqttConnection) -> None:
-        """``conn`` takes this session (a new one, or a persistent one taken up again):
-        unacknowledged deliveries go again (DUP), then the queue."""
+    def attach(self, conn: MqttConnection, connack: bytes) -> None:
+        """``conn`` takes this session (a new one, or a persistent one taken up again) and
+        sends its ``connack``; then unacknowledged deliveries go again (DUP), then the
+        queue."""
         self.conn = conn
         self.will = None  # the client is back before its will's delay ran out
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
         self._drop_logged = False
+        conn.send(connack)
         for packet_id, d in list(self.inflight.items()):
             if d.awaiting == "pubcomp":
                 conn.send(codec.encode_ack(PacketType.PUBREL, packet_id, conn.version))

@@ -1,0 +1,184 @@
+"""MQTT 5.0 features end to end: will delay, message expiry, topic aliases both ways,
+subscription identifiers, retain-as-published, request/response and user properties, server
+keep-alive; paho-mqtt 5.0 clients and scripted raw peers."""
+
+from __future__ import annotations
+
+import time
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from appliance.edge.mqtt import codec
+from appliance.edge.mqtt.codec import PacketType
+from tests.edge.conftest import (
+    closed_by_peer,
+    counter,
+    raw_connect,
+    read_packet,
+    start_edge,
+    wait_counter,
+    wait_for,
+)
+from tests.edge.peers import Peer
+
+
+def props(kind: int, **values) -> Properties:
+    out = Properties(kind)
+    for name, value in values.items():
+        setattr(out, name, value)
+    return out
+
+
+def test_a_will_waits_for_its_delay_and_is_cancelled_by_a_reconnect(edge):
+    will = codec.Will("wd/gone", b"late", 1, False,
+                      [(codec.PROP["will_delay_interval"], 1)])
+    expiry = [(codec.PROP["session_expiry_interval"], 300)]
+    with Peer(edge, "wd-watch", version=5) as watch:
+        assert watch.subscribe("wd/#", 1) == 1
+        sock, _ = raw_connect(edge, "wd", 5, clean=False, props=expiry, will=will)
+        sock.close()  # no DISCONNECT: the will is due, after its delay
+        wait_for(lambda: edge.mqtt.sessions["wd"].will is not None)
+        assert counter(edge, "wills_published") == 0
+        sock, body = raw_connect(edge, "wd", 5, clean=False, props=expiry, will=will)
+        assert body[0] == 1   # session present: back in time, the will is cancelled
+        wait_for(lambda: edge.mqtt.sessions["wd"].will is None)
+        sock.close()  # dropped again; this time it stays away
+        msg = watch.next()
+        assert (msg.topic, msg.payload) == ("wd/gone", b"late")
+        assert counter(edge, "wills_published") == 1
+
+
+def test_a_delayed_will_of_a_session_that_ends_with_its_connection_goes_at_once(edge):
+    will = codec.Will("wd0/gone", b"now", 1, False, [(codec.PROP["will_delay_interval"], 600)])
+    with Peer(edge, "wd0-watch", version=5) as watch:
+        assert watch.subscribe("wd0/#", 1) == 1
+        sock, _ = raw_connect(edge, "wd0", 5, will=will)
+        sock.close()
+        assert watch.next().payload == b"now"
+
+
+def test_message_expiry_is_forwarded_and_expired_messages_are_not_delivered(edge):
+    expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    sub = Peer(edge, "exp-sub", version=5, clean=False, props=expiry)
+    assert sub.subscribe("exp/#", 1) == 1
+    with Peer(edge, "exp-pub", version=5) as pub:
+        pub.publish("exp/live", b"x", 1, props=props(PacketTypes.PUBLISH,
+                                                     MessageExpiryInterval=600))
+        msg = sub.next()
+        assert 0 < msg.properties.MessageExpiryInterval <= 600
+        sub.close()
+        wait_for(lambda: edge.mqtt.status()["sessions_offline"] == 1)
+        pub.publish("exp/short", b"stale", 1, props=props(PacketTypes.PUBLISH,
+                                                          MessageExpiryInterval=1))
+        pub.publish("exp/long", b"fresh", 1)
+    state = edge.mqtt.sessions["exp-sub"]
+    wait_for(lambda: len(state.queued) == 2)
+    wait_for(lambda: state.queued[0].meta.expired(time.monotonic()), what="the expiry")
+    with Peer(edge, "exp-sub", version=5, clean=False, props=expiry) as again:
+        assert again.next().payload == b"fresh"
+    assert counter(edge, "deliveries_dropped_expired") == 1
+
+
+def test_request_response_and_user_properties_pass_through(edge):
+    with Peer(edge, "rr-sub5", version=5) as sub5, Peer(edge, "rr-sub3") as sub3, \
+            Peer(edge, "rr-pub", version=5) as pub:
+        assert sub5.subscribe("rr/#", 1) == 1 and sub3.subscribe("rr/#", 1) == 1
+        sent = props(PacketTypes.PUBLISH, ResponseTopic="rr/reply", CorrelationData=b"\x01id",
+                     ContentType="text/plain", PayloadFormatIndicator=1,
+                     UserProperty=[("site", "plant-7"), ("site", "again")])
+        pub.publish("rr/ask", b"question", 1, props=sent)
+        got = sub5.next().properties
+        assert (got.ResponseTopic, got.CorrelationData, got.ContentType,
+                got.PayloadFormatIndicator) == ("rr/reply", b"\x01id", "text/plain", 1)
+        assert got.UserProperty == [("site", "plant-7"), ("site", "again")]
+        assert sub3.next().payload == b"question"   # 3.1.1: the payload alone
+
+
+def test_subscription_identifiers_come_with_the_messages_they_match(edge):
+    with Peer(edge, "sid-sub", version=5) as sub, Peer(edge, "sid-pub", version=5) as pub:
+        assert sub.subscribe("sid/#", 1, props=props(PacketTypes.SUBSCRIBE,
+                                                     SubscriptionIdentifier=7)) == 1
+        assert sub.subscribe("sid/+/x", 1, props=props(PacketTypes.SUBSCRIBE,
+                                                       SubscriptionIdentifier=9)) == 1
+        assert sub.subscribe("sid/plain", 1) == 1
+        pub.publish("sid/a/x", b"both", 1)
+        assert sorted(sub.next().properties.SubscriptionIdentifier) == [7, 9]
+        pub.publish("sid/plain", b"one", 1)
+        assert sub.next().properties.SubscriptionIdentifier == [7]
+
+
+def test_retain_as_published_keeps_the_retain_flag_of_live_messages(edge):
+    with Peer(edge, "rap-on", version=5) as on, Peer(edge, "rap-off", version=5) as off, \
+            Peer(edge, "rap-pub", version=5) as pub:
+        assert on.subscribe("rap/#", options=SubscribeOptions(
+            qos=1, retainAsPublished=True)) == 1
+        assert off.subscribe("rap/#", options=SubscribeOptions(qos=1)) == 1
+        pub.publish("rap/a", b"kept", 1, retain=True)
+        assert on.next().retain and not off.next().retain
+
+
+def test_topic_aliases_from_the_client_set_and_name_topics(edge):
+    with Peer(edge, "ta-sub", version=5) as sub:
+        assert sub.subscribe("ta/#", 1) == 1
+        sock, body = raw_connect(edge, "ta-raw", 5)
+        assert codec.prop(codec.connack_props(body), "topic_alias_maximum") == 16
+        alias = [(codec.PROP["topic_alias"], 3)]
+        sock.sendall(codec.encode_publish("ta/long/topic", b"1", 1, packet_id=1,
+                                          version=codec.V5, props=alias))
+        assert read_packet(sock)[0] == 0x40
+        sock.sendall(codec.encode_publish("", b"2", 1, packet_id=2, version=codec.V5,
+                                          props=alias))
+        assert read_packet(sock)[0] == 0x40
+        assert [(m.topic, m.payload) for m in (sub.next(), sub.next())] == [
+            ("ta/long/topic", b"1"), ("ta/long/topic", b"2")]
+        sock.sendall(codec.encode_publish("", b"3", 0, version=codec.V5,
+                                          props=[(codec.PROP["topic_alias"], 4)]))
+        assert closed_by_peer(sock) == codec.encode_disconnect(codec.Reason.PROTOCOL_ERROR)
+    sock, _ = raw_connect(edge, "ta-big", 5)
+    sock.sendall(codec.encode_publish("ta/x", b"", 0, version=codec.V5,
+                                      props=[(codec.PROP["topic_alias"], 17)]))  # max 16
+    assert closed_by_peer(sock) == codec.encode_disconnect(codec.Reason.TOPIC_ALIAS_INVALID)
+    assert counter(edge, "closed_topic_alias_unknown") == 1
+    assert counter(edge, "closed_topic_alias_invalid") == 1
+
+
+def test_topic_aliases_towards_the_client_stay_within_its_maximum(edge):
+    sock, _ = raw_connect(edge, "ta-out", 5, props=[(codec.PROP["topic_alias_maximum"], 1)])
+    sock.sendall(codec.encode_subscribe(1, [("tao/#", 0)], codec.V5))
+    read_packet(sock)
+    seen = []
+    with Peer(edge, "tao-pub") as pub:
+        for topic in ("tao/a", "tao/a", "tao/b"):
+            pub.publish(topic, b"p", 1)
+            decoded = codec.decode(*read_packet(sock), codec.V5)
+            seen.append((decoded.topic, codec.prop(decoded.props, "topic_alias")))
+    # alias 1 set, then used; the client takes one alias, so tao/b goes by name
+    assert seen == [("tao/a", 1), ("", 1), ("tao/b", None)]
+    sock.close()
+
+
+def test_the_server_keep_alive_caps_the_clients():
+    edge = start_edge(server_keep_alive_s=5)
+    try:
+        with Peer(edge, "ska", version=5, keepalive=60) as peer:
+            assert peer.connack_props.ServerKeepAlive == 5
+        sock, body = raw_connect(edge, "ska-raw", 5, keep_alive_s=0)  # 0: none asked
+        assert codec.prop(codec.connack_props(body), "server_keep_alive") == 5
+        assert edge.mqtt.sessions["ska-raw"].conn.keep_alive_s == 5
+        sock.close()
+        wait_counter(edge, "connections_closed", 2)
+    finally:
+        edge.stop()
+
+
+def test_a_subscription_identifier_of_zero_is_a_protocol_error(edge):
+    sock, _ = raw_connect(edge, "sid0", 5)
+    sock.sendall(codec.encode_subscribe(1, [("z/#", 0)], codec.V5,
+                                        props=[(codec.PROP["subscription_identifier"], 0)]))
+    assert closed_by_peer(sock) == codec.encode_disconnect(codec.Reason.PROTOCOL_ERROR)
+    sock, _ = raw_connect(edge, "pubrel-x", 5)
+    sock.sendall(codec.encode_ack(PacketType.PUBREL, 9, codec.V5))
+    assert read_packet(sock) == (0x70, b"\x00\x09\x92")   # PUBCOMP: packet id not found
+    sock.close()
