@@ -109,31 +109,45 @@ class MqttServer:
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), daemon=True,
                                         name="mqtt-edge")
+        self._start_error: BaseException | None = None
         self._thread.start()
         started.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            self._thread = None
+            for sock in self._socks.values():
+                sock.close()
+            raise self._start_error
         log.info("mqtt: listening on %s (native sessions via %s)", ", ".join(
             f"{n} {a[0]}:{a[1]}" for n, a in self.addresses.items()), self.native_url)
         return self
 
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self._servers = [self.loop.run_until_complete(
-            asyncio.start_server(self._accept, sock=self._socks["tcp"]))]
+        try:
+            self.loop.run_until_complete(self._open())
+        except BaseException as exc:  # start() raises it
+            self._start_error = exc
+            started.set()
+            return
+        started.set()
+        self.loop.run_forever()
+
+    async def _open(self) -> None:
+        self._servers = [await asyncio.start_server(self._accept, sock=self._socks["tcp"])]
         if "tls" in self._socks:
-            self._servers.append(self.loop.run_until_complete(asyncio.start_server(
+            self._servers.append(await asyncio.start_server(
                 self._accept_tls, sock=self._socks["tls"], ssl=self._tls,
-                ssl_handshake_timeout=self.cfg.connect_timeout_ms / 1e3)))
+                ssl_handshake_timeout=self.cfg.connect_timeout_ms / 1e3))
         if "ws" in self._socks:
             from websockets.asyncio.server import serve
 
             from appliance.edge.mqtt.transports import WS_SUBPROTOCOL
 
-            self._servers.append(self.loop.run_until_complete(serve(
+            self._servers.append(await serve(
                 self._accept_ws, sock=self._socks["ws"], subprotocols=[WS_SUBPROTOCOL],
                 max_size=self.cfg.max_packet_bytes,
-                open_timeout=self.cfg.connect_timeout_ms / 1e3)))
-        started.set()
-        self.loop.run_forever()
+                open_timeout=self.cfg.connect_timeout_ms / 1e3))
 
     def _room(self) -> bool:
         if len(self.open) >= self.cfg.max_connections:
@@ -158,14 +172,12 @@ class MqttServer:
         await self._serve(MqttConnection(self, reader, writer, "tls", identity))
 
     async def _accept_ws(self, ws: Any) -> None:
-        from appliance.edge.mqtt.transports import WS_CLOSE_PROTOCOL_ERROR, WS_SUBPROTOCOL, WsStream
+        from appliance.edge.mqtt.transports import WsStream
 
+        # (a client that does not offer subprotocol "mqtt" was refused by the handshake:
+        # websockets answers HTTP 400 "missing subprotocol")
         if not self._room():
             await ws.close()
-            return
-        if ws.subprotocol != WS_SUBPROTOCOL:
-            self.count("refused_ws_subprotocol")
-            await ws.close(WS_CLOSE_PROTOCOL_ERROR, "the subprotocol must be mqtt")
             return
         stream = WsStream(ws, self.cfg.max_packet_bytes, self.count)
         pumps = [asyncio.ensure_future(stream.pump_in()), asyncio.ensure_future(stream.pump_out())]

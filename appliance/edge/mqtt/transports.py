@@ -9,9 +9,10 @@ the start with a ``ConfigError`` naming its key.
 
 WebSocket: each binary message carries bytes of the MQTT stream (a packet may span
 messages); ``WsStream`` turns the socket into the reader and writer an ``MqttConnection``
-uses. A client that does not offer the ``mqtt`` subprotocol, or sends a text message, is
-closed (counted). Inbound bytes are bounded: the reader pauses the socket while it holds
-more than ``WS_READ_BUFFER_PACKETS`` packets' worth of bytes.
+uses. A client that does not offer the ``mqtt`` subprotocol is refused by the handshake
+(HTTP 400, by ``websockets``); one that sends a text message is closed (counted). Inbound
+bytes are bounded: the reader pauses the socket while it holds more than
+``WS_READ_BUFFER_PACKETS`` packets' worth of bytes.
 """
 
 from __future__ import annotations
