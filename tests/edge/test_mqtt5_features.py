@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -144,8 +145,20 @@ def test_topic_aliases_from_the_client_set_and_name_topics(edge):
     assert counter(edge, "closed_topic_alias_invalid") == 1
 
 
-def test_topic_aliases_towards_the_client_stay_within_its_maximum(edge):
-    sock, _ = raw_connect(edge, "ta-out", 5, props=[(codec.PROP["topic_alias_maximum"], 1)])
+@pytest.mark.parametrize(("client_max", "edge_max"), [(1, 16), (500, 1)])
+def test_topic_aliases_towards_the_client_stay_within_its_maximum(client_max, edge_max):
+    """At most min(the client's maximum, the edge's): a client's large maximum does not
+    make the edge remember more topics."""
+    edge = start_edge(topic_alias_maximum=edge_max)
+    try:
+        _aliases_out(edge, client_max)
+    finally:
+        edge.stop()
+
+
+def _aliases_out(edge, client_max: int) -> None:
+    sock, _ = raw_connect(edge, "ta-out", 5,
+                          props=[(codec.PROP["topic_alias_maximum"], client_max)])
     sock.sendall(codec.encode_subscribe(1, [("tao/#", 0)], codec.V5))
     read_packet(sock)
     seen = []
@@ -154,7 +167,7 @@ def test_topic_aliases_towards_the_client_stay_within_its_maximum(edge):
             pub.publish(topic, b"p", 1)
             decoded = codec.decode(*read_packet(sock), codec.V5)
             seen.append((decoded.topic, codec.prop(decoded.props, "topic_alias")))
-    # alias 1 set, then used; the client takes one alias, so tao/b goes by name
+    # alias 1 set, then used; one alias at most, so tao/b goes by name
     assert seen == [("tao/a", 1), ("", 1), ("tao/b", None)]
     sock.close()
 

@@ -85,7 +85,9 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
         conn.client_receive_maximum = int(receive_max)  # type: ignore[arg-type]
         conn.client_max_packet_bytes = int(max_packet)  # type: ignore[arg-type]
         alias_max = codec.prop(pkt.props, "topic_alias_maximum", 0)
-        conn.client_alias_max = int(alias_max)  # type: ignore[call-overload]
+        # the edge sets at most as many aliases as it takes (the client's maximum is its own)
+        conn.client_alias_max = min(int(alias_max),  # type: ignore[call-overload]
+                                    conn.cfg.topic_alias_maximum)
 
     identity = await _identity(conn, pkt)
     if identity is None:

@@ -10,9 +10,9 @@ its publishing session (``stream``) and its publish time (``publish_ts_ns``, tak
 [before the publish call, after it] of one session holds the publish time of exactly one
 message. Messages from other appliances or native clients have no entry (no properties).
 
-Bounded: at most ``mqtt.max_metadata_messages`` entries and ``META_TTL_NS`` old; beyond, the
-oldest are forgotten (``metadata_evicted``: such a message is delivered without its
-properties). Used by the event-loop thread only.
+Bounded: at most ``mqtt.max_metadata_messages`` entries of ``mqtt.max_metadata_bytes`` in
+all, ``META_TTL_NS`` old; beyond, the oldest are forgotten (``metadata_evicted``: such a
+message is delivered without its properties). Used by the event-loop thread only.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ class MessageMeta:
     """``time.monotonic()`` after which the message is not delivered (None: never)."""
     retain: bool = False
 
+    def size(self) -> int:
+        """Bytes of its property values (what the table's byte bound counts)."""
+        return sum(len(v) if isinstance(v, str | bytes) else
+                   sum(map(len, v)) if isinstance(v, tuple) else 4 for _, v in self.props) + 16
+
     def remaining_s(self, now: float) -> int | None:
         """Whole seconds left of the Message Expiry Interval (None: no expiry)."""
         if self.expires_at is None:
@@ -63,8 +68,10 @@ def meta_of(props: codec.Props, retain: bool) -> MessageMeta | None:
 class MetaTable:
     """Publishing session -> [t0, t1, meta] entries, in publish order."""
 
-    def __init__(self, max_entries: int, count: object) -> None:
+    def __init__(self, max_entries: int, max_bytes: int, count: object) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._count = count
         self._by_stream: dict[int, deque[list]] = {}
         self._order: deque[tuple[int, list]] = deque()
@@ -75,20 +82,26 @@ class MetaTable:
     def begin(self, stream: int, meta: MessageMeta) -> list | None:
         """Before ``stream`` publishes a message with ``meta``: its entry, closed by
         ``end`` right after the publish call (a message may come back before that)."""
+        size = meta.size()
         if self.max_entries == 0:
+            return None
+        if size > self.max_bytes:
+            self._count("metadata_refused_size")  # type: ignore[operator]
             return None
         now = time.time_ns()
         entry = [now, None, meta]
+        self.bytes += size
         self._by_stream.setdefault(stream, deque()).append(entry)
         self._order.append((stream, entry))
         while self._order:
             head = self._order[0][1]
-            by_size = len(self._order) > self.max_entries
+            by_size = len(self._order) > self.max_entries or self.bytes > self.max_bytes
             if not by_size and (head[1] is None or head[1] >= now - META_TTL_NS):
                 break
             old_stream, _ = self._order.popleft()
             entries = self._by_stream[old_stream]
-            entries.popleft()  # each session's entries are in the global order too
+            self.bytes -= entries.popleft()[2].size()  # (each session's entries are in
+            # the global order too)
             if not entries:
                 del self._by_stream[old_stream]
             if by_size:

@@ -62,7 +62,8 @@ class MqttServer:
         self.open: set[MqttConnection] = set()
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self.meta = MetaTable(self.cfg.max_metadata_messages, self.count)
+        self.meta = MetaTable(self.cfg.max_metadata_messages, self.cfg.max_metadata_bytes,
+                              self.count)
         self.shared_router = SharedRouter(self.count)
         self.addresses: dict[str, tuple[str, int]] = {}
         """Listener (``tcp``, ``tls``, ``ws``) -> its bound address."""
@@ -255,7 +256,7 @@ class MqttServer:
                 "connections": len(self.open), "sessions": len(self.sessions),
                 "sessions_offline": self.offline_sessions(),
                 "shared_groups": len(self.shared_router.groups),
-                "metadata_messages": len(self.meta),
+                "metadata_messages": len(self.meta), "metadata_bytes": self.meta.bytes,
                 "retained_messages": len(self.retained.messages),
                 "retained_bytes": self.retained.bytes, "counters": counters}
 
