@@ -645,6 +645,7 @@ def _mqtt_tls(mq: dict, p: str, base: Path, flags: dict) -> dict[str, Any]:
             if mq.get(key):
                 raise _fail(p + key, "only with mqtt.tls_listen (the TLS listener)")
         return {}
+    listen = parse_address(mq["tls_listen"], p + "tls_listen", allow_zero_port=True)
     for key in ("tls_cert_file", "tls_key_file"):
         if files[key] is None:
             raise _fail(p + key, "required with mqtt.tls_listen: the server's PEM file")
@@ -652,8 +653,7 @@ def _mqtt_tls(mq: dict, p: str, base: Path, flags: dict) -> dict[str, Any]:
         for key in ("tls_require_client_cert", "tls_identity_from_cert"):
             if flags[key]:
                 raise _fail(p + key, "needs mqtt.tls_ca_file (the CAs of client certificates)")
-    return {"tls_listen": parse_address(mq["tls_listen"], p + "tls_listen",
-                                        allow_zero_port=True), **files}
+    return {"tls_listen": listen, **files}
 
 
 FIELD_FORM = "[name, offset, type] or [name, offset, type, width]"
