@@ -195,3 +195,24 @@ def test_a_subscription_identifier_of_zero_is_a_protocol_error(edge):
     sock.sendall(codec.encode_ack(PacketType.PUBREL, 9, codec.V5))
     assert read_packet(sock) == (0x70, b"\x00\x09\x92")   # PUBCOMP: packet id not found
     sock.close()
+
+
+def test_retained_messages_keep_their_properties_and_expire(edge):
+    with Peer(edge, "ret-pub", version=5) as pub:
+        pub.publish("ret/kept", b"v", 1, retain=True, props=props(
+            PacketTypes.PUBLISH, UserProperty=[("unit", "C")], MessageExpiryInterval=600))
+        pub.publish("ret/short", b"stale", 1, retain=True, props=props(
+            PacketTypes.PUBLISH, MessageExpiryInterval=1))
+    retained = edge.mqtt.retained.messages
+    wait_for(lambda: "ret/short" in retained and "ret/kept" in retained)
+    wait_for(lambda: retained["ret/short"].meta.expired(time.monotonic()), what="the expiry")
+    with Peer(edge, "ret-sub", version=5) as sub:
+        assert sub.subscribe("ret/#", 1) == 1
+        msg = sub.next()
+        assert (msg.topic, msg.retain, msg.properties.UserProperty) == ("ret/kept", True,
+                                                                        [("unit", "C")])
+        assert 0 < msg.properties.MessageExpiryInterval <= 600
+        with Peer(edge, "ret-marker") as marker:
+            marker.publish("ret/marker", b"m", 1)
+        assert sub.next().topic == "ret/marker"     # the expired one was not sent
+    assert "ret/short" not in retained

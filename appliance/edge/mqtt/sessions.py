@@ -129,9 +129,10 @@ class SessionState:
     def release(self, packet_id: int) -> None:
         """An outgoing QoS 1/2 flow ended: its slot takes the next queued delivery."""
         del self.inflight[packet_id]
-        self._drain()
+        self.drain()
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """Fill free inflight slots from the queue (expired messages dropped)."""
         while self.queued and self.conn is not None and len(self.inflight) < self.window():
             d = self.queued.popleft()
             if d.meta is not None and d.meta.expired(time.monotonic()):
@@ -160,7 +161,7 @@ class SessionState:
             else:
                 conn.send_publish(d, packet_id, True)
                 self.count("redeliveries")
-        self._drain()
+        self.drain()
 
     async def detach(self, will: codec.Will | None) -> None:
         """The connection ended: the session goes offline (persistent, and room for it) or

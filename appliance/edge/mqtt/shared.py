@@ -130,3 +130,5 @@ class SharedRouter:
                 del state.inflight[pid]
             self._count("shared_redelivered")
             self._give(other, d.group, d)
+        if moving and state.conn is not None:
+            state.drain()  # (its freed slots)
