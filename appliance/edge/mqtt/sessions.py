@@ -85,8 +85,12 @@ class SessionState:
 
     # --- towards the client --------------------------------------------------------------------
     def window(self) -> int:
+        """QoS 1/2 deliveries that may be in flight now (0 while the client is away or its
+        connection is closing: they wait in the queue for the next one)."""
         conn = self.conn
-        return 0 if conn is None else min(self.cfg.max_inflight, conn.client_receive_maximum)
+        if conn is None or conn.closing:
+            return 0
+        return min(self.cfg.max_inflight, conn.client_receive_maximum)
 
     def deliver(self, d: Delivery) -> None:
         """Send ``d`` at its QoS: QoS 0 now or never; QoS 1/2 in a free inflight slot, else
@@ -98,7 +102,7 @@ class SessionState:
             return
         conn = self.conn
         if d.qos == 0:
-            if conn is None:
+            if conn is None or conn.closing:
                 self.count("deliveries_dropped_offline_qos0")
             elif conn.send_publish(d, 0, False):
                 self.count("messages_out")
@@ -133,7 +137,7 @@ class SessionState:
 
     def drain(self) -> None:
         """Fill free inflight slots from the queue (expired messages dropped)."""
-        while self.queued and self.conn is not None and len(self.inflight) < self.window():
+        while self.queued and len(self.inflight) < self.window():
             d = self.queued.popleft()
             if d.meta is not None and d.meta.expired(time.monotonic()):
                 self.count("deliveries_dropped_expired")
