@@ -72,6 +72,7 @@ class MqttServer:
         self._pool = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="mqtt-blocking")
         self._thread: threading.Thread | None = None
         self._servers: list[Any] = []
+        self._tasks: set[asyncio.Task] = set()
         self._sock: socket.socket | None = None
         self.address: tuple[str, int] | None = None
         from appliance.control.credentials import hash_password
@@ -232,6 +233,12 @@ class MqttServer:
     async def blocking(self, fn: Any, *args: Any, **kw: Any) -> Any:
         """Run a call that waits (for the appliance, or scrypt) off the event loop."""
         return await self.loop.run_in_executor(self._pool, functools.partial(fn, *args, **kw))
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` as a task of the loop, held until it is done (a timer's work)."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def native_login(self, identity: str) -> Any:
         from appliance.client.api import connect

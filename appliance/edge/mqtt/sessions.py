@@ -183,13 +183,13 @@ class SessionState:
                             self.cfg.max_offline_sessions)
             else:
                 self.count("sessions_offline")
-                loop = self.server.loop
+                loop, spawn = self.server.loop, self.server.spawn
                 self._timers["expiry"] = loop.call_later(
-                    self.expiry_s, lambda: loop.create_task(self.end("expired")))
+                    self.expiry_s, lambda: spawn(self.end("expired")))
                 if will is not None and delay:
                     self.will = will
                     self._timers["will"] = loop.call_later(
-                        min(delay, self.expiry_s), lambda: loop.create_task(self._will_due()))
+                        min(delay, self.expiry_s), lambda: spawn(self._will_due()))
                     return
                 if will is not None:
                     await self.publish_will(will)
