@@ -216,3 +216,40 @@ def test_retained_messages_keep_their_properties_and_expire(edge):
             marker.publish("ret/marker", b"m", 1)
         assert sub.next().topic == "ret/marker"     # the expired one was not sent
     assert "ret/short" not in retained
+
+
+def test_a_will_delay_longer_than_the_session_goes_when_the_session_expires(edge):
+    will = codec.Will("wx/gone", b"at expiry", 1, False,
+                      [(codec.PROP["will_delay_interval"], 600)])
+    with Peer(edge, "wx-watch", version=5) as watch:
+        assert watch.subscribe("wx/#", 1) == 1
+        sock, _ = raw_connect(edge, "wx", 5, clean=False, will=will,
+                              props=[(codec.PROP["session_expiry_interval"], 1)])
+        sock.close()
+        assert watch.next().payload == b"at expiry"
+    assert counter(edge, "sessions_ended_expired") == 1
+
+
+def test_disconnect_may_shorten_the_session_expiry_but_not_raise_it_from_zero(edge):
+    sock, _ = raw_connect(edge, "dx", 5, clean=False,
+                          props=[(codec.PROP["session_expiry_interval"], 300)])
+    sock.sendall(codec.packet(PacketType.DISCONNECT, 0, b"\x00" + codec.encode_props(
+        [(codec.PROP["session_expiry_interval"], 0)])))
+    wait_counter(edge, "sessions_ended_closed")        # 0 now: it ends with the connection
+    assert "dx" not in edge.mqtt.sessions
+    sock.close()
+    sock, _ = raw_connect(edge, "dz", 5)               # expiry 0 ...
+    sock.sendall(codec.packet(PacketType.DISCONNECT, 0, b"\x00" + codec.encode_props(
+        [(codec.PROP["session_expiry_interval"], 60)])))   # ... may not become 60
+    assert closed_by_peer(sock) == codec.encode_disconnect(codec.Reason.PROTOCOL_ERROR)
+    assert counter(edge, "closed_session_expiry_from_zero") == 1
+
+
+def test_the_server_keep_alive_is_enforced():
+    edge = start_edge(server_keep_alive_s=1)
+    try:
+        sock, _ = raw_connect(edge, "silent", 5, keep_alive_s=0)
+        assert closed_by_peer(sock) == codec.encode_disconnect(codec.Reason.KEEP_ALIVE_TIMEOUT)
+        assert counter(edge, "closed_keep_alive_timeout") == 1
+    finally:
+        edge.stop()

@@ -88,3 +88,16 @@ def test_a_raw_no_local_shared_subscribe_gets_disconnect_0x82(edge):
     sock, _ = raw_connect(edge, "nl-raw", 5)
     sock.sendall(codec.encode_subscribe(1, [("$share/g/x/#", 0x05)], codec.V5))
     assert closed_by_peer(sock) == codec.encode_disconnect(codec.Reason.PROTOCOL_ERROR)
+
+
+def test_an_offline_persistent_member_gets_nothing_while_another_is_connected(edge):
+    away = Peer(edge, "away-member", clean=False)
+    assert away.subscribe("$share/g3/part/#", 1) == 1
+    away.close()
+    wait_counter(edge, "sessions_offline")
+    with Peer(edge, "here-member") as here, Peer(edge, "part-pub") as pub:
+        assert here.subscribe("$share/g3/part/#", 1) == 1
+        for i in range(4):
+            pub.publish(f"part/{i}", str(i).encode(), 1)
+        assert [here.next().payload for _ in range(4)] == [b"0", b"1", b"2", b"3"]
+    assert not edge.mqtt.sessions["away-member"].queued

@@ -202,3 +202,24 @@ def test_websocket_peers_without_the_mqtt_subprotocol_or_with_text_are_closed(ws
     wait_counter(ws_edge, "closed_ws_text_message")
     with Peer(ws_edge, "ws-after", transport="websockets", port=port) as peer:
         assert peer.rc == 0
+
+
+def test_garbage_on_the_tls_and_websocket_ports_ends_only_that_connection(pki):
+    edge = tls_edge(pki, ws_listen="127.0.0.1:0")
+    try:
+        for name in ("tls", "ws"):
+            with socket.create_connection(("127.0.0.1", edge.mqtt.addresses[name][1]),
+                                          timeout=DEADLINE_S) as sock:
+                sock.sendall(b"\x10\xff\xff\xff\xff garbage that is neither TLS nor HTTP\r\n\r\n")
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(65_536):   # until the edge closes it
+                    pass
+        with Peer(edge, "after-garbage", port=tls_port(edge), tls=client_ctx(pki)) as peer, \
+                Peer(edge, "after-garbage-ws", transport="websockets",
+                     port=edge.mqtt.addresses["ws"][1]) as ws:
+            assert peer.rc == 0 and ws.rc == 0
+            assert ws.subscribe("g/#", 1) == 1
+            peer.publish("g/1", b"still up", 1)
+            assert ws.next().payload == b"still up"
+    finally:
+        edge.stop()
