@@ -350,6 +350,8 @@ class MqttConfig:
     """A verified client certificate's CN is the connection's P&M identity (no password)."""
     ws_listen: Address | None = None
     """MQTT over WebSocket (subprotocol ``mqtt``)."""
+    ws_tls: bool = False
+    """The WebSocket listener speaks TLS (``wss://``) with the ``tls_*`` files and rules."""
 
 
 @dataclass(frozen=True)
@@ -581,7 +583,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_metadata_messages", "max_metadata_bytes", "tls_listen",
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
                               "tls_require_client_cert",
-                              "tls_identity_from_cert", "ws_listen"}, "")
+                              "tls_identity_from_cert", "ws_listen", "ws_tls"}, "")
     p = "mqtt."
     if role != "edge":
         raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
@@ -593,15 +595,21 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         raise _fail(p + "listen", "needs clients.udp or clients.shm: each MQTT connection logs "
                     "in a client session through the edge's own client endpoint")
     flags = {}
-    for key in ("allow_anonymous", "tls_require_client_cert", "tls_identity_from_cert"):
+    for key in ("allow_anonymous", "tls_require_client_cert", "tls_identity_from_cert",
+                "ws_tls"):
         flags[key] = mq.get(key, False)
         if not isinstance(flags[key], bool):
             raise _fail(p + key, "must be true or false")
     tls = _mqtt_tls(mq, p, base, flags)
     ws = mq.get("ws_listen")
+    ws_listen = None if ws is None else parse_address(ws, p + "ws_listen", allow_zero_port=True)
+    if flags["ws_tls"] and ws is None:
+        raise _fail(p + "ws_tls", "only with mqtt.ws_listen (the WebSocket listener)")
+    if flags["ws_tls"] and not tls:
+        raise _fail(p + "ws_tls", "needs mqtt.tls_listen and its files (the same certificate "
+                    "serves wss://)")
     return MqttConfig(
-        **tls, ws_listen=None if ws is None else parse_address(ws, p + "ws_listen",
-                                                               allow_zero_port=True),
+        **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"],
         tls_require_client_cert=flags["tls_require_client_cert"],
         tls_identity_from_cert=flags["tls_identity_from_cert"],
         max_offline_sessions=_int(mq, "max_offline_sessions", p,

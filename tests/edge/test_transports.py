@@ -223,3 +223,27 @@ def test_garbage_on_the_tls_and_websocket_ports_ends_only_that_connection(pki):
             assert ws.next().payload == b"still up"
     finally:
         edge.stop()
+
+
+def test_websocket_over_tls_with_a_certificate_identity(pki):
+    edge = tls_edge(pki, ws_listen="127.0.0.1:0", ws_tls=True, tls_identity_from_cert=True)
+    try:
+        port = edge.mqtt.addresses["ws"][1]
+        with Peer(edge, "wss-cert", user=None, version=5, transport="websockets", port=port,
+                  tls=client_ctx(pki, "alice")) as peer, Peer(edge, "wss-tcp") as tcp:
+            assert peer.rc == 0 and peer.subscribe("wss/#", 1) == 1
+            tcp.publish("wss/a", b"encrypted", 1)
+            assert peer.next().payload == b"encrypted"
+        assert counter(edge, "connections_opened_wss") == 1
+        assert counter(edge, "connects_by_certificate") == 1
+    finally:
+        edge.stop()
+
+
+def test_ws_tls_needs_the_websocket_and_tls_listeners():
+    with pytest.raises(ConfigError, match="mqtt.ws_tls: only with mqtt.ws_listen"):
+        parse_config(edge_doc(ws_tls=True))
+    with pytest.raises(ConfigError, match="mqtt.ws_tls: needs mqtt.tls_listen"):
+        parse_config(edge_doc(ws_listen="127.0.0.1:0", ws_tls=True))
+    with pytest.raises(ConfigError, match="mqtt.ws_tls: must be true or false"):
+        parse_config(edge_doc(ws_listen="127.0.0.1:0", ws_tls="on"))

@@ -148,7 +148,7 @@ class MqttServer:
 
             self._servers.append(await serve(
                 self._accept_ws, sock=self._socks["ws"], subprotocols=[WS_SUBPROTOCOL],
-                max_size=self.cfg.max_packet_bytes,
+                max_size=self.cfg.max_packet_bytes, ssl=self._tls if self.cfg.ws_tls else None,
                 open_timeout=self.cfg.connect_timeout_ms / 1e3))
 
     def _room(self) -> bool:
@@ -181,10 +181,16 @@ class MqttServer:
         if not self._room():
             await ws.close()
             return
+        identity = None
+        if self.cfg.ws_tls:  # wss://: a client certificate as on tls_listen
+            from appliance.edge.mqtt.transports import cert_common_name
+
+            identity = cert_common_name(ws.transport.get_extra_info("peercert"))
         stream = WsStream(ws, self.cfg.max_packet_bytes, self.count)
         pumps = [asyncio.ensure_future(stream.pump_in()), asyncio.ensure_future(stream.pump_out())]
         try:
-            await self._serve(MqttConnection(self, stream.reader, stream, "ws"))
+            await self._serve(MqttConnection(self, stream.reader, stream,
+                                             "wss" if self.cfg.ws_tls else "ws", identity))
         finally:
             stream.close()
             await asyncio.gather(*pumps, return_exceptions=True)
