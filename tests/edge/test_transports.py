@@ -247,3 +247,31 @@ def test_ws_tls_needs_the_websocket_and_tls_listeners():
         parse_config(edge_doc(ws_listen="127.0.0.1:0", ws_tls=True))
     with pytest.raises(ConfigError, match="mqtt.ws_tls: must be true or false"):
         parse_config(edge_doc(ws_listen="127.0.0.1:0", ws_tls="on"))
+
+
+def test_a_websocket_flood_is_held_back_not_buffered(ws_edge):
+    """A peer that sends faster than its connection reads: the edge stops reading its socket
+    (two packets' worth unread, plus the message being taken) instead of buffering the
+    megabyte it sends."""
+    from websockets.asyncio.client import connect
+
+    port = ws_edge.mqtt.addresses["ws"][1]
+    login = codec.encode_connect("flood", username="alice", password=b"alice-secret")
+    # QoS 0 PUBLISHes sent before the CONNACK could be read: the connection is busy
+    # logging in while the flood arrives
+    flood = codec.encode_publish("flood/x", b"f" * 1000, 0) * 50
+
+    async def run() -> int:
+        async with connect(f"ws://127.0.0.1:{port}/mqtt", subprotocols=["mqtt"],
+                           open_timeout=DEADLINE_S) as ws:
+            await ws.send(login)
+            for _ in range(20):
+                await ws.send(flood)
+            reader = [c for c in ws_edge.mqtt.open if c.transport == "ws"][0].reader
+            peak = len(reader._buf)
+            await ws.close()
+            return peak
+
+    peak = asyncio.run(run())
+    assert peak <= 3 * 65_536   # mqtt.max_packet_bytes's default: 2 packets + 1 message
+    wait_counter(ws_edge, "publishes_in", 1)

@@ -193,6 +193,7 @@ class MqttServer:
                                              "wss" if self.cfg.ws_tls else "ws", identity))
         finally:
             stream.close()
+            await stream.reader.feed_eof()  # (a pump waiting for room goes on, to the end)
             await asyncio.gather(*pumps, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -11,7 +11,7 @@ WebSocket: each binary message carries bytes of the MQTT stream (a packet may sp
 messages); ``WsStream`` turns the socket into the reader and writer an ``MqttConnection``
 uses. A client that does not offer the ``mqtt`` subprotocol is refused by the handshake
 (HTTP 400, by ``websockets``); one that sends a text message is closed (counted). Inbound
-bytes are bounded: the reader pauses the socket while it holds more than
+bytes are bounded: the reader stops taking messages from the socket while it holds more than
 ``WS_READ_BUFFER_PACKETS`` packets' worth of bytes.
 """
 
@@ -62,6 +62,41 @@ def cert_common_name(peercert: dict | None) -> str | None:
     return None
 
 
+class WsReader:
+    """The MQTT bytes a WebSocket received, read with ``readexactly`` (what
+    ``MqttConnection`` asks of a reader); ``feed`` waits while more than ``limit`` bytes are
+    unread, so the socket is not read meanwhile."""
+
+    def __init__(self, limit: int) -> None:
+        self._buf = bytearray()
+        self._eof = False
+        self._limit = limit
+        self._changed = asyncio.Condition()
+
+    async def feed(self, data: bytes) -> None:
+        async with self._changed:
+            if self._eof:  # the connection is over: nobody reads any more
+                return
+            self._buf += data
+            self._changed.notify_all()
+            await self._changed.wait_for(lambda: len(self._buf) <= self._limit or self._eof)
+
+    async def feed_eof(self) -> None:
+        async with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    async def readexactly(self, n: int) -> bytes:
+        async with self._changed:
+            await self._changed.wait_for(lambda: len(self._buf) >= n or self._eof)
+            if len(self._buf) < n:
+                raise asyncio.IncompleteReadError(bytes(self._buf), n)
+            out = bytes(self._buf[:n])
+            del self._buf[:n]
+            self._changed.notify_all()
+            return out
+
+
 class _WsTransport:
     """What ``MqttConnection`` asks of ``writer.transport``."""
 
@@ -73,17 +108,16 @@ class _WsTransport:
 
 
 class WsStream:
-    """A WebSocket as an MQTT byte stream: ``reader`` (an ``asyncio.StreamReader`` fed from
-    binary messages) and the writer side (``write``, ``close``, ``is_closing``...)."""
+    """A WebSocket as an MQTT byte stream: ``reader`` (a ``WsReader`` fed from binary
+    messages) and the writer side (``write``, ``close``, ``is_closing``...)."""
 
     def __init__(self, ws: Any, max_packet_bytes: int, count: Any) -> None:
         self.ws = ws
-        self.reader = asyncio.StreamReader()
+        self.reader = WsReader(WS_READ_BUFFER_PACKETS * max_packet_bytes)
         self.transport = _WsTransport(self)
         self.out_bytes = 0
         self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._closing = False
-        self._limit = WS_READ_BUFFER_PACKETS * max_packet_bytes
         self._count = count
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -105,20 +139,18 @@ class WsStream:
             self._out.put_nowait(None)  # sent what was written, then closes
 
     async def pump_in(self) -> None:
-        """WebSocket messages -> the reader (paused while it holds ``_limit`` bytes)."""
+        """WebSocket messages -> the reader (paused while it holds its limit)."""
         try:
             async for message in self.ws:
                 if isinstance(message, str):
                     self._count("closed_ws_text_message")
                     await self.ws.close(WS_CLOSE_PROTOCOL_ERROR, "MQTT uses binary messages")
                     break
-                self.reader.feed_data(message)
-                while len(self.reader._buffer) > self._limit and not self._closing:
-                    await asyncio.sleep(0.001)  # the connection reads it meanwhile
+                await self.reader.feed(message)
         except Exception:  # the peer went away: the reader sees the end
             pass
         finally:
-            self.reader.feed_eof()
+            await self.reader.feed_eof()
 
     async def pump_out(self) -> None:
         """The writer's packets -> WebSocket binary messages, then the close."""
