@@ -167,3 +167,26 @@ def test_a_session_taken_up_by_another_identity_starts_afresh(edge):
     with persistent(edge, "shared-id", 4, user="bob") as bob:
         assert not bob.session_present
     assert counter(edge, "sessions_ended_other_identity") == 1
+
+
+def test_an_incoming_qos2_flow_survives_a_reconnect(edge):
+    expiry = [(codec.PROP["session_expiry_interval"], 300)]
+    with Peer(edge, "q2-in-watch") as watch:
+        assert watch.subscribe("q2in/#", 1) == 1
+        sock, _ = raw_connect(edge, "q2-in", 5, clean=False, props=expiry)
+        sock.sendall(codec.encode_publish("q2in/a", b"once", 2, packet_id=5, version=codec.V5))
+        assert read_packet(sock) == (0x50, b"\x00\x05")          # PUBREC
+        sock.close()                                              # before PUBREL
+        wait_for(lambda: edge.mqtt.status()["sessions_offline"] == 1)
+        sock, body = raw_connect(edge, "q2-in", 5, clean=False, props=expiry)
+        assert body[0] == 1
+        sock.sendall(codec.encode_publish("q2in/a", b"once", 2, dup=True, packet_id=5,
+                                          version=codec.V5))     # sent again: not published
+        assert read_packet(sock) == (0x50, b"\x00\x05")
+        sock.sendall(codec.encode_ack(PacketType.PUBREL, 5, codec.V5))
+        assert read_packet(sock) == (0x70, b"\x00\x05")          # PUBCOMP, success
+        with Peer(edge, "q2-in-marker") as marker:
+            marker.publish("q2in/marker", b"m", 1)
+        assert watch.next().payload == b"once"
+        assert watch.next().payload == b"m"                     # no second "once"
+        sock.close()
