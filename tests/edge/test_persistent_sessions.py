@@ -190,3 +190,21 @@ def test_an_incoming_qos2_flow_survives_a_reconnect(edge):
         assert watch.next().payload == b"once"
         assert watch.next().payload == b"m"                     # no second "once"
         sock.close()
+
+
+def test_a_redelivery_larger_than_the_new_maximum_packet_size_is_dropped(edge):
+    expiry = (codec.PROP["session_expiry_interval"], 300)
+    sock, _ = raw_connect(edge, "shrinking", 5, clean=False, props=[expiry])
+    sock.sendall(codec.encode_subscribe(1, [("big/#", 1)], codec.V5))
+    read_packet(sock)
+    with Peer(edge, "big-pub") as pub:
+        pub.publish("big/x", b"b" * 500, 1)
+        assert read_packet(sock)[0] == 0x32          # in flight, never acknowledged
+    sock.close()
+    wait_for(lambda: edge.mqtt.status()["sessions_offline"] == 1)
+    sock, body = raw_connect(edge, "shrinking", 5, clean=False,
+                             props=[expiry, (codec.PROP["maximum_packet_size"], 100)])
+    assert body[0] == 1
+    wait_for(lambda: not edge.mqtt.sessions["shrinking"].inflight)   # not kept forever
+    assert counter(edge, "deliveries_dropped_client_max_packet") == 1
+    sock.close()

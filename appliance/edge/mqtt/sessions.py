@@ -162,9 +162,10 @@ class SessionState:
             elif d.meta is not None and d.meta.expired(time.monotonic()):
                 del self.inflight[packet_id]
                 self.count("deliveries_dropped_expired")
-            else:
-                conn.send_publish(d, packet_id, True)
+            elif conn.send_publish(d, packet_id, True):
                 self.count("redeliveries")
+            elif not conn.closing:  # larger than this connection's Maximum Packet Size
+                del self.inflight[packet_id]
         self.drain()
 
     async def detach(self, will: codec.Will | None) -> None:
