@@ -219,6 +219,12 @@ class MqttServer:
                                for c in list(self.open)), return_exceptions=True)
         await asyncio.gather(*(s.end("shutdown") for s in list(self.sessions.values())),
                              return_exceptions=True)
+        try:  # (websockets closes its server in a task of its own)
+            async with asyncio.timeout(STOP_TIMEOUT_S / 2):
+                await asyncio.gather(*(server.wait_closed() for server in self._servers),
+                                     return_exceptions=True)
+        except TimeoutError:
+            log.warning("mqtt: a listener did not close in time")
 
     def close(self) -> None:
         """Close every connection (no wills: the edge stops), their native sessions, the
