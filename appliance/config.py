@@ -201,6 +201,22 @@ MQTT_CONNECT_TIMEOUT_MS = 10_000
 MQTT_SEND_BUFFER_BYTES = 1024 * 1024
 """Bytes queued towards one MQTT client before further QoS 0 deliveries to it are dropped and
 counted (``mqtt.send_buffer_bytes``)."""
+MQTT_MAX_OFFLINE_SESSIONS = 64
+"""Persistent MQTT sessions kept while their client is away (``mqtt.max_offline_sessions``);
+each keeps its native client session, so at most ``clients.max_sessions``."""
+MQTT_MAX_SESSION_EXPIRY_S = 86_400
+"""Longest an offline persistent session is kept (``mqtt.max_session_expiry_s``): the cap of
+a 5.0 Session Expiry Interval, and the expiry of a 3.1.1 persistent session."""
+MQTT_TOPIC_ALIAS_MAXIMUM = 16
+"""Topic aliases a 5.0 client may set towards the edge (``mqtt.topic_alias_maximum``)."""
+MQTT_SERVER_KEEP_ALIVE_S = 0
+"""Longest keep-alive the edge grants a 5.0 client (``mqtt.server_keep_alive_s``); 0: the
+client's own."""
+MQTT_MAX_METADATA_MESSAGES = 100_000
+"""MQTT 5.0 message properties remembered for messages in flight through this edge
+(``mqtt.max_metadata_messages``); the oldest are forgotten first (counted)."""
+MQTT_MAX_METADATA_BYTES = 16 * 1024 * 1024
+"""Bytes of those properties at most (``mqtt.max_metadata_bytes``)."""
 
 MAX_NODE_ID = 2**31 - 1
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -322,6 +338,26 @@ class MqttConfig:
     send_buffer_bytes: int = MQTT_SEND_BUFFER_BYTES
     allow_anonymous: bool = False
     """A CONNECT without a username logs in as P&M identity ``anonymous``."""
+    max_offline_sessions: int = MQTT_MAX_OFFLINE_SESSIONS
+    max_session_expiry_s: int = MQTT_MAX_SESSION_EXPIRY_S
+    topic_alias_maximum: int = MQTT_TOPIC_ALIAS_MAXIMUM
+    server_keep_alive_s: int = MQTT_SERVER_KEEP_ALIVE_S
+    max_metadata_messages: int = MQTT_MAX_METADATA_MESSAGES
+    max_metadata_bytes: int = MQTT_MAX_METADATA_BYTES
+    tls_listen: Address | None = None
+    """MQTT over TLS; with ``tls_cert_file`` and ``tls_key_file`` (PEM)."""
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    """CAs that sign client certificates: a client may present one (required with
+    ``tls_require_client_cert``)."""
+    tls_require_client_cert: bool = False
+    tls_identity_from_cert: bool = False
+    """A verified client certificate's CN is the connection's P&M identity (no password)."""
+    ws_listen: Address | None = None
+    """MQTT over WebSocket (subprotocol ``mqtt``)."""
+    ws_tls: bool = False
+    """The WebSocket listener speaks TLS (``wss://``) with the ``tls_*`` files and rules."""
 
 
 @dataclass(frozen=True)
@@ -549,7 +585,7 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
 
 
 def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
-          max_sessions: int, max_subscriptions: int) -> MqttConfig | None:
+          max_sessions: int, max_subscriptions: int, base: Path) -> MqttConfig | None:
     """``[mqtt]``: an edge's MQTT server (docs/edge.md)."""
     if "mqtt" not in doc:
         return None
@@ -557,7 +593,12 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_subscriptions", "max_inflight", "max_queued",
                               "max_retained",
                               "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
-                              "allow_anonymous"}, "")
+                              "allow_anonymous", "max_offline_sessions", "max_session_expiry_s",
+                              "topic_alias_maximum", "server_keep_alive_s",
+                              "max_metadata_messages", "max_metadata_bytes", "tls_listen",
+                              "tls_cert_file", "tls_key_file", "tls_ca_file",
+                              "tls_require_client_cert",
+                              "tls_identity_from_cert", "ws_listen", "ws_tls"}, "")
     p = "mqtt."
     if role != "edge":
         raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
@@ -568,10 +609,36 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
     if clients_udp is None and shm is None:
         raise _fail(p + "listen", "needs clients.udp or clients.shm: each MQTT connection logs "
                     "in a client session through the edge's own client endpoint")
-    anonymous = mq.get("allow_anonymous", False)
-    if not isinstance(anonymous, bool):
-        raise _fail(p + "allow_anonymous", "must be true or false")
+    flags = {}
+    for key in ("allow_anonymous", "tls_require_client_cert", "tls_identity_from_cert",
+                "ws_tls"):
+        flags[key] = mq.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise _fail(p + key, "must be true or false")
+    tls = _mqtt_tls(mq, p, base, flags)
+    ws = mq.get("ws_listen")
+    ws_listen = None if ws is None else parse_address(ws, p + "ws_listen", allow_zero_port=True)
+    if flags["ws_tls"] and ws is None:
+        raise _fail(p + "ws_tls", "only with mqtt.ws_listen (the WebSocket listener)")
+    if flags["ws_tls"] and not tls:
+        raise _fail(p + "ws_tls", "needs mqtt.tls_listen and its files (the same certificate "
+                    "serves wss://)")
     return MqttConfig(
+        **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"],
+        tls_require_client_cert=flags["tls_require_client_cert"],
+        tls_identity_from_cert=flags["tls_identity_from_cert"],
+        max_offline_sessions=_int(mq, "max_offline_sessions", p,
+                                  min(MQTT_MAX_OFFLINE_SESSIONS, max_sessions), 0, max_sessions),
+        max_session_expiry_s=_int(mq, "max_session_expiry_s", p, MQTT_MAX_SESSION_EXPIRY_S, 0,
+                                  2**32 - 2),
+        topic_alias_maximum=_int(mq, "topic_alias_maximum", p, MQTT_TOPIC_ALIAS_MAXIMUM, 0,
+                                 65_535),
+        server_keep_alive_s=_int(mq, "server_keep_alive_s", p, MQTT_SERVER_KEEP_ALIVE_S, 0,
+                                 65_535),
+        max_metadata_messages=_int(mq, "max_metadata_messages", p, MQTT_MAX_METADATA_MESSAGES,
+                                   0, 10_000_000),
+        max_metadata_bytes=_int(mq, "max_metadata_bytes", p, MQTT_MAX_METADATA_BYTES, 0,
+                                1 << 34),
         listen=listen,
         max_connections=_int(mq, "max_connections", p, min(MQTT_MAX_CONNECTIONS, max_sessions),
                              1, max_sessions),
@@ -589,7 +656,27 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                                 600_000),
         send_buffer_bytes=_int(mq, "send_buffer_bytes", p, MQTT_SEND_BUFFER_BYTES, 4_096,
                                1 << 30),
-        allow_anonymous=anonymous)
+        allow_anonymous=flags["allow_anonymous"])
+
+
+def _mqtt_tls(mq: dict, p: str, base: Path, flags: dict) -> dict[str, Any]:
+    """``mqtt.tls_*``: the TLS listener's address and PEM files (each must exist)."""
+    files = {k: existing_file(mq[k], p + k, base) if k in mq else None
+             for k in ("tls_cert_file", "tls_key_file", "tls_ca_file")}
+    if "tls_listen" not in mq:
+        for key in [*files, "tls_require_client_cert", "tls_identity_from_cert"]:
+            if mq.get(key):
+                raise _fail(p + key, "only with mqtt.tls_listen (the TLS listener)")
+        return {}
+    listen = parse_address(mq["tls_listen"], p + "tls_listen", allow_zero_port=True)
+    for key in ("tls_cert_file", "tls_key_file"):
+        if files[key] is None:
+            raise _fail(p + key, "required with mqtt.tls_listen: the server's PEM file")
+    if files["tls_ca_file"] is None:
+        for key in ("tls_require_client_cert", "tls_identity_from_cert"):
+            if flags[key]:
+                raise _fail(p + key, "needs mqtt.tls_ca_file (the CAs of client certificates)")
+    return {"tls_listen": listen, **files}
 
 
 FIELD_FORM = "[name, offset, type] or [name, offset, type, width]"
@@ -1031,7 +1118,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         if "registry" in pm:
             registry = existing_file(pm["registry"], p + "registry", base)
 
-    mqtt = _mqtt(doc, role, clients_udp, shm, max_sessions, max_subscriptions)
+    mqtt = _mqtt(doc, role, clients_udp, shm, max_sessions, max_subscriptions, base)
     mgmt = _mgmt(doc, base)
     log = _table(doc, "log", {"format", "level"}, "")
     _str(log, "format", "log.", "text", ("text", "json"))

@@ -11,6 +11,7 @@ import pytest
 
 from appliance.config import parse_config
 from appliance.control.credentials import hash_password
+from appliance.edge.mqtt import codec
 from appliance.edge.node import EdgeAppliance
 from tests.appliance import helpers
 from tests.appliance.helpers import free_port
@@ -97,3 +98,34 @@ def closed_by_peer(sock: socket.socket) -> bytes:
         if not chunk:
             return out
         out += chunk
+
+
+def read_packet(sock: socket.socket) -> tuple[int, bytes]:
+    """One MQTT packet from the edge: (first byte, body)."""
+    first = recv_exactly(sock, 1)[0]
+    header = b""
+    while True:
+        header += recv_exactly(sock, 1)
+        got = codec.read_remaining_length(header)
+        if got is not None:
+            break
+    return first, recv_exactly(sock, got[0])
+
+
+def raw_connect(appliance: EdgeAppliance, client_id: str, version: int = 4,
+                clean: bool = True, props: codec.Props | None = None,
+                keep_alive_s: int = 60, will: codec.Will | None = None
+                ) -> tuple[socket.socket, bytes]:
+    """A scripted peer logged in as alice: its socket and the CONNACK's body."""
+    sock = raw(appliance)
+    sock.sendall(codec.encode_connect(client_id, version=version, username="alice",
+                                      password=b"alice-secret", keep_alive_s=keep_alive_s,
+                                      clean=clean, props=props, will=will))
+    first, body = read_packet(sock)
+    assert first >> 4 == codec.PacketType.CONNACK and body[1] == 0, body
+    return sock, body
+
+
+def logged_in(appliance: EdgeAppliance, version: int = 4, client_id: str = "raw",
+              keep_alive_s: int = 60) -> socket.socket:
+    return raw_connect(appliance, client_id, version, keep_alive_s=keep_alive_s)[0]

@@ -31,6 +31,19 @@ def refusal(doc: dict) -> str:
     ({"max_queued": -1}, "mqtt.max_queued: must be an integer in [0, 1000000]"),
     ({"allow_anonymous": "yes"}, "mqtt.allow_anonymous: must be true or false"),
     ({"tls": True}, "mqtt.tls: unknown key"),
+    ({"max_offline_sessions": -1}, "mqtt.max_offline_sessions: must be an integer in [0, 256]"),
+    ({"max_session_expiry_s": "1h"}, "mqtt.max_session_expiry_s: must be an integer"),
+    ({"topic_alias_maximum": 70_000}, "mqtt.topic_alias_maximum: must be an integer in [0, "
+                                      "65535]"),
+    ({"server_keep_alive_s": -5}, "mqtt.server_keep_alive_s: must be an integer"),
+    ({"max_metadata_messages": 1.0}, "mqtt.max_metadata_messages: must be an integer"),
+    ({"max_metadata_bytes": True}, "mqtt.max_metadata_bytes: must be an integer"),
+    ({"ws_listen": "localhost:80"}, "mqtt.ws_listen: must be"),
+    ({"tls_listen": "127.0.0.1:0"}, "mqtt.tls_cert_file: required with mqtt.tls_listen"),
+    ({"tls_listen": "239.1.1.1:8883"}, "mqtt.tls_listen: 239.1.1.1 is a multicast group"),
+    ({"tls_require_client_cert": "yes"}, "mqtt.tls_require_client_cert: must be true or false"),
+    ({"tls_identity_from_cert": True}, "mqtt.tls_identity_from_cert: only with mqtt.tls_listen"),
+    ({"tls_ca_file": "/nonexistent/ca.pem"}, "mqtt.tls_ca_file: no such file"),
 ])
 def test_bad_mqtt_values_are_refused_naming_the_key(change, key):
     doc = edge_doc()
@@ -69,6 +82,17 @@ def test_a_port_in_use_fails_the_start_naming_mqtt_listen():
         doc["mqtt"]["listen"] = f"127.0.0.1:{busy.getsockname()[1]}"
         edge = EdgeAppliance(parse_config(doc))
         with pytest.raises(ConfigError, match="mqtt.listen: 127.0.0.1:[0-9]+ is in use"):
+            edge.start()
+        assert edge.mqtt is None
+
+
+def test_a_websocket_port_in_use_fails_the_start_naming_mqtt_ws_listen():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        doc = edge_doc(ws_listen=f"127.0.0.1:{busy.getsockname()[1]}")
+        edge = EdgeAppliance(parse_config(doc))
+        with pytest.raises(ConfigError, match="mqtt.ws_listen: 127.0.0.1:[0-9]+ is in use"):
             edge.start()
         assert edge.mqtt is None
 

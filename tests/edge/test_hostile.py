@@ -4,8 +4,6 @@ bounded."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from appliance.edge.mqtt import codec
@@ -13,34 +11,14 @@ from appliance.edge.mqtt.codec import PacketType
 from tests.edge.conftest import (
     closed_by_peer,
     counter,
+    logged_in,
     raw,
-    recv_exactly,
+    read_packet,
     start_edge,
     wait_counter,
     wait_for,
 )
 from tests.edge.peers import Peer
-
-
-def read_packet(sock: socket.socket) -> tuple[int, bytes]:
-    first = recv_exactly(sock, 1)[0]
-    header = b""
-    while True:
-        header += recv_exactly(sock, 1)
-        got = codec.read_remaining_length(header)
-        if got is not None:
-            break
-    return first, recv_exactly(sock, got[0])
-
-
-def logged_in(edge, version: int = 4, client_id: str = "raw", keep_alive_s: int = 60
-              ) -> socket.socket:
-    sock = raw(edge)
-    sock.sendall(codec.encode_connect(client_id, version=version, username="alice",
-                                      password=b"alice-secret", keep_alive_s=keep_alive_s))
-    first, body = read_packet(sock)
-    assert first >> 4 == PacketType.CONNACK and body[1] == 0, body
-    return sock
 
 
 def still_serves(edge) -> None:

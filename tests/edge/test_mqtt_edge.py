@@ -142,10 +142,11 @@ def test_a_second_connection_with_the_same_client_id_takes_the_session_over(edge
     with Peer(edge, "twin", will=("wills/twin", b"x", 1, False)):
         wait_for(lambda: "twin" in edge.mqtt.sessions)
         first = edge.mqtt.sessions["twin"]
+        first_connection = first.conn
         with Peer(edge, "twin") as second:  # its CONNACK comes after the first session ended
             assert second.rc == 0
             assert counter(edge, "sessions_taken_over") == 1
-            assert first.done.is_set() and edge.mqtt.sessions["twin"] is not first
+            assert first_connection.done.is_set() and edge.mqtt.sessions["twin"] is not first
             assert counter(edge, "wills_published") == 0  # a takeover sends no will
 
 

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
-from tests.edge.conftest import DEADLINE_S, PASSWORDS, start_edge
+from tests.edge.conftest import DEADLINE_S, PASSWORDS, start_edge, wait_for
 from tests.edge.peers import Peer
 
 MOSQUITTO = shutil.which("mosquitto") or (
@@ -132,3 +134,55 @@ def test_retained_will_dollar_and_overlapping_unsubscribe_agree(broker):
         pub.publish("r/kept", b"", 1, retain=True)  # clear
         msg = watch.next()
         assert (msg.topic, msg.payload) == ("r/kept", b"")  # the clear itself is delivered
+
+
+def _gone(broker: Any, peer: Peer) -> None:
+    """``peer`` disconnects; on the edge, wait until its session is offline (mosquitto
+    handles the DISCONNECT before the next connection's packets: one thread)."""
+    peer.close()
+    if broker.name == "edge":
+        wait_for(lambda: broker.mqtt.status()["sessions_offline"] >= 1)
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["3.1.1", "5.0"])
+def test_persistent_sessions_agree(broker, version):
+    props = None
+    if version == 5:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 300
+    first = Peer(broker, "r-keep", version=version, clean=False, props=props)
+    assert not first.session_present and first.subscribe("p/#", 1) == 1
+    _gone(broker, first)
+    with Peer(broker, "r-ppub", version=version) as pub:
+        pub.publish("p/1", b"queued", 1)
+        pub.publish("p/0", b"qos0", 0)
+        pub.publish("p/2", b"queued too", 2)
+    with Peer(broker, "r-keep", version=version, clean=False, props=props) as again:
+        assert again.session_present
+        got = [(m.topic, m.payload, m.qos) for m in (again.next(), again.next())]
+        # both drop QoS 0 for an absent client (mosquitto: queue_qos0_messages false);
+        # QoS 2 publish to a QoS 1 subscription: 1 on both (min)
+        assert got == [("p/1", b"queued", 1), ("p/2", b"queued too", 1)]
+    with Peer(broker, "r-keep", version=version) as clean:   # clean: the session goes
+        assert not clean.session_present
+
+
+def test_shared_subscriptions_and_5_0_properties_agree(broker):
+    with Peer(broker, "r-m1", version=5) as m1, Peer(broker, "r-m2", version=5) as m2, \
+            Peer(broker, "r-spub", version=5) as pub:
+        assert m1.subscribe("$share/g/s/#", 1) == 1 and m2.subscribe("$share/g/s/#", 1) == 1
+        for i in range(4):
+            pub.publish(f"s/{i}", str(i).encode(), 1)
+        one = sorted(m1.next().payload for _ in range(2))
+        two = sorted(m2.next().payload for _ in range(2))
+        assert sorted(one + two) == [b"0", b"1", b"2", b"3"]   # each once, 2 each
+        sent = Properties(PacketTypes.PUBLISH)
+        sent.ResponseTopic, sent.CorrelationData = "s/reply", b"42"
+        sent.UserProperty = [("k", "v")]
+        sid = Properties(PacketTypes.SUBSCRIBE)
+        sid.SubscriptionIdentifier = 5
+        assert m1.subscribe("rr/#", 1, props=sid) == 1
+        pub.publish("rr/q", b"?", 1, props=sent)
+        got = m1.next().properties
+        assert (got.ResponseTopic, got.CorrelationData, got.UserProperty,
+                got.SubscriptionIdentifier) == ("s/reply", b"42", [("k", "v")], [5])

@@ -111,3 +111,43 @@ listen = "127.0.0.1:1883"
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("topicwire: config: mqtt: only for "
                                                            "appliance.role = \"edge\"")
+
+
+def test_a_running_edge_keeps_a_mosquitto_sub_persistent_session_and_serves_websocket(
+        tmp_path):
+    mqtt_port, mgmt_port, udp_port = free_tcp_port(), free_tcp_port(), free_port()
+    ws_port = free_tcp_port()
+    toml = edge_toml(mqtt_port, mgmt_port, udp_port).replace(
+        "max_packet_bytes = 8192", f"max_packet_bytes = 8192\nws_listen = \"127.0.0.1:{ws_port}\"\n"
+        "max_offline_sessions = 4\nmax_session_expiry_s = 600")
+    proc = run_appliance(write_config(tmp_path / "edge.toml", toml))
+    base = f"http://127.0.0.1:{mgmt_port}"
+    auth = ["-h", "127.0.0.1", "-p", str(mqtt_port), "-u", "sensor", "-P", "s3nsor"]
+    try:
+        # -c: a persistent session (clean session 0); -C 1 -E: subscribe, then go away
+        wait_for(lambda: mqtt_status(base).get("listeners"), what="the edge's listeners")
+        subprocess.run(["mosquitto_sub", *auth, "-i", "keeper", "-c", "-q", "1", "-t",
+                        "plant/#", "-E"], check=True, timeout=DEADLINE_S)
+        wait_for(lambda: mqtt_status(base).get("sessions_offline") == 1)
+        subprocess.run(["mosquitto_pub", *auth, "-t", "plant/queued", "-m", "kept", "-q", "1"],
+                       check=True, timeout=DEADLINE_S)
+        wait_for(lambda: mqtt_status(base)["counters"].get("deliveries_queued") == 1)
+        code, _, text = http("GET", base + "/metrics")
+        assert 'topicwire_mqtt_sessions{state="offline"} 1.0' in text
+        back = subprocess.run(["mosquitto_sub", *auth, "-i", "keeper", "-c", "-q", "1", "-t",
+                               "plant/#", "-C", "1", "-v", "-W", str(int(DEADLINE_S))],
+                              capture_output=True, text=True, timeout=DEADLINE_S)
+        assert back.stdout.strip() == "plant/queued kept", back.stderr
+        assert mqtt_status(base)["listeners"]["ws"] == f"127.0.0.1:{ws_port}"
+    finally:
+        assert stop(proc) == 0
+
+
+def test_a_bad_tls_key_is_refused_with_one_line_naming_it(tmp_path):
+    toml = edge_toml(free_tcp_port(), free_tcp_port(), free_port()).replace(
+        "max_packet_bytes = 8192", "max_packet_bytes = 8192\ntls_listen = \"127.0.0.1:0\"")
+    done = subprocess.run([*CLI, "run", "--config", str(write_config(tmp_path / "e.toml", toml))],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "topicwire: config: mqtt.tls_cert_file: required with mqtt.tls_listen")

@@ -1,6 +1,9 @@
 """The MQTT 3.1.1/5.0 server of an edge appliance (docs/edge.md).
 
-``codec.py`` the packets; ``topics.py`` MQTT's topic rules; ``server.py`` the listener and
-event loop; ``session.py`` one connection; ``handle_connect.py``, ``handle_publish.py``,
-``handle_subscribe.py`` the packet families; ``retain.py`` the retained store.
+``codec.py`` the packets; ``topics.py`` MQTT's topic rules; ``server.py`` the listeners and
+event loop; ``transports.py`` TLS and WebSocket; ``connection.py`` one connection;
+``sessions.py`` a session apart from its connection (persistent sessions, deliveries);
+``handle_connect.py``, ``handle_publish.py``, ``handle_subscribe.py`` the packet families;
+``shared.py`` shared subscriptions; ``meta.py`` 5.0 message properties and expiry;
+``retain.py`` the retained store.
 """

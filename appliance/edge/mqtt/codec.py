@@ -132,6 +132,8 @@ ALLOWED: dict[str, set[int]] = {
     "unsubscribe": {0x26},
     "disconnect": {0x11, 0x1F, 0x26, 0x1C},
     "auth": {0x15, 0x16, 0x1F, 0x26},
+    "connack": {0x11, 0x12, 0x13, 0x1A, 0x1C, 0x1F, 0x21, 0x22, 0x24, 0x25, 0x26, 0x27, 0x28,
+                0x29, 0x2A, 0x15, 0x16},
 }
 
 Props = list[tuple[int, object]]
@@ -609,3 +611,8 @@ def encode_subscribe(packet_id: int, filters: list[tuple[str, int]], version: in
     for topic, options in filters:
         body += _str(topic) + bytes([options])
     return packet(PacketType.SUBSCRIBE, 0b0010, body)
+
+
+def connack_props(body: bytes) -> Props:
+    """The properties of a 5.0 CONNACK's body (the tests' peers read them)."""
+    return _Reader(body[2:]).props("connack")

@@ -1,15 +1,21 @@
-"""CONNECT -> CONNACK: protocol name and level, client identifier, will, credentials, the
-native login, session takeover.
+"""CONNECT -> CONNACK: protocol name and level, client identifier, will, credentials (a
+password, or a TLS client certificate's CN), the session (new, or a persistent one taken up
+again), takeover.
 
 Refusals (each counted as ``connect_refused_<why>``): a protocol name other than ``MQTT``
 (closed without CONNACK), a level other than 4 (3.1.1) or 5 (5.0) (CONNACK "unacceptable
 protocol version"), a client identifier the edge does not take (empty with a persistent
-3.1.1 session, longer than ``MAX_CLIENT_ID_BYTES``), an invalid will topic, a username that
+3.1.1 conn, longer than ``MAX_CLIENT_ID_BYTES``), an invalid will topic, a username that
 is no P&M identity with a password, a wrong password (scrypt, appliance/control/credentials.py),
-no username while ``mqtt.allow_anonymous`` is false, enhanced authentication (5.0 AUTH).
-An accepted CONNECT logs in a native session as the username's identity; a client already
-connected with the same identifier is disconnected first (no will: a takeover).
-Sessions are clean: a persistent session is accepted as a clean one (session present 0).
+no username while ``mqtt.allow_anonymous`` is false, enhanced authentication (5.0 AUTH), a
+username other than the CN of the client certificate (``mqtt.tls_identity_from_cert``).
+A client already connected with the same identifier is disconnected first (no will: a
+takeover). Then the conn: a persistent one of that identifier and identity is taken up
+again with clean start 0 (session present 1); otherwise a new session logs in a native
+client as the identity. 5.0 limits agreed here: Session Expiry Interval (at most
+``mqtt.max_session_expiry_s``; 3.1.1 persistent sessions get that), Server Keep Alive
+(``mqtt.server_keep_alive_s``), Topic Alias Maximum both ways, Receive Maximum, Maximum
+Packet Size.
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ from typing import TYPE_CHECKING
 
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import ConnackV3, Reason
+from appliance.edge.mqtt.sessions import SessionState
 from appliance.edge.mqtt.state import Closed
 from appliance.edge.mqtt.topics import topic_problem
 
 if TYPE_CHECKING:
-    from appliance.edge.mqtt.session import MqttSession
+    from appliance.edge.mqtt.connection import MqttConnection
 
 MAX_CLIENT_ID_BYTES = 256
 """Longest client identifier the edge takes (MQTT allows 65,535 bytes)."""
@@ -36,98 +43,150 @@ _V3_CODE = {Reason.UNSUPPORTED_PROTOCOL_VERSION: ConnackV3.UNACCEPTABLE_PROTOCOL
             Reason.SERVER_UNAVAILABLE: ConnackV3.SERVER_UNAVAILABLE}
 
 
-def _refuse(session: MqttSession, version: int, why: str, code: Reason) -> bool:
-    session.count("connect_refused_" + why)
+def _refuse(conn: MqttConnection, version: int, why: str, code: Reason) -> bool:
+    conn.count("connect_refused_" + why)
     if version == codec.V5:
-        session.send_now(codec.encode_connack(codec.V5, code))
+        conn.send_now(codec.encode_connack(codec.V5, code))
     else:
-        session.send_now(codec.encode_connack(codec.V311, _V3_CODE.get(
+        conn.send_now(codec.encode_connack(codec.V311, _V3_CODE.get(
             code, ConnackV3.SERVER_UNAVAILABLE)))
     return False
 
 
-async def on_connect(session: MqttSession, pkt: codec.Connect) -> bool:
-    """Answer CONNECT; True when the connection is accepted (``session.native`` logged in)."""
-    server = session.server
+async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
+    """Answer CONNECT; True when the connection is accepted (bound to its session)."""
+    server = conn.server
     if pkt.protocol_name != codec.PROTOCOL_NAME:
         raise Closed("connect_refused_protocol_name", 0, will=False)
     if pkt.version not in (codec.V311, codec.V5):
-        return _refuse(session, codec.V5 if pkt.version == codec.V5 else codec.V311,
+        return _refuse(conn, codec.V5 if pkt.version == codec.V5 else codec.V311,
                        "protocol_level", Reason.UNSUPPORTED_PROTOCOL_VERSION)
     version = pkt.version
-    session.version = version
+    conn.version = version
     client_id = pkt.client_id
     assigned = False
     if not client_id:
         if version == codec.V311 and not pkt.clean_start:
-            return _refuse(session, version, "client_id", Reason.CLIENT_ID_NOT_VALID)
+            return _refuse(conn, version, "client_id", Reason.CLIENT_ID_NOT_VALID)
         client_id = "tw-" + secrets.token_hex(8)
         assigned = True
     if len(client_id.encode()) > MAX_CLIENT_ID_BYTES:
-        return _refuse(session, version, "client_id", Reason.CLIENT_ID_NOT_VALID)
+        return _refuse(conn, version, "client_id", Reason.CLIENT_ID_NOT_VALID)
     if pkt.will is not None and topic_problem(pkt.will.topic) is not None:
-        return _refuse(session, version, "will_topic",
+        return _refuse(conn, version, "will_topic",
                        Reason.UNSPECIFIED if version == codec.V311 else Reason.TOPIC_NAME_INVALID)
     if version == codec.V5:
         if codec.prop(pkt.props, "authentication_method") is not None:
-            return _refuse(session, version, "auth_method", Reason.BAD_AUTHENTICATION_METHOD)
+            return _refuse(conn, version, "auth_method", Reason.BAD_AUTHENTICATION_METHOD)
         receive_max = codec.prop(pkt.props, "receive_maximum", 65_535)
-        max_packet = codec.prop(pkt.props, "maximum_packet_size", session.client_max_packet_bytes)
+        max_packet = codec.prop(pkt.props, "maximum_packet_size", conn.client_max_packet_bytes)
         if receive_max == 0 or max_packet == 0:
             raise Closed("connect_protocol_error", Reason.PROTOCOL_ERROR, will=False)
-        session.client_receive_maximum = int(receive_max)  # type: ignore[arg-type]
-        session.client_max_packet_bytes = int(max_packet)  # type: ignore[arg-type]
+        conn.client_receive_maximum = int(receive_max)  # type: ignore[arg-type]
+        conn.client_max_packet_bytes = int(max_packet)  # type: ignore[arg-type]
+        alias_max = codec.prop(pkt.props, "topic_alias_maximum", 0)
+        # the edge sets at most as many aliases as it takes (the client's maximum is its own)
+        conn.client_alias_max = min(int(alias_max),  # type: ignore[call-overload]
+                                    conn.cfg.topic_alias_maximum)
 
-    # credentials: the username is a P&M identity with a password (appliance/control/credentials)
-    if pkt.username is None:
-        if not session.cfg.allow_anonymous:
-            return _refuse(session, version, "anonymous", Reason.NOT_AUTHORIZED)
-        identity = ANONYMOUS_IDENTITY
-    else:
-        identity = pkt.username
-        from appliance.control.credentials import verify_password
-
-        stored = server.password_of(identity)
-        # an unknown user costs the same scrypt as a known one (no user enumeration by time)
-        ok = await server.blocking(verify_password, stored or server.decoy_hash,
-                                   pkt.password or b"")
-        ok = ok and stored is not None and pkt.password is not None
-        if not ok:
-            return _refuse(session, version, "bad_credentials", Reason.BAD_USERNAME_OR_PASSWORD)
-
-    # a client already connected with this identifier goes first (a takeover: no will)
-    old = server.sessions.get(client_id)
-    if old is not None:
-        server.count("sessions_taken_over")
-        await old.close("taken_over", Reason.SESSION_TAKEN_OVER)
-    if session.closing:
+    identity = await _identity(conn, pkt)
+    if identity is None:
         return False
 
-    from appliance.client.errors import ClientError, LoginError
+    # a client already connected with this identifier goes first (a takeover: no will)
+    state = server.sessions.get(client_id)
+    if state is not None and state.conn is not None:
+        server.count("sessions_taken_over")
+        await state.conn.close("taken_over", Reason.SESSION_TAKEN_OVER)
+    if conn.closing:
+        return False
+    state = server.sessions.get(client_id)
+    if state is not None and (pkt.clean_start or state.identity != identity):
+        await state.end("clean_start" if pkt.clean_start else "other_identity")
+        state = None
+    present = state is not None
+    if state is None:
+        from appliance.client.errors import ClientError, LoginError
 
-    try:
-        # the native login proves the password again (an identity with one: challenge-response)
-        session.native = await server.blocking(
-            server.native_login, identity,
-            None if identity == ANONYMOUS_IDENTITY else pkt.password)
-    except LoginError:
-        return _refuse(session, version, "not_authorized", Reason.NOT_AUTHORIZED)
-    except ClientError:
-        return _refuse(session, version, "native_login", Reason.SERVER_UNAVAILABLE)
-    session.connect = pkt
-    session.client_id = client_id
-    session.identity = identity
-    server.sessions[client_id] = session
-    props: codec.Props = []
-    if version == codec.V5:
-        props = [(codec.PROP["maximum_packet_size"], session.cfg.max_packet_bytes),
-                 (codec.PROP["receive_maximum"], min(session.cfg.max_inflight, 65_535)),
-                 (codec.PROP["retain_available"], 1),
-                 (codec.PROP["wildcard_subscription_available"], 1),
-                 (codec.PROP["subscription_identifier_available"], 0),
-                 (codec.PROP["shared_subscription_available"], 0)]
-        if assigned:
-            props.append((codec.PROP["assigned_client_identifier"], client_id))
-    session.count("connects_accepted")
-    session.send(codec.encode_connack(version, 0, False, props))
+        state = SessionState(server, client_id, identity)
+        try:
+            # the native login proves the password again (an identity with one)
+            state.native = await server.blocking(
+                server.native_login, identity,
+                None if identity == ANONYMOUS_IDENTITY else pkt.password)
+        except LoginError:
+            return _refuse(conn, version, "not_authorized", Reason.NOT_AUTHORIZED)
+        except ClientError:
+            return _refuse(conn, version, "native_login", Reason.SERVER_UNAVAILABLE)
+        if conn.closing or server.sessions.get(client_id) is not None:  # raced
+            await state.end("raced")
+            raise Closed("connect_raced", Reason.SESSION_TAKEN_OVER, will=False)
+        server.sessions[client_id] = state
+        server.count("sessions_created")
+    else:
+        server.count("sessions_resumed")
+    conn.connect = pkt
+    conn.state = state
+    props = _agree(conn, pkt, state, assigned and client_id)
+    conn.count("connects_accepted")
+    state.attach(conn, codec.encode_connack(version, 0, present, props))
     return True
+
+
+async def _identity(conn: MqttConnection, pkt: codec.Connect) -> str | None:
+    """The P&M identity of the CONNECT (None: refused, answered)."""
+    server, version = conn.server, pkt.version
+    if conn.cert_identity is not None and conn.cfg.tls_identity_from_cert:
+        if pkt.username is not None and pkt.username != conn.cert_identity:
+            _refuse(conn, version, "cert_username", Reason.BAD_USERNAME_OR_PASSWORD)
+            return None
+        if conn.cert_identity not in server.appliance.config.identities:
+            _refuse(conn, version, "cert_identity", Reason.NOT_AUTHORIZED)
+            return None
+        conn.count("connects_by_certificate")
+        return conn.cert_identity
+    # credentials: the username is a P&M identity with a password (appliance/control/credentials)
+    if pkt.username is None:
+        if not conn.cfg.allow_anonymous:
+            _refuse(conn, version, "anonymous", Reason.NOT_AUTHORIZED)
+            return None
+        return ANONYMOUS_IDENTITY
+    from appliance.control.credentials import verify_password
+
+    stored = server.password_of(pkt.username)
+    # an unknown user costs the same scrypt as a known one (no user enumeration by time)
+    ok = await server.blocking(verify_password, stored or server.decoy_hash,
+                               pkt.password or b"")
+    if not (ok and stored is not None and pkt.password is not None):
+        _refuse(conn, version, "bad_credentials", Reason.BAD_USERNAME_OR_PASSWORD)
+        return None
+    return pkt.username
+
+
+def _agree(conn: MqttConnection, pkt: codec.Connect, state: SessionState,
+           assigned: str | bool) -> codec.Props:
+    """The session's expiry, the keep-alive and the CONNACK's 5.0 properties."""
+    cfg = conn.cfg
+    conn.keep_alive_s = pkt.keep_alive_s
+    if pkt.version != codec.V5:
+        state.expiry_s = 0 if pkt.clean_start else cfg.max_session_expiry_s
+        return []
+    asked = int(codec.prop(pkt.props, "session_expiry_interval", 0))  # type: ignore[arg-type]
+    state.expiry_s = min(asked, cfg.max_session_expiry_s)
+    props: codec.Props = [
+        (codec.PROP["maximum_packet_size"], cfg.max_packet_bytes),
+        (codec.PROP["receive_maximum"], min(cfg.max_inflight, 65_535)),
+        (codec.PROP["retain_available"], 1),
+        (codec.PROP["wildcard_subscription_available"], 1),
+        (codec.PROP["subscription_identifier_available"], 1),
+        (codec.PROP["shared_subscription_available"], 1),
+        (codec.PROP["topic_alias_maximum"], cfg.topic_alias_maximum)]
+    if state.expiry_s != asked:
+        props.append((codec.PROP["session_expiry_interval"], state.expiry_s))
+    server_keep_alive = cfg.server_keep_alive_s
+    if server_keep_alive and (pkt.keep_alive_s == 0 or pkt.keep_alive_s > server_keep_alive):
+        conn.keep_alive_s = server_keep_alive
+        props.append((codec.PROP["server_keep_alive"], server_keep_alive))
+    if assigned:
+        props.append((codec.PROP["assigned_client_identifier"], assigned))
+    return props

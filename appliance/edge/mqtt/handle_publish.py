@@ -1,4 +1,4 @@
-"""PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP and the will: MQTT publishes into the fabric.
+"""PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP: MQTT publishes (and wills) into the fabric.
 
 An MQTT PUBLISH becomes a native publish of the connection's own client session (the
 identity's entitlements decide; a refused topic is counted as ``publishes_denied`` and
@@ -8,7 +8,9 @@ publish left for the appliance, QoS 2 with PUBREC (published once; a repeat of t
 before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0 travels as a native
 best-effort message, QoS 1 and 2 as guaranteed ones (the connection's reliable stream,
 recovered hop by hop); the acknowledgement says the edge took the message, not that
-subscribers got it (docs/edge.md, "QoS").
+subscribers got it (docs/edge.md, "QoS"). 5.0: a Topic Alias sets or names the topic (at
+most ``mqtt.topic_alias_maximum``: 0x94 beyond, 0x82 for an unknown one); the message
+properties and expiry are remembered for this edge's subscribers (meta.py).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import TYPE_CHECKING
 
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType, Reason
+from appliance.edge.mqtt.meta import meta_of
 from appliance.edge.mqtt.state import Closed
 from appliance.edge.mqtt.topics import topic_problem
 
 if TYPE_CHECKING:
-    from appliance.edge.mqtt.session import MqttSession
+    from appliance.edge.mqtt.connection import MqttConnection
+    from appliance.edge.mqtt.sessions import SessionState
 
 
 NATIVE_QOS = ("best-effort", "guaranteed")
@@ -31,92 +35,111 @@ REGISTERED_TOPICS = 16_384
 the event loop (no round trip: the native client has their key); others on a worker thread."""
 
 
-async def _into_fabric(session: MqttSession, topic: str, payload: bytes, qos: int,
-                       retain: bool) -> bool:
-    """Publish natively and keep a retained message; False when entitlements refuse."""
+async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
+                      retain: bool, props: codec.Props) -> bool:
+    """Publish natively, remember the message's 5.0 metadata (meta.py) and keep a retained
+    message; False when entitlements refuse."""
     from appliance.client.errors import ClientError, EntitlementError
 
-    server = session.server
+    server = state.server
     native_qos = NATIVE_QOS[min(qos, 1)]
+    meta = meta_of(props, retain)
+    entry = None if meta is None else server.meta.begin(state.native.session, meta)
     try:
-        if topic in session.registered:  # its key is known: publishing does not wait
-            session.native.publish(topic, payload, flush=True, qos=native_qos)
+        if topic in state.registered:  # its key is known: publishing does not wait
+            state.native.publish(topic, payload, flush=True, qos=native_qos)
         else:  # the first publish of a topic registers it: a round trip to the appliance
-            await server.blocking(session.native.publish, topic, payload, flush=True,
+            await server.blocking(state.native.publish, topic, payload, flush=True,
                                   qos=native_qos)
-            if len(session.registered) < REGISTERED_TOPICS:
-                session.registered.add(topic)
+            if len(state.registered) < REGISTERED_TOPICS:
+                state.registered.add(topic)
     except EntitlementError:
-        session.count("publishes_denied")
+        state.count("publishes_denied")
         return False
     except ClientError as exc:
         raise Closed("native_publish_failed", Reason.UNSPECIFIED, detail=str(exc)) from None
-    session.count("publishes_in")
+    finally:
+        server.meta.end(entry)
+    state.count("publishes_in")
     if retain:
-        if server.retained.set(topic, payload, qos):
-            session.count("retained_set" if payload else "retained_cleared")
+        if server.retained.set(topic, payload, qos, meta):
+            state.count("retained_set" if payload else "retained_cleared")
         else:
-            session.count("retained_refused_full")
+            state.count("retained_refused_full")
     return True
 
 
-async def on_publish(session: MqttSession, pkt: codec.Publish) -> None:
+def _topic(conn: MqttConnection, pkt: codec.Publish) -> str:
+    """The PUBLISH's topic, through its 5.0 Topic Alias (set or used)."""
+    alias = codec.prop(pkt.props, "topic_alias") if conn.version == codec.V5 else None
+    if alias is None:
+        return pkt.topic
+    if not 0 < alias <= conn.cfg.topic_alias_maximum:  # type: ignore[operator]
+        raise Closed("topic_alias_invalid", Reason.TOPIC_ALIAS_INVALID, detail=f"alias {alias}")
+    if pkt.topic:
+        if topic_problem(pkt.topic) is None:
+            conn.aliases_in[alias] = pkt.topic  # type: ignore[index]
+        return pkt.topic
+    topic = conn.aliases_in.get(alias)  # type: ignore[call-overload]
+    if topic is None:
+        raise Closed("topic_alias_unknown", Reason.PROTOCOL_ERROR, detail=f"alias {alias}")
+    return topic
+
+
+async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
     from datapath.protocol.message_layout import MAX_PAYLOAD_BYTES
 
-    version = session.version
-    if version == codec.V5 and codec.prop(pkt.props, "topic_alias") is not None:
-        raise Closed("topic_alias", Reason.TOPIC_ALIAS_INVALID)  # we announce a maximum of 0
-    problem = topic_problem(pkt.topic)
+    version = conn.version
+    state = conn.state
+    assert state is not None
+    topic = _topic(conn, pkt)
+    problem = topic_problem(topic)
     if problem is not None:
         raise Closed("bad_topic", Reason.TOPIC_NAME_INVALID, detail=problem)
     if len(pkt.payload) > MAX_PAYLOAD_BYTES:
         raise Closed("payload_too_large", Reason.PACKET_TOO_LARGE,
                      detail=f"{len(pkt.payload)} bytes; the fabric carries {MAX_PAYLOAD_BYTES}")
+    if codec.prop(pkt.props, "subscription_identifier") is not None:
+        raise Closed("publish_subscription_identifier", Reason.PROTOCOL_ERROR)
     if pkt.qos == 2:
-        if pkt.packet_id in session.awaiting_rel:  # a repeat: already published
-            session.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version))
+        if pkt.packet_id in state.awaiting_rel:  # a repeat: already published
+            conn.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version))
             return
-        if len(session.awaiting_rel) >= session.cfg.max_inflight:
+        if len(state.awaiting_rel) >= conn.cfg.max_inflight:
             raise Closed("receive_maximum_exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED)
-    allowed = await _into_fabric(session, pkt.topic, pkt.payload, pkt.qos, pkt.retain)
+    props = [(i, v) for i, v in pkt.props if i != codec.PROP["topic_alias"]]
+    allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props)
     reason = 0 if allowed else Reason.NOT_AUTHORIZED
     if pkt.qos == 1:
-        session.send(codec.encode_ack(PacketType.PUBACK, pkt.packet_id, version, reason))
+        conn.send(codec.encode_ack(PacketType.PUBACK, pkt.packet_id, version, reason))
     elif pkt.qos == 2:
         if allowed:
-            session.awaiting_rel.add(pkt.packet_id)
-        session.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version, reason))
+            state.awaiting_rel.add(pkt.packet_id)
+        conn.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version, reason))
 
 
-def on_ack(session: MqttSession, pkt: codec.Ack) -> None:
+def on_ack(conn: MqttConnection, pkt: codec.Ack) -> None:
     """The acknowledgements of both directions' QoS 1/2 flows."""
-    version = session.version
+    version = conn.version
+    state = conn.state
+    assert state is not None
     if pkt.type == PacketType.PUBREL:
-        known = pkt.packet_id in session.awaiting_rel
-        session.awaiting_rel.discard(pkt.packet_id)
-        session.send(codec.encode_ack(PacketType.PUBCOMP, pkt.packet_id, version,
-                                      0 if known else Reason.PACKET_ID_NOT_FOUND))
+        known = pkt.packet_id in state.awaiting_rel
+        state.awaiting_rel.discard(pkt.packet_id)
+        conn.send(codec.encode_ack(PacketType.PUBCOMP, pkt.packet_id, version,
+                                   0 if known else Reason.PACKET_ID_NOT_FOUND))
         return
-    state = session.inflight.get(pkt.packet_id)
+    d = state.inflight.get(pkt.packet_id)
     want = {PacketType.PUBACK: "puback", PacketType.PUBREC: "pubrec",
             PacketType.PUBCOMP: "pubcomp"}[pkt.type]
-    if state is None or state[1] != want:
-        session.count("acks_unexpected")
+    if d is None or d.awaiting != want:
+        conn.count("acks_unexpected")
         if pkt.type == PacketType.PUBREC:
-            session.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version,
-                                          Reason.PACKET_ID_NOT_FOUND))
+            conn.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version,
+                                       Reason.PACKET_ID_NOT_FOUND))
         return
     if pkt.type == PacketType.PUBREC and pkt.reason < 0x80:
-        session.inflight[pkt.packet_id] = (2, "pubcomp")
-        session.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version))
+        d.awaiting = "pubcomp"
+        conn.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version))
     else:
-        session.release(pkt.packet_id)
-
-
-async def publish_will(session: MqttSession, will: codec.Will) -> None:
-    """The will of a connection that ended without a clean DISCONNECT."""
-    try:
-        if await _into_fabric(session, will.topic, will.payload, will.qos, will.retain):
-            session.count("wills_published")
-    except Closed:
-        session.count("wills_failed")
+        state.release(pkt.packet_id)

@@ -3,9 +3,10 @@
 Each filter is checked (MQTT's rules and the fabric's bounds, appliance/edge/mqtt/topics.py),
 then subscribed by the connection's native session, whose identity's P&M entitlements decide:
 a denied filter gets 0x80 (3.1.1) or 0x87 "not authorized" (5.0), an invalid one 0x80 or
-0x8F, a shared subscription (``$share/...``) 0x80 or 0x9E (not built), one beyond
-``mqtt.max_subscriptions`` 0x80 or 0x97. The retained messages a new subscription matches
-follow its SUBACK (5.0 retain handling 0, 1 and 2).
+0x8F, one beyond ``mqtt.max_subscriptions`` 0x80 or 0x97. ``$share/GROUP/FILTER`` joins a
+shared subscription (shared.py). The retained messages a new subscription matches follow its
+SUBACK (5.0 retain handling 0, 1 and 2; none for a shared one). A 5.0 Subscription
+Identifier is kept with each filter of the SUBSCRIBE and sent with the messages they match.
 
 MQTT subscriptions are a set of filters; the fabric's subscription lists are ordered with
 partial unsubscribes (seed 000). So an UNSUBSCRIBE of a filter the client holds withdraws it
@@ -20,119 +21,148 @@ from typing import TYPE_CHECKING
 
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import SUBACK_FAILURE_V3, Reason
-from appliance.edge.mqtt.state import Closed, SubOptions
+from appliance.edge.mqtt.shared import split_shared
+from appliance.edge.mqtt.state import Closed, Delivery, SubOptions
 from appliance.edge.mqtt.topics import SHARED_PREFIX, filter_problem
 
 if TYPE_CHECKING:
-    from appliance.edge.mqtt.session import MqttSession
+    from appliance.edge.mqtt.connection import MqttConnection
+    from appliance.edge.mqtt.sessions import SessionState
 
 NATIVE_RESUBSCRIBE_FACTOR = 4
 """After this many native subscribes per allowed filter, an unsubscribe rebuilds the native
 session's list from scratch (each native subscribe keeps a subscription object)."""
 
 
-def _code(session: MqttSession, v5_code: int) -> int:
-    return v5_code if session.version == codec.V5 else SUBACK_FAILURE_V3
+def _code(conn: MqttConnection, v5_code: int) -> int:
+    return v5_code if conn.version == codec.V5 else SUBACK_FAILURE_V3
 
 
-async def on_subscribe(session: MqttSession, pkt: codec.Subscribe) -> None:
+def _options(conn: MqttConnection, topic_filter: str, options: int,
+             sub_id: int) -> SubOptions | int:
+    """The subscription's options, or the SUBACK failure code of an invalid filter."""
+    qos = options & 0x03
+    match, group = topic_filter, None
+    if topic_filter.startswith(SHARED_PREFIX):
+        parts = split_shared(topic_filter)
+        if parts is None:
+            conn.count("subscriptions_refused_bad_filter")
+            return _code(conn, Reason.TOPIC_FILTER_INVALID)
+        group, match = parts
+        if conn.version == codec.V5 and options & 0x04:  # no local on a shared subscription
+            raise Closed("shared_no_local", Reason.PROTOCOL_ERROR)
+    if filter_problem(match) is not None:
+        conn.count("subscriptions_refused_bad_filter")
+        return _code(conn, Reason.TOPIC_FILTER_INVALID)
+    if conn.version != codec.V5:
+        return SubOptions(qos, match=match, group=None if group is None else f"{group}/{match}")
+    return SubOptions(qos, bool(options & 0x04), bool(options & 0x08), (options >> 4) & 3,
+                      sub_id, match, None if group is None else f"{group}/{match}")
+
+
+async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
     from appliance.client.errors import ClientError, EntitlementError
 
-    if session.version == codec.V5 and codec.prop(pkt.props, "subscription_identifier"):
-        raise Closed("subscription_identifier", Reason.SUBSCRIPTION_IDS_NOT_SUPPORTED)
-    server = session.server
+    sub_id = int(codec.prop(pkt.props, "subscription_identifier", 0))  # type: ignore[arg-type]
+    if conn.version == codec.V5 and codec.PROP["subscription_identifier"] in (
+            i for i, _ in pkt.props) and sub_id == 0:
+        raise Closed("subscription_identifier_zero", Reason.PROTOCOL_ERROR)
+    server = conn.server
+    state = conn.state
+    assert state is not None
     codes: list[int] = []
     retained = []
     for topic_filter, options in pkt.filters:
-        qos = options & 0x03
-        if topic_filter.startswith(SHARED_PREFIX):
-            session.count("subscriptions_refused_shared")
-            codes.append(_code(session, Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED))
+        opts = _options(conn, topic_filter, options, sub_id)
+        if isinstance(opts, int):
+            codes.append(opts)
             continue
-        if filter_problem(topic_filter) is not None:
-            session.count("subscriptions_refused_bad_filter")
-            codes.append(_code(session, Reason.TOPIC_FILTER_INVALID))
-            continue
-        new = topic_filter not in session.filters
-        if new and len(session.filters) >= session.cfg.max_subscriptions:
-            session.count("subscriptions_refused_limit")
-            codes.append(_code(session, Reason.QUOTA_EXCEEDED))
+        new = topic_filter not in state.filters
+        if new and len(state.filters) >= conn.cfg.max_subscriptions:
+            conn.count("subscriptions_refused_limit")
+            codes.append(_code(conn, Reason.QUOTA_EXCEEDED))
             continue
         if new:
             try:
-                await server.blocking(native_subscribe, session, topic_filter)
+                await server.blocking(native_subscribe, state, topic_filter, opts.match)
             except EntitlementError:
-                session.count("subscriptions_denied")
-                codes.append(_code(session, Reason.NOT_AUTHORIZED))
+                conn.count("subscriptions_denied")
+                codes.append(_code(conn, Reason.NOT_AUTHORIZED))
                 continue
             except ClientError as exc:
                 raise Closed("native_subscribe_failed", Reason.UNSPECIFIED,
                              detail=str(exc)) from None
-        opts = SubOptions(qos, bool(options & 0x04), bool(options & 0x08), (options >> 4) & 3)
-        if session.version != codec.V5:
-            opts = SubOptions(qos)
-        session.filters[topic_filter] = opts
-        session.count("subscriptions")
-        codes.append(qos)
-        if opts.retain_handling == 0 or (opts.retain_handling == 1 and new):
-            retained.extend((m, qos) for m in server.retained.matching(topic_filter))
-    session.send(codec.encode_suback(pkt.packet_id, codes, session.version))
-    for message, qos in retained:
-        session.deliver(message.topic, message.payload, min(qos, message.qos), True)
-        session.count("retained_delivered")
+        state.filters[topic_filter] = opts
+        conn.count("subscriptions")
+        codes.append(opts.qos)
+        if opts.group is not None:  # no retained messages for a shared subscription
+            server.shared_router.join(opts.group, state)
+            conn.count("subscriptions_shared")
+        elif opts.retain_handling == 0 or (opts.retain_handling == 1 and new):
+            retained.extend((m, opts) for m in server.retained.matching(opts.match))
+    conn.send(codec.encode_suback(pkt.packet_id, codes, conn.version))
+    for message, opts in retained:
+        state.deliver(Delivery(message.topic, message.payload, min(opts.qos, message.qos), True,
+                               message.meta, (opts.sub_id,) if opts.sub_id else ()))
+        conn.count("retained_delivered")
 
 
-def native_subscribe(session: MqttSession, topic_filter: str) -> None:
-    """Subscribe natively in both classes (best-effort, then guaranteed: MQTT QoS 1/2 and
-    native guaranteed publications travel as guaranteed); a refused guaranteed class (no
-    guaranteed place left at the appliance) is counted and the best-effort one kept. Raises
-    ``EntitlementError`` when P&M refuses the filter. Runs off the event loop."""
+def native_subscribe(state: SessionState, key: str, match: str) -> None:
+    """Subscribe ``match`` natively in both classes (best-effort, then guaranteed: MQTT QoS
+    1/2 and native guaranteed publications travel as guaranteed); a refused guaranteed class
+    (no guaranteed place left at the appliance) is counted and the best-effort one kept.
+    Raises ``EntitlementError`` when P&M refuses the filter. Runs off the event loop."""
     from appliance.client.errors import ClientError
 
-    native = session.native
-    native.subscribe(topic_filter, callback=session.on_native)  # P&M's decision
-    session.native_subscribes += 1
+    native = state.native
+    native.subscribe(match, callback=state.on_native)  # P&M's decision
+    state.native_subscribes += 1
     try:  # allowed by now: a refusal here is the appliance's guaranteed places, not P&M
-        native.subscribe(topic_filter, qos="guaranteed", callback=session.on_native)
-        session.native_subscribes += 1
-        session.guaranteed_filters.add(topic_filter)
+        native.subscribe(match, qos="guaranteed", callback=state.on_native)
+        state.native_subscribes += 1
+        state.guaranteed_filters.add(key)
     except ClientError:
-        session.guaranteed_filters.discard(topic_filter)
-        session.count("subscriptions_guaranteed_refused")
+        state.guaranteed_filters.discard(key)
+        state.count("subscriptions_guaranteed_refused")
 
 
-def _native_unsubscribe(session: MqttSession, topic_filter: str,
+def _native_unsubscribe(state: SessionState, match: str,
                         remaining: dict[str, SubOptions]) -> None:
-    """Withdraw ``topic_filter`` from the native session and subscribe again what the
-    withdrawal may have taken from the remaining filters (runs off the event loop)."""
+    """Withdraw ``match`` from the native session and subscribe again what the withdrawal
+    may have taken from the remaining filters (runs off the event loop)."""
     from appliance.client.errors import EntitlementError
     from datapath.topics.algebra import overlaps
 
-    native = session.native
-    rebuild = session.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(1, len(remaining))
-    native.unsubscribe("#" if rebuild else topic_filter)
-    again = list(remaining) if rebuild else [f for f in remaining if overlaps(f, topic_filter)]
+    native = state.native
+    rebuild = state.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(1, len(remaining))
+    native.unsubscribe("#" if rebuild else match)
+    again = list(remaining) if rebuild else [
+        k for k, o in remaining.items() if overlaps(o.match, match)]
     if rebuild:
-        session.native_subscribes = 0
+        state.native_subscribes = 0
     for other in again:
         try:
-            native_subscribe(session, other)
+            native_subscribe(state, other, remaining[other].match)
         except EntitlementError:  # P&M took it back meanwhile
             remaining.pop(other, None)
 
 
-async def on_unsubscribe(session: MqttSession, pkt: codec.Unsubscribe) -> None:
+async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
+    state = conn.state
+    assert state is not None
     codes = []
     for topic_filter in pkt.filters:
-        if topic_filter not in session.filters:
+        opts = state.filters.pop(topic_filter, None)
+        if opts is None:
             codes.append(Reason.NO_SUBSCRIPTION_EXISTED)
             continue
-        del session.filters[topic_filter]
-        session.guaranteed_filters.discard(topic_filter)
-        remaining = dict(session.filters)
-        await session.server.blocking(_native_unsubscribe, session, topic_filter, remaining)
-        for gone in set(session.filters) - set(remaining):
-            del session.filters[gone]
-        session.count("unsubscriptions")
+        state.guaranteed_filters.discard(topic_filter)
+        if opts.group is not None:
+            conn.server.shared_router.leave(opts.group, state)
+        remaining = dict(state.filters)
+        await conn.server.blocking(_native_unsubscribe, state, opts.match, remaining)
+        for gone in set(state.filters) - set(remaining):
+            del state.filters[gone]
+        conn.count("unsubscriptions")
         codes.append(Reason.SUCCESS)
-    session.send(codec.encode_unsuback(pkt.packet_id, codes, session.version))
+    conn.send(codec.encode_unsuback(pkt.packet_id, codes, conn.version))

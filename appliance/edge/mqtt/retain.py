@@ -5,7 +5,9 @@ server's event-loop thread only; not persisted and not shared with other edges (
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from appliance.edge.mqtt.topics import mqtt_matches
 
@@ -15,6 +17,8 @@ class Retained:
     topic: str
     payload: bytes
     qos: int
+    meta: Any = None
+    """Its ``meta.MessageMeta``: 5.0 properties and expiry (an expired one is dropped)."""
 
 
 class RetainedStore:
@@ -30,7 +34,7 @@ class RetainedStore:
     def _size(topic: str, payload: bytes) -> int:
         return len(topic.encode()) + len(payload)
 
-    def set(self, topic: str, payload: bytes, qos: int) -> bool:
+    def set(self, topic: str, payload: bytes, qos: int, meta: Any = None) -> bool:
         """Keep ``payload`` as ``topic``'s retained message (an empty one clears it). False
         when the store's bounds refuse it (the old message, if any, stays)."""
         old = self.messages.get(topic)
@@ -45,10 +49,19 @@ class RetainedStore:
             return False
         if self.bytes - old_size + size > self.max_bytes:
             return False
-        self.messages[topic] = Retained(topic, bytes(payload), qos)
+        self.messages[topic] = Retained(topic, bytes(payload), qos, meta)
         self.bytes += size - old_size
         return True
 
     def matching(self, topic_filter: str) -> list[Retained]:
-        """The retained messages a new subscription to ``topic_filter`` gets, by topic."""
-        return [m for t, m in sorted(self.messages.items()) if mqtt_matches(topic_filter, t)]
+        """The retained messages a new subscription to ``topic_filter`` gets, by topic (those
+        past their Message Expiry Interval are removed instead)."""
+        now = time.monotonic()
+        out = []
+        for t, m in sorted(self.messages.items()):
+            if mqtt_matches(topic_filter, t):
+                if m.meta is not None and m.meta.expired(now):
+                    self.set(t, b"", 0)
+                else:
+                    out.append(m)
+        return out

@@ -1,5 +1,7 @@
-"""The edge's MQTT server: a TCP listener, one asyncio event loop on a thread of its own, the
-connections (``MqttSession``), the retained store and the counters.
+"""The edge's MQTT server: its listeners (TCP; TLS and WebSocket when configured), one asyncio
+event loop on a thread of its own, the connections (``MqttConnection``), the sessions
+(``SessionState``, connected or offline), the shared subscriptions, the retained store, the
+5.0 message metadata and the counters.
 
 Started by ``EdgeAppliance.start`` when the config has ``[mqtt]`` (appliance/edge/node.py),
 after the appliance itself: every accepted connection logs in a native client session at
@@ -28,8 +30,11 @@ from typing import Any
 
 from appliance.config import ApplianceConfig, ConfigError, MqttConfig
 from appliance.edge.mqtt.codec import Reason
+from appliance.edge.mqtt.connection import MqttConnection
+from appliance.edge.mqtt.meta import MetaTable
 from appliance.edge.mqtt.retain import RetainedStore
-from appliance.edge.mqtt.session import MqttSession
+from appliance.edge.mqtt.sessions import SessionState
+from appliance.edge.mqtt.shared import SharedRouter
 
 log = logging.getLogger("topicwire.edge.mqtt")
 
@@ -52,15 +57,22 @@ class MqttServer:
         self.node_id = config.node_id
         self.native_url = self._native_url(config)
         self.retained = RetainedStore(self.cfg.max_retained, self.cfg.max_retained_bytes)
-        self.sessions: dict[str, MqttSession] = {}
-        """Client identifier -> its connected session."""
-        self.open: set[MqttSession] = set()
+        self.sessions: dict[str, SessionState] = {}
+        """Client identifier -> its session (connected, or persistent and offline)."""
+        self.open: set[MqttConnection] = set()
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self.meta = MetaTable(self.cfg.max_metadata_messages, self.cfg.max_metadata_bytes,
+                              self.count)
+        self.shared_router = SharedRouter(self.count)
+        self.addresses: dict[str, tuple[str, int]] = {}
+        """Listener (``tcp``, ``tls``, ``ws``) -> its bound address."""
+        self._socks: dict[str, socket.socket] = {}
         self.loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="mqtt-blocking")
         self._thread: threading.Thread | None = None
-        self._server: asyncio.Server | None = None
+        self._servers: list[Any] = []
+        self._tasks: set[asyncio.Task] = set()
         self._sock: socket.socket | None = None
         self.address: tuple[str, int] | None = None
         from appliance.control.credentials import hash_password
@@ -77,63 +89,142 @@ class MqttServer:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> MqttServer:
-        """Listen (a port in use is a ``ConfigError`` naming ``mqtt.listen``), then serve."""
-        host, port = self.cfg.listen
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        """Listen (a port in use is a ``ConfigError`` naming its key), then serve."""
+        self._tls = None
+        listens = {"tcp": ("listen", self.cfg.listen), "tls": ("tls_listen", self.cfg.tls_listen),
+                   "ws": ("ws_listen", self.cfg.ws_listen)}
         try:
-            sock.bind((host, port))
-            sock.listen(LISTEN_BACKLOG)
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(f"mqtt.listen: {host}:{port} is in use by another socket; "
-                                  "pick another port or stop its owner") from None
-            raise ConfigError(f"mqtt.listen: cannot listen on {host}:{port}: "
-                              f"{exc.strerror or exc}") from None
-        sock.setblocking(False)
-        self._sock = sock
-        self.address = sock.getsockname()
+            if self.cfg.tls_listen is not None:
+                from appliance.edge.mqtt.transports import tls_context
+
+                self._tls = tls_context(self.cfg)
+            for name, (key, address) in listens.items():
+                if address is not None:
+                    self._socks[name] = _listen(key, address)
+                    self.addresses[name] = self._socks[name].getsockname()
+        except BaseException:
+            for sock in self._socks.values():
+                sock.close()
+            raise
+        self._sock = self._socks["tcp"]
+        self.address = self.addresses["tcp"]
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), daemon=True,
                                         name="mqtt-edge")
+        self._start_error: BaseException | None = None
         self._thread.start()
         started.wait()
-        log.info("mqtt: listening on %s:%d (native sessions via %s)", *self.address,
-                 self.native_url)
+        if self._start_error is not None:
+            self._thread.join()
+            self._thread = None
+            for sock in self._socks.values():
+                sock.close()
+            raise self._start_error
+        log.info("mqtt: listening on %s (native sessions via %s)", ", ".join(
+            f"{n} {a[0]}:{a[1]}" for n, a in self.addresses.items()), self.native_url)
         return self
 
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self._server = self.loop.run_until_complete(
-            asyncio.start_server(self._accept, sock=self._sock))
+        try:
+            self.loop.run_until_complete(self._open())
+        except BaseException as exc:  # start() raises it
+            self._start_error = exc
+            started.set()
+            return
         started.set()
         self.loop.run_forever()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _open(self) -> None:
+        self._servers = [await asyncio.start_server(self._accept, sock=self._socks["tcp"])]
+        if "tls" in self._socks:
+            self._servers.append(await asyncio.start_server(
+                self._accept_tls, sock=self._socks["tls"], ssl=self._tls,
+                ssl_handshake_timeout=self.cfg.connect_timeout_ms / 1e3))
+        if "ws" in self._socks:
+            from websockets.asyncio.server import serve
+
+            from appliance.edge.mqtt.transports import WS_SUBPROTOCOL
+
+            self._servers.append(await serve(
+                self._accept_ws, sock=self._socks["ws"], subprotocols=[WS_SUBPROTOCOL],
+                max_size=self.cfg.max_packet_bytes, ssl=self._tls if self.cfg.ws_tls else None,
+                open_timeout=self.cfg.connect_timeout_ms / 1e3))
+
+    def _room(self) -> bool:
         if len(self.open) >= self.cfg.max_connections:
             self.count("refused_max_connections")
+            return False
+        return True
+
+    async def _serve(self, conn: MqttConnection) -> None:
+        self.open.add(conn)
+        self.count("connections_opened")
+        self.count("connections_opened_" + conn.transport)
+        await conn.run()
+
+    async def _accept_tls(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        if not self._room():
+            writer.close()
+            return
+        from appliance.edge.mqtt.transports import cert_common_name
+
+        identity = cert_common_name(writer.get_extra_info("peercert"))
+        await self._serve(MqttConnection(self, reader, writer, "tls", identity))
+
+    async def _accept_ws(self, ws: Any) -> None:
+        from appliance.edge.mqtt.transports import WsStream
+
+        # (a client that does not offer subprotocol "mqtt" was refused by the handshake:
+        # websockets answers HTTP 400 "missing subprotocol")
+        if not self._room():
+            await ws.close()
+            return
+        identity = None
+        if self.cfg.ws_tls:  # wss://: a client certificate as on tls_listen
+            from appliance.edge.mqtt.transports import cert_common_name
+
+            identity = cert_common_name(ws.transport.get_extra_info("peercert"))
+        stream = WsStream(ws, self.cfg.max_packet_bytes, self.count)
+        pumps = [asyncio.ensure_future(stream.pump_in()), asyncio.ensure_future(stream.pump_out())]
+        try:
+            await self._serve(MqttConnection(self, stream.reader, stream,
+                                             "wss" if self.cfg.ws_tls else "ws", identity))
+        finally:
+            stream.close()
+            await stream.reader.feed_eof()  # (a pump waiting for room goes on, to the end)
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._room():
             writer.close()
             return
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        session = MqttSession(self, reader, writer)
-        self.open.add(session)
-        self.count("connections_opened")
-        await session.run()
+        await self._serve(MqttConnection(self, reader, writer))
 
-    def forget(self, session: MqttSession) -> None:
-        self.open.discard(session)
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
+    def forget(self, conn: MqttConnection) -> None:
+        self.open.discard(conn)
         self.count("connections_closed")
 
+    def offline_sessions(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.conn is None)
+
     async def _shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        await asyncio.gather(*(s.close("shutdown", Reason.SERVER_SHUTTING_DOWN)
-                               for s in list(self.open)), return_exceptions=True)
+        for server in self._servers:
+            server.close()
+        await asyncio.gather(*(c.close("shutdown", Reason.SERVER_SHUTTING_DOWN)
+                               for c in list(self.open)), return_exceptions=True)
+        await asyncio.gather(*(s.end("shutdown") for s in list(self.sessions.values())),
+                             return_exceptions=True)
+        try:  # (websockets closes its server in a task of its own)
+            async with asyncio.timeout(STOP_TIMEOUT_S / 2):
+                await asyncio.gather(*(server.wait_closed() for server in self._servers),
+                                     return_exceptions=True)
+        except TimeoutError:
+            log.warning("mqtt: a listener did not close in time")
 
     def close(self) -> None:
         """Close every connection (no wills: the edge stops), their native sessions, the
@@ -156,6 +247,12 @@ class MqttServer:
         """Run a call that waits (for the appliance, or scrypt) off the event loop."""
         return await self.loop.run_in_executor(self._pool, functools.partial(fn, *args, **kw))
 
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` as a task of the loop, held until it is done (a timer's work)."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def native_login(self, identity: str, password: bytes | None = None) -> Any:
         """The native session of a CONNECT (``password``: the one CONNECT carried, checked
         already; an identity P&M gives a password proves it again to the appliance)."""
@@ -177,6 +274,29 @@ class MqttServer:
         with self._lock:
             counters = dict(sorted(self.counters.items()))
         return {"listen": f"{self.address[0]}:{self.address[1]}" if self.address else None,
+                "listeners": {n: f"{a[0]}:{a[1]}" for n, a in self.addresses.items()},
                 "connections": len(self.open), "sessions": len(self.sessions),
+                "sessions_offline": self.offline_sessions(),
+                "shared_groups": len(self.shared_router.groups),
+                "metadata_messages": len(self.meta), "metadata_bytes": self.meta.bytes,
                 "retained_messages": len(self.retained.messages),
                 "retained_bytes": self.retained.bytes, "counters": counters}
+
+
+def _listen(key: str, address: tuple[str, int]) -> socket.socket:
+    """A listening TCP socket (a port in use is a ``ConfigError`` naming ``mqtt.KEY``)."""
+    host, port = address
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"mqtt.{key}: {host}:{port} is in use by another socket; "
+                              "pick another port or stop its owner") from None
+        raise ConfigError(f"mqtt.{key}: cannot listen on {host}:{port}: "
+                          f"{exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock

@@ -1,9 +1,11 @@
-"""What the MQTT session and its packet handlers share: a subscription's options and the
-``Closed`` signal that ends a connection (counted by its reason)."""
+"""What the MQTT connection, its session state and the packet handlers share: a
+subscription's options, one delivery to a client, and the ``Closed`` signal that ends a
+connection (counted by its reason)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from appliance.edge.mqtt.codec import Reason
 
@@ -14,6 +16,31 @@ class SubOptions:
     no_local: bool = False
     retain_as_published: bool = False
     retain_handling: int = 0
+    sub_id: int = 0
+    """The 5.0 Subscription Identifier (0: none)."""
+    match: str = ""
+    """The filter messages are matched against (a shared subscription's, without
+    ``$share/GROUP/``)."""
+    group: str | None = None
+    """A shared subscription's key in ``MqttServer.shared`` (``GROUP/FILTER``)."""
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message on its way to one client (queued, in flight, or sent again)."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool = False
+    meta: Any = None
+    """Its ``meta.MessageMeta`` (5.0 properties, expiry), or None."""
+    sub_ids: tuple[int, ...] = ()
+    group: str | None = None
+    """The shared subscription that chose this client for it (sent to another member
+    when this client goes away before acknowledging it)."""
+    awaiting: str = field(default="")
+    """In flight: the acknowledgement awaited (``puback``, ``pubrec``, ``pubcomp``)."""
 
 
 class Closed(Exception):

@@ -113,6 +113,7 @@ METRIC_NAMES = (
     "topicwire_rdma_link_up",
     "topicwire_events_total",
     "topicwire_mqtt_connections",
+    "topicwire_mqtt_sessions",
     "topicwire_mqtt_events_total",
     "topicwire_mgmt_connections",
     "topicwire_mgmt_errors_total",
@@ -221,6 +222,13 @@ def families(status: dict[str, Any]) -> Iterator[Metric]:
     if mqtt:
         yield GaugeMetricFamily(PREFIX + "mqtt_connections", "Open MQTT connections",
                                 value=_num(mqtt.get("connections")))
+        sessions = GaugeMetricFamily(PREFIX + "mqtt_sessions", "MQTT sessions by state "
+                                     "(persistent ones stay while their client is away)",
+                                     labels=("state",))
+        offline = _num(mqtt.get("sessions_offline"))
+        sessions.add_metric(("connected",), _num(mqtt.get("sessions")) - offline)
+        sessions.add_metric(("offline",), offline)
+        yield sessions
         counters = CounterMetricFamily(PREFIX + "mqtt_events", "The MQTT server's counters "
                                        "by name", labels=("counter",))
         for name, n in sorted(mqtt.get("counters", {}).items()):

@@ -1,0 +1,299 @@
+"""An MQTT session apart from its connection: the native client session, the subscriptions,
+the QoS 1/2 deliveries in flight and queued, the QoS 2 publishes awaiting PUBREL, and how the
+session ends (expiry, a delayed will).
+
+A clean session (3.1.1 clean session 1, 5.0 Session Expiry Interval 0) ends with its
+connection. A persistent one outlives it: while its client is away (``conn`` None) its
+native session stays logged in and subscribed, QoS 1/2 messages wait in its queue (at most
+``mqtt.max_queued``; beyond, dropped, counted and logged once per absence) and QoS 0 ones are
+dropped (counted). A CONNECT with the same client identifier, the same identity and clean
+start 0 takes the session up again (session present 1): the deliveries left unacknowledged
+are sent again with DUP set (a PUBREL for those past PUBREC), then the queue. An offline
+session ends after its expiry interval (at most ``mqtt.max_session_expiry_s``). Sessions
+live in memory only: an edge restart loses them.
+
+Messages from the fabric arrive on the native client's thread (``on_native``) and are
+handed to the event loop, bounded (``NATIVE_PENDING_MESSAGES``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from appliance.client.messages import QOS
+from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
+from appliance.edge.mqtt import codec
+from appliance.edge.mqtt.codec import PacketType
+from appliance.edge.mqtt.state import Delivery, SubOptions
+from appliance.edge.mqtt.topics import mqtt_matches
+
+if TYPE_CHECKING:
+    from appliance.edge.mqtt.connection import MqttConnection
+    from appliance.edge.mqtt.server import MqttServer
+
+log = logging.getLogger("topicwire.edge.mqtt")
+
+NATIVE_PENDING_MESSAGES = 10_000
+"""Messages from the fabric handed to the event loop for one session and not yet sent;
+more are dropped and counted (``deliveries_dropped_backlog``)."""
+GUARANTEED_QOS = QOS["guaranteed"]
+
+
+class SessionState:
+    """See the module docstring."""
+
+    def __init__(self, server: MqttServer, client_id: str, identity: str) -> None:
+        self.server = server
+        self.cfg = server.cfg
+        self.client_id = client_id
+        self.identity = identity
+        self.native: Any = None
+        """The native ``appliance.client.Client`` logged in for this session."""
+        self.conn: MqttConnection | None = None
+        self.filters: dict[str, SubOptions] = {}
+        self.guaranteed_filters: set[str] = set()
+        """Filters with a native guaranteed subscription too (handle_subscribe)."""
+        self.native_subscribes = 0
+        self.inflight: dict[int, Delivery] = {}
+        """Outgoing QoS 1/2 packet id -> its delivery (``awaiting``: the next ack)."""
+        self.queued: deque[Delivery] = deque()
+        """QoS 1/2 deliveries waiting for a free inflight slot or for the client."""
+        self.awaiting_rel: set[int] = set()
+        """Incoming QoS 2 packet ids published, awaiting PUBREL."""
+        self.registered: set[str] = set()
+        """Topics this session published before (handle_publish.REGISTERED_TOPICS)."""
+        self.expiry_s = 0
+        """Session Expiry Interval: how long it outlives its connection (0: it does not)."""
+        self.will: codec.Will | None = None
+        """A will waiting for its delay (5.0 Will Delay Interval) while the client is away."""
+        self.ended = False
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._ids = itertools.cycle(range(1, 65_536))
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        self._last_native: Any = None
+        self._drop_logged = False
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.server.count(name, n)
+
+    # --- towards the client --------------------------------------------------------------------
+    def window(self) -> int:
+        """QoS 1/2 deliveries that may be in flight now (0 while the client is away or its
+        connection is closing: they wait in the queue for the next one)."""
+        conn = self.conn
+        if conn is None or conn.closing:
+            return 0
+        return min(self.cfg.max_inflight, conn.client_receive_maximum)
+
+    def deliver(self, d: Delivery) -> None:
+        """Send ``d`` at its QoS: QoS 0 now or never; QoS 1/2 in a free inflight slot, else
+        queued (offline too), else dropped and counted."""
+        if self.ended:
+            return
+        if d.meta is not None and d.meta.expired(time.monotonic()):
+            self.count("deliveries_dropped_expired")
+            return
+        conn = self.conn
+        if d.qos == 0:
+            if conn is None or conn.closing:
+                self.count("deliveries_dropped_offline_qos0")
+            elif conn.send_publish(d, 0, False):
+                self.count("messages_out")
+            return
+        if len(self.inflight) >= self.window():
+            if len(self.queued) >= self.cfg.max_queued:
+                self.count("deliveries_dropped_queue_full")
+                if not self._drop_logged:
+                    self._drop_logged = True
+                    log.warning("mqtt: session %r: queue full (%d); QoS 1/2 messages dropped",
+                                self.client_id, self.cfg.max_queued)
+                return
+            self.queued.append(d)
+            self.count("deliveries_queued")
+            return
+        self._send_new(d)
+
+    def _send_new(self, d: Delivery) -> None:
+        packet_id = next(self._ids)
+        while packet_id in self.inflight:
+            packet_id = next(self._ids)
+        assert self.conn is not None
+        if self.conn.send_publish(d, packet_id, False):
+            d.awaiting = "puback" if d.qos == 1 else "pubrec"
+            self.inflight[packet_id] = d
+            self.count("messages_out")
+
+    def release(self, packet_id: int) -> None:
+        """An outgoing QoS 1/2 flow ended: its slot takes the next queued delivery."""
+        del self.inflight[packet_id]
+        self.drain()
+
+    def drain(self) -> None:
+        """Fill free inflight slots from the queue (expired messages dropped)."""
+        while self.queued and len(self.inflight) < self.window():
+            d = self.queued.popleft()
+            if d.meta is not None and d.meta.expired(time.monotonic()):
+                self.count("deliveries_dropped_expired")
+                continue
+            self._send_new(d)
+
+    # --- the connection comes and goes ---------------------------------------------------------
+    def attach(self, conn: MqttConnection, connack: bytes) -> None:
+        """``conn`` takes this session (a new one, or a persistent one taken up again) and
+        sends its ``connack``; then unacknowledged deliveries go again (DUP), then the
+        queue."""
+        self.conn = conn
+        self.will = None  # the client is back before its will's delay ran out
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self._drop_logged = False
+        conn.send(connack)
+        for packet_id, d in list(self.inflight.items()):
+            if d.awaiting == "pubcomp":
+                conn.send(codec.encode_ack(PacketType.PUBREL, packet_id, conn.version))
+            elif d.meta is not None and d.meta.expired(time.monotonic()):
+                del self.inflight[packet_id]
+                self.count("deliveries_dropped_expired")
+            elif conn.send_publish(d, packet_id, True):
+                self.count("redeliveries")
+            elif not conn.closing:  # larger than this connection's Maximum Packet Size
+                del self.inflight[packet_id]
+        self.drain()
+
+    async def detach(self, will: codec.Will | None) -> None:
+        """The connection ended: the session goes offline (persistent, and room for it) or
+        ends. ``will``: to publish now, or after its delay while offline."""
+        self.conn = None
+        self.server.shared_router.take_back(self)
+        delay = 0
+        if will is not None:
+            delay = int(codec.prop(will.props, "will_delay_interval", 0))  # type: ignore[arg-type]
+        if self.expiry_s and not self.ended:
+            if self.server.offline_sessions() > self.cfg.max_offline_sessions:
+                self.count("sessions_dropped_offline_limit")
+                log.warning("mqtt: session %r ended: %d offline sessions kept at most "
+                            "(mqtt.max_offline_sessions)", self.client_id,
+                            self.cfg.max_offline_sessions)
+            else:
+                self.count("sessions_offline")
+                loop, spawn = self.server.loop, self.server.spawn
+                self._timers["expiry"] = loop.call_later(
+                    self.expiry_s, lambda: spawn(self.end("expired")))
+                if will is not None and delay:
+                    self.will = will
+                    self._timers["will"] = loop.call_later(
+                        min(delay, self.expiry_s), lambda: spawn(self._will_due()))
+                    return
+                if will is not None:
+                    await self.publish_will(will)
+                return
+        if will is not None:
+            await self.publish_will(will)
+        await self.end("closed")
+
+    async def _will_due(self) -> None:
+        will, self.will = self.will, None
+        if will is not None and self.conn is None and not self.ended:
+            await self.publish_will(will)
+
+    async def publish_will(self, will: codec.Will) -> None:
+        from appliance.edge.mqtt.handle_publish import into_fabric
+        from appliance.edge.mqtt.state import Closed
+
+        try:
+            if await into_fabric(self, will.topic, will.payload, will.qos, will.retain,
+                                 will.props):
+                self.count("wills_published")
+        except Closed:
+            self.count("wills_failed")
+
+    async def end(self, why: str) -> None:
+        """The session ends (its connection closed without persistence, expiry, a clean
+        start, a takeover by another identity, the edge's stop): a will still waiting is
+        published, the native session logs out. Safe twice."""
+        if self.ended:
+            return
+        self.ended = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self.count("sessions_ended_" + why)
+        server = self.server
+        if server.sessions.get(self.client_id) is self:
+            del server.sessions[self.client_id]
+        server.shared_router.leave_all(self)
+        will, self.will = self.will, None
+        if will is not None and why != "shutdown":  # its last publish
+            await self.publish_will(will)
+        native, self.native = self.native, None
+        if native is not None:
+            await server.blocking(native.close)
+
+    # --- from the fabric ---------------------------------------------------------------------
+    def on_native(self, msg: Any) -> None:
+        """A native message for one of this session's subscriptions (client thread). The
+        native client calls this once per matching subscription: only the first counts."""
+        if msg is self._last_native:
+            return
+        self._last_native = msg
+        with self._pending_lock:
+            if self._pending >= NATIVE_PENDING_MESSAGES:
+                self.server.count("deliveries_dropped_backlog")
+                return
+            self._pending += 1
+        try:
+            self.server.loop.call_soon_threadsafe(self._from_fabric, msg)
+        except RuntimeError:  # the server's loop has stopped: the edge is going down
+            self.server.count("deliveries_dropped_stopping")
+
+    def _from_fabric(self, msg: Any) -> None:
+        with self._pending_lock:
+            self._pending -= 1
+        if self.ended:
+            return
+        server = self.server
+        stream = msg.stream & ~RELIABLE_STREAM_BIT
+        own = self.native is not None and msg.origin == server.node_id and (
+            stream == self.native.session)
+        meta = server.meta.find(stream, msg.publish_ts_ns) if (
+            msg.origin == server.node_id) else None
+        # with a filter subscribed in both native classes, every message arrives twice:
+        # over the reliable stream (msg.guaranteed) and as a best-effort copy, dropped here
+        copy = not msg.guaranteed
+        guaranteed = msg.qos == GUARANTEED_QOS
+        qos, rap, sub_ids, groups = -1, False, [], []
+        for key, options in self.filters.items():
+            if (own and options.no_local) or not mqtt_matches(options.match, msg.topic):
+                continue
+            if copy and key in self.guaranteed_filters:
+                self.count("deliveries_guaranteed_copies")
+                return
+            if options.group is not None:
+                groups.append(options.group)
+                continue
+            qos = max(qos, options.qos)
+            rap = rap or options.retain_as_published
+            if options.sub_id:
+                sub_ids.append(options.sub_id)
+        if meta is not None and meta.expired(time.monotonic()):
+            self.count("deliveries_dropped_expired")
+            return
+        for group in groups:
+            server.shared_router.offer(group, msg, meta, guaranteed)
+        if qos < 0:
+            if not groups:
+                self.count("deliveries_unmatched")  # the $ rule, no-local, or withdrawn
+            return
+        # published best-effort (MQTT QoS 0): at QoS 0; published guaranteed (QoS 1 or 2, or
+        # a native guaranteed publish): at the QoS the subscription granted
+        retain = rap and meta is not None and meta.retain
+        self.deliver(Delivery(msg.topic, msg.payload, qos if guaranteed else 0, retain, meta,
+                              tuple(sub_ids)))
