@@ -254,7 +254,8 @@ class Client(GuaranteedSide, ConnectionSide):
                  session_timeout_s: float = SESSION_TIMEOUT_S,
                  reconnect_s: float = RECONNECT_S,
                  reopen: Callable[[], tuple[Any, str | None]] | None = None,
-                 resend: bool = False, password: str | bytes | None = None) -> None:
+                 resend: bool = False, password: str | bytes | None = None,
+                 trusted: str | None = None) -> None:
         if idle not in IDLE_STRATEGIES:
             raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
         if on_state is not None and not callable(on_state):
@@ -294,6 +295,8 @@ class Client(GuaranteedSide, ConnectionSide):
                               f"{type(password).__name__}")
         self._password = password.encode() if isinstance(password, str) else password
         """Kept to log in again after a reconnection; never sent (the login proves it)."""
+        self._trusted = trusted
+        """The appliance's own process's login token (appliance/edge: in-process only)."""
         self.resend = bool(resend)
         """Send the guaranteed messages a lost session did not acknowledge again on the next
         one (at least once: connection.py)."""
@@ -452,7 +455,7 @@ class Client(GuaranteedSide, ConnectionSide):
             self._mac = None  # a new session: a new key, if any
         key = None
         nonce = secrets.token_bytes(NONCE_BYTES)
-        first = {"nonce": nonce.hex()}
+        first = {"nonce": nonce.hex(), **({"trusted": self._trusted} if self._trusted else {})}
         result = self._request(("login",), lambda: self._send_login(token, first),
                                repeatable=True, timeout_s=timeout_s)
         expected = None
@@ -1001,7 +1004,7 @@ def connect(url: str, identity: str = "anonymous", *,
             on_state: Callable[[StateChange], None] | None = None,
             session_timeout_s: float = SESSION_TIMEOUT_S,
             reconnect_s: float = RECONNECT_S, resend: bool = False,
-            password: str | bytes | None = None) -> Client:
+            password: str | bytes | None = None, _trusted: str | None = None) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
     ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
@@ -1033,7 +1036,7 @@ def connect(url: str, identity: str = "anonymous", *,
     _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S, RECONNECT_MAX_S, zero=True)
     session = dict(timeout_s=timeout_s, idle=idle, url=url, on_state=on_state,
                    session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
-                   resend=resend, password=password)
+                   resend=resend, password=password, trusted=_trusted)
     if url.startswith(RDMA_SCHEME):
         from appliance.client.rdma import open_rdma_channel
 

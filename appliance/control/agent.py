@@ -10,6 +10,7 @@ docs/appliance.md ("Control plane", "Clients").
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -118,6 +119,9 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         self.sessions: dict[int, Session] = {}
         self.session_of_peer: dict[tuple[str, int], int] = {}
         self.denials: Counter[tuple[str, str, str]] = Counter()
+        self.trusted_login_token = os.urandom(32).hex()
+        """The proof a login of this appliance's own process gives instead of a password:
+        the MQTT edge, which authenticated its client itself (password or certificate)."""
         self._challenges: dict[tuple[str, int], tuple[str, str, str, int]] = {}
         """(channel, peer) -> (identity, client nonce, server nonce, expiry ns) of the logins
         waiting for the proof of a password (ClientSide._credential)."""

@@ -4,6 +4,7 @@ docs/appliance.md, "Clients")."""
 
 
 import copy
+import hmac
 import logging
 import os
 import random
@@ -169,6 +170,11 @@ class ClientSide:
             old = None
         signature = key = None
         verifier = pmod.verifier_of(self.pm_doc, identity) if refuse is None else None
+        trusted = doc.get("trusted")
+        if verifier is not None and trusted is not None and hmac.compare_digest(
+                trusted, self.trusted_login_token):
+            verifier = None  # this appliance's own process vouches for the identity
+            self.counters["login_trusted"] += 1
         if verifier is not None:
             checked = self._credential(channel, peer, ring, identity, doc, verifier, now_ns)
             if checked is None:

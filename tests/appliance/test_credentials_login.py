@@ -239,6 +239,22 @@ def test_a_sessions_frames_are_taken_only_with_its_mac(appliance):
         alice.close()
 
 
+def test_only_the_appliances_own_process_logs_in_without_the_proof(appliance):
+    """The MQTT edge (this process) vouches for the identities it authenticated with the
+    appliance's trusted login token; a LOGIN with any other token is challenged."""
+    raw = RawClient(appliance)
+    try:
+        doc = {"identity": "alice", "ring": None, "token": 5, "nonce": secrets.token_hex(16),
+               "trusted": secrets.token_hex(32)}
+        assert "challenge" in raw.send(raw.frame(doc))
+    finally:
+        raw.close()
+    with connect(_url(appliance), "alice", timeout_s=10,
+                 _trusted=appliance.control.trusted_login_token) as a:
+        assert a.session > 0
+    assert wait_for(lambda: _counter(appliance, "control_login_trusted") == 1)
+
+
 def test_the_pub_command_logs_in_with_a_password_file(appliance, tmp_path):
     secret = tmp_path / "alice.password"
     secret.write_text(PASSWORD + "\n")

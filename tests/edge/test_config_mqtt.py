@@ -38,7 +38,7 @@ def refusal(doc: dict) -> str:
     ({"server_keep_alive_s": -5}, "mqtt.server_keep_alive_s: must be an integer"),
     ({"max_metadata_messages": 1.0}, "mqtt.max_metadata_messages: must be an integer"),
     ({"max_metadata_bytes": True}, "mqtt.max_metadata_bytes: must be an integer"),
-    ({"ws_listen": "localhost:80"}, "mqtt.ws_listen: must be"),
+    ({"ws_listen": "no-such-host.invalid:80"}, "mqtt.ws_listen"),
     ({"tls_listen": "127.0.0.1:0"}, "mqtt.tls_cert_file: required with mqtt.tls_listen"),
     ({"tls_listen": "239.1.1.1:8883"}, "mqtt.tls_listen: 239.1.1.1 is a multicast group"),
     ({"tls_require_client_cert": "yes"}, "mqtt.tls_require_client_cert: must be true or false"),

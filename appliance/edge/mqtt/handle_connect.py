@@ -110,10 +110,7 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
 
         state = SessionState(server, client_id, identity)
         try:
-            # the native login proves the password again (an identity with one)
-            state.native = await server.blocking(
-                server.native_login, identity,
-                None if identity == ANONYMOUS_IDENTITY else pkt.password)
+            state.native = await server.blocking(server.native_login, identity)
         except LoginError:
             return _refuse(conn, version, "not_authorized", Reason.NOT_AUTHORIZED)
         except ClientError:

@@ -253,12 +253,15 @@ class MqttServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def native_login(self, identity: str, password: bytes | None = None) -> Any:
-        """The native session of a CONNECT (``password``: the one CONNECT carried, checked
-        already; an identity P&M gives a password proves it again to the appliance)."""
+    def native_login(self, identity: str) -> Any:
+        """The native session of a CONNECT the edge authenticated (password or certificate):
+        the appliance's own process vouches for it (``trusted_login_token``), so an identity
+        with a password needs no second proof."""
         from appliance.client.api import connect
 
-        return connect(self.native_url, identity, idle=NATIVE_IDLE, password=password)
+        control = self.appliance.control
+        return connect(self.native_url, identity, idle=NATIVE_IDLE,
+                       _trusted=None if control is None else control.trusted_login_token)
 
     def password_of(self, identity: str) -> str | None:
         """The stored credential of a P&M identity in this appliance's config (the running
