@@ -287,11 +287,14 @@ COUNTED = {
              "guaranteed_frames_in"),
     "client": ("unknown_client_frames", "control_client_malformed",
                "control_client_no_session", "control_login_accepted", "control_login_repeats",
-               "control_client_admin_frames"),
+               "control_client_admin_frames", "control_login_challenges"),
     "fabric": ("unknown_peer", "off_path", "transit_frames", "duplicate_frames"),
 }
 """The status counters (``"counters"``) the accounting reads, by port."""
-COUNTED_PREFIXES = ("control_login_refused_",)
+COUNTED_PREFIXES = ("control_login_refused_", "data_auth_", "client_auth_")
+REFUSED_BY_MAC = ("no_trailer", "unknown_key", "bad_mac", "replay", "links_full")
+"""The frame MAC's refusals (``data_auth_<reason>`` at the fabric port, ``client_auth_``
+at the client port): such a frame is dropped before anything else counts it."""
 
 
 def counted(key: str) -> bool:
@@ -313,7 +316,8 @@ def accounting(port: str, d: dict[str, int]) -> dict[str, int]:
     from a peer without a session; the control agent's admin frames: malformed, no session,
     logins (accepted, repeated, refused by reason), handled for a session. Fabric port: from
     an address that is no neighbour, off its path, forwarded in transit, a duplicate copy;
-    admin frames rejected by the authentication (by reason) or accepted."""
+    admin frames rejected by the authentication (by reason) or accepted; plain DATA frames
+    (fabric) and a password session's frames (client) refused by the frame MAC."""
     r: dict[str, int] = {}
     for k, v in d.items():
         if k.startswith("malformed:"):
@@ -323,6 +327,9 @@ def accounting(port: str, d: dict[str, int]) -> dict[str, int]:
                              - d.get("c:guaranteed_delivery_frames", 0))
     for name in COUNTED["both"][2:] + COUNTED[port]:
         r[name] = d.get("c:" + name, 0)
+    mac = "client_auth_" if port == "client" else "data_auth_"
+    for reason in REFUSED_BY_MAC:
+        r[mac + reason] = d.get("c:" + mac + reason, 0)
     if port == "client":
         for k, v in d.items():
             if k.startswith("c:control_login_refused_"):
