@@ -188,7 +188,8 @@ class Appliance:
             dp = self.dataplane
             idle = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle,
                     "block": lambda: PollingIdle(dp.wait_set, dp.wakeup, wake_at_ns=dp.wake_at_ns,
-                                                 spin_ns=cfg.idle_spin_us * 1_000)}[cfg.idle]()
+                                                 spin_ns=cfg.idle_spin_us * 1_000,
+                                                 spin_worth=dp.spin_worth)}[cfg.idle]()
             self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane",
                                           on_start=_priority(cfg.priority))
             control = self.control

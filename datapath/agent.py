@@ -232,12 +232,17 @@ class PollingIdle:
     so a source without a descriptor is not left waiting longer than it is today. Counts:
     ``polls`` (parks in poll), ``wakes_ready`` (a descriptor was readable),
     ``wakes_command`` (the wakeup), ``timeouts`` and ``sleeps``.
+
+    ``spin_worth()`` (optional) says whether the work that ended was of the kind that comes
+    in runs (data): when it says no (a heartbeat, a timer), the agent parks at once instead
+    of spinning ``spin_ns`` for a next frame no one is sending (``skipped_spins``).
     """
 
     def __init__(self, wait_set: Callable[[], WaitSet], wakeup: AgentWakeup | None = None, *,
                  spin_ns: int = POLL_SPIN_NS, max_park_ns: int = POLL_MAX_PARK_NS,
                  wake_at_ns: Callable[[int], int] | None = None,
-                 longest_park_ns: int = POLL_LONGEST_PARK_NS) -> None:
+                 longest_park_ns: int = POLL_LONGEST_PARK_NS,
+                 spin_worth: Callable[[], bool] | None = None) -> None:
         if max_park_ns <= 0:
             raise ValueError(f"agent: max_park_ns must be positive, not {max_park_ns}")
         self.wait_set = wait_set
@@ -248,6 +253,8 @@ class PollingIdle:
         """The agent's next deadline (CLOCK_MONOTONIC ns): with a complete wait set, a park
         lasts until then (at most ``longest_park_ns``) instead of ``max_park_ns``."""
         self.longest_park_ns = longest_park_ns
+        self.spin_worth = spin_worth
+        self.skipped_spins = 0
         self._timeout_ms = max(1, math.ceil(max_park_ns / 1e6))
         self._poller = select.poll()
         self._registered: tuple[int, ...] = ()
@@ -270,6 +277,9 @@ class PollingIdle:
             now_ns = time.monotonic_ns()
             if self._idle_since_ns == 0:
                 self._idle_since_ns = now_ns
+                if self.spin_worth is not None and not self.spin_worth():
+                    self._idle_since_ns = now_ns - self.spin_ns  # nothing to spin for
+                    self.skipped_spins += 1
             if now_ns - self._idle_since_ns < self.spin_ns:
                 yield_cpu()  # lets the control thread take the GIL
                 return

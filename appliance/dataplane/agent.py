@@ -96,6 +96,8 @@ from datapath.protocol import message_layout as ml
 from nic_offload.model import MAX_EGRESS_PORT
 from nic_offload.softnic import SoftNic
 
+_MESSAGE_TYPES = (_DATA, _RETX)
+
 __all__ = ["CLIENT_SHM", "CLIENT_UDP", "FABRIC", "GROUP_RX", "GROUP_TX", "DataPlaneAgent",
            "DpSession", "ForwardingTables"]
 
@@ -166,6 +168,8 @@ class DataPlaneAgent(Delivery, Output):
         self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
         self.cycle_ns = time.monotonic_ns()
         """When the current (or last) duty cycle started (the control agent's stall check)."""
+        self.data_cycle = False
+        """Whether the last cycle that did work received messages (``spin_worth``)."""
         self._parked: deque[tuple[tuple, bytes]] = deque()
         self._parked_version = -1
         self._scratch = FrameBatch(DATAPATH_RECEIVE_FRAMES, CLIENT_MAX_FRAME_BYTES)
@@ -295,8 +299,15 @@ class DataPlaneAgent(Delivery, Output):
             self.allowed_version += 1
 
     # --- the duty cycle -----------------------------------------------------------------------
+    def spin_worth(self) -> bool:
+        """Whether the last cycle that did work handled data (messages, frames in transit,
+        reliable streams): the idle strategy spins for a next frame only then, not after a
+        heartbeat, an admin frame or a timer (``PollingIdle.spin_worth``)."""
+        return self.data_cycle
+
     def do_work(self, now_ns: int) -> int:
         self.cycle_ns = now_ns
+        data = False
         # admin frames out, then commands: a command the control plane offered before a
         # reply is applied before this cycle receives whatever the reply prompts
         # every step below is skipped by a cheap check when it has nothing to do: a cycle
@@ -316,6 +327,7 @@ class DataPlaneAgent(Delivery, Output):
                 n, taken, punts = channel.receive(batch, 0), _express.UNTRIED, None
             if n:
                 work += n
+                data = data or self._has_data(batch, n)
                 if taken != _express.TAKEN:
                     self._on_batch(name, batch, now_ns, taken == _express.UNTRIED)
                 elif punts:
@@ -340,7 +352,22 @@ class DataPlaneAgent(Delivery, Output):
             self._expire_parked(now_ns)
         if now_ns >= self._publish_at_ns:
             self._publish(now_ns)
+        if work:
+            self.data_cycle = data
         return work
+
+    @staticmethod
+    def _has_data(batch: FrameBatch, n: int) -> bool:
+        """Whether a received burst holds a frame with messages (DATA or RETRANSMISSION with
+        a message count: not a probe nor an admin frame), read from the headers (a data
+        burst says so in its first frame; an idle one is a heartbeat or two)."""
+        buf, offsets, lengths = batch.buf, batch.offsets, batch.lengths
+        for i in range(n):
+            o = int(offsets[i])
+            if (lengths[i] >= fl.FRAME_HEADER_BYTES and buf[o + fl.TYPE_OFFSET] in _MESSAGE_TYPES
+                    and (buf[o + fl.MSG_COUNT_OFFSET] or buf[o + fl.MSG_COUNT_OFFSET + 1])):
+                return True
+        return False
 
 
 

@@ -91,6 +91,20 @@ def test_the_agent_spins_for_its_spin_window_after_work_then_parks():
     assert short.sleeps == 1
 
 
+def test_after_work_that_was_no_data_the_agent_parks_without_spinning():
+    worth = [False]
+    idle = PollingIdle(lambda: WaitSet((), False), spin_ns=LONG_PARK_NS, max_park_ns=4_000,
+                       spin_worth=lambda: worth[0])
+    idle.idle(1)  # a heartbeat's cycle
+    idle.idle(0)
+    assert idle.sleeps == 1 and idle.skipped_spins == 1  # parked at the first idle cycle
+    worth[0] = True  # a data burst's cycle
+    idle.idle(1)
+    for _ in range(100):
+        idle.idle(0)
+    assert idle.sleeps == 1 and idle.skipped_spins == 1  # spinning in its window
+
+
 def test_channels_say_which_descriptors_signal_their_frames():
     with UdpChannel(("127.0.0.1", 0)) as udp:
         assert udp.wait_fds() == (udp.fileno(),)
