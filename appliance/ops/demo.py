@@ -67,6 +67,10 @@ DEMO_NEIGHBOUR_DEAD_MS = 2_000
 processes on a few cores) does not make links flap."""
 START_TIMEOUT_S = 60.0
 """How long an appliance or worker may take to say it is ready."""
+DEMO_REQUEST_TIMEOUT_S = 30.0
+"""How long a demo client waits for an answer (a topic's registration): the fabric starts on
+the user's machine, busy or slow as it may be, with its first snapshots still being made;
+the demo measures delivery, not how fast a cold appliance answers."""
 WARMUP_TIMEOUT_S = 60.0
 """How long the fabric may take to carry every publisher's sync messages to every worker."""
 DRAIN_QUIET_S = 2.0
@@ -817,7 +821,8 @@ def _connect(ring: str, identity: str) -> Any:
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:  # an appliance accepts logins once P&M's document has reached it
         try:
-            return connect(f"shm://{ring}", identity, idle=DEMO_IDLE)
+            return connect(f"shm://{ring}", identity, idle=DEMO_IDLE,
+                           timeout_s=DEMO_REQUEST_TIMEOUT_S)
         except ClientError:
             if time.monotonic() > deadline:
                 raise
