@@ -369,6 +369,8 @@ class ApplianceConfig:
     """``[routes]`` (appliance/ops/telemetry/settings.py)."""
     mqtt: MqttConfig | None = None
     """``[mqtt]`` (role ``edge`` only), None when absent."""
+    cache: Any = None
+    """``[cache]`` (appliance/cache/settings.py), None when absent."""
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -497,6 +499,16 @@ def parse_address(text: object, key: str, *, allow_zero_port: bool = False,
     if destination and address.is_unspecified:
         raise _fail(key, f"{address} is the wildcard; give the address frames are sent to")
     return str(address), port
+
+
+def local_client_url(config: ApplianceConfig) -> str:
+    """Where a client inside the appliance's own process reaches its client endpoint (the
+    MQTT edge's native sessions, the cache's session): ``clients.udp`` (127.0.0.1 for the
+    wildcard), else ``clients.shm``."""
+    if config.clients_udp is not None:
+        host, port = config.clients_udp
+        return f"udp://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    return f"shm://{config.clients_shm}"
 
 
 def _patterns(value: object, key: str) -> tuple[str, ...]:
@@ -862,6 +874,7 @@ def node_id_of(name: str) -> int:
 def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     """Check a parsed TOML document (see the module docstring): returns the config or raises
     ``ConfigError``, whatever the document holds."""
+    from appliance.cache.settings import parse_cache
     from appliance.ops.telemetry.settings import parse_routes, parse_telemetry
 
     if not isinstance(doc, dict):
@@ -869,7 +882,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _check_tree(doc)
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
-                 "telemetry", "routes", "mqtt"}, "")
+                 "telemetry", "routes", "mqtt", "cache"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
                                     "priority", "switch_interval_us", "drain_timeout_ms",
                                     "parked_ttl_ms", "heartbeat_interval_ms",
@@ -1035,7 +1048,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
-        routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt)
+        routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
+        cache=parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None))
     if mode == "embedded":
         import json
 

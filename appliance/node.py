@@ -127,6 +127,8 @@ class Appliance:
         self._dp_runner: AgentRunner | None = None
         self._cp_runner: AgentRunner | None = None
         self.mgmt: Any = None
+        self.cache: Any = None
+        """The ``CacheAgent`` (appliance/cache/agent.py) when ``[cache]`` is configured."""
         self._stopped = False
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -182,6 +184,14 @@ class Appliance:
                                   f"{exc.strerror or exc}") from None
             if self.dataplane.telemetry is not None:
                 self.dataplane.telemetry.start()
+            if cfg.cache is not None:  # [cache]: its logs open here (docs/fault-tolerance.md)
+                from appliance.cache.agent import CacheAgent
+                from appliance.cache.settings import CACHE_IDENTITY
+
+                self.cache = CacheAgent(cfg, cfg.cache, self.dataplane)
+                self.control.internal_logins[CACHE_IDENTITY] = (self.cache.verifier,
+                                                                self.cache.entitlements)
+                self.control.cache = self.cache
             # every kernel the agents call is imported by now: load what the cache holds for
             # them, so that no duty cycle compiles (docs/appliance.md, "Compiled kernels")
             self.control.jit = JitWatch().start()
@@ -197,8 +207,12 @@ class Appliance:
                                           name=f"{cfg.name}-control")
             self._dp_runner.start()
             self._cp_runner.start()
+            if self.cache is not None:  # its session logs in through the client endpoint
+                self.cache.start()
             self._start_mgmt()
         except BaseException:
+            if self.cache is not None:
+                self.cache.close()
             for runner in (self._cp_runner, self._dp_runner):  # threads stop before channels
                 if runner is not None:
                     self._stop_runner(runner)
@@ -251,6 +265,8 @@ class Appliance:
         cfg = self.config
         if self.mgmt is not None and hasattr(self.mgmt, "close"):
             self.mgmt.close()
+        if self.cache is not None:  # its session logs out while the appliance still runs
+            self.cache.close()
         if self._cp_runner is not None:
             self._stop_runner(self._cp_runner)
         started = time.monotonic()
@@ -330,6 +346,8 @@ class Appliance:
         """The latest status snapshot (docs/appliance.md, "Status contract"); read-only."""
         if self.control is None:
             return {}
+        if self.cache is not None:
+            return {**self.control.status_snapshot, "cache": self.cache.status_snapshot}
         return self.control.status_snapshot
 
     def submit(self, command: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -92,6 +92,8 @@ class ClientSide:
                     continue
                 if entry.kind is al.ControlKind.RESOLVE:
                     self._resolve(session, doc["keys"])
+                elif entry.kind is al.ControlKind.REPLAY:
+                    self._replay(session, doc)
                 elif entry.kind is al.ControlKind.LOGOUT:
                     self._end_session(session, "logout")
                     return
@@ -143,10 +145,10 @@ class ClientSide:
         identity = doc["identity"]
         ring = doc.get("ring")
         refuse = why = None
-        ents = pmod.entitlements_of(self.pm_doc, identity)
+        ents = self._entitlements_of(identity)
         if not self.accepting:
             refuse, why = "the appliance is shutting down", "stopping"
-        elif self.pm_doc is None:
+        elif self.pm_doc is None and identity not in self.internal_logins:
             refuse, why = "no P&M document yet; retry in a moment", "no_pm"
         elif ents is None:
             refuse, why = f"identity {identity!r} is not known to P&M", "identity"
@@ -168,7 +170,7 @@ class ClientSide:
         else:
             old = None
         signature = key = None
-        verifier = pmod.verifier_of(self.pm_doc, identity) if refuse is None else None
+        verifier = self._verifier_of(identity) if refuse is None else None
         if verifier is not None:
             checked = self._credential(channel, peer, ring, identity, doc, verifier, now_ns)
             if checked is None:
@@ -479,7 +481,9 @@ class ClientSide:
         Later requests are checked against the new entitlements (docs/appliance.md,
         "Reload (SIGHUP)")."""
         for session in list(self.sessions.values()):
-            ents = pmod.entitlements_of(doc, session.identity) or pmod.NONE
+            internal = self.internal_logins.get(session.identity)
+            ents = internal[1] if internal is not None else (
+                pmod.entitlements_of(doc, session.identity) or pmod.NONE)
             if ents == session.ents:
                 continue
             session.ents = ents
