@@ -188,7 +188,7 @@ class Appliance:
                 from appliance.cache.agent import CacheAgent
                 from appliance.cache.settings import CACHE_IDENTITY
 
-                self.cache = CacheAgent(cfg, cfg.cache, self.dataplane)
+                self.cache = CacheAgent(cfg, cfg.cache, self.dataplane, registry)
                 self.control.internal_logins[CACHE_IDENTITY] = (self.cache.verifier,
                                                                 self.cache.entitlements)
                 self.control.cache = self.cache

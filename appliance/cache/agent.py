@@ -58,18 +58,45 @@ INTERNAL_SCRYPT_N = 1 << 10
 """The internal password is 32 random bytes: a cheap hash is enough."""
 
 
+class _RegistryTopics(dict):
+    """The cache session's topic names: what it learnt, else the appliance's own registry
+    (every key a message reaching the session has is registered there). The client library
+    holds a message of an unknown key back until a RESOLVE answers, which would put it after
+    later messages of known topics; read from the registry, each publisher's messages keep
+    their order across topics."""
+
+    def __init__(self, registry: Any) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found = dict.get(self, key)
+        if found is None:
+            found = self.registry.lookup(key)
+            if found is None:
+                return default
+            self[key] = found
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+
 class CacheAgent:
     """See the module docstring."""
 
     name = "cache"
 
-    def __init__(self, config: ApplianceConfig, settings: CacheSettings, dp: Any) -> None:
+    def __init__(self, config: ApplianceConfig, settings: CacheSettings, dp: Any,
+                 registry: Any) -> None:
         from appliance.control.credentials import hash_password, verifier_of
         from appliance.control.pm import Entitlements
 
         self.config = config
         self.settings = settings
         self.dp = dp
+        self.registry = registry
+        """The appliance's ``KeyRegistry`` (read by the cache session's thread)."""
         try:
             self.store = CacheStore(settings)
         except (TopicwireError, OSError) as exc:
@@ -122,6 +149,10 @@ class CacheAgent:
             try:
                 client = connect(url, CACHE_IDENTITY, password=self._password, idle="sleep",
                                  reconnect_s=RECONNECT_MAX_S)
+                with client._lock:
+                    topics = _RegistryTopics(self.registry)
+                    topics.update(client._topics)
+                    client._topics = topics
                 for pattern in self.settings.patterns:
                     client.subscribe(pattern, callback=self._on_message)
             except TopicwireError as exc:

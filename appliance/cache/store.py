@@ -146,3 +146,23 @@ class CacheStore:
         logs, self.logs = self.logs, {}
         for log in logs.values():
             log.close()
+
+
+def warm_up() -> None:
+    """Append, commit and replay a few records as the cache does, in a temporary directory:
+    the persistence kernels compile (or load) for the cache's signatures (``topicwire warm``)."""
+    import tempfile
+
+    from appliance.cache.settings import CacheSettings
+
+    with tempfile.TemporaryDirectory(prefix="topicwire-warm-cache-") as directory:
+        store = CacheStore(CacheSettings(Path(directory), ("warm/#",)))
+        try:
+            for i in range(3):
+                store.append("warm/x", 0, i + 1, 7, 1, 1, 0, 0, i, b"warm")
+            store.commit()
+            store.page("warm/#", "warm/x", None, None)
+            store.page("warm/#", "warm/x", None, 1)
+        finally:
+            store.close()
+

@@ -64,7 +64,9 @@ def _line(msg, as_json: bool) -> str:  # noqa: ANN001 - appliance.client.Message
         text, encoding = msg.payload.hex(), "hex"
     if not as_json:
         return f"{msg.topic} {text}"
-    when = dt.datetime.fromtimestamp(msg.publish_ts_ns / 1e9, dt.timezone.utc)
+    seconds, ns = divmod(msg.publish_ts_ns, 1_000_000_000)  # no float: --from-time takes it
+    when = (dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+            + dt.timedelta(microseconds=ns // 1_000))
     return json.dumps({"cache_seq": msg.cache_seq, "topic": msg.topic, "payload": text,
                        "encoding": encoding, "sequence": msg.sequence, "qos": msg.qos,
                        "origin": msg.origin, "stream": msg.stream,

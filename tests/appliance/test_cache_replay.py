@@ -1,0 +1,168 @@
+"""The caching engine's first slice end to end: an appliance with ``[cache]`` keeps what is
+published on its patterns in real files; ``Client.replay`` and ``topicwire replay`` get it
+back in order, from the start, a time, or a cache sequence, after a restart too; refusals
+(entitlements, no cache, a pattern the cache does not keep, bad arguments) say why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from appliance.client import ClientError, EntitlementError, connect
+from appliance.config import parse_config
+from appliance.node import Appliance
+from tests.appliance.helpers import CLI, ROOT, free_port, wait_for
+
+IDENTITIES = {"feed": {"publish": ["orders/#", "other/#"], "subscribe": ["#"]},
+              "viewer": {"subscribe": ["orders/eu/#"]}}
+TOPICS = ("orders/eu/x", "orders/us/y", "other/z")
+
+
+def _config(port: int, cache_dir=None, **cache) -> object:
+    doc = {"appliance": {"name": f"cache{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
+           "pm": {"identities": IDENTITIES}}
+    if cache_dir is not None:
+        doc["cache"] = {"dir": str(cache_dir), "patterns": ["orders/#"], **cache}
+    return parse_config(doc)
+
+
+def _start(cfg) -> Appliance:
+    app = Appliance(cfg).start()
+    if app.cache is not None:
+        assert app.cache.ready.wait(60), "the cache's session did not subscribe"
+    return app
+
+
+def _publish(url: str, count: int) -> list[tuple[str, bytes]]:
+    """``count`` messages round-robin over TOPICS, flushed in small bursts; returns what was
+    published on the cache's pattern, in order."""
+    kept = []
+    with connect(url, "feed") as client:
+        for i in range(count):
+            topic = TOPICS[i % len(TOPICS)]
+            payload = f"{topic}:{i}".encode() + bytes(i % 50)
+            client.publish(topic, payload)
+            if topic.startswith("orders/"):
+                kept.append((topic, payload))
+            if i % 64 == 63:
+                client.flush()
+        client.flush()
+    return kept
+
+
+def _kept(app: Appliance, count: int) -> None:
+    wait_for(lambda: app.cache.counters["kept"] >= count, 60, what=f"{count} messages kept")
+    assert app.cache.counters["missed"] == 0 and app.cache.dropped_queue_full == 0
+
+
+def _rows(messages) -> list[tuple[str, bytes]]:
+    return [(m.topic, m.payload) for m in messages]
+
+
+@pytest.fixture
+def cached(tmp_path):
+    port = free_port()
+    cfg = _config(port, tmp_path / "cache")
+    app = _start(cfg)
+    try:
+        yield app, cfg, f"udp://127.0.0.1:{port}"
+    finally:
+        app.stop()
+
+
+def test_replay_returns_exactly_the_kept_messages_in_order_and_survives_a_restart(cached):
+    app, cfg, url = cached
+    published = _publish(url, 4_500)  # 3,000 on orders/#
+    _kept(app, len(published))
+    with connect(url, "feed") as client:
+        everything = list(client.replay("orders/#"))
+        assert _rows(everything) == published
+        assert [m.cache_seq for m in everything] == list(range(1, len(published) + 1))
+        assert app.cache.counters["replay_pages"] > 2  # paged, not one huge answer
+        for topic, by in (("orders/eu/x", everything), ):
+            assert _rows(client.replay("orders/eu/#")) == [r for r in _rows(by)
+                                                          if r[0] == topic]
+        middle = everything[1_234]
+        from_seq = list(client.replay("orders/#", from_sequence=middle.cache_seq))
+        assert _rows(from_seq) == published[1_234:]
+        first = next(i for i, m in enumerate(everything)
+                     if m.publish_ts_ns >= middle.publish_ts_ns)
+        from_time = list(client.replay("orders/#", from_time_ns=middle.publish_ts_ns))
+        assert _rows(from_time) == published[first:]
+        assert all(m.sequence > 0 and m.origin == cfg.node_id for m in everything)
+    app.stop()
+    again = _start(cfg)  # the same directory: what was kept is read back from disk
+    try:
+        with connect(url, "feed") as client:
+            assert _rows(client.replay("orders/#")) == published
+            more = _publish(url, 30)
+            _kept(again, len(more))
+            after = list(client.replay("orders/#", from_sequence=len(published) + 1))
+            assert _rows(after) == more
+            assert after[0].cache_seq == len(published) + 1
+    finally:
+        again.stop()
+
+
+def test_replay_is_refused_beyond_the_identitys_entitlements_and_the_caches_patterns(cached):
+    app, _, url = cached
+    _publish(url, 9)
+    _kept(app, 6)
+    with connect(url, "viewer") as client:
+        assert len(list(client.replay("orders/eu/#"))) == 3
+        with pytest.raises(EntitlementError, match="may not subscribe to 'orders/#'"):
+            client.replay("orders/#")
+    with connect(url, "feed") as client:
+        with pytest.raises(ClientError, match="ask for a pattern within one of them"):
+            client.replay("other/#")
+        with pytest.raises(ClientError, match="not both"):
+            client.replay("orders/#", from_sequence=1, from_time_ns=1)
+    counters = wait_for(lambda: app.status()["counters"].get(
+        "control_replay_refused_pattern") and app.status()["counters"], what="the counters")
+    assert counters["control_replay_refused_entitlement"] == 1
+    assert counters["control_replay_refused_pattern"] == 1
+    assert any(d["action"] == "replay" for d in app.status()["denials"])
+
+
+def test_an_appliance_without_a_cache_refuses_replay_saying_so():
+    port = free_port()
+    app = _start(_config(port))
+    try:
+        with connect(f"udp://127.0.0.1:{port}", "feed") as client:
+            with pytest.raises(ClientError, match=r"keeps no messages \(its config has no "
+                                                  r"\[cache\]\)"):
+                client.replay("orders/#")
+    finally:
+        app.stop()
+
+
+def _replay_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "replay", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_topicwire_replay_prints_the_kept_messages_and_refuses_bad_arguments(cached):
+    app, _, url = cached
+    published = _publish(url, 30)
+    _kept(app, len(published))
+    out = _replay_cli("orders/#", "--appliance", url, "--identity", "feed", "--json")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(x["topic"], x["payload"].encode()) for x in lines] == published
+    out = _replay_cli("orders/#", "--appliance", url, "--identity", "feed", "--from-seq",
+                      str(lines[-3]["cache_seq"]))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"{t} {p.decode()}" for t, p in published[-3:]]
+    out = _replay_cli("orders/#", "--appliance", url, "--identity", "feed", "--from-time",
+                      lines[5]["published"])
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) >= len(published) - 5
+    for bad in (["--from-time", "yesterday"], ["--from-seq", "x"],
+                ["--from-seq", "1", "--from-time", "2026-01-01T00:00:00Z"]):
+        out = _replay_cli("orders/#", "--appliance", url, *bad)
+        assert out.returncode == 2, (bad, out.stderr)
+        assert "--from-" in out.stderr.splitlines()[-1], out.stderr
+    out = _replay_cli("orders/#", "--appliance", url, "--identity", "viewer")
+    assert out.returncode == 1 and "may not subscribe" in out.stderr
