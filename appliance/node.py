@@ -346,9 +346,13 @@ class Appliance:
         """The latest status snapshot (docs/appliance.md, "Status contract"); read-only."""
         if self.control is None:
             return {}
-        if self.cache is not None:
-            return {**self.control.status_snapshot, "cache": self.cache.status_snapshot}
-        return self.control.status_snapshot
+        status = self.control.status_snapshot
+        if self.cache is not None and status:  # its section, its counters among the others
+            cache = dict(self.cache.status_snapshot)
+            counters = cache.pop("counters", {})
+            return {**status, "cache": cache,
+                    "counters": {**status.get("counters", {}), **counters}}
+        return status
 
     def submit(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
         """Apply a state-changing command on the control agent; ``{"ok": ...}``."""

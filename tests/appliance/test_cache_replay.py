@@ -76,6 +76,10 @@ def test_replay_returns_exactly_the_kept_messages_in_order_and_survives_a_restar
     app, cfg, url = cached
     published = _publish(url, 4_500)  # 3,000 on orders/#
     _kept(app, len(published))
+    status = wait_for(lambda: app.status()["counters"].get("cache_kept") == len(published)
+                      and app.status(), what="the cache's status")
+    assert status["cache"]["logs"][0]["durable_seq"] == len(published)
+    assert status["cache"]["session"] == "subscribed"
     with connect(url, "feed") as client:
         everything = list(client.replay("orders/#"))
         assert _rows(everything) == published
