@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -170,3 +171,46 @@ def test_topicwire_replay_prints_the_kept_messages_and_refuses_bad_arguments(cac
         assert "--from-" in out.stderr.splitlines()[-1], out.stderr
     out = _replay_cli("orders/#", "--appliance", url, "--identity", "viewer")
     assert out.returncode == 1 and "may not subscribe" in out.stderr
+
+
+def test_replay_then_live_gives_every_message_once_while_a_publisher_goes_on(cached):
+    import threading
+
+    app, _, url = cached
+    total = 3_000
+    published: list[tuple[str, bytes]] = []
+    halfway = threading.Event()
+
+    def publish() -> None:
+        with connect(url, "feed") as client:
+            for i in range(total):
+                topic = TOPICS[i % 2]  # both on the cache's pattern
+                payload = f"{topic}:{i}".encode()
+                client.publish(topic, payload)
+                published.append((topic, payload))
+                if i % 8 == 7:
+                    client.flush()
+                    time.sleep(0.005)  # a steady stream for about 2 s, not one burst
+                if i == total // 2:
+                    halfway.set()
+            client.flush()
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        assert halfway.wait(60)
+        with connect(url, "feed") as client:
+            stream = client.replay("orders/#", then_live=True)
+            got = []
+            deadline = time.monotonic() + 60
+            for msg in stream:
+                got.append((msg.topic, msg.payload))
+                if msg.payload.endswith(f":{total - 1}".encode()) or \
+                        time.monotonic() > deadline:
+                    break
+    finally:
+        publisher.join(60)
+    assert app.cache.counters["missed"] == 0
+    for topic in TOPICS[:2]:  # per topic: each message once, in publish order
+        assert [p for t, p in got if t == topic] == [p for t, p in published if t == topic]
+    assert len(got) == total and stream.join_gaps == 0
