@@ -214,3 +214,28 @@ def test_replay_then_live_gives_every_message_once_while_a_publisher_goes_on(cac
     for topic in TOPICS[:2]:  # per topic: each message once, in publish order
         assert [p for t, p in got if t == topic] == [p for t, p in published if t == topic]
     assert len(got) == total and stream.join_gaps == 0
+
+
+def test_a_replay_of_100000_messages_comes_whole_in_bounded_pages(cached):
+    from appliance.cache.settings import REPLAY_PAGE_MESSAGES
+
+    app, _, url = cached
+    total = 100_000
+    with connect(url, "feed") as client:
+        for i in range(total):
+            client.publish("orders/eu/x", b"%d" % (i + 1))
+            if i % 64 == 63:
+                client.flush()
+                time.sleep(0.0005)  # paced: the cache's session is best-effort
+        client.flush()
+        counters = app.cache.counters
+        wait_for(lambda: counters["kept"] + counters["missed"] >= total, 120,
+                 what="every message kept or counted missing")
+        kept = counters["kept"]
+        assert kept + counters["missed"] == total
+        count, last = 0, 0
+        for msg in client.replay("orders/#"):
+            assert msg.sequence > last and msg.payload == b"%d" % msg.sequence
+            count, last = count + 1, msg.sequence
+    assert count == kept
+    assert counters["replay_pages"] >= kept // REPLAY_PAGE_MESSAGES
