@@ -5,6 +5,9 @@ fails here, as a ``ConfigError`` naming the key, before any thread starts), comp
 first table snapshot, then starts the data-path thread and the control thread.
 ``stop()`` stops accepting logins, tells clients, lets queued frames leave within
 ``appliance.drain_timeout_ms``, stops both threads and closes the channels.
+With ``[cache]`` the cache's logs open with the channels and its agent (appliance/cache/)
+starts after the two threads: its session logs in through the client endpoint; ``stop()``
+closes it first (its session logs out, its logs are synced).
 ``reload(config)`` applies what of a new config can change at run time (appliance/reload.py;
 ``topicwire run`` calls it on SIGHUP).
 ``status()`` and ``submit()`` are the management contract (docs/appliance.md).

@@ -108,20 +108,13 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
     if patterns is None:
         raise _error(p + "patterns", "required: the topic patterns whose messages are kept, "
                      "such as [\"orders/#\"]")
-    if not isinstance(patterns, list) or not patterns or not all(
-            isinstance(x, str) for x in patterns):
-        raise _error(p + "patterns", "must be a non-empty list of topic patterns such as "
-                     f"[\"orders/#\"], not {show(patterns)}")
+    from appliance.config import _patterns  # a list of valid patterns, as pm's lists
+
+    patterns = _patterns(patterns, p + "patterns")
+    if not patterns:
+        raise _error(p + "patterns", "must not be empty: list the topic patterns to keep")
     if len(patterns) > MAX_CACHE_PATTERNS:
         raise _error(p + "patterns", f"{len(patterns)} patterns; at most {MAX_CACHE_PATTERNS}")
-    from datapath.topics.algebra import TopicError, split_pattern
-
-    for pattern in patterns:
-        try:
-            split_pattern(pattern)
-        except TopicError as exc:
-            raise _error(p + "patterns",
-                         f"{pattern[:60]!r}: {str(exc).removeprefix('topics: ')}") from None
     if len(set(patterns)) != len(patterns):
         raise _error(p + "patterns", "lists a pattern twice")
     fsync = table.get("fsync", "batch")

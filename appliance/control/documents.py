@@ -2,14 +2,15 @@
 
 A CONTROL entry carries a JSON document whose ``kind`` says what it is (docs/appliance.md:
 link state, interest, P&M's document, a login and its result, request results, resolve,
-logout, echo, replay and its result). Whoever sent it (a client, a neighbour, the appliance a client talks to) may
-be broken or hostile, so a receiver reads no field before ``validate(kind, text)`` has
-returned the document: a dict holding only the keys declared for its kind, every one of
-them with the declared type and within its bounds (string lengths, integer ranges, list
-lengths, the text of a topic pattern or an appliance name). Anything else raises
-``DocumentError`` (``control: bad lsa document: $.links[2][0]: ...``) whose ``reason`` is one
-of ``REASONS``; receivers count it per reason (``bad_document_<reason>``) and drop the entry.
-``ACCEPTED`` says which kinds each kind of sender may send at all.
+logout, echo, replay and its result). Whoever sent it (a client, a neighbour, the appliance
+a client talks to) may be broken or hostile, so a receiver reads no field before
+``validate(kind, text)`` has returned the document: a dict holding only the keys declared
+for its kind, every one of them with the declared type and within its bounds (string
+lengths, integer ranges, list lengths, the text of a topic pattern or an appliance name).
+Anything else raises ``DocumentError`` (``control: bad lsa document: $.links[2][0]: ...``)
+whose ``reason`` is one of ``REASONS``; receivers count it per reason
+(``bad_document_<reason>``) and drop the entry. ``ACCEPTED`` says which kinds each kind of
+sender may send at all.
 
 Why a small hand-written checker rather than a JSON Schema library: the appliance takes no
 dependency for ten small tables; the check runs on the control thread for every CONTROL

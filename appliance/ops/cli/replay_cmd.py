@@ -50,7 +50,7 @@ def parse_time_ns(text: str) -> int:
         raise UserError(f"--from-time {text!r} is not an ISO 8601 time such as "
                         "2026-11-27T10:00:00Z", component="replay") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     ns = int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1_000
     if ns < 0:
         raise UserError(f"--from-time {text!r} is before 1970", component="replay")
@@ -65,7 +65,7 @@ def _line(msg, as_json: bool) -> str:  # noqa: ANN001 - appliance.client.Message
     if not as_json:
         return f"{msg.topic} {text}"
     seconds, ns = divmod(msg.publish_ts_ns, 1_000_000_000)  # no float: --from-time takes it
-    when = (dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    when = (dt.datetime.fromtimestamp(seconds, dt.UTC)
             + dt.timedelta(microseconds=ns // 1_000))
     return json.dumps({"cache_seq": msg.cache_seq, "topic": msg.topic, "payload": text,
                        "encoding": encoding, "sequence": msg.sequence, "qos": msg.qos,
