@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance.config_files import decode, existing_file, parse_toml, read_text, show
+from appliance.config_files import (
+    decode,
+    existing_file,
+    parse_toml,
+    read_text,
+    show,
+    topic_patterns,
+)
 from appliance.errors import ConfigError
 
 # --- tunables (units in the names) ---------------------------------------------------------
@@ -512,17 +519,7 @@ def local_client_url(config: ApplianceConfig) -> str:
 
 
 def _patterns(value: object, key: str) -> tuple[str, ...]:
-    from datapath.topics.algebra import TopicError, split_pattern
-
-    value = _list(value, key, MAX_PATTERNS, "topic patterns such as [\"prices/#\"]")
-    if not all(isinstance(p, str) for p in value):
-        raise _fail(key, "must be a list of topic patterns such as [\"prices/#\"]")
-    for pattern in value:
-        try:
-            split_pattern(pattern)
-        except TopicError as exc:
-            raise _fail(key, f"{show(pattern)}: {str(exc).removeprefix('topics: ')}") from None
-    return tuple(value)
+    return topic_patterns(value, key, MAX_PATTERNS)
 
 
 def _identities(table: object, key: str) -> dict[str, IdentityConfig]:

@@ -5,9 +5,10 @@ fails here, as a ``ConfigError`` naming the key, before any thread starts), comp
 first table snapshot, then starts the data-path thread and the control thread.
 ``stop()`` stops accepting logins, tells clients, lets queued frames leave within
 ``appliance.drain_timeout_ms``, stops both threads and closes the channels.
-With ``[cache]`` the cache's logs open with the channels and its agent (appliance/cache/)
-starts after the two threads: its session logs in through the client endpoint; ``stop()``
-closes it first (its session logs out, its logs are synced).
+``[cache]`` is run by ``CachingAppliance`` (appliance/cache/node.py), which ``topicwire run``
+starts: the cache keeps what a client session of its own receives, and ``appliance.client``
+depends on this module (as the MQTT edge wraps it for the same reason); a plain
+``Appliance`` refuses a config with ``[cache]``.
 ``reload(config)`` applies what of a new config can change at run time (appliance/reload.py;
 ``topicwire run`` calls it on SIGHUP).
 ``status()`` and ``submit()`` are the management contract (docs/appliance.md).
@@ -130,8 +131,6 @@ class Appliance:
         self._dp_runner: AgentRunner | None = None
         self._cp_runner: AgentRunner | None = None
         self.mgmt: Any = None
-        self.cache: Any = None
-        """The ``CacheAgent`` (appliance/cache/agent.py) when ``[cache]`` is configured."""
         self._stopped = False
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -187,14 +186,7 @@ class Appliance:
                                   f"{exc.strerror or exc}") from None
             if self.dataplane.telemetry is not None:
                 self.dataplane.telemetry.start()
-            if cfg.cache is not None:  # [cache]: its logs open here (docs/fault-tolerance.md)
-                from appliance.cache.agent import CacheAgent
-                from appliance.cache.settings import CACHE_IDENTITY
-
-                self.cache = CacheAgent(cfg, cfg.cache, self.dataplane, registry)
-                self.control.internal_logins[CACHE_IDENTITY] = (self.cache.verifier,
-                                                                self.cache.entitlements)
-                self.control.cache = self.cache
+            self._before_threads(registry)
             # every kernel the agents call is imported by now: load what the cache holds for
             # them, so that no duty cycle compiles (docs/appliance.md, "Compiled kernels")
             self.control.jit = JitWatch().start()
@@ -210,12 +202,8 @@ class Appliance:
                                           name=f"{cfg.name}-control")
             self._dp_runner.start()
             self._cp_runner.start()
-            if self.cache is not None:  # its session logs in through the client endpoint
-                self.cache.start()
             self._start_mgmt()
         except BaseException:
-            if self.cache is not None:
-                self.cache.close()
             for runner in (self._cp_runner, self._dp_runner):  # threads stop before channels
                 if runner is not None:
                     self._stop_runner(runner)
@@ -226,6 +214,13 @@ class Appliance:
         log.info("%s: appliance %s (id %d) running; %s", cfg.name, cfg.role, cfg.node_id,
                  version_line())
         return self
+
+    def _before_threads(self, registry: KeyRegistry) -> None:
+        """What a subclass opens once the channels and agents exist, before their threads
+        start (``CachingAppliance``: the cache's logs)."""
+        if self.config.cache is not None:
+            raise ConfigError("cache: a plain Appliance does not run the cache; start "
+                              "appliance.cache.node.CachingAppliance (topicwire run does)")
 
     def _open_group(self, index: int, group: GroupConfig) -> None:
         """The receiving (joined) and the send-only channel of one fabric group."""
@@ -268,8 +263,6 @@ class Appliance:
         cfg = self.config
         if self.mgmt is not None and hasattr(self.mgmt, "close"):
             self.mgmt.close()
-        if self.cache is not None:  # its session logs out while the appliance still runs
-            self.cache.close()
         if self._cp_runner is not None:
             self._stop_runner(self._cp_runner)
         started = time.monotonic()
@@ -349,13 +342,7 @@ class Appliance:
         """The latest status snapshot (docs/appliance.md, "Status contract"); read-only."""
         if self.control is None:
             return {}
-        status = self.control.status_snapshot
-        if self.cache is not None and status:  # its section, its counters among the others
-            cache = dict(self.cache.status_snapshot)
-            counters = cache.pop("counters", {})
-            return {**status, "cache": cache,
-                    "counters": {**status.get("counters", {}), **counters}}
-        return status
+        return self.control.status_snapshot
 
     def submit(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
         """Apply a state-changing command on the control agent; ``{"ok": ...}``."""

@@ -108,13 +108,11 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
     if patterns is None:
         raise _error(p + "patterns", "required: the topic patterns whose messages are kept, "
                      "such as [\"orders/#\"]")
-    from appliance.config import _patterns  # a list of valid patterns, as pm's lists
+    from appliance.config_files import topic_patterns
 
-    patterns = _patterns(patterns, p + "patterns")
+    patterns = topic_patterns(patterns, p + "patterns", MAX_CACHE_PATTERNS)
     if not patterns:
         raise _error(p + "patterns", "must not be empty: list the topic patterns to keep")
-    if len(patterns) > MAX_CACHE_PATTERNS:
-        raise _error(p + "patterns", f"{len(patterns)} patterns; at most {MAX_CACHE_PATTERNS}")
     if len(set(patterns)) != len(patterns):
         raise _error(p + "patterns", "lists a pattern twice")
     fsync = table.get("fsync", "batch")

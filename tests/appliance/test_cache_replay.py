@@ -11,8 +11,9 @@ import time
 
 import pytest
 
+from appliance.cache.node import CachingAppliance
 from appliance.client import ClientError, EntitlementError, connect
-from appliance.config import parse_config
+from appliance.config import ConfigError, parse_config
 from appliance.node import Appliance
 from tests.appliance.helpers import CLI, ROOT, free_port, wait_for
 
@@ -30,7 +31,7 @@ def _config(port: int, cache_dir=None, **cache) -> object:
 
 
 def _start(cfg) -> Appliance:
-    app = Appliance(cfg).start()
+    app = CachingAppliance(cfg).start()
     if app.cache is not None:
         assert app.cache.ready.wait(60), "the cache's session did not subscribe"
     return app
@@ -131,9 +132,11 @@ def test_replay_is_refused_beyond_the_identitys_entitlements_and_the_caches_patt
     assert any(d["action"] == "replay" for d in app.status()["denials"])
 
 
-def test_an_appliance_without_a_cache_refuses_replay_saying_so():
+def test_an_appliance_without_a_cache_refuses_replay_saying_so(tmp_path):
     port = free_port()
-    app = _start(_config(port))
+    with pytest.raises(ConfigError, match="^config: cache: a plain Appliance does not run"):
+        Appliance(_config(port, tmp_path)).start()  # never silently without its cache
+    app = Appliance(_config(port)).start()
     try:
         with connect(f"udp://127.0.0.1:{port}", "feed") as client:
             with pytest.raises(ClientError, match=r"keeps no messages \(its config has no "
@@ -239,3 +242,33 @@ def test_a_replay_of_100000_messages_comes_whole_in_bounded_pages(cached):
             count, last = count + 1, msg.sequence
     assert count == kept
     assert counters["replay_pages"] >= kept // REPLAY_PAGE_MESSAGES
+
+
+def test_topicwire_run_keeps_what_is_published_on_its_cache_patterns(tmp_path):
+    from tests.appliance.helpers import run_appliance, stop
+
+    port = free_port()
+    config = tmp_path / "a.toml"
+    config.write_text("\n".join([
+        "[appliance]", f'name = "run{port}"', "[clients]", f'udp = "127.0.0.1:{port}"',
+        "[pm.identities.feed]", 'publish = ["orders/#", "other/#"]', 'subscribe = ["#"]',
+        "[cache]", f'dir = "{tmp_path / "cache"}"', 'patterns = ["orders/#"]',
+        'fsync = "interval"', "fsync_interval_ms = 5"]) + "\n")
+    url = f"udp://127.0.0.1:{port}"
+    proc = run_appliance(config)
+    try:
+        def replayed() -> list:
+            out = _replay_cli("orders/#", "--appliance", url, "--identity", "feed")
+            assert out.returncode == 0, out.stderr
+            return out.stdout.splitlines()
+
+        # the cache's session subscribes in the background: publish until one is kept
+        wait_for(lambda: _publish(url, 2) and replayed(), 60, interval_s=0.2,
+                 what="a message kept by the cache of topicwire run")
+        before = len(replayed())
+        published = _publish(url, 20)
+        lines = wait_for(lambda: len(replayed()) == before + len(published) and replayed(),
+                         60, what="the 20 messages kept")
+        assert lines[before:] == [f"{t} {p.decode()}" for t, p in published]
+    finally:
+        assert stop(proc) == 0
