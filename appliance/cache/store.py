@@ -122,7 +122,7 @@ class CacheStore:
                         continue
                     pseq, key, origin, stream, ns, schema, qos, topic, payload = env
                     text = base64.b64encode(payload).decode("ascii")
-                    cost = len(text) + 6 * len(topic) + PAGE_ROW_OVERHEAD_BYTES
+                    cost = len(text) + 6 * len(topic.encode()) + PAGE_ROW_OVERHEAD_BYTES
                     if rows and size + cost > REPLAY_PAGE_BYTES:
                         return rows, seq, False
                     rows.append([seq, topic, ns, key, pseq, stamps[i], schema, qos, origin,
