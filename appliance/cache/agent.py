@@ -264,9 +264,6 @@ class CacheAgent:
     def _keep(self, msg: Any) -> None:
         counters = self.counters
         counters["received"] += 1
-        if len(msg.payload) > CACHE_MAX_PAYLOAD_BYTES:
-            counters["too_large"] += 1
-            return
         key = (msg.origin, msg.stream, msg.topic_key)
         last = self._last_seq.get(key)
         if last is not None and msg.sequence > last + 1:
@@ -275,6 +272,9 @@ class CacheAgent:
             self._last_seq.clear()
             counters["gap_table_resets"] += 1
         self._last_seq[key] = msg.sequence
+        if len(msg.payload) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
+            counters["too_large"] += 1
+            return
         if self.store.append(msg.topic, msg.namespace, msg.sequence, msg.topic_key,
                              msg.origin, msg.stream, msg.schema_id, msg.qos, msg.publish_ts_ns,
                              msg.payload):
