@@ -246,7 +246,8 @@ def test_a_replay_of_100000_messages_comes_whole_in_bounded_pages(cached):
     assert counters["replay_pages"] >= kept // REPLAY_PAGE_MESSAGES
 
 
-def test_topicwire_run_keeps_what_is_published_on_its_cache_patterns(tmp_path):
+def test_topicwire_run_keeps_what_is_published_on_its_cache_patterns_through_a_sigkill(
+        tmp_path):
     from tests.appliance.helpers import run_appliance, stop
 
     port = free_port()
@@ -272,5 +273,9 @@ def test_topicwire_run_keeps_what_is_published_on_its_cache_patterns(tmp_path):
         lines = wait_for(lambda: len(replayed()) == before + len(published) and replayed(),
                          60, what="the 20 messages kept")
         assert lines[before:] == [f"{t} {p.decode()}" for t, p in published]
+        proc.kill()  # SIGKILL: no drain, no close; the logs are read back at the next start
+        proc.wait(30)
+        proc = run_appliance(config)
+        assert replayed() == lines
     finally:
         assert stop(proc) == 0
