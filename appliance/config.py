@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from appliance.config_files import decode, existing_file, parse_toml, read_text, show
+from appliance.config_files import (
+    decode,
+    existing_file,
+    parse_toml,
+    read_text,
+    show,
+    topic_patterns,
+)
 from appliance.errors import ConfigError
 
 # --- tunables (units in the names) ---------------------------------------------------------
@@ -406,6 +413,8 @@ class ApplianceConfig:
     """``[routes]`` (appliance/ops/telemetry/settings.py)."""
     mqtt: MqttConfig | None = None
     """``[mqtt]`` (role ``edge`` only), None when absent."""
+    cache: Any = None
+    """``[cache]`` (appliance/cache/settings.py), None when absent."""
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -541,22 +550,25 @@ def parse_address(text: object, key: str, *, allow_zero_port: bool = False,
     return str(address), port
 
 
+def local_client_url(config: ApplianceConfig) -> str:
+    """Where a client inside the appliance's own process reaches its client endpoint (the
+    MQTT edge's native sessions, the cache's session): ``clients.udp`` (127.0.0.1 for the
+    wildcard), else ``clients.shm``."""
+    if config.clients_udp is not None:
+        host, port = config.clients_udp
+        return f"udp://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    return f"shm://{config.clients_shm}"
+
+
 def _patterns(value: object, key: str) -> tuple[str, ...]:
-    from datapath.topics.algebra import TopicError, split_pattern
     from datapath.topics.syntax import dot_subject_refusal
 
-    value = _list(value, key, MAX_PATTERNS, "topic patterns such as [\"prices/#\"]")
-    if not all(isinstance(p, str) for p in value):
-        raise _fail(key, "must be a list of topic patterns such as [\"prices/#\"]")
-    for pattern in value:
-        try:
-            split_pattern(pattern)
-        except TopicError as exc:
-            raise _fail(key, f"{show(pattern)}: {str(exc).removeprefix('topics: ')}") from None
+    patterns = topic_patterns(value, key, MAX_PATTERNS)
+    for pattern in patterns:
         refusal = dot_subject_refusal(pattern, "pattern")
         if refusal is not None:
             raise _fail(key, refusal)
-    return tuple(value)
+    return patterns
 
 
 def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
@@ -965,6 +977,7 @@ def node_id_of(name: str) -> int:
 def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     """Check a parsed TOML document (see the module docstring): returns the config or raises
     ``ConfigError``, whatever the document holds."""
+    from appliance.cache.settings import parse_cache
     from appliance.ops.telemetry.settings import parse_routes, parse_telemetry
 
     if not isinstance(doc, dict):
@@ -972,7 +985,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _check_tree(doc)
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
-                 "telemetry", "routes", "mqtt"}, "")
+                 "telemetry", "routes", "mqtt", "cache"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
                                     "priority", "switch_interval_us", "drain_timeout_ms",
                                     "parked_ttl_ms", "heartbeat_interval_ms",
@@ -1138,7 +1151,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         pm_registry=registry,
         pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
-        routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt)
+        routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
+        cache=parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None))
     if mode == "embedded":
         import json
 

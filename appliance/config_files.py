@@ -45,6 +45,23 @@ def show(value: object) -> str:
     return repr(value)
 
 
+def topic_patterns(value: object, key: str, most: int) -> tuple[str, ...]:
+    """An array of at most ``most`` topic patterns, each one checked."""
+    from datapath.topics.algebra import TopicError, split_pattern
+
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise _fail(key, f"must be a list of topic patterns such as [\"prices/#\"], not "
+                    f"{show(value)}")
+    if len(value) > most:
+        raise _fail(key, f"{len(value)} values; at most {most}")
+    for pattern in value:
+        try:
+            split_pattern(pattern)
+        except TopicError as exc:
+            raise _fail(key, f"{show(pattern)}: {str(exc).removeprefix('topics: ')}") from None
+    return tuple(value)
+
+
 def path_of(value: object, key: str, base: Path, what: str = "a file path") -> Path:
     """The path a key gives (relative to ``base``, the config's directory)."""
     if not isinstance(value, str) or not value:

@@ -5,6 +5,10 @@ fails here, as a ``ConfigError`` naming the key, before any thread starts), comp
 first table snapshot, then starts the data-path thread and the control thread.
 ``stop()`` stops accepting logins, tells clients, lets queued frames leave within
 ``appliance.drain_timeout_ms``, stops both threads and closes the channels.
+``[cache]`` is run by ``CachingAppliance`` (appliance/cache/node.py), which ``topicwire run``
+starts: the cache keeps what a client session of its own receives, and ``appliance.client``
+depends on this module (as the MQTT edge wraps it for the same reason); a plain
+``Appliance`` refuses a config with ``[cache]``.
 ``reload(config)`` applies what of a new config can change at run time (appliance/reload.py;
 ``topicwire run`` calls it on SIGHUP).
 ``status()`` and ``submit()`` are the management contract (docs/appliance.md).
@@ -182,6 +186,7 @@ class Appliance:
                                   f"{exc.strerror or exc}") from None
             if self.dataplane.telemetry is not None:
                 self.dataplane.telemetry.start()
+            self._before_threads(registry)
             # every kernel the agents call is imported by now: load what the cache holds for
             # them, so that no duty cycle compiles (docs/appliance.md, "Compiled kernels")
             self.control.jit = JitWatch().start()
@@ -210,6 +215,13 @@ class Appliance:
         log.info("%s: appliance %s (id %d) running; %s", cfg.name, cfg.role, cfg.node_id,
                  version_line())
         return self
+
+    def _before_threads(self, registry: KeyRegistry) -> None:
+        """What a subclass opens once the channels and agents exist, before their threads
+        start (``CachingAppliance``: the cache's logs)."""
+        if self.config.cache is not None:
+            raise ConfigError("cache: a plain Appliance does not run the cache; start "
+                              "appliance.cache.node.CachingAppliance (topicwire run does)")
 
     def _open_group(self, index: int, group: GroupConfig) -> None:
         """The receiving (joined) and the send-only channel of one fabric group."""

@@ -10,7 +10,7 @@ Run-time keys: ``log.level`` and ``log.format`` (the process's logging), the P&M
 inputs at the P&M appliance (``pm.identities`` with the identities of ``pm.entitlements``,
 ``pm.anonymous``, ``pm.schemas``, ``appliance.namespaces``) and ``[routes]``. Everything else
 (addresses, channels, neighbours, the fabric key, limits, threads, the management API,
-telemetry) is opened or sized at start.
+telemetry, the cache) is opened or sized at start.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ RESTART = {
     "max_registrations": "clients.max_registrations",
     "max_pending_requests": "clients.max_pending_requests",
     "pm_mode": "pm.mode", "pm_registry": "pm.registry",
-    "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt",
+    "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt", "cache": "cache",
 }
 """Fields that need a restart -> their config key (``mgmt`` is reported per key). A field in
 neither table (one added later) needs a restart and is reported by its field name."""

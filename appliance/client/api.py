@@ -651,6 +651,22 @@ class Client(GuaranteedSide, ConnectionSide):
             self._route_cache = {}
         return sub
 
+    def replay(self, pattern: str, *, from_time_ns: int | None = None,
+               from_sequence: int | None = None, namespace: int = 0,
+               then_live: bool = False) -> Iterator[Message]:
+        """The messages the appliance's cache keeps on topics matching ``pattern``, in the
+        order it kept them, as ``Message`` objects (``cache_seq`` set): from the first
+        published at or after ``from_time_ns`` (wall-clock ns), or from cache sequence
+        ``from_sequence``, or from the oldest kept. A generator: pages are asked for as it
+        is consumed (appliance/client/replay.py). ``EntitlementError`` when P&M does not
+        let the identity subscribe to ``pattern``; ``ClientError`` when the appliance has
+        no cache or none for ``pattern``. ``then_live``: after the kept messages, the live
+        ones, each publisher's once and without a gap (a best-effort subscription made
+        first; ``ReplayThenLive`` says how they are joined)."""
+        from appliance.client.replay import replay
+
+        return replay(self, pattern, from_time_ns, from_sequence, namespace, then_live)
+
     def unsubscribe(self, pattern: str, *, namespace: int = 0) -> None:
         """Seed 000 unsubscribe: withdraws ``pattern`` and what it includes; narrower than a
         subscription, it is a partial unsubscribe."""
@@ -721,6 +737,8 @@ class Client(GuaranteedSide, ConnectionSide):
                         self._answer((request, doc.get("sub_id")), doc)
                 elif entry.kind is al.ControlKind.LOGOUT:
                     self._on_logout(str(doc.get("reason", "logged out")))
+                elif entry.kind is al.ControlKind.REPLAY_RESULT:
+                    self._answer(("replay", doc["id"]), doc)
         elif h.frame_type is fl.FrameType.REGISTRY_UPDATE:
             for entry in entries:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)

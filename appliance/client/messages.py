@@ -31,6 +31,9 @@ class Message:
     received_ns: int
     guaranteed: bool = False
     """It came over a guaranteed (reliable) stream."""
+    cache_seq: int = 0
+    """A replayed message's sequence in its appliance's cache (``replay(from_sequence=)``
+    takes it); 0 for a live message."""
 
     @property
     def latency_ns(self) -> int:

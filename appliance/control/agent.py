@@ -31,6 +31,7 @@ from appliance.control.clients import ClientSide
 from appliance.control.documents import DocumentError
 from appliance.control.fabric import FabricSide
 from appliance.control.management import ManagementSide
+from appliance.control.replay import ReplaySide
 from appliance.control.routing import Lsa
 from appliance.control.state import (
     INBOX_PER_CYCLE,
@@ -59,11 +60,12 @@ from nic_offload.snapshot import SnapshotSwitch
 __all__ = ["ControlAgent", "Neighbour", "Session"]
 
 
-class ControlAgent(FabricSide, ClientSide, ManagementSide):
+class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
     """See the module docstring. Its methods live in three files by responsibility, one class
     each, which it inherits: ``control/fabric.py`` (``FabricSide``: neighbours, link state,
     interest, tables), ``control/clients.py`` (``ClientSide``: sessions, subscriptions,
-    registrations) and ``control/management.py`` (``ManagementSide``: commands, status); this
+    registrations), ``control/replay.py`` (``ReplaySide``: replay requests to the cache) and
+    ``control/management.py`` (``ManagementSide``: commands, status); this
     file holds its state, its duty cycle, its timers and the sending and logging helpers."""
 
     name = "control"
@@ -157,6 +159,8 @@ class ControlAgent(FabricSide, ClientSide, ManagementSide):
         self.status_snapshot: dict[str, Any] = {}
         self.jit: Any = None
         """The process's ``datapath.jit.JitWatch`` (set by the appliance once it preloaded)."""
+        self.cache = None
+        self.internal_logins = {}
         self.routes_ext = route_apply.RouteExtension(self)
         """Route tables from P&M, path-switch drain, duplication (control/route_apply.py)."""
         self._build_status(time.monotonic_ns())

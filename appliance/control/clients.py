@@ -93,6 +93,8 @@ class ClientSide:
                     continue
                 if entry.kind is al.ControlKind.RESOLVE:
                     self._resolve(session, doc["keys"])
+                elif entry.kind is al.ControlKind.REPLAY:
+                    self._replay(session, doc)
                 elif entry.kind is al.ControlKind.LOGOUT:
                     self._end_session(session, "logout")
                     return
@@ -144,10 +146,10 @@ class ClientSide:
         identity = doc["identity"]
         ring = doc.get("ring")
         refuse = why = None
-        ents = pmod.entitlements_of(self.pm_doc, identity)
+        ents = self._entitlements_of(identity)
         if not self.accepting:
             refuse, why = "the appliance is shutting down", "stopping"
-        elif self.pm_doc is None:
+        elif self.pm_doc is None and identity not in self.internal_logins:
             refuse, why = "no P&M document yet; retry in a moment", "no_pm"
         elif ents is None:
             refuse, why = f"identity {identity!r} is not known to P&M", "identity"
@@ -169,7 +171,7 @@ class ClientSide:
         else:
             old = None
         signature = key = None
-        verifier = pmod.verifier_of(self.pm_doc, identity) if refuse is None else None
+        verifier = self._verifier_of(identity) if refuse is None else None
         trusted = doc.get("trusted")
         if verifier is not None and trusted is not None and hmac.compare_digest(
                 trusted, self.trusted_login_token):
@@ -485,7 +487,9 @@ class ClientSide:
         Later requests are checked against the new entitlements (docs/appliance.md,
         "Reload (SIGHUP)")."""
         for session in list(self.sessions.values()):
-            ents = pmod.entitlements_of(doc, session.identity) or pmod.NONE
+            internal = self.internal_logins.get(session.identity)
+            ents = internal[1] if internal is not None else (
+                pmod.entitlements_of(doc, session.identity) or pmod.NONE)
             if ents == session.ents:
                 continue
             session.ents = ents

@@ -2,14 +2,15 @@
 
 A CONTROL entry carries a JSON document whose ``kind`` says what it is (docs/appliance.md:
 link state, interest, P&M's document, a login and its result, request results, resolve,
-logout, echo). Whoever sent it (a client, a neighbour, the appliance a client talks to) may
-be broken or hostile, so a receiver reads no field before ``validate(kind, text)`` has
-returned the document: a dict holding only the keys declared for its kind, every one of
-them with the declared type and within its bounds (string lengths, integer ranges, list
-lengths, the text of a topic pattern or an appliance name). Anything else raises
-``DocumentError`` (``control: bad lsa document: $.links[2][0]: ...``) whose ``reason`` is one
-of ``REASONS``; receivers count it per reason (``bad_document_<reason>``) and drop the entry.
-``ACCEPTED`` says which kinds each kind of sender may send at all.
+logout, echo, replay and its result). Whoever sent it (a client, a neighbour, the appliance
+a client talks to) may be broken or hostile, so a receiver reads no field before
+``validate(kind, text)`` has returned the document: a dict holding only the keys declared
+for its kind, every one of them with the declared type and within its bounds (string
+lengths, integer ranges, list lengths, the text of a topic pattern or an appliance name).
+Anything else raises ``DocumentError`` (``control: bad lsa document: $.links[2][0]: ...``)
+whose ``reason`` is one of ``REASONS``; receivers count it per reason
+(``bad_document_<reason>``) and drop the entry. ``ACCEPTED`` says which kinds each kind of
+sender may send at all.
 
 Why a small hand-written checker rather than a JSON Schema library: the appliance takes no
 dependency for ten small tables; the check runs on the control thread for every CONTROL
@@ -281,6 +282,35 @@ SCHEMA = Obj({"name": Str(255, 1), "schema_id": Int(0, MAX_SCHEMA_ID),
 """A payload schema (``nic_offload.schema.Schema.to_dict``)."""
 
 
+def _is_base64(text: str) -> bool:
+    return len(text) % 4 == 0 and _BASE64_RE.fullmatch(text) is not None
+
+
+_BASE64_RE = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+MAX_REPLAY_MESSAGES = 16_384
+"""Messages one REPLAY_RESULT may carry (the appliance's pages hold far fewer: their bytes
+bound them first)."""
+REPLAY_ID = Int(1, MAX_U32)
+REPLAYED = Row((SEQ, TEXT, NAMESPACE, Int(0, MAX_U64), Int(0, MAX_U64), Int(0, MAX_U64),
+                Int(0, 65_535), Int(0, 255), Int(0, MAX_U32), Int(0, MAX_U32),
+                Str(MAX_CONTROL_DOCUMENT_BYTES, text=_is_base64, what="base64")))
+"""A replayed message: ``[cache_seq, topic, namespace, topic_key, sequence, publish_ts_ns,
+schema_id, qos, origin, stream, payload_base64]`` (appliance/cache/agent.py)."""
+
+
+def _replay_rule(doc: dict) -> str | None:
+    if "from_seq" in doc and "from_time_ns" in doc:
+        return "give from_seq or from_time_ns, not both"
+    return None
+
+
+def _replay_result_rule(doc: dict) -> str | None:
+    if doc["accepted"]:
+        return None if {"messages", "next_seq", "done"} <= doc.keys() else \
+            "an accepted replay result needs keys 'messages', 'next_seq' and 'done'"
+    return None if "reason" in doc else "a refused replay result needs key 'reason'"
+
+
 def _login_result_rule(doc: dict) -> str | None:
     if doc["accepted"] and "session" not in doc:
         return "an accepted login needs key 'session'"
@@ -334,15 +364,25 @@ KINDS: dict[ControlKind, Kind] = {
     ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
     ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON}), 16_384),
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
+    ControlKind.REPLAY: Kind(Obj({"id": REPLAY_ID, "pattern": PATTERN},
+                                 {"namespace": NAMESPACE, "from_seq": SEQ,
+                                  "from_time_ns": Int(0, MAX_U63)}, _replay_rule), 8_192),
+    ControlKind.REPLAY_RESULT: Kind(Obj(
+        {"id": REPLAY_ID, "accepted": Bool()},
+        {"messages": List(REPLAYED, MAX_REPLAY_MESSAGES), "next_seq": SEQ, "done": Bool(),
+         "reason": REASON, "why": Str(16, choices=frozenset(
+             {"no_cache", "entitlement", "pattern", "busy", "storage"}))},
+        _replay_result_rule)),
 }
 """Every kind's schema (docs/appliance.md describes the documents)."""
 
 ACCEPTED: dict[str, frozenset[ControlKind]] = {
-    "client": frozenset({ControlKind.LOGIN, ControlKind.RESOLVE, ControlKind.LOGOUT}),
+    "client": frozenset({ControlKind.LOGIN, ControlKind.RESOLVE, ControlKind.LOGOUT,
+                         ControlKind.REPLAY}),
     "neighbour": frozenset({ControlKind.LSA, ControlKind.INTEREST, ControlKind.PM_UPDATE,
                             ControlKind.LOGOUT, ControlKind.ECHO}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
-                            ControlKind.LOGOUT}),
+                            ControlKind.LOGOUT, ControlKind.REPLAY_RESULT}),
 }
 """The kinds each sender may send: a client to its appliance, a neighbour to an appliance
 (fabric groups carry no CONTROL frames), an appliance to its clients."""

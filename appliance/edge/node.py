@@ -1,6 +1,7 @@
 """``EdgeAppliance``: an ``Appliance`` that runs the edge's protocol servers beside it.
 
-``topicwire run`` uses it for ``appliance.role = "edge"``. It starts the appliance first,
+``topicwire run`` uses it for ``appliance.role = "edge"``. It starts the appliance (with its
+``[cache]``, if any: ``CachingAppliance``) first,
 then the MQTT server when ``[mqtt]`` is configured (a port in use stops the start with a
 ``ConfigError`` naming ``mqtt.listen``, and the appliance is stopped again); ``stop`` closes
 the MQTT server first (its connections' native sessions log out while the appliance still
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from appliance.node import Appliance
+from appliance.cache.node import CachingAppliance
 
 
-class EdgeAppliance(Appliance):
+class EdgeAppliance(CachingAppliance):
     """See the module docstring."""
 
     mqtt: Any = None

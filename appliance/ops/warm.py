@@ -46,13 +46,15 @@ def _free_port() -> int:
 
 
 def _warm_unit_kernels() -> None:
-    """The channels', codec's and RDMA kernels' own warm-ups (signatures the traffic below
-    may not reach on this host, e.g. without an RDMA device)."""
+    """The channels', codec's, RDMA and cache kernels' own warm-ups (signatures the traffic
+    below may not reach on this host, e.g. without an RDMA device or a ``[cache]``)."""
     import channels
+    from appliance.cache.store import warm_up as warm_cache
     from channels import _rdma_kernels
 
     channels.warm_up()
     _rdma_kernels.warm_up()
+    warm_cache()
 
 
 def _multicast_ok() -> bool:

@@ -1,7 +1,8 @@
 """Persistence: an append-only log per stream in checksummed segment files (``StreamLog``).
 
-A building block of the caching engine (issue 21): no appliance writes to it yet. Layout in
-layout.py, tunables in settings.py, kernels in _kernels.py; docs/fault-tolerance.md.
+The storage of the caching engine (issue 21; appliance/cache/ keeps one log per ``[cache]``
+pattern in it). Layout in layout.py, tunables in settings.py, kernels in _kernels.py;
+docs/fault-tolerance.md.
 """
 
 from appliance.persistence.log import LogCounters, ReplayBatch, StreamLog

@@ -246,16 +246,18 @@ class StreamLog:
 
     # --- replay -------------------------------------------------------------------------------
     def replay(self, from_seq: int | None = None, from_time_ns: int | None = None,
-               batch_records: int = REPLAY_BATCH_RECORDS) -> Iterator[ReplayBatch]:
+               batch_records: int = REPLAY_BATCH_RECORDS,
+               chunk_bytes: int = READ_CHUNK_BYTES) -> Iterator[ReplayBatch]:
         """Committed records in order: from sequence ``from_seq`` (the first at or above it),
         or from the first whose timestamp is >= ``from_time_ns``, or from the start. Each
         record's CRC is checked; a record that does not check raises ``DeviceError`` naming
-        the segment and position (corruption after open)."""
+        the segment and position (corruption after open). Segments are read ``chunk_bytes``
+        at a time (at least one largest record): less for a reader that stops early."""
         if from_seq is not None and from_time_ns is not None:
             raise UserError("replay: give from_seq or from_time_ns, not both",
                             component=COMPONENT)
         arrays = ScanArrays(batch_records)
-        chunk = np.zeros((max(READ_CHUNK_BYTES, record_bytes(self.config.max_payload_bytes))
+        chunk = np.zeros((max(chunk_bytes, record_bytes(self.config.max_payload_bytes))
                           + 7) // 8 * 8, np.uint8)
         timed = from_time_ns is not None
         for segment in list(self.segments):

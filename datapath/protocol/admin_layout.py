@@ -99,6 +99,12 @@ class ControlKind(IntEnum):
     """A client session ends (either side)."""
     ECHO = 9
     """A neighbour echoes a heartbeat's send time back (round-trip time)."""
+    REPLAY = 10
+    """A client asks for one page of the messages its appliance's cache keeps (a pattern,
+    from a cache sequence or a publish time)."""
+    REPLAY_RESULT = 11
+    """The answer to REPLAY: one bounded page of stored messages and where the next begins,
+    or the refusal."""
 
 
 MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES

@@ -298,6 +298,8 @@ def _cli_cases(tmp_path):
          "fabric.key_file"),
         (HEAD + '[telemetry]\ndir = "/proc/topicwire"\n', "telemetry.dir"),
         (HEAD + '[pm]\nregistry = "registry.json"\n', "pm.registry"),
+        (HEAD + '[clients]\nudp = "127.0.0.1:47491"\n[cache]\ndir = "cache"\n'
+         'patterns = ["orders/#"]\nfsync = "sometimes"\n', "cache.fsync"),
     ]
 
 
@@ -340,7 +342,9 @@ VALID = [
      "telemetry": {"dir": "telemetry", "window_ms": 1000, "probe_interval_ms": 10,
                    "retention_hours": 24},
      "routes": {"switch_grace_ms": 500, "switch_hold_ms": 100, "table": "routes.json",
-                "poll_ms": 1000, "duplicate": ["md/fast/#"]}},
+                "poll_ms": 1000, "duplicate": ["md/fast/#"]},
+     "cache": {"dir": "cache", "patterns": ["orders/#", "md/+/trade"], "fsync": "interval",
+               "fsync_interval_ms": 5, "retention_bytes": 8_388_608, "retention_hours": 24}},
     {"appliance": {"name": "edge1", "role": "edge"},
      "fabric": {"listen": "0.0.0.0:47470", "key": FABRIC_KEY},
      "neighbours": [{"name": "core1", "address": "127.0.0.1:47470"}],

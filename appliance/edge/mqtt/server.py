@@ -28,7 +28,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from appliance.config import ApplianceConfig, ConfigError, MqttConfig
+from appliance.config import ApplianceConfig, ConfigError, MqttConfig, local_client_url
 from appliance.edge.mqtt.codec import Reason
 from appliance.edge.mqtt.connection import MqttConnection
 from appliance.edge.mqtt.meta import MetaTable
@@ -82,10 +82,7 @@ class MqttServer:
 
     @staticmethod
     def _native_url(config: ApplianceConfig) -> str:
-        if config.clients_udp is not None:
-            host, port = config.clients_udp
-            return f"udp://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
-        return f"shm://{config.clients_shm}"
+        return local_client_url(config)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> MqttServer:

@@ -21,6 +21,7 @@ from datapath.errors import TopicwireError
 COMMAND_MODULES = (
     "appliance.ops.cli.run_cmd",
     "appliance.ops.cli.pubsub_cmd",
+    "appliance.ops.cli.replay_cmd",
     "appliance.ops.cli.status_cmd",
     "appliance.ops.cli.routes_cmd",
     "appliance.ops.cli.topic_cmd",

@@ -48,7 +48,6 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from appliance.config import load_config
-    from appliance.node import Appliance
 
     config = load_config(args.config)
     configured = not logging.getLogger().handlers
@@ -69,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
         from appliance.edge.node import EdgeAppliance
 
         appliance = EdgeAppliance(config)
-    else:
-        appliance = Appliance(config)
+    else:  # runs [cache] when configured (docs/fault-tolerance.md)
+        from appliance.cache.node import CachingAppliance
+
+        appliance = CachingAppliance(config)
     # handlers first: a signal during the start waits for it, then is handled as below
     handled = [getattr(signal, name) for name in (*STOP_SIGNALS, "SIGHUP")]
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}

@@ -1,0 +1,330 @@
+"""``CacheAgent``: the caching engine of one appliance (``[cache]``; docs/fault-tolerance.md).
+
+It keeps what a client session of the appliance's own receives: at start it logs in to the
+appliance's client endpoint (``clients.udp``, else ``clients.shm``) as ``CACHE_IDENTITY``
+with a password made at each start (the control agent knows its verifier and entitles it to
+subscribe to ``cache.patterns``; nobody else can log in as it), subscribes to each pattern
+best-effort, and appends every message it receives to the ``CacheStore`` log of each pattern
+the topic matches, committing once per batch (``cache.fsync``). A best-effort subscriber
+receives every message published at this appliance (any QoS) and the best-effort and
+last-value ones published elsewhere in the fabric.
+
+It also answers REPLAY requests, which the control agent hands over (``submit``) after
+checking the session's entitlements: one bounded page per request, read on this agent's
+thread (the logs are not shared with any other) and sent back through the data path's admin
+outbox. A client pages on with ``from_seq`` = the answer's ``next_seq``: the appliance keeps
+no state between pages. Pending requests are bounded (``REPLAYS_PENDING``, per session
+``REPLAYS_PENDING_PER_SESSION``); one more is refused (busy), as is a pattern no
+configured pattern includes.
+
+An agent (``do_work(now_ns)``) on its own thread (``WakeableIdle``: it sleeps until a message
+or a request arrives or a sync or retention falls due).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import Counter, deque
+from typing import Any
+
+from appliance.cache.settings import (
+    CACHE_APPEND_BATCH_MESSAGES,
+    CACHE_IDENTITY,
+    CACHE_MAX_PAYLOAD_BYTES,
+    CACHE_QUEUE_MESSAGES,
+    REPLAYS_PENDING,
+    REPLAYS_PENDING_PER_SESSION,
+    RETENTION_CHECK_INTERVAL_NS,
+    CacheSettings,
+)
+from appliance.cache.store import CacheStore
+from appliance.config import ApplianceConfig, ConfigError, local_client_url
+from datapath.errors import TopicwireError
+
+log = logging.getLogger("topicwire.appliance")
+SEQUENCES_KEPT = 65_536
+"""(origin, stream, topic key) whose last sequence is remembered to count gaps; cleared when
+full (counted ``cache_gap_table_resets``)."""
+CONNECT_RETRY_S = 0.5
+"""The cache's session is tried again this often until it logs in and subscribes."""
+REPLAYS_PER_CYCLE = 4
+"""Pages answered per duty cycle (appends go between)."""
+STATUS_INTERVAL_NS = 250_000_000
+INTERNAL_SCRYPT_N = 1 << 10
+"""The internal password is 32 random bytes: a cheap hash is enough."""
+
+
+class _RegistryTopics(dict):
+    """The cache session's topic names: what it learnt, else the appliance's own registry
+    (every key a message reaching the session has is registered there). The client library
+    holds a message of an unknown key back until a RESOLVE answers, which would put it after
+    later messages of known topics; read from the registry, each publisher's messages keep
+    their order across topics."""
+
+    def __init__(self, registry: Any) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        found = dict.get(self, key)
+        if found is None:
+            found = self.registry.lookup(key)
+            if found is None:
+                return default
+            self[key] = found
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+
+class CacheAgent:
+    """See the module docstring."""
+
+    name = "cache"
+
+    def __init__(self, config: ApplianceConfig, settings: CacheSettings, dp: Any,
+                 registry: Any) -> None:
+        from appliance.control.credentials import hash_password, verifier_of
+        from appliance.control.pm import Entitlements
+
+        self.config = config
+        self.settings = settings
+        self.dp = dp
+        self.registry = registry
+        """The appliance's ``KeyRegistry`` (read by the cache session's thread)."""
+        try:
+            self.store = CacheStore(settings)
+        except (TopicwireError, OSError) as exc:
+            raise ConfigError(f"cache.dir: cannot open the cache's logs in {settings.dir}: "
+                              f"{exc}") from None
+        self._password = secrets.token_hex(32)
+        self.verifier = verifier_of(hash_password(self._password, n=INTERNAL_SCRYPT_N))
+        self.entitlements = Entitlements((), settings.patterns)
+        self.counters: Counter[str] = Counter()
+        self.wakeup = threading.Event()
+        self.ready = threading.Event()
+        """Set once the cache's session is subscribed to every pattern."""
+        self._inbox: deque[Any] = deque()
+        self._requests: deque[tuple[int, str, int, dict]] = deque()
+        self._pending: Counter[int] = Counter()
+        self._lock = threading.Lock()
+        self._last_seq: dict[tuple[int, int, int], int] = {}
+        self._retention_at = 0
+        self._status_at = 0
+        self.status_snapshot: dict[str, Any] = {}
+        self.dropped_queue_full = 0
+        """Counted on the client's thread (kept apart from ``counters``)."""
+        self.client: Any = None
+        self._closing = threading.Event()
+        self._runner: Any = None
+        self._connector: threading.Thread | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> CacheAgent:
+        """Start the agent's thread and the cache's session (logged in in the background:
+        ``ready`` says when it is subscribed)."""
+        from datapath.agent import AgentRunner, WakeableIdle
+
+        self._runner = AgentRunner([self], WakeableIdle(self.wakeup, self.wake_at_ns),
+                                   name=f"{self.config.name}-cache")
+        self._runner.start()
+        self._connector = threading.Thread(target=self._connect, daemon=True,
+                                           name=f"{self.config.name}-cache-session")
+        self._connector.start()
+        return self
+
+    def _connect(self) -> None:
+        from appliance.client.api import connect
+        from appliance.client.settings import RECONNECT_MAX_S
+
+        url = local_client_url(self.config)
+        logged = False
+        while not self._closing.is_set():
+            client = None
+            try:
+                client = connect(url, CACHE_IDENTITY, password=self._password, idle="sleep",
+                                 reconnect_s=RECONNECT_MAX_S)
+                with client._lock:
+                    topics = _RegistryTopics(self.registry)
+                    topics.update(client._topics)
+                    client._topics = topics
+                for pattern in self.settings.patterns:
+                    client.subscribe(pattern, callback=self._on_message)
+            except TopicwireError as exc:
+                if client is not None:
+                    client.close()
+                if not logged:
+                    log.warning("%s: cache: its session is not subscribed yet (%s); trying "
+                                "again every %.1f s", self.config.name, exc, CONNECT_RETRY_S)
+                    logged = True
+                self._closing.wait(CONNECT_RETRY_S)
+                continue
+            with self._lock:
+                if self._closing.is_set():
+                    client.close()
+                    return
+                self.client = client
+            self.ready.set()
+            log.info("%s: cache: keeping %s in %s (fsync %s)", self.config.name,
+                     ", ".join(self.settings.patterns), self.settings.dir, self.settings.fsync)
+            return
+
+    def close(self) -> None:
+        """Log the cache's session out, stop the thread, sync and close the logs (twice is
+        fine)."""
+        self._closing.set()
+        with self._lock:
+            client, self.client = self.client, None
+        if client is not None:
+            client.close()
+        if self._connector is not None:
+            self._connector.join(30)
+        if self._runner is not None:
+            self._runner.stop()
+            self._runner = None
+        self.drain()
+        self.store.close()
+
+    def drain(self) -> None:
+        """Append what was received and not yet kept (at stop, on the caller's thread)."""
+        if self._runner is None and self.store.logs:
+            while self._inbox:
+                self._append(time.monotonic_ns())
+
+    # --- in: messages (the cache session's client thread) -------------------------------------
+    def _on_message(self, msg: Any) -> None:
+        if len(self._inbox) >= CACHE_QUEUE_MESSAGES:
+            self.dropped_queue_full += 1
+            return
+        self._inbox.append(msg)
+        self.wakeup.set()
+
+    # --- in: replay requests (the control thread) ---------------------------------------------
+    def submit(self, session_id: int, channel: str, dest: int, doc: dict
+               ) -> tuple[str, str] | None:
+        """Queue a REPLAY (checked against the session's entitlements already); (why,
+        reason) when it is refused."""
+        if doc.get("namespace", 0) != 0 or self.store.log_of(doc["pattern"]) is None:
+            return "pattern", (f"cache: this appliance keeps {', '.join(self.settings.patterns)}"
+                               f" (namespace 0); ask for a pattern within one of them")
+        with self._lock:
+            if len(self._requests) >= REPLAYS_PENDING:
+                return "busy", (f"cache: {REPLAYS_PENDING} replay requests are waiting; retry "
+                                "in a moment")
+            if self._pending[session_id] >= REPLAYS_PENDING_PER_SESSION:
+                return "busy", (f"cache: this session has {REPLAYS_PENDING_PER_SESSION} replay "
+                                "requests waiting for their answer; wait for them")
+            self._pending[session_id] += 1
+            self._requests.append((session_id, channel, dest, doc))
+        self.wakeup.set()
+        return None
+
+    # --- the duty cycle -----------------------------------------------------------------------
+    def wake_at_ns(self, now_ns: int) -> int:
+        due = self.store.wake_at_ns()
+        nxt = min(self._retention_at, self._status_at)
+        return nxt if due is None else min(due, nxt)
+
+    def do_work(self, now_ns: int) -> int:
+        work = self._append(now_ns) if self._inbox else 0
+        work += self.store.do_work(now_ns)
+        for _ in range(REPLAYS_PER_CYCLE):
+            if not self._requests:
+                break
+            self._answer(self._requests.popleft())
+            work += 1
+        if now_ns >= self._retention_at:
+            self._retention_at = now_ns + RETENTION_CHECK_INTERVAL_NS
+            try:
+                self.counters["segments_deleted"] += self.store.enforce_retention()
+            except (TopicwireError, OSError) as exc:
+                self._store_error("retention", exc)
+        if now_ns >= self._status_at:
+            self._status_at = now_ns + STATUS_INTERVAL_NS
+            self.status_snapshot = self._status()
+        return work
+
+    def _append(self, now_ns: int) -> int:
+        inbox = self._inbox
+        n = 0
+        try:
+            while inbox and n < CACHE_APPEND_BATCH_MESSAGES:
+                self._keep(inbox.popleft())
+                n += 1
+            self.store.commit()
+        except (TopicwireError, OSError) as exc:
+            self._store_error("append", exc)
+        return n
+
+    def _keep(self, msg: Any) -> None:
+        counters = self.counters
+        counters["received"] += 1
+        key = (msg.origin, msg.stream, msg.topic_key)
+        last = self._last_seq.get(key)
+        if last is not None and msg.sequence > last + 1:
+            counters["missed"] += msg.sequence - last - 1
+        if last is None and len(self._last_seq) >= SEQUENCES_KEPT:
+            self._last_seq.clear()
+            counters["gap_table_resets"] += 1
+        self._last_seq[key] = msg.sequence
+        if len(msg.payload) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
+            counters["too_large"] += 1
+            return
+        if self.store.append(msg.topic, msg.namespace, msg.sequence, msg.topic_key,
+                             msg.origin, msg.stream, msg.schema_id, msg.qos, msg.publish_ts_ns,
+                             msg.payload):
+            counters["kept"] += 1
+
+    def _store_error(self, what: str, exc: BaseException) -> None:
+        self.counters[f"store_errors_{what}"] += 1
+        if self.counters[f"store_errors_{what}"] == 1:
+            log.error("%s: cache: %s failed: %s (counted cache_store_errors_%s; what was "
+                      "being kept is lost)", self.config.name, what, exc, what)
+
+    # --- out: replay pages --------------------------------------------------------------------
+    def _answer(self, request: tuple[int, str, int, dict]) -> None:
+        session_id, channel, dest, doc = request
+        with self._lock:
+            self._pending[session_id] -= 1
+            if self._pending[session_id] <= 0:
+                del self._pending[session_id]
+        pattern = doc["pattern"]
+        kept = self.store.log_of(pattern)
+        out: dict[str, Any] = {"id": doc["id"]}
+        try:
+            assert kept is not None  # checked by submit; the patterns do not change
+            rows, next_seq, done = self.store.page(kept, pattern, doc.get("from_seq"),
+                                                   doc.get("from_time_ns"))
+            out.update(accepted=True, messages=rows, next_seq=next_seq, done=done)
+            self.counters["replay_pages"] += 1
+            self.counters["replayed_messages"] += len(rows)
+        except (TopicwireError, OSError) as exc:
+            self._store_error("replay", exc)
+            out.update(accepted=False, why="storage", reason=f"cache: cannot read the log of "
+                       f"{kept!r}: {exc}")
+        self._send(channel, dest, session_id, out)
+
+    def _send(self, channel: str, dest: int, session_id: int, doc: dict) -> None:
+        from datapath.protocol import admin_layout as al
+        from datapath.protocol.codec import encode_admin
+        from datapath.protocol.frame_layout import FrameType
+
+        text = json.dumps(doc, separators=(",", ":"))
+        frame = encode_admin(FrameType.CONTROL, [al.Control(al.ControlKind.REPLAY_RESULT,
+                                                            text)],
+                             source_session=self.config.node_id, dest_session=session_id,
+                             send_ts_ns=time.time_ns())
+        if not self.dp.offer_admin(channel, dest, frame):
+            self.counters["replay_answers_dropped"] += 1  # the client asks again
+
+    def _status(self) -> dict[str, Any]:
+        counters = {f"cache_{k}": int(v) for k, v in self.counters.items()}
+        counters["cache_dropped_queue_full"] = self.dropped_queue_full
+        return {"dir": str(self.settings.dir), "fsync": self.settings.fsync,
+                "session": "subscribed" if self.ready.is_set() else "connecting",
+                "logs": self.store.status(), "counters": counters}

@@ -1,0 +1,70 @@
+"""``CachingAppliance``: an ``Appliance`` that runs its ``[cache]`` (docs/fault-tolerance.md).
+
+``topicwire run`` starts one (an edge's ``EdgeAppliance`` is one too). The cache's logs open
+after the appliance's channels and agents, before their threads start (a directory that
+cannot be used stops the start with a ``ConfigError`` naming ``cache.dir``); the control
+agent learns the cache's internal identity and where to hand replay requests; once the
+appliance runs, the cache's agent starts and its session logs in through the client
+endpoint. ``stop`` closes the cache first (its session logs out while the appliance still
+runs, its logs are synced), then the appliance. ``status()`` adds the ``cache`` section and
+its counters. (The cache wraps ``appliance.node`` rather than being started by it: its
+session is a client of the appliance, and ``appliance.client`` depends on
+``appliance.node``.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from appliance.node import Appliance
+from datapath.topics.registry import KeyRegistry
+
+
+class CachingAppliance(Appliance):
+    """See the module docstring."""
+
+    cache: Any = None
+    """The ``CacheAgent`` (appliance/cache/agent.py) when ``[cache]`` is configured."""
+
+    def _before_threads(self, registry: KeyRegistry) -> None:
+        cfg = self.config
+        if cfg.cache is None or self.control is None:
+            return
+        from appliance.cache.agent import CacheAgent
+        from appliance.cache.settings import CACHE_IDENTITY
+
+        self.cache = CacheAgent(cfg, cfg.cache, self.dataplane, registry)
+        self.control.internal_logins[CACHE_IDENTITY] = (self.cache.verifier,
+                                                        self.cache.entitlements)
+        self.control.cache = self.cache
+
+    def start(self) -> CachingAppliance:
+        try:
+            super().start()  # closes what it opened when it fails
+        except BaseException:
+            cache, self.cache = self.cache, None
+            if cache is not None:
+                cache.close()
+            raise
+        if self.cache is not None:
+            try:
+                self.cache.start()
+            except BaseException:
+                self.stop("failed start")
+                raise
+        return self
+
+    def stop(self, why: str = "stop") -> None:
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            cache.close()
+        super().stop(why)
+
+    def status(self) -> dict[str, Any]:
+        status = super().status()
+        if self.cache is None or not status:
+            return status
+        section = dict(self.cache.status_snapshot)
+        counters = section.pop("counters", {})
+        return {**status, "cache": section,
+                "counters": {**status.get("counters", {}), **counters}}

@@ -1,0 +1,133 @@
+"""The ``[cache]`` config table and the caching engine's tunables (units in the names).
+
+```toml
+[cache]                            # optional: this appliance keeps what matches its patterns
+dir = "/var/lib/topicwire/cache"   # one log per pattern under it (made if missing)
+patterns = ["orders/#"]            # topic patterns (namespace 0) whose messages are kept
+fsync = "batch"                    # "batch": fdatasync per batch appended; "interval": every
+fsync_interval_ms = 10             #   fsync_interval_ms at most after the first unsynced one
+retention_bytes = 0                # per pattern log; 0: no size limit
+retention_hours = 0                # 0: no age limit
+```
+
+``appliance/config.py`` hands the raw table here; every check raises the config's own
+``ConfigError`` naming the key (exit code 2 from ``topicwire run``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from appliance.persistence.settings import (
+    FSYNC_INTERVAL_MS,
+    FSYNC_POLICIES,
+    SEGMENT_BYTES,
+    LogConfig,
+)
+
+MAX_CACHE_PATTERNS = 64
+"""``cache.patterns`` holds at most this many: one open log each (the bound on the logs)."""
+CACHE_MAX_PAYLOAD_BYTES = 32 * 1024
+"""Larger messages are not kept (counted ``cache_too_large``): a replayed message must fit
+one REPLAY_RESULT page with its base64 payload."""
+CACHE_QUEUE_MESSAGES = 262_144
+"""Messages received and not yet appended; more are dropped and counted
+(``cache_dropped_queue_full``)."""
+CACHE_APPEND_BATCH_MESSAGES = 4_096
+"""Messages appended per duty cycle before a commit (the ``batch`` policy's batch)."""
+REPLAY_PAGE_BYTES = 48 * 1024
+"""A REPLAY_RESULT page holds messages up to about this many bytes of document (one always)."""
+REPLAY_PAGE_MESSAGES = 2_048
+"""... and at most this many messages."""
+REPLAY_SCAN_RECORDS = 65_536
+"""Records one page looks at (of other topics too) before it answers with what it has."""
+REPLAY_READ_CHUNK_BYTES = 256 * 1024
+"""A page reads its log this much at a time."""
+REPLAYS_PENDING = 256
+"""Replay requests waiting for the cache's thread, all sessions; more are refused (busy)."""
+REPLAYS_PENDING_PER_SESSION = 4
+"""... per client session."""
+RETENTION_CHECK_INTERVAL_NS = 10_000_000_000
+"""How often the logs' retention is enforced."""
+MIN_SEGMENT_BYTES = 1 << 20
+CACHE_IDENTITY = "$cache"
+"""The identity of the appliance's own cache session (entitled by the appliance itself to
+subscribe to ``cache.patterns``; it proves a password made at each start)."""
+COMPONENT = "cache"
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    dir: Path
+    patterns: tuple[str, ...]
+    fsync: str = "batch"
+    fsync_interval_ms: int = FSYNC_INTERVAL_MS
+    retention_bytes: int = 0
+    retention_hours: int = 0
+
+    def log_config(self) -> LogConfig:
+        """How each pattern's log writes, syncs and retains. A size limit needs several
+        segments (the newest is never deleted): segments are then a quarter of it."""
+        from appliance.cache.layout import record_payload_bytes
+
+        segment = SEGMENT_BYTES
+        if self.retention_bytes:
+            segment = max(MIN_SEGMENT_BYTES, min(SEGMENT_BYTES, self.retention_bytes // 4))
+        return LogConfig(fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
+                         segment_bytes=segment,
+                         max_payload_bytes=record_payload_bytes(CACHE_MAX_PAYLOAD_BYTES),
+                         retention_max_age_ms=self.retention_hours * 3_600_000,
+                         retention_max_bytes=self.retention_bytes)
+
+
+def _error(key: str, what: str) -> Exception:
+    from appliance.errors import ConfigError
+
+    return ConfigError(f"{key}: {what}")
+
+
+def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSettings | None:
+    """``[cache]``; None when absent."""
+    if table is None:
+        return None
+    from appliance.config_files import show, writable_dir
+    from appliance.ops.telemetry.settings import _int, _known
+
+    p = "cache."
+    if not isinstance(table, dict):
+        raise _error("cache", "must be a table ([cache])")
+    _known(table, {"dir", "patterns", "fsync", "fsync_interval_ms", "retention_bytes",
+                   "retention_hours"}, p)
+    directory = table.get("dir")
+    if not isinstance(directory, str) or not directory:
+        raise _error(p + "dir", "required: the directory the cache's logs are kept in")
+    path = writable_dir(directory, p + "dir", base)
+    patterns = table.get("patterns")
+    if patterns is None:
+        raise _error(p + "patterns", "required: the topic patterns whose messages are kept, "
+                     "such as [\"orders/#\"]")
+    from appliance.config_files import topic_patterns
+
+    patterns = topic_patterns(patterns, p + "patterns", MAX_CACHE_PATTERNS)
+    if not patterns:
+        raise _error(p + "patterns", "must not be empty: list the topic patterns to keep")
+    if len(set(patterns)) != len(patterns):
+        raise _error(p + "patterns", "lists a pattern twice")
+    fsync = table.get("fsync", "batch")
+    if fsync not in FSYNC_POLICIES:
+        raise _error(p + "fsync", f"must be one of {', '.join(map(repr, FSYNC_POLICIES))}, "
+                     f"not {show(fsync)}")
+    interval = _int(table, "fsync_interval_ms", p, FSYNC_INTERVAL_MS, 1, 60_000)
+    if "fsync_interval_ms" in table and fsync != "interval":
+        raise _error(p + "fsync_interval_ms", "only for cache.fsync = \"interval\"")
+    size = _int(table, "retention_bytes", p, 0, 0, 2**62)
+    if 0 < size < 4 * MIN_SEGMENT_BYTES:
+        raise _error(p + "retention_bytes", f"must be 0 (no limit) or at least "
+                     f"{4 * MIN_SEGMENT_BYTES} (four segments of 1 MiB), not {size}")
+    hours = _int(table, "retention_hours", p, 0, 0, 24 * 365 * 100)
+    if not has_client_endpoint:
+        raise _error("cache", "needs clients.udp or clients.shm: the cache receives what it "
+                     "keeps through a client session of the appliance's own")
+    return CacheSettings(path, tuple(patterns), fsync, interval, size, hours)

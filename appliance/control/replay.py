@@ -1,0 +1,65 @@
+"""The control agent's replay side: a client's REPLAY request, checked here and handed to
+the appliance's cache (``ReplaySide``, one part of ``ControlAgent``; docs/fault-tolerance.md).
+
+The control thread checks what it knows (a cache exists, the identity may subscribe to the
+pattern) and refuses with a REPLAY_RESULT saying why; the cache agent's thread reads the page
+and answers (appliance/cache/agent.py). Every refusal is counted (``replay_refused_<why>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from appliance.control.state import Session
+from appliance.dataplane.agent import CLIENT_SHM
+from datapath.protocol import admin_layout as al
+
+
+class ReplaySide:
+    """Methods of ``ControlAgent`` (they use its state)."""
+
+    cache: Any
+    """The appliance's ``CacheAgent`` (None: no ``[cache]``); set by ``Appliance.start``."""
+    internal_logins: dict[str, tuple[dict, Any]]
+    """Identity -> (login verifier, entitlements) of the appliance's own sessions (the
+    cache's): P&M does not know them; a password made at each start proves them."""
+
+    def _replay(self, session: Session, doc: dict) -> None:
+        """A REPLAY whose document ``validate`` accepted."""
+        self.counters["replay_requests"] += 1  # type: ignore[attr-defined]
+        pattern = doc["pattern"]
+        refused = None
+        if self.cache is None:
+            refused = "no_cache", (f"cache: appliance {self.cfg.name!r} keeps no messages "  # type: ignore[attr-defined]
+                                   "(its config has no [cache]); replay from an appliance "
+                                   "with [cache] patterns including this one")
+        elif not session.ents.may_subscribe(pattern):
+            self._deny(session.identity, "replay", pattern)  # type: ignore[attr-defined]
+            refused = "entitlement", (f"identity {session.identity!r} may not subscribe to "
+                                      f"{pattern!r}, so it may not replay it")
+        else:
+            dest = session.session_id if session.channel == CLIENT_SHM else session.peer
+            refused = self.cache.submit(session.session_id, session.channel, dest, doc)
+        if refused is not None:
+            why, reason = refused
+            self.counters[f"replay_refused_{why}"] += 1  # type: ignore[attr-defined]
+            self._reply(session, al.ControlKind.REPLAY_RESULT,  # type: ignore[attr-defined]
+                        {"id": doc["id"], "accepted": False, "why": why, "reason": reason})
+
+    def _entitlements_of(self, identity: str) -> Any:
+        """P&M's entitlements of ``identity`` (None: it may not log in), or the appliance's
+        own for its internal sessions."""
+        from appliance.control import pm as pmod
+
+        internal = self.internal_logins.get(identity)
+        if internal is not None:
+            return internal[1]
+        return pmod.entitlements_of(self.pm_doc, identity)  # type: ignore[attr-defined]
+
+    def _verifier_of(self, identity: str) -> dict | None:
+        from appliance.control import pm as pmod
+
+        internal = self.internal_logins.get(identity)
+        if internal is not None:
+            return internal[0]
+        return pmod.verifier_of(self.pm_doc, identity)  # type: ignore[attr-defined]

@@ -1,0 +1,58 @@
+"""``[cache]`` is checked like every other table: a bad value is a ``ConfigError`` naming the
+key, in one line; a good table gives the settings the logs are opened with."""
+
+from __future__ import annotations
+
+import pytest
+
+from appliance.config import ConfigError, parse_config
+
+HEAD = {"appliance": {"name": "core1"}, "clients": {"udp": "127.0.0.1:47999"}}
+
+
+def _cfg(tmp_path, cache, clients=True):
+    doc = dict(HEAD, cache={"dir": str(tmp_path / "c"), "patterns": ["orders/#"], **cache})
+    if not clients:
+        del doc["clients"]
+    return parse_config(doc)
+
+
+@pytest.mark.parametrize("cache, key", [
+    ({"fsync": "sometimes"}, "cache.fsync"),
+    ({"fsync": 1}, "cache.fsync"),
+    ({"fsync": "interval", "fsync_interval_ms": 0}, "cache.fsync_interval_ms"),
+    ({"fsync_interval_ms": 5}, "cache.fsync_interval_ms"),  # only with "interval"
+    ({"patterns": []}, "cache.patterns"),
+    ({"patterns": "orders/#"}, "cache.patterns"),
+    ({"patterns": ["a/b#"]}, "cache.patterns"),
+    ({"patterns": ["a/#", "a/#"]}, "cache.patterns"),
+    ({"patterns": [f"p{i}/#" for i in range(65)]}, "cache.patterns"),
+    ({"dir": ""}, "cache.dir"),
+    ({"dir": "/proc/topicwire"}, "cache.dir"),
+    ({"retention_bytes": -1}, "cache.retention_bytes"),
+    ({"retention_bytes": 1000}, "cache.retention_bytes"),  # below four 1 MiB segments
+    ({"retention_hours": True}, "cache.retention_hours"),
+    ({"size": 1}, "cache.size"),
+])
+def test_a_bad_cache_value_is_refused_naming_its_key(tmp_path, cache, key):
+    with pytest.raises(ConfigError) as info:
+        _cfg(tmp_path, cache)
+    assert str(info.value).startswith(f"config: {key}: "), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_cache_needs_a_client_endpoint_and_patterns(tmp_path):
+    with pytest.raises(ConfigError, match="^config: cache: needs clients.udp or clients.shm"):
+        _cfg(tmp_path, {}, clients=False)
+    with pytest.raises(ConfigError, match="^config: cache.patterns: required"):
+        parse_config(dict(HEAD, cache={"dir": str(tmp_path)}))
+
+
+def test_a_good_cache_table_gives_the_log_settings(tmp_path):
+    cfg = _cfg(tmp_path, {"fsync": "interval", "fsync_interval_ms": 20,
+                          "retention_bytes": 64 << 20, "retention_hours": 2})
+    log = cfg.cache.log_config()
+    assert (log.fsync, log.fsync_interval_ms) == ("interval", 20)
+    assert log.retention_max_bytes == 64 << 20 and log.segment_bytes == 16 << 20
+    assert log.retention_max_age_ms == 2 * 3_600_000
+    assert parse_config(HEAD).cache is None

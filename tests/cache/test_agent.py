@@ -1,0 +1,80 @@
+"""``CacheAgent`` without its threads: replay requests are bounded per session and in all
+(a refusal says busy), a page goes out as a REPLAY_RESULT through the data path's admin
+outbox, and what it does not keep is counted (too large, gaps in a publisher's sequence)."""
+
+from __future__ import annotations
+
+import json
+
+from appliance.cache.agent import CacheAgent
+from appliance.cache.settings import (
+    CACHE_MAX_PAYLOAD_BYTES,
+    REPLAYS_PENDING,
+    REPLAYS_PENDING_PER_SESSION,
+)
+from appliance.client.messages import Message
+from appliance.config import parse_config
+from datapath.protocol.codec import decode_frame
+from datapath.topics.registry import KeyRegistry
+
+
+class _Outbox:
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, int, bytes]] = []
+
+    def offer_admin(self, channel: str, dest: int, frame: bytes) -> bool:
+        self.frames.append((channel, dest, bytes(frame)))
+        return True
+
+
+def _agent(tmp_path) -> tuple[CacheAgent, _Outbox]:
+    cfg = parse_config({"appliance": {"name": "unit"}, "clients": {"udp": "127.0.0.1:47999"},
+                        "cache": {"dir": str(tmp_path), "patterns": ["orders/#"]}})
+    out = _Outbox()
+    return CacheAgent(cfg, cfg.cache, out, KeyRegistry()), out
+
+
+def _msg(seq: int, payload: bytes = b"x", topic: str = "orders/a", key: int = 11) -> Message:
+    return Message(topic, payload, key, seq, 1_000 + seq, 0, 0, 0, 5, 6, 0)
+
+
+def test_pending_replays_are_bounded_per_session_and_in_all(tmp_path):
+    agent, _ = _agent(tmp_path)
+    try:
+        doc = {"id": 1, "pattern": "orders/#"}
+        for _ in range(REPLAYS_PENDING_PER_SESSION):
+            assert agent.submit(1, "clients-udp", 9, doc) is None
+        why, reason = agent.submit(1, "clients-udp", 9, doc)
+        assert why == "busy" and reason.startswith("cache: this session has")
+        session = 2
+        while len(agent._requests) < REPLAYS_PENDING:
+            assert agent.submit(session, "clients-udp", 9, doc) is None
+            session += 1
+        assert agent.submit(session + 1, "clients-udp", 9, doc)[0] == "busy"
+        assert agent.submit(3, "clients-udp", 9, {"id": 1, "pattern": "other/#"})[0] == \
+            "pattern"
+    finally:
+        agent.close()
+
+
+def test_a_page_goes_out_as_a_replay_result_and_what_is_not_kept_is_counted(tmp_path):
+    agent, out = _agent(tmp_path)
+    try:
+        for msg in (_msg(1), _msg(2), _msg(5), _msg(6, bytes(CACHE_MAX_PAYLOAD_BYTES + 1)),
+                    _msg(7),
+                    _msg(1, topic="other/b", key=12)):
+            agent._on_message(msg)
+        agent.do_work(0)
+        assert agent.counters["kept"] == 4 and agent.counters["too_large"] == 1
+        assert agent.counters["missed"] == 2  # 3 and 4 never arrived
+        assert agent.submit(4, "clients-udp", 9, {"id": 8, "pattern": "orders/#",
+                                                  "from_seq": 2}) is None
+        agent.do_work(0)
+        channel, dest, frame = out.frames[-1]
+        entry = decode_frame(frame).admin()[1][0]
+        doc = json.loads(entry.document)
+        assert (channel, dest, doc["id"], doc["done"]) == ("clients-udp", 9, 8, True)
+        assert [row[4] for row in doc["messages"]] == [2, 5, 7]
+        assert doc["next_seq"] == 5
+    finally:
+        agent.close()
