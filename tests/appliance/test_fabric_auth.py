@@ -312,12 +312,20 @@ def test_plain_data_frames_are_signed_for_their_link_and_forged_or_replayed_ones
             # N's frames to M, sent to N from M's address: the link M -> N is another
             for frame in genuine[:5]:
                 relay.send_as(frame, n_addr)
-            assert wait_for(lambda: _counter(m, "data_auth_no_trailer")
-                            == before["no_trailer"] + 50
-                            and _counter(m, "data_auth_bad_mac") == before["bad_mac"] + 1
-                            and _counter(m, "data_auth_replay")
-                            == before["replay"] + len(genuine)
-                            and _counter(n, "data_auth_bad_mac") >= 5)
+            want = {"no_trailer": before["no_trailer"] + 50, "bad_mac": before["bad_mac"] + 1,
+                    "replay": before["replay"] + len(genuine)}
+            seen: dict[str, int] = {}
+
+            def refused():
+                seen.update({r: _counter(m, f"data_auth_{r}") for r in want},
+                            n_bad_mac=_counter(n, "data_auth_bad_mac"))
+                return ({r: seen[r] for r in want} == want
+                        and seen["n_bad_mac"] == len(genuine[:5]))
+            try:
+                wait_for(refused)
+            except AssertionError:
+                raise AssertionError(f"refusals {seen}, wanted {want} (before: {before})") \
+                    from None
             pc.publish("d/x", b"last", flush=True)
             rest = []
             while not rest or rest[-1] != b"last":
