@@ -335,7 +335,7 @@ class DataPlaneAgent(Delivery, Output):
                 if telemetry is not None:  # after the frame MAC: forged frames do not count
                     telemetry.on_batch(name, batch)
         if telemetry is not None:
-            work += telemetry.do_work(now_ns, self.queue_frame)
+            work += telemetry.do_work(now_ns, self.queue_frame, self.tables.peer_node.__contains__)
         gp = self.guaranteed
         if gp.receivers or gp.senders:
             work += gp.run_timers(now_ns)

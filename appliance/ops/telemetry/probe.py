@@ -83,19 +83,23 @@ class PathTelemetry:
         if name == self.channel:
             self.recorder.on_batch(batch)
 
-    def do_work(self, now_ns: int, queue_frame: Any) -> int:
-        """Send due probes through ``queue_frame(channel, peer, frame)``; close a window that
-        ended. ``now_ns`` is the runner's monotonic clock."""
+    def do_work(self, now_ns: int, queue_frame: Any, up: Any = None) -> int:
+        """Send due probes through ``queue_frame(channel, peer, frame)`` to the peers ``up``
+        says are (default: all; a neighbour whose node id the data path does not know yet
+        cannot check a probe's MAC, so one sent then would count as lost); close a window
+        that ended. ``now_ns`` is the runner's monotonic clock."""
         work = 0
         if now_ns >= self._probe_at_ns:
             self._probe_at_ns = now_ns + self.settings.probe_interval_ns
             for peer, frame in self._probe.items():
+                if up is not None and not up(peer):
+                    continue  # its sequence waits: no gap for a probe never sent
                 seq = self._seq[peer]
                 self._seq[peer] = seq + 1
                 _SEQ.pack_into(frame, fl.FRAME_HEADER_BYTES, seq)
                 queue_frame(self.channel, peer, frame)
                 work += 1
-            self.probes_sent += len(self._probe)
+                self.probes_sent += 1
         if now_ns >= self._wall_at_ns:
             self._wall_at_ns = now_ns + WALL_CHECK_INTERVAL_NS
             closed = self.recorder.close_if_due(time.time_ns(), self.names)
