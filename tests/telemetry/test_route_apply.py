@@ -194,6 +194,12 @@ def test_two_appliances_on_loopback_write_probe_windows_for_both_directions(tmp_
         ("a", "b", "fabric"), ("b", "a", "fabric")}
     for r in rows:
         assert r["lost"] == 0 and r["lat_negative"] == 0
-        assert r["expected"] > 0 and r["lat_count"] >= r["expected"]
-        assert 0 < r["lat_min_ns"] <= r["lat_max_ns"] < 5_000_000_000
+        assert r["lat_count"] >= r["expected"]
         assert sum(r["lat_counts"]) == r["lat_count"]
+        if r["lat_count"]:  # a window of heartbeats only has no timed frame
+            assert 0 < r["lat_min_ns"] <= r["lat_max_ns"] < 5_000_000_000
+    # probes begin once the data path knows the neighbour (it signs and checks them): a
+    # window of the start may hold its heartbeats only; every direction has probes
+    for direction in (("a", "b"), ("b", "a")):
+        assert sum(r["expected"] for r in rows
+                   if (r["appliance"], r["neighbour"]) == direction) > 0, direction
