@@ -66,7 +66,7 @@ from appliance.config import (
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
 from appliance.dataplane.delivery import Delivery
-from appliance.dataplane.frame_auth import DataAuth, SessionAuth
+from appliance.dataplane.frame_auth import DataAuth, SessionAuth, warm_frame_auth
 from appliance.dataplane.guaranteed import (
     LOSS_NOTICE_KEY,
     RELIABILITY_ADMIN_TYPES,
@@ -191,6 +191,7 @@ class DataPlaneAgent(Delivery, Output):
         empty = np.zeros(0, np.int64)
         self.nic.switch.current.tables.lookup(np.zeros(1, np.uint64))  # _run_guaranteed
         self.nic.process(np.zeros(fl.FRAME_HEADER_BYTES, np.uint8), empty, empty)  # _run
+        warm_frame_auth()  # the frame MAC's kernels: signing, DataAuth.check, SessionAuth
 
     # --- called from the control thread -------------------------------------------------------
     def offer_admin(self, channel: str, dest: int, frame: bytes | bytearray) -> bool:

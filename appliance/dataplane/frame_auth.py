@@ -178,3 +178,17 @@ class SessionAuth:
         c = self.actl
         return {f"client_auth_{name}": int(v) for name, v in
                 zip(fm.REASONS[:-1], c[fm.A_ACCEPTED:fm.A_ACCEPTED + len(fm.REASONS) - 1])}
+
+
+def warm_frame_auth() -> None:
+    """Load (or, with a cold cache, compile) the frame MAC's kernels with the argument types
+    the data path calls them with, on throwaway state, before the data path runs: a compile
+    on the data-path thread would stall it for seconds at the first fabric frame."""
+    buf = np.zeros(fm.AUTH_BYTES, np.uint8)
+    one = np.zeros(1, np.int64)
+    ab, ac = fm.new_state(b"\x00", 0, 0, 1, 0)
+    windows = fm.new_windows(1)
+    sign_frames(buf, one, one, one, 0, 0, _EMPTY, _EMPTY, -1, 0, ab, ac)
+    check_frames(buf, one, one, one, one, 0, 0, _EMPTY, _EMPTY, _EMPTY, 0, ab, ac, windows,
+                 np.zeros(1, np.int8))
+    check_session_frame(buf, 0, 0, 0, 0, 0, ab, ac, fm.new_session_keys(1), windows)
