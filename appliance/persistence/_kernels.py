@@ -52,7 +52,12 @@ _POLY = 0x82F63B78
 
 
 def _cpu_has_sse42() -> bool:
-    if platform.machine() not in ("x86_64", "AMD64"):
+    """Whether this CPU has SSE4.2 and numba compiles for it: a portable target
+    (``NUMBA_CPU_NAME=generic``, as appliance images and the soft-RoCE guest use) has no
+    SSE4.2, and LLVM cannot compile the instruction for it (the process aborts)."""
+    from numba.core import config
+
+    if platform.machine() not in ("x86_64", "AMD64") or config.CPU_NAME not in (None, "host"):
         return False
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
