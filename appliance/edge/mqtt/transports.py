@@ -18,14 +18,18 @@ bytes are bounded: the reader stops taking messages from the socket while it hol
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Any
+
+from websockets.exceptions import ConnectionClosed
 
 from appliance.config import ConfigError, MqttConfig
 
 WS_SUBPROTOCOL = "mqtt"
 WS_READ_BUFFER_PACKETS = 2
 """Inbound bytes held per WebSocket connection, in ``mqtt.max_packet_bytes``."""
+log = logging.getLogger("topicwire.edge.mqtt")
 WS_CLOSE_PROTOCOL_ERROR = 1002
 
 
@@ -147,8 +151,11 @@ class WsStream:
                     await self.ws.close(WS_CLOSE_PROTOCOL_ERROR, "MQTT uses binary messages")
                     break
                 await self.reader.feed(message)
-        except Exception:  # the peer went away: the reader sees the end
+        except (ConnectionClosed, OSError):  # the peer went away: the reader sees the end
             pass
+        except Exception:  # a bug here: this connection ends, counted and logged
+            self._count("closed_internal_error")
+            log.exception("mqtt websocket: reading failed; connection closed")
         finally:
             await self.reader.feed_eof()
 
@@ -161,8 +168,11 @@ class WsStream:
                     break
                 self.out_bytes -= len(data)
                 await self.ws.send(data)
-        except Exception:  # the peer went away
+        except (ConnectionClosed, OSError):  # the peer went away
             pass
+        except Exception:  # a bug here: this connection ends, counted and logged
+            self._count("closed_internal_error")
+            log.exception("mqtt websocket: sending failed; connection closed")
         finally:
             self._closing = True
             await self.ws.close()
