@@ -124,8 +124,7 @@ class DataAuth:
         """``data_auth_<reason>`` of the frames checked, and of the frames signed or left
         unsigned (no room, no neighbour behind their peer id)."""
         c = self.actl
-        out = {f"data_auth_{name}": int(v)
-               for name, v in zip(fm.REASONS, c[fm.A_ACCEPTED:fm.A_ACCEPTED + len(fm.REASONS)])}
+        out = _verdict_counts(c, "data_auth_", fm.REASONS)
         out["data_auth_signed"] = int(c[fm.A_SIGNED])
         out["data_auth_unsigned"] = int(c[fm.A_UNSIGNED])
         return out
@@ -174,10 +173,16 @@ class SessionAuth:
         return int(got)
 
     def counters(self) -> dict[str, int]:
-        """``client_auth_<reason>`` of the sessions' frames checked."""
-        c = self.actl
-        return {f"client_auth_{name}": int(v) for name, v in
-                zip(fm.REASONS[:-1], c[fm.A_ACCEPTED:fm.A_ACCEPTED + len(fm.REASONS) - 1])}
+        """``client_auth_<reason>`` of the sessions' frames checked (a session has its own
+        row: never ``links_full``)."""
+        return _verdict_counts(self.actl, "client_auth_", fm.REASONS[:-1])
+
+
+def _verdict_counts(actl: np.ndarray, prefix: str, reasons: tuple[str, ...]
+                    ) -> dict[str, int]:
+    """The receive verdicts a checker counted in ``actl`` (``fm.REASONS`` order), named."""
+    return {prefix + name: int(v)
+            for name, v in zip(reasons, actl[fm.A_ACCEPTED:fm.A_ACCEPTED + len(reasons)])}
 
 
 def warm_frame_auth() -> None:
