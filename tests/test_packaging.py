@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from appliance.ops.cli.extras import EXTRAS
+from tests.appliance.helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +200,7 @@ def _wait_line(proc, stream, needle, timeout_s=STEP_TIMEOUT_S):
 def test_run_pub_sub_pcap_and_bench_fabric_from_the_installed_cli(installed):
     bin_dir, env, tmp = installed
     topicwire = str(bin_dir / "topicwire")
-    port, mgmt = _free_port("udp"), _free_port("tcp")
+    port, mgmt = free_port(), free_port()
     config = tmp / "pkg.toml"
     config.write_text(f'[appliance]\nname = "pkg"\n[clients]\nudp = "127.0.0.1:{port}"\n'
                       f'[pm]\nanonymous = true\n[mgmt]\nlisten = "127.0.0.1:{mgmt}"\n')
@@ -243,15 +244,6 @@ def test_run_pub_sub_pcap_and_bench_fabric_from_the_installed_cli(installed):
                 "--duration-s", "0.2", "--repeats", "1"], env, cwd=tmp)
     report = json.loads(out)
     assert report["bench"] == "fabric" and {"topicwire", "c_relay"} <= set(report["results"])
-
-
-def _free_port(kind):
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM if kind == "udp"
-                       else socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_systemd_unit_of_the_docs_verifies_against_the_installed_command(installed,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import select
 import socket
 import subprocess
@@ -16,10 +17,45 @@ FABRIC_KEY = "11" * 32
 READY_TIMEOUT_S = 60.0
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_FREE_PORTS_FROM = 10_000
+_handed_out: set[int] = set()
+_port_choice = random.Random(os.getpid() ^ time.time_ns())
+
+
+def _bindable(port: int) -> bool:
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free for UDP and TCP on loopback, below the kernel's ephemeral range.
+
+    A port the kernel handed out for port 0 and that was closed again can be handed to the
+    next socket that binds port 0 (a client socket of the same test), before the appliance
+    binds it: a clean-clone run failed with 'clients.udp ... in use' that way. Ports below the
+    ephemeral range are never handed out for port 0, and this process never gives one out
+    twice."""
+    lo, _ = _ephemeral_range()
+    top = lo if lo > _FREE_PORTS_FROM + 1_000 else 65_536
+    for _ in range(10_000):
+        port = _port_choice.randrange(_FREE_PORTS_FROM, top)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    raise RuntimeError("tests: no free loopback port below the ephemeral range")
 
 
 def write_config(path: Path, text: str) -> Path:

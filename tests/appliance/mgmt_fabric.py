@@ -8,7 +8,6 @@ other on 127.0.0.1, and waits until every one has a route to every other.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -22,12 +21,6 @@ STATUS_CLI = [sys.executable, "-c",
               "c.COMMAND_MODULES = tuple(c.COMMAND_MODULES) + "
               "(() if m in c.COMMAND_MODULES else (m,)); sys.exit(c.main(sys.argv[1:]))"]
 """``topicwire`` with the status command registered (until the CLI lists it)."""
-
-
-def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body: object = None, token: str | None = None,
@@ -59,7 +52,7 @@ class Triangle:
     def __init__(self, tmp: Path, log_format: str = "text") -> None:
         self.fabric = {n: free_port() for n in self.NAMES}
         self.clients = {n: free_port() for n in self.NAMES}
-        self.mgmt = {n: f"http://127.0.0.1:{free_tcp_port()}" for n in ("m1", "m2")}
+        self.mgmt = {n: f"http://127.0.0.1:{free_port()}" for n in ("m1", "m2")}
         self.procs = {}
         try:
             for name in self.NAMES:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from appliance.config import parse_config
 from appliance.node import Appliance
 from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
-from tests.appliance.mgmt_fabric import free_tcp_port, http
+from tests.appliance.mgmt_fabric import http
 
 
 def _appliance(pm: dict, neighbours: list | None = None) -> tuple[Appliance, str]:
-    mgmt = free_tcp_port()
+    mgmt = free_port()
     app = Appliance(parse_config({
         "appliance": {"name": f"health{mgmt}"},
         "fabric": {"listen": f"127.0.0.1:{free_port()}", "key": FABRIC_KEY},

@@ -19,7 +19,7 @@ from appliance.ops.mgmt.metrics import (
 )
 from channels.stats import LATENCY_HIGHEST_NS, LATENCY_LOWEST_NS, LATENCY_SIGNIFICANT_DIGITS
 from tests.appliance.helpers import free_port, run_appliance, stop, wait_for
-from tests.appliance.mgmt_fabric import free_tcp_port, http
+from tests.appliance.mgmt_fabric import http
 from tests.appliance.promlint import lint, series
 
 EVENTS = "topicwire_events_total"
@@ -66,7 +66,7 @@ def test_latency_buckets_count_what_was_recorded_below_each_bound():
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lint")
-    clients, mgmt = free_port(), free_tcp_port()
+    clients, mgmt = free_port(), free_port()
     config = tmp / "lint.toml"
     config.write_text(
         f'[appliance]\nname = "lint"\n[fabric]\nlisten = "127.0.0.1:{free_port()}"\n'

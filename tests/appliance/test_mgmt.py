@@ -17,8 +17,8 @@ from appliance.client import EntitlementError, connect
 from appliance.ops.mgmt.logs import JsonFormatter
 from appliance.ops.mgmt.metrics import METRIC_NAMES
 from appliance.ops.mgmt.server import ENDPOINTS, SECTIONS
-from tests.appliance.helpers import CLI, ROOT, start, stop, wait_for
-from tests.appliance.mgmt_fabric import TOKEN, Triangle, free_tcp_port, http
+from tests.appliance.helpers import CLI, ROOT, free_port, start, stop, wait_for
+from tests.appliance.mgmt_fabric import TOKEN, Triangle, http
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +280,7 @@ def test_json_formatter_carries_extra_fields_and_exceptions():
 
 
 def test_text_logs_by_default_and_a_busy_mgmt_port_is_a_config_error(tmp_path):
-    port = free_tcp_port()
+    port = free_port()
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port))
         holder.listen()
@@ -300,7 +300,7 @@ def test_text_logs_by_default_and_a_busy_mgmt_port_is_a_config_error(tmp_path):
 
 
 def test_token_file_is_read_relative_to_the_config(tmp_path):
-    port = free_tcp_port()
+    port = free_port()
     (tmp_path / "mgmt.token").write_text(f"  {TOKEN}\n")
     config = tmp_path / "tf.toml"
     config.write_text(f'[appliance]\nname = "tf"\n[pm]\nanonymous = true\n'
@@ -322,7 +322,7 @@ def test_empty_token_file_refuses_to_start(tmp_path):
     (tmp_path / "empty.token").write_text("\n")
     config = tmp_path / "e.toml"
     config.write_text(f'[appliance]\nname = "e"\n[pm]\nanonymous = true\n'
-                      f'[mgmt]\nlisten = "127.0.0.1:{free_tcp_port()}"\n'
+                      f'[mgmt]\nlisten = "127.0.0.1:{free_port()}"\n'
                       'token_file = "empty.token"\n')
     done = subprocess.run([*CLI, "run", "--config", str(config)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)

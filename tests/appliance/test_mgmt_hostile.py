@@ -51,7 +51,7 @@ from appliance.ops.mgmt.config import (
 )
 from appliance.ops.mgmt.server import MgmtServer
 from tests.appliance.helpers import CLI, FABRIC_KEY, ROOT, free_port, stop, wait_for, wait_ready
-from tests.appliance.mgmt_fabric import free_tcp_port, http
+from tests.appliance.mgmt_fabric import http
 
 TOKEN = "hostile-mgmt-token-0123456789"
 AUTH = f"Authorization: Bearer {TOKEN}".encode()
@@ -198,7 +198,7 @@ def request(line: bytes, headers: tuple[bytes, ...] = (), body: bytes = b"",
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mgmt-hostile")
-    port = free_tcp_port()
+    port = free_port()
     config = tmp / "hostile.toml"
     config.write_text(f'[appliance]\nname = "hostile"\n'
                       f'[fabric]\nlisten = "127.0.0.1:{free_port()}"\nkey = "{FABRIC_KEY}"\n'

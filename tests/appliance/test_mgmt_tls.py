@@ -14,7 +14,6 @@ import urllib.request
 import pytest
 
 from tests.appliance.helpers import ROOT, free_port, run_appliance, stop, wait_for, write_config
-from tests.appliance.mgmt_fabric import free_tcp_port
 
 CLI = [sys.executable, "-c", "import sys; from appliance.ops.cli import main; "
        "sys.exit(main(sys.argv[1:]))"]
@@ -31,7 +30,7 @@ def _certificate(directory, name: str) -> tuple[str, str]:
 
 
 def _config(tmp_path, mgmt: str) -> tuple[str, int]:
-    port = free_tcp_port()
+    port = free_port()
     config = write_config(tmp_path / "a.toml", f"""
 [appliance]
 name = "tls{port}"

@@ -31,7 +31,7 @@ from tests.appliance.helpers import (
     stop,
     wait_for,
 )
-from tests.appliance.mgmt_fabric import free_tcp_port, http
+from tests.appliance.mgmt_fabric import http
 
 TICK = struct.Struct(">II")
 SCHEMA_ID = 5
@@ -51,7 +51,7 @@ def _configs(tmp: Path, multicast: bool) -> dict[str, dict]:
     names = ("pm", "b", "c")
     fabric = {n: free_port() for n in names}
     udp = {n: free_port() for n in names}
-    mgmt = {n: free_tcp_port() for n in names}
+    mgmt = {n: free_port() for n in names}
     group = f"239.255.77.{fabric['b'] % 200 + 1}:{free_port()}"
     tag = f"{fabric['pm']}"
     links = {"pm": ["b"], "b": ["pm", "c"], "c": ["b"]}

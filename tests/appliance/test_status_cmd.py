@@ -10,7 +10,7 @@ import pytest
 
 from appliance.client import EntitlementError, connect
 from tests.appliance.helpers import ROOT, free_port, stop, wait_for, wait_ready
-from tests.appliance.mgmt_fabric import STATUS_CLI, TOKEN, Triangle, free_tcp_port, http
+from tests.appliance.mgmt_fabric import STATUS_CLI, TOKEN, Triangle, http
 from tests.netns import Host, requires_netns
 
 
@@ -75,7 +75,7 @@ def test_the_url_can_come_from_the_environment(fabric):
 
 
 def test_unreachable_appliance_exits_1_and_says_why():
-    port = free_tcp_port()  # nothing listens here
+    port = free_port()  # nothing listens here
     done = status("--mgmt", f"http://127.0.0.1:{port}", "--timeout", "5")
     assert done.returncode == 1
     assert done.stderr.startswith(f"topicwire: status: cannot reach the management API at "
@@ -85,7 +85,7 @@ def test_unreachable_appliance_exits_1_and_says_why():
 
 def test_something_else_listening_exits_1(tmp_path):
     # an HTTP server that is not an appliance's API: 404 for /status
-    port = free_tcp_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1",
                                str(port), "--directory", str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -131,7 +131,7 @@ def test_reads_need_the_token_on_a_non_loopback_address(tmp_path):
         host.run("ip", "addr", "add", "10.78.0.1/24", "dev", "v0")
         host.run("ip", "link", "set", "v0", "up")
         host.run("ip", "link", "set", "v1", "up")
-        port = free_tcp_port()
+        port = free_port()
         config = tmp_path / "ns.toml"
         config.write_text(f'[appliance]\nname = "nsm"\n[clients]\nudp = "127.0.0.1:{free_port()}"'
                           f'\n[pm]\nanonymous = true\n[mgmt]\nlisten = "10.78.0.1:{port}"\n'

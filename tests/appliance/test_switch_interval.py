@@ -7,7 +7,7 @@ import pytest
 
 from appliance.config import ConfigError, parse_config
 from tests.appliance.helpers import FABRIC_KEY, free_port, run_appliance, stop, wait_for
-from tests.appliance.mgmt_fabric import free_tcp_port, http
+from tests.appliance.mgmt_fabric import http
 
 
 def _doc(**app: object) -> dict:
@@ -24,7 +24,7 @@ def test_the_switch_interval_is_a_checked_config_key() -> None:
 
 
 def test_topicwire_run_applies_the_switch_interval(tmp_path) -> None:
-    mgmt = free_tcp_port()
+    mgmt = free_port()
     config = tmp_path / "sw.toml"
     config.write_text("\n".join([
         "[appliance]", 'name = "sw"', "switch_interval_us = 250", "[fabric]",

@@ -16,6 +16,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from tests.appliance.helpers import free_port
 from tests.edge.conftest import DEADLINE_S, PASSWORDS, start_edge, wait_for
 from tests.edge.peers import Peer
 
@@ -31,9 +32,7 @@ class Mosquitto:
     ACLs equal to their P&M entitlements (persistence off)."""
 
     def __init__(self, directory: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         passwd = directory / "passwd"
         passwd.touch()
         for user, password in PASSWORDS.items():

@@ -13,7 +13,7 @@ import pytest
 from appliance.client import connect
 from appliance.control.credentials import hash_password
 from tests.appliance.helpers import CLI, free_port, run_appliance, stop, write_config
-from tests.appliance.mgmt_fabric import free_tcp_port, http
+from tests.appliance.mgmt_fabric import http
 from tests.edge.conftest import DEADLINE_S, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("mosquitto_pub") is None,
@@ -55,7 +55,7 @@ def mqtt_status(base: str) -> dict:
 
 @pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
 def test_mosquitto_clients_and_a_native_client_talk_through_a_running_edge(tmp_path, version):
-    mqtt_port, mgmt_port, udp_port = free_tcp_port(), free_tcp_port(), free_port()
+    mqtt_port, mgmt_port, udp_port = free_port(), free_port(), free_port()
     config = write_config(tmp_path / "edge.toml", edge_toml(mqtt_port, mgmt_port, udp_port))
     proc = run_appliance(config)
     base = f"http://127.0.0.1:{mgmt_port}"
@@ -115,8 +115,8 @@ listen = "127.0.0.1:1883"
 
 def test_a_running_edge_keeps_a_mosquitto_sub_persistent_session_and_serves_websocket(
         tmp_path):
-    mqtt_port, mgmt_port, udp_port = free_tcp_port(), free_tcp_port(), free_port()
-    ws_port = free_tcp_port()
+    mqtt_port, mgmt_port, udp_port = free_port(), free_port(), free_port()
+    ws_port = free_port()
     toml = edge_toml(mqtt_port, mgmt_port, udp_port).replace(
         "max_packet_bytes = 8192", f"max_packet_bytes = 8192\nws_listen = \"127.0.0.1:{ws_port}\"\n"
         "max_offline_sessions = 4\nmax_session_expiry_s = 600")
@@ -144,7 +144,7 @@ def test_a_running_edge_keeps_a_mosquitto_sub_persistent_session_and_serves_webs
 
 
 def test_a_bad_tls_key_is_refused_with_one_line_naming_it(tmp_path):
-    toml = edge_toml(free_tcp_port(), free_tcp_port(), free_port()).replace(
+    toml = edge_toml(free_port(), free_port(), free_port()).replace(
         "max_packet_bytes = 8192", "max_packet_bytes = 8192\ntls_listen = \"127.0.0.1:0\"")
     done = subprocess.run([*CLI, "run", "--config", str(write_config(tmp_path / "e.toml", toml))],
                           capture_output=True, text=True, timeout=60)

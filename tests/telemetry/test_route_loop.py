@@ -32,6 +32,13 @@ the slow path cost over 10x the other (checked below), far past the margin; the 
 with relative margins alone (0.5, then 0.75) noise did, decided on windows that ended before
 the delay began, in clean-clone runs (the core that forwards the guaranteed stream answers
 probes later than the idle one, and hops of tens of microseconds make that a large ratio)."""
+WEIGHTS = {"p50_us": 1.0, "p99_us": 0.0, "p999_us": 0.0, "jitter_us": 0.0, "loss": 0.0,
+           "retransmit_rate": 0.0, "hop_us": 1.0}
+"""The test's cost is the median latency per hop, which the delay moves by 3,000 us. The
+default weights also count tails, jitter and lost probes, which a host running four
+appliances and Spark on two cores moves by milliseconds for seconds at a time (a clean-clone
+run moved the route 4.7 s before the delay with them, past a 1,000 us minimum gain): right for
+a real fabric, where such tails are the link's, but not what this test measures."""
 
 
 class LoopNodeProcess(NodeProcess):
@@ -117,7 +124,8 @@ def test_telemetry_moves_the_route_and_guaranteed_traffic_follows_without_loss(
     def follow():
         try:
             routes_job.follow(spark, tmp_path / "telemetry", tmp_path / "routes.json",
-                              eval_ns=1_000_000_000, margin=MARGIN, k=K, min_gain=MIN_GAIN,
+                              eval_ns=1_000_000_000, weights=WEIGHTS, margin=MARGIN,
+                              k=K, min_gain=MIN_GAIN,
                               trigger_s=1.0, stop=stop,
                               on_table=tables.append)
         except BaseException as exc:  # reported below
@@ -166,9 +174,10 @@ def test_telemetry_moves_the_route_and_guaranteed_traffic_follows_without_loss(
                  if (c["source"], c["destination"]) == ("n1", "n4")]
         assert moved[-1]["to"] == backup and moved[-1]["reason"] == "better"
         # decided in the K-th evaluation window (1 s each) after the delay began
-        assert delayed_ns - 1e9 < moved[-1]["eval_start_ns"] <= delayed_ns + K * 1e9
         seen = [(t["evaluation"]["last_ns"], {p["neighbour"]: p["p50_us"] for p in t["paths"]
                                               if p["appliance"] == "n4"}) for t in tables]
+        assert delayed_ns - 1e9 < moved[-1]["eval_start_ns"] <= delayed_ns + K * 1e9, (
+            delayed_ns, moved, seen)
         paths = {(p["appliance"], p["neighbour"]): p for p in tables[-1]["paths"]}
         assert paths[("n4", path[1])]["p50_us"] > DELAY_US * 0.9 > 10 * paths[
             ("n4", backup[1])]["p50_us"], seen

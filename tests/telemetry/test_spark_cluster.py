@@ -8,7 +8,6 @@ Slow (three JVMs besides the test's own: ~1-2 min on two shared cores), so one t
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from appliance.ops.telemetry.store import TelemetryStore
+from tests.appliance.helpers import free_port
 from tests.telemetry.scenario import job, routes_of, scenario
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -31,12 +31,6 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spark_env(tmp: Path) -> dict:
@@ -78,7 +72,7 @@ def wait_for(log: Path, text: str, proc: subprocess.Popen) -> None:
 
 @pytest.fixture
 def cluster(tmp_path):
-    port = free_tcp_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     (tmp_path / "work").mkdir()
     # the worker retries until the master is up: start both at once
