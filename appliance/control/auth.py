@@ -25,6 +25,14 @@ its older one's frames are all replays. The trailer's ``epoch`` field carries th
 of the sender's epoch (its start time in ms) for diagnostics; nothing is ordered by it, so
 its wrap every 49.7 days changes nothing.
 
+Incarnation of a reliable stream: the MAC of a reliable-stream frame also covers the epoch of
+the stream's *receiving* appliance (``signed_copy(..., bind=)``, ``check_bytes(..., bind=)``:
+the epoch is the BLAKE2b salt, never sent). The sender binds the destination's epoch it knew
+when it made the stream; the destination checks with its own, and binds its NAKs and ACKs
+with it too. A stream made for an earlier incarnation of the destination is therefore refused
+by a restarted one (``bad_mac``) instead of being taken up in the middle, whose old numbering
+would later make the new stream's first messages look like duplicates.
+
 The start time comes from ``wall_clock_ns`` (replaced by tests that start an appliance at a
 chosen time); a clock stepped back across a restart by more than the earlier incarnation's
 uptime makes its neighbours take the new incarnation's frames for replays until the clock has
@@ -59,9 +67,11 @@ _AUTH_FLAG = int(fl.FrameFlags.AUTH_TRAILER)
 _MIN_SIGNED = fl.FRAME_HEADER_BYTES + fl.AUTH_TRAILER_BYTES
 
 
-def mac_of(key: bytes, signed: bytes | memoryview) -> bytes:
-    """The 16-byte MAC of ``signed`` under ``key``."""
-    return hashlib.blake2b(signed, key=key, digest_size=MAC_BYTES).digest()
+def mac_of(key: bytes, signed: bytes | memoryview, bind: int = 0) -> bytes:
+    """The 16-byte MAC of ``signed`` under ``key``, bound to ``bind`` (a receiving
+    appliance's epoch, for reliable streams; 0: bound to nothing more than the bytes)."""
+    return hashlib.blake2b(signed, key=key, digest_size=MAC_BYTES,
+                           salt=bind.to_bytes(16, "big")).digest()
 
 
 def group_link_id(group: str) -> int:
@@ -100,6 +110,8 @@ class FabricAuth:
         self.key = key
         self.key_id = key_id
         self.epoch = epoch & EPOCH_MASK
+        self.incarnation = epoch
+        """This appliance's whole epoch: what its reliable streams' MACs are bound to."""
         self._seq = wall_clock_ns() if start_ns is None else start_ns
         """The last auth sequence used (the next frame carries one more)."""
         self._windows: dict[tuple[int, int], _Window] = {}
@@ -119,16 +131,17 @@ class FabricAuth:
         set_mac(frame, mac_of(self.key, memoryview(frame)[:end]))
         return frame
 
-    def signed_copy(self, frame: memoryview | bytes) -> bytearray:
+    def signed_copy(self, frame: memoryview | bytes, bind: int = 0) -> bytearray:
         """``frame`` (a whole frame without a trailer, e.g. a reliable sender's DATA or a
-        receiver's NAK) with a signed trailer appended: its flag set, ``frame_len`` grown."""
+        receiver's NAK) with a signed trailer appended: its flag set, ``frame_len`` grown;
+        the MAC bound to ``bind`` (the receiving appliance's epoch; module docstring)."""
         assert self.key is not None
         out = bytearray(frame)
         out[_FLAGS_LOW] |= _AUTH_FLAG
         _U32.pack_into(out, fl.FRAME_LEN_OFFSET, len(out) + fl.AUTH_TRAILER_BYTES)
         self._seq += 1
         out += _TRAILER.pack(self.key_id, self.epoch, self._seq)
-        out += mac_of(self.key, out)
+        out += mac_of(self.key, out, bind)
         return out
 
     # --- receiving ----------------------------------------------------------------------------
@@ -145,9 +158,11 @@ class FabricAuth:
                                    h.source_session, h.dest_session, link, hello_link)
         return self._count(reason)
 
-    def check_bytes(self, buf: memoryview, source: int, dest: int, link: int) -> str | None:
+    def check_bytes(self, buf: memoryview, source: int, dest: int, link: int,
+                    bind: int = 0) -> str | None:
         """``check`` for a whole frame in ``buf`` whose header the caller has read (the data
-        path's reliable frames: no decode before the MAC is known good)."""
+        path's reliable frames: no decode before the MAC is known good), its MAC bound to
+        ``bind`` (``signed_copy``)."""
         n = len(buf)
         if (n < _MIN_SIGNED or not buf[_FLAGS_LOW] & _AUTH_FLAG
                 or _U32.unpack_from(buf, fl.FRAME_LEN_OFFSET)[0] != n):
@@ -155,7 +170,7 @@ class FabricAuth:
         key_id, _, seq = _TRAILER.unpack_from(buf, n - fl.AUTH_TRAILER_BYTES)
         end = n - MAC_BYTES
         return self._count(self._verdict(key_id, seq, buf[end:], buf[:end], source, dest,
-                                         link, None))
+                                         link, None, bind))
 
     def reject(self, reason: str) -> None:
         """Count a rejection decided elsewhere (malformed, unknown peer)."""
@@ -169,11 +184,11 @@ class FabricAuth:
         return reason
 
     def _verdict(self, key_id: int, seq: int, mac: bytes | memoryview, signed: memoryview,
-                 source: int, dest: int, link: int | None, hello_link: int | None
-                 ) -> str | None:
+                 source: int, dest: int, link: int | None, hello_link: int | None,
+                 bind: int = 0) -> str | None:
         if self.key is None or key_id != self.key_id:
             return "unknown_key"
-        if not hmac.compare_digest(mac_of(self.key, signed), mac):
+        if not hmac.compare_digest(mac_of(self.key, signed, bind), mac):
             return "bad_mac"
         if link is not None and dest != link and (hello_link is None or dest != hello_link):
             return "wrong_link"

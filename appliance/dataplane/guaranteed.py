@@ -30,7 +30,11 @@ Authentication: every reliable-stream frame between appliances (DATA, RETRANSMIS
 ACK, LOSS, FLOW_CONTROL) carries the fabric MAC trailer (control/auth.py), appended by
 ``_to_node`` and checked by ``on_fabric_frame`` at the destination before anything reads it:
 the MAC covers its (source, destination) node ids, so it is bound to its end-to-end link, and
-a replay window per source refuses it a second time. A LOSS names only its own sender's
+a replay window per source refuses it a second time. The MAC is also bound to the epoch of
+the stream's receiving appliance (the destination's, as the sender knew it when it made the
+stream: ``_Sender.epoch``), so a restarted destination refuses the streams made for its
+earlier incarnation until their senders learn its new epoch and start new ones at sequence 1
+(control/auth.py). A LOSS names only its own sender's
 streams (``source_session`` is the stream's), and since the MAC authenticates
 ``source_session``, a LOSS is accepted only from the stream's sender. What NAKs make a sender
 resend is bounded per requester: never what the requester's own cumulative ACK covers, and
@@ -175,7 +179,7 @@ class GuaranteedPlane:
         rx = self.receivers.get(where)
         if rx is None:
 
-            route = self._to_node if where == FABRIC else self._to_peer(where)
+            route = self._to_node_as_receiver if where == FABRIC else self._to_peer(where)
             rx = ReliableReceiver(_Collector(self, where), _Sink(route), session_id=self.node_id,
                                   config=ReceiverConfig())
             self.receivers[where] = rx
@@ -186,21 +190,25 @@ class GuaranteedPlane:
         """A reliability frame for this node from the fabric (after the off-path guard): its
         MAC, link and freshness are checked before anything else reads it."""
         auth = self.auth
+        held = None
+        if ftype in _TO_SENDER:  # bound to the epoch of the receiver we made the stream for
+            held = self.senders.get(("n", src, stream))
+            if held is None:
+                self.counters["guaranteed_no_sender"] += 1
+                return
+            bind = held.epoch
+        else:  # bound to ours: a stream made for our earlier incarnation is refused
+            bind = 0 if auth is None else auth.incarnation
         dst = _HEADER.unpack_from(frame)[7] if len(frame) >= fl.FRAME_HEADER_BYTES else 0
         reason = ("no_key" if auth is None else
-                  auth.check_bytes(frame, src, dst, self.node_id))
+                  auth.check_bytes(frame, src, dst, self.node_id, bind))
         if reason is not None:
             self.counters["guaranteed_auth_refused"] += 1
             self.counters[f"guaranteed_auth_refused_{reason}"] += 1
             return
-        if ftype in _TO_SENDER:
-            held = self.senders.get(("n", src, stream))
-            if held is None:
-                self.counters["guaranteed_no_sender"] += 1
-            else:
-                held.sender.on_frame(frame, now_ns)
+        if held is not None:
+            held.sender.on_frame(frame, now_ns)
             return
-
         self._receiver(FABRIC).on_frame(frame, now_ns, reply_to=src)
         self._busy.add(FABRIC)
 
@@ -221,7 +229,11 @@ class GuaranteedPlane:
         self._busy.add(channel)
 
     # --- senders ------------------------------------------------------------------------------
-    def _to_node(self, frame: memoryview, dest: Any) -> None:
+    def _to_node_as_receiver(self, frame: memoryview, dest: Any) -> None:
+        """Our fabric receiver's NAKs and ACKs, bound to our own epoch."""
+        self._to_node(frame, dest, 0 if self.auth is None else self.auth.incarnation)
+
+    def _to_node(self, frame: memoryview, dest: Any, bind: int) -> None:
         if dest is None:  # a receiver's answer on a stream it has no address for yet
             self.counters["guaranteed_unroutable"] += 1
             return
@@ -230,7 +242,8 @@ class GuaranteedPlane:
             self.counters["guaranteed_unroutable"] += 1  # recovered by NAK once a path exists
             return
         auth = self.auth
-        self.dp.queue_frame(FABRIC, hop, frame if auth is None else auth.signed_copy(frame))
+        self.dp.queue_frame(FABRIC, hop,
+                            frame if auth is None else auth.signed_copy(frame, bind))
 
     def _to_peer(self, channel: str) -> Callable[[memoryview, Any], None]:
         """Frames to a client by the peer id its frames came from (the receivers' replies)."""
@@ -268,7 +281,10 @@ class GuaranteedPlane:
                                   max_frame_bytes=self.fabric_frame_bytes - fl.AUTH_TRAILER_BYTES,
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
                                   retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
-            sender = ReliableSender(_Sink(self._to_node), session_id=self.node_id,
+            def to_node(frame: memoryview, dest: Any, bind: int = epoch) -> None:
+                self._to_node(frame, dest, bind)  # bound to the destination's epoch
+
+            sender = ReliableSender(_Sink(to_node), session_id=self.node_id,
                                     stream_id=stream, dest=node, config=config,
                                     answer_budget=self._budget(("n", node)))
             held = self.senders[key] = _Sender(sender, epoch)

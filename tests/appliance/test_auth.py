@@ -79,3 +79,23 @@ def test_a_frame_is_accepted_only_on_the_link_it_was_signed_for():
     assert receiver.check_bytes(memoryview(signed), 7, 8, link=8) is None
     assert receiver.check_bytes(memoryview(signed), 7, 8, link=8) == "replay"
     assert receiver.check_bytes(memoryview(bytes(plain)), 7, 8, link=8) == "no_trailer"
+
+
+def test_a_reliable_stream_frame_is_accepted_only_by_the_incarnation_it_was_made_for():
+    """A stream made for the destination's earlier epoch is refused by its restarted
+    incarnation, and by nothing else than its MAC's binding (control/auth.py)."""
+    sender = FabricAuth(KEY, 1, 1_700_000_000_000)
+    old, new = 1_700_000_500_000, 1_700_000_900_000  # the destination's epochs
+    plain = encode_admin(FrameType.NAK, [al.SeqRange(1, 5)], source_session=7,
+                         dest_session=8, stream_id=1)
+    restarted = FabricAuth(KEY, 1, new)
+    stale = sender.signed_copy(memoryview(plain), bind=old)
+    assert restarted.check_bytes(memoryview(stale), 7, 8, link=8,
+                                 bind=restarted.incarnation) == "bad_mac"
+    fresh = sender.signed_copy(memoryview(plain), bind=new)
+    assert restarted.check_bytes(memoryview(fresh), 7, 8, link=8,
+                                 bind=restarted.incarnation) is None
+    # the whole epoch, not its low 32 bits, is bound: epochs equal modulo 2^32 differ
+    wrapped = sender.signed_copy(memoryview(plain), bind=new + (1 << 32))
+    assert restarted.check_bytes(memoryview(wrapped), 7, 8, link=8,
+                                 bind=restarted.incarnation) == "bad_mac"

@@ -30,7 +30,7 @@ class _DataPath:
         ports = {1: ("gclient", client)} if client else {}
         self.node_id = node_id
         self.tables = ForwardingTables(node_id, ports=ports, next_hop={peer: peer},
-                                       epochs={peer: 1})
+                                       epochs={peer: peer})  # as _plane signs
         self.sessions = {client: DpSession(client, "c", CLIENT_UDP, 900)} if client else {}
         self.out: list[tuple[str, int, bytes]] = []
 

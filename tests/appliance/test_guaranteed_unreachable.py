@@ -17,9 +17,11 @@ import time
 
 from appliance.config import LSA_MAX_AGE_REFRESHES, parse_config
 from appliance.control.agent import ControlAgent
+from appliance.control.auth import FabricAuth
 from appliance.control.routing import Lsa
 from appliance.dataplane.agent import DataPlaneAgent, ForwardingTables
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT, GuaranteedPlane
+from appliance.dataplane.names import FABRIC
 from datapath.topics.registry import KeyRegistry
 from nic_offload.compiler import OffloadCompiler
 from nic_offload.snapshot import SnapshotSwitch
@@ -29,7 +31,8 @@ from tests.appliance.test_guaranteed_refusal import _DataPath, _exchange, _messa
 A, D = 1, 2
 PUBLISHER = 5
 MS = 1_000_000
-EPOCH = 1
+EPOCH = D
+"""D's epoch: a stand-in plane's is its node id (test_guaranteed_refusal._plane)."""
 
 
 def _tables(reachable: bool, epoch: int | None = EPOCH) -> ForwardingTables:
@@ -95,6 +98,44 @@ def test_a_new_epoch_of_the_destination_restarts_the_stream():
     a.dp.tables = _tables(reachable=True, epoch=EPOCH + 1)
     a.to_node(D, PUBLISHER, *_message(101, b"x"), 11 * MS)
     assert a.senders[("n", D, PUBLISHER | RELIABLE_STREAM_BIT)].sender.highest_sent in (0, 1)
+
+
+def test_a_restarted_destination_refuses_the_stream_made_for_its_earlier_incarnation():
+    """The race of docs/fault-tolerance.md: D restarts while A's stream to it goes on, and the
+    old stream's frames reach D's new incarnation before A learns its new epoch. D must not
+    take that stream up in the middle (it NAKed a beginning the old sender no longer held,
+    declared it lost, and later dropped the new stream's first messages as duplicates of the
+    old numbering): it refuses the old stream's frames, and once A knows the new epoch the new
+    stream delivers every message from its first, once and in order."""
+    a = _plane(_DataPath(A, D), 1_472)
+    d = _plane(_DataPath(D, A), 1_472)
+    now, key = 10 * MS, 100
+    for _ in range(50):  # the old stream is well past its beginning
+        a.to_node(D, PUBLISHER, *_message(key, b"x"), now)
+        key += 1
+    now = _run(a, d, now, 5)
+    assert _delivered(d) == list(range(100, 150))
+
+    restarted = GuaranteedPlane(_DataPath(D, A), 1_472)  # D's next incarnation: epoch 3
+    restarted.use_auth(FabricAuth(bytes(range(32)), 1, EPOCH + 1, 3_000_000 * D))
+    for _ in range(10):  # A still sends on the old stream (it knows only the old epoch)
+        a.to_node(D, PUBLISHER, *_message(key, b"x"), now)
+        key += 1
+    now = _run(a, restarted, now, 20)
+    receiver = restarted.receivers.get(FABRIC)
+    assert _delivered(restarted) == [] and (receiver is None or not receiver.streams)
+    assert restarted.counters["guaranteed_auth_refused_bad_mac"] > 0
+
+    a.dp.tables = _tables(reachable=True, epoch=EPOCH + 1)  # A hears the new epoch
+    a.on_tables(a.dp.tables)
+    assert a.counters["guaranteed_streams_restarted"] == 1
+    first_new = key
+    for _ in range(20):
+        a.to_node(D, PUBLISHER, *_message(key, b"x"), now)
+        key += 1
+    now = _run(a, restarted, now, 50)
+    assert _delivered(restarted) == list(range(first_new, key))
+    assert restarted.counters["guaranteed_loss_events"] == 0
 
 
 def _control() -> ControlAgent:

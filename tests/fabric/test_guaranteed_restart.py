@@ -351,10 +351,6 @@ def test_guaranteed_stream_survives_a_transit_restart(tmp_path, lsa_refresh_ms, 
                 _detail(counters)
 
 
-@pytest.mark.skip(reason="known bug, not fixed yet: a restarted destination can take up the "
-                  "ingress's old stream mid-way and later drop the new one's first messages "
-                  "as duplicates (docs/fault-tolerance.md, 'A destination that restarts while "
-                  "its old stream can still reach it'); seen failing 1 of 7 runs")
 @pytest.mark.parametrize("lsa_refresh_ms", LSA_REFRESH_MS)
 def test_a_subscriber_at_a_restarted_destination_gets_every_message_from_its_first_on(
         tmp_path, lsa_refresh_ms):
