@@ -401,6 +401,9 @@ class ApplianceConfig:
     pm_mode: str = "embedded"
     pm_registry: Path | None = None
     pm_anonymous: bool = False
+    pm_require_passwords: bool = True
+    """Native logins of identities without a password are refused (the default); false is
+    the anonymous mode for demos and tests: such identities log in without proof."""
     identities: dict[str, IdentityConfig] = field(default_factory=dict)
     schemas: tuple[dict[str, Any], ...] = ()
     """P&M's schemas (``Schema.to_dict`` documents), from ``[pm.schemas.NAME]``."""
@@ -1111,7 +1114,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     max_pending = _int(cl, "max_pending_requests", p, CLIENT_MAX_PENDING_REQUESTS, 1, 65_536)
 
     pm = _table(doc, "pm", {"mode", "entitlements", "registry", "anonymous", "identities",
-                            "schemas"}, "")
+                            "schemas", "require_passwords"}, "")
     p = "pm."
     mode = _str(pm, "mode", p, "embedded", ("embedded", "remote"))
     identities: dict[str, IdentityConfig] = {}
@@ -1119,9 +1122,16 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     anonymous = pm.get("anonymous", False)
     if not isinstance(anonymous, bool):
         raise _fail(p + "anonymous", "must be true or false")
+    require_passwords = pm.get("require_passwords", True)
+    if not isinstance(require_passwords, bool):
+        raise _fail(p + "require_passwords", "must be true or false")
+    if anonymous and require_passwords:
+        raise _fail(p + "anonymous", "logs in identities P&M does not list, which have no "
+                    "password: set pm.require_passwords = false with it (demos)")
     schemas = _schemas(pm.get("schemas", {}), p + "schemas")
     if mode == "remote":
-        for k in ("entitlements", "registry", "identities", "anonymous", "schemas"):
+        for k in ("entitlements", "registry", "identities", "anonymous", "schemas",
+                  "require_passwords"):
             if k in pm:
                 raise _fail(p + k, "only for pm.mode = \"embedded\" (the P&M appliance)")
     else:
@@ -1149,7 +1159,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         max_subscriptions=max_subscriptions, max_registrations=max_registrations,
         max_pending_requests=max_pending, session_dead_ms=session_dead, pm_mode=mode,
         pm_registry=registry,
-        pm_anonymous=anonymous, identities=identities, schemas=schemas, mgmt=mgmt,
+        pm_anonymous=anonymous, pm_require_passwords=require_passwords, identities=identities,
+        schemas=schemas, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
         cache=parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None))

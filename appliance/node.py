@@ -214,6 +214,11 @@ class Appliance:
             raise
         log.info("%s: appliance %s (id %d) running; %s", cfg.name, cfg.role, cfg.node_id,
                  version_line())
+        passwordless = sorted(n for n, i in cfg.identities.items() if i.password is None)
+        if cfg.pm_mode == "embedded" and cfg.pm_require_passwords and passwordless:
+            log.warning("%s: pm: identities without a password cannot log in natively (P&M "
+                        "requires one: pm.require_passwords): %s", cfg.name,
+                        ", ".join(passwordless[:20]) + (" ..." if len(passwordless) > 20 else ""))
         return self
 
     def _before_threads(self, registry: KeyRegistry) -> None:

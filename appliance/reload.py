@@ -24,6 +24,7 @@ RUN_TIME = {
     "namespaces": "appliance.namespaces",
     "identities": "pm.identities",
     "pm_anonymous": "pm.anonymous",
+    "pm_require_passwords": "pm.require_passwords",
     "schemas": "pm.schemas",
     "log": "log",
     "routes": "routes",
@@ -31,7 +32,8 @@ RUN_TIME = {
 """Fields of ``ApplianceConfig`` a reload applies -> their config key (``log`` and ``routes``
 are reported per key)."""
 
-CONTROL_FIELDS = ("namespaces", "identities", "pm_anonymous", "schemas", "routes")
+CONTROL_FIELDS = ("namespaces", "identities", "pm_anonymous", "pm_require_passwords", "schemas",
+                  "routes")
 """Run-time fields the control agent applies (its ``reload`` command); ``log`` is the
 process's (``topicwire run``)."""
 
@@ -67,7 +69,7 @@ ROUTE_KEYS = {"switch_grace_ns": "routes.switch_grace_ms",
               "poll_ns": "routes.poll_ms", "duplicate": "routes.duplicate"}
 """``RouteSettings`` fields -> their config key."""
 
-PM_FIELDS = ("namespaces", "identities", "pm_anonymous", "schemas")
+PM_FIELDS = ("namespaces", "identities", "pm_anonymous", "pm_require_passwords", "schemas")
 """The P&M document's inputs: when ``pm.mode`` changed they need the restart too."""
 
 LOG_DEFAULTS = {"format": "text", "level": "info"}

@@ -672,7 +672,8 @@ class Appliance:
             + ("" if priority is None else f"priority = {priority}\n")
             + ("" if switch_us is None else f"switch_interval_us = {switch_us}\n") +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = {max_sessions}\n'
-            f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n[log]\nlevel = "warning"\n'
+            f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n'
+            'require_passwords = false\n[log]\nlevel = "warning"\n'
             + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n'))
         code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
         self.child = _Child([sys.executable, "-c", code, "run", "--config", str(self.config)],

@@ -74,7 +74,8 @@ def _pair() -> tuple[Any, Any]:
         "fabric": {"listen": f"127.0.0.1:{fa}", "key": KEY_HEX},
         "neighbours": [{"name": f"bench-d{fd}", "address": f"127.0.0.1:{fd}"}],
         "clients": {"udp": f"127.0.0.1:{_free_port()}"},
-        "pm": {"identities": {"feed": {"publish": ["#"], "subscribe": ["#"]}}}})
+        "pm": {"require_passwords": False,
+               "identities": {"feed": {"publish": ["#"], "subscribe": ["#"]}}}})
     d = parse_config({
         "appliance": {"name": f"bench-d{fd}", **common},
         "fabric": {"listen": f"127.0.0.1:{fd}", "key": KEY_HEX},

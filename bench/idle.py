@@ -74,7 +74,8 @@ def _appliance(workdir: Path, name: str, fabric: dict[str, int], neighbours: lis
         lines += ["[[neighbours]]", f'name = "{other}"',
                   f'address = "{LOOPBACK}:{fabric[other]}"']
     if udp is not None:
-        lines += ["[clients]", f'udp = "{LOOPBACK}:{udp}"', "[pm]", "anonymous = true"]
+        lines += ["[clients]", f'udp = "{LOOPBACK}:{udp}"', "[pm]", "anonymous = true",
+                  "require_passwords = false"]
     else:
         lines += ["[pm]", 'mode = "remote"'] if neighbours else []
     lines += ["[log]", 'level = "warning"']

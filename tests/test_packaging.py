@@ -203,7 +203,8 @@ def test_run_pub_sub_pcap_and_bench_fabric_from_the_installed_cli(installed):
     port, mgmt = free_port(), free_port()
     config = tmp / "pkg.toml"
     config.write_text(f'[appliance]\nname = "pkg"\n[clients]\nudp = "127.0.0.1:{port}"\n'
-                      f'[pm]\nanonymous = true\n[mgmt]\nlisten = "127.0.0.1:{mgmt}"\n')
+                      f'[pm]\nanonymous = true\n'
+                      f'require_passwords = false\n[mgmt]\nlisten = "127.0.0.1:{mgmt}"\n')
     run = subprocess.Popen([topicwire, "run", "--config", str(config)], env=env, cwd=tmp,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sub = None

@@ -1099,7 +1099,8 @@ def connect(url: str, identity: str = "anonymous", *,
         name = f"embedded-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         config = parse_config({"appliance": {"name": name},
                                "clients": {"shm": name},
-                               "pm": {"anonymous": True}})
+                               # its own process's clients only (a private ring): no passwords
+                               "pm": {"anonymous": True, "require_passwords": False}})
         appliance = Appliance(config).start()
         deadline = time.monotonic() + timeout_s
         while True:

@@ -173,10 +173,18 @@ class ClientSide:
         signature = key = None
         verifier = self._verifier_of(identity) if refuse is None else None
         trusted = doc.get("trusted")
-        if verifier is not None and trusted is not None and hmac.compare_digest(
-                trusted, self.trusted_login_token):
+        vouched = trusted is not None and hmac.compare_digest(trusted, self.trusted_login_token)
+        if verifier is not None and vouched:
             verifier = None  # this appliance's own process vouches for the identity
             self.counters["login_trusted"] += 1
+        elif (refuse is None and verifier is None and not vouched
+              and identity not in self.internal_logins
+              and pmod.requires_passwords(self.pm_doc)):
+            self._refuse_login(channel, peer, ring, "no_password", (
+                f"identity {identity!r} has no password in P&M, which requires one: give it "
+                "a password (pm.identities.NAME.password), or set pm.require_passwords = "
+                "false (demos)"))
+            return
         if verifier is not None:
             checked = self._credential(channel, peer, ring, identity, doc, verifier, now_ns)
             if checked is None:

@@ -345,7 +345,7 @@ KINDS: dict[ControlKind, Kind] = {
                            MAX_LIST_ITEMS),
          "anonymous": Bool(), "namespaces": List(NAMESPACE, 4_096),
          "schemas": List(SCHEMA, 1_024), "routes": ROUTES},
-        {"backups": ROUTES, "duplicate": PATTERNS})),
+        {"backups": ROUTES, "duplicate": PATTERNS, "require_passwords": Bool()})),
     ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,

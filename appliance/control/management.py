@@ -21,7 +21,7 @@ from appliance.control.state import (
 from appliance.dataplane.status_channels import channel_rows
 from datapath.protocol import admin_layout as al
 
-PM_RELOADED = ("identities", "anonymous", "namespaces", "schemas")
+PM_RELOADED = ("identities", "anonymous", "require_passwords", "namespaces", "schemas")
 """The fields of P&M's document a reload rebuilds from the config (the routes and backups
 stay: they come from route tables and commands)."""
 
@@ -171,6 +171,8 @@ class ManagementSide:
             "node": {"name": self.cfg.name, "id": self.node_id, "role": self.cfg.role,
                      "epoch": self.epoch, "uptime_s": (now_ns - self.start_ns) / 1e9,
                      "pm": (self.pm_doc or {}).get("pm"),
+                     "require_passwords": (pmod.requires_passwords(self.pm_doc)
+                                           if self.pm_doc is not None else None),
                      "switch_interval_us": round(sys.getswitchinterval() * 1e6),
                      "build": build_info()},
             "neighbours": [{

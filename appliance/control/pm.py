@@ -26,6 +26,7 @@ def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
         "identities": {name: _identity(ident) for name, ident in
                        sorted(config.identities.items())},
         "anonymous": config.pm_anonymous,
+        "require_passwords": config.pm_require_passwords,
         "namespaces": list(config.namespaces),
         "schemas": list(config.schemas),
         "routes": [],
@@ -79,6 +80,12 @@ def entitlements_of(document: dict[str, Any] | None, identity: str) -> Entitleme
     if spec is None:
         return ALL if document.get("anonymous") else None
     return Entitlements(tuple(spec.get("publish", ())), tuple(spec.get("subscribe", ())))
+
+
+def requires_passwords(document: dict[str, Any] | None) -> bool:
+    """Whether P&M refuses native logins of identities without a password (a document
+    that does not say, from an older P&M, requires them)."""
+    return document is None or bool(document.get("require_passwords", True))
 
 
 def is_newer(document: dict[str, Any], current: dict[str, Any] | None) -> bool:

@@ -244,7 +244,7 @@ def write_configs(workdir: Path, tag: str, mgmt: dict[str, int]) -> dict[str, Pa
         if name != "pm":
             lines += ["[clients]", f'shm = "{ring_name(tag, name)}"']
         if name == "pm":
-            lines += ["[pm]", 'mode = "embedded"',
+            lines += ["[pm]", 'mode = "embedded"', "require_passwords = false",
                       "[pm.identities.feed]",
                       f'publish = ["us/#", "eu/#", "apac/#", "{SYNC_PREFIX}#"]',
                       "subscribe = []",

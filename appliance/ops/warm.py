@@ -96,7 +96,7 @@ def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:
             out["group"] = "cores"
         return out
 
-    pm_doc = {"mode": "embedded",
+    pm_doc = {"mode": "embedded", "require_passwords": False,  # its own clients, on loopback
               "identities": {"warm": {"publish": ["#"], "subscribe": ["#"]}},
               "schemas": {"tick": {"id": TICK_SCHEMA_ID, "fields": TICK_FIELDS}}}
     out = {"pm": base("pm", pm_doc, [nb("b")]),

@@ -39,6 +39,7 @@ rdma = "{listen}:{RDMA_CLIENTS_PORT}"
 session_dead_ms = {SESSION_DEAD_MS}
 [pm]
 mode = "embedded"
+require_passwords = false
 {IDENTITIES}
 """
 

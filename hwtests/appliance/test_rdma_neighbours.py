@@ -103,7 +103,8 @@ class ForkedNode:
 
 
 def _config(name: str, other: str, hosts: dict[str, str]) -> str:
-    pm = '[pm]\nmode = "embedded"' + IDENTITIES if name == "a" else '[pm]\nmode = "remote"'
+    pm = ('[pm]\nmode = "embedded"\nrequire_passwords = false' + IDENTITIES if name == "a"
+          else '[pm]\nmode = "remote"')
     return f"""
 [appliance]
 name = "{name}"

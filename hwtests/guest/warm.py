@@ -58,7 +58,8 @@ def warm_appliances() -> None:
                 "neighbours": [{"name": other, "address": f"127.0.0.1:{fabric[other]}"}],
                 "clients": {"udp": f"127.0.0.1:{clients[name]}"}, "pm": pm}
 
-    a = Appliance(parse_config(config("a", "b", {"anonymous": True}))).start()
+    pm = {"anonymous": True, "require_passwords": False}
+    a = Appliance(parse_config(config("a", "b", pm))).start()
     b = Appliance(parse_config(config("b", "a", {"mode": "remote"}))).start()
     try:
         deadline = time.monotonic() + WARM_TIMEOUT_S

@@ -74,7 +74,8 @@ class Triangle:
                 lines.append(f'[[neighbours]]\nname = "{other}"\n'
                              f'address = "127.0.0.1:{self.fabric[other]}"')
         if name == "m1":
-            lines.append('[pm]\nmode = "embedded"\n[pm.identities.feed]\npublish = ["p/#"]\n'
+            lines.append('[pm]\nmode = "embedded"\n'
+                         'require_passwords = false\n[pm.identities.feed]\npublish = ["p/#"]\n'
                          'subscribe = ["p/#"]')
             lines.append(f'[mgmt]\nlisten = "{self.mgmt[name][7:]}"\ntoken = "{TOKEN}"')
         else:

@@ -62,7 +62,8 @@ def appliance():
     port = free_port()
     app = Appliance(parse_config({
         "appliance": {"name": "addr"}, "clients": {"udp": f"localhost:{port}"},
-        "pm": {"identities": {"feed": {"publish": ["prices/#"], "subscribe": ["prices/#"]}}},
+        "pm": {"require_passwords": False,
+               "identities": {"feed": {"publish": ["prices/#"], "subscribe": ["prices/#"]}}},
     })).start()
     yield port
     app.stop()
@@ -117,12 +118,14 @@ def test_the_management_api_listens_on_ipv6_and_status_reads_it(capsys) -> None:
 def test_a_config_refuses_nats_dot_subjects_in_entitlements_naming_the_key() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({"appliance": {"name": "dots"},
-                      "pm": {"identities": {"feed": {"subscribe": ["prices.>"]}}}})
+                      "pm": {"require_passwords": False,
+                             "identities": {"feed": {"subscribe": ["prices.>"]}}}})
     assert str(info.value).startswith("config: pm.identities.feed.subscribe: pattern "
                                       "'prices.>' is in NATS dot syntax")
     assert "write 'prices/+/#'" in str(info.value)
     cfg = parse_config({"appliance": {"name": "dots"},  # a dotted level without wildcards
-                        "pm": {"identities": {"feed": {"subscribe": ["prices.eu/#"]}}}})
+                        "pm": {"require_passwords": False,
+                               "identities": {"feed": {"subscribe": ["prices.eu/#"]}}}})
     assert cfg.identities["feed"].subscribe == ("prices.eu/#",)
 
 

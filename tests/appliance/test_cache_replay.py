@@ -25,7 +25,7 @@ TOPICS = ("orders/eu/x", "orders/us/y", "other/z")
 def _config(port: int, cache_dir=None, **cache) -> object:
     doc = {"appliance": {"name": f"cache{port}"},
            "clients": {"udp": f"127.0.0.1:{port}", "shm": f"cache{port}"},
-           "pm": {"identities": IDENTITIES}}
+           "pm": {"require_passwords": False, "identities": IDENTITIES}}
     if cache_dir is not None:
         doc["cache"] = {"dir": str(cache_dir), "patterns": ["orders/#"], **cache}
     return parse_config(doc)
@@ -254,6 +254,7 @@ def test_topicwire_run_keeps_what_is_published_on_its_cache_patterns_through_a_s
     config = tmp_path / "a.toml"
     config.write_text("\n".join([
         "[appliance]", f'name = "run{port}"', "[clients]", f'udp = "127.0.0.1:{port}"',
+        "[pm]", "require_passwords = false",
         "[pm.identities.feed]", 'publish = ["orders/#", "other/#"]', 'subscribe = ["#"]',
         "[cache]", f'dir = "{tmp_path / "cache"}"', 'patterns = ["orders/#"]',
         'fsync = "interval"', "fsync_interval_ms = 5"]) + "\n")

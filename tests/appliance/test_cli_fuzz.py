@@ -107,7 +107,8 @@ def world(tmp_path_factory):
     app = Appliance(parse_config({
         "appliance": {"name": "clifuzz"}, "clients": {"udp": f"127.0.0.1:{client_port}"},
         "mgmt": {"listen": f"127.0.0.1:{mgmt_port}"},
-        "pm": {"identities": {"feed": {"publish": ["prices/#"], "subscribe": ["prices/#"]}}},
+        "pm": {"require_passwords": False,
+               "identities": {"feed": {"publish": ["prices/#"], "subscribe": ["prices/#"]}}},
     })).start()
     garbage = ThreadingHTTPServer(("127.0.0.1", 0), _Garbage)
     threading.Thread(target=garbage.serve_forever, daemon=True).start()

@@ -19,7 +19,8 @@ def appliance():
     port = free_port()
     cfg = parse_config({
         "appliance": {"name": f"ps{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"identities": {"feed": {"publish": ["prices/#"], "subscribe": ["#"]},
+        "pm": {"require_passwords": False,
+               "identities": {"feed": {"publish": ["prices/#"], "subscribe": ["#"]},
                               "viewer": {"subscribe": ["prices/eu/#"]}}}})
     app = Appliance(cfg).start()
     _RUNNING[f"127.0.0.1:{port}"] = app

@@ -21,7 +21,7 @@ def served():
     port = free_port()
     cfg = parse_config({
         "appliance": {"name": f"cl{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"schemas": {"quote": QUOTE},
+        "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
                "identities": {"feed": {"publish": ["#"], "subscribe": ["#"]},
                               "narrow": {"publish": ["mine/#"], "subscribe": ["#"]}}}})
     app = Appliance(cfg).start()

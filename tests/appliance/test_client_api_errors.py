@@ -17,7 +17,8 @@ def port():
     app = Appliance(parse_config({
         "appliance": {"name": f"apierr{port}"},
         "fabric": {"listen": f"127.0.0.1:{free_port()}", "key": "55" * 32},
-        "clients": {"udp": f"127.0.0.1:{port}"}, "pm": {"anonymous": True}})).start()
+        "clients": {"udp": f"127.0.0.1:{port}"},
+        "pm": {"anonymous": True, "require_passwords": False}})).start()
     try:
         yield port
     finally:

@@ -42,7 +42,7 @@ NO_RDMA = pytest.mark.skipif(rdma_available()[0], reason="this host has RDMA: th
 
 
 def _doc(**clients) -> dict:
-    return {"appliance": {"name": "core1"}, "pm": {"anonymous": True},
+    return {"appliance": {"name": "core1"}, "pm": {"anonymous": True, "require_passwords": False},
             "clients": {"udp": "127.0.0.1:47999", **clients}}
 
 
@@ -88,7 +88,8 @@ def test_an_rdma_client_endpoint_on_a_host_without_rdma_is_a_config_error_naming
 @NO_RDMA
 def test_run_exits_2_naming_clients_rdma_on_a_host_without_rdma(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text(f'[appliance]\nname = "c"\n[pm]\nanonymous = true\n[clients]\n'
+    path.write_text(f'[appliance]\nname = "c"\n[pm]\nanonymous = true\n'
+                    'require_passwords = false\n[clients]\n'
                     f'udp = "127.0.0.1:{free_port()}"\nrdma = "127.0.0.1:{free_port()}"\n')
     proc = subprocess.run([*CLI, "run", "--config", str(path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)

@@ -99,7 +99,7 @@ def appliance():
         "appliance": {"name": f"retry{port}"},
         "fabric": {"listen": f"127.0.0.1:{free_port()}", "key": "33" * 32},
         "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"anonymous": True}})).start()
+        "pm": {"anonymous": True, "require_passwords": False}})).start()
     try:
         yield app, port
     finally:

@@ -41,6 +41,7 @@ name = "st{port}"
 udp = "127.0.0.1:{port}"
 [pm]
 anonymous = true
+require_passwords = false
 """
 
 
@@ -105,7 +106,7 @@ def process(tmp_path):
 def appliance():
     port = free_port()
     cfg = parse_config({"appliance": {"name": f"cs{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
-                        "pm": {"anonymous": True}})
+                        "pm": {"anonymous": True, "require_passwords": False}})
     app = Appliance(cfg).start()
     yield f"udp://127.0.0.1:{port}"
     app.stop()
@@ -288,7 +289,7 @@ def test_a_shared_memory_client_reconnects_on_a_new_bus_after_a_restart(tmp_path
     name = f"st-shm-{free_port()}"
     config = tmp_path / "shm.toml"
     config.write_text(f'[appliance]\nname = "{name}"\n[clients]\nshm = "{name}"\n'
-                      "[pm]\nanonymous = true\n")
+                      "[pm]\nanonymous = true\nrequire_passwords = false\n")
     proc = run_appliance(config)
     states = States()
     client = None

@@ -42,6 +42,9 @@ def _with(**sections):
     (_with(pm={"identities": {"feed": {"publish": ["a/#/b/#x"]}}}),
      "pm.identities.feed.publish"),
     (_with(pm={"mode": "remote", "anonymous": True}), "pm.anonymous"),
+    (_with(pm={"anonymous": True}), "pm.anonymous"),  # needs require_passwords = false
+    (_with(pm={"require_passwords": "no"}), "pm.require_passwords"),
+    (_with(pm={"mode": "remote", "require_passwords": False}), "pm.require_passwords"),
     (_with(pm={"registry": "/nonexistent.json"}), "pm.registry"),
 ])
 def test_a_bad_config_is_refused_with_a_message_naming_the_key(doc, key):

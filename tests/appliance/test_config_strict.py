@@ -351,7 +351,8 @@ VALID = [
      "clients": {"udp": "127.0.0.1:47998"},
      "pm": {"mode": "remote"},
      "mgmt": {"listen": "127.0.0.1:0", "token": "secret-token"}},
-    {"appliance": {"name": "solo"}, "clients": {"shm": "solo"}, "pm": {"anonymous": True}},
+    {"appliance": {"name": "solo"}, "clients": {"shm": "solo"},
+     "pm": {"anonymous": True, "require_passwords": False}},
 ]
 
 ODD_STRINGS = ["", " ", "127.0.0.1: 47490", "255.255.255.255:47470", "0.0.0.0:0",

@@ -21,7 +21,7 @@ def _appliance(**clients: object) -> Appliance:
     return Appliance(parse_config({
         "appliance": {"name": f"wake{free_port()}", "heartbeat_interval_ms": 100},
         "fabric": {"listen": f"127.0.0.1:{free_port()}", "key": "44" * 32},
-        "clients": dict(clients), "pm": {"anonymous": True}})).start()
+        "clients": dict(clients), "pm": {"anonymous": True, "require_passwords": False}})).start()
 
 
 def _uptime(app: Appliance) -> float:

@@ -93,9 +93,37 @@ def test_the_right_password_logs_in_and_the_session_works(appliance):
     assert wait_for(lambda: _counter(appliance, "client_auth_accepted") >= 21)
     assert sum(_counter(appliance, f"client_auth_{r}") for r in
                ("no_trailer", "unknown_key", "bad_mac", "replay")) == 0
-    # an identity P&M gives no password logs in as before
-    with connect(_url(appliance), "bob", timeout_s=10) as b:
-        assert b.session > 0
+
+
+def test_an_identity_without_a_password_logs_in_only_in_the_anonymous_mode(tmp_path):
+    """P&M requires a password by default: an identity it gives none is refused with the
+    reason and counted; ``pm.require_passwords = false`` (demos) lets it in without proof,
+    and a reload of the config takes that back without a restart."""
+    port = free_port()
+    identities = {"bob": {"publish": ["a/#"], "subscribe": ["a/#"]}}
+    app = Appliance(parse_config({"appliance": {"name": f"nopw{port}"},
+                                  "clients": {"udp": f"127.0.0.1:{port}"},
+                                  "pm": {"identities": identities}})).start()
+    try:
+        with pytest.raises(LoginError, match="identity 'bob' has no password in P&M"):
+            connect(_url(app), "bob", timeout_s=10)
+        assert wait_for(lambda: _counter(app, "control_login_refused_no_password") == 1)
+        assert not app.status()["clients"]
+        demo = parse_config({"appliance": {"name": f"nopw{port}"},
+                             "clients": {"udp": f"127.0.0.1:{port}"},
+                             "pm": {"identities": identities, "require_passwords": False}})
+        app.reload(demo)
+        assert wait_for(lambda: app.status()["node"]["require_passwords"] is False)
+        with connect(_url(app), "bob", timeout_s=10) as b:
+            assert b.session > 0
+            app.reload(parse_config({"appliance": {"name": f"nopw{port}"},
+                                     "clients": {"udp": f"127.0.0.1:{port}"},
+                                     "pm": {"identities": identities}}))
+            assert wait_for(lambda: app.status()["node"]["require_passwords"] is True)
+        with pytest.raises(LoginError, match="has no password"):
+            connect(_url(app), "bob", timeout_s=10)
+    finally:
+        app.stop()
 
 
 def test_no_password_or_a_wrong_one_is_refused_with_a_reason_and_counted(appliance):

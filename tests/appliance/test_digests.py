@@ -26,7 +26,7 @@ def test_unknown_key_digests_are_drained_counted_and_named():
     port = free_port()
     app = Appliance(parse_config({"appliance": {"name": f"dig{port}"},
                                   "clients": {"udp": f"127.0.0.1:{port}"},
-                                  "pm": {"anonymous": True}})).start()
+                                  "pm": {"anonymous": True, "require_passwords": False}})).start()
     channel = UdpChannel(("127.0.0.1", 0), dest=("127.0.0.1", port))
     try:
         scratch = FrameBatch(8, 65_504)

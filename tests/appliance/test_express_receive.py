@@ -58,7 +58,8 @@ def test_single_frames_are_received_forwarded_and_sent_in_one_call_and_counted()
     config = parse_config({
         "appliance": {"name": f"ex{free_port()}"},
         "clients": {"udp": f"127.0.0.1:{free_port()}"},
-        "pm": {"identities": {"pub": {"publish": ["e/#"], "subscribe": []},
+        "pm": {"require_passwords": False,
+               "identities": {"pub": {"publish": ["e/#"], "subscribe": []},
                               "owner": {"publish": ["f/#"], "subscribe": []},
                               "sub": {"publish": [], "subscribe": ["#"]}}}})
     app = Appliance(config).start()

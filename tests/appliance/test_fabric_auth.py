@@ -39,7 +39,7 @@ def _config(name: str, port: int, neighbours: dict[str, tuple[str, int]], pm: bo
         "fabric": {"listen": f"127.0.0.1:{port}", "key": FABRIC_KEY},
         "neighbours": [{"name": n, "address": f"{h}:{p}"} for n, (h, p) in neighbours.items()],
         "clients": {"udp": f"127.0.0.1:{free_port()}"},
-        "pm": {"identities": IDENTITIES} if pm else {"mode": "remote"}})
+        "pm": {"require_passwords": False, "identities": IDENTITIES} if pm else {"mode": "remote"}})
 
 
 def _url(app: Appliance) -> str:
@@ -432,9 +432,12 @@ def test_forged_loss_and_nak_frames_are_refused_and_the_guaranteed_stream_loses_
             assert _counter(d, "guaranteed_lost_messages") == 0
             assert _counter(a, "guaranteed_retransmitted_bytes") == resent
 
-            # a key holder's NAK for what D has acknowledged: nothing is resent
+            # a key holder's NAK for what D has acknowledged: nothing is resent (it binds the
+            # MAC to D's epoch, as D does: control/auth.py, "Incarnation of a reliable stream")
             acked_before = _counter(a, "guaranteed_nak_ranges_acked")
-            relay.send_as(forged(FrameType.NAK, everything, d_id, a_id, holder), a_addr)
+            nak = encode_admin(FrameType.NAK, everything, source_session=d_id,
+                               dest_session=a_id, stream_id=stream)
+            relay.send_as(bytes(holder.signed_copy(nak, bind=d.control.epoch)), a_addr)
             assert wait_for(lambda: _counter(a, "guaranteed_nak_ranges_acked")
                             == acked_before + 1)
             assert _counter(a, "guaranteed_retransmitted_bytes") == resent
@@ -491,7 +494,8 @@ def test_a_hostile_clients_naks_make_the_appliance_resend_a_bounded_amount():
     app = Appliance(parse_config({
         "appliance": {"name": f"nak{port}"}, "fabric": {"listen": f"127.0.0.1:{port}",
                                                          "key": FABRIC_KEY},
-        "clients": {"udp": f"127.0.0.1:{free_port()}"}, "pm": {"identities": IDENTITIES}}))
+        "clients": {"udp": f"127.0.0.1:{free_port()}"}, "pm": {"require_passwords": False,
+                                                               "identities": IDENTITIES}}))
     app.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)

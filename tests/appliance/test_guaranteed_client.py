@@ -26,7 +26,8 @@ TOPICS = ["g/a", "g/b", "g/c"]
 def appliance():
     port = free_port()
     cfg = parse_config({"appliance": {"name": f"gq{port}"},
-                        "clients": {"udp": f"127.0.0.1:{port}"}, "pm": {"anonymous": True}})
+                        "clients": {"udp": f"127.0.0.1:{port}"},
+                        "pm": {"anonymous": True, "require_passwords": False}})
     app = Appliance(cfg).start()
     yield app, f"127.0.0.1:{port}"
     app.stop()

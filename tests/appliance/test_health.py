@@ -19,7 +19,7 @@ def _appliance(pm: dict, neighbours: list | None = None) -> tuple[Appliance, str
 
 
 def test_an_appliance_with_its_pm_document_is_live_and_ready() -> None:
-    app, url = _appliance({"anonymous": True})
+    app, url = _appliance({"anonymous": True, "require_passwords": False})
     try:
         assert http("GET", url + "/healthz")[::2] == (200, {"status": "ok"})
         wait_for(lambda: http("GET", url + "/readyz")[0] == 200)

@@ -144,7 +144,7 @@ def _appliance(clients: dict | None = None, pm: dict | None = None) -> Target:
         "neighbours": [{"name": "evil", "address": f"127.0.0.1:{evil.getsockname()[1]}"}],
         "clients": {"udp": f"127.0.0.1:{client_port}", "session_dead_ms": 120_000,
                     **(clients or {})},
-        "pm": pm or {"identities": IDENTITIES}})
+        "pm": {"require_passwords": False, **(pm or {"identities": IDENTITIES})}})
     return Target(Appliance(cfg).start(), client_port, fabric_port, evil)
 
 
@@ -503,7 +503,8 @@ def test_the_limits_are_config_keys_that_fit_the_port_space():
     # P&M's document is checked against its schema at start: appliances would refuse it
     with pytest.raises(ConfigError, match=r"pm.identities: P&M's document would be refused"):
         parse_config({"appliance": {"name": "limits"},
-                      "pm": {"identities": {"x" * 300: {"publish": ["#"]}}}})
+                      "pm": {"require_passwords": False,
+                             "identities": {"x" * 300: {"publish": ["#"]}}}})
 
 
 def _try_connect(url: str):

@@ -14,7 +14,7 @@ from tests.appliance.helpers import free_port, wait_for
 def _config(port: int, **clients):
     return parse_config({"appliance": {"name": f"idle{port}"},
                          "clients": {"udp": f"127.0.0.1:{port}", **clients},
-                         "pm": {"anonymous": True}})
+                         "pm": {"anonymous": True, "require_passwords": False}})
 
 
 def test_the_default_blocks_on_the_client_socket_and_a_client_is_served():
@@ -58,4 +58,4 @@ def test_a_command_offered_by_the_control_thread_wakes_the_parked_data_path():
 def test_a_bad_spin_window_is_refused_naming_the_key(value):
     with pytest.raises(ConfigError, match="appliance.idle_spin_us"):
         parse_config({"appliance": {"name": "x", "idle_spin_us": value},
-                      "pm": {"anonymous": True}})
+                      "pm": {"anonymous": True, "require_passwords": False}})

@@ -30,7 +30,7 @@ def appliance(tmp_path):
     port = free_port()
     cfg = parse_config({"appliance": {"name": f"local{port}"},
                         "clients": {"udp": f"127.0.0.1:{port}", "shm": f"local{port}"},
-                        "pm": {"anonymous": True}})
+                        "pm": {"anonymous": True, "require_passwords": False}})
     app = Appliance(cfg).start()
     yield app, port
     app.stop()

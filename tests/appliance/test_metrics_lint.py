@@ -71,7 +71,7 @@ def appliance(tmp_path_factory):
     config.write_text(
         f'[appliance]\nname = "lint"\n[fabric]\nlisten = "127.0.0.1:{free_port()}"\n'
         f'[clients]\nudp = "127.0.0.1:{clients}"\n'
-        '[pm]\nmode = "embedded"\nanonymous = false\n'
+        '[pm]\nmode = "embedded"\nrequire_passwords = false\nanonymous = false\n'
         '[pm.identities.feed]\npublish = ["p/#"]\nsubscribe = ["p/#"]\n'
         f'[mgmt]\nlisten = "127.0.0.1:{mgmt}"\n')
     proc = run_appliance(config)

@@ -286,6 +286,7 @@ def test_text_logs_by_default_and_a_busy_mgmt_port_is_a_config_error(tmp_path):
         holder.listen()
         config = tmp_path / "busy.toml"
         config.write_text(f'[appliance]\nname = "busy"\n[pm]\nanonymous = true\n'
+                          'require_passwords = false\n'
                           f'[mgmt]\nlisten = "127.0.0.1:{port}"\n')
         proc = start([*CLI, "run", "--config", str(config)])
         try:
@@ -304,6 +305,7 @@ def test_token_file_is_read_relative_to_the_config(tmp_path):
     (tmp_path / "mgmt.token").write_text(f"  {TOKEN}\n")
     config = tmp_path / "tf.toml"
     config.write_text(f'[appliance]\nname = "tf"\n[pm]\nanonymous = true\n'
+                      'require_passwords = false\n'
                       f'[mgmt]\nlisten = "127.0.0.1:{port}"\ntoken_file = "mgmt.token"\n')
     proc = start([*CLI, "run", "--config", str(config)], None)
     try:
@@ -322,6 +324,7 @@ def test_empty_token_file_refuses_to_start(tmp_path):
     (tmp_path / "empty.token").write_text("\n")
     config = tmp_path / "e.toml"
     config.write_text(f'[appliance]\nname = "e"\n[pm]\nanonymous = true\n'
+                      'require_passwords = false\n'
                       f'[mgmt]\nlisten = "127.0.0.1:{free_port()}"\n'
                       'token_file = "empty.token"\n')
     done = subprocess.run([*CLI, "run", "--config", str(config)], cwd=ROOT, capture_output=True,

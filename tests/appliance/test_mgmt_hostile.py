@@ -202,7 +202,7 @@ def api(tmp_path_factory):
     config = tmp / "hostile.toml"
     config.write_text(f'[appliance]\nname = "hostile"\n'
                       f'[fabric]\nlisten = "127.0.0.1:{free_port()}"\nkey = "{FABRIC_KEY}"\n'
-                      f'[pm]\nanonymous = true\n'
+                      f'[pm]\nanonymous = true\nrequire_passwords = false\n'
                       f'[mgmt]\nlisten = "127.0.0.1:{port}"\ntoken = "{TOKEN}"\n'
                       f'[log]\nformat = "json"\nlevel = "debug"\n')
     log_path = tmp / "appliance.log"

@@ -38,6 +38,7 @@ name = "tls{port}"
 udp = "127.0.0.1:{free_port()}"
 [pm]
 anonymous = true
+require_passwords = false
 [mgmt]
 listen = "127.0.0.1:{port}"
 {mgmt}

@@ -35,7 +35,8 @@ def _configs(group_port, ports, ttl=0, group="239.255.77.7"):
                                    "interface": "127.0.0.1", "ttl": ttl}]},
             "neighbours": neighbours,
             "clients": {"shm": f"tw-{tag}-{name}"},
-            "pm": {"mode": "embedded", "anonymous": True} if i == 0 else {"mode": "remote"},
+            "pm": ({"mode": "embedded", "anonymous": True, "require_passwords": False}
+                   if i == 0 else {"mode": "remote"}),
         })
     return docs
 

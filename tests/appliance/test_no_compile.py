@@ -70,7 +70,8 @@ def _configs(tmp: Path, multicast: bool) -> dict[str, dict]:
                 lines.append('group = "cores"')
         lines += ["[clients]", f'udp = "127.0.0.1:{udp[name]}"', f'shm = "twnc-{tag}-{name}"']
         if name == "pm":
-            lines += ["[pm]", 'mode = "embedded"', "[pm.identities.app]",
+            lines += ["[pm]", 'mode = "embedded"', "require_passwords = false",
+                      "[pm.identities.app]",
                       'publish = ["#"]', 'subscribe = ["#"]', "[pm.schemas.tick]",
                       f"id = {SCHEMA_ID}", 'fields = [["price", 0, "u32"], ["size", 4, "u32"]]']
         else:

@@ -52,7 +52,8 @@ def _pair():
         "fabric": {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY},
         "neighbours": [{"name": f"fb{fb}", "address": f"127.0.0.1:{fb}"}],
         "clients": {"udp": f"127.0.0.1:{free_port()}"},
-        "pm": {"identities": {"pub": {"publish": ["p/#"], "subscribe": []},
+        "pm": {"require_passwords": False,
+               "identities": {"pub": {"publish": ["p/#"], "subscribe": []},
                               "owner": {"publish": ["q/#"], "subscribe": []},
                               "reader": {"publish": [], "subscribe": ["#"]}}}})
     b = parse_config({

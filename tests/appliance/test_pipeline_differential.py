@@ -71,7 +71,8 @@ def _chain():
             "pm": pm})
     identities = {i: {"publish": r, "subscribe": []} for i, r in RIGHTS.items()}
     identities["reader"] = {"publish": [], "subscribe": ["#"]}
-    apps = {"a": Appliance(config("a", "b", {"identities": identities})).start()}
+    apps = {"a": Appliance(config("a", "b", {"identities": identities,
+                                                       "require_passwords": False})).start()}
     apps["b"] = Appliance(config("b", "ac", {"mode": "remote"})).start()
     apps["c"] = Appliance(config("c", "b", {"mode": "remote"})).start()
     return apps

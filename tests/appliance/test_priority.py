@@ -18,7 +18,7 @@ from tests.appliance.helpers import free_port
 def _config(port: int, priority: int | None):
     app = {"name": f"prio{port}"} | ({} if priority is None else {"priority": priority})
     return parse_config({"appliance": app, "clients": {"udp": f"127.0.0.1:{port}"},
-                         "pm": {"anonymous": True}})
+                         "pm": {"anonymous": True, "require_passwords": False}})
 
 
 def _datapath_nice(app: Appliance) -> int:

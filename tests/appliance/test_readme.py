@@ -10,6 +10,7 @@ import re
 import sys
 import uuid
 
+from appliance.control.credentials import hash_password
 from tests.appliance.helpers import FABRIC_KEY, ROOT, wait_ready
 from tests.netns import Host, requires_netns
 
@@ -26,12 +27,14 @@ def test_the_readme_snippet_prints_the_message_it_published(tmp_path) -> None:
     snippet = _snippet()
     promised = re.search(r"# prints: (.*)$", snippet, re.M)
     assert promised, "the snippet says what it prints"
+    password = re.search(r'password="([^"]+)"', snippet)
+    assert password, "the snippet logs in with a password (P&M requires one by default)"
     config = tmp_path / "a.toml"
     config.write_text("\n".join([
         "[appliance]", 'name = "readme"', "[fabric]", 'listen = "127.0.0.1:47470"',
         f'key = "{FABRIC_KEY}"', "[clients]", 'udp = "127.0.0.1:47471"', "[pm]",
         'mode = "embedded"', "[pm.identities.trader1]", 'publish = ["prices/#"]',
-        'subscribe = ["prices/#"]']) + "\n")
+        'subscribe = ["prices/#"]', f'password = "{hash_password(password.group(1))}"']) + "\n")
     host = Host(f"twreadme{uuid.uuid4().hex[:8]}")
     proc = None
     try:

@@ -19,6 +19,7 @@ name = "solo"
 udp = "127.0.0.1:{port}"
 [pm]
 anonymous = true
+require_passwords = false
 """)
     proc = run_appliance(config)
     try:

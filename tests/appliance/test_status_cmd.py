@@ -134,7 +134,8 @@ def test_reads_need_the_token_on_a_non_loopback_address(tmp_path):
         port = free_port()
         config = tmp_path / "ns.toml"
         config.write_text(f'[appliance]\nname = "nsm"\n[clients]\nudp = "127.0.0.1:{free_port()}"'
-                          f'\n[pm]\nanonymous = true\n[mgmt]\nlisten = "10.78.0.1:{port}"\n'
+                          f'\n[pm]\nanonymous = true\n'
+                          f'require_passwords = false\n[mgmt]\nlisten = "10.78.0.1:{port}"\n'
                           f'token = "{TOKEN}"\n')
         proc = host.popen([*STATUS_CLI, "run", "--config", str(config)], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

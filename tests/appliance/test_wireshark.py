@@ -161,6 +161,7 @@ def _fabric_config(path: Path, name: str, port: int, client_port: int, peer: str
         "[fabric]", f'listen = "127.0.0.1:{port}"', f'key = "{FABRIC_KEY}"',
         "[[neighbours]]", f'name = "{peer}"', f'address = "127.0.0.1:{peer_port}"',
         "[clients]", f'udp = "127.0.0.1:{client_port}"',
+        "[pm]", "require_passwords = false",
         "[pm.identities.feed]", 'publish = ["#"]', 'subscribe = ["#"]']) + "\n")
     return path
 

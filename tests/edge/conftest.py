@@ -26,7 +26,7 @@ def edge_doc(**mqtt: Any) -> dict:
     return {
         "appliance": {"name": "edge1", "role": "edge"},
         "clients": {"udp": f"127.0.0.1:{free_port()}", "session_dead_ms": 2_000},
-        "pm": {"identities": {
+        "pm": {"require_passwords": False, "identities": {
             "alice": {"publish": ["#"], "subscribe": ["#"], "password": hashes["alice"]},
             "bob": {"publish": ["bob/#", "public/#"], "subscribe": ["bob/#", "public/#"],
                     "password": hashes["bob"]},

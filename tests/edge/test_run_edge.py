@@ -30,6 +30,9 @@ role = "edge"
 [clients]
 udp = "127.0.0.1:{udp_port}"
 
+[pm]
+require_passwords = false
+
 [pm.identities.sensor]
 publish = ["plant/#"]
 subscribe = ["plant/#", "cmd/#"]

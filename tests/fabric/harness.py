@@ -124,7 +124,8 @@ class Mesh:
                 group = 'group = "fab"\n' if frozenset((a, b)) in self.group_links else ""
                 lines.append(f'[[neighbours]]\nname = "n{other}"\n'
                              f'address = "10.77.0.{other}:{FABRIC_PORT}"\n{group}')
-        lines.append('[pm]\nmode = "embedded"' + IDENTITIES if i == 1 else '[pm]\nmode = "remote"')
+        lines.append('[pm]\nmode = "embedded"\nrequire_passwords = false' + IDENTITIES if i == 1
+                     else '[pm]\nmode = "remote"')
         return "\n".join(lines) + "\n"
 
     def node(self, i: int) -> NodeProcess:

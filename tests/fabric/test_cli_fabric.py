@@ -57,7 +57,8 @@ def test_pub_on_one_appliance_reaches_sub_on_another_across_the_fabric(tmp_path)
                 path.write_text(CONFIG.format(
                     name=names[i], me=host.addresses[0], key=FABRIC_KEY, other=names[1 - i],
                     other_address=hosts[1 - i].addresses[0],
-                    pm='mode = "embedded"\nanonymous = true' if i == 0 else 'mode = "remote"'))
+                    pm=('mode = "embedded"\nanonymous = true\nrequire_passwords = false'
+                        if i == 0 else 'mode = "remote"')))
                 procs.append(start([*CLI, "run", "--config", str(path)],
                                  ["ip", "netns", "exec", host.name]))
             for proc in procs:

@@ -86,6 +86,7 @@ listen = "127.0.0.1:{mgmt_port}"
 """
 PM_EMBEDDED = """[pm]
 mode = "embedded"
+require_passwords = false
 [pm.identities.feed]
 publish = ["#"]
 subscribe = ["#"]

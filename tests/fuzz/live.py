@@ -112,7 +112,7 @@ class Harness:
             "fabric": {"listen": f"127.0.0.1:{self.fabric_port}", "key": S.FABRIC_KEY},
             "neighbours": [{"name": NEIGHBOUR_NAME, "address": f"127.0.0.1:{nb_port}"}],
             "clients": {"udp": f"127.0.0.1:{self.client_port}", "session_dead_ms": 600_000},
-            "pm": {"identities": IDENTITIES}})
+            "pm": {"require_passwords": False, "identities": IDENTITIES}})
         self.node_id = self.cfg.node_id
         self.auth = FabricAuth(bytes.fromhex(S.FABRIC_KEY), 1, NEIGHBOUR_EPOCH)
         self.dest = {"anon": ("127.0.0.1", self.client_port),

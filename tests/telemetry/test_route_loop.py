@@ -65,7 +65,7 @@ def config(i: int, telemetry, table) -> str:
             lines.append(f'[[neighbours]]\nname = "n{other}"\n'
                          f'address = "10.77.0.{other}:{FABRIC_PORT}"')
     if i == 1:
-        lines.append('[pm]\nmode = "embedded"' + IDENTITIES)
+        lines.append('[pm]\nmode = "embedded"\nrequire_passwords = false' + IDENTITIES)
         lines.append(f'[routes]\ntable = "{table}"\npoll_ms = 200\nduplicate = ["dup/#"]')
     else:
         lines.append('[pm]\nmode = "remote"')
