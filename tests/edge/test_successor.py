@@ -37,6 +37,8 @@ class Mailbox:
         self.peer = peer
         self.answers: list = []
         self.ids: list[int] = []
+        self.marked: dict[int, list] = {}
+        """id -> the 5.0 user properties ``successor-of`` it came with."""
 
     def take(self, timeout_s: float | None = None) -> None:
         """Move what arrived (waiting up to ``timeout_s`` for one message)."""
@@ -50,6 +52,9 @@ class Mailbox:
                 self.answers.append(m)
             else:
                 self.ids.append(int(m.payload))
+                props = getattr(m, "properties", None)
+                users = getattr(props, "UserProperty", None) or []
+                self.marked[int(m.payload)] = [v for k, v in users if k == "successor-of"]
             try:
                 m = self.peer.messages.get_nowait()
             except queue.Empty:
@@ -100,7 +105,14 @@ def collect_until(boxes: list[Mailbox], want: set[int]) -> None:
         for box in boxes:
             box.take(0.02)
         return want <= set().union(*(set(b.ids) for b in boxes))
-    wait_for(done, what=f"all of {len(want)} ids")
+    def missing() -> str:
+        got = set().union(*(set(b.ids) for b in boxes))
+        counters = boxes[0].peer.edge.mqtt.status()["counters"]
+        return f"all of {len(want)} ids (missing {sorted(want - got)}; {counters})"
+    try:
+        wait_for(done, what="all ids")
+    except AssertionError:
+        raise AssertionError(missing()) from None
 
 
 @pytest.mark.parametrize("version", [4, 5], ids=["3.1.1", "5.0"])
@@ -128,6 +140,8 @@ def test_an_improper_disconnect_routes_to_the_successor_and_the_return_takes_it_
     assert counter(edge, "successor_routed") >= 50
     assert edge.mqtt.status()["successors"]["dropped"] == 1
     assert succ.answers == []  # (routed data arrives on its own topics)
+    if version == 5:  # a 5.0 successor sees whose messages it gets
+        assert all(succ.marked[i] == [anc_id] for i in range(first, first + 50))
 
     # the ancestor returns: its traffic is its own again
     back = Mailbox(Peer(edge, anc_id, version=version))
@@ -205,6 +219,10 @@ def test_a_vendor_mismatch_and_bad_requests_are_refused_with_an_answer(edge):
     # nothing of it reached the fabric, and the connection goes on
     assert anc.peer.subscribe("plant/#", 1) == 1
     assert counter(edge, "publishes_in") == 0
+    # the reserved space is the edge's: no subscription to it (answers need none)
+    assert anc.peer.subscribe("$successor/#", 1) == Reason.NOT_AUTHORIZED
+    assert other.peer.subscribe("$successor/reply/set", 1) == 0x80
+    assert counter(edge, "subscriptions_refused_reserved") == 2
     # a withdrawn candidate is no candidate
     assert succ.ask("withdraw")["ok"]
     assert anc.ask("candidates", vendor="acme")["candidates"] == []

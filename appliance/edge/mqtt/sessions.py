@@ -86,9 +86,10 @@ class SessionState:
     # --- towards the client --------------------------------------------------------------------
     def window(self) -> int:
         """QoS 1/2 deliveries that may be in flight now (0 while the client is away or its
-        connection is closing: they wait in the queue for the next one)."""
+        connection is closing, from either side: they wait in the queue for the next one,
+        instead of being written to a socket that is gone)."""
         conn = self.conn
-        if conn is None or conn.closing:
+        if conn is None or conn.closing or conn.writer.is_closing():
             return 0
         return min(self.cfg.max_inflight, conn.client_receive_maximum)
 

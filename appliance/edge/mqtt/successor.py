@@ -21,11 +21,14 @@ as a successor) and the ``successors`` table (ancestor id -> successor id). A ca
 must have announced the same vendor id and log in as the same P&M identity as its ancestor
 (a successor receives the ancestor's messages, so it may not see more than the ancestor's
 entitlements let it). Every refusal is an answer ``{"ok": false, "error": "successor: ..."}``
-(5.0: PUBACK/PUBREC reason 0x83), never a closed connection.
+(5.0: PUBACK/PUBREC reason 0x83), never a closed connection. No client may subscribe to
+``$successor/`` filters (0x80, 5.0 0x87: answers go to the requester alone, and nothing
+published into the fabric under that prefix reaches an MQTT client).
 
 Routing (``route``): a delivery to an ancestor whose last disconnect was improper and whose
 successor is connected goes to the successor instead (its own topic, payload, QoS and 5.0
-properties; the ancestor's subscription identifiers stay behind). At the improper disconnect
+properties, and the user property ``successor-of`` naming the ancestor; the ancestor's
+subscription identifiers stay behind). At the improper disconnect
 the ancestor's unacknowledged and queued QoS 1/2 deliveries go to the successor too
 (``hand_over``), so none waits for a return that may not come; a clean session is held
 (offline, at most ``mqtt.max_session_expiry_s``) instead of ending, so its subscriptions
@@ -45,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType, Reason
+from appliance.edge.mqtt.meta import MessageMeta
 from appliance.edge.mqtt.state import Delivery
 from appliance.edge.mqtt.topics import topic_problem
 
@@ -62,6 +66,8 @@ MAX_CANDIDATES = 64
 """Candidate ids in one answer."""
 MAX_VENDOR_BYTES = 64
 MAX_REQUEST_BYTES = 1_024
+SUCCESSOR_OF = "successor-of"
+"""The user property naming the ancestor on a message routed to its successor (5.0)."""
 VERBS = ("announce", "withdraw", "candidates", "set", "clear")
 
 
@@ -234,7 +240,7 @@ class SuccessorTable:
         if succ is None:
             return False
         self._count("successor_routed")
-        succ.deliver(Delivery(d.topic, d.payload, d.qos, d.retain, d.meta))
+        succ.deliver(for_successor(d, state.client_id))
         return True
 
     def hand_over(self, state: SessionState) -> None:
@@ -250,12 +256,25 @@ class SuccessorTable:
         state.queued.clear()
         for d in moving:
             self._count("successor_handed_over")
-            succ.deliver(Delivery(d.topic, d.payload, d.qos, d.retain, d.meta))
+            succ.deliver(for_successor(d, state.client_id))
 
     def status(self) -> dict[str, Any]:
         return {"nodes": len(self.nodes), "successors": len(self.successors),
                 "candidates": sum(1 for r in self.nodes.values() if r.candidate),
                 "dropped": sum(1 for r in self.nodes.values() if r.dropped)}
+
+
+def for_successor(d: Delivery, ancestor_id: str) -> Delivery:
+    """``d`` as its ancestor's successor gets it: the same topic, payload, QoS and 5.0
+    properties, plus the user property ``successor-of`` = the ancestor's client id (5.0
+    successors see it); not the ancestor's subscription identifiers."""
+    meta = d.meta
+    mark = (codec.PROP["user_property"], (SUCCESSOR_OF, ancestor_id))
+    if meta is None:
+        meta = MessageMeta([mark])
+    else:
+        meta = MessageMeta([*meta.props, mark], meta.expires_at, meta.retain)
+    return Delivery(d.topic, d.payload, d.qos, d.retain, meta)
 
 
 def _vendor(doc: dict) -> str:
