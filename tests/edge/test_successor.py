@@ -283,3 +283,36 @@ def test_a_successor_set_over_5_0_is_kept_while_a_persistent_ancestor_is_away(ed
     collect_until([again], set(range(10, 20)))
     again.peer.close()
     succ.peer.close()
+
+
+def test_messages_wait_for_an_absent_successor_and_go_to_it_when_it_connects(edge):
+    succ = Mailbox(Peer(edge, "succ-away", clean=False))  # persistent: its records stay
+    assert succ.ask("announce", vendor="acme")["ok"]
+    anc = Mailbox(Peer(edge, "anc-away"))
+    assert anc.peer.subscribe("plant/#", 1) == 1
+    assert anc.ask("set", successor="succ-away", vendor="acme")["ok"]
+    succ.peer.close()
+    wait_for(lambda: edge.mqtt.status()["sessions_offline"] == 1)
+    kill(anc.peer)
+    wait_counter(edge, "successor_improper_disconnects")
+    with Peer(edge, "pub-away") as pub:
+        publish_range(pub, 0, 10)
+    wait_counter(edge, "deliveries_queued", 10)  # held by the ancestor's session
+    assert counter(edge, "successor_routed") == 0
+    back = Mailbox(Peer(edge, "succ-away", clean=False))
+    collect_until([back], set(range(10)))
+    assert counter(edge, "successor_handed_over") >= 10
+    back.peer.close()
+
+
+def test_the_records_are_bounded(edge):
+    edge.mqtt.successors.max_nodes = 2
+    boxes = [Mailbox(Peer(edge, f"many-{i}")) for i in range(3)]
+    assert [b.ask("announce", vendor="acme")["ok"] for b in boxes] == [True, True, False]
+    assert boxes[2].ask("candidates", vendor="acme")["why"] == "full"
+    assert counter(edge, "successor_refused_full") == 2
+    boxes[0].peer.close()  # a clean session's records go with it
+    wait_for(lambda: edge.mqtt.status()["successors"]["nodes"] == 1)
+    assert boxes[2].ask("candidates", vendor="acme")["candidates"] == ["many-1"]
+    for box in boxes[1:]:
+        box.peer.close()
