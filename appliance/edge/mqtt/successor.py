@@ -182,7 +182,7 @@ class SuccessorTable:
         rec = self.nodes.get(state.client_id)
         if rec is None:
             return
-        if rec.dropped:
+        if rec.dropped and state.client_id in self.successors:
             self._count("successor_returns")
         rec.is_alive, rec.dropped = True, False
         for ancestor_id, successor_id in self.successors.items():
