@@ -316,3 +316,18 @@ def test_the_records_are_bounded(edge):
     assert boxes[2].ask("candidates", vendor="acme")["candidates"] == ["many-1"]
     for box in boxes[1:]:
         box.peer.close()
+
+
+def test_a_takeover_by_the_ancestor_keeps_its_successor(edge):
+    anc, succ = pair(edge, 4, "anc-take", "succ-take")
+    again = Mailbox(Peer(edge, "anc-take"))  # the edge still held the first connection
+    wait_counter(edge, "sessions_taken_over")
+    assert edge.mqtt.status()["successors"]["successors"] == 1
+    assert again.peer.subscribe("plant/#", 1) == 1
+    kill(again.peer)
+    wait_counter(edge, "successor_improper_disconnects")
+    with Peer(edge, "pub-take") as pub:
+        publish_range(pub, 0, 10)
+    collect_until([succ], set(range(10)))
+    anc.peer.client.loop_stop()
+    succ.peer.close()

@@ -83,6 +83,8 @@ class NodeRecord:
     """Its last disconnect was improper (then its deliveries go to its successor)."""
     candidate: bool = False
     """It announced itself as a successor (notifyAncestor)."""
+    kept: bool = False
+    """Its client is taking its connection over: the old session's end keeps the record."""
 
 
 class SuccessorRefused(Exception):
@@ -176,11 +178,22 @@ class SuccessorTable:
         return {}
 
     # --- sessions come and go ----------------------------------------------------------------
+    def taking_over(self, node_id: str) -> None:
+        """A CONNECT takes over ``node_id``'s connection (its own return, seen before the old
+        connection's end): the old session's end keeps the records."""
+        rec = self.nodes.get(node_id)
+        if rec is not None:
+            rec.kept = True
+
     def on_attach(self, state: SessionState) -> None:
         """``state``'s client is connected (again): its own traffic is its own; ancestors
         that dropped while it was away hand it what waits for them."""
         rec = self.nodes.get(state.client_id)
         if rec is None:
+            return
+        rec.kept = False
+        if rec.identity != state.identity:  # the client id now logs in as another identity
+            self._forget(state.client_id)
             return
         if rec.dropped and state.client_id in self.successors:
             self._count("successor_returns")
@@ -209,13 +222,19 @@ class SuccessorTable:
 
     def on_end(self, state: SessionState, why: str) -> None:
         """``state`` ended: its records go, unless the same client is coming back now
-        (a clean start) or another session of its id is current."""
+        (a clean start, a takeover) or another session of its id is current."""
         if why in ("clean_start", "raced"):
             return
         current = state.server.sessions.get(state.client_id)
         if current is not None and current is not state:
             return
-        node_id = state.client_id
+        rec = self.nodes.get(state.client_id)
+        if rec is not None and rec.kept:
+            rec.kept = False
+            return
+        self._forget(state.client_id)
+
+    def _forget(self, node_id: str) -> None:
         self.nodes.pop(node_id, None)
         self.successors.pop(node_id, None)
         for ancestor_id in [a for a, s in self.successors.items() if s == node_id]:
