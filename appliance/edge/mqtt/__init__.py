@@ -4,6 +4,7 @@
 event loop; ``transports.py`` TLS and WebSocket; ``connection.py`` one connection;
 ``sessions.py`` a session apart from its connection (persistent sessions, deliveries);
 ``handle_connect.py``, ``handle_publish.py``, ``handle_subscribe.py`` the packet families;
-``shared.py`` shared subscriptions; ``meta.py`` 5.0 message properties and expiry;
+``shared.py`` shared subscriptions; ``successor.py`` successor delivery (seed 004);
+``meta.py`` 5.0 message properties and expiry;
 ``retain.py`` the retained store.
 """

@@ -62,6 +62,8 @@ class MqttConnection:
         """Topic aliases the edge set towards the client (at most its maximum)."""
         self.closing = False
         self.no_will = False
+        self.improper = False
+        """It ended improperly: the socket dropped or the keep-alive expired (successor.py)."""
         self.done = asyncio.Event()
 
     def count(self, name: str, n: int = 1) -> None:
@@ -104,6 +106,7 @@ class MqttConnection:
                     raise Closed("protocol_error", Reason.PROTOCOL_ERROR)
         except Closed as closed:
             will = will and closed.will
+            self.improper = closed.reason == "keep_alive_timeout"
             self.count(f"closed_{closed.reason}")
             if closed.detail:
                 log.debug("mqtt %s: closed: %s: %s", self.peer, closed.reason, closed.detail)
@@ -111,6 +114,7 @@ class MqttConnection:
                 self.send_now(codec.encode_disconnect(closed.code))
         except (ConnectionError, asyncio.IncompleteReadError):
             self.count("closed_by_peer")
+            self.improper = True
         except asyncio.CancelledError:
             will = False  # the server is stopping
             raise
@@ -233,7 +237,8 @@ class MqttConnection:
             state = self.state
             if state is not None and state.conn is self:
                 will = self.connect.will if self.connect is not None else None
-                await state.detach(will if send_will else None)
+                await state.detach(will if send_will else None,
+                                   improper=self.improper and not self.no_will)
         finally:
             self.server.forget(self)
             self.done.set()

@@ -97,6 +97,7 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
     state = server.sessions.get(client_id)
     if state is not None and state.conn is not None:
         server.count("sessions_taken_over")
+        server.successors.taking_over(client_id)  # its records stay (successor.py)
         await state.conn.close("taken_over", Reason.SESSION_TAKEN_OVER)
     if conn.closing:
         return False

@@ -21,6 +21,11 @@ from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType, Reason
 from appliance.edge.mqtt.meta import meta_of
 from appliance.edge.mqtt.state import Closed
+from appliance.edge.mqtt.successor import (
+    SUCCESSOR_PREFIX,
+    ack_successor_publish,
+    on_successor_publish,
+)
 from appliance.edge.mqtt.topics import topic_problem
 
 if TYPE_CHECKING:
@@ -107,6 +112,9 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
             return
         if len(state.awaiting_rel) >= conn.cfg.max_inflight:
             raise Closed("receive_maximum_exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED)
+    if topic.startswith(SUCCESSOR_PREFIX):  # the edge's own exchange (successor.py)
+        ack_successor_publish(conn, pkt, on_successor_publish(conn, topic, pkt))
+        return
     props = [(i, v) for i, v in pkt.props if i != codec.PROP["topic_alias"]]
     allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props)
     reason = 0 if allowed else Reason.NOT_AUTHORIZED

@@ -23,6 +23,7 @@ from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import SUBACK_FAILURE_V3, Reason
 from appliance.edge.mqtt.shared import split_shared
 from appliance.edge.mqtt.state import Closed, Delivery, SubOptions
+from appliance.edge.mqtt.successor import SUCCESSOR_PREFIX
 from appliance.edge.mqtt.topics import SHARED_PREFIX, filter_problem
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ def _options(conn: MqttConnection, topic_filter: str, options: int,
     if filter_problem(match) is not None:
         conn.count("subscriptions_refused_bad_filter")
         return _code(conn, Reason.TOPIC_FILTER_INVALID)
+    if match.startswith(SUCCESSOR_PREFIX):  # the edge's own exchange (successor.py)
+        conn.count("subscriptions_refused_reserved")
+        return _code(conn, Reason.NOT_AUTHORIZED)
     if conn.version != codec.V5:
         return SubOptions(qos, match=match, group=None if group is None else f"{group}/{match}")
     return SubOptions(qos, bool(options & 0x04), bool(options & 0x08), (options >> 4) & 3,

@@ -35,6 +35,7 @@ from appliance.edge.mqtt.meta import MetaTable
 from appliance.edge.mqtt.retain import RetainedStore
 from appliance.edge.mqtt.sessions import SessionState
 from appliance.edge.mqtt.shared import SharedRouter
+from appliance.edge.mqtt.successor import SuccessorTable
 
 log = logging.getLogger("topicwire.edge.mqtt")
 
@@ -65,6 +66,7 @@ class MqttServer:
         self.meta = MetaTable(self.cfg.max_metadata_messages, self.cfg.max_metadata_bytes,
                               self.count)
         self.shared_router = SharedRouter(self.count)
+        self.successors = SuccessorTable(self.count)
         self.addresses: dict[str, tuple[str, int]] = {}
         """Listener (``tcp``, ``tls``, ``ws``) -> its bound address."""
         self._socks: dict[str, socket.socket] = {}
@@ -278,6 +280,7 @@ class MqttServer:
                 "connections": len(self.open), "sessions": len(self.sessions),
                 "sessions_offline": self.offline_sessions(),
                 "shared_groups": len(self.shared_router.groups),
+                "successors": self.successors.status(),
                 "metadata_messages": len(self.meta), "metadata_bytes": self.meta.bytes,
                 "retained_messages": len(self.retained.messages),
                 "retained_bytes": self.retained.bytes, "counters": counters}

@@ -86,9 +86,10 @@ class SessionState:
     # --- towards the client --------------------------------------------------------------------
     def window(self) -> int:
         """QoS 1/2 deliveries that may be in flight now (0 while the client is away or its
-        connection is closing: they wait in the queue for the next one)."""
+        connection is closing, from either side: they wait in the queue for the next one,
+        instead of being written to a socket that is gone)."""
         conn = self.conn
-        if conn is None or conn.closing:
+        if conn is None or conn.closing or conn.writer.is_closing():
             return 0
         return min(self.cfg.max_inflight, conn.client_receive_maximum)
 
@@ -101,6 +102,8 @@ class SessionState:
             self.count("deliveries_dropped_expired")
             return
         conn = self.conn
+        if conn is None and self.server.successors.route(self, d):
+            return  # its client dropped: to its successor (successor.py)
         if d.qos == 0:
             if conn is None or conn.closing:
                 self.count("deliveries_dropped_offline_qos0")
@@ -167,12 +170,17 @@ class SessionState:
             elif not conn.closing:  # larger than this connection's Maximum Packet Size
                 del self.inflight[packet_id]
         self.drain()
+        self.server.successors.on_attach(self)
 
-    async def detach(self, will: codec.Will | None) -> None:
+    async def detach(self, will: codec.Will | None, improper: bool = False) -> None:
         """The connection ended: the session goes offline (persistent, and room for it) or
-        ends. ``will``: to publish now, or after its delay while offline."""
+        ends. ``will``: to publish now, or after its delay while offline. ``improper``: the
+        socket dropped or the keep-alive expired (an ancestor's clean session is then held
+        for its successor, at most ``mqtt.max_session_expiry_s``: successor.py)."""
         self.conn = None
         self.server.shared_router.take_back(self)
+        if self.server.successors.on_detach(self, improper) and not self.expiry_s:
+            self.expiry_s = self.cfg.max_session_expiry_s
         delay = 0
         if will is not None:
             delay = int(codec.prop(will.props, "will_delay_interval", 0))  # type: ignore[arg-type]
@@ -227,6 +235,7 @@ class SessionState:
         self._timers.clear()
         self.count("sessions_ended_" + why)
         server = self.server
+        server.successors.on_end(self, why)
         if server.sessions.get(self.client_id) is self:
             del server.sessions[self.client_id]
         server.shared_router.leave_all(self)
