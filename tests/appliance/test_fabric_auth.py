@@ -398,11 +398,15 @@ def test_forged_loss_and_nak_frames_are_refused_and_the_guaranteed_stream_loses_
                 relay.send_as(forged(FrameType.LOSS, loss, a_id, d_id, rogue), d_addr)
             for frame in genuine:
                 relay.send_as(frame, d_addr)
-            assert wait_for(lambda: (
-                _counter(d, "guaranteed_auth_refused_no_trailer") == refused["no_trailer"] + 5
-                and _counter(d, "guaranteed_auth_refused_bad_mac") == refused["bad_mac"] + 5
-                and _counter(d, "guaranteed_auth_refused_replay")
-                == refused["replay"] + len(genuine)))
+            want = {"no_trailer": 5, "bad_mac": 5, "replay": len(genuine)}
+
+            def seen():
+                return {r: _counter(d, f"guaranteed_auth_refused_{r}") - refused[r]
+                        for r in want}
+            try:
+                wait_for(lambda: seen() == want, 60)
+            except AssertionError:
+                raise AssertionError(f"refused at D {seen()}, expected {want}") from None
 
             resent = _counter(a, "guaranteed_retransmitted_bytes")
             nak_refused = _counter(a, "guaranteed_auth_refused_no_trailer")
