@@ -322,14 +322,25 @@ def sorted_index(values, value):
 def _mac(buf, off, n, sender, receiver, ab, ac, key_addr, key_len):
     """MAC of ``buf[off:off + n]`` (send time read as zero) on link (sender, receiver) under
     the key at address ``key_addr`` into ``ab[B_MAC:B_MAC + 16]``."""
+    _put32(ab, fm.B_SALT, sender)
+    _put32(ab, fm.B_SALT + 4, receiver)
+    _mac_at(buf, off, n, ab, ac, key_addr, key_len, fm.B_SALT, fm.B_PERSON)
+
+
+@njit(inline="always")
+def _mac_down(buf, off, n, ab, ac, key_addr, key_len):
+    """MAC of a frame from an appliance to a client session (zero salt, ``DOWN_PERSON``)."""
+    _mac_at(buf, off, n, ab, ac, key_addr, key_len, fm.B_ZERO, fm.B_DOWN_PERSON)
+
+
+@njit(inline="always")
+def _mac_at(buf, off, n, ab, ac, key_addr, key_len, salt_at, person_at):
     for k in range(8):
         ab[fm.B_TS + k] = buf[off + _TS + k]
         buf[off + _TS + k] = 0
-    _put32(ab, fm.B_SALT, sender)
-    _put32(ab, fm.B_SALT + 4, receiver)
     base = np.int64(ab.ctypes.data)
     _call8(ac[fm.A_FN], base + fm.B_MAC, _MAC, np.int64(buf.ctypes.data) + off, n,
-           key_addr, key_len, base + fm.B_SALT, base + fm.B_PERSON)
+           key_addr, key_len, base + salt_at, base + person_at)
     for k in range(8):
         buf[off + _TS + k] = ab[fm.B_TS + k]
 
@@ -392,7 +403,7 @@ def check_frame(buf, off, length, sender, receiver, row, ab, ac, windows):
         ac[fm.A_LINKS_FULL] += 1
         return -1
     return _check(buf, off, length, sender, receiver, ab, ac, windows[row],
-                  np.int64(ab.ctypes.data) + fm.B_KEY, ac[fm.A_KEY_LEN], ac[fm.A_KEY_ID])
+                  np.int64(ab.ctypes.data) + fm.B_KEY, ac[fm.A_KEY_LEN], ac[fm.A_KEY_ID], False)
 
 
 @njit(cache=True, nogil=True)
@@ -403,11 +414,11 @@ def check_session_frame(buf, off, length, session, receiver, slot, ab, ac, keys,
     (``check_frame``'s result)."""
     return _check(buf, off, length, session, receiver, ab, ac, windows[slot],
                   np.int64(keys.ctypes.data) + slot * keys.shape[1] + fm.SESSION_KEY_AT,
-                  np.int64(keys[slot, 0]), 0)
+                  np.int64(keys[slot, 0]), 0, False)
 
 
 @njit(inline="always")
-def _check(buf, off, length, sender, receiver, ab, ac, w, key_addr, key_len, key_id):
+def _check(buf, off, length, sender, receiver, ab, ac, w, key_addr, key_len, key_id, down):
     if (length < _HDR + _AUTH_BYTES or not buf[off + _FLAGS_LOW] & _AUTH
             or _be32(buf, off + _LEN) != length):
         ac[fm.A_NO_TRAILER] += 1
@@ -416,7 +427,10 @@ def _check(buf, off, length, sender, receiver, ab, ac, w, key_addr, key_len, key
     if _be32(buf, t) != key_id:
         ac[fm.A_UNKNOWN_KEY] += 1
         return -1
-    _mac(buf, off, length - _MAC, sender, receiver, ab, ac, key_addr, key_len)
+    if down:
+        _mac_down(buf, off, length - _MAC, ab, ac, key_addr, key_len)
+    else:
+        _mac(buf, off, length - _MAC, sender, receiver, ab, ac, key_addr, key_len)
     diff = 0
     m = off + length - _MAC
     for k in range(_MAC):
@@ -489,3 +503,104 @@ def check_burst_frame(buf, offsets, lengths, peer_ids, i, reliable_bit, peers, s
         return fm.REFUSED
     lengths[i] = got
     return fm.OK
+
+
+# --- frames from an appliance to a client session (frame_mac.py: DOWN_PERSON) ------------
+
+@njit(inline="always")
+def sign_session_frame(buf, off, length, room, slot, now_ns, ab, ac, keys):
+    """Append the trailer of a frame to a client session under the session's key
+    ``keys[slot]`` (``check_session_frame``'s layout) to the frame at ``buf[off:off +
+    length]`` (``room`` bytes in its slot), its send time stamped ``now_ns``; the sequence
+    is ``ac[A_SEQ]``'s next: its new length, or -1 (no room: left unsigned, counted)."""
+    end = length + _AUTH_BYTES
+    if length < _HDR or end > room or end % 8 != 0:
+        ac[fm.A_UNSIGNED] += 1
+        return -1
+    buf[off + _FLAGS_LOW] |= _AUTH
+    _put32(buf, off + _LEN, end)
+    put_be64(buf, off + _TS, now_ns)
+    seq = ac[fm.A_SEQ] + 1
+    ac[fm.A_SEQ] = seq
+    t = off + length
+    _put32(buf, t, 0)
+    _put32(buf, t + 4, 0)
+    put_be64(buf, t + 8, seq)
+    _mac_down(buf, off, end - _MAC, ab, ac,
+              np.int64(keys.ctypes.data) + slot * keys.shape[1] + fm.SESSION_KEY_AT,
+              np.int64(keys[slot, 0]))
+    buf[off + end - _MAC:off + end] = ab[fm.B_MAC:fm.B_MAC + _MAC]
+    ac[fm.A_SIGNED] += 1
+    return end
+
+
+@njit(inline="always")
+def sign_session_queue(buf, offsets, lengths, peer_ids, count, room, peers, rows, slots,
+                       now_ns, ab, ac, keys):
+    """Sign every frame of an out queue without a trailer whose destination (peer id, or
+    session id for shared memory) is a session with a key: ``peers`` sorted, the row of each
+    in ``rows``, ``slots[row]`` its key's slot (-1: none, the
+    frame is sent as it is)."""
+    for i in range(count):
+        off = offsets[i]
+        length = lengths[i]
+        if length >= _HDR and buf[off + _FLAGS_LOW] & _AUTH:
+            continue
+        r = sorted_index(peers, peer_ids[i])
+        if r < 0:
+            continue
+        slot = slots[rows[r]]
+        if slot < 0:
+            continue
+        got = sign_session_frame(buf, off, length, room, slot, now_ns, ab, ac, keys)
+        if got > 0:
+            lengths[i] = got
+
+
+@njit(cache=True, nogil=True)
+def sign_session_frames(buf, offsets, lengths, peer_ids, count, room, peers, rows, slots,
+                        now_ns, ab, ac, keys):
+    """``sign_session_queue`` as a call of its own (an out queue the data path sends)."""
+    sign_session_queue(buf, offsets, lengths, peer_ids, count, room, peers, rows, slots,
+                       now_ns, ab, ac, keys)
+
+
+DOWN_OPEN, DOWN_LOGIN, DOWN_KEYED = 0, 1, 2
+"""What a client takes (``check_down_frames``'s ``mode``): anything (a session without a
+key), only CONTROL frames, unchecked, to answer its login (a login with a password before
+its proof), frames with the session's MAC (after the proof)."""
+UNVERIFIED = 3
+"""A CONTROL frame taken unchecked: only a login's answer is read from it."""
+_CONTROL = int(fl.FrameType.CONTROL)
+
+
+@njit(cache=True, nogil=True)
+def check_down_frames(buf, offsets, lengths, count, mode, login_pending, ab, ac, window,
+                      verdicts):
+    """The client's check of a received burst from its appliance: ``verdicts[i]`` = OK (its
+    MAC passed under the session's key ``ab`` and the window ``window``: trailer removed,
+    length updated), NOT_SUBJECT (``mode`` DOWN_OPEN: taken as it is), UNVERIFIED (an
+    unsigned CONTROL frame while ``login_pending``, or any CONTROL frame in DOWN_LOGIN) or
+    REFUSED (counted by reason in ``ac``)."""
+    for i in range(count):
+        off = offsets[i]
+        length = lengths[i]
+        if mode == DOWN_OPEN:
+            verdicts[i] = fm.NOT_SUBJECT
+            continue
+        control = length >= _HDR and buf[off + fl.TYPE_OFFSET] == _CONTROL
+        signed = length >= _HDR and buf[off + _FLAGS_LOW] & _AUTH
+        if mode == DOWN_LOGIN or (not signed and login_pending):
+            if control:
+                verdicts[i] = UNVERIFIED
+            else:
+                ac[fm.A_NO_TRAILER if not signed else fm.A_UNKNOWN_KEY] += 1
+                verdicts[i] = fm.REFUSED
+            continue
+        got = _check(buf, off, length, 0, 0, ab, ac, window, np.int64(ab.ctypes.data) + fm.B_KEY,
+                     ac[fm.A_KEY_LEN], 0, True)
+        if got < 0:
+            verdicts[i] = fm.REFUSED
+        else:
+            lengths[i] = got
+            verdicts[i] = fm.OK

@@ -28,6 +28,16 @@ libsodium, so a pip install has it), called from the kernels at its address: no 
 frame. The kernels (``sign_frames``, ``check_frames``, ``check_burst_frame``, the latter
 inlined in the appliance's forwarding pipeline) are in datapath/protocol/_kernels.py with the
 codec's; ``mac_py`` is the slow twin (hashlib's BLAKE2b) the tests compare them with.
+
+Client sessions that logged in with a password (appliance/control/credentials.py) have a
+per-session key both ends derived at login. Frames the client sends carry the trailer under
+it as above (salt: session id, appliance node id; ``PERSON``). Frames the appliance sends
+the session carry it too, under the same key with ``DOWN_PERSON`` and a zero salt (key id
+and epoch 0): the key is the session's alone, so the personalisation only has to tell the
+directions apart (a client's frame reflected back to it fails); the client can check from
+the moment it made its proof, before it knows its session id. The appliance's sequence
+counts up from its start time in ns over all its sessions; the client keeps one window.
+``mac_down_py`` is that MAC's slow twin.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ from datapath.protocol import frame_layout as fl
 
 PERSON = b"topicwire-data\x00\x00"
 """BLAKE2b personalisation of DATA frame MACs (16 bytes)."""
+DOWN_PERSON = b"topicwire-down\x00\x00"
+"""BLAKE2b personalisation of the MACs of frames from an appliance to a client session."""
 MAC_BYTES = fl.AUTH_MAC_BYTES
 TRAILER_BYTES = fl.AUTH_TRAILER_BYTES
 WINDOW_BITS = 1_024
@@ -49,10 +61,10 @@ MAX_KEY_BYTES = 64
 """BLAKE2b's largest key."""
 
 # auth_bytes: one uint8 array per signer/checker
-B_KEY, B_PERSON, B_SALT, B_MAC, B_TS = 0, 64, 80, 96, 112
-AUTH_BYTES = 120
+B_KEY, B_PERSON, B_SALT, B_MAC, B_TS, B_DOWN_PERSON, B_ZERO = 0, 64, 80, 96, 112, 120, 136
+AUTH_BYTES = 152
 """``auth_bytes``: key (64, zero-padded), person (16), salt scratch (16), MAC scratch (16),
-send-time scratch (8)."""
+send-time scratch (8), ``DOWN_PERSON`` (16), a zero salt (16)."""
 
 # auth_ctl: int64 words
 (A_KEY_LEN, A_KEY_ID, A_EPOCH, A_NODE, A_SEQ, A_FN, A_ACCEPTED, A_NO_TRAILER, A_UNKNOWN_KEY,
@@ -92,6 +104,15 @@ def mac_py(key: bytes, signed: bytes, sender: int, receiver: int) -> bytes:
                            salt=link_salt(sender, receiver)).digest()
 
 
+def mac_down_py(key: bytes, signed: bytes) -> bytes:
+    """The MAC of ``signed`` (as ``mac_py``) on a frame from an appliance to a client
+    session under the session's key."""
+    data = bytearray(signed)
+    data[_TS:_TS + 8] = bytes(8)
+    return hashlib.blake2b(bytes(data), key=key, digest_size=MAC_BYTES, person=DOWN_PERSON,
+                           salt=bytes(16)).digest()
+
+
 def link_salt(sender: int, receiver: int) -> bytes:
     return sender.to_bytes(4, "big") + receiver.to_bytes(4, "big") + bytes(8)
 
@@ -105,6 +126,7 @@ def new_state(key: bytes, key_id: int, epoch: int, node_id: int, start_seq: int
     b = np.zeros(AUTH_BYTES, np.uint8)
     b[B_KEY:B_KEY + len(key)] = np.frombuffer(key, np.uint8)
     b[B_PERSON:B_PERSON + 16] = np.frombuffer(PERSON, np.uint8)
+    b[B_DOWN_PERSON:B_DOWN_PERSON + 16] = np.frombuffer(DOWN_PERSON, np.uint8)
     c = np.zeros(AUTH_CTL_WORDS, np.int64)
     c[A_KEY_LEN] = len(key)
     c[A_KEY_ID] = key_id
