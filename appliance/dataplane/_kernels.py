@@ -29,6 +29,7 @@ from datapath.protocol import message_layout as ml
 from datapath.protocol._kernels import (
     check_burst_frame,
     check_session_frame,
+    sign_session_queue,
     sorted_index,
     write_frame_header,
 )
@@ -90,7 +91,9 @@ frame went, the queue is empty; ``SENT_SOME``: the caller finishes the send from
 in ``tx_out``) and what its ``recvmmsg`` returned (datagrams and truncated ones, or -1 and
 errno)."""
 SENT_NONE, SENT_SOME, SENT_ALL = range(3)
-CTL_WORDS = RESULT_WORDS + 15
+QSLOT0 = RESULT_WORDS + 15
+"""The clients' UDP queue's slot size (set by the caller): room to sign its frames."""
+CTL_WORDS = RESULT_WORDS + 16
 
 SOURCE_CLIENTS, SOURCE_FABRIC, SOURCE_GROUP, SOURCE_GIVEN = 0, 1, 2, 3
 """What a burst came from (``pipeline``'s ``source``): the clients, the fabric's unicast
@@ -514,7 +517,11 @@ def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_con
        result in ``tx_out``; all sent: queue 0 is emptied (``ctl[QCOUNT]`` = 0), the frames
        and bytes counted in ``totals`` and ``ctl[SENT]`` = ``SENT_ALL``, else ``SENT_SOME``
        (the caller's channel finishes the send). A datagram to a multicast group sends
-       nothing (the caller's channel refuses it as any send would).
+       nothing (the caller's channel refuses it as any send would). Before the send, the
+       frames to sessions with a key get their MAC (``sign_session_queue``: the UDP
+       sessions' ``cli_peers``, ``cli_rows``, ``sess_slots``, keys ``skeys``; scratch,
+       counts and sequence ``cab``, ``cac``; room ``ctl[QSLOT0]``), as
+       ``SessionAuth.sign`` signs the queue when Python sends it.
     """
     ctl[SENT] = SENT_NONE
     ctl[SELECTED] = 0
@@ -548,6 +555,8 @@ def receive_forward(prepare, rx_buf_addr, now_ns, rx_h, rx_iov, rx_names, rx_con
     for i in range(count):
         if p0[i] < 0 or p0[i] >> 48:
             return  # not a UDP peer: the channel's own send says so
+    sign_session_queue(b0, o0, l0, p0, count, ctl[QSLOT0], cli_peers, cli_rows, sess_slots,
+                       now_ns, cab, cac, skeys)
     stamp = wall_clock_ns(clock_fn, clock, clock_addr) if clock_fn else 0
     send_datagrams(tx_h, tx_iov, tx_names, tx_h_addr, tx_names_addr, b0, tx_buf_addr, o0, l0,
                    count, 2, 0, 0, p0, False, stamp, tx_fd, send_fn, errno_fn, tx_out)

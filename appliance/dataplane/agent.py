@@ -140,14 +140,19 @@ class DataPlaneAgent(Delivery, Output):
                     if not name.startswith(GROUP_TX)}
         self.data_auth = DataAuth(None, 0, 0, node_id, 0)
         """Signs and checks plain DATA frames between appliances (``use_data_auth``)."""
-        self.session_auth = SessionAuth(node_id, MAX_EGRESS_PORT + 1)
-        """Checks the frames of client sessions with a key (one per egress port at most)."""
+        self.session_auth = SessionAuth(node_id, MAX_EGRESS_PORT + 1, time.time_ns())
+        """Checks the frames of client sessions with a key (one per egress port at most),
+        and signs the frames sent to them."""
         data_frame_bytes = fabric_max_frame_bytes - fl.AUTH_TRAILER_BYTES  # room to sign
+        client_frame_bytes = CLIENT_MAX_FRAME_BYTES - fl.AUTH_TRAILER_BYTES
         self._out = {
             FABRIC: _OutQueue(self._send_udp(FABRIC), data_frame_bytes,
                               slot_bytes=CLIENT_MAX_FRAME_BYTES),
-            CLIENT_UDP: _OutQueue(self._send_udp(CLIENT_UDP), CLIENT_MAX_FRAME_BYTES),
-            CLIENT_SHM: _OutQueue(self._send_shm, CLIENT_MAX_FRAME_BYTES),
+            # (frames built for clients leave room for a session's MAC)
+            CLIENT_UDP: _OutQueue(self._send_udp(CLIENT_UDP), client_frame_bytes,
+                                  slot_bytes=CLIENT_MAX_FRAME_BYTES),
+            CLIENT_SHM: _OutQueue(self._send_shm, client_frame_bytes,
+                                  slot_bytes=CLIENT_MAX_FRAME_BYTES),
         }
         self._own_group_senders: dict[str, tuple[int, int]] = {}
         for name, channel in channels.items():

@@ -80,6 +80,7 @@ from appliance.dataplane._kernels import (
     QCOUNT,
     QMAX,
     QSLOT,
+    QSLOT0,
     RESULT_WORDS,
     RX_COUNT,
     RX_EXTRA,
@@ -287,6 +288,7 @@ class Express:
             self.ctl[QCAPACITY + i] = b.capacity
             self.ctl[QMAX + i] = q.max_frame_bytes
         self.ctl[QSLOT] = self._queues[FABRIC_Q].batch.slot_bytes
+        self.ctl[QSLOT0] = self._queues[0].batch.slot_bytes
         frames = max(batch.capacity for batch in dp._rx.values()) if dp._rx else 1
         self._sel = (np.zeros(frames, np.int64), np.zeros(frames, np.int64),
                      np.zeros(frames, np.int64), np.zeros((frames, 3), np.int64),

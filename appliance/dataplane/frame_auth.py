@@ -19,6 +19,15 @@ password (appliance/control/credentials.py): every frame such a session sends ca
 trailer under its session key, bound to (session id, this node); the pipeline's kernel
 checks its DATA frames, the general loop (``SessionAuth.check``) the others. A LOGIN (source
 session 0) needs none: a new login from a session's address proves its password anew.
+
+The other way, every frame the data path sends such a session carries the trailer under the
+same key (frame_mac.py: ``DOWN_PERSON``): deliveries, control replies, registry updates,
+guaranteed streams. The out queue of the clients' UDP socket and of their shared memory is
+signed as it is sent (``SessionAuth.sign``: one call per queue, ``sign_session_frames``; the
+pipeline's fused receive-and-send signs its UDP queue in the kernel before ``sendmmsg``), for
+the destinations of sessions with a key; the others' frames leave as they are. Counters
+``client_mac_signed`` and ``client_mac_unsigned`` (a frame with no room for the trailer: the
+client refuses it).
 """
 
 from __future__ import annotations
@@ -30,7 +39,12 @@ import numpy as np
 from appliance.config import AUTH_MAX_LINKS
 from appliance.dataplane.names import GROUP_RX, GROUP_TX
 from datapath.protocol import frame_mac as fm
-from datapath.protocol._kernels import check_frames, check_session_frame, sign_frames
+from datapath.protocol._kernels import (
+    check_frames,
+    check_session_frame,
+    sign_frames,
+    sign_session_frames,
+)
 
 _EMPTY = np.zeros(0, np.int64)
 
@@ -134,12 +148,18 @@ class SessionAuth:
     """Keys and replay windows of the client sessions with a key, one row each (see the
     module docstring). Runs on the data-path thread."""
 
-    def __init__(self, node_id: int, rows: int) -> None:
-        self.abytes, self.actl = fm.new_state(b"\x00", 0, 0, node_id, 0)  # scratch, counts
+    def __init__(self, node_id: int, rows: int, start_ns: int = 0) -> None:
+        # scratch, counts, and the sequence of the frames it signs (from ``start_ns``)
+        self.abytes, self.actl = fm.new_state(b"\x00", 0, 0, node_id, start_ns)
         self.node_id = node_id
         self.keys = fm.new_session_keys(rows)
         self.windows = fm.new_windows(rows)
         self._free = list(range(rows - 1, -1, -1))
+        self._dests: dict[str, dict[int, int]] = {}
+        """Channel -> the destination (peer id, or session id on shared memory) of each
+        session with a key -> its slot."""
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        """Channel -> (destinations sorted, 0..n-1, their slots): ``sign``'s arguments."""
 
     def attach(self, session: Any) -> None:
         """Give a session with a key its row (a session without one keeps -1)."""
@@ -154,6 +174,8 @@ class SessionAuth:
         self.windows[row] = 0
         self.windows[row, 0] = -1
         session.auth_slot = row
+        self._dests.setdefault(session.channel, {})[session.dest] = row
+        self._arrays.pop(session.channel, None)
 
     def detach(self, session: Any) -> None:
         row = session.auth_slot
@@ -161,6 +183,31 @@ class SessionAuth:
             self.keys[row] = 0
             self._free.append(row)
             session.auth_slot = -1
+            dests = self._dests.get(session.channel, {})
+            if dests.get(session.dest) == row:
+                del dests[session.dest]
+            self._arrays.pop(session.channel, None)
+
+    def sign_arrays(self, channel: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(destinations sorted, their rows 0..n-1, their slots) of the sessions with a key
+        on ``channel``; made again when one comes or goes."""
+        got = self._arrays.get(channel)
+        if got is None:
+            pairs = sorted(self._dests.get(channel, {}).items())
+            got = self._arrays[channel] = (
+                np.asarray([d for d, _ in pairs], np.int64) if pairs else _EMPTY,
+                np.arange(len(pairs), dtype=np.int64),
+                np.asarray([s for _, s in pairs], np.int64) if pairs else _EMPTY)
+        return got
+
+    def sign(self, channel: str, batch: Any, now_ns: int) -> None:
+        """Sign the frames of an out queue's batch about to be sent on ``channel`` to
+        sessions with a key (one kernel call; the others are left as they are)."""
+        if not batch.count or not self._dests.get(channel):
+            return
+        sign_session_frames(batch.buf, batch.offsets, batch.lengths, batch.peer_ids,
+                            batch.count, batch.slot_bytes, *self.sign_arrays(channel), now_ns,
+                            self.abytes, self.actl, self.keys)
 
     def check(self, batch: Any, i: int, session: Any) -> int:
         """Check frame ``i`` of a received burst from ``session`` (which has a key): its
@@ -175,7 +222,10 @@ class SessionAuth:
     def counters(self) -> dict[str, int]:
         """``client_auth_<reason>`` of the sessions' frames checked (a session has its own
         row: never ``links_full``)."""
-        return _verdict_counts(self.actl, "client_auth_", fm.REASONS[:-1])
+        out = _verdict_counts(self.actl, "client_auth_", fm.REASONS[:-1])
+        out["client_mac_signed"] = int(self.actl[fm.A_SIGNED])
+        out["client_mac_unsigned"] = int(self.actl[fm.A_UNSIGNED])
+        return out
 
 
 def _verdict_counts(actl: np.ndarray, prefix: str, reasons: tuple[str, ...]
@@ -197,3 +247,5 @@ def warm_frame_auth() -> None:
     check_frames(buf, one, one, one, one, 0, 0, _EMPTY, _EMPTY, _EMPTY, 0, ab, ac, windows,
                  np.zeros(1, np.int8))
     check_session_frame(buf, 0, 0, 0, 0, 0, ab, ac, fm.new_session_keys(1), windows)
+    sign_session_frames(buf, one, one, one, 0, 0, _EMPTY, _EMPTY, _EMPTY, 0, ab, ac,
+                        fm.new_session_keys(1))

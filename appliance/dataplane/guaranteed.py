@@ -307,6 +307,8 @@ class GuaranteedPlane:
                 return None
             size = GUARANTEED_UDP_FRAME_BYTES if session.channel == CLIENT_UDP else \
                 CLIENT_MAX_FRAME_BYTES
+            if session.key is not None:  # room for the session's MAC (frame_auth.py)
+                size -= fl.AUTH_TRAILER_BYTES
             config = SenderConfig(dest_session=session_id, max_frame_bytes=size,
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
                                   retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)

@@ -14,7 +14,7 @@ from appliance.config import (
     OUTBOX_FRAMES,
     STATUS_REFRESH_NS,
 )
-from appliance.dataplane.names import CLIENT_SHM, FABRIC
+from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
 from appliance.dataplane.status_channels import sample_channel
 from channels.base import EACH_SLOT, FrameArrays, FrameBatch
 from datapath.protocol import frame_layout as fl
@@ -54,6 +54,7 @@ class Output:
     # --- sending ------------------------------------------------------------------------------
     def _send_udp(self, name: str) -> Callable[[FrameBatch], None]:
         sign = name == FABRIC  # plain DATA frames to neighbours carry the DATA MAC
+        clients = name == CLIENT_UDP  # every frame to a session with a key carries its MAC
 
         def send(batch: FrameBatch) -> None:
             channel = self.channels.get(name)
@@ -62,6 +63,8 @@ class Output:
                 return
             if sign:
                 self.data_auth.sign(name, batch, self.tables, time.time_ns())
+            elif clients:
+                self.session_auth.sign(name, batch, time.time_ns())
             self.counted_udp_send(name, batch.count, channel.send(batch, EACH_SLOT))
         return send
 
@@ -81,6 +84,7 @@ class Output:
 
     def _send_shm(self, batch: FrameBatch) -> None:
         n = batch.count
+        self.session_auth.sign(CLIENT_SHM, batch, time.time_ns())
         dests = batch.peer_ids[:n]
         for sid in np.unique(dests).tolist():
             session = self.sessions.get(sid)
