@@ -105,8 +105,16 @@ from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
+from datapath.protocol import frame_mac as fm
 from datapath.protocol import message_layout as ml
-from datapath.protocol._kernels import sign_frames
+from datapath.protocol._kernels import (
+    DOWN_KEYED,
+    DOWN_LOGIN,
+    DOWN_OPEN,
+    UNVERIFIED,
+    check_down_frames,
+    sign_frames,
+)
 from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
 from datapath.protocol.frame_mac import new_state
@@ -334,6 +342,18 @@ class Client(GuaranteedSide, ConnectionSide):
                                    - fl.AUTH_TRAILER_BYTES)  # room for the session's MAC
         self._mac: tuple[np.ndarray, np.ndarray] | None = None
         """The session's frame MAC state (a password login: its key), else None."""
+        self._down_ab, self._down_ctl = new_state(b"\x00", 0, 0, 0, 0)
+        """The check of the appliance's frames (``check_down_frames``): the session's key,
+        and what it refused by reason over the client's life (``refused_frames``)."""
+        self._down_window = fm.new_windows(1)[0]
+        self._down_mode = DOWN_OPEN
+        """DOWN_OPEN (a session without a key takes frames as they come), DOWN_LOGIN (a
+        login with a password before its proof: only its answers), DOWN_KEYED (only frames
+        with the session's MAC)."""
+        self._down_login = False
+        """A login is waiting for its answer: an unsigned CONTROL frame is read for that
+        answer only (the login's own proofs authenticate it)."""
+        self._refused_unverified = 0
         self._open_since_ns = 0
         self._one = np.zeros(1, np.int64)
         self._sign_len = np.zeros(1, np.int64)
@@ -453,6 +473,10 @@ class Client(GuaranteedSide, ConnectionSide):
         self._ring = ring
         with self._lock:
             self._mac = None  # a new session: a new key, if any
+            # until the login is answered, frames are taken only as its answer (with a
+            # password: nothing else until the proof gives the key)
+            self._down_mode = DOWN_LOGIN if self._password is not None else DOWN_OPEN
+            self._down_login = True
         key = None
         nonce = secrets.token_bytes(NONCE_BYTES)
         first = {"nonce": nonce.hex(), **({"trusted": self._trusted} if self._trusted else {})}
@@ -474,6 +498,7 @@ class Client(GuaranteedSide, ConnectionSide):
             except CredentialError as exc:
                 raise LoginError(f"login as {self.identity!r}: the appliance's challenge "
                                  f"asks for scrypt parameters refused here ({exc})") from None
+            self._down_key(key)  # the appliance's frames carry the MAC from its answer on
             proven = {**first, "server_nonce": challenge["nonce"], "proof": proof.hex()}
             result = self._request(("login",), lambda p=proven: self._send_login(token, p),
                                    repeatable=True, timeout_s=timeout_s)
@@ -482,9 +507,12 @@ class Client(GuaranteedSide, ConnectionSide):
         if expected is not None and result.get("server_signature") != expected.hex():
             raise LoginError(f"login as {self.identity!r}: the appliance did not prove it "
                              f"knows the identity's credential (is it the one you meant?)")
-        if key is not None:  # every frame of the session carries its MAC from now on
-            with self._lock:
+        with self._lock:
+            if key is not None:  # every frame of the session carries its MAC from now on
                 self._mac = new_state(key, 0, 0, int(result["session"]), time.time_ns())
+            else:  # a session without a key (no password): frames as they come
+                self._down_mode = DOWN_OPEN
+            self._down_login = False
         self._token = token
         self.session = int(result["session"])
         self.node = str(result.get("node", ""))
@@ -499,6 +527,41 @@ class Client(GuaranteedSide, ConnectionSide):
         for doc in result.get("schemas", []):
             schema = Schema.from_dict(doc)
             self._schemas[schema.schema_id] = schema
+
+    def _down_key(self, key: bytes) -> None:
+        """Check the appliance's frames under the session key ``key`` from now on, with a
+        fresh replay window (a new login)."""
+        with self._lock:
+            ab = self._down_ab
+            ab[fm.B_KEY:fm.B_KEY + fm.MAX_KEY_BYTES] = 0
+            ab[fm.B_KEY:fm.B_KEY + len(key)] = np.frombuffer(key, np.uint8)
+            self._down_ctl[fm.A_KEY_LEN] = len(key)
+            self._down_window[:] = 0
+            self._down_window[0] = -1
+            self._down_mode = DOWN_KEYED
+
+    @property
+    def refused_by_reason(self) -> dict[str, int]:
+        """Frames from the appliance's address refused (never delivered), by reason:
+        ``no_trailer`` (no MAC on a session with a key), ``unknown_key`` (a MAC before the
+        login gave a key), ``bad_mac`` (forged, or not this session's), ``replay`` (seen
+        before), ``unverified`` (an unsigned CONTROL frame during a login that was not its
+        answer)."""
+        c = self._down_ctl
+        out = {name: int(c[fm.A_ACCEPTED + i]) for i, name in enumerate(fm.REASONS[:-1])
+               if name != "accepted"}
+        out["unverified"] = self._refused_unverified
+        return out
+
+    @property
+    def refused_frames(self) -> int:
+        """Frames refused (``refused_by_reason``), all reasons."""
+        return sum(self.refused_by_reason.values())
+
+    @property
+    def authenticated_frames(self) -> int:
+        """Frames from the appliance whose MAC passed."""
+        return int(self._down_ctl[fm.A_ACCEPTED])
 
     # --- publishing ----------------------------------------------------------------------------
     def _key(self, topic: str, namespace: int) -> int:
@@ -693,7 +756,9 @@ class Client(GuaranteedSide, ConnectionSide):
             self._route_cache = {}
 
     # --- receiving (the client thread) ---------------------------------------------------------
-    def _on_frame(self, data: memoryview, now_ns: int) -> None:
+    def _on_frame(self, data: memoryview, now_ns: int, login_only: bool = False) -> None:
+        """A frame the batch decoder did not take; ``login_only``: an unverified CONTROL
+        frame (``check_down_frames``), read only for the answer to a waiting login."""
         try:
             frame = decode_frame(data)
         except ProtocolError:
@@ -720,12 +785,18 @@ class Client(GuaranteedSide, ConnectionSide):
             from appliance.control.documents import DocumentError, validate
 
             for entry in entries:
+                if login_only and entry.kind is not al.ControlKind.LOGIN_RESULT:
+                    self._refused_unverified += 1
+                    continue
                 try:  # nothing is read from a document its schema did not accept
                     doc = validate(entry.kind, entry.document, "appliance")
                 except DocumentError:
                     self.malformed = getattr(self, "malformed", 0) + 1
                     continue
-                if entry.kind is al.ControlKind.LOGIN_RESULT:
+                if login_only:
+                    if not self._answer(("login",), doc):
+                        self._refused_unverified += 1
+                elif entry.kind is al.ControlKind.LOGIN_RESULT:
                     if not self._answer(("login",), doc):
                         self._on_login_answer(doc)
                 elif entry.kind is al.ControlKind.REQUEST_RESULT:
@@ -908,10 +979,16 @@ class _ClientAgent:
         self.messages = new_message_batch(CLIENT_DECODE_MESSAGES)
         self.status = np.zeros(64, np.uint8)
         self.types = np.zeros(64, np.uint8)
+        self.verdicts = np.zeros(64, np.int8)
+        self._slots = self.batch.offsets.copy()
+        """The batch's slot offsets (``_check`` moves the frames it keeps to the front;
+        they are put back before the next receive)."""
+        self._moved = False
         self._heartbeat_at = 0
 
     def do_work(self, now_ns: int) -> int:
         client = self.client
+        unverified: set[int] = set()
         with client._lock:  # a channel is used by one thread at a time (docs/channels.md)
             if client.channel.closed:  # (asked under the lock: whoever closes it holds it)
                 return 0
@@ -925,12 +1002,17 @@ class _ClientAgent:
                 failure: str | None = str(exc)
             else:
                 failure = None
+                if n:  # (under the lock: a login installs the key)
+                    n, unverified = self._check(n)
         if failure is not None:
             client._lost(f"the connection failed ({failure})")
             return 0
         if n:
             client._heard_ns = now_ns
-            self._on_batch(n, time.time_ns(), now_ns)
+            self._on_batch(n, time.time_ns(), now_ns, unverified)
+        if self._moved:
+            self.batch.offsets[:] = self._slots
+            self._moved = False
         work = n + client._housekeeping(now_ns)
         if client._greceiver is not None or client._gsender is not None:
             work += client._guaranteed_timers(now_ns)
@@ -947,9 +1029,35 @@ class _ClientAgent:
                 pass
         return work
 
-    def _on_batch(self, n: int, wall: int, now_ns: int) -> None:
+    def _check(self, n: int) -> tuple[int, set[int]]:
+        """Check the ``n`` frames received (``check_down_frames``, one call): the refused
+        ones are dropped from the batch (counted); (frames left, the indexes of those taken
+        unverified: a login's answer only)."""
+        client = self.client
+        batch = self.batch
+        verdicts = self.verdicts
+        check_down_frames(batch.buf, batch.offsets, batch.lengths, n, client._down_mode,
+                          client._down_login, client._down_ab, client._down_ctl,
+                          client._down_window, verdicts)
+        v = verdicts[:n]
+        refused = v == fm.REFUSED
+        if refused.any():
+            keep = np.flatnonzero(~refused)
+            k = len(keep)
+            batch.offsets[:k] = batch.offsets[keep]
+            batch.lengths[:k] = batch.lengths[keep]
+            batch.peer_ids[:k] = batch.peer_ids[keep]
+            v[:k] = v[keep]
+            n = k
+            self._moved = True
+        unverified = set(np.flatnonzero(v[:n] == UNVERIFIED).tolist()) if n else set()
+        return n, unverified
+
+    def _on_batch(self, n: int, wall: int, now_ns: int, unverified: set[int] | None = None
+                  ) -> None:
         """Message frames through the batch decoder (numba), admin frames one by one; frames
-        of guaranteed streams to the reliable receiver (or sender)."""
+        of guaranteed streams to the reliable receiver (or sender). ``unverified``: CONTROL
+        frames read only for a login's answer."""
         from datapath.protocol.batch import decode_frames
 
         batch = self.batch
@@ -978,7 +1086,7 @@ class _ClientAgent:
                     if client._greceiver is not None:
                         client._greceiver.on_frame(frame, now_ns)
                 else:
-                    client._on_frame(frame, wall)
+                    client._on_frame(frame, wall, bool(unverified) and done + i in unverified)
             if result.messages:
                 self._deliver(done, result.messages, wall, reliable)
             done += frames
