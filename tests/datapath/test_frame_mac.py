@@ -205,3 +205,88 @@ def test_the_window_against_a_set_of_seen_sequences_on_random_orders():
         if ok:
             seen.add(seq)
             high = max(high, seq)
+
+
+# --- frames from an appliance to a client session ----------------------------------------------
+def session_keys(*keys):
+    rows = fm.new_session_keys(len(keys))
+    for i, key in enumerate(keys):
+        rows[i, 0] = len(key)
+        rows[i, fm.SESSION_KEY_AT:fm.SESSION_KEY_AT + len(key)] = np.frombuffer(key, np.uint8)
+    return rows
+
+
+def sign_down(buf, offsets, lengths, peers, n, dests, slots, keys, seq=500):
+    ab, ac = fm.new_state(b"\x00", 0, 0, 1, seq)
+    kern.sign_session_frames(buf, offsets, lengths, peers, n, SLOT, np.asarray(dests, np.int64),
+                             np.arange(len(dests), dtype=np.int64), np.asarray(slots, np.int64),
+                             123_456_789, ab, ac, keys)
+    return ac
+
+
+class DownChecker:
+    """A client's check (``check_down_frames``) under ``key``."""
+
+    def __init__(self, key=KEY, mode=kern.DOWN_KEYED, login=False):
+        self.ab, self.ac = fm.new_state(key, 0, 0, 0, 0)
+        self.window = fm.new_windows(1)[0]
+        self.mode, self.login = mode, login
+
+    def check(self, buf, offsets, lengths, n):
+        verdicts = np.zeros(n, np.int8)
+        kern.check_down_frames(buf, offsets, lengths, n, self.mode, self.login, self.ab,
+                               self.ac, self.window, verdicts)
+        return verdicts.tolist()
+
+    def counts(self):
+        return dict(zip(fm.REASONS[:-1], self.ac[fm.A_ACCEPTED:fm.A_ACCEPTED + 5].tolist()))
+
+
+def test_frames_to_a_session_with_a_key_carry_the_mac_of_their_hashlib_twin():
+    """Only frames to the destinations of sessions with a key are signed, each under its
+    session's key, with a sequence counting up over all of them."""
+    other = bytes(range(100, 132))
+    buf, offsets, lengths, peers = frames(3)
+    peers[:] = [10, 20, 30]  # 30: a session without a key (not listed)
+    ac = sign_down(buf, offsets, lengths, peers, 3, [10, 20], [1, 0], session_keys(other, KEY))
+    assert lengths.tolist() == [32 + 64 + 32] * 2 + [32 + 64]
+    assert int(ac[fm.A_SIGNED]) == 2 and int(ac[fm.A_UNSIGNED]) == 0
+    for i, key in ((0, KEY), (1, other)):
+        o, n = int(offsets[i]), int(lengths[i])
+        frame = bytes(buf[o:o + n])
+        assert frame[5] & int(fl.FrameFlags.AUTH_TRAILER)
+        assert int.from_bytes(frame[-16 - 8:-16], "big") == 501 + i
+        assert frame[-16:] == fm.mac_down_py(key, frame[:-16])
+        assert frame[-16:] != fm.mac_py(key, frame[:-16], 0, 0)  # not the other direction's
+    assert not buf[int(offsets[2]) + 5] & int(fl.FrameFlags.AUTH_TRAILER)
+
+
+def test_the_client_takes_its_sessions_frames_once_and_refuses_the_others_by_reason():
+    buf, offsets, lengths, peers = frames(4)
+    sign_down(buf, offsets, lengths, peers, 3, [PEER], [0], session_keys(KEY))
+    lengths[3] = fl.FRAME_HEADER_BYTES + 64  # frame 3 unsigned
+    signed = buf.copy(), lengths.copy()
+    buf[int(offsets[1]) + 40] ^= 1  # a byte changed
+    client = DownChecker()
+    assert client.check(buf, offsets, lengths, 4) == [fm.OK, fm.REFUSED, fm.OK, fm.REFUSED]
+    assert lengths[0] == fl.FRAME_HEADER_BYTES + 64  # trailer removed
+    again_buf, again_len = signed
+    assert client.check(again_buf, offsets, again_len, 1) == [fm.REFUSED]  # a replay
+    stranger = DownChecker(key=bytes(32))
+    sbuf, slen = signed[0].copy(), signed[1].copy()
+    assert stranger.check(sbuf, offsets, slen, 1) == [fm.REFUSED]  # another session's key
+    assert client.counts() == {"accepted": 2, "no_trailer": 1, "unknown_key": 0,
+                               "bad_mac": 1, "replay": 1}
+    assert stranger.counts()["bad_mac"] == 1
+
+
+def test_a_login_takes_unsigned_control_frames_only_unverified_and_an_open_session_anything():
+    buf, offsets, lengths, peers = frames(2)
+    buf[int(offsets[1]) + fl.TYPE_OFFSET] = int(fl.FrameType.CONTROL)
+    assert DownChecker(mode=kern.DOWN_LOGIN).check(buf, offsets, lengths, 2) == [
+        fm.REFUSED, kern.UNVERIFIED]
+    waiting = DownChecker(login=True)  # keyed, the login's answer not yet in
+    assert waiting.check(buf, offsets, lengths, 2) == [fm.REFUSED, kern.UNVERIFIED]
+    assert DownChecker().check(buf, offsets, lengths, 2) == [fm.REFUSED, fm.REFUSED]
+    assert DownChecker(mode=kern.DOWN_OPEN).check(buf, offsets, lengths, 2) == [
+        fm.NOT_SUBJECT] * 2
