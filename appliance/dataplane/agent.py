@@ -260,12 +260,14 @@ class DataPlaneAgent(Delivery, Output):
         if session is None:
             return
         self.sessions_version += 1
-        self.session_auth.detach(session)
         for peer, s in list(self._by_peer.items()):
             if s is session:
                 del self._by_peer[peer]
         self.guaranteed.flush(0)
+        if session.auth_slot >= 0 and session.channel == CLIENT_UDP:
+            self._out[CLIENT_UDP].flush()  # what is queued for it (a LOGOUT) leaves signed
         self._out[CLIENT_SHM].flush()
+        self.session_auth.detach(session)
         self.guaranteed.on_session_removed(session_id)
         if session.tx is not None:
             session.tx.close()

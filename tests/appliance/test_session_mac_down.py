@@ -200,3 +200,13 @@ def test_a_session_without_a_password_stays_unsigned(appliance):
         assert sub.get(timeout=10).payload == b"plain"
         assert b.refused_frames == 0 and b.authenticated_frames == 0
     assert _counter(appliance, "client_mac_signed") == 0
+
+
+def test_a_password_session_disconnected_by_management_hears_its_signed_logout(appliance):
+    """The LOGOUT queued for a session the appliance ends leaves with the session's MAC
+    (sent before its key is dropped): the client takes it and knows why."""
+    with connect(_url(appliance), "alice", password=PASSWORD, timeout_s=10) as a:
+        assert appliance.submit("disconnect_client", {"session": a.session}) == {"ok": True}
+        wait_for(lambda: a.logged_out_reason, 10, what="the LOGOUT taken")
+        assert a.logged_out_reason == "disconnected by management"
+        assert a.refused_frames == 0
