@@ -372,6 +372,8 @@ class Client(GuaranteedSide, ConnectionSide):
         # a session it would keep the heartbeats back until the appliance logs the client out
         channels.warm_up()
         jit.preload()
+        check_down_frames(self._pub_np, _ZERO, _ZERO, 0, DOWN_OPEN, False, self._down_ab,
+                          self._down_ctl, self._down_window, np.zeros(1, np.int8))
         self._runner = AgentRunner([_ClientAgent(self)], IDLE_STRATEGIES[idle](),
                                    name=f"client-{identity}")
         self._runner.start()
