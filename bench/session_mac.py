@@ -60,8 +60,8 @@ class _Counter:
 def _pair(url: str, identity: str, password: str | None) -> tuple:
     from appliance.client import connect
 
-    pub = connect(url, identity, password=password, timeout_s=20, idle="busy")
-    sub = connect(url, identity, password=password, timeout_s=20, idle="busy")
+    pub = connect(url, identity, password=password, timeout_s=20)
+    sub = connect(url, identity, password=password, timeout_s=20)
     counter = _Counter()
     topic = f"m/{identity}"
     sub.subscribe("m/#", callback=counter)
@@ -103,8 +103,8 @@ def _throughput(pair: tuple, messages: int, size: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pings", type=int, default=2_000)
-    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--pings", type=int, default=1_000)
+    parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
@@ -116,14 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     config = work / "appliance.toml"
     config.write_text(_config(port, hash_password(PASSWORD)))
     code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
+    out = (work / "appliance.log").open("w")
     proc = subprocess.Popen([sys.executable, "-c", code, "run", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        line = ""
-        while "topicwire: appliance" not in line:
-            line = proc.stdout.readline() if proc.stdout else ""
-            if not line and proc.poll() is not None:
+        while "topicwire: appliance" not in (work / "appliance.log").read_text():
+            if proc.poll() is not None:
                 raise SystemExit("the appliance did not start")
+            time.sleep(0.1)
         url = f"udp://127.0.0.1:{port}"
         pairs = {"signed": _pair(url, "alice", PASSWORD), "unsigned": _pair(url, "bob", None)}
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in pairs}
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, pair in pairs.items():
                 runs[name].append({**_latency(pair, args.pings, args.size),
                                    **_throughput(pair, args.messages, args.size)})
+                print(name, runs[name][-1], file=sys.stderr)
         medians = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                    for name, rs in runs.items()}
         s, u = medians["signed"], medians["unsigned"]
