@@ -11,7 +11,12 @@ The two pairs are measured one after the other in each repeat, on the same appli
 - throughput: ``--messages`` messages of ``--size`` bytes as fast as ``publish`` takes them
   (the client batches them into frames), to the subscriber's last callback: ``msgs_per_s``.
 
-Prints a JSON document: the medians over ``--repeats`` per pair, and their ratio.
+Prints a JSON document: the medians over ``--repeats`` per pair, and their ratio. The
+machine's load moves these figures more than the MAC does; ``--kernels`` measures what the MAC
+itself costs, in thread CPU time per frame (robust to a shared machine): the appliance's
+``sign_session_frames`` then the client's ``check_down_frames`` over batches of 64 frames
+of one message of 64 bytes, of 1,440 bytes (a guaranteed UDP frame) and of 16 KiB, against
+the copy that restores the frames between rounds (medians over ``--repeats``).
 """
 
 from __future__ import annotations
@@ -101,13 +106,79 @@ def _throughput(pair: tuple, messages: int, size: int) -> dict[str, float]:
             "lost": messages - counter.count}
 
 
+def kernel_cost(repeats: int, rounds: int = 200) -> dict[str, dict[str, float]]:
+    """ns of CPU per frame: sign (appliance) + check (client) vs the restoring copy alone."""
+    from datapath.protocol import frame_layout as fl
+
+    return {f"frame_{fl.FRAME_HEADER_BYTES + body}_bytes": _frame_cost(
+        fl.FRAME_HEADER_BYTES + body, repeats, rounds) for body in (104, 1_376, 16_384)}
+
+
+def _frame_cost(size: int, repeats: int, rounds: int, n: int = 64) -> dict[str, float]:
+    import numpy as np
+
+    from datapath.protocol import _kernels as kern
+    from datapath.protocol import frame_layout as fl
+    from datapath.protocol import frame_mac as fm
+
+    key = bytes(range(32))
+    keys = fm.new_session_keys(1)
+    keys[0, 0] = len(key)
+    keys[0, fm.SESSION_KEY_AT:fm.SESSION_KEY_AT + len(key)] = np.frombuffer(key, np.uint8)
+    slot = fl.align8(size + fl.AUTH_TRAILER_BYTES)
+    buf = np.zeros(n * slot, np.uint8)
+    offsets = np.arange(n, dtype=np.int64) * slot
+    lengths = np.full(n, size, np.int64)
+    for i in range(n):
+        kern.write_frame_header(buf, int(offsets[i]), int(offsets[i]) + size, 1,
+                                int(fl.FrameType.DATA), 1, 2, 3, 0)
+    clean = buf.copy()
+    peers = np.full(n, 9, np.int64)
+    dests, rows, slots = np.array([9], np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64)
+    ab, ac = fm.new_state(b"\x00", 0, 0, 1, 0)
+    cab, cac = fm.new_state(key, 0, 0, 0, 0)
+    window = fm.new_windows(1)[0]
+    verdicts = np.zeros(n, np.int8)
+
+    def both() -> None:
+        buf[:] = clean
+        lengths[:] = size
+        kern.sign_session_frames(buf, offsets, lengths, peers, n, slot, dests, rows, slots, 1,
+                                 ab, ac, keys)
+        kern.check_down_frames(buf, offsets, lengths, n, kern.DOWN_KEYED, False, cab, cac,
+                               window, verdicts)
+
+    def copy() -> None:
+        buf[:] = clean
+        lengths[:] = size
+
+    both()
+    assert (verdicts == fm.OK).all()
+    figures = {}
+    for name, fn in (("sign_and_check", both), ("copy", copy)):
+        samples = []
+        for _ in range(repeats):
+            t0 = time.thread_time_ns()
+            for _ in range(rounds):
+                fn()
+            samples.append((time.thread_time_ns() - t0) / (rounds * n))
+        figures[name] = statistics.median(samples)
+    figures["mac_ns_per_frame"] = figures["sign_and_check"] - figures["copy"]
+    return figures
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pings", type=int, default=1_000)
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--kernels", action="store_true",
+                        help="only the MAC's CPU cost per frame (the kernels)")
     args = parser.parse_args(argv)
+    if args.kernels:
+        print(json.dumps(kernel_cost(args.repeats), indent=1))
+        return
     from appliance.control.credentials import hash_password
     from tests.appliance.helpers import free_port
 
