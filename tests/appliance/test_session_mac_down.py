@@ -67,6 +67,9 @@ class Relay:
         self.back.bind(("127.0.0.1", 0))
         self.client: tuple[str, int] | None = None
         self.captured: list[bytes] = []
+        self.hold = threading.Event()
+        """While set, the client's datagrams wait here (sent on when it is cleared)."""
+        self._held: list[bytes] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -82,10 +85,14 @@ class Relay:
                 data, addr = sock.recvfrom(70_000)
                 if sock is self.front:
                     self.client = addr
-                    self.back.sendto(data, self.to)
+                    self._held.append(data)
                 elif self.client is not None:
                     self.captured.append(data)
                     self.front.sendto(data, self.client)
+            if not self.hold.is_set():
+                for data in self._held:
+                    self.back.sendto(data, self.to)
+                self._held.clear()
 
     def data_frames(self) -> list[bytes]:
         return [f for f in list(self.captured) if f[fl.TYPE_OFFSET] == int(fl.FrameType.DATA)]
@@ -99,6 +106,12 @@ class Relay:
 
 def _address(client) -> tuple[str, int]:
     return client.channel.local_address
+
+
+def _forge(frame: bytes, to: tuple[str, int]) -> None:
+    """Send ``frame`` to ``to`` from a socket of a host of its own."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(frame, to)
 
 
 def _forged_data(sid: int, topic: str, payload: bytes) -> bytes:
@@ -172,6 +185,23 @@ def test_a_captured_frame_sent_again_or_changed_is_refused(appliance):
             assert a.received == received and sub.get(timeout=0.2) is None
             a.publish("a/x", b"twice", flush=True)  # the session goes on
             assert sub.get(timeout=10).payload == b"twice"
+            # a subscription waits for its result (the request held on the path) when a
+            # forged REQUEST_RESULT refusing it comes: refused; the appliance's answer counts
+            relay.hold.set()
+            sub_id = 1 + max(s.sub_id for s in a._subs)
+            done: list = []
+            waiting = threading.Thread(target=lambda: done.append(a.subscribe("a/z/#")))
+            waiting.start()
+            wait_for(lambda: a._waiters.get(("subscribe", sub_id)), 10, what="the request")
+            refused = a.refused_frames
+            _forge(_forged_control(al.ControlKind.REQUEST_RESULT, {
+                "request": "subscribe", "sub_id": sub_id, "accepted": False,
+                "reason": "forged"}, a.node_id, a.session), relay.client)
+            wait_for(lambda: a.refused_frames == refused + 1, 10, what="the forgery refused")
+            assert not done and waiting.is_alive()
+            relay.hold.clear()
+            waiting.join(10)
+            assert done and done[0].sub_id == sub_id
     finally:
         relay.close()
 
@@ -199,6 +229,12 @@ def test_a_session_without_a_password_stays_unsigned(appliance):
         b.publish("a/x", b"plain", flush=True)
         assert sub.get(timeout=10).payload == b"plain"
         assert b.refused_frames == 0 and b.authenticated_frames == 0
+        # such a client takes what comes to its address: a forged refusal of its session
+        # (the frame the password client refused above) ends it here
+        _forge(_forged_control(al.ControlKind.LOGIN_RESULT, {
+            "accepted": False, "reason": "forged", "node": b.node}, b.node_id, b.session),
+            _address(b))
+        wait_for(lambda: b.losses_of_connection == 1, 10, what="the forged refusal taken")
     assert _counter(appliance, "client_mac_signed") == 0
 
 
