@@ -37,7 +37,7 @@ PASSWORD = "bench password"
 
 def _config(port: int, hashed: str) -> str:
     return (f'[appliance]\nname = "bench-mac"\n[clients]\nudp = "127.0.0.1:{port}"\n'
-            f'[log]\nlevel = "warning"\n'
+            f'[log]\nlevel = "warning"\n[pm]\nrequire_passwords = false\n'
             f'[pm.identities.alice]\npublish = ["m/#"]\nsubscribe = ["m/#"]\n'
             f'password = "{hashed}"\n'
             f'[pm.identities.bob]\npublish = ["m/#"]\nsubscribe = ["m/#"]\n')

@@ -39,7 +39,9 @@ def appliance():
     app = Appliance(parse_config({"appliance": {"name": f"down{port}"},
                                   "clients": {"udp": f"127.0.0.1:{port}",
                                               "shm": f"down{port}"},
-                                  "pm": {"identities": identities}})).start()
+                                  # bob: the anonymous mode (no password)
+                                  "pm": {"identities": identities,
+                                         "require_passwords": False}})).start()
     try:
         yield app
     finally:
