@@ -27,8 +27,10 @@ and topics for both brokers):
 - full rate: each publisher publishes as fast as its window lets it (at most ``--window``
   messages published and not yet done: written to the socket at QoS 0, PUBACKed at QoS 1),
   so the broker sets the pace (conns: 1 msg/s per connection, the scenario's rate).
-- half: at half of mosquitto's full publish rate of the same repeat (``--rate`` instead:
-  that many publishes per second over all publishers), spread evenly over time.
+- half: at half of mosquitto's full rate of the same repeat (its deliveries per second,
+  divided by the subscribers each message reaches; ``--rate`` instead: that many publishes
+  per second over all publishers), spread evenly over time and stamped with the time each
+  message was due (an open loop: a broker that falls behind shows as latency).
 
 Figures: ``msgs_per_s`` (messages delivered to subscribers per second, from the first publish
 to the last delivery), ``pub_msgs_per_s``, ``lost`` (expected deliveries that never came),
@@ -89,6 +91,7 @@ EDGE_MAX_SESSIONS = 400
 EDGE_SPARE_SESSIONS = 2
 EDGE_START_TIMEOUT_S = 600.0
 """A first start after a source change compiles numba kernels (`topicwire warm` does it ahead)."""
+EDGE_IDLE_TIMEOUT_S = 120.0
 PROBE_WAIT_S = 1.0
 """After each probe round the parent waits this long for FLOWING before sending another."""
 PROBE_TIMEOUT_S = 120.0
@@ -240,6 +243,9 @@ class Broker:
     port = 0
     proc: subprocess.Popen
 
+    def wait_idle(self) -> None:
+        """Return once the previous measurement's clients are gone."""
+
     def cpu_s(self) -> float:
         return _cpu_s(self.proc.pid)
 
@@ -287,6 +293,7 @@ class Edge(Broker):
 
     def __init__(self, workdir: Path, connections: int, qos: int) -> None:
         self.port = _free_port()
+        self.mgmt_port = _free_port()
         sessions = min(EDGE_MAX_SESSIONS, connections + EDGE_SPARE_SESSIONS)
         guaranteed = min(CLIENT_PORTS - sessions, EDGE_MAX_SESSIONS)
         config = workdir / f"edge-{self.port}.toml"
@@ -296,13 +303,32 @@ class Edge(Broker):
             f"max_guaranteed_sessions = {guaranteed}\nsession_dead_ms = 3600000\n"
             '[pm.identities.anonymous]\npublish = ["bench/#"]\nsubscribe = ["bench/#"]\n'
             f'[mqtt]\nlisten = "{LOOPBACK}:{self.port}"\nmax_connections = {sessions}\n'
-            'allow_anonymous = true\n[log]\nlevel = "warning"\n')
+            'allow_anonymous = true\n[log]\nlevel = "warning"\n'
+            f'[mgmt]\nlisten = "{LOOPBACK}:{self.mgmt_port}"\n')
         code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
         self.proc = subprocess.Popen([sys.executable, "-c", code, "run", "--config",
                                       str(config)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         _wait_listening(self.port, self.proc, "the edge (topicwire run)", EDGE_START_TIMEOUT_S)
-        self.qos = qos
+
+    def wait_idle(self) -> None:
+        """Until the previous measurement's connections are gone (``/status``): the next
+        one's would otherwise find ``mqtt.max_connections`` taken."""
+        import json
+        import urllib.request
+
+        deadline = time.monotonic() + EDGE_IDLE_TIMEOUT_S
+        url = f"http://{LOOPBACK}:{self.mgmt_port}/status"
+        while True:
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                mqtt = json.load(answer)["mqtt"]
+            if mqtt["connections"] == 0 and mqtt["sessions"] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise DeviceError(f"the edge still has {mqtt['connections']} connections and "
+                                  f"{mqtt['sessions']} sessions {EDGE_IDLE_TIMEOUT_S} s after "
+                                  "a measurement", component=_COMPONENT)
+            time.sleep(0.1)
 
 
 def _free_udp_port() -> int:
@@ -328,6 +354,7 @@ def measure(broker: Broker, load: Path, sh: Shape, qos: int, rate: float, durati
     """Publishers and subscribers of ``sh`` against ``broker`` for ``duration_s``: at ``rate``
     publishes per second over all publishers, or with ``rate`` 0 as fast as the windows let
     them. Returns the figures (see the module's docstring)."""
+    broker.wait_idle()
     port = str(broker.port)
     pub_argv = [str(load), "echo" if sh.echo else "pub", port, str(sh.publishers), str(qos),
                 sh.topic, repr(float(rate)), repr(float(duration_s)), str(window),
@@ -462,42 +489,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     asked_runs: list[dict[str, float]] = []
     common = {"qos": qos, "duration_s": args.duration_s, "window": args.window,
               "payload_bytes": args.payload_bytes}
+    start_load = os.getloadavg()
     full_rate = CONNS_RATE_PER_CLIENT * sh.publishers if sh.echo else 0.0
     with tempfile.TemporaryDirectory(prefix="tw-bench-mqtt-") as tmp:
         workdir = Path(tmp)
-        progress(NAME, f"{scenario}, QoS {qos}: {sh.connections:,} connections; starting "
-                 "mosquitto and the edge (topicwire run)")
-        brokers: list[Broker] = []
-        try:
-            brokers.append(Mosquitto(workdir))
-            brokers.append(Edge(workdir, sh.connections, qos))
-            for repeat in range(args.repeats):
-                figures: dict[str, dict[str, float]] = {}
-                for broker in brokers:
-                    progress(NAME, f"repeat {repeat + 1}/{args.repeats}: {broker.name}, "
-                             "full rate")
-                    figures[broker.name] = measure(broker, load, sh, rate=full_rate,
-                                                   tag=f"{repeat}f", **common)
-                half = args.rate or figures["mosquitto"]["pub_msgs_per_s"] / 2
-                half_rates.append(half)
-                for broker in brokers:
-                    progress(NAME, f"repeat {repeat + 1}/{args.repeats}: {broker.name}, "
+        progress(NAME, f"{scenario}, QoS {qos}: {sh.connections:,} connections")
+        for repeat in range(args.repeats):
+            # one broker at a time (an idle edge still takes CPU: its native clients poll):
+            # mosquitto at full rate, then at half of that; the edge at both rates
+            figures: dict[str, dict[str, float]] = {}
+            half = args.rate or 0.0
+            for name in ("mosquitto", "topicwire"):
+                progress(NAME, f"repeat {repeat + 1}/{args.repeats}: starting {name}")
+                broker = Mosquitto(workdir) if name == "mosquitto" else Edge(
+                    workdir, sh.connections, qos)
+                try:
+                    progress(NAME, f"repeat {repeat + 1}/{args.repeats}: {name}, full rate")
+                    figures[name] = measure(broker, load, sh, rate=full_rate,
+                                            tag=f"{repeat}f", **common)
+                    if not half:
+                        # half of what mosquitto delivered, in publishes (fanout: one publish
+                        # reaches every subscriber); at QoS 0 its full-rate publishes may run
+                        # far ahead of its deliveries (it buffers them)
+                        half = figures[name]["msgs_per_s"] / sh.per_message / 2
+                    progress(NAME, f"repeat {repeat + 1}/{args.repeats}: {name}, "
                              f"{half:,.0f} publishes/s")
                     paced = measure(broker, load, sh, rate=half, tag=f"{repeat}h", **common)
-                    figures[broker.name].update({f"half_{k}": v for k, v in paced.items()})
-                for name, fig in figures.items():
-                    runs[name].append(fig)
-            if limited:
-                progress(NAME, f"mosquitto alone at the asked {asked:,} connections")
-                big = shape(scenario, asked)
-                asked_runs.append(measure(brokers[0], load, big,
-                                          rate=CONNS_RATE_PER_CLIENT * big.publishers,
-                                          tag="asked", **common))
-        finally:
-            codes = [b.stop() for b in reversed(brokers)]
-        if brokers and codes[0] not in (0, -signal.SIGTERM):
-            raise DeviceError(f"the edge exited with {codes[0]} at the end of the run",
-                              component=_COMPONENT)
+                    figures[name].update({f"half_{k}": v for k, v in paced.items()})
+                    if limited and name == "mosquitto" and repeat == 0:
+                        progress(NAME, f"mosquitto alone at the asked {asked:,} connections")
+                        big = shape(scenario, asked)
+                        asked_runs.append(measure(broker, load, big,
+                                                  rate=CONNS_RATE_PER_CLIENT * big.publishers,
+                                                  tag="asked", **common))
+                finally:
+                    code = broker.stop()
+                if name == "topicwire" and code not in (0, -signal.SIGTERM):
+                    raise DeviceError(f"the edge exited with {code} at the end of its runs",
+                                      component=_COMPONENT)
+            half_rates.append(half)
+            for name, fig in figures.items():
+                runs[name].append(fig)
     keep = REPORTED + tuple(f"half_{k}" for k in REPORTED)
     results = {name: {k: v for k, v in _medians(r).items() if k in keep}
                for name, r in runs.items()}
@@ -515,6 +547,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "baseline": "mosquitto: Debian's, persistence off, anonymous, defaults otherwise",
         "goals": {"msgs_per_s topicwire/mosquitto": ">= 1.0",
                   "half_p99_us topicwire/mosquitto": "<= 1.0"},
+        "loadavg": {"start": start_load, "end": os.getloadavg()},
         "runs": runs,
     }
     if scenario == "conns":
