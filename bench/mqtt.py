@@ -33,7 +33,9 @@ and topics for both brokers):
   message was due (an open loop: a broker that falls behind shows as latency).
 
 Figures: ``msgs_per_s`` (messages delivered to subscribers per second, from the first publish
-to the last delivery), ``pub_msgs_per_s``, ``lost`` (expected deliveries that never came),
+to the last delivery), ``pub_msgs_per_s``, ``lost`` (expected deliveries that had not come
+60 s after the last publish: QoS 0 dropped, QoS 1 acknowledged and then dropped, or not
+yet read by the broker when the publishers closed, 30 s after their last publish),
 ``duplicates``, ``p50_us``/``p99_us``/``p999_us`` (publish to delivery, CLOCK_MONOTONIC in
 both processes), ``cpu_pct`` (the broker's CPU over the publishing time, from
 /proc/PID/stat: 100 is one core; mosquitto is single-threaded, near 100 at full rate means
@@ -98,7 +100,8 @@ PROBE_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_S = 300.0
 """Every client of a generator process connected (and subscribed) within."""
 RESULT_GRACE_S = 120.0
-"""A generator's result comes within its duration plus this."""
+"""A generator's result comes within its duration plus this (mqtt_load waits at most 30 s
+for acknowledgements, and its subscribers at most 60 s after END)."""
 _COMPONENT = "bench mqtt"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -32,8 +32,8 @@
  * sub: connects every client and subscribes its filter (refused: exit 1), prints
  *   "READY <connect_ms>", then counts what arrives (QoS 1: each PUBACKed). Once every stream
  *   has had a probe it prints "FLOWING". "END <expected>" on standard input: it stops when
- *   it has received that many measured messages, or after IDLE_STOP_NS without one, and
- *   prints one JSON line {"received", "duplicates", "unexpected", "first_ns", "last_ns",
+ *   it has received that many measured messages, after IDLE_STOP_NS without one, or
+ *   DRAIN_MAX_NS after END (a broker far behind: the rest counts as lost), and prints one JSON line {"received", "duplicates", "unexpected", "first_ns", "last_ns",
  *   "p50_us", "p99_us", "p999_us", "max_us", "samples"}.
  * echo: pub and sub in one: each client subscribes to its own topic (TOPIC_FMT) and
  *   publishes to it (the connections scenario); after "GO" it waits for its own messages to
@@ -71,6 +71,7 @@
 #define KEEPALIVE_S 60
 #define PING_INTERVAL_NS 20000000000LL /* data phase: PINGREQ from each client this often */
 #define IDLE_STOP_NS 5000000000LL      /* after END, stop after this long without a message */
+#define DRAIN_MAX_NS 60000000000LL     /* ... or this long after END, whatever still comes */
 #define DRAIN_TIMEOUT_S 30             /* pub: wait at most this long for acknowledgements */
 #define CONNECT_TIMEOUT_S 240          /* every client connected (and subscribed) within */
 #define CONNECT_BATCH 64               /* connects between two polls for CONNACKs */
@@ -500,11 +501,11 @@ static void print_received(int open) {
 }
 
 static void wait_received(long long expected) {
-    long long idle_since = now_ns(), seen = -1;
+    long long idle_since = now_ns(), seen = -1, until = now_ns() + DRAIN_MAX_NS;
     for (;;) {
         long long now = now_ns();
         if (received != seen) { seen = received; idle_since = now; }
-        if (received >= expected || now - idle_since > IDLE_STOP_NS) break;
+        if (received >= expected || now - idle_since > IDLE_STOP_NS || now > until) break;
         poll_once(10);
         misc();
     }
