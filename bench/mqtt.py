@@ -94,6 +94,9 @@ EDGE_SPARE_SESSIONS = 2
 EDGE_START_TIMEOUT_S = 600.0
 """A first start after a source change compiles numba kernels (`topicwire warm` does it ahead)."""
 EDGE_IDLE_TIMEOUT_S = 120.0
+EDGE_SESSION_DEAD_MS = 30_000
+"""The edge's ``clients.session_dead_ms``: a native session whose logout was lost (UDP, under
+a flood) ends this soon, and frees its place for the next measurement's connections."""
 PROBE_WAIT_S = 1.0
 """After each probe round the parent waits this long for FLOWING before sending another."""
 PROBE_TIMEOUT_S = 120.0
@@ -303,7 +306,8 @@ class Edge(Broker):
         config.write_text(
             '[appliance]\nname = "bench-mqtt"\nrole = "edge"\n'
             f'[clients]\nudp = "{LOOPBACK}:{_free_udp_port()}"\nmax_sessions = {sessions}\n'
-            f"max_guaranteed_sessions = {guaranteed}\nsession_dead_ms = 3600000\n"
+            f"max_guaranteed_sessions = {guaranteed}\n"
+            f"session_dead_ms = {EDGE_SESSION_DEAD_MS}\n"
             '[pm.identities.anonymous]\npublish = ["bench/#"]\nsubscribe = ["bench/#"]\n'
             f'[mqtt]\nlisten = "{LOOPBACK}:{self.port}"\nmax_connections = {sessions}\n'
             'allow_anonymous = true\n[log]\nlevel = "warning"\n'
@@ -315,8 +319,9 @@ class Edge(Broker):
         _wait_listening(self.port, self.proc, "the edge (topicwire run)", EDGE_START_TIMEOUT_S)
 
     def wait_idle(self) -> None:
-        """Until the previous measurement's connections are gone (``/status``): the next
-        one's would otherwise find ``mqtt.max_connections`` taken."""
+        """Until the previous measurement's connections and their native client sessions are
+        gone (``/status``): the next one's would otherwise find ``mqtt.max_connections`` or
+        ``clients.max_sessions`` taken (CONNACK 3, server unavailable)."""
         import json
         import urllib.request
 
@@ -324,13 +329,15 @@ class Edge(Broker):
         url = f"http://{LOOPBACK}:{self.mgmt_port}/status"
         while True:
             with urllib.request.urlopen(url, timeout=30) as answer:
-                mqtt = json.load(answer)["mqtt"]
-            if mqtt["connections"] == 0 and mqtt["sessions"] == 0:
+                status = json.load(answer)
+            mqtt, native = status["mqtt"], len(status["clients"])
+            if mqtt["connections"] == 0 and mqtt["sessions"] == 0 and native == 0:
                 return
             if time.monotonic() > deadline:
-                raise DeviceError(f"the edge still has {mqtt['connections']} connections and "
-                                  f"{mqtt['sessions']} sessions {EDGE_IDLE_TIMEOUT_S} s after "
-                                  "a measurement", component=_COMPONENT)
+                raise DeviceError(f"the edge still has {mqtt['connections']} connections, "
+                                  f"{mqtt['sessions']} sessions and {native} native client "
+                                  f"sessions {EDGE_IDLE_TIMEOUT_S} s after a measurement",
+                                  component=_COMPONENT)
             time.sleep(0.1)
 
 
