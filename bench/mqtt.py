@@ -252,6 +252,10 @@ class Broker:
     def wait_idle(self) -> None:
         """Return once the previous measurement's clients are gone."""
 
+    def diagnosis(self) -> str:
+        """What the broker says about refused or closed connections (for an error)."""
+        return ""
+
     def cpu_s(self) -> float:
         return _cpu_s(self.proc.pid)
 
@@ -318,18 +322,30 @@ class Edge(Broker):
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         _wait_listening(self.port, self.proc, "the edge (topicwire run)", EDGE_START_TIMEOUT_S)
 
+    def _status(self) -> dict[str, Any]:
+        import json
+        import urllib.request
+
+        url = f"http://{LOOPBACK}:{self.mgmt_port}/status"
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return json.load(answer)
+
+    def diagnosis(self) -> str:
+        try:
+            counters = self._status()["mqtt"]["counters"]
+        except (OSError, ValueError, KeyError):
+            return ""
+        why = {k: v for k, v in counters.items()
+               if v and k.startswith(("closed_", "connect_refused_", "refused_"))}
+        return f" (the edge's counters: {why})"
+
     def wait_idle(self) -> None:
         """Until the previous measurement's connections and their native client sessions are
         gone (``/status``): the next one's would otherwise find ``mqtt.max_connections`` or
         ``clients.max_sessions`` taken (CONNACK 3, server unavailable)."""
-        import json
-        import urllib.request
-
         deadline = time.monotonic() + EDGE_IDLE_TIMEOUT_S
-        url = f"http://{LOOPBACK}:{self.mgmt_port}/status"
         while True:
-            with urllib.request.urlopen(url, timeout=30) as answer:
-                status = json.load(answer)
+            status = self._status()
             mqtt, native = status["mqtt"], len(status["clients"])
             if mqtt["connections"] == 0 and mqtt["sessions"] == 0 and native == 0:
                 return
@@ -404,6 +420,9 @@ def measure(broker: Broker, load: Path, sh: Shape, qos: int, rate: float, durati
             got = sub.result_within(RESULT_GRACE_S)
         else:
             got = sent
+    except DeviceError as exc:
+        raise DeviceError(f"{broker.name}: {exc}{broker.diagnosis()}",
+                          component=_COMPONENT) from None
     finally:
         for child in children:
             child.kill(10.0)
