@@ -98,3 +98,17 @@ def test_the_bench_is_registered_as_a_topicwire_bench_subcommand():
     from appliance.ops.cli.bench_cmd import BENCHMARKS
 
     assert "bench.mqtt" in BENCHMARKS
+
+
+def test_connections_beyond_the_edge_are_measured_on_mosquitto_alone(monkeypatch):
+    # the edge's cap made tiny: both brokers at the cap, mosquitto alone at the asked count
+    monkeypatch.setattr(mqtt, "edge_max_connections", lambda qos: 2)
+    report = mqtt.run(tiny_args("--scenario", "conns", "--clients", "4"))
+    params = report["params"]
+    assert params["connections"] == 2 and params["connections_asked"] == 4
+    assert "limit" in params and "2" in params["limit"]
+    alone = params["mosquitto_at_asked"]
+    assert alone["sent"] > 0 and alone["received"] == alone["sent"] and alone["lost"] == 0
+    for broker in ("topicwire", "mosquitto"):
+        (one,) = params["runs"][broker]
+        assert one["lost"] == one["half_lost"] == 0
