@@ -9,7 +9,7 @@ VENV        := .venv
 PY          := $(VENV)/bin/python
 APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf \
                 qemu-system-x86 kmod busybox-static rdma-core ibverbs-providers ibverbs-utils \
-                libibverbs-dev python3-pyverbs perftest stress-ng mosquitto mosquitto-clients \
+                libibverbs-dev python3-pyverbs perftest stress-ng mosquitto mosquitto-clients libmosquitto-dev \
                 tshark openssl
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
