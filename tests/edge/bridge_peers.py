@@ -58,7 +58,7 @@ class Mosquitto:
         conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
                         f"password_file {self.passwd}\n{persistence}log_dest stderr\n"
                         f"user root\n{self.extra}")
-        self.log = open(self.dir / "mosquitto.log", "ab")  # noqa: SIM115 (closed in stop)
+        self.log = open(self.dir / "mosquitto.log", "ab")
         self.proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.DEVNULL,
                                      stderr=self.log)
         deadline = time.monotonic() + DEADLINE_S

@@ -69,6 +69,10 @@ class MqttBridge:
         self._inflight: dict[int, int] = {}
         """paho message id -> backlog seq, for this connection."""
         self._to_send: deque[Entry] = deque()
+        self._reserved = 0
+        """Window slots taken by publishes being handed to paho (``_pump``)."""
+        self._early: dict[int, Any] = {}
+        """Acknowledgements that arrived before ``_pump`` recorded their message id."""
         self.window = 0
         self.remote_receive_maximum: int | None = None
         self.inflight_peak = 0
@@ -238,6 +242,8 @@ class MqttBridge:
             if self.counters["connects"] > 1:
                 self.counters["reconnects"] += 1
             self._inflight.clear()
+            self._early.clear()
+            self._reserved = 0
             self._to_send = deque(self.backlog.snapshot() if self.backlog else ())
             self._cv.notify_all()
         self._logged = None
@@ -295,25 +301,42 @@ class MqttBridge:
 
     # --- sending -------------------------------------------------------------------------------
     def _pump(self) -> None:
-        """Send backlog entries while the window has room, until the connection ends."""
+        """Send backlog entries while the window has room, until the connection ends. paho
+        is never called with ``_cv`` held (its network thread holds its own locks when it
+        calls ``_on_publish``, which takes ``_cv``)."""
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._stopping or not self.connected or (
-                    self._to_send and len(self._inflight) < self.window))
+                    self._to_send and self._reserved + len(self._inflight) < self.window))
                 if self._stopping or not self.connected:
                     return
                 client = self._client
-                while self._to_send and len(self._inflight) < self.window:
+                live = self.backlog.live if self.backlog is not None else {}
+                batch = []
+                while self._to_send and self._reserved + len(self._inflight) < self.window:
                     entry = self._to_send.popleft()
-                    if self.backlog is None or entry.seq not in self.backlog.live:
-                        continue  # acknowledged meanwhile
-                    info = client.publish(entry.topic, entry.payload, 1, entry.retain,
-                                          properties=self._props())
-                    if info.rc != 0:  # the connection went: it is sent on the next one
+                    if entry.seq in live:  # else acknowledged meanwhile
+                        batch.append(entry)
+                        self._reserved += 1
+            props = self._props()
+            for i, entry in enumerate(batch):
+                info = client.publish(entry.topic, entry.payload, 1, entry.retain,
+                                      properties=props)
+                with self._cv:
+                    self._reserved -= 1
+                    if info.rc != 0:  # the connection went: the rest go on the next one
+                        self._reserved -= len(batch) - i - 1
+                        self._cv.notify_all()
                         return
-                    self._inflight[info.mid] = entry.seq
                     self.counters["out_sent_qos1"] += 1
-                    self.inflight_peak = max(self.inflight_peak, len(self._inflight))
+                    self._inflight[info.mid] = entry.seq
+                    self.inflight_peak = max(self.inflight_peak,
+                                             len(self._inflight) + self._reserved)
+                    early = self._early.pop(info.mid, None)  # acknowledged before we got here
+                    if not self._reserved:
+                        self._early.clear()
+                if early is not None:
+                    self._acked(info.mid, early)
 
     def _props(self) -> Any:
         if self.cfg.protocol != 5:
@@ -327,9 +350,17 @@ class MqttBridge:
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, rc: Any, _p: Any) -> None:
         with self._cv:
+            if mid not in self._inflight:
+                if self._reserved:  # perhaps a QoS 1 publish not recorded yet (_pump)
+                    self._early[mid] = rc
+                return  # else QoS 0, or a connection that went
+        self._acked(mid, rc)
+
+    def _acked(self, mid: int, rc: Any) -> None:
+        with self._cv:
             seq = self._inflight.pop(mid, None)
             if seq is None:
-                return  # QoS 0, or a connection that went
+                return
             if rc is not None and rc.is_failure:
                 self.counters["out_refused_by_remote"] += 1
             else:
