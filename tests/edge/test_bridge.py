@@ -273,8 +273,9 @@ def test_two_bridges_mirroring_one_broker_stop_at_the_origin_tag(tmp_path):
         # one copy per bridge, no more
         assert remote.payloads() == Counter({b"edge%d" % i: 2 for i in range(5)} | {b"end": 2})
         for name in ("cloud", "cloud2"):
-            counters = bridge_status(edge, name)["counters"]
-            assert counters["in_dropped_origin"] == 6 and counters.get("in_messages", 0) == 0
+            counters = wait_bridge(edge, "dropped the end's echo", lambda s: s["counters"].get(
+                "in_dropped_origin") == 6, name=name)["counters"]
+            assert counters.get("in_messages", 0) == 0
     finally:
         edge.stop()
         remote.close()
