@@ -11,6 +11,7 @@ import pytest
 
 from appliance.config import parse_config
 from appliance.edge.node import EdgeAppliance
+from tests.appliance.helpers import free_port
 from tests.edge.bridge_peers import (
     Client,
     Mosquitto,
@@ -22,6 +23,7 @@ from tests.edge.bridge_peers import (
 )
 from tests.edge.conftest import edge_doc, wait_for
 from tests.edge.peers import Peer
+from tests.edge.test_transports import pki  # noqa: F401 (the fixture: a CA and certificates)
 
 pytestmark = requires_mosquitto
 
@@ -314,4 +316,52 @@ def test_retained_messages_are_not_echoed_back_nor_replayed_on_reconnect(tmp_pat
     finally:
         edge.stop()
         remote.close()
+        broker.stop()
+
+
+def test_a_bridge_over_tls_with_a_client_certificate(tmp_path, pki):  # noqa: F811
+    tls_port = free_port()
+    ca, _ = pki["ca"]
+    server_cert, server_key = pki["127.0.0.1"]
+    broker = Mosquitto(tmp_path / "m", extra=(
+        f"listener {tls_port} 127.0.0.1\ncafile {ca}\ncertfile {server_cert}\n"
+        f"keyfile {server_key}\nrequire_certificate true\nuse_identity_as_username true\n"))
+    broker.start()
+    remote = Client(broker.port, "watch")
+    remote.subscribe("edge1/#", 1)
+    cert, key = pki["alice"]
+    spec = bridge_spec(tmp_path, tls_port, tls=True, tls_ca_file=ca, tls_cert_file=cert,
+                       tls_key_file=key,
+                       out=[{"local": "plant/#", "remote_prefix": "edge1/", "qos": 1}])
+    del spec["username"], spec["password_file"]
+    edge = start(edge_doc(bridges=[spec]))
+    try:
+        wait_bridge(edge, "connected", lambda s: s["connected"])
+        with Peer(edge, "pub") as pub:
+            pub.publish("plant/secret", b"over-tls", 1)
+        assert remote.wait_payload(b"over-tls").topic == "edge1/plant/secret"
+        wait_bridge(edge, "acked", lambda s: s["acked"] == 1)
+    finally:
+        edge.stop()
+        remote.close()
+        broker.stop()
+
+
+def test_a_bridge_without_a_certificate_the_remote_wants_keeps_trying(tmp_path, pki):  # noqa: F811
+    tls_port = free_port()
+    ca, _ = pki["ca"]
+    server_cert, server_key = pki["127.0.0.1"]
+    broker = Mosquitto(tmp_path / "m", extra=(
+        f"listener {tls_port} 127.0.0.1\ncafile {ca}\ncertfile {server_cert}\n"
+        f"keyfile {server_key}\nrequire_certificate true\n"))
+    broker.start()
+    spec = bridge_spec(tmp_path, tls_port, tls=True, tls_ca_file=ca,
+                       out=[{"local": "plant/#", "remote_prefix": "", "qos": 1}])
+    edge = start(edge_doc(bridges=[spec]))
+    try:  # no client certificate: every handshake fails, the bridge backs off and retries
+        status = wait_bridge(edge, "failing", lambda s: s["counters"].get(
+            "connect_failed", 0) + s["counters"].get("connect_refused", 0) >= 3)
+        assert not status["connected"] and status["counters"].get("connects", 0) == 0
+    finally:
+        edge.stop()
         broker.stop()

@@ -199,8 +199,13 @@ class MqttBridge:
             connack.update(rc=rc, props=props, present=bool(flags.session_present))
             got.set()
 
+        def on_disconnect(*args: Any) -> None:  # (TLS refused: even inside connect())
+            got.set()
+            self._on_disconnect(*args)
+
         client.on_connect = on_connect
-        client.on_disconnect = self._on_disconnect
+        client.on_disconnect = on_disconnect
+        client.on_connect_fail = lambda *_: got.set()
         client.on_publish = self._on_publish
         client.on_message = self._on_remote
         client.on_subscribe = self._on_suback
