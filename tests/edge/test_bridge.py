@@ -365,3 +365,30 @@ def test_a_bridge_without_a_certificate_the_remote_wants_keeps_trying(tmp_path, 
     finally:
         edge.stop()
         broker.stop()
+
+
+def test_the_bridge_acts_as_its_identity_and_its_entitlements_apply(tmp_path):
+    broker = Mosquitto(tmp_path / "m").start()
+    remote = Client(broker.port, "watch")
+    remote.subscribe("out/#", 1)
+    # bob may publish and subscribe bob/# and public/# only
+    edge = start(bridge_doc(tmp_path, broker.port, identity="bob",
+                            out=[{"local": "bob/#", "remote_prefix": "out/", "qos": 1}],
+                            **{"in": [{"remote": "x/#", "local_prefix": "public/", "qos": 1},
+                                      {"remote": "y/#", "local_prefix": "secret/", "qos": 1}]}))
+    try:
+        wait_bridge(edge, "subscribed", lambda s: s["counters"].get("in_subscribed") == 2)
+        with Peer(edge, "local-sub") as sub, Peer(edge, "local-pub") as pub:
+            assert sub.subscribe("#", 1) == 1
+            remote.publish("y/1", b"denied", 1)
+            remote.publish("x/1", b"allowed", 1)
+            msg = sub.next()
+            assert (msg.topic, msg.payload) == ("public/x/1", b"allowed")
+            pub.publish("bob/a", b"to-remote", 1)
+            assert remote.wait_payload(b"to-remote").topic == "out/bob/a"
+        counters = bridge_status(edge)["counters"]
+        assert counters["in_denied"] == 1 and counters["in_messages"] == 1
+    finally:
+        edge.stop()
+        remote.close()
+        broker.stop()
