@@ -299,6 +299,7 @@ def test_retained_messages_are_not_echoed_back_nor_replayed_on_reconnect(tmp_pat
         with Peer(edge, "local-pub") as pub:  # a marker after it, through the same bridge
             pub.publish("m/marker", b"mark1", 1)
         remote.wait_payload(b"mark1")
+        wait_bridge(edge, "acked", lambda s: s["acked"] == 1)
         assert remote.payloads() == Counter({b"on": 1, b"mark1": 1})  # not echoed back
     finally:
         edge.stop()
@@ -392,3 +393,48 @@ def test_the_bridge_acts_as_its_identity_and_its_entitlements_apply(tmp_path):
         edge.stop()
         remote.close()
         broker.stop()
+
+
+def test_a_stopping_edge_waits_for_the_pubacks_of_what_is_in_flight(tmp_path):
+    # a scripted remote (the project's own codec, server side) that holds its PUBACK back
+    # until the edge is stopping: the acknowledged message must not stay in the backlog
+    import socket
+    import threading
+
+    from appliance.edge.mqtt import codec
+    from appliance.edge.mqtt.bridge_backlog import Backlog
+    from tests.edge.conftest import read_packet
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    edge = start(bridge_doc(tmp_path, port, out=[{"local": "plant/#", "remote_prefix": "",
+                                                  "qos": 1}]))
+    stopper = None
+    try:
+        listener.settimeout(30)
+        conn, _ = listener.accept()
+        conn.settimeout(30)
+        first, body = read_packet(conn)
+        assert first >> 4 == codec.PacketType.CONNECT
+        conn.sendall(codec.encode_connack(codec.V5, 0))
+        with Peer(edge, "pub") as pub:
+            pub.publish("plant/x", b"held", 1)
+        first, body = read_packet(conn)
+        pkt = codec.decode(first, body, codec.V5)
+        assert isinstance(pkt, codec.Publish) and pkt.payload == b"held"
+        bridge = edge.mqtt.bridges["cloud"]
+        stopper = threading.Thread(target=edge.stop)
+        stopper.start()
+        wait_for(lambda: bridge._draining, what="the bridge draining")
+        conn.sendall(codec.encode_ack(codec.PacketType.PUBACK, pkt.packet_id, codec.V5))
+        stopper.join(60)
+        assert not stopper.is_alive()
+        assert bridge.counters["out_acked"] == 1
+        conn.close()
+    finally:
+        if stopper is None:
+            edge.stop()
+        listener.close()
+    backlog = Backlog(tmp_path / "backlog" / "cloud", 10, 1 << 20, lambda *_: None)
+    assert backlog.snapshot() == []
+    backlog.close()

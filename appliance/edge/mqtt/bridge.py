@@ -48,6 +48,8 @@ ORIGIN_PROPERTY = "topicwire-origin"
 CONNECT_TIMEOUT_S = 10.0
 """How long a TCP connect plus CONNACK may take before the attempt counts as failed."""
 STOP_TIMEOUT_S = 10.0
+STOP_DRAIN_S = 5.0
+"""On stop, how long the bridge waits for the remote to acknowledge what is in flight."""
 GUARANTEED_QOS = QOS["guaranteed"]
 REMOTE_RECEIVE_MAXIMUM = 65_535
 """A 5.0 remote without a Receive Maximum property (and any 3.1.1 remote) takes this many."""
@@ -64,6 +66,8 @@ class MqttBridge:
         self.counters: Counter[str] = Counter()
         self._cv = threading.Condition()
         self._stopping = False
+        self._draining = False
+        """Stopping: nothing new is sent, the acknowledgements in flight are awaited."""
         self.connected = False
         self._client: Any = None
         self._inflight: dict[int, int] = {}
@@ -129,8 +133,15 @@ class MqttBridge:
         return self
 
     def close(self) -> None:
-        """Disconnect, stop, log out, sync and close the backlog (safe twice)."""
+        """Wait up to ``STOP_DRAIN_S`` for the PUBACKs of what is in flight (sending nothing
+        new), then disconnect, stop, log out, sync and close the backlog (safe twice)."""
         with self._cv:
+            self._draining = True
+            self._cv.notify_all()
+            if not self._cv.wait_for(lambda: not self.connected or not (
+                    self._inflight or self._reserved), STOP_DRAIN_S):
+                log.info("bridge %s: stopping with %d messages unacknowledged (kept in the "
+                         "backlog)", self.cfg.name, len(self._inflight))
             self._stopping = True
             self._cv.notify_all()
         thread, self._thread = self._thread, None
@@ -312,13 +323,15 @@ class MqttBridge:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._stopping or not self.connected or (
-                    self._to_send and self._reserved + len(self._inflight) < self.window))
+                    not self._draining and self._to_send
+                    and self._reserved + len(self._inflight) < self.window))
                 if self._stopping or not self.connected:
                     return
                 client = self._client
                 live = self.backlog.live if self.backlog is not None else {}
                 batch = []
-                while self._to_send and self._reserved + len(self._inflight) < self.window:
+                while not self._draining and self._to_send and (
+                        self._reserved + len(self._inflight) < self.window):
                     entry = self._to_send.popleft()
                     if entry.seq in live:  # else acknowledged meanwhile
                         batch.append(entry)
