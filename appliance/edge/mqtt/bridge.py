@@ -462,17 +462,19 @@ class MqttBridge:
 
     # --- status ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        with self._cv:
+        backlog = self.backlog
+        with self._cv:  # (an acknowledgement counts under _cv before it leaves the backlog:
+            # a backlog read here never shows a message gone that ``acked`` does not count)
+            depth = 0 if backlog is None else len(backlog)
+            depth_bytes = 0 if backlog is None else backlog.bytes
             counters = dict(sorted(self.counters.items()))
             inflight = len(self._inflight)
-        backlog = self.backlog
         return {"remote": f"{self.cfg.host}:{self.cfg.port}", "client_id": self.client_id,
                 "protocol": "5" if self.cfg.protocol == 5 else "3.1.1",
                 "connected": self.connected, "reconnects": counters.get("reconnects", 0),
                 "window": self.window, "remote_receive_maximum": self.remote_receive_maximum,
                 "inflight": inflight, "inflight_peak": self.inflight_peak,
-                "backlog_messages": 0 if backlog is None else len(backlog),
-                "backlog_bytes": 0 if backlog is None else backlog.bytes,
+                "backlog_messages": depth, "backlog_bytes": depth_bytes,
                 "acked": counters.get("out_acked", 0),
                 "dropped": counters.get("out_dropped_backlog_full", 0),
                 "counters": counters}
