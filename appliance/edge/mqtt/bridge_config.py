@@ -210,13 +210,12 @@ def _password(table: dict, p: str, base: Path) -> str | None:
 def parse_bridges(value: object, base: Path, identities: dict | None) -> tuple[BridgeConfig, ...]:
     """``mqtt.bridges``: an array of tables. ``identities``: the embedded P&M's identities
     (a bridge's identity must be one of them), or None (P&M is remote: its login decides)."""
-    from appliance.addresses import host_address
+    from appliance.addresses import host_address, split_host_port
 
     key = "mqtt.bridges"
     if not isinstance(value, list) or len(value) > MAX_BRIDGES:
         raise _fail(key, f"must be an array of at most {MAX_BRIDGES} tables ([[mqtt.bridges]])")
     bridges: list[BridgeConfig] = []
-    dirs: dict[Path, str] = {}
     for i, table in enumerate(value):
         p = f"{key}[{i}]."
         if not isinstance(table, dict):
@@ -232,9 +231,9 @@ def parse_bridges(value: object, base: Path, identities: dict | None) -> tuple[B
             raise _fail(p + "name", f"{name!r} names two bridges")
         if "address" not in table:
             raise _fail(p + "address", "required: the remote broker's \"host:port\"")
-        address, port = host_address(table["address"], p + "address",
-                                     example="127.0.0.1:1883")
-        host = str(address)
+        _, port = host_address(table["address"], p + "address", example="127.0.0.1:1883")
+        # connect (and check a TLS certificate) by the name given, resolved at each connect
+        host, _, _ = split_host_port(table["address"], p + "address", "127.0.0.1:1883")
         if not 1 <= port <= 65535:
             raise _fail(p + "address", f"port {port} is outside [1, 65535]")
         identity = _text(table, "identity", p, required=True)
@@ -277,10 +276,6 @@ def parse_bridges(value: object, base: Path, identities: dict | None) -> tuple[B
             backlog_dir = path_of(table["backlog_dir"], p + "backlog_dir", base)
             if backlog_dir.exists() and not backlog_dir.is_dir():
                 raise _fail(p + "backlog_dir", f"{backlog_dir} is not a directory")
-            if backlog_dir in dirs:
-                raise _fail(p + "backlog_dir", f"{backlog_dir} is bridge {dirs[backlog_dir]!r}'s "
-                            "too: give each bridge its own")
-            dirs[backlog_dir] = name
         elif any(m.qos == 1 for m in outs):
             raise _fail(p + "backlog_dir", "required with a QoS 1 out mapping: the durable "
                         "backlog of messages the remote has not acknowledged")
