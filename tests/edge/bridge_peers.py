@@ -29,6 +29,16 @@ requires_mosquitto = pytest.mark.skipif(
 BRIDGE_USER, BRIDGE_PASSWORD = "edge-bridge", "bridge-secret"
 
 
+STARTED: list[Mosquitto] = []
+"""Every mosquitto started; ``stop_all`` (an autouse fixture of the bridge tests) stops
+whatever a failed test left running."""
+
+
+def stop_all() -> None:
+    while STARTED:
+        STARTED.pop().stop(kill=True)
+
+
 class Mosquitto:
     """mosquitto on ``port`` (anonymous clients allowed; the bridge's user only once
     ``allow_bridge``: until then mosquitto refuses the bridge's CONNACK, so a test can
@@ -61,6 +71,7 @@ class Mosquitto:
         self.log = open(self.dir / "mosquitto.log", "ab")
         self.proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.DEVNULL,
                                      stderr=self.log)
+        STARTED.append(self)
         deadline = time.monotonic() + DEADLINE_S
         while True:
             try:

@@ -19,6 +19,7 @@ from tests.edge.bridge_peers import (
     bridge_spec,
     bridge_status,
     requires_mosquitto,
+    stop_all,
     wait_bridge,
 )
 from tests.edge.conftest import edge_doc, wait_for
@@ -26,6 +27,12 @@ from tests.edge.peers import Peer
 from tests.edge.test_transports import pki  # noqa: F401 (the fixture: a CA and certificates)
 
 pytestmark = requires_mosquitto
+
+
+@pytest.fixture(autouse=True)
+def _no_mosquitto_left():
+    yield
+    stop_all()
 
 
 def start(doc: dict) -> EdgeAppliance:
