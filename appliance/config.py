@@ -365,6 +365,8 @@ class MqttConfig:
     """MQTT over WebSocket (subprotocol ``mqtt``)."""
     ws_tls: bool = False
     """The WebSocket listener speaks TLS (``wss://``) with the ``tls_*`` files and rules."""
+    bridges: tuple = ()
+    """``[[mqtt.bridges]]`` (appliance/edge/mqtt/bridge_config.py)."""
 
 
 @dataclass(frozen=True)
@@ -600,7 +602,8 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
 
 
 def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
-          max_sessions: int, max_subscriptions: int, base: Path) -> MqttConfig | None:
+          max_sessions: int, max_subscriptions: int, base: Path,
+          identities: dict[str, IdentityConfig] | None = None) -> MqttConfig | None:
     """``[mqtt]``: an edge's MQTT server (docs/edge.md)."""
     if "mqtt" not in doc:
         return None
@@ -613,7 +616,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_metadata_messages", "max_metadata_bytes", "tls_listen",
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
                               "tls_require_client_cert",
-                              "tls_identity_from_cert", "ws_listen", "ws_tls"}, "")
+                              "tls_identity_from_cert", "ws_listen", "ws_tls", "bridges"}, "")
     p = "mqtt."
     if role != "edge":
         raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
@@ -638,8 +641,11 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
     if flags["ws_tls"] and not tls:
         raise _fail(p + "ws_tls", "needs mqtt.tls_listen and its files (the same certificate "
                     "serves wss://)")
+    from appliance.edge.mqtt.bridge_config import parse_bridges
+
+    bridges = parse_bridges(mq.get("bridges", []), base, identities)
     return MqttConfig(
-        **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"],
+        **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"], bridges=bridges,
         tls_require_client_cert=flags["tls_require_client_cert"],
         tls_identity_from_cert=flags["tls_identity_from_cert"],
         max_offline_sessions=_int(mq, "max_offline_sessions", p,
@@ -1141,7 +1147,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         if "registry" in pm:
             registry = existing_file(pm["registry"], p + "registry", base)
 
-    mqtt = _mqtt(doc, role, clients_udp, shm, max_sessions, max_subscriptions, base)
+    mqtt = _mqtt(doc, role, clients_udp, shm, max_sessions, max_subscriptions, base,
+                 identities if mode == "embedded" else None)
     mgmt = _mgmt(doc, base)
     log = _table(doc, "log", {"format", "level"}, "")
     _str(log, "format", "log.", "text", ("text", "json"))

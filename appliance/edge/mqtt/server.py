@@ -56,6 +56,9 @@ class MqttServer:
         self.appliance = appliance
         self.cfg: MqttConfig = config.mqtt
         self.node_id = config.node_id
+        self.edge_name = config.name
+        self.bridges: dict[str, Any] = {}
+        """Bridge name -> its ``MqttBridge`` (bridge.py)."""
         self.native_url = self._native_url(config)
         self.retained = RetainedStore(self.cfg.max_retained, self.cfg.max_retained_bytes)
         self.sessions: dict[str, SessionState] = {}
@@ -121,7 +124,19 @@ class MqttServer:
             raise self._start_error
         log.info("mqtt: listening on %s (native sessions via %s)", ", ".join(
             f"{n} {a[0]}:{a[1]}" for n, a in self.addresses.items()), self.native_url)
+        try:
+            self._start_bridges()
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def _start_bridges(self) -> None:
+        """``[[mqtt.bridges]]`` (bridge.py): each connects out in the background."""
+        from appliance.edge.mqtt.bridge import MqttBridge
+
+        for cfg in self.cfg.bridges:
+            self.bridges[cfg.name] = MqttBridge(self, cfg, self.edge_name).start()
 
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
@@ -230,6 +245,9 @@ class MqttServer:
         listener and the loop (safe twice)."""
         if self._thread is None:
             return
+        bridges, self.bridges = self.bridges, {}
+        for bridge in bridges.values():
+            bridge.close()
         thread, self._thread = self._thread, None
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(STOP_TIMEOUT_S)
@@ -283,7 +301,8 @@ class MqttServer:
                 "successors": self.successors.status(),
                 "metadata_messages": len(self.meta), "metadata_bytes": self.meta.bytes,
                 "retained_messages": len(self.retained.messages),
-                "retained_bytes": self.retained.bytes, "counters": counters}
+                "retained_bytes": self.retained.bytes, "counters": counters,
+                "bridges": {n: b.status() for n, b in list(self.bridges.items())}}
 
 
 def _listen(key: str, address: tuple[str, int]) -> socket.socket:
