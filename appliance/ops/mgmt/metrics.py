@@ -373,11 +373,33 @@ def channel_stats(appliance: Any) -> list[tuple[str, str, Any]]:
             if getattr(ch, "stats", None) is not None]
 
 
-class ChannelCollector:
-    """Channel metrics from ``channels()`` (``channel_stats`` of the appliance)."""
+def channel_samples(channels: Iterable[tuple[str, str, Any]]) -> list[dict[str, Any]]:
+    """Plain figures (numbers, bucket lists) of every ``(name, kind, ChannelStats)``: what
+    ``ChannelCollector`` renders. Read as they are, without waiting for the data path (copies
+    of numpy arrays and integers); the management API's process receives these rows in its
+    snapshot (appliance/ops/mgmt/process.py) instead of the channels themselves."""
+    rows = []
+    for name, kind, s in channels:
+        buckets, total_s = latency_buckets(s.latency)
+        rows.append({
+            "channel": name, "kind": kind,
+            "frames_in": s.frames_in, "frames_out": s.frames_out,
+            "bytes_in": s.bytes_in, "bytes_out": s.bytes_out, "drops": s.drops,
+            "backpressure": s.backpressure, "lost": s.lost, "naks": s.naks,
+            "retransmissions": s.retransmissions, "latency_buckets": buckets,
+            "latency_sum_s": total_s, "untimed": s.latency_out_of_range,
+            "size_buckets": size_buckets(s.size_counts.copy()),
+            "jitter_s": max(s.jitter_by_peer().values(), default=0.0) / 1e9})
+    return rows
 
-    def __init__(self, channels: Callable[[], list[tuple[str, str, Any]]]) -> None:
-        self._channels = channels
+
+class ChannelCollector:
+    """Channel metrics from ``rows()``: ``channel_samples`` of the appliance's channels (taken
+    at each scrape in the appliance's process, or the latest snapshot's in the management
+    API's own process)."""
+
+    def __init__(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
+        self._rows = rows
 
     def collect(self) -> Iterator[Metric]:
         labels = ("channel", "kind")
@@ -408,23 +430,21 @@ class ChannelCollector:
         jitter = GaugeMetricFamily(PREFIX + "channel_jitter_seconds",
                                    "Largest RFC 3550 inter-arrival jitter of a peer of the "
                                    "channel", labels=labels)
-        for name, kind, s in self._channels():
-            key = (name, kind)
-            size_counts = s.size_counts.copy()
-            frames.add_metric((*key, "in"), s.frames_in)
-            frames.add_metric((*key, "out"), s.frames_out)
-            octets.add_metric((*key, "in"), s.bytes_in)
-            octets.add_metric((*key, "out"), s.bytes_out)
-            dropped.add_metric(key, s.drops)
-            pressure.add_metric(key, s.backpressure)
-            lost.add_metric(key, s.lost)
-            naks.add_metric(key, s.naks)
-            retx.add_metric(key, s.retransmissions)
-            buckets, total_s = latency_buckets(s.latency)
-            latency.add_metric(key, buckets, total_s)
-            untimed.add_metric(key, s.latency_out_of_range)
-            sizes.add_metric(key, size_buckets(size_counts), float(s.bytes_in))
-            jitter.add_metric(key, max(s.jitter_by_peer().values(), default=0.0) / 1e9)
+        for r in self._rows():
+            key = (r["channel"], r["kind"])
+            frames.add_metric((*key, "in"), r["frames_in"])
+            frames.add_metric((*key, "out"), r["frames_out"])
+            octets.add_metric((*key, "in"), r["bytes_in"])
+            octets.add_metric((*key, "out"), r["bytes_out"])
+            dropped.add_metric(key, r["drops"])
+            pressure.add_metric(key, r["backpressure"])
+            lost.add_metric(key, r["lost"])
+            naks.add_metric(key, r["naks"])
+            retx.add_metric(key, r["retransmissions"])
+            latency.add_metric(key, r["latency_buckets"], r["latency_sum_s"])
+            untimed.add_metric(key, r["untimed"])
+            sizes.add_metric(key, r["size_buckets"], float(r["bytes_in"]))
+            jitter.add_metric(key, r["jitter_s"])
         yield from (frames, octets, dropped, pressure, lost, naks, retx, latency, untimed, sizes,
                     jitter)
 
@@ -461,23 +481,57 @@ class ApiCollector:
         yield errors
 
 
+class SnapshotGcCollector(GCCollector):
+    """prometheus_client's ``python_gc_*`` families from ``stats()``, ``gc.get_stats()`` of
+    another process (the appliance's, as its management API's process received it)."""
+
+    def __init__(self, stats: Callable[[], list[dict[str, int]]],
+                 registry: CollectorRegistry) -> None:
+        self._stats = stats
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        collected = CounterMetricFamily("python_gc_objects_collected",
+                                        "Objects collected during gc", labels=["generation"])
+        uncollectable = CounterMetricFamily("python_gc_objects_uncollectable",
+                                            "Uncollectable objects found during GC",
+                                            labels=["generation"])
+        collections = CounterMetricFamily("python_gc_collections",
+                                          "Number of times this generation was collected",
+                                          labels=["generation"])
+        for gen, stat in enumerate(self._stats()):
+            collected.add_metric([str(gen)], value=stat["collected"])
+            uncollectable.add_metric([str(gen)], value=stat["uncollectable"])
+            collections.add_metric([str(gen)], value=stat["collections"])
+        yield from (collected, uncollectable, collections)
+
+
 def registry_of(status: Callable[[], dict[str, Any]],
                 api: ApiCollector | None = None,
-                channels: Callable[[], list[tuple[str, str, Any]]] | None = None
+                channels: Callable[[], list[dict[str, Any]]] | None = None,
+                pid: int | None = None,
+                gc_stats: Callable[[], list[dict[str, int]]] | None = None
                 ) -> CollectorRegistry:
     """A registry of its own (not the process-global one) holding one ``StatusCollector``,
-    the channels' and the API's own collectors when given, and prometheus_client's process
-    (``process_*``: CPU, memory, file descriptors, start time), platform (``python_info``)
-    and garbage-collector (``python_gc_*``) collectors."""
+    the channels' (``channel_samples`` rows) and the API's own collectors when given, and
+    prometheus_client's process (``process_*``: CPU, memory, file descriptors, start time),
+    platform (``python_info``) and garbage-collector (``python_gc_*``) collectors. ``pid``
+    and ``gc_stats`` make the process and garbage-collector figures the appliance's when the
+    registry lives in the management API's own process: /proc/<pid> and the appliance's
+    ``gc.get_stats()`` as its snapshot carried them."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatusCollector(status))
     if channels is not None:
         registry.register(ChannelCollector(channels))
     if api is not None:
         registry.register(api)
-    ProcessCollector(registry=registry)
+    ProcessCollector(registry=registry, pid=(lambda: pid) if pid is not None else
+                     (lambda: "self"))
     PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
+    if gc_stats is not None:
+        SnapshotGcCollector(gc_stats, registry)
+    else:
+        GCCollector(registry=registry)
     return registry
 
 
