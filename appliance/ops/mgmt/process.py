@@ -202,13 +202,16 @@ class ProcessServer:
         except (OSError, ValueError, AttributeError):
             ready = None
         if not ready:
-            code = self._proc.poll()
+            try:  # it closed the link: it is ending
+                code = self._proc.wait(MGMT_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                code = None
             raise ConfigError(
-                "mgmt.process: the management API's process did not start within "
-                f"{MGMT_START_TIMEOUT_S:g} s ("
+                "mgmt.process: the management API's process did not start ("
                 + (f"it exited with {code}; its error is logged above" if code is not None
-                   else "it did not answer") + "); set mgmt.process = false to serve the API "
-                "from the appliance's own process")
+                   else f"it did not answer within {MGMT_START_TIMEOUT_S:g} s")
+                + "); set mgmt.process = false to serve the API from the appliance's own "
+                "process")
         ours.settimeout(None)
         self._commands = threading.Thread(target=self._serve_link, args=(ours, reader),
                                           name="mgmt-commands", daemon=True)
