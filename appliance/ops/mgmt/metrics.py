@@ -328,23 +328,39 @@ def _hdr_index_values(counts_len: int, sub_bucket_half_count_magnitude: int,
     return lowest[:-1], (lowest[:-1] + lowest[1:] - 1) / 2.0
 
 
-def latency_buckets(histogram: Any, bounds_s: Iterable[float] = METRICS_LATENCY_BUCKETS_S
-                    ) -> tuple[list[tuple[str, float]], float]:
+def latency_counts(histogram: Any) -> dict[str, Any]:
+    """The nonzero counts of a channel's latency HdrHistogram (ns) and its geometry: what
+    ``counts_buckets`` needs, read in place (no copy of the whole counts array: a view and
+    the indexes of its nonzero entries, so the appliance's process pays little for it)."""
+    view = np.ctypeslib.as_array(histogram.counts)
+    index = np.flatnonzero(view)
+    return {"length": len(view), "half": histogram.sub_bucket_half_count_magnitude,
+            "unit": histogram.unit_magnitude, "index": index, "counts": view[index]}
+
+
+def counts_buckets(counts: dict[str, Any], bounds_s: Iterable[float] =
+                   METRICS_LATENCY_BUCKETS_S) -> tuple[list[tuple[str, float]], float]:
     """Prometheus buckets ``[(le, cumulative count), ..., ("+Inf", total)]`` and the sum (s)
-    of a channel's latency HdrHistogram (ns), from a copy of its counts. A count index whose
-    values start at or below ``le`` counts as below it, and the sum takes each index at its
-    midpoint: both within the histogram's resolution (3 significant digits)."""
-    counts = np.ctypeslib.as_array(histogram.counts).copy()
-    lowest, middle = _hdr_index_values(len(counts), histogram.sub_bucket_half_count_magnitude,
-                                       histogram.unit_magnitude)
-    cumulative = np.cumsum(counts)
+    of ``latency_counts``. A count index whose values start at or below ``le`` counts as below
+    it, and the sum takes each index at its midpoint: both within the histogram's resolution
+    (3 significant digits)."""
+    index, values = counts["index"], counts["counts"]
+    lowest, middle = _hdr_index_values(counts["length"], counts["half"], counts["unit"])
+    cumulative = np.cumsum(values)
     total = int(cumulative[-1]) if len(cumulative) else 0
     buckets = []
     for le in bounds_s:
         upto = int(np.searchsorted(lowest, round(le * 1e9), side="right"))
-        buckets.append((floatToGoString(le), float(cumulative[upto - 1]) if upto else 0.0))
+        below = int(np.searchsorted(index, upto, side="left"))  # nonzero entries below upto
+        buckets.append((floatToGoString(le), float(cumulative[below - 1]) if below else 0.0))
     buckets.append(("+Inf", float(total)))
-    return buckets, float(np.dot(counts, middle)) / 1e9
+    return buckets, float(np.dot(values, middle[index])) / 1e9
+
+
+def latency_buckets(histogram: Any, bounds_s: Iterable[float] = METRICS_LATENCY_BUCKETS_S
+                    ) -> tuple[list[tuple[str, float]], float]:
+    """``counts_buckets`` of a channel's latency HdrHistogram (ns) as it is now."""
+    return counts_buckets(latency_counts(histogram), bounds_s)
 
 
 def size_buckets(size_counts: np.ndarray, bounds_bytes: Iterable[int] =
@@ -374,21 +390,20 @@ def channel_stats(appliance: Any) -> list[tuple[str, str, Any]]:
 
 
 def channel_samples(channels: Iterable[tuple[str, str, Any]]) -> list[dict[str, Any]]:
-    """Plain figures (numbers, bucket lists) of every ``(name, kind, ChannelStats)``: what
-    ``ChannelCollector`` renders. Read as they are, without waiting for the data path (copies
-    of numpy arrays and integers); the management API's process receives these rows in its
-    snapshot (appliance/ops/mgmt/process.py) instead of the channels themselves."""
+    """Plain figures of every ``(name, kind, ChannelStats)`` (integers, small numpy arrays):
+    what ``ChannelCollector`` renders. Read as they are, without waiting for the data path;
+    the bucket arithmetic is left to the collector, so that the management API's process,
+    which receives these rows in its snapshot (appliance/ops/mgmt/process.py), does it and
+    the appliance's process does not."""
     rows = []
     for name, kind, s in channels:
-        buckets, total_s = latency_buckets(s.latency)
         rows.append({
             "channel": name, "kind": kind,
             "frames_in": s.frames_in, "frames_out": s.frames_out,
             "bytes_in": s.bytes_in, "bytes_out": s.bytes_out, "drops": s.drops,
             "backpressure": s.backpressure, "lost": s.lost, "naks": s.naks,
-            "retransmissions": s.retransmissions, "latency_buckets": buckets,
-            "latency_sum_s": total_s, "untimed": s.latency_out_of_range,
-            "size_buckets": size_buckets(s.size_counts.copy()),
+            "retransmissions": s.retransmissions, "latency": latency_counts(s.latency),
+            "untimed": s.latency_out_of_range, "size_counts": s.size_counts.copy(),
             "jitter_s": max(s.jitter_by_peer().values(), default=0.0) / 1e9})
     return rows
 
@@ -441,9 +456,9 @@ class ChannelCollector:
             lost.add_metric(key, r["lost"])
             naks.add_metric(key, r["naks"])
             retx.add_metric(key, r["retransmissions"])
-            latency.add_metric(key, r["latency_buckets"], r["latency_sum_s"])
+            latency.add_metric(key, *counts_buckets(r["latency"]))
             untimed.add_metric(key, r["untimed"])
-            sizes.add_metric(key, r["size_buckets"], float(r["bytes_in"]))
+            sizes.add_metric(key, size_buckets(r["size_counts"]), float(r["bytes_in"]))
             jitter.add_metric(key, r["jitter_s"])
         yield from (frames, octets, dropped, pressure, lost, naks, retx, latency, untimed, sizes,
                     jitter)

@@ -228,6 +228,14 @@ class ProcessServer:
                 "failure": (type(failure).__name__, str(failure)) if failure else None,
                 "stopped": bool(getattr(app, "_stopped", False))}
 
+    def _published(self) -> Any:
+        """The control agent's latest status object (a new one at each rebuild), whose change
+        makes the feed send at once; ``status()`` itself where there is none (an appliance
+        whose ``status()`` adds live sections makes a new dict at each call: the edge)."""
+        control = getattr(self.appliance, "control", None)
+        published = getattr(control, "status_snapshot", None)
+        return published if published is not None else self.appliance.status()
+
     def _send(self, doc: dict[str, Any]) -> None:
         proc = self._proc
         if proc is None or proc.stdin is None:
@@ -243,12 +251,12 @@ class ProcessServer:
                 self._restart(None if proc is None else proc.returncode)
                 continue
             try:
-                status = self.appliance.status()
+                published = self._published()
                 now = time.monotonic()
-                if status is self._last_status and now - self._sent_at < MGMT_FEED_PERIOD_S:
+                if published is self._last_status and now - self._sent_at < MGMT_FEED_PERIOD_S:
                     continue
-                self._send(self._snapshot(status))
-                self._last_status, self._sent_at = status, now
+                self._send(self._snapshot(self.appliance.status()))
+                self._last_status, self._sent_at = published, now
             except OSError:
                 continue  # the process ended: the next round sees it and starts another
             except Exception as exc:  # a fault of this side: the API keeps its last snapshot
