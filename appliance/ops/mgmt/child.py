@@ -13,7 +13,9 @@ What it is given:
   the appliance. The first is the setup (listening socket's descriptor, token, TLS files,
   logging, the appliance's pid), then snapshots: ``{"status", "channels", "gc", "failure",
   "stopped"}``. The end of the feed (the appliance closed it or died) ends this process;
-  so does the appliance's death through ``PR_SET_PDEATHSIG``.
+  so does the appliance's death through ``PR_SET_PDEATHSIG`` (strictly: the end of the
+  appliance's thread that started this process, its main thread or, after a restart, its
+  ``mgmt-feed`` thread, which lives as long as the API).
 - a stream socket (the *link*) to the appliance: this process sends one JSON line per command
   (``{"id", "command", "args"}``) and ``{"ready": url}`` once it serves; the appliance answers
   each command with ``{"id", "result"}``. At most ``MGMT_MAX_FORWARDED`` commands wait at once:
@@ -234,6 +236,7 @@ def main() -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except (OSError, EOFError, pickle.UnpicklingError) as exc:  # the appliance went away
-        print(f"topicwire: mgmt: the management API's process ends: {exc}", file=sys.stderr)
+    except Exception as exc:  # one line (the appliance logs that it ended and starts another)
+        print(f"topicwire: mgmt: the management API's process ends: {type(exc).__name__}: "
+              f"{exc}", file=sys.stderr)
         sys.exit(1)
