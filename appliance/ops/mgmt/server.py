@@ -3,7 +3,10 @@
 ``MgmtServer`` is a ``ThreadingHTTPServer`` on its own thread (one more thread per request).
 Reads take ``Appliance.status()``, the control agent's published snapshot, and serialise it
 on the request's thread: the data path is never asked anything and never waits. Commands go
-through ``Appliance.submit`` (the control agent applies them between duty cycles).
+through ``Appliance.submit`` (the control agent applies them between duty cycles). With
+``mgmt.process = true`` (the default) this server runs in the management API's own process
+(appliance/ops/mgmt/child.py) over ``SnapshotAppliance``: ``status()`` is the latest snapshot
+the appliance sent, ``submit()`` forwards the command to the appliance.
 
 Endpoints (docs/appliance.md, "Management API"):
 
