@@ -118,6 +118,9 @@ CONTROL_LOAD_PATTERNS = 100
 SCRAPED_IN_PROCESS = "topicwire_in_process"
 """``--scrape-hz``: the latency run through the appliance whose management API is on a thread
 of its own process (``mgmt.process = false``), quiet..."""
+QUIET_PROCESS = "topicwire_process"
+"""...the same through the appliance whose API runs in a process of its own, quiet (measured
+next to its scraped run, as the in-process pair is)..."""
 SCRAPED = {True: "topicwire_scrape_process", False: "topicwire_scrape_in_process"}
 """...and through each appliance while its management API is scraped: with the API in its
 own process (``mgmt.process = true``, the default), and on a thread of the appliance's."""
@@ -812,13 +815,30 @@ def _free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) the process ``pid`` has used, its children not counted."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _with_cpu(appliance: Appliance, run: Any) -> dict[str, float]:
+    """``run()``'s figures and ``appliance_cpu_pct``: the CPU the appliance's process used
+    meanwhile, in percent of one core (its management API's own process not counted)."""
+    pid = appliance.child.proc.pid
+    cpu, start = _cpu_s(pid), time.monotonic()
+    figures = run()
+    figures["appliance_cpu_pct"] = 100 * (_cpu_s(pid) - cpu) / (time.monotonic() - start)
+    return figures
+
+
 def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
     keys = [k for k in runs[0] if all(k in r for r in runs)]
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
 REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_msg",
-            "p50_us", "p99_us", "p999_us")
+            "p50_us", "p99_us", "p999_us", "appliance_cpu_pct")
 """The figures in the report (medians); the others stay in the runs."""
 
 
@@ -843,9 +863,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if scrape_hz < 0:
         raise UserError("--scrape-hz must be positive", component=_COMPONENT)
     scrape_counts: dict[str, list[dict[str, int]]] = {k: [] for k in SCRAPED.values()}
+    quiet = {True: QUIET_PROCESS, False: SCRAPED_IN_PROCESS}
     if scrape_hz:
-        runs[SCRAPED_IN_PROCESS] = []
-        runs.update({k: [] for k in SCRAPED.values()})
+        runs.update({k: [] for k in (*quiet.values(), *SCRAPED.values())})
     with tempfile.TemporaryDirectory(prefix="tw-bench-fabric-") as tmp:
         progress(NAME, "starting the appliance (topicwire run)")
         mgmt_port = _free_tcp_port() if control_load or scrape_hz else None
@@ -882,16 +902,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         load_counts.append(counts)
                     finally:
                         load.kill(CHILD_EXIT_GRACE_S)
-                if scrape_hz:
-                    runs[SCRAPED_IN_PROCESS].append(measure("topicwire", "latency", args,
-                                                            in_process, relay))
+                if scrape_hz:  # each appliance quiet, then scraped, one after the other
                     for process in ((True, False) if repeat % 2 == 0 else (False, True)):
                         hop, port = scraped[process]
+                        runs[quiet[process]].append(_with_cpu(hop, lambda h=hop: measure(
+                            "topicwire", "latency", args, h, relay)))
                         scraper = _child("scrape", {"mgmt_port": port, "hz": scrape_hz})
                         try:
                             scraper.expect("READY")
-                            runs[SCRAPED[process]].append(measure("topicwire", "latency", args,
-                                                                  hop, relay))
+                            runs[SCRAPED[process]].append(_with_cpu(hop, lambda h=hop: measure(
+                                "topicwire", "latency", args, h, relay)))
                             scraper.tell("STOP")
                             scrape_counts[SCRAPED[process]].append(scraper.result())
                         finally:
@@ -940,9 +960,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "hz": scrape_hz,
             "what": f"GET /status and GET /metrics, each {scrape_hz} times a second",
             "made": scrape_counts,
-            "quiet": {"process": "topicwire", "in_process": SCRAPED_IN_PROCESS},
-            **{f"{key} {SCRAPED[p]}/quiet": ratio(SCRAPED[p], "topicwire" if p else
-                                                  SCRAPED_IN_PROCESS, key)
-               for p in (True, False) for key in ("p50_us", "p99_us")},
+            "quiet": {"process": QUIET_PROCESS, "in_process": SCRAPED_IN_PROCESS},
+            **{f"{key} {SCRAPED[p]}/quiet": ratio(SCRAPED[p], quiet[p], key)
+               for p in (True, False) for key in ("p50_us", "p99_us", "appliance_cpu_pct")},
+            "median of per-repeat ratios": {
+                f"{key} {SCRAPED[p]}/quiet": statistics.median(
+                    a[key] / b[key] for a, b in zip(runs[SCRAPED[p]], runs[quiet[p]])
+                    if b.get(key))
+                for p in (True, False) for key in ("p50_us", "p99_us")},
+            "appliance_cpu_pct": "CPU of the appliance's process during the latency run, "
+                                 "percent of one core (the API's own process not counted)",
             "goal": "scraping never moves the hop's latency (the API in its own process)"}
     return build_report(NAME, params, results)

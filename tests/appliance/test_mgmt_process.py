@@ -223,3 +223,24 @@ def test_mgmt_process_false_serves_from_the_appliance_process_and_is_checked():
         app.stop()
     with pytest.raises(ConfigError, match="mgmt.process: must be true"):
         parse_config(_config(process="yes"))
+
+
+def test_the_api_process_logs_at_the_appliances_level_and_follows_a_change(capfd):
+    root = logging.getLogger()
+    level = root.level
+    app = Appliance(parse_config(_config())).start()
+    try:
+        url = app.mgmt.url
+        assert http("GET", url + "/nowhere")[0] == 404
+        root.setLevel(logging.DEBUG)  # as a reload of [log] level = "debug" does
+        seen: list[str] = []
+
+        def refusal_logged() -> bool:  # the API process's own debug record of the answer
+            http("GET", url + "/nowhere")
+            seen.append(capfd.readouterr().err)
+            return any('"GET /nowhere HTTP/1.1" -> 404' in text for text in seen)
+        wait_for(refusal_logged, timeout_s=10)
+        assert "topicwire.mgmt" in "".join(seen)
+    finally:
+        root.setLevel(level)
+        app.stop()

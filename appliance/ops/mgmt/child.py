@@ -12,7 +12,8 @@ What it is given:
 - standard input (the *feed*): frames ``[u32 length, big-endian][pickle]`` written only by
   the appliance. The first is the setup (listening socket's descriptor, token, TLS files,
   logging, the appliance's pid), then snapshots: ``{"status", "channels", "gc", "failure",
-  "stopped"}``. The end of the feed (the appliance closed it or died) ends this process;
+  "stopped", "log"}`` (``log``: the appliance's logging format and level, which a reload may
+  change). The end of the feed (the appliance closed it or died) ends this process;
   so does the appliance's death through ``PR_SET_PDEATHSIG`` (strictly: the end of the
   appliance's thread that started this process, its main thread or, after a restart, its
   ``mgmt-feed`` thread, which lives as long as the API).
@@ -225,9 +226,13 @@ def main() -> int:
     threading.Thread(target=appliance.read_answers, name="mgmt-link", daemon=True).start()
     server.start()
     link.sendall((json.dumps({"ready": server.url}) + "\n").encode())
+    logging_as = setup["log"]
     try:
         while (snapshot := read_frame(feed)) is not None:
             appliance.update(snapshot)
+            if snapshot.get("log", logging_as) != logging_as:  # the appliance reloaded [log]
+                logging_as = snapshot["log"]
+                configure(logging_as, logging_as.get("node"))
     finally:
         server.close()
     return 0

@@ -226,7 +226,8 @@ class ProcessServer:
         return {"status": status, "channels": channel_samples(channel_stats(app)),
                 "gc": gc.get_stats(),
                 "failure": (type(failure).__name__, str(failure)) if failure else None,
-                "stopped": bool(getattr(app, "_stopped", False))}
+                "stopped": bool(getattr(app, "_stopped", False)),
+                "log": _log_setup(self.name)}  # a reload may change [log]
 
     def _published(self) -> Any:
         """The control agent's latest status object (a new one at each rebuild), whose change
