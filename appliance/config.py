@@ -946,8 +946,11 @@ def _token(text: object, key: str, path: Path | None = None) -> None:
 def _mgmt(doc: dict, base: Path) -> dict[str, Any]:
     """``[mgmt]``: checked here, read by the management API when it starts."""
     mgmt = _table(doc, "mgmt", {"listen", "token", "token_file", "tls_cert_file",
-                                "tls_key_file", "tls_client_ca_file"}, "")
+                                "tls_key_file", "tls_client_ca_file", "process"}, "")
     p = "mgmt."
+    if "process" in mgmt and not isinstance(mgmt["process"], bool):
+        raise _fail(p + "process", "must be true (the API runs in a process of its own) or "
+                    "false (on a thread of the appliance's process)")
     if "listen" in mgmt:
         parse_address(mgmt["listen"], p + "listen", allow_zero_port=True, ipv6=True)
     if "token" in mgmt and "token_file" in mgmt:

@@ -115,6 +115,15 @@ CONTROL_LOAD_STATUS_PER_S = 100
 """...while another thread reads ``/status`` from its management API this often."""
 CONTROL_LOAD_PATTERNS = 100
 """The load client subscribes and unsubscribes these many patterns in turn."""
+SCRAPED_IN_PROCESS = "topicwire_in_process"
+"""``--scrape-hz``: the latency run through the appliance whose management API is on a thread
+of its own process (``mgmt.process = false``), quiet..."""
+QUIET_PROCESS = "topicwire_process"
+"""...the same through the appliance whose API runs in a process of its own, quiet (measured
+next to its scraped run, as the in-process pair is)..."""
+SCRAPED = {True: "topicwire_scrape_process", False: "topicwire_scrape_in_process"}
+"""...and through each appliance while its management API is scraped: with the API in its
+own process (``mgmt.process = true``, the default), and on a thread of the appliance's."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,6 +159,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{CONTROL_LOAD_REQUESTS_PER_S:,} subscribe/unsubscribe requests per "
                         f"second and /status is read {CONTROL_LOAD_STATUS_PER_S} times a "
                         "second (result topicwire_control_load)")
+    parser.add_argument("--scrape-hz", type=int, default=0, metavar="N",
+                        help="also measure latency while /status and /metrics are each read N "
+                        "times a second from the appliance's management API, with the API in a "
+                        "process of its own (mgmt.process = true) and on a thread of the "
+                        "appliance (mgmt.process = false, a second appliance), side by side "
+                        f"(results {SCRAPED[True]}, {SCRAPED[False]}, {SCRAPED_IN_PROCESS})")
     parser.add_argument("--direct", action="store_true",
                         help="also measure publisher -> subscriber without a hop (reference)")
     parser.add_argument("--publishers", type=positive_int, default=1,
@@ -576,11 +591,42 @@ def _control_load(spec: dict[str, Any]) -> None:
     print(json.dumps(counts), flush=True)
 
 
+def _scrape(spec: dict[str, Any]) -> None:
+    """``--scrape-hz``: ``GET /status`` and ``GET /metrics`` of the management API at
+    ``spec["mgmt_port"]``, each ``spec["hz"]`` times a second (one connection per request, as
+    a Prometheus scraper and ``topicwire status`` make), until told ``STOP``; prints what it
+    made."""
+    import urllib.error
+    import urllib.request
+
+    counts = {"status_reads": 0, "metrics_reads": 0, "errors": 0}
+    base = f"http://{LOOPBACK}:{spec['mgmt_port']}"
+    period = 1 / spec["hz"]
+    print("READY", flush=True)
+    next_at = time.monotonic()
+    while _stdin_line(0) is None:
+        for path, key in (("/status", "status_reads"), ("/metrics", "metrics_reads")):
+            try:
+                with urllib.request.urlopen(base + path, timeout=10) as answer:
+                    answer.read()
+                counts[key] += 1
+            except (OSError, urllib.error.URLError):
+                counts["errors"] += 1
+        next_at += period
+        pause = next_at - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            next_at = time.monotonic()  # behind: do not burst to catch up
+    print(json.dumps(counts), flush=True)
+
+
 def _child_main(argv: list[str]) -> None:
-    """Entry of a child process: ``pub SPEC``, ``sub SPEC`` or ``load SPEC`` (JSON)."""
+    """Entry of a child process: ``pub SPEC``, ``sub SPEC``, ``load SPEC`` or ``scrape SPEC``
+    (JSON)."""
     role, spec = argv[0], json.loads(argv[1])
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    {"pub": _publisher, "sub": _subscriber, "load": _control_load}[role](spec)
+    {"pub": _publisher, "sub": _subscriber, "load": _control_load, "scrape": _scrape}[role](spec)
 
 
 # --- the parent: processes and measurements --------------------------------------------------
@@ -649,7 +695,8 @@ _CHILD_CODE = "import sys; from bench.fabric import _child_main; _child_main(sys
 
 def _child(role: str, spec: dict[str, Any]) -> _Child:
     return _Child([sys.executable, "-c", _CHILD_CODE, role, json.dumps(spec)],
-                  {"pub": "publisher", "sub": "subscriber", "load": "control load"}[role])
+                  {"pub": "publisher", "sub": "subscriber", "load": "control load",
+                   "scrape": "scraper"}[role])
 
 
 class Appliance:
@@ -657,15 +704,17 @@ class Appliance:
 
     def __init__(self, idle: str, workdir: Path, spin_us: int | None = None,
                  priority: int | None = None, mgmt_port: int | None = None,
-                 switch_us: int | None = None, max_sessions: int = 16) -> None:
+                 switch_us: int | None = None, max_sessions: int = 16,
+                 mgmt_process: bool | None = None, name: str = "appliance") -> None:
         """``mgmt_port``: the appliance's management API on 127.0.0.1 at that port (none by
-        default); ``max_sessions``: its ``clients.max_sessions``."""
+        default), ``mgmt_process`` its ``mgmt.process`` (default: the appliance's own);
+        ``max_sessions``: its ``clients.max_sessions``; ``name``: its config file's name."""
         from channels.udp import UdpChannel
 
         probe = UdpChannel((LOOPBACK, 0))
         self.port = probe.local_address[1]
         probe.close()
-        self.config = workdir / "appliance.toml"
+        self.config = workdir / f"{name}.toml"
         self.config.write_text(
             f'[appliance]\nname = "bench-fabric"\nidle = "{idle}"\n'
             + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n")
@@ -674,7 +723,9 @@ class Appliance:
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = {max_sessions}\n'
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n'
             'require_passwords = false\n[log]\nlevel = "warning"\n'
-            + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n'))
+            + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n')
+            + ("" if mgmt_port is None or mgmt_process is None else
+               f"process = {str(mgmt_process).lower()}\n"))
         code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
         self.child = _Child([sys.executable, "-c", code, "run", "--config", str(self.config)],
                             "appliance (topicwire run)", stdin=False)
@@ -765,13 +816,30 @@ def _free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) the process ``pid`` has used, its children not counted."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _with_cpu(appliance: Appliance, run: Any) -> dict[str, float]:
+    """``run()``'s figures and ``appliance_cpu_pct``: the CPU the appliance's process used
+    meanwhile, in percent of one core (its management API's own process not counted)."""
+    pid = appliance.child.proc.pid
+    cpu, start = _cpu_s(pid), time.monotonic()
+    figures = run()
+    figures["appliance_cpu_pct"] = 100 * (_cpu_s(pid) - cpu) / (time.monotonic() - start)
+    return figures
+
+
 def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
     keys = [k for k in runs[0] if all(k in r for r in runs)]
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
 REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_msg",
-            "p50_us", "p99_us", "p999_us")
+            "p50_us", "p99_us", "p999_us", "appliance_cpu_pct")
 """The figures in the report (medians); the others stay in the runs."""
 
 
@@ -792,13 +860,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if control_load:
         runs[LOADED] = []
     load_counts: list[dict[str, int]] = []
+    scrape_hz = getattr(args, "scrape_hz", 0) or 0
+    if scrape_hz < 0:
+        raise UserError("--scrape-hz must be positive", component=_COMPONENT)
+    scrape_counts: dict[str, list[dict[str, int]]] = {k: [] for k in SCRAPED.values()}
+    quiet = {True: QUIET_PROCESS, False: SCRAPED_IN_PROCESS}
+    if scrape_hz:
+        runs.update({k: [] for k in (*quiet.values(), *SCRAPED.values())})
     with tempfile.TemporaryDirectory(prefix="tw-bench-fabric-") as tmp:
         progress(NAME, "starting the appliance (topicwire run)")
-        mgmt_port = _free_tcp_port() if control_load else None
+        mgmt_port = _free_tcp_port() if control_load or scrape_hz else None
         appliance = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
                               mgmt_port=mgmt_port,
-                              switch_us=getattr(args, "switch_interval_us", None))
+                              switch_us=getattr(args, "switch_interval_us", None),
+                              mgmt_process=True if scrape_hz else None)
+        in_process = None
         try:
+            if scrape_hz:
+                progress(NAME, "starting a second appliance, its management API in-process")
+                in_process_port = _free_tcp_port()
+                in_process = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
+                                       mgmt_port=in_process_port,
+                                       switch_us=getattr(args, "switch_interval_us", None),
+                                       mgmt_process=False, name="in-process")
+                scraped = {True: (appliance, mgmt_port), False: (in_process, in_process_port)}
             for repeat in range(args.repeats):
                 progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
                 for hop in hops:
@@ -818,7 +903,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         load_counts.append(counts)
                     finally:
                         load.kill(CHILD_EXIT_GRACE_S)
+                if scrape_hz:  # each appliance quiet, then scraped, one after the other
+                    for process in ((True, False) if repeat % 2 == 0 else (False, True)):
+                        hop, port = scraped[process]
+                        runs[quiet[process]].append(_with_cpu(hop, lambda h=hop: measure(
+                            "topicwire", "latency", args, h, relay)))
+                        scraper = _child("scrape", {"mgmt_port": port, "hz": scrape_hz})
+                        try:
+                            scraper.expect("READY")
+                            runs[SCRAPED[process]].append(_with_cpu(hop, lambda h=hop: measure(
+                                "topicwire", "latency", args, h, relay)))
+                            scraper.tell("STOP")
+                            scrape_counts[SCRAPED[process]].append(scraper.result())
+                        finally:
+                            scraper.kill(CHILD_EXIT_GRACE_S)
         finally:
+            if in_process is not None:
+                in_process.stop()
             code = appliance.stop()
         if code != 0:
             raise DeviceError(f"the appliance exited with {code} at the end of the run",
@@ -852,4 +953,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "p99_us loaded/quiet": (results[LOADED]["p99_us"] / results["topicwire"]["p99_us"]
                                     if results["topicwire"].get("p99_us") else None),
             "goal": "p99 under control load within 1.5x of the quiet figure"}
+    if scrape_hz:
+        def ratio(hop: str, base: str, key: str) -> float | None:
+            return (results[hop][key] / results[base][key] if results[base].get(key)
+                    else None)
+        params["scrape"] = {
+            "hz": scrape_hz,
+            "what": f"GET /status and GET /metrics, each {scrape_hz} times a second",
+            "made": scrape_counts,
+            "quiet": {"process": QUIET_PROCESS, "in_process": SCRAPED_IN_PROCESS},
+            **{f"{key} {SCRAPED[p]}/quiet": ratio(SCRAPED[p], quiet[p], key)
+               for p in (True, False) for key in ("p50_us", "p99_us", "appliance_cpu_pct")},
+            "median of per-repeat ratios": {
+                f"{key} {SCRAPED[p]}/quiet": statistics.median(
+                    a[key] / b[key] for a, b in zip(runs[SCRAPED[p]], runs[quiet[p]])
+                    if b.get(key))
+                for p in (True, False) for key in ("p50_us", "p99_us")},
+            "appliance_cpu_pct": "CPU of the appliance's process during the latency run, "
+                                 "percent of one core (the API's own process not counted)",
+            "goal": "scraping never moves the hop's latency (the API in its own process)"}
     return build_report(NAME, params, results)

@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 
 from bench import fabric
@@ -96,3 +97,26 @@ def test_a_child_runs_at_the_nice_value_it_is_given():
         assert child.expect("NICE").split() == ["NICE", "5"]
     finally:
         child.kill()
+
+
+def test_the_scraper_reads_status_and_metrics_at_its_rate(tmp_path):
+    # --scrape-hz: the same appliance config with the API in its own process and in-process
+    ports = {process: free_port() for process in (True, False)}
+    appliances = {process: fabric.Appliance("block", tmp_path, mgmt_port=ports[process],
+                                            mgmt_process=process, name=f"scrape-{process}")
+                  for process in (True, False)}
+    try:
+        for process, port in ports.items():
+            scraper = fabric._child("scrape", {"mgmt_port": port, "hz": 20})
+            try:
+                scraper.expect("READY")
+                time.sleep(1.0)  # a second of scraping at 20 Hz
+                scraper.tell("STOP")
+                counts = scraper.result()
+            finally:
+                scraper.kill(fabric.CHILD_EXIT_GRACE_S)
+            assert counts["errors"] == 0 and counts["status_reads"] >= 5 \
+                and counts["metrics_reads"] >= 5, (process, counts)
+        assert "process = false" in appliances[False].config.read_text()
+    finally:
+        assert all(a.stop() == 0 for a in appliances.values())

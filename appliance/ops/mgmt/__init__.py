@@ -2,7 +2,9 @@
 
 ``serve(appliance, config)`` is the management hook ``Appliance.start`` calls when
 ``mgmt.listen`` is set (docs/appliance.md, "Management API"); it returns the running
-``MgmtServer``, which ``Appliance.stop`` closes. ``server`` has the endpoints, ``metrics`` the
+server, which ``Appliance.stop`` closes: a ``ProcessServer`` (``process``: the API runs in a
+process of its own, ``child``, fed snapshots by the appliance) unless ``mgmt.process = false``,
+then a ``MgmtServer`` on a thread of the appliance. ``server`` has the endpoints, ``metrics`` the
 Prometheus collector over the status snapshot, ``logs`` the structured (JSON lines) logging
 of ``[log]``. ``topicwire status`` (appliance/ops/cli/status_cmd.py) is the API's client.
 """

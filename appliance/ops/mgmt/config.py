@@ -60,3 +60,25 @@ METRICS_FRAME_SIZE_BUCKETS_BYTES = tuple(1 << k for k in range(6, 17))
 """Upper bounds (``le``, bytes: 64 B to 64 KiB, powers of two, and ``+Inf``) of
 ``topicwire_channel_received_frame_size_bytes``'s buckets; each is a slot edge of the
 channel's own size histogram (channels/stats.py, ``SIZE_BUCKETS``), so the counts are exact."""
+MGMT_FEED_PERIOD_S = 0.25
+"""With ``mgmt.process`` (the default), the appliance sends the API's process a snapshot (status
+document, channel figures, garbage-collector counts, health) this often, and at once when the
+control agent publishes a new status (every 250 ms, ``STATUS_REFRESH_NS``): the API answers
+reads from the latest one, at most this long (plus the status's own age) old."""
+MGMT_FEED_CHECK_S = 0.05
+"""How often the appliance's feeding thread looks for a newly published status."""
+MGMT_MAX_FORWARDED = 4
+"""Commands (POST, DELETE) the API's process has waiting on the appliance at once; one more is
+answered 503 with ``Retry-After`` (the appliance applies them one at a time)."""
+MGMT_START_TIMEOUT_S = 30.0
+"""The API's process must be serving within this long of being started (a loaded host may take
+seconds to import it), else the appliance reports it and does not start."""
+MGMT_RESTART_BACKOFF_S = 1.0
+"""An API process that ended on its own is started again, at most once per this long (each end
+is logged as an error)."""
+MGMT_STOP_TIMEOUT_S = 3.0
+"""``close()`` waits this long for the API's process to end after its feed is closed, then kills
+it."""
+MGMT_LINK_MAX_LINE_BYTES = 2 * 65_536 + 4_096
+"""Longest line (one JSON command or answer) on the socket between the API's process and the
+appliance."""

@@ -328,23 +328,39 @@ def _hdr_index_values(counts_len: int, sub_bucket_half_count_magnitude: int,
     return lowest[:-1], (lowest[:-1] + lowest[1:] - 1) / 2.0
 
 
-def latency_buckets(histogram: Any, bounds_s: Iterable[float] = METRICS_LATENCY_BUCKETS_S
-                    ) -> tuple[list[tuple[str, float]], float]:
+def latency_counts(histogram: Any) -> dict[str, Any]:
+    """The nonzero counts of a channel's latency HdrHistogram (ns) and its geometry: what
+    ``counts_buckets`` needs, read in place (no copy of the whole counts array: a view and
+    the indexes of its nonzero entries, so the appliance's process pays little for it)."""
+    view = np.ctypeslib.as_array(histogram.counts)
+    index = np.flatnonzero(view)
+    return {"length": len(view), "half": histogram.sub_bucket_half_count_magnitude,
+            "unit": histogram.unit_magnitude, "index": index, "counts": view[index]}
+
+
+def counts_buckets(counts: dict[str, Any], bounds_s: Iterable[float] =
+                   METRICS_LATENCY_BUCKETS_S) -> tuple[list[tuple[str, float]], float]:
     """Prometheus buckets ``[(le, cumulative count), ..., ("+Inf", total)]`` and the sum (s)
-    of a channel's latency HdrHistogram (ns), from a copy of its counts. A count index whose
-    values start at or below ``le`` counts as below it, and the sum takes each index at its
-    midpoint: both within the histogram's resolution (3 significant digits)."""
-    counts = np.ctypeslib.as_array(histogram.counts).copy()
-    lowest, middle = _hdr_index_values(len(counts), histogram.sub_bucket_half_count_magnitude,
-                                       histogram.unit_magnitude)
-    cumulative = np.cumsum(counts)
+    of ``latency_counts``. A count index whose values start at or below ``le`` counts as below
+    it, and the sum takes each index at its midpoint: both within the histogram's resolution
+    (3 significant digits)."""
+    index, values = counts["index"], counts["counts"]
+    lowest, middle = _hdr_index_values(counts["length"], counts["half"], counts["unit"])
+    cumulative = np.cumsum(values)
     total = int(cumulative[-1]) if len(cumulative) else 0
     buckets = []
     for le in bounds_s:
         upto = int(np.searchsorted(lowest, round(le * 1e9), side="right"))
-        buckets.append((floatToGoString(le), float(cumulative[upto - 1]) if upto else 0.0))
+        below = int(np.searchsorted(index, upto, side="left"))  # nonzero entries below upto
+        buckets.append((floatToGoString(le), float(cumulative[below - 1]) if below else 0.0))
     buckets.append(("+Inf", float(total)))
-    return buckets, float(np.dot(counts, middle)) / 1e9
+    return buckets, float(np.dot(values, middle[index])) / 1e9
+
+
+def latency_buckets(histogram: Any, bounds_s: Iterable[float] = METRICS_LATENCY_BUCKETS_S
+                    ) -> tuple[list[tuple[str, float]], float]:
+    """``counts_buckets`` of a channel's latency HdrHistogram (ns) as it is now."""
+    return counts_buckets(latency_counts(histogram), bounds_s)
 
 
 def size_buckets(size_counts: np.ndarray, bounds_bytes: Iterable[int] =
@@ -373,11 +389,32 @@ def channel_stats(appliance: Any) -> list[tuple[str, str, Any]]:
             if getattr(ch, "stats", None) is not None]
 
 
-class ChannelCollector:
-    """Channel metrics from ``channels()`` (``channel_stats`` of the appliance)."""
+def channel_samples(channels: Iterable[tuple[str, str, Any]]) -> list[dict[str, Any]]:
+    """Plain figures of every ``(name, kind, ChannelStats)`` (integers, small numpy arrays):
+    what ``ChannelCollector`` renders. Read as they are, without waiting for the data path;
+    the bucket arithmetic is left to the collector, so that the management API's process,
+    which receives these rows in its snapshot (appliance/ops/mgmt/process.py), does it and
+    the appliance's process does not."""
+    rows = []
+    for name, kind, s in channels:
+        rows.append({
+            "channel": name, "kind": kind,
+            "frames_in": s.frames_in, "frames_out": s.frames_out,
+            "bytes_in": s.bytes_in, "bytes_out": s.bytes_out, "drops": s.drops,
+            "backpressure": s.backpressure, "lost": s.lost, "naks": s.naks,
+            "retransmissions": s.retransmissions, "latency": latency_counts(s.latency),
+            "untimed": s.latency_out_of_range, "size_counts": s.size_counts.copy(),
+            "jitter_s": max(s.jitter_by_peer().values(), default=0.0) / 1e9})
+    return rows
 
-    def __init__(self, channels: Callable[[], list[tuple[str, str, Any]]]) -> None:
-        self._channels = channels
+
+class ChannelCollector:
+    """Channel metrics from ``rows()``: ``channel_samples`` of the appliance's channels (taken
+    at each scrape in the appliance's process, or the latest snapshot's in the management
+    API's own process)."""
+
+    def __init__(self, rows: Callable[[], list[dict[str, Any]]]) -> None:
+        self._rows = rows
 
     def collect(self) -> Iterator[Metric]:
         labels = ("channel", "kind")
@@ -408,23 +445,21 @@ class ChannelCollector:
         jitter = GaugeMetricFamily(PREFIX + "channel_jitter_seconds",
                                    "Largest RFC 3550 inter-arrival jitter of a peer of the "
                                    "channel", labels=labels)
-        for name, kind, s in self._channels():
-            key = (name, kind)
-            size_counts = s.size_counts.copy()
-            frames.add_metric((*key, "in"), s.frames_in)
-            frames.add_metric((*key, "out"), s.frames_out)
-            octets.add_metric((*key, "in"), s.bytes_in)
-            octets.add_metric((*key, "out"), s.bytes_out)
-            dropped.add_metric(key, s.drops)
-            pressure.add_metric(key, s.backpressure)
-            lost.add_metric(key, s.lost)
-            naks.add_metric(key, s.naks)
-            retx.add_metric(key, s.retransmissions)
-            buckets, total_s = latency_buckets(s.latency)
-            latency.add_metric(key, buckets, total_s)
-            untimed.add_metric(key, s.latency_out_of_range)
-            sizes.add_metric(key, size_buckets(size_counts), float(s.bytes_in))
-            jitter.add_metric(key, max(s.jitter_by_peer().values(), default=0.0) / 1e9)
+        for r in self._rows():
+            key = (r["channel"], r["kind"])
+            frames.add_metric((*key, "in"), r["frames_in"])
+            frames.add_metric((*key, "out"), r["frames_out"])
+            octets.add_metric((*key, "in"), r["bytes_in"])
+            octets.add_metric((*key, "out"), r["bytes_out"])
+            dropped.add_metric(key, r["drops"])
+            pressure.add_metric(key, r["backpressure"])
+            lost.add_metric(key, r["lost"])
+            naks.add_metric(key, r["naks"])
+            retx.add_metric(key, r["retransmissions"])
+            latency.add_metric(key, *counts_buckets(r["latency"]))
+            untimed.add_metric(key, r["untimed"])
+            sizes.add_metric(key, size_buckets(r["size_counts"]), float(r["bytes_in"]))
+            jitter.add_metric(key, r["jitter_s"])
         yield from (frames, octets, dropped, pressure, lost, naks, retx, latency, untimed, sizes,
                     jitter)
 
@@ -461,23 +496,57 @@ class ApiCollector:
         yield errors
 
 
+class SnapshotGcCollector(GCCollector):
+    """prometheus_client's ``python_gc_*`` families from ``stats()``, ``gc.get_stats()`` of
+    another process (the appliance's, as its management API's process received it)."""
+
+    def __init__(self, stats: Callable[[], list[dict[str, int]]],
+                 registry: CollectorRegistry) -> None:
+        self._stats = stats
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        collected = CounterMetricFamily("python_gc_objects_collected",
+                                        "Objects collected during gc", labels=["generation"])
+        uncollectable = CounterMetricFamily("python_gc_objects_uncollectable",
+                                            "Uncollectable objects found during GC",
+                                            labels=["generation"])
+        collections = CounterMetricFamily("python_gc_collections",
+                                          "Number of times this generation was collected",
+                                          labels=["generation"])
+        for gen, stat in enumerate(self._stats()):
+            collected.add_metric([str(gen)], value=stat["collected"])
+            uncollectable.add_metric([str(gen)], value=stat["uncollectable"])
+            collections.add_metric([str(gen)], value=stat["collections"])
+        yield from (collected, uncollectable, collections)
+
+
 def registry_of(status: Callable[[], dict[str, Any]],
                 api: ApiCollector | None = None,
-                channels: Callable[[], list[tuple[str, str, Any]]] | None = None
+                channels: Callable[[], list[dict[str, Any]]] | None = None,
+                pid: int | None = None,
+                gc_stats: Callable[[], list[dict[str, int]]] | None = None
                 ) -> CollectorRegistry:
     """A registry of its own (not the process-global one) holding one ``StatusCollector``,
-    the channels' and the API's own collectors when given, and prometheus_client's process
-    (``process_*``: CPU, memory, file descriptors, start time), platform (``python_info``)
-    and garbage-collector (``python_gc_*``) collectors."""
+    the channels' (``channel_samples`` rows) and the API's own collectors when given, and
+    prometheus_client's process (``process_*``: CPU, memory, file descriptors, start time),
+    platform (``python_info``) and garbage-collector (``python_gc_*``) collectors. ``pid``
+    and ``gc_stats`` make the process and garbage-collector figures the appliance's when the
+    registry lives in the management API's own process: /proc/<pid> and the appliance's
+    ``gc.get_stats()`` as its snapshot carried them."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatusCollector(status))
     if channels is not None:
         registry.register(ChannelCollector(channels))
     if api is not None:
         registry.register(api)
-    ProcessCollector(registry=registry)
+    ProcessCollector(registry=registry, pid=(lambda: pid) if pid is not None else
+                     (lambda: "self"))
     PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
+    if gc_stats is not None:
+        SnapshotGcCollector(gc_stats, registry)
+    else:
+        GCCollector(registry=registry)
     return registry
 
 

@@ -3,7 +3,10 @@
 ``MgmtServer`` is a ``ThreadingHTTPServer`` on its own thread (one more thread per request).
 Reads take ``Appliance.status()``, the control agent's published snapshot, and serialise it
 on the request's thread: the data path is never asked anything and never waits. Commands go
-through ``Appliance.submit`` (the control agent applies them between duty cycles).
+through ``Appliance.submit`` (the control agent applies them between duty cycles). With
+``mgmt.process = true`` (the default) this server runs in the management API's own process
+(appliance/ops/mgmt/child.py) over ``SnapshotAppliance``: ``status()`` is the latest snapshot
+the appliance sent, ``submit()`` forwards the command to the appliance.
 
 Endpoints (docs/appliance.md, "Management API"):
 
@@ -45,6 +48,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from http import HTTPStatus
 from http.client import HTTPMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -71,7 +75,13 @@ from appliance.ops.mgmt.config import (
     MGMT_RETRY_AFTER_S,
     MGMT_SHUTDOWN_POLL_S,
 )
-from appliance.ops.mgmt.metrics import ApiCollector, channel_stats, exposition, registry_of
+from appliance.ops.mgmt.metrics import (
+    ApiCollector,
+    channel_samples,
+    channel_stats,
+    exposition,
+    registry_of,
+)
 
 log = logging.getLogger("topicwire.mgmt")
 
@@ -174,8 +184,16 @@ class _Server(ThreadingHTTPServer):
     mgmt: MgmtServer
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(address, handler)
+                 tls: ssl.SSLContext | None = None, sock: socket.socket | None = None) -> None:
+        """``sock``: a socket already bound and listening (the appliance's, handed to the
+        management API's process) instead of a new one on ``address``."""
+        super().__init__(address, handler, bind_and_activate=sock is None)
+        if sock is not None:
+            self.socket.close()
+            self.socket = sock
+            self.server_address = sock.getsockname()
+            self.server_name, self.server_port = str(self.server_address[0]), \
+                int(self.server_address[1])
         self.tls = tls
         """HTTPS when set: each connection's handshake runs on its own thread (``_Handler``),
         under the request deadline, so a client that never finishes it holds no one up."""
@@ -288,20 +306,30 @@ class MgmtServer:
     """The running API; ``close()`` stops it (safe twice)."""
 
     def __init__(self, appliance: Any, host: str, port: int, token: str | None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, *, sock: socket.socket | None = None,
+                 channels: Callable[[], list[dict[str, Any]]] | None = None,
+                 pid: int | None = None,
+                 gc_stats: Callable[[], list[dict[str, int]]] | None = None) -> None:
+        """``appliance`` gives ``status()``, ``submit()``, ``failure()`` (and ``_stopped``):
+        the ``Appliance`` itself, or in the management API's own process the latest snapshot
+        it received (appliance/ops/mgmt/child.py), which also passes the listening ``sock``,
+        the ``channels`` rows, the appliance's ``pid`` and its ``gc_stats`` for /metrics."""
         self.appliance = appliance
         self.token = token
         loopback = ipaddress.ip_address(host).is_loopback
         self.reads_need_token = token is not None and not loopback
         server_class = _Server6 if ":" in host else _Server
         try:
-            self.httpd = server_class((host, port), _Handler, tls)
+            self.httpd = server_class((host, port), _Handler, tls, sock)
         except OSError as exc:
             raise ConfigError(f"mgmt.listen: cannot listen on {format_host_port(host, port)} "
                               f"({exc.strerror}); pick another port or stop its owner") from None
         self.httpd.mgmt = self
+        if channels is None:
+            def channels() -> list[dict[str, Any]]:
+                return channel_samples(channel_stats(appliance))
         self.registry = registry_of(appliance.status, ApiCollector(self.errors, self.connections),
-                                    lambda: channel_stats(appliance))
+                                    channels, pid=pid, gc_stats=gc_stats)
         self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         kwargs={"poll_interval": MGMT_SHUTDOWN_POLL_S},
                                         name="mgmt", daemon=True)
@@ -877,8 +905,10 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("mgmt: %s %s", self.peer, _clip(format % args), extra={"peer": self.peer})
 
 
-def serve(appliance: Any, config: ApplianceConfig) -> MgmtServer:
-    """Start the API on ``mgmt.listen`` (the management hook ``Appliance.start`` calls)."""
+def serve(appliance: Any, config: ApplianceConfig) -> Any:
+    """Start the API on ``mgmt.listen`` (the management hook ``Appliance.start`` calls): in a
+    process of its own (``ProcessServer``, appliance/ops/mgmt/process.py) unless
+    ``mgmt.process = false``, then on a thread of this process (``MgmtServer``)."""
     host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True,
                                ipv6=True)
     token = read_token(config)
@@ -888,7 +918,13 @@ def serve(appliance: Any, config: ApplianceConfig) -> MgmtServer:
 
         tls = server_context(config.mgmt["tls_cert_file"], config.mgmt["tls_key_file"],
                              config.mgmt.get("tls_client_ca_file"))
-    server = MgmtServer(appliance, host, port, token, tls).start()
+    if config.mgmt.get("process", True):
+        from appliance.ops.mgmt.process import ProcessServer
+
+        server: MgmtServer | ProcessServer = ProcessServer(appliance, config, host, port,
+                                                           token).start()
+    else:
+        server = MgmtServer(appliance, host, port, token, tls).start()
     if not ipaddress.ip_address(host).is_loopback:
         log.warning("%s: management API on %s, reachable from other hosts%s", config.name,
                     server.url, "" if token else " and without a token for reads")
