@@ -42,7 +42,7 @@ def test_server_packets_encode_to_golden_bytes():
     assert codec.encode_suback(1, [0x87], codec.V5) == b"\x90\x04\x00\x01\x00\x87"
     assert codec.encode_unsuback(7, [0]) == b"\xb0\x02\x00\x07"
     assert codec.encode_unsuback(7, [0, 0x11], codec.V5) == b"\xb0\x05\x00\x07\x00\x00\x11"
-    assert codec.encode_disconnect(Reason.KEEP_ALIVE_TIMEOUT) == b"\xe0\x02\x8d\x00"
+    assert codec.encode_disconnect(Reason.KEEP_ALIVE_TIMEOUT) == b"\xe0\x01\x8d"
 
 
 PAHO_CONNECT_311 = b"\x10\x10\x00\x04MQTT\x04\x02\x00\x3c\x00\x04abcd"

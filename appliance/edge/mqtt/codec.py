@@ -575,8 +575,10 @@ PINGRESP = packet(PacketType.PINGRESP, 0, b"")
 
 
 def encode_disconnect(reason: int, version: int = V5) -> bytes:
-    """A server's DISCONNECT (5.0 only: 3.1.1 servers just close)."""
-    return packet(PacketType.DISCONNECT, 0, bytes([reason]) + encode_props([]))
+    """A server's DISCONNECT (5.0 only: 3.1.1 servers just close). Without properties the
+    property length is left out (MQTT 5.0 3.14.2.2.1), as mosquitto does: its conformance
+    vectors expect ``e0 01 <reason>``."""
+    return packet(PacketType.DISCONNECT, 0, bytes([reason]))
 
 
 # client-side encoders: the tests' hostile peers and golden vectors use them
