@@ -238,3 +238,22 @@ def test_mqtt5_clients_receive_maximum_and_maximum_packet_size_are_honoured(edge
         first, body = read_packet(sock)
         assert (first, body[2:9]) == (0x32, b"small/b")
     sock.close()
+
+
+def test_a_connack_larger_than_the_clients_maximum_packet_size_closes_without_it(edge):
+    """mosquitto's vectors "tiny max packet" and "maximum packet size": the CONNACK is never
+    larger than the client takes; too small a maximum closes the connection at once (it left
+    the client waiting before), a 20-byte one gets its CONNACK."""
+    sock = raw(edge)
+    sock.sendall(codec.encode_connect("tiny", version=5, username="alice",
+                                      password=b"alice-secret",
+                                      props=[(codec.PROP["maximum_packet_size"], 2)]))
+    assert closed_by_peer(sock) == b""
+    assert counter(edge, "closed_connect_refused_client_max_packet") == 1
+    sock = raw(edge)
+    sock.sendall(codec.encode_connect("twenty", version=5, username="alice",
+                                      password=b"alice-secret",
+                                      props=[(codec.PROP["maximum_packet_size"], 20)]))
+    first, body = read_packet(sock)
+    assert first == 0x20 and body[1] == 0 and 2 + len(body) <= 20
+    sock.close()
