@@ -377,10 +377,11 @@ def _main(argv: list[str]) -> int:
     print(f"mosquitto vectors: {tests}", file=sys.stderr)
     if argv[:1] != ["run"]:
         return 0
-    from tests.edge.test_mosquitto_vectors import start_vector_edge
+    from tests.edge.test_mosquitto_vectors import start_vector_edge, warm_up
 
     edge = start_vector_edge()
     try:
+        warm_up(edge)
         runner = Runner(tests, "127.0.0.1", edge.mqtt.address[1])
         t0, failed = time.monotonic(), 0
         for case in load_cases(tests):
