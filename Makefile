@@ -2,8 +2,9 @@
 # Both do all set-up on a fresh Debian 12 machine (run as root): Debian packages, a venv in
 # .venv and an editable install of the project with its dev extras (tshark: the tests run the
 # Wireshark dissector with it; dumpcap is not made setuid; dpkg-dev: dpkg-source unpacks
-# mosquitto's source package, whose conformance vectors tests/edge/mosquitto_vectors.py runs). Re-runs are quick: each
-# step is skipped when its stamp is newer than what it depends on.
+# mosquitto's source package, whose conformance vectors tests/edge/mosquitto_vectors.py
+# runs). Re-runs are quick: each step is skipped when its stamp is newer than what it
+# depends on.
 
 PYTHON      ?= python3
 VENV        := .venv
