@@ -1,8 +1,10 @@
 # topicwire: the two commands a user needs are `make demo` and `make test`.
 # Both do all set-up on a fresh Debian 12 machine (run as root): Debian packages, a venv in
 # .venv and an editable install of the project with its dev extras (tshark: the tests run the
-# Wireshark dissector with it; dumpcap is not made setuid). Re-runs are quick: each
-# step is skipped when its stamp is newer than what it depends on.
+# Wireshark dissector with it; dumpcap is not made setuid; dpkg-dev: dpkg-source unpacks
+# mosquitto's source package, whose conformance vectors tests/edge/mosquitto_vectors.py
+# runs). Re-runs are quick: each step is skipped when its stamp is newer than what it
+# depends on.
 
 PYTHON      ?= python3
 VENV        := .venv
@@ -10,7 +12,7 @@ PY          := $(VENV)/bin/python
 APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf \
                 qemu-system-x86 kmod busybox-static rdma-core ibverbs-providers ibverbs-utils \
                 libibverbs-dev python3-pyverbs perftest stress-ng mosquitto mosquitto-clients libmosquitto-dev \
-                tshark openssl
+                tshark openssl dpkg-dev
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
 # Debian's python3-pyverbs (built for rdma-core's libibverbs; PyPI's does not load against it),

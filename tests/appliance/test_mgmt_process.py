@@ -48,7 +48,7 @@ def _config(**mgmt) -> dict:
     return {"appliance": {"name": f"proc{port}"},
             "fabric": {"listen": f"127.0.0.1:{free_port()}", "key": FABRIC_KEY},
             "clients": {"udp": f"127.0.0.1:{free_port()}"},
-            "pm": {"anonymous": True},
+            "pm": {"anonymous": True, "require_passwords": False},
             "mgmt": {"listen": f"127.0.0.1:{port}", "token": TOKEN, **mgmt}}
 
 
@@ -141,7 +141,8 @@ def test_the_api_process_ends_when_its_appliance_is_killed(tmp_path):
     port = config["mgmt"]["listen"]
     text = (f'[appliance]\nname = "{config["appliance"]["name"]}"\n'
             f'[fabric]\nlisten = "{config["fabric"]["listen"]}"\nkey = "{FABRIC_KEY}"\n'
-            f'[pm]\nanonymous = true\n[mgmt]\nlisten = "{port}"\n')
+            f'[pm]\nanonymous = true\nrequire_passwords = false\n'
+            f'[mgmt]\nlisten = "{port}"\n')
     proc = run_appliance(write_config(tmp_path / "a.toml", text))
     try:
         assert http("GET", f"http://{port}/healthz")[0] == 200

@@ -42,7 +42,7 @@ def test_server_packets_encode_to_golden_bytes():
     assert codec.encode_suback(1, [0x87], codec.V5) == b"\x90\x04\x00\x01\x00\x87"
     assert codec.encode_unsuback(7, [0]) == b"\xb0\x02\x00\x07"
     assert codec.encode_unsuback(7, [0, 0x11], codec.V5) == b"\xb0\x05\x00\x07\x00\x00\x11"
-    assert codec.encode_disconnect(Reason.KEEP_ALIVE_TIMEOUT) == b"\xe0\x02\x8d\x00"
+    assert codec.encode_disconnect(Reason.KEEP_ALIVE_TIMEOUT) == b"\xe0\x01\x8d"
 
 
 PAHO_CONNECT_311 = b"\x10\x10\x00\x04MQTT\x04\x02\x00\x3c\x00\x04abcd"
@@ -105,6 +105,10 @@ def test_a_bad_protocol_name_or_level_decodes_for_the_connect_handler_to_refuse(
     (b"\x30\x0a\x00\x01a\x04\x02\x00\x00\x00\x00\x00", 5, "bad_property"),  # past its length
     (b"\x30\x09\x00\x01a\x06\x02\x00\x00\x00\x01", 5, "truncated"),      # longer than packet
     (b"\x40\x03\x00\x01\x00", 4, "trailing_bytes"),                      # PUBACK + 1 byte
+    (b"\x40\x02\x00\x00", 4, "bad_packet_id"),                           # PUBACK id 0
+    (b"\x62\x03\x00\x00\x00", 5, "bad_packet_id"),                       # PUBREL id 0
+    (b"\x40\x04\x00\x01\xff\x00", 5, "bad_reason_code"),                  # PUBACK 0xFF
+    (b"\x70\x03\x00\x01\x80", 5, "bad_reason_code"),                      # PUBCOMP 0x80
     (b"\xc0\x01\x00", 4, "trailing_bytes"),                              # PINGREQ + 1 byte
     (b"\xc1\x00", 4, "bad_flags"),                                       # PINGREQ flags
     (b"\x20\x02\x00\x00", 4, "protocol_error"),                          # CONNACK from a client

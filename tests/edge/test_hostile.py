@@ -238,3 +238,71 @@ def test_mqtt5_clients_receive_maximum_and_maximum_packet_size_are_honoured(edge
         first, body = read_packet(sock)
         assert (first, body[2:9]) == (0x32, b"small/b")
     sock.close()
+
+
+def test_a_connack_larger_than_the_clients_maximum_packet_size_closes_without_it(edge):
+    """mosquitto's vectors "tiny max packet" and "maximum packet size": the CONNACK is never
+    larger than the client takes; too small a maximum closes the connection at once (it left
+    the client waiting before), a 20-byte one gets its CONNACK."""
+    sock = raw(edge)
+    sock.sendall(codec.encode_connect("tiny", version=5, username="alice",
+                                      password=b"alice-secret",
+                                      props=[(codec.PROP["maximum_packet_size"], 2)]))
+    assert closed_by_peer(sock) == b""
+    assert counter(edge, "closed_connect_refused_client_max_packet") == 1
+    sock = raw(edge)
+    sock.sendall(codec.encode_connect("twenty", version=5, username="alice",
+                                      password=b"alice-secret",
+                                      props=[(codec.PROP["maximum_packet_size"], 20)]))
+    first, body = read_packet(sock)
+    assert first == 0x20 and body[1] == 0 and 2 + len(body) <= 20
+    sock.close()
+
+
+@pytest.mark.parametrize("version", [4, 5], ids=["3.1.1", "5.0"])
+def test_an_acknowledgement_of_the_wrong_kind_closes_the_connection(edge, version):
+    """mosquitto's FLOW vectors: PUBREC or PUBCOMP for a QoS 1 delivery, PUBACK for a QoS 2
+    one is a protocol error (it left the delivery in flight for good); PUBREC again after
+    the edge's PUBREL is answered with the PUBREL again."""
+    for qos, wrong in ((1, PacketType.PUBREC), (1, PacketType.PUBCOMP), (2, PacketType.PUBACK)):
+        sock = logged_in(edge, version, client_id=f"wrong-ack-{version}-{qos}-{wrong.name}")
+        sock.sendall(codec.encode_subscribe(1, [("wrong/ack", qos)], version))
+        assert read_packet(sock)[0] == 0x90
+        with Peer(edge, "wrong-ack-pub") as pub:
+            pub.publish("wrong/ack", b"m", qos)
+        first, body = read_packet(sock)
+        assert first >> 4 == PacketType.PUBLISH, first
+        packet_id = body[body[1] + 2:body[1] + 4]
+        sock.sendall(codec.encode_ack(wrong, int.from_bytes(packet_id, "big")))
+        assert closed_by_peer(sock) == (b"\xe0\x01\x82" if version == 5 else b"")
+    assert counter(edge, "closed_ack_wrong_kind") == 3
+    sock = logged_in(edge, version, client_id=f"pubrec-again-{version}")
+    sock.sendall(codec.encode_subscribe(1, [("again/ack", 2)], version))
+    assert read_packet(sock)[0] == 0x90
+    with Peer(edge, "pubrec-again-pub") as pub:
+        pub.publish("again/ack", b"m", 2)
+    first, body = read_packet(sock)
+    packet_id = int.from_bytes(body[body[1] + 2:body[1] + 4], "big")
+    for _ in range(2):
+        sock.sendall(codec.encode_ack(PacketType.PUBREC, packet_id))
+        assert read_packet(sock) == (0x62, packet_id.to_bytes(2, "big"))
+    sock.sendall(codec.encode_ack(PacketType.PUBCOMP, packet_id))
+    sock.sendall(b"\xc0\x00")  # PINGREQ: still connected
+    assert read_packet(sock) == (0xD0, b"")
+    sock.close()
+
+
+def test_mqtt5_acknowledgements_with_undefined_reason_codes_close_and_a_failed_pubrec_ends(edge):
+    """mosquitto's vectors: a reason code MQTT 5.0 does not define for that acknowledgement is
+    a protocol error; an unsolicited PUBREC that reports a failure gets no PUBREL (one that
+    reports success gets PUBREL 0x92 Packet Identifier not found)."""
+    for bad in (b"\x40\x04\x00\x01\xff\x00", b"\x70\x03\x00\x01\x80"):
+        sock = logged_in(edge, 5, client_id="bad-reason")
+        sock.sendall(bad)
+        assert closed_by_peer(sock) == b"\xe0\x01\x82"
+    assert counter(edge, "closed_bad_reason_code") == 2
+    sock = logged_in(edge, 5, client_id="pubrec-failed")
+    sock.sendall(b"\x50\x03\x00\x01\x80" + b"\x50\x02\x00\x02" + b"\xc0\x00")
+    assert read_packet(sock) == (0x62, b"\x00\x02\x92")
+    assert read_packet(sock) == (0xD0, b"")
+    sock.close()

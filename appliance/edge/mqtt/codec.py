@@ -349,6 +349,11 @@ def read_remaining_length(data: bytes) -> tuple[int, int] | None | Refusal:
 
 
 _FLAGS_0010 = {PacketType.PUBREL, PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE}
+# the reason codes MQTT 5.0 defines for each acknowledgement (3.4.2.1, 3.5.2.1, 3.6.2.1, 3.7.2.1)
+_ACK_REASONS = {PacketType.PUBACK: {0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99},
+                PacketType.PUBREL: {0x00, 0x92}}
+_ACK_REASONS[PacketType.PUBREC] = _ACK_REASONS[PacketType.PUBACK]
+_ACK_REASONS[PacketType.PUBCOMP] = _ACK_REASONS[PacketType.PUBREL]
 
 
 def decode(first: int, body: bytes, version: int) -> Packet | Refusal:
@@ -379,9 +384,15 @@ def _decode(first: int, body: bytes, version: int) -> Packet:
         packet = _publish(r, flags, version)
     elif ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
         packet_id = r.u16()
+        if packet_id == 0:  # it answers a packet that needs a non-zero one (MQTT-2.2.1-3)
+            raise _Bad("bad_packet_id", f"{ptype.name} with packet identifier 0",
+                       Reason.PROTOCOL_ERROR)
         reason, props = 0, []
         if version == V5 and r.left():
             reason = r.byte()
+            if reason not in _ACK_REASONS[ptype]:
+                raise _Bad("bad_reason_code", f"{ptype.name} with reason code {reason:#04x}",
+                           Reason.PROTOCOL_ERROR)
             if r.left():
                 props = r.props("ack")
         packet = Ack(ptype, packet_id, reason, props)
@@ -575,8 +586,10 @@ PINGRESP = packet(PacketType.PINGRESP, 0, b"")
 
 
 def encode_disconnect(reason: int, version: int = V5) -> bytes:
-    """A server's DISCONNECT (5.0 only: 3.1.1 servers just close)."""
-    return packet(PacketType.DISCONNECT, 0, bytes([reason]) + encode_props([]))
+    """A server's DISCONNECT (5.0 only: 3.1.1 servers just close). Without properties the
+    property length is left out (MQTT 5.0 3.14.2.2.1), as mosquitto does: its conformance
+    vectors expect ``e0 01 <reason>``."""
+    return packet(PacketType.DISCONNECT, 0, bytes([reason]))
 
 
 # client-side encoders: the tests' hostile peers and golden vectors use them

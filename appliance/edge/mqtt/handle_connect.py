@@ -89,6 +89,12 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
         conn.client_alias_max = min(int(alias_max),  # type: ignore[call-overload]
                                     conn.cfg.topic_alias_maximum)
 
+    props, expiry_s = _agree(conn, pkt, assigned and client_id)
+    if version == codec.V5 and len(codec.encode_connack(version, 0, False, props)) > \
+            conn.client_max_packet_bytes:
+        # the CONNACK may not be sent (5.0 3.1.2.11.4) and the client may not be left waiting
+        raise Closed("connect_refused_client_max_packet", 0, will=False)
+
     identity = await _identity(conn, pkt)
     if identity is None:
         return False
@@ -125,7 +131,7 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
         server.count("sessions_resumed")
     conn.connect = pkt
     conn.state = state
-    props = _agree(conn, pkt, state, assigned and client_id)
+    state.expiry_s = expiry_s
     conn.count("connects_accepted")
     state.attach(conn, codec.encode_connack(version, 0, present, props))
     return True
@@ -161,30 +167,27 @@ async def _identity(conn: MqttConnection, pkt: codec.Connect) -> str | None:
     return pkt.username
 
 
-def _agree(conn: MqttConnection, pkt: codec.Connect, state: SessionState,
-           assigned: str | bool) -> codec.Props:
-    """The session's expiry, the keep-alive and the CONNACK's 5.0 properties."""
+def _agree(conn: MqttConnection, pkt: codec.Connect,
+           assigned: str | bool) -> tuple[codec.Props, int]:
+    """The keep-alive, the CONNACK's 5.0 properties and the session's expiry. Retain,
+    wildcard subscriptions, subscription identifiers and shared subscriptions are available:
+    the CONNACK leaves those four properties out, as absent means available (5.0 3.2.2.3)."""
     cfg = conn.cfg
     conn.keep_alive_s = pkt.keep_alive_s
     if pkt.version != codec.V5:
-        state.expiry_s = 0 if pkt.clean_start else cfg.max_session_expiry_s
-        return []
+        return [], 0 if pkt.clean_start else cfg.max_session_expiry_s
     asked = int(codec.prop(pkt.props, "session_expiry_interval", 0))  # type: ignore[arg-type]
-    state.expiry_s = min(asked, cfg.max_session_expiry_s)
+    expiry_s = min(asked, cfg.max_session_expiry_s)
     props: codec.Props = [
         (codec.PROP["maximum_packet_size"], cfg.max_packet_bytes),
         (codec.PROP["receive_maximum"], min(cfg.max_inflight, 65_535)),
-        (codec.PROP["retain_available"], 1),
-        (codec.PROP["wildcard_subscription_available"], 1),
-        (codec.PROP["subscription_identifier_available"], 1),
-        (codec.PROP["shared_subscription_available"], 1),
         (codec.PROP["topic_alias_maximum"], cfg.topic_alias_maximum)]
-    if state.expiry_s != asked:
-        props.append((codec.PROP["session_expiry_interval"], state.expiry_s))
+    if expiry_s != asked:
+        props.append((codec.PROP["session_expiry_interval"], expiry_s))
     server_keep_alive = cfg.server_keep_alive_s
     if server_keep_alive and (pkt.keep_alive_s == 0 or pkt.keep_alive_s > server_keep_alive):
         conn.keep_alive_s = server_keep_alive
         props.append((codec.PROP["server_keep_alive"], server_keep_alive))
     if assigned:
         props.append((codec.PROP["assigned_client_identifier"], assigned))
-    return props
+    return props, expiry_s

@@ -140,9 +140,16 @@ def on_ack(conn: MqttConnection, pkt: codec.Ack) -> None:
     d = state.inflight.get(pkt.packet_id)
     want = {PacketType.PUBACK: "puback", PacketType.PUBREC: "pubrec",
             PacketType.PUBCOMP: "pubcomp"}[pkt.type]
-    if d is None or d.awaiting != want:
+    if d is not None and d.awaiting != want:
+        if pkt.type == PacketType.PUBREC and d.awaiting == "pubcomp":  # PUBREC again
+            conn.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version))
+            return
+        # e.g. PUBREC for a QoS 1 delivery, PUBACK for a QoS 2 one (mosquitto closes too)
+        raise Closed("ack_wrong_kind", Reason.PROTOCOL_ERROR,
+                     detail=f"{pkt.type.name} for a delivery awaiting {d.awaiting}")
+    if d is None:
         conn.count("acks_unexpected")
-        if pkt.type == PacketType.PUBREC:
+        if pkt.type == PacketType.PUBREC and pkt.reason < 0x80:  # a failure ends the flow
             conn.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version,
                                        Reason.PACKET_ID_NOT_FOUND))
         return
