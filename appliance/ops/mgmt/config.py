@@ -67,6 +67,10 @@ control agent publishes a new status (every 250 ms, ``STATUS_REFRESH_NS``): the 
 reads from the latest one, at most this long (plus the status's own age) old."""
 MGMT_FEED_CHECK_S = 0.05
 """How often the appliance's feeding thread looks for a newly published status."""
+MGMT_PROCESS_NICE = 10
+"""The API's process runs this much nicer than its appliance: on a host with fewer cores than
+busy threads (the appliance's data path, its clients, scrapers), the scheduler gives the data
+path the CPU first (`topicwire bench fabric --scrape-hz`)."""
 MGMT_MAX_FORWARDED = 4
 """Commands (POST, DELETE) the API's process has waiting on the appliance at once; one more is
 answered 503 with ``Retry-After`` (the appliance applies them one at a time)."""

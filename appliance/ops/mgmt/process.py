@@ -46,6 +46,7 @@ from appliance.ops.mgmt.config import (
     MGMT_FEED_PERIOD_S,
     MGMT_LINK_MAX_LINE_BYTES,
     MGMT_LISTEN_BACKLOG,
+    MGMT_PROCESS_NICE,
     MGMT_RESTART_BACKOFF_S,
     MGMT_START_TIMEOUT_S,
     MGMT_STOP_TIMEOUT_S,
@@ -190,6 +191,12 @@ class ProcessServer:
                               "the API from the appliance's own process") from None
         finally:
             theirs.close()
+        try:  # it yields the CPU to the data path where there are fewer cores than busy threads
+            os.setpriority(os.PRIO_PROCESS, self._proc.pid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, 0) + MGMT_PROCESS_NICE))
+        except OSError as exc:
+            log.warning("mgmt.process: cannot lower the management API process's priority "
+                        "(%s); it competes with the data path for the CPU", exc)
         ready = None
         try:
             self._send({**self._setup, "listen_fd": self._sock.fileno(),
