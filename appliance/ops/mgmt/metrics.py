@@ -330,9 +330,11 @@ def _hdr_index_values(counts_len: int, sub_bucket_half_count_magnitude: int,
 
 def latency_counts(histogram: Any) -> dict[str, Any]:
     """The nonzero counts of a channel's latency HdrHistogram (ns) and its geometry: what
-    ``counts_buckets`` needs, read in place (no copy of the whole counts array: a view and
-    the indexes of its nonzero entries, so the appliance's process pays little for it)."""
-    view = np.ctypeslib.as_array(histogram.counts)
+    ``counts_buckets`` needs. The counts are copied first (one memcpy, microseconds): the
+    data path records into them meanwhile, and ``flatnonzero`` over an array that changes
+    under it raises ("number of non-zero array elements changed"; it ended an appliance of
+    the demo when the management API read it)."""
+    view = np.array(np.ctypeslib.as_array(histogram.counts))
     index = np.flatnonzero(view)
     return {"length": len(view), "half": histogram.sub_bucket_half_count_magnitude,
             "unit": histogram.unit_magnitude, "index": index, "counts": view[index]}
