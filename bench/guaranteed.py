@@ -47,11 +47,14 @@ class _Unsigned:
     """A guaranteed plane's signer that appends and checks nothing (the baseline)."""
 
     accepted = 0
+    incarnation = 0
+    """What the plane binds its receiver's frames to (``FabricAuth.incarnation``): unused."""
 
-    def signed_copy(self, frame: Any) -> Any:
+    def signed_copy(self, frame: Any, bind: int = 0) -> Any:
         return frame
 
-    def check_bytes(self, buf: Any, source: int, dest: int, link: int) -> None:
+    def check_bytes(self, buf: Any, source: int, dest: int, link: int,
+                    bind: int = 0) -> None:
         return None
 
 

@@ -346,9 +346,14 @@ class Edge(Broker):
         deadline = time.monotonic() + EDGE_IDLE_TIMEOUT_S
         while True:
             status = self._status()
-            mqtt, native = status["mqtt"], len(status["clients"])
-            if mqtt["connections"] == 0 and mqtt["sessions"] == 0 and native == 0:
+            # /status is a snapshot up to ~300 ms old (the API's own process): right after
+            # the start it may predate the MQTT server, and have no mqtt section yet
+            mqtt, native = status.get("mqtt"), len(status.get("clients", ()))
+            if mqtt is not None and mqtt["connections"] == 0 and mqtt["sessions"] == 0 \
+                    and native == 0:
                 return
+            if mqtt is None:
+                mqtt = {"connections": "?", "sessions": "?"}
             if time.monotonic() > deadline:
                 raise DeviceError(f"the edge still has {mqtt['connections']} connections, "
                                   f"{mqtt['sessions']} sessions and {native} native client "
