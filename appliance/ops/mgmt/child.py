@@ -34,12 +34,12 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import sys
 import threading
 from typing import Any, BinaryIO
 
 from appliance.ops.mgmt.config import (
+    FEED_HEADER,
     MGMT_LINK_MAX_LINE_BYTES,
     MGMT_MAX_FORWARDED,
     MGMT_RETRY_AFTER_S,
@@ -47,8 +47,6 @@ from appliance.ops.mgmt.config import (
 
 log = logging.getLogger("topicwire.mgmt")
 
-FEED_HEADER = struct.Struct(">I")
-"""Each feed frame's length prefix."""
 PR_SET_PDEATHSIG = 1
 
 

@@ -7,6 +7,8 @@ each bound answers with), never read to its end.
 
 from __future__ import annotations
 
+import struct
+
 MGMT_DEFAULT_HOST = "127.0.0.1"
 """Where the management API listens unless ``mgmt.listen`` names another address."""
 MGMT_DEFAULT_PORT = 8470
@@ -60,6 +62,9 @@ METRICS_FRAME_SIZE_BUCKETS_BYTES = tuple(1 << k for k in range(6, 17))
 """Upper bounds (``le``, bytes: 64 B to 64 KiB, powers of two, and ``+Inf``) of
 ``topicwire_channel_received_frame_size_bytes``'s buckets; each is a slot edge of the
 channel's own size histogram (channels/stats.py, ``SIZE_BUCKETS``), so the counts are exact."""
+FEED_HEADER = struct.Struct(">I")
+"""Each frame of the appliance's feed to the API's own process: this length prefix, then the
+pickled snapshot (appliance/ops/mgmt/process.py writes it, child.py reads it)."""
 MGMT_FEED_PERIOD_S = 0.25
 """With ``mgmt.process`` (the default), the appliance sends the API's process a snapshot (status
 document, channel figures, garbage-collector counts, health) this often, and at once when the

@@ -40,8 +40,8 @@ from typing import Any
 
 from appliance.addresses import format_host_port
 from appliance.config import SUBMIT_TIMEOUT_S, ApplianceConfig, ConfigError
-from appliance.ops.mgmt.child import FEED_HEADER
 from appliance.ops.mgmt.config import (
+    FEED_HEADER,
     MGMT_FEED_CHECK_S,
     MGMT_FEED_PERIOD_S,
     MGMT_LINK_MAX_LINE_BYTES,
