@@ -58,6 +58,17 @@ def free_port() -> int:
     raise RuntimeError("tests: no free loopback port below the ephemeral range")
 
 
+def udp_url(app) -> str:
+    """The ``udp://HOST:PORT`` clients of an in-process ``Appliance`` connect to."""
+    host, port = app.config.clients_udp
+    return f"udp://{host}:{port}"
+
+
+def counter(app, name: str) -> int:
+    """One counter of an in-process ``Appliance``'s status (0 until it counted)."""
+    return int(app.status()["counters"].get(name, 0))
+
+
 def write_config(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

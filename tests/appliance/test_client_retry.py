@@ -20,6 +20,7 @@ from appliance.node import Appliance
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol.codec import decode_frame
+from tests.appliance.helpers import counter as _counter
 from tests.appliance.helpers import free_port, wait_for
 
 
@@ -104,10 +105,6 @@ def appliance():
         yield app, port
     finally:
         app.stop()
-
-
-def _counter(app: Appliance, name: str) -> int:
-    return int(app.status()["counters"].get(name, 0))
 
 
 @pytest.mark.parametrize("drop", ["login", "login_result", "register"])

@@ -29,6 +29,8 @@ from datapath.protocol._kernels import sign_frames
 from datapath.protocol.codec import decode_frame, encode_admin, encode_data_frame
 from datapath.protocol.frame_layout import FrameType
 from tests.appliance.helpers import ROOT, free_port, wait_for
+from tests.appliance.helpers import counter as _counter
+from tests.appliance.helpers import udp_url as _url
 
 PASSWORD = "correct horse battery staple"
 CHEAP = {"n": 1 << 10, "r": 8, "p": 1}  # scrypt cost of the tests' credentials
@@ -70,15 +72,6 @@ def appliance():
         yield app
     finally:
         app.stop()
-
-
-def _url(app: Appliance) -> str:
-    host, port = app.config.clients_udp
-    return f"udp://{host}:{port}"
-
-
-def _counter(app: Appliance, name: str) -> int:
-    return int(app.status()["counters"].get(name, 0))
 
 
 def test_the_right_password_logs_in_and_the_session_works(appliance):

@@ -26,6 +26,8 @@ from datapath.protocol import frame_mac
 from datapath.protocol.codec import encode_admin
 from datapath.protocol.frame_layout import FrameType
 from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
+from tests.appliance.helpers import counter as _counter
+from tests.appliance.helpers import udp_url as _url
 
 IDENTITIES = {"feed": {"publish": ["#"], "subscribe": ["#"]}}
 HEARTBEAT_MS = 50
@@ -42,11 +44,6 @@ def _config(name: str, port: int, neighbours: dict[str, tuple[str, int]], pm: bo
         "pm": {"require_passwords": False, "identities": IDENTITIES} if pm else {"mode": "remote"}})
 
 
-def _url(app: Appliance) -> str:
-    host, port = app.config.clients_udp
-    return f"udp://{host}:{port}"
-
-
 def _neighbour(app: Appliance, name: str) -> dict:
     return next(n for n in app.status()["neighbours"] if n["name"] == name)
 
@@ -57,10 +54,6 @@ def _up(app: Appliance, name: str) -> bool:
 
 def _rejected(app: Appliance, reason: str) -> int:
     return int(app.status()["auth"]["rejected"].get(reason, 0))
-
-
-def _counter(app: Appliance, name: str) -> int:
-    return int(app.status()["counters"].get(name, 0))
 
 
 def _fields(frame: bytes) -> tuple[int, int, int, int]:

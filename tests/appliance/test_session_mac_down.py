@@ -24,7 +24,9 @@ from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol.codec import encode_admin, encode_data_frame
 from datapath.topics.registry import KeyRegistry
+from tests.appliance.helpers import counter as _counter
 from tests.appliance.helpers import free_port, wait_for
+from tests.appliance.helpers import udp_url as _url
 
 PASSWORD = "correct horse battery staple"
 CHEAP = {"n": 1 << 10, "r": 8, "p": 1}  # scrypt cost of the tests' credentials
@@ -46,15 +48,6 @@ def appliance():
         yield app
     finally:
         app.stop()
-
-
-def _url(app: Appliance) -> str:
-    host, port = app.config.clients_udp
-    return f"udp://{host}:{port}"
-
-
-def _counter(app: Appliance, name: str) -> int:
-    return int(app.status()["counters"].get(name, 0))
 
 
 class Relay:
