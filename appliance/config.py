@@ -375,6 +375,9 @@ class ApplianceConfig:
     node_id: int
     role: str = "core"
     namespaces: tuple[int, ...] = (0,)
+    dataplane: str = "process"
+    """Where the data path runs: ``"process"`` (its own, forked at start) or ``"thread"`` (a
+    thread of the appliance's process, sharing its interpreter lock with the control plane)."""
     idle: str = "block"
     idle_spin_us: int = IDLE_SPIN_US
     priority: int = DATAPATH_PRIORITY
@@ -998,7 +1001,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
                  "telemetry", "routes", "mqtt", "cache"}, "")
-    app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "idle", "idle_spin_us",
+    app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "dataplane", "idle",
+                                    "idle_spin_us",
                                     "priority", "switch_interval_us", "drain_timeout_ms",
                                     "parked_ttl_ms", "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
@@ -1015,6 +1019,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
             or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**32
                        for n in namespaces)):
         raise _fail(p + "namespaces", "must be a non-empty list of integers in [0, 2^32)")
+    dataplane = _str(app, "dataplane", p, "process", ("process", "thread"))
     idle = _str(app, "idle", p, "block", ("block", "busy", "backoff", "sleep"))
     idle_spin_us = _int(app, "idle_spin_us", p, IDLE_SPIN_US, 0, 1_000_000)
     priority = _int(app, "priority", p, DATAPATH_PRIORITY, -20, 19)
@@ -1159,7 +1164,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
 
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
-        idle_spin_us=idle_spin_us, priority=priority, switch_interval_us=switch_us,
+        dataplane=dataplane, idle_spin_us=idle_spin_us, priority=priority,
+        switch_interval_us=switch_us,
         drain_timeout_ms=drain, parked_ttl_ms=parked_ttl, heartbeat_interval_ms=heartbeat,
         neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,

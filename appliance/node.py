@@ -1,10 +1,13 @@
-"""One appliance process: channels, the data-path agent, the control agent, start and stop.
+"""One appliance: the data path, the control agent, start and stop.
 
-``Appliance(config).start()`` opens every channel first (a port in use or a missing ring
-fails here, as a ``ConfigError`` naming the key, before any thread starts), compiles the
-first table snapshot, then starts the data-path thread and the control thread.
+``Appliance(config).start()`` compiles the first table snapshot, then starts the data path:
+by default in a process of its own, forked here (``appliance.dataplane = "process"``:
+appliance/dataplane/process.py), or on a thread of this process (``"thread"``). Either way
+the data path opens every channel first (a port in use or a missing ring fails the start, as a
+``ConfigError`` naming the key) and the control agent reaches it through the same port
+(commands, admin frames, snapshots, published counters). Then the control thread starts.
 ``stop()`` stops accepting logins, tells clients, lets queued frames leave within
-``appliance.drain_timeout_ms``, stops both threads and closes the channels.
+``appliance.drain_timeout_ms``, stops the data path and closes the channels.
 ``[cache]`` is run by ``CachingAppliance`` (appliance/cache/node.py), which ``topicwire run``
 starts: the cache keeps what a client session of its own receives, and ``appliance.client``
 depends on this module (as the MQTT edge wraps it for the same reason); a plain
@@ -16,94 +19,34 @@ depends on this module (as the MQTT edge wraps it for the same reason); a plain
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from appliance.build_info import version_line
-from appliance.config import (
-    SHM_BUS_PRODUCERS,
-    SUBMIT_TIMEOUT_S,
-    ApplianceConfig,
-    ConfigError,
-    GroupConfig,
-    is_loopback_interface,
-)
+from appliance.config import SUBMIT_TIMEOUT_S, ApplianceConfig, ConfigError
 from appliance.control.agent import ControlAgent
-from appliance.dataplane.agent import (
-    CLIENT_SHM,
-    CLIENT_UDP,
-    FABRIC,
-    GROUP_RX,
-    GROUP_TX,
-    DataPlaneAgent,
+from appliance.dataplane.open import (
+    build_dataplane,
+    close_channels,
+    idle_strategy,
+    loopback_multicast,
+    open_channels,
+    priority_hook,
 )
-from datapath.agent import (
-    AgentRunner,
-    BackoffIdle,
-    BusySpinIdle,
-    PollingIdle,
-    SleepingIdle,
-    WakeableIdle,
-    set_thread_priority,
-)
+from datapath.agent import AgentRunner, WakeableIdle
 from datapath.errors import TopicwireError
 from datapath.jit import JitWatch
 from datapath.topics.registry import KeyRegistry
 
 if TYPE_CHECKING:
+    from appliance.dataplane.agent import DataPlaneAgent
+    from appliance.dataplane.process import DataPathProcess
     from appliance.reload import Plan
 
 log = logging.getLogger("topicwire.appliance")
 
-
-def _open(key: str, what: str, opener: Any) -> Any:
-    from channels.errors import ChannelDeviceError, ChannelUserError
-
-    try:
-        return opener()
-    except ChannelDeviceError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"{key}: {what} is in use by another socket; pick another port "
-                              "or stop its owner") from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise ConfigError(f"{key}: {what} is not an address of this host or namespace") \
-                from None
-        raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
-    except ChannelUserError as exc:
-        raise ConfigError(f"{key}: cannot open {what}: {exc}") from None
-
-
-def _priority(nice: int) -> Callable[[], None] | None:
-    """The data-path runner's start hook for ``appliance.priority`` (None at 0: the thread
-    keeps the process's); a priority the host refuses is the config's error."""
-    if nice == 0:
-        return None
-
-    def apply() -> None:
-        try:
-            set_thread_priority(nice)
-        except PermissionError as exc:
-            raise ConfigError(
-                f"appliance.priority: the data-path thread may not run at nice {nice} here "
-                f"({exc.strerror}); run the appliance as root or with CAP_SYS_NICE, or set "
-                "appliance.priority = 0") from None
-    return apply
-
-
-IFF_MULTICAST = 0x1000
-"""``struct net_device`` flag: the interface does multicast (/sys/class/net/IF/flags)."""
-
-
-def _loopback_multicast() -> bool:
-    """Whether ``lo`` (in this network namespace) has multicast on."""
-    try:
-        flags = int(open("/sys/class/net/lo/flags").read().strip(), 16)
-    except (OSError, ValueError):
-        return True  # cannot tell: let the channel report what the kernel says
-    return bool(flags & IFF_MULTICAST)
+_loopback_multicast = loopback_multicast  # its old name (the demo and the warm-up use it)
 
 
 def preload_registry(cfg: ApplianceConfig) -> KeyRegistry:
@@ -126,7 +69,9 @@ class Appliance:
     def __init__(self, config: ApplianceConfig) -> None:
         self.config = config
         self.channels: dict[str, Any] = {}
-        self.dataplane: DataPlaneAgent | None = None
+        self.dataplane: DataPlaneAgent | DataPathProcess | None = None
+        """The data path's port: its agent (``appliance.dataplane = "thread"``) or the stand-in
+        for its process (``"process"``, appliance/dataplane/process.py)."""
         self.control: ControlAgent | None = None
         self._dp_runner: AgentRunner | None = None
         self._cp_runner: AgentRunner | None = None
@@ -135,85 +80,56 @@ class Appliance:
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> Appliance:
-        from channels import warm_up
-        from channels.shm import ShmChannel
-        from channels.udp import UdpChannel
         from nic_offload.compiler import OffloadCompiler
         from nic_offload.snapshot import SnapshotSwitch
-        from nic_offload.softnic import SoftNic
 
         cfg = self.config
         registry = preload_registry(cfg)
-        warm_up()
+        compiler = OffloadCompiler(registry)
+        initial = compiler.build()
         try:
-            if cfg.fabric_listen is not None:
-                host, port = cfg.fabric_listen
-                self.channels[FABRIC] = _open("fabric.listen", f"{host}:{port}", lambda: UdpChannel(
-                    (host, port), name=f"fabric:{host}:{port}"))
-                if any(n.transport == "rdma" for n in cfg.neighbours):
-                    from appliance.dataplane.fabric_links import open_fabric_links
+            # every kernel this process imported is loaded from the cache before any duty
+            # cycle (docs/appliance.md, "Compiled kernels"); a forked data path inherits them
+            from channels import warm_up
 
-                    self.channels[FABRIC] = open_fabric_links(cfg, self.channels[FABRIC])
-            for i, group in enumerate(cfg.groups):
-                self._open_group(i, group)
-            if cfg.clients_udp is not None:
-                host, port = cfg.clients_udp
-                self.channels[CLIENT_UDP] = _open("clients.udp", f"{host}:{port}",
-                                                  lambda: UdpChannel((host, port),
-                                                                     name=f"clients:{host}:{port}"))
-                if cfg.clients_rdma is not None:
-                    from appliance.dataplane.client_links import open_client_links
+            warm_up()  # the channel kernels: clients of this process (edge, cache) use them
+            jit = JitWatch().start()
+            if cfg.dataplane == "process":
+                from appliance.dataplane.process import DataPathProcess
 
-                    self.channels[CLIENT_UDP] = open_client_links(cfg, self.channels[CLIENT_UDP])
-            if cfg.clients_shm is not None:
-                self.channels[CLIENT_SHM] = _open(
-                    "clients.shm", f"ring {cfg.clients_shm!r}",
-                    lambda: ShmChannel(rx=cfg.clients_shm, producers=SHM_BUS_PRODUCERS,
-                                       name=f"clients:shm:{cfg.clients_shm}"))
-            compiler = OffloadCompiler(registry)
-            switch = SnapshotSwitch(compiler.build())
-            nic = SoftNic(switch)
-            self.dataplane = DataPlaneAgent(cfg.node_id, nic, self.channels,
-                                            fabric_max_frame_bytes=cfg.fabric_max_frame_bytes,
-                                            parked_ttl_ns=cfg.parked_ttl_ms * 1_000_000)
-            self.control = ControlAgent(cfg, self.dataplane, switch, compiler, registry)
-            from appliance.ops.telemetry.probe import attach  # [telemetry]: docs/routing.md
-
-            try:  # its store's directory is made here (the config checked it can be)
-                self.dataplane.telemetry = attach(cfg, self.channels)
-            except OSError as exc:
-                raise ConfigError(f"telemetry.dir: cannot make {cfg.telemetry.dir}: "
-                                  f"{exc.strerror or exc}") from None
-            if self.dataplane.telemetry is not None:
-                self.dataplane.telemetry.start()
+                self.dataplane = DataPathProcess(cfg, initial).start()
+            else:
+                self.channels = open_channels(cfg)
+                self.dataplane = build_dataplane(cfg, self.channels, SnapshotSwitch(initial))
+            self.control = ControlAgent(cfg, self.dataplane, compiler, registry)
             self._before_threads(registry)
-            # every kernel the agents call is imported by now: load what the cache holds for
-            # them, so that no duty cycle compiles (docs/appliance.md, "Compiled kernels")
-            self.control.jit = JitWatch().start()
-            dp = self.dataplane
-            idle = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle,
-                    "block": lambda: PollingIdle(dp.wait_set, dp.wakeup, wake_at_ns=dp.wake_at_ns,
-                                                 spin_ns=cfg.idle_spin_us * 1_000,
-                                                 spin_worth=dp.spin_worth)}[cfg.idle]()
-            self._dp_runner = AgentRunner([self.dataplane], idle, name=f"{cfg.name}-dataplane",
-                                          on_start=_priority(cfg.priority))
+            self.control.jit = jit
+            if cfg.dataplane != "process":
+                dp = self.dataplane
+                self._dp_runner = AgentRunner([dp], idle_strategy(cfg, dp),
+                                              name=f"{cfg.name}-dataplane",
+                                              on_start=priority_hook(cfg.priority))
             control = self.control
             self._cp_runner = AgentRunner([control], WakeableIdle(control.wakeup,
                                                                   control.wake_at_ns),
                                           name=f"{cfg.name}-control")
-            self._dp_runner.start()
+            if self._dp_runner is not None:
+                self._dp_runner.start()
             self._cp_runner.start()
             self._start_mgmt()
         except BaseException:
             for runner in (self._cp_runner, self._dp_runner):  # threads stop before channels
                 if runner is not None:
                     self._stop_runner(runner)
-            if self.dataplane is not None and self.dataplane.telemetry is not None:
-                self.dataplane.telemetry.close()  # its writer thread started above
-            self._close_channels()
+            self._stop_dataplane_process()
+            telemetry = getattr(self.dataplane, "telemetry", None)
+            if telemetry is not None:
+                telemetry.close()  # its writer thread started above
+            close_channels(self.channels)
             raise
-        log.info("%s: appliance %s (id %d) running; %s", cfg.name, cfg.role, cfg.node_id,
-                 version_line())
+        log.info("%s: appliance %s (id %d) running, data path %s; %s", cfg.name, cfg.role,
+                 cfg.node_id, "in process %d" % self.dataplane.pid
+                 if cfg.dataplane == "process" else "on a thread", version_line())
         passwordless = sorted(n for n, i in cfg.identities.items() if i.password is None)
         if cfg.pm_mode == "embedded" and cfg.pm_require_passwords and passwordless:
             log.warning("%s: pm: identities without a password cannot log in natively (P&M "
@@ -227,24 +143,6 @@ class Appliance:
         if self.config.cache is not None:
             raise ConfigError("cache: a plain Appliance does not run the cache; start "
                               "appliance.cache.node.CachingAppliance (topicwire run does)")
-
-    def _open_group(self, index: int, group: GroupConfig) -> None:
-        """The receiving (joined) and the send-only channel of one fabric group."""
-        from channels.multicast import MulticastChannel
-
-        key = f"fabric.groups[{index}]"
-        if is_loopback_interface(group.interface) and not _loopback_multicast():
-            raise ConfigError(f"{key}.interface: the loopback interface has multicast off; "
-                              "turn it on with `ip link set lo multicast on` (as root)")
-        what = f"group {group.group}:{group.port} on {group.interface}"
-        self.channels[GROUP_RX + group.name] = _open(key + ".interface", what, lambda: (
-            MulticastChannel(group.group, group.port, interface=group.interface, ttl=group.ttl,
-                             loopback=group.loopback, join=True,
-                             name=f"group:{group.name}:{group.group}:{group.port}")))
-        self.channels[GROUP_TX + group.name] = _open(key + ".interface", what, lambda: (
-            MulticastChannel(group.group, group.port, interface=group.interface, ttl=group.ttl,
-                             loopback=group.loopback, join=False,
-                             name=f"group-tx:{group.name}:{group.group}:{group.port}")))
 
     def _start_mgmt(self) -> None:
         """The management API, when configured and available (appliance.ops.mgmt.serve)."""
@@ -279,12 +177,18 @@ class Appliance:
                      len(control.sessions), sum(nb.up for nb in control.neighbours.values()),
                      cfg.drain_timeout_ms)
             control.logout_all()  # the control thread has stopped: safe from here
-        deadline = started + cfg.drain_timeout_ms / 1e3
         dp = self.dataplane
-        while dp is not None and (dp.outbox or len(dp.commands)) and time.monotonic() < deadline:
+        if self._dp_runner is None:  # in a process of its own: it sends all it was given
+            self._stop_dataplane_process(cfg.drain_timeout_ms / 1e3)
+            if dp is not None:
+                log.info("%s: drained in %.0f ms", cfg.name, (time.monotonic() - started) * 1e3)
+            log.info("%s: appliance stopped", cfg.name)
+            return
+        deadline = started + cfg.drain_timeout_ms / 1e3
+        while dp is not None and dp.pending() and time.monotonic() < deadline:
             time.sleep(0.001)
         if dp is not None and self.control is not None:
-            left = len(dp.outbox) + len(dp.commands)
+            left = dp.pending()
             if left:
                 log.warning("%s: drain: %d admin frames and commands still queued after %d ms "
                             "(appliance.drain_timeout_ms); dropped", cfg.name, left,
@@ -295,18 +199,25 @@ class Appliance:
             self._stop_runner(self._dp_runner)
         if dp is not None and dp.telemetry is not None:
             dp.telemetry.close()  # writes the last windows
-        self._close_channels()
+        close_channels(self.channels)
         log.info("%s: appliance stopped", cfg.name)
+
+    def _stop_dataplane_process(self, drain_s: float = 0.0) -> None:
+        """Stop the data path's process (when it runs in one): it sends what it was given,
+        closes its channels and exits, or is killed (appliance/dataplane/process.py)."""
+        dp = self.dataplane
+        if dp is None or self._dp_runner is not None or not hasattr(dp, "pid"):
+            return
+        try:
+            dp.stop(drain_s)
+        except TopicwireError as exc:
+            log.error("%s: the data path had stopped with an error: %s", self.config.name, exc)
 
     def _stop_runner(self, runner: AgentRunner) -> None:
         try:
             runner.stop()
         except TopicwireError as exc:
             log.error("%s: %s stopped with an error: %s", self.config.name, runner.name, exc)
-
-    def _close_channels(self) -> None:
-        for channel in self.channels.values():
-            channel.close()
 
     def __enter__(self) -> Appliance:
         return self.start()
@@ -319,7 +230,7 @@ class Appliance:
         for runner in (self._dp_runner, self._cp_runner):
             if runner is not None and runner.error is not None:
                 return runner.error
-        return None
+        return getattr(self.dataplane, "error", None)
 
     def reload(self, new: ApplianceConfig) -> Plan:
         """Run with what of ``new`` (read and checked by ``load_config``) can change at run
@@ -349,6 +260,16 @@ class Appliance:
         if self.control is None:
             return {}
         return self.control.status_snapshot
+
+    def channel_samples(self) -> list[dict[str, Any]]:
+        """The channels' figures for ``/metrics`` (appliance/ops/mgmt/metrics.py
+        ``channel_samples``): read from the channels on a thread data path, the latest its
+        process sent otherwise."""
+        if self._dp_runner is None:
+            return list(getattr(self.dataplane, "published", {}).get("channel_samples", []))
+        from appliance.ops.mgmt.metrics import channel_samples, channel_stats
+
+        return channel_samples(channel_stats(self))
 
     def submit(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
         """Apply a state-changing command on the control agent; ``{"ok": ...}``."""

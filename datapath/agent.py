@@ -335,30 +335,47 @@ class PollingIdle:
 
 
 class CommandQueue:
-    """Control -> agent commands (the agent's *Proxy*): callables applied in the agent's loop.
+    """Control -> agent commands (the agent's *Proxy*), applied in the agent's loop.
 
-    ``offer`` may be called from any thread; ``drain`` only from the agent's own. With a
-    ``wakeup``, every offer signals it (ends a ``PollingIdle`` park).
+    A command is ``(method name, args)``, applied as ``getattr(target, name)(*args)``: plain
+    data, so the same commands cross to a data path in another process
+    (appliance/dataplane/process.py); a callable is also taken (tests wrap channels that
+    way). ``offer`` may be called from any thread; ``drain`` only from the agent's own. With
+    a ``wakeup``, every offer signals it (ends a ``PollingIdle`` park). ``applied`` counts
+    the commands run so far.
     """
 
-    def __init__(self, wakeup: AgentWakeup | None = None) -> None:
-        self._queue: deque[Callable[[], None]] = deque()
+    def __init__(self, wakeup: AgentWakeup | None = None, target: object = None) -> None:
+        self._queue: deque[tuple[str, tuple] | Callable[[], None]] = deque()
         self.wakeup = wakeup
+        self.target = target
+        self.applied = 0
 
-    def offer(self, command: Callable[[], None]) -> None:
+    def offer(self, command: tuple[str, tuple] | Callable[[], None]) -> None:
         self._queue.append(command)
         if self.wakeup is not None:
             self.wakeup.signal()
 
+    def put(self, command: tuple[str, tuple]) -> None:
+        """``offer`` from the agent's own thread (no wakeup needed)."""
+        self._queue.append(command)
+
     def drain(self, limit: int = COMMANDS_PER_CYCLE) -> int:
         done = 0
-        while done < limit:
-            try:
-                command = self._queue.popleft()
-            except IndexError:
-                break
-            command()
-            done += 1
+        try:
+            while done < limit:
+                try:
+                    command = self._queue.popleft()
+                except IndexError:
+                    break
+                done += 1
+                if type(command) is tuple:
+                    name, args = command
+                    getattr(self.target, name)(*args)
+                else:
+                    command()  # type: ignore[operator]
+        finally:
+            self.applied += done
         return done
 
     def __len__(self) -> int:

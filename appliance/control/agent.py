@@ -2,8 +2,10 @@
 
 It runs on its own thread (an ``AgentRunner`` with a sleeping idle strategy: it runs timers
 and admin frames, not the hot path). It owns the routing state, the ``OffloadCompiler`` and
-the P&M document; it reaches the data path only through the data plane's ``CommandQueue``,
-its outbox of admin frames, and ``SnapshotSwitch.publish``. Wire behaviour:
+the P&M document; it reaches the data path only through the data path's port: commands
+(``command``), admin frames both ways (``offer_admin``, ``inbox``), ``publish_snapshot`` and
+the counters it publishes; the port is the same whether the data path runs on a thread of
+this process or in a process of its own (appliance/dataplane/process.py). Wire behaviour:
 docs/appliance.md ("Control plane", "Clients").
 """
 
@@ -55,7 +57,6 @@ from datapath.protocol.frame_layout import FrameType
 from datapath.topics.registry import KeyRegistry
 from nic_offload.compiler import OffloadCompiler
 from nic_offload.model import CPU_PORT, MAX_EGRESS_PORT
-from nic_offload.snapshot import SnapshotSwitch
 
 __all__ = ["ControlAgent", "Neighbour", "Session"]
 
@@ -70,8 +71,11 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
 
     name = "control"
 
-    def __init__(self, config: ApplianceConfig, dp: DataPlaneAgent, switch: SnapshotSwitch,
+    def __init__(self, config: ApplianceConfig, dp: DataPlaneAgent,
                  compiler: OffloadCompiler, registry: KeyRegistry) -> None:
+        """``dp``: the data path's port (``DataPlaneAgent`` on a thread of this process, or
+        ``DataPathProcess``, its stand-in for a data path in a process of its own): commands,
+        admin frames both ways, snapshots, its published counters."""
         self.cfg = config
         self.node_id = config.node_id
         self.dp = dp
@@ -79,7 +83,6 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         """Set by whoever hands the agent work (the data path's inbox, management requests):
         it ends the agent's idle wait (``WakeableIdle``)."""
         dp.control_wakeup = self.wakeup
-        self.switch = switch
         self.compiler = compiler
         self.registry = registry
         self.start_ns = time.monotonic_ns()
@@ -90,13 +93,13 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self.auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch, start_ns)
         if config.fabric_key is not None:  # the data path signs its frames to neighbours
             dp_auth = FabricAuth(config.fabric_key, config.fabric_key_id, self.epoch, start_ns)
-            dp.commands.offer(lambda: dp.guaranteed.use_auth(dp_auth))
+            dp.command("use_guaranteed_auth", dp_auth)
             groups = {nb.group for nb in config.neighbours if nb.group}
             data_auth = DataAuth(config.fabric_key, config.fabric_key_id, self.epoch,
                                  config.node_id, start_ns,
                                  {prefix + g: group_link_id(g) for g in groups
                                   for prefix in (GROUP_RX, GROUP_TX)})
-            dp.commands.offer(lambda: dp.use_data_auth(data_auth))
+            dp.command("use_data_auth", data_auth)
         self.neighbours = {n.name: Neighbour(n, peer_id_of(*n.address))
                            for n in config.neighbours}
         self.by_peer = {nb.peer: nb for nb in self.neighbours.values()}
@@ -191,8 +194,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
             self._sync_destinations()
             self._build_snapshot()
             work += 1
-        if self._pending_snapshot is not None and len(self.dp.commands) == 0:
-            self.switch.publish(self._pending_snapshot)
+        if self._pending_snapshot is not None and self.dp.commands_pending() == 0:
+            self.dp.publish_snapshot(self._pending_snapshot)
             self._pending_snapshot = None
             for port in self._quarantine:
                 self._free_ports.append(port)

@@ -196,12 +196,11 @@ class ClientSide:
                 return
         if old is not None:
             self._end_session(self.sessions[old], "replaced by a new login")
-        tx = None
         if refuse is None and channel == CLIENT_SHM:
             from channels.shm import ShmChannel
 
-            try:
-                tx = ShmChannel(tx=ring)
+            try:  # a check: the data path opens its own (DpSession.ring)
+                ShmChannel(tx=ring).close()
             except Exception as exc:
                 refuse, why = f"cannot open reply ring {ring!r}: {exc}", "ring"
         port = self._client_port() if refuse is None else None
@@ -209,8 +208,6 @@ class ClientSide:
             refuse, why = ("no egress port is free for another client session on this "
                            "appliance; retry later"), "ports"
         if refuse is not None or port is None:
-            if tx is not None:
-                tx.close()
             self._refuse_login(channel, peer, ring, str(why), str(refuse))
             return
         sid = random.randrange(1, 2**31)
@@ -223,8 +220,9 @@ class ClientSide:
         self.sessions[sid] = session
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
-        dps = DpSession(sid, identity, channel, dest, tx, key=key)
-        self.dp.commands.offer(lambda: self.dp.add_session(dps, (channel, peer)))
+        dps = DpSession(sid, identity, channel, dest, ring=ring if channel == CLIENT_SHM else None,
+                        key=key)
+        self.dp.command("add_session", dps, (channel, peer))
         self._tables_dirty = True
         self.counters["login_accepted"] += 1
         log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
@@ -303,7 +301,7 @@ class ClientSide:
             self._quarantine.append(session.gport)
             self._retired[session.gport] = ("gclient", session.session_id)
         sid = session.session_id
-        self.dp.commands.offer(lambda: self.dp.remove_session(sid))
+        self.dp.command("remove_session", sid)
         self._interest_dirty = True
         self._tables_dirty = True
         log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
@@ -460,7 +458,7 @@ class ClientSide:
             results.append(result)
         if granted:  # before the replies: the data path allows the keys before a publish
             sid = session.session_id
-            self.dp.commands.offer(lambda: self.dp.allow_keys(sid, granted))
+            self.dp.command("allow_keys", sid, granted)
         for result in results:
             self._reply(session, al.ControlKind.REQUEST_RESULT, result)
 
@@ -524,8 +522,7 @@ class ClientSide:
                 self._tables_dirty = True
             if revoked:
                 session.registered.difference_update(revoked)
-                self.dp.commands.offer(lambda sid=sid, keys=revoked: self.dp.revoke_keys(sid,
-                                                                                          keys))
+                self.dp.command("revoke_keys", sid, revoked)
             self.counters["entitlements_changed"] += 1
             self.counters["entitlement_withdrawn_subscriptions"] += withdrawn
             self.counters["entitlement_revoked_topics"] += len(revoked)

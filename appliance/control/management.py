@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 from appliance.build_info import build_info
 from appliance.config import (
@@ -200,5 +201,16 @@ class ManagementSide:
                         for s in self.sessions.values()],
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
                          **{f"control_{k}": int(v) for k, v in self.counters.items()}},
-            "jit": self.jit.status() if self.jit is not None else None,
+            "jit": self._jit_status(),
         }
+
+    def _jit_status(self) -> dict[str, Any] | None:
+        """This process's kernels, and those of a data path in a process of its own."""
+        if self.jit is None:
+            return None
+        out = self.jit.status()
+        late = getattr(self.dp, "jit_late", None)
+        if late:
+            out["compiled_after_start"] = {**out["compiled_after_start"],
+                                           **{k: list(v) for k, v in late.items()}}
+        return out

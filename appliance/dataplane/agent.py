@@ -121,7 +121,7 @@ class DataPlaneAgent(Delivery, Output):
         self.channels = channels
         self.wakeup = AgentWakeup()
         """Signalled on every offer from the control thread (ends a PollingIdle park)."""
-        self.commands = CommandQueue(self.wakeup)
+        self.commands = CommandQueue(self.wakeup, self)
         self.inbox: deque[tuple[str, int, bytes]] = deque()
         self.control_wakeup = threading.Event()
         """Set after each frame put in ``inbox`` (the control agent replaces it with the
@@ -208,6 +208,23 @@ class DataPlaneAgent(Delivery, Output):
         self.wakeup.signal()
         return True
 
+    def command(self, name: str, *args: Any) -> None:
+        """Run ``self.name(*args)`` on the data-path thread, in the order offered (the same
+        call reaches a data path in a process of its own: appliance/dataplane/process.py)."""
+        self.commands.offer((name, args))
+
+    def commands_pending(self) -> int:
+        """Commands offered and not run yet."""
+        return len(self.commands)
+
+    def pending(self) -> int:
+        """Commands and admin frames offered and not taken yet (a drain waits for 0)."""
+        return len(self.commands) + len(self.outbox)
+
+    def publish_snapshot(self, snapshot: Any) -> None:
+        """Forward with ``snapshot`` from the next burst on (``SnapshotSwitch.publish``)."""
+        self.nic.switch.publish(snapshot)
+
     # --- for the idle strategy (data-path thread) ---------------------------------------------
     def wait_set(self) -> WaitSet:
         """The receiving channels' descriptors (``PollingIdle``); not complete when one of
@@ -250,6 +267,15 @@ class DataPlaneAgent(Delivery, Output):
         self.guaranteed.on_tables(tables)
 
     def add_session(self, session: DpSession, peer: tuple[str, int]) -> None:
+        if session.channel == CLIENT_SHM and session.tx is None and session.ring is not None:
+            from channels.shm import ShmChannel
+
+            try:  # the control agent opened it once to check it: this is the data path's own
+                session.tx = ShmChannel(tx=session.ring)
+            except Exception as exc:
+                self.counters["session_ring_unusable"] += 1
+                log.warning("data path: cannot open the reply ring %r of session %d (%s); "
+                            "its messages are dropped", session.ring, session.session_id, exc)
         self.session_auth.attach(session)
         self.sessions[session.session_id] = session
         self._by_peer[peer] = session
@@ -284,6 +310,10 @@ class DataPlaneAgent(Delivery, Output):
         return [(name, batch, channel, name == CLIENT_UDP and isinstance(channel, DatagramChannel))
                 for name, batch in self._rx.items()
                 for channel in (self.channels[name],)]
+
+    def use_guaranteed_auth(self, auth: Any) -> None:
+        """Sign and check the guaranteed plane's frames with ``auth`` (a ``FabricAuth``)."""
+        self.guaranteed.use_auth(auth)
 
     def use_data_auth(self, auth: DataAuth) -> None:
         """Sign and check plain DATA frames between appliances with ``auth`` from now on (a

@@ -86,7 +86,10 @@ class DpSession:
     dest: int
     """UDP peer id, or the session id for shared memory (its ring is ``tx``)."""
     tx: Any = None
-    """The ShmChannel towards the client's ring (shared memory only)."""
+    """The ShmChannel towards the client's ring (shared memory only), opened by the data
+    path from ``ring``."""
+    ring: str | None = None
+    """The name of the client's ring (shared memory only)."""
     allowed: set[int] = field(default_factory=set)
     """Topic keys this session may publish (granted at registration)."""
     published: int = 0

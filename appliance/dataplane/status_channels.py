@@ -12,6 +12,7 @@ channel (``latency_ns_at``, the array twin of ``HdrHistogram.get_value_at_percen
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +37,10 @@ class ChannelSample:
     latency_counts: np.ndarray
     """A copy of the histogram's counts up to the bucket of the largest value recorded."""
     latency_total: int
-    histogram: HdrHistogram
-    """The channel's histogram, for its bucket arithmetic only (fixed at creation)."""
+    histogram: tuple[int, int, int]
+    """The channel histogram's (lowest, highest trackable value, significant figures): its
+    bucket arithmetic (a sample crosses from a data path in a process of its own as plain
+    data)."""
 
 
 def sample_channel(name: str, channel: Any) -> ChannelSample:
@@ -52,7 +55,14 @@ def sample_channel(name: str, channel: Any) -> ChannelSample:
         name=name, kind=channel.kind, frames_in=s.frames_in, frames_out=s.frames_out,
         bytes_in=s.bytes_in, bytes_out=s.bytes_out, loss=s.lost + s.drops, naks=s.naks,
         retransmissions=s.retransmissions, jitter_max_ns=max(jitter.values(), default=0.0),
-        latency_counts=counts, latency_total=total, histogram=h)
+        latency_counts=counts, latency_total=total,
+        histogram=(h.lowest_trackable_value, h.highest_trackable_value, h.significant_figures))
+
+
+@functools.lru_cache(maxsize=8)
+def _arithmetic(params: tuple[int, int, int]) -> HdrHistogram:
+    """An empty histogram with the bucket layout ``params`` (only its arithmetic is used)."""
+    return HdrHistogram(*params)
 
 
 def latency_ns_at(sample: ChannelSample, percentile: float) -> int:
@@ -62,7 +72,7 @@ def latency_ns_at(sample: ChannelSample, percentile: float) -> int:
     counts = sample.latency_counts
     if total == 0 or len(counts) == 0:
         return 0
-    h = sample.histogram
+    h = _arithmetic(sample.histogram)
     target = max(int(min(percentile, 100.0) * total / 100 + 0.5), 1)
     index = min(int(np.searchsorted(np.cumsum(counts), target)), len(counts) - 1)
     value = h.get_value_from_index(index)

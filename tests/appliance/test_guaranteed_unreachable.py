@@ -145,7 +145,7 @@ def _control() -> ControlAgent:
     compiler = OffloadCompiler(registry)
     switch = SnapshotSwitch(compiler.build())
     dp = DataPlaneAgent(A, SoftNic(switch), {}, fabric_max_frame_bytes=1_472)
-    return ControlAgent(cfg, dp, switch, compiler, registry)
+    return ControlAgent(cfg, dp, compiler, registry)
 
 
 def test_an_aged_out_origin_keeps_its_guaranteed_interest_and_loses_the_rest():

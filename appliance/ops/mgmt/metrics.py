@@ -391,6 +391,16 @@ def channel_stats(appliance: Any) -> list[tuple[str, str, Any]]:
             if getattr(ch, "stats", None) is not None]
 
 
+def appliance_channel_samples(appliance: Any) -> list[dict[str, Any]]:
+    """``channel_samples`` of an appliance's channels: its own ``channel_samples()`` when it
+    has one (a data path in a process of its own sends them with its counters), else read
+    from its ``channels``."""
+    own = getattr(appliance, "channel_samples", None)
+    if own is not None:
+        return own()
+    return channel_samples(channel_stats(appliance))
+
+
 def channel_samples(channels: Iterable[tuple[str, str, Any]]) -> list[dict[str, Any]]:
     """Plain figures of every ``(name, kind, ChannelStats)`` (integers, small numpy arrays):
     what ``ChannelCollector`` renders. Read as they are, without waiting for the data path;

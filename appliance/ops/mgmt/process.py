@@ -52,7 +52,7 @@ from appliance.ops.mgmt.config import (
     MGMT_STOP_TIMEOUT_S,
 )
 from appliance.ops.mgmt.logs import JsonFormatter
-from appliance.ops.mgmt.metrics import channel_samples, channel_stats
+from appliance.ops.mgmt.metrics import appliance_channel_samples
 
 log = logging.getLogger("topicwire.mgmt")
 
@@ -230,7 +230,7 @@ class ProcessServer:
     def _snapshot(self, status: dict[str, Any]) -> dict[str, Any]:
         app = self.appliance
         failure = app.failure() if hasattr(app, "failure") else None
-        return {"status": status, "channels": channel_samples(channel_stats(app)),
+        return {"status": status, "channels": appliance_channel_samples(app),
                 "gc": gc.get_stats(),
                 "failure": (type(failure).__name__, str(failure)) if failure else None,
                 "stopped": bool(getattr(app, "_stopped", False)),

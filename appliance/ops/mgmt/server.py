@@ -77,8 +77,7 @@ from appliance.ops.mgmt.config import (
 )
 from appliance.ops.mgmt.metrics import (
     ApiCollector,
-    channel_samples,
-    channel_stats,
+    appliance_channel_samples,
     exposition,
     registry_of,
 )
@@ -327,7 +326,7 @@ class MgmtServer:
         self.httpd.mgmt = self
         if channels is None:
             def channels() -> list[dict[str, Any]]:
-                return channel_samples(channel_stats(appliance))
+                return appliance_channel_samples(appliance)
         self.registry = registry_of(appliance.status, ApiCollector(self.errors, self.connections),
                                     channels, pid=pid, gc_stats=gc_stats)
         self._thread = threading.Thread(target=self.httpd.serve_forever,

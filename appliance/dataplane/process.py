@@ -1,0 +1,513 @@
+"""The data path in a process of its own (``appliance.dataplane = "process"``, the default).
+
+The control plane cannot stall a data path it does not share an interpreter with: table
+rebuilds, status rebuilds, P&M documents, the MQTT edge and the cache all run in the
+appliance's process, and the data path runs alone in a child forked from it at start, as
+Aeron's media driver runs apart from its clients.
+
+    appliance process                                 data-path process (forked at start)
+    ControlAgent --> DataPathProcess (this port)      ChildLink --+
+                       command(name, *args)   --link-->  commands |  DataPlaneAgent
+                       offer_admin(...)       --link-->  outbox   +  channels, SoftNic,
+                       publish_snapshot(...)  --link-->  switch   |  guaranteed plane,
+                       inbox  <--link-- admin frames received     |  telemetry
+                       published <--link-- counters every 250 ms -+
+                       cycle_ns, commands applied: shared memory (read any time)
+
+The *link* is a Unix stream socket pair carrying length-prefixed pickles, in order: a command
+the control plane offers before a reply frame is applied before the reply leaves, and a
+snapshot after the commands before it, as on a thread. The parent's sends block (a data path
+that reads nothing is stalled anyway); the child's never do: what it sends waits in a bounded
+buffer, and admin frames beyond it are dropped and counted (``link_inbox_dropped``). The
+child looks at the link only when the parent's message count in shared memory says there is
+something to read (no system call per duty cycle), or when its fd ends a park.
+
+The child opens the channels (a port in use is the parent's ``ConfigError``, with the same
+message), builds the data-path agent on the table snapshot the parent compiled before the
+fork, and runs it on its main thread. It ignores SIGINT, SIGTERM and SIGHUP (the parent
+drains and stops it: ``stop``), and ends when the link closes (the parent died) or the
+parent is no longer its parent. Its failure is the appliance's (``error``).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any, NoReturn
+
+import numpy as np
+
+from appliance.config import INBOX_FRAMES, OUTBOX_FRAMES, ApplianceConfig, ConfigError
+from datapath.errors import TopicwireError
+
+log = logging.getLogger("topicwire.appliance")
+
+_LEN = struct.Struct("<I")
+_CYCLE, _APPLIED, _SENT = 0, 1, 2
+"""Words of the shared page: the child's current duty cycle start (monotonic ns), the
+commands it has applied, the messages the parent has sent."""
+CHILD_SEND_BUFFER_BYTES = 16 << 20
+"""What the child's sends may hold while the parent does not read (then admin frames are
+dropped and counted; counters wait for the next publish)."""
+LINK_BUFFER_BYTES = 4 << 20
+"""Socket buffers of the link, each way (a table snapshot usually fits in one send)."""
+READY_TIMEOUT_S = 600.0
+"""How long ``start`` waits for the child to open its channels and load its kernels (a cold
+numba cache compiles for minutes; ``topicwire warm`` makes it seconds)."""
+STOP_MARGIN_S = 5.0
+"""How long ``stop`` waits beyond the drain time before it kills the child."""
+_PARENT_ENDS: set[int] = set()
+"""The parent ends of every link this process holds: a child forked later closes them, so
+that each child sees end of file when its own parent goes."""
+
+
+def _frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=5)
+    return _LEN.pack(len(data)) + data
+
+
+def _messages(buf: bytearray) -> list[Any]:
+    """Take every complete message off the front of ``buf``."""
+    out = []
+    pos = 0
+    while len(buf) - pos >= 4:
+        (n,) = _LEN.unpack_from(buf, pos)
+        if len(buf) - pos - 4 < n:
+            break
+        out.append(pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + n]))
+        pos += 4 + n
+    del buf[:pos]
+    return out
+
+
+class DataPathProcess:
+    """The control plane's port to a data path in a child process (see the module
+    docstring); the same calls as ``DataPlaneAgent``'s port."""
+
+    def __init__(self, config: ApplianceConfig, snapshot: Any) -> None:
+        self.config = config
+        self._snapshot = snapshot
+        self.inbox: deque[tuple[str, int, bytes]] = deque()
+        self.control_wakeup = threading.Event()
+        """Set after frames are put in ``inbox`` (the control agent replaces it)."""
+        self.published: dict[str, Any] = {"channels": [], "counters": {}, "offload": {}}
+        self.jit_late: dict[str, list[str]] = {}
+        """Kernels the child compiled after it started (``JitWatch.check`` there)."""
+        self.error: BaseException | None = None
+        """What ended the child when nobody asked it to stop."""
+        self.pid = 0
+        self.dropped_inbox = 0
+        self._page = mmap.mmap(-1, mmap.PAGESIZE)
+        self._words = np.frombuffer(self._page, np.int64, 8)
+        self._lock = threading.Lock()
+        self._commands_sent = 0
+        self._sock: socket.socket | None = None
+        self._reader: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._stopping = False
+        self._exit_status: int | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> DataPathProcess:
+        """Fork the child and wait until it runs; raise its ``ConfigError`` (a channel that
+        does not open) or a ``TopicwireError`` when it fails to start."""
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (parent, child):
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                end.setsockopt(socket.SOL_SOCKET, option, LINK_BUFFER_BYTES)
+        self._words[_CYCLE] = time.monotonic_ns()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            parent.close()
+            _child_main(self.config, self._snapshot, child, self._words)
+        child.close()
+        self.pid = pid
+        self._sock = parent
+        _PARENT_ENDS.add(parent.fileno())
+        self._snapshot = None  # the child has its copy
+        self._reader = threading.Thread(target=self._read, name=f"{self.config.name}-dp-link",
+                                        daemon=True)
+        self._reader.start()
+        if not self._ready.wait(READY_TIMEOUT_S):
+            self._kill()
+            raise TopicwireError(f"{self.config.name}: the data-path process did not start "
+                                 f"within {READY_TIMEOUT_S:.0f} s")
+        if self._start_error is not None:
+            self._reap(STOP_MARGIN_S)
+            self._close()
+            raise self._start_error
+        return self
+
+    def stop(self, drain_timeout_s: float) -> None:
+        """Let the child send what it was given (in order), close its channels and exit;
+        kill it when it has not within the drain time and ``STOP_MARGIN_S``. Raises the
+        error that had ended it, if one had."""
+        if self._sock is None:
+            return
+        self._stopping = True
+        try:
+            self._send(("stop",))
+        except OSError:
+            pass  # it is gone: reaped below
+        if not self._reap(drain_timeout_s + STOP_MARGIN_S):
+            log.error("%s: the data-path process did not stop within %.1f s; killed",
+                      self.config.name, drain_timeout_s + STOP_MARGIN_S)
+            self._kill()
+        self._close()
+        if self.error is not None:
+            raise self.error
+
+    def _reap(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid:
+                self._exit_status = os.waitstatus_to_exitcode(status)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+    def _kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._reap(STOP_MARGIN_S)
+
+    def _close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            _PARENT_ENDS.discard(sock.fileno())
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(5.0)
+
+    # --- the port -----------------------------------------------------------------------------
+    def command(self, name: str, *args: Any) -> None:
+        """Run ``DataPlaneAgent.name(*args)`` in the child, in the order offered."""
+        self._send(("c", name, args))
+        self._commands_sent += 1
+
+    def commands_pending(self) -> int:
+        return self._commands_sent - int(self._words[_APPLIED])
+
+    def pending(self) -> int:
+        """Commands not applied yet (admin frames leave in order after them)."""
+        return self.commands_pending()
+
+    def publish_snapshot(self, snapshot: Any) -> None:
+        self.command("publish_snapshot", snapshot)
+
+    def offer_admin(self, channel: str, dest: int, frame: bytes | bytearray) -> bool:
+        """Queue an admin frame to send; False when the child is gone."""
+        try:
+            self._send(("a", channel, dest, bytes(frame)))
+        except OSError:
+            return False
+        return True
+
+    @property
+    def cycle_ns(self) -> int:
+        """When the child's current (or last) duty cycle started (the stall check)."""
+        return int(self._words[_CYCLE])
+
+    def _send(self, message: tuple) -> None:
+        data = _frame(message)
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise OSError("the data-path process is stopped")
+            self._words[_SENT] += 1  # first: the child reads a large message as it arrives
+            sock.sendall(data)
+
+    # --- the parent's reader thread -----------------------------------------------------------
+    def _read(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        buf = bytearray()
+        try:
+            while True:
+                try:
+                    data = sock.recv(1 << 20)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                buf += data
+                for message in _messages(buf):
+                    self._on_message(message)
+        finally:
+            self._ready.set()
+            if not self._stopping and self.error is None and self._start_error is None:
+                self._reap(1.0)
+                self.error = TopicwireError(
+                    f"{self.config.name}: the data-path process (pid {self.pid}) ended "
+                    f"unexpectedly (exit status {self._exit_status}); the appliance stops")
+                log.error("%s", self.error)
+
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "i":
+            frames = message[1]
+            room = INBOX_FRAMES - len(self.inbox)
+            if len(frames) > room:
+                self.dropped_inbox += len(frames) - max(room, 0)
+                frames = frames[:max(room, 0)]
+            self.inbox.extend(frames)
+            self.control_wakeup.set()
+        elif kind == "p":
+            published = message[1]
+            if self.dropped_inbox:
+                published["counters"]["inbox_full"] = (
+                    published["counters"].get("inbox_full", 0) + self.dropped_inbox)
+            self.published, self.jit_late = published, message[2]
+        elif kind == "ready":
+            self._ready.set()
+        elif kind == "error":
+            self._start_error = ConfigError(message[1], component=message[2])
+            self._ready.set()
+        elif kind == "failed":
+            self.error = TopicwireError(f"{self.config.name}: the data path failed: "
+                                        f"{message[1]}")
+            log.error("%s", self.error)
+
+
+# --- the child ------------------------------------------------------------------------------
+class ChildLink:
+    """The child's end of the link, run as an agent before the data-path agent in each duty
+    cycle: it takes what the parent sent (when the shared count says there is some), hands
+    admin frames received to the parent, and publishes the counters and the cycle start."""
+
+    name = "dataplane-link"
+
+    def __init__(self, sock: socket.socket, words: np.ndarray, dp: Any, jit: Any,
+                 parent_pid: int) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.words = words
+        self.dp = dp
+        self.jit = jit
+        self.parent_pid = parent_pid
+        self.received = 0
+        self.stopping = False
+        self.closed = False
+        self._in = bytearray()
+        self._out = bytearray()
+        self._published: Any = None
+
+    def do_work(self, now_ns: int) -> int:
+        words = self.words
+        words[_CYCLE] = now_ns
+        dp = self.dp
+        words[_APPLIED] = dp.commands.applied
+        work = 0
+        if words[_SENT] != self.received:
+            work += self._receive()
+        if dp.inbox:
+            frames = list(dp.inbox)
+            dp.inbox.clear()
+            if not self._send(("i", frames)):
+                dp.counters["link_inbox_dropped"] += len(frames)
+            work += 1
+        if dp.published is not self._published:
+            self._published = dp.published
+            if os.getppid() != self.parent_pid:
+                self.closed = True  # the parent is gone (and the link with it)
+            from appliance.ops.mgmt.metrics import channel_samples, channel_stats
+
+            published = {**dp.published, "channel_samples": channel_samples(channel_stats(dp))}
+            self._send(("p", published, self.jit.check() if self.jit is not None else {}))
+        if self._out:
+            self._flush()
+        return work
+
+    def finished(self) -> bool:
+        """Whether the runner should stop: the parent said stop and everything before it
+        was taken, or the parent is gone."""
+        dp = self.dp
+        return self.closed or (self.stopping and not dp.outbox and not len(dp.commands))
+
+    def _receive(self) -> int:
+        n = 0
+        while True:
+            try:
+                data = self.sock.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self.closed = True
+                break
+            self._in += data
+        dp = self.dp
+        for message in _messages(self._in):
+            n += 1
+            kind = message[0]
+            if kind == "c":
+                dp.commands.put((message[1], message[2]))
+            elif kind == "a":
+                if len(dp.outbox) >= OUTBOX_FRAMES:
+                    dp.counters["outbox_full"] += 1
+                else:
+                    dp.outbox.append(message[1:])
+            elif kind == "stop":
+                self.stopping = True
+        self.received += n
+        return n
+
+    def _send(self, message: tuple) -> bool:
+        if len(self._out) >= CHILD_SEND_BUFFER_BYTES:
+            return False
+        self._out += _frame(message)
+        self._flush()
+        return True
+
+    def _flush(self) -> None:
+        try:
+            sent = self.sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.closed = True
+            self._out.clear()
+            return
+        del self._out[:sent]
+
+    def send_now(self, message: tuple) -> None:
+        """Send ``message`` and wait until it left (start and end of the child's life)."""
+        self._out += _frame(message)
+        self.sock.setblocking(True)
+        try:
+            self.sock.sendall(self._out)
+        except OSError:
+            pass
+        self._out.clear()
+        self.sock.setblocking(False)
+
+    def on_close(self) -> None:
+        return None
+
+
+def _child_main(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
+                words: np.ndarray) -> NoReturn:
+    """The child's whole life; it leaves only through ``os._exit`` (nothing of the parent's,
+    a test runner's included, runs here after the fork)."""
+    status = 1
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        for fd in _PARENT_ENDS:  # other appliances' links: their children must see EOF
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _PARENT_ENDS.clear()
+        status = _run_child(cfg, snapshot, sock, words)
+    except BaseException:  # noqa: BLE001 - reported, then the process ends
+        try:
+            _send_blocking(sock, ("failed", traceback.format_exc(limit=8)))
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+        os._exit(status)
+
+
+def _report(sock: socket.socket, exc: ConfigError) -> None:
+    """Send the parent the ``ConfigError`` that stopped the start."""
+    text = str(exc)
+    prefix = f"{exc.component}: "
+    _send_blocking(sock, ("error", text[len(prefix):] if text.startswith(prefix) else text,
+                          exc.component))
+
+
+def _send_blocking(sock: socket.socket, message: tuple) -> None:
+    sock.setblocking(True)
+    sock.sendall(_frame(message))
+
+
+def _run_child(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
+               words: np.ndarray) -> int:
+    from appliance.dataplane.open import (
+        build_dataplane,
+        close_channels,
+        idle_strategy,
+        priority_hook,
+    )
+    from datapath.agent import AgentRunner
+    from datapath.jit import JitWatch
+    from nic_offload.snapshot import SnapshotSwitch
+
+    parent_pid = os.getppid()
+    threading.current_thread().name = f"{cfg.name}-dataplane"
+    try:
+        channels = _open_or_report(cfg, sock)
+    except _Reported:
+        return 2
+    dp = None
+    try:
+        try:
+            dp = build_dataplane(cfg, channels, SnapshotSwitch(snapshot))
+        except ConfigError as exc:
+            _report(sock, exc)
+            return 2
+        jit = JitWatch()
+        jit.start()
+        link = ChildLink(sock, words, dp, jit, parent_pid)
+        hook = priority_hook(cfg.priority)
+        if hook is not None:
+            try:
+                hook()
+            except ConfigError as exc:
+                _report(sock, exc)
+                return 2
+        link.send_now(("ready",))
+        runner = AgentRunner([link, dp], idle_strategy(cfg, dp, (sock.fileno(),)),
+                             name=f"{cfg.name}-dataplane")
+        runner.run(until=link.finished)  # closes the agents: dp drains what is queued
+        dp._publish(time.monotonic_ns())  # the last counters, for a status after stop
+        link.do_work(time.monotonic_ns())
+        link.send_now(("stopped",))
+        return 0
+    finally:
+        if dp is not None and dp.telemetry is not None:
+            dp.telemetry.close()
+        close_channels(channels)
+
+
+class _Reported(Exception):
+    """The start error went to the parent."""
+
+
+def _open_or_report(cfg: ApplianceConfig, sock: socket.socket) -> dict[str, Any]:
+    from appliance.dataplane.open import open_channels
+
+    try:
+        return open_channels(cfg)
+    except ConfigError as exc:
+        _report(sock, exc)
+        raise _Reported from None
