@@ -93,7 +93,7 @@ class Appliance:
             from channels import warm_up
 
             warm_up()  # the channel kernels: clients of this process (edge, cache) use them
-            jit = JitWatch().start()
+            jit = JitWatch().start(warn=False)  # (said once the channels opened)
             if cfg.dataplane == "process":
                 from appliance.dataplane.process import DataPathProcess
 
@@ -101,6 +101,7 @@ class Appliance:
             else:
                 self.channels = open_channels(cfg)
                 self.dataplane = build_dataplane(cfg, self.channels, SnapshotSwitch(initial))
+            jit.warn_if_cold()
             self.control = ControlAgent(cfg, self.dataplane, compiler, registry)
             self._before_threads(registry)
             self.control.jit = jit

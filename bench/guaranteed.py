@@ -73,14 +73,14 @@ def _pair() -> tuple[Any, Any]:
     fa, fd = _free_port(), _free_port()
     common = {"heartbeat_interval_ms": 100, "lsa_refresh_ms": 1_000}
     a = parse_config({
-        "appliance": {"name": f"bench-a{fa}", **common},
+        "appliance": {"name": f"bench-a{fa}", "dataplane": "thread", **common},
         "fabric": {"listen": f"127.0.0.1:{fa}", "key": KEY_HEX},
         "neighbours": [{"name": f"bench-d{fd}", "address": f"127.0.0.1:{fd}"}],
         "clients": {"udp": f"127.0.0.1:{_free_port()}"},
         "pm": {"require_passwords": False,
                "identities": {"feed": {"publish": ["#"], "subscribe": ["#"]}}}})
     d = parse_config({
-        "appliance": {"name": f"bench-d{fd}", **common},
+        "appliance": {"name": f"bench-d{fd}", "dataplane": "thread", **common},
         "fabric": {"listen": f"127.0.0.1:{fd}", "key": KEY_HEX},
         "neighbours": [{"name": f"bench-a{fa}", "address": f"127.0.0.1:{fa}"}],
         "clients": {"udp": f"127.0.0.1:{_free_port()}"},

@@ -245,14 +245,19 @@ class JitWatch:
         self._base: dict[str, int] = {}
         self.late: dict[str, list[str]] = {}
 
-    def start(self) -> JitWatch:
+    def start(self, warn: bool = True) -> JitWatch:
+        """Preload, and (``warn``) log a warning when the cache was not warmed."""
         self.preloaded = preload()
-        if not self.preloaded["warmed"]:
+        if warn:
+            self.warn_if_cold()
+        self._base = {name: len(d.overloads) for name, d in dispatchers().items()}
+        return self
+
+    def warn_if_cold(self) -> None:
+        if not self.preloaded.get("warmed", True):
             log.warning("jit: the numba cache in %s was not warmed for these kernel sources: "
                         "kernels compile on first use, holding up traffic for seconds; run "
                         "`topicwire warm` (make setup does)", cache_dir())
-        self._base = {name: len(d.overloads) for name, d in dispatchers().items()}
-        return self
 
     def check(self) -> dict[str, list[str]]:
         """``{kernel: [signatures compiled after start]}``, all so far."""

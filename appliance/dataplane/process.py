@@ -31,6 +31,7 @@ parent is no longer its parent. Its failure is the appliance's (``error``).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -66,6 +67,7 @@ READY_TIMEOUT_S = 600.0
 numba cache compiles for minutes; ``topicwire warm`` makes it seconds)."""
 STOP_MARGIN_S = 5.0
 """How long ``stop`` waits beyond the drain time before it kills the child."""
+PR_SET_PDEATHSIG = 1
 _PARENT_ENDS: set[int] = set()
 """The parent ends of every link this process holds: a child forked later closes them, so
 that each child sees end of file when its own parent goes."""
@@ -121,26 +123,27 @@ class DataPathProcess:
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> DataPathProcess:
         """Fork the child and wait until it runs; raise its ``ConfigError`` (a channel that
-        does not open) or a ``TopicwireError`` when it fails to start."""
+        does not open) or a ``TopicwireError`` when it fails to start.
+
+        The fork is made by the link's reader thread, which lives exactly as long as the
+        link: the child asks the kernel for SIGKILL when the thread that forked it ends
+        (``PR_SET_PDEATHSIG``), so a killed appliance takes its data path with it at once
+        (a data path left behind would acknowledge guaranteed messages nobody keeps)."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for end in (parent, child):
             for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 end.setsockopt(socket.SOL_SOCKET, option, LINK_BUFFER_BYTES)
         self._words[_CYCLE] = time.monotonic_ns()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            parent.close()
-            _child_main(self.config, self._snapshot, child, self._words)
-        child.close()
-        self.pid = pid
         self._sock = parent
         _PARENT_ENDS.add(parent.fileno())
-        self._snapshot = None  # the child has its copy
-        self._reader = threading.Thread(target=self._read, name=f"{self.config.name}-dp-link",
-                                        daemon=True)
+        forked = threading.Event()
+        self._reader = threading.Thread(target=self._fork_and_read, args=(child, forked),
+                                        name=f"{self.config.name}-dp-link", daemon=True)
         self._reader.start()
+        forked.wait()
         if not self._ready.wait(READY_TIMEOUT_S):
             self._kill()
+            self._close()
             raise TopicwireError(f"{self.config.name}: the data-path process did not start "
                                  f"within {READY_TIMEOUT_S:.0f} s")
         if self._start_error is not None:
@@ -148,6 +151,17 @@ class DataPathProcess:
             self._close()
             raise self._start_error
         return self
+
+    def _fork_and_read(self, child: socket.socket, forked: threading.Event) -> None:
+        parent_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _child_main(self.config, self._snapshot, child, self._words, parent_pid)
+        child.close()
+        self.pid = pid
+        self._snapshot = None  # the child has its copy
+        forked.set()
+        self._read()
 
     def stop(self, drain_timeout_s: float) -> None:
         """Let the child send what it was given (in order), close its channels and exit;
@@ -242,7 +256,8 @@ class DataPathProcess:
     # --- the parent's reader thread -----------------------------------------------------------
     def _read(self) -> None:
         sock = self._sock
-        assert sock is not None
+        if sock is None:
+            return
         buf = bytearray()
         try:
             while True:
@@ -293,7 +308,7 @@ class DataPathProcess:
 
 # --- the child ------------------------------------------------------------------------------
 class ChildLink:
-    """The child's end of the link, run as an agent before the data-path agent in each duty
+    """The child's end of the link, run as an agent after the data-path agent in each duty
     cycle: it takes what the parent sent (when the shared count says there is some), hands
     admin frames received to the parent, and publishes the counters and the cycle start."""
 
@@ -330,7 +345,7 @@ class ChildLink:
             work += 1
         if dp.published is not self._published:
             self._published = dp.published
-            if os.getppid() != self.parent_pid:
+            if os.getppid() != self.parent_pid or self._link_ended():
                 self.closed = True  # the parent is gone (and the link with it)
             from appliance.ops.mgmt.metrics import channel_samples, channel_stats
 
@@ -345,6 +360,15 @@ class ChildLink:
         was taken, or the parent is gone."""
         dp = self.dp
         return self.closed or (self.stopping and not dp.outbox and not len(dp.commands))
+
+    def _link_ended(self) -> bool:
+        """Whether the parent's end is closed (a look, at each publish)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
     def _receive(self) -> int:
         n = 0
@@ -409,20 +433,26 @@ class ChildLink:
 
 
 def _child_main(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
-                words: np.ndarray) -> NoReturn:
+                words: np.ndarray, parent_pid: int) -> NoReturn:
     """The child's whole life; it leaves only through ``os._exit`` (nothing of the parent's,
     a test runner's included, runs here after the fork)."""
     status = 1
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the link's end of file and the parent check still end it
+        if os.getppid() != parent_pid:  # it died before the request was made
+            os._exit(1)
         for fd in _PARENT_ENDS:  # other appliances' links: their children must see EOF
             try:
                 os.close(fd)
             except OSError:
                 pass
         _PARENT_ENDS.clear()
-        status = _run_child(cfg, snapshot, sock, words)
+        status = _run_child(cfg, snapshot, sock, words, parent_pid)
     except BaseException:  # noqa: BLE001 - reported, then the process ends
         try:
             _send_blocking(sock, ("failed", traceback.format_exc(limit=8)))
@@ -451,7 +481,7 @@ def _send_blocking(sock: socket.socket, message: tuple) -> None:
 
 
 def _run_child(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
-               words: np.ndarray) -> int:
+               words: np.ndarray, parent_pid: int) -> int:
     from appliance.dataplane.open import (
         build_dataplane,
         close_channels,
@@ -462,7 +492,6 @@ def _run_child(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
     from datapath.jit import JitWatch
     from nic_offload.snapshot import SnapshotSwitch
 
-    parent_pid = os.getppid()
     threading.current_thread().name = f"{cfg.name}-dataplane"
     try:
         channels = _open_or_report(cfg, sock)
@@ -475,8 +504,7 @@ def _run_child(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
         except ConfigError as exc:
             _report(sock, exc)
             return 2
-        jit = JitWatch()
-        jit.start()
+        jit = JitWatch().start(warn=False)  # the parent says whether the cache was warmed
         link = ChildLink(sock, words, dp, jit, parent_pid)
         hook = priority_hook(cfg.priority)
         if hook is not None:
@@ -486,7 +514,9 @@ def _run_child(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
                 _report(sock, exc)
                 return 2
         link.send_now(("ready",))
-        runner = AgentRunner([link, dp], idle_strategy(cfg, dp, (sock.fileno(),)),
+        # the link after the data path: what a cycle received for the control plane leaves
+        # in the same cycle, and the count of applied commands is current
+        runner = AgentRunner([dp, link], idle_strategy(cfg, dp, (sock.fileno(),)),
                              name=f"{cfg.name}-dataplane")
         runner.run(until=link.finished)  # closes the agents: dp drains what is queued
         dp._publish(time.monotonic_ns())  # the last counters, for a status after stop

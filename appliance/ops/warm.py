@@ -79,6 +79,9 @@ def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:
     def base(name: str, pm: dict, neighbours: list[dict]) -> dict:
         return {"appliance": {"name": name, "heartbeat_interval_ms": 100,
                               "neighbour_dead_ms": 30_000,
+                              # every kernel compiles in this process, which records them
+                              # (a data path in a process of its own loads the same cache)
+                              "dataplane": "thread",
                               # a message whose key is not known yet waits as long as a cold
                               # cache may take to compile on a busy host (not 2 s)
                               "parked_ttl_ms": int(WARM_TIMEOUT_S * 1000)},

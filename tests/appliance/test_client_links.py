@@ -42,7 +42,9 @@ NO_RDMA = pytest.mark.skipif(rdma_available()[0], reason="this host has RDMA: th
 
 
 def _doc(**clients) -> dict:
-    return {"appliance": {"name": "core1"}, "pm": {"anonymous": True, "require_passwords": False},
+    # a thread data path: the stand-in RDMA links are objects of this process
+    return {"appliance": {"name": "core1", "dataplane": "thread"},
+            "pm": {"anonymous": True, "require_passwords": False},
             "clients": {"udp": "127.0.0.1:47999", **clients}}
 
 

@@ -24,7 +24,7 @@ FIRST_KEY = 0x5A5A_0000_0000_0000
 
 def test_unknown_key_digests_are_drained_counted_and_named():
     port = free_port()
-    app = Appliance(parse_config({"appliance": {"name": f"dig{port}"},
+    app = Appliance(parse_config({"appliance": {"name": f"dig{port}", "dataplane": "thread"},
                                   "clients": {"udp": f"127.0.0.1:{port}"},
                                   "pm": {"anonymous": True, "require_passwords": False}})).start()
     channel = UdpChannel(("127.0.0.1", 0), dest=("127.0.0.1", port))

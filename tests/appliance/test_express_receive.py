@@ -56,7 +56,7 @@ def _barrier(app: Appliance) -> None:
 
 def test_single_frames_are_received_forwarded_and_sent_in_one_call_and_counted():
     config = parse_config({
-        "appliance": {"name": f"ex{free_port()}"},
+        "appliance": {"name": f"ex{free_port()}", "dataplane": "thread"},
         "clients": {"udp": f"127.0.0.1:{free_port()}"},
         "pm": {"require_passwords": False,
                "identities": {"pub": {"publish": ["e/#"], "subscribe": []},

@@ -139,7 +139,7 @@ def _appliance(clients: dict | None = None, pm: dict | None = None) -> Target:
     client_port, fabric_port = free_port(), free_port()
     evil = _udp()
     cfg = parse_config({
-        "appliance": {"name": f"hostile{client_port}"},
+        "appliance": {"name": f"hostile{client_port}", "dataplane": "thread"},
         "fabric": {"listen": f"127.0.0.1:{fabric_port}", "key": FABRIC_KEY},
         "neighbours": [{"name": "evil", "address": f"127.0.0.1:{evil.getsockname()[1]}"}],
         "clients": {"udp": f"127.0.0.1:{client_port}", "session_dead_ms": 120_000,

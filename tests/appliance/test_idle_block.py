@@ -12,7 +12,7 @@ from tests.appliance.helpers import free_port, wait_for
 
 
 def _config(port: int, **clients):
-    return parse_config({"appliance": {"name": f"idle{port}"},
+    return parse_config({"appliance": {"name": f"idle{port}", "dataplane": "thread"},
                          "clients": {"udp": f"127.0.0.1:{port}", **clients},
                          "pm": {"anonymous": True, "require_passwords": False}})
 

@@ -121,7 +121,19 @@ def test_a_live_scrape_passes_the_lint_and_a_flood_of_client_names_adds_no_serie
             assert sub.get(timeout=10) is not None
         first = flood(url, "a", 5, feed)
         wait_for(lambda: len(http("GET", base + "/denials")[2]["denials"]) >= 10)
-        text = scrape(base)
+
+        def sizes_of(text: str) -> dict[str, float]:
+            return {dict(labels)["le"]: v for name, labels in series(text)
+                    if name == "topicwire_channel_received_frame_size_bytes_bucket"
+                    and dict(labels)["channel"] == "clients-udp"
+                    for v in [_value(text, name, labels)]}
+
+        # the channels' figures come with the data path's counters (every 250 ms)
+        def counted() -> str | None:
+            text = scrape(base)
+            return text if sizes_of(text).get("1024.0") else None
+
+        text = wait_for(counted, what="the client's frames in the size histogram")
         assert lint(text) == []
         before = series(text)
         names = {name for name, _ in before}
@@ -131,10 +143,7 @@ def test_a_live_scrape_passes_the_lint_and_a_flood_of_client_names_adds_no_serie
                 "process_cpu_seconds_total", "process_resident_memory_bytes",
                 "process_open_fds", "process_start_time_seconds"} <= names
         # the client's frames are counted in the size histogram's buckets (UDP: below 64 KiB)
-        sizes = {dict(labels)["le"]: v for name, labels in before
-                 if name == "topicwire_channel_received_frame_size_bytes_bucket"
-                 and dict(labels)["channel"] == "clients-udp"
-                 for v in [_value(text, name, labels)]}
+        sizes = sizes_of(text)
         assert sizes["+Inf"] > sizes["1024.0"] > 0 and sizes["65536.0"] == sizes["+Inf"]
 
         second = flood(url, "b", 40, feed)

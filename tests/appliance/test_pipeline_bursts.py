@@ -48,7 +48,7 @@ def _pair():
     fa, fb = free_port(), free_port()
     common = {"heartbeat_interval_ms": 50, "lsa_refresh_ms": 500}
     a = parse_config({
-        "appliance": {"name": f"fa{fa}", **common},
+        "appliance": {"name": f"fa{fa}", "dataplane": "thread", **common},
         "fabric": {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY},
         "neighbours": [{"name": f"fb{fb}", "address": f"127.0.0.1:{fb}"}],
         "clients": {"udp": f"127.0.0.1:{free_port()}"},
@@ -57,7 +57,7 @@ def _pair():
                               "owner": {"publish": ["q/#"], "subscribe": []},
                               "reader": {"publish": [], "subscribe": ["#"]}}}})
     b = parse_config({
-        "appliance": {"name": f"fb{fb}", **common},
+        "appliance": {"name": f"fb{fb}", "dataplane": "thread", **common},
         "fabric": {"listen": f"127.0.0.1:{fb}", "key": FABRIC_KEY},
         "neighbours": [{"name": f"fa{fa}", "address": f"127.0.0.1:{fa}"}],
         "clients": {"udp": f"127.0.0.1:{free_port()}"},

@@ -63,7 +63,7 @@ def _chain():
 
     def config(n, neighbours, pm):
         return parse_config({
-            "appliance": {"name": f"d{n}{ports[n]}", **common},
+            "appliance": {"name": f"d{n}{ports[n]}", "dataplane": "thread", **common},
             "fabric": {"listen": f"127.0.0.1:{ports[n]}", "key": FABRIC_KEY},
             "neighbours": [{"name": f"d{m}{ports[m]}", "address": f"127.0.0.1:{ports[m]}"}
                            for m in neighbours],

@@ -8,21 +8,25 @@ import threading
 
 import pytest
 
-from appliance import node
+from appliance.dataplane import open as dataplane_open
 from appliance.config import ConfigError, parse_config
 from appliance.node import Appliance
 from channels.udp import UdpChannel
 from tests.appliance.helpers import free_port
 
 
-def _config(port: int, priority: int | None):
-    app = {"name": f"prio{port}"} | ({} if priority is None else {"priority": priority})
+def _config(port: int, priority: int | None, dataplane: str = "process"):
+    app = {"name": f"prio{port}", "dataplane": dataplane} | (
+        {} if priority is None else {"priority": priority})
     return parse_config({"appliance": app, "clients": {"udp": f"127.0.0.1:{port}"},
                          "pm": {"anonymous": True, "require_passwords": False}})
 
 
 def _datapath_nice(app: Appliance) -> int:
-    """The nice value of the appliance's data-path thread (asked on that thread)."""
+    """The nice value of the appliance's data-path thread (asked on that thread), or of its
+    process's (whose main thread runs it)."""
+    if app.config.dataplane == "process":
+        return os.getpriority(os.PRIO_PROCESS, app.dataplane.pid)
     got: list[int] = []
     done = threading.Event()
     app.dataplane.commands.offer(
@@ -32,19 +36,21 @@ def _datapath_nice(app: Appliance) -> int:
     return got[0]
 
 
+@pytest.mark.parametrize("dataplane", ["process", "thread"])
 @pytest.mark.parametrize("priority", [5, -5])
-def test_the_data_path_thread_runs_at_the_configured_priority(priority):
+def test_the_data_path_runs_at_the_configured_priority(priority, dataplane):
     if priority < 0 and os.geteuid() != 0:
         pytest.skip("a negative nice value needs root or CAP_SYS_NICE")
     port = free_port()
-    with Appliance(_config(port, priority)) as app:
+    with Appliance(_config(port, priority, dataplane)) as app:
         assert _datapath_nice(app) == priority
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.nice(0)
 
 
-def test_by_default_the_data_path_thread_keeps_the_process_priority():
+@pytest.mark.parametrize("dataplane", ["process", "thread"])
+def test_by_default_the_data_path_keeps_the_process_priority(dataplane):
     port = free_port()
-    cfg = _config(port, None)
+    cfg = _config(port, None, dataplane)
     assert cfg.priority == 0
     with Appliance(cfg) as app:
         assert _datapath_nice(app) == os.nice(0)
@@ -56,14 +62,17 @@ def test_a_priority_out_of_range_is_a_config_error(value):
         _config(free_port(), value)
 
 
-def test_a_priority_the_host_refuses_stops_the_start_and_leaves_nothing_running(monkeypatch):
+@pytest.mark.parametrize("dataplane", ["process", "thread"])
+def test_a_priority_the_host_refuses_stops_the_start_and_leaves_nothing_running(monkeypatch,
+                                                                                 dataplane):
     def refuse(nice):
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(node, "set_thread_priority", refuse)  # as for a user without the right
+    # as for a user without the right (a forked data path inherits the patch)
+    monkeypatch.setattr(dataplane_open, "set_thread_priority", refuse)
     port = free_port()
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ConfigError, match=r"appliance.priority.*CAP_SYS_NICE"):
-        Appliance(_config(port, -10)).start()
+        Appliance(_config(port, -10, dataplane)).start()
     assert {t.name for t in threading.enumerate()} <= before  # no agent thread left behind
     UdpChannel(("127.0.0.1", port)).close()  # the client port was released

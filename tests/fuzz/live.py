@@ -108,7 +108,7 @@ class Harness:
         self.client_port, self.fabric_port = free_port(), free_port()
         nb_port = self.socks["neighbour"].getsockname()[1]
         self.cfg = parse_config({
-            "appliance": {"name": APPLIANCE_NAME},
+            "appliance": {"name": APPLIANCE_NAME, "dataplane": "thread"},
             "fabric": {"listen": f"127.0.0.1:{self.fabric_port}", "key": S.FABRIC_KEY},
             "neighbours": [{"name": NEIGHBOUR_NAME, "address": f"127.0.0.1:{nb_port}"}],
             "clients": {"udp": f"127.0.0.1:{self.client_port}", "session_dead_ms": 600_000},

@@ -54,7 +54,9 @@ class LoopNodeProcess(NodeProcess):
 
 
 def config(i: int, telemetry, table) -> str:
+    # a thread data path: the test's node swaps in a delaying channel on that thread
     lines = [f'[appliance]\nname = "n{i}"\nid = {i}\nheartbeat_interval_ms = 50',
+             'dataplane = "thread"',
              "neighbour_dead_ms = 600\nlsa_refresh_ms = 1000",
              f'[fabric]\nlisten = "10.77.0.{i}:{FABRIC_PORT}"\nkey = "{FABRIC_KEY}"',
              f'[clients]\nudp = "127.0.0.1:{CLIENT_PORT}"',
