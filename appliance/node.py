@@ -129,7 +129,7 @@ class Appliance:
             close_channels(self.channels)
             raise
         log.info("%s: appliance %s (id %d) running, data path %s; %s", cfg.name, cfg.role,
-                 cfg.node_id, "in process %d" % self.dataplane.pid
+                 cfg.node_id, f"in process {self.dataplane.pid}"
                  if cfg.dataplane == "process" else "on a thread", version_line())
         passwordless = sorted(n for n, i in cfg.identities.items() if i.password is None)
         if cfg.pm_mode == "embedded" and cfg.pm_require_passwords and passwordless:

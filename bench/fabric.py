@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.procstat import appliance_cpu_seconds
 from bench.report import build_report, positive_int, progress
 from datapath.config import BENCH_REPEATS
 from datapath.errors import DeviceError, UserError
@@ -154,6 +155,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--switch-interval-us", type=int, default=None,
                         help="the appliance's appliance.switch_interval_us (its interpreter "
                         "switch interval; default Python's 5,000)")
+    parser.add_argument("--dataplane", choices=("process", "thread"), default=None,
+                        help="the appliance's appliance.dataplane: its data path in a process "
+                        "of its own, or on a thread beside the control plane (default: the "
+                        "appliance's own, process)")
     parser.add_argument("--control-load", action="store_true",
                         help=f"also measure latency while a client sends "
                         f"{CONTROL_LOAD_REQUESTS_PER_S:,} subscribe/unsubscribe requests per "
@@ -705,7 +710,8 @@ class Appliance:
     def __init__(self, idle: str, workdir: Path, spin_us: int | None = None,
                  priority: int | None = None, mgmt_port: int | None = None,
                  switch_us: int | None = None, max_sessions: int = 16,
-                 mgmt_process: bool | None = None, name: str = "appliance") -> None:
+                 mgmt_process: bool | None = None, name: str = "appliance",
+                 dataplane: str | None = None) -> None:
         """``mgmt_port``: the appliance's management API on 127.0.0.1 at that port (none by
         default), ``mgmt_process`` its ``mgmt.process`` (default: the appliance's own);
         ``max_sessions``: its ``clients.max_sessions``; ``name``: its config file's name."""
@@ -719,7 +725,8 @@ class Appliance:
             f'[appliance]\nname = "bench-fabric"\nidle = "{idle}"\n'
             + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n")
             + ("" if priority is None else f"priority = {priority}\n")
-            + ("" if switch_us is None else f"switch_interval_us = {switch_us}\n") +
+            + ("" if switch_us is None else f"switch_interval_us = {switch_us}\n")
+            + ("" if dataplane is None else f'dataplane = "{dataplane}"\n') +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = {max_sessions}\n'
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n'
             'require_passwords = false\n[log]\nlevel = "warning"\n'
@@ -816,20 +823,15 @@ def _free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) the process ``pid`` has used, its children not counted."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _with_cpu(appliance: Appliance, run: Any) -> dict[str, float]:
-    """``run()``'s figures and ``appliance_cpu_pct``: the CPU the appliance's process used
-    meanwhile, in percent of one core (its management API's own process not counted)."""
+    """``run()``'s figures and ``appliance_cpu_pct``: the CPU the appliance's process and its
+    data path's used meanwhile, in percent of one core (its management API's own process not
+    counted)."""
     pid = appliance.child.proc.pid
-    cpu, start = _cpu_s(pid), time.monotonic()
+    cpu, start = appliance_cpu_seconds(pid), time.monotonic()
     figures = run()
-    figures["appliance_cpu_pct"] = 100 * (_cpu_s(pid) - cpu) / (time.monotonic() - start)
+    figures["appliance_cpu_pct"] = (100 * (appliance_cpu_seconds(pid) - cpu)
+                                    / (time.monotonic() - start))
     return figures
 
 
@@ -873,7 +875,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         appliance = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
                               mgmt_port=mgmt_port,
                               switch_us=getattr(args, "switch_interval_us", None),
-                              mgmt_process=True if scrape_hz else None)
+                              mgmt_process=True if scrape_hz else None,
+                              dataplane=getattr(args, "dataplane", None))
         in_process = None
         try:
             if scrape_hz:
@@ -882,7 +885,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 in_process = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
                                        mgmt_port=in_process_port,
                                        switch_us=getattr(args, "switch_interval_us", None),
-                                       mgmt_process=False, name="in-process")
+                                       mgmt_process=False, name="in-process",
+                                       dataplane=getattr(args, "dataplane", None))
                 scraped = {True: (appliance, mgmt_port), False: (in_process, in_process_port)}
             for repeat in range(args.repeats):
                 progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
@@ -931,6 +935,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "duration_s": args.duration_s, "repeats": args.repeats, "idle": args.idle,
               "idle_spin_us": args.idle_spin_us, "priority": args.priority,
               "control_load": control_load,
+              "dataplane": getattr(args, "dataplane", None) or "process",
               "switch_interval_us": getattr(args, "switch_interval_us", None),
               "baseline": "c_relay: bench/c/udp_relay.c (recvmmsg/sendmmsg, 64 per call, "
                           "blocking), same publisher and subscriber processes, at the "

@@ -75,6 +75,7 @@ from bench.fabric import (
     _Frames,
     _stdin_line,
 )
+from bench.procstat import appliance_cpu_seconds
 from bench.report import build_report, progress
 from datapath.errors import DeviceError, UserError
 
@@ -428,12 +429,12 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
         pub.tell("PROBE")
         sub.expect("FLOWING")
         hop_pid = appliance.child.proc.pid if hop == "topicwire" else relay_child.proc.pid
-        hop_cpu_s = -_proc_cpu_s(hop_pid)
+        hop_cpu_s = -appliance_cpu_seconds(hop_pid)
         pub.tell("GO")
         sent = pub.result()
         sub.tell(f"END {sent['sent']}")
         got = sub.result()
-        hop_cpu_s += _proc_cpu_s(hop_pid)
+        hop_cpu_s += appliance_cpu_seconds(hop_pid)
         pub.tell("BYE")
         finished = True
     finally:
@@ -476,14 +477,6 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: fabric.App
         figures.update(p50_us=got["p50_us"], p99_us=got["p99_us"], p999_us=got["p999_us"],
                        latency_samples=float(got["samples"]))
     return figures
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds process ``pid`` has used, all its threads (/proc/PID/stat)."""
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_no_sessions(mgmt_port: int) -> None:

@@ -13,7 +13,6 @@ one core. Goal: an idle appliance under 1 % of a core.
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import socket
 import statistics
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.procstat import appliance_cpu_seconds
 from bench.report import build_report, positive_int, progress
 from datapath.config import BENCH_REPEATS
 from datapath.errors import DeviceError, UserError
@@ -53,17 +53,13 @@ def _port(kind: int = socket.SOCK_DGRAM) -> int:
         return s.getsockname()[1]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process so far (/proc/PID/stat), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_percent(pid: int, seconds: float) -> float:
-    before = cpu_seconds(pid)
+    """CPU of process ``pid`` (with its data path's process, when it is an appliance) over
+    ``seconds``, in percent of one core."""
+    before = appliance_cpu_seconds(pid)
     started = time.monotonic()
     time.sleep(seconds)  # the measured window itself: the process is left alone in it
-    return 100.0 * (cpu_seconds(pid) - before) / (time.monotonic() - started)
+    return 100.0 * (appliance_cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
 def _appliance(workdir: Path, name: str, fabric: dict[str, int], neighbours: list[str],

@@ -62,6 +62,7 @@ from typing import Any
 
 from bench.fabric import _Child as _LineChild
 from bench.fabric import cache_dir
+from bench.procstat import appliance_cpu_seconds
 from bench.report import build_report, positive_int, progress
 from datapath.errors import DeviceError, UserError
 
@@ -106,7 +107,6 @@ RESULT_GRACE_S = 120.0
 """A generator's result comes within its duration plus this (mqtt_load waits at most 30 s
 for acknowledgements, and its subscribers at most 60 s after END)."""
 _COMPONENT = "bench mqtt"
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -374,13 +374,12 @@ def _free_udp_port() -> int:
 
 
 def _cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of a process, all its threads (/proc/PID/stat)."""
+    """CPU seconds of a process and, for an appliance, of its data path's process (0 once it
+    is gone)."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        return appliance_cpu_seconds(pid)
     except OSError:
         return 0.0
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
 # --- one measurement ---------------------------------------------------------------------------

@@ -12,8 +12,13 @@ import errno
 from collections.abc import Callable
 from typing import Any
 
-from appliance.config import SHM_BUS_PRODUCERS, ApplianceConfig, ConfigError, GroupConfig
-from appliance.config import is_loopback_interface
+from appliance.config import (
+    SHM_BUS_PRODUCERS,
+    ApplianceConfig,
+    ConfigError,
+    GroupConfig,
+    is_loopback_interface,
+)
 from appliance.dataplane.agent import DataPlaneAgent
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC, GROUP_RX, GROUP_TX
 from datapath.agent import (

@@ -453,16 +453,16 @@ def _child_main(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
                 pass
         _PARENT_ENDS.clear()
         status = _run_child(cfg, snapshot, sock, words, parent_pid)
-    except BaseException:  # noqa: BLE001 - reported, then the process ends
+    except BaseException:
         try:
             _send_blocking(sock, ("failed", traceback.format_exc(limit=8)))
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             pass
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except BaseException:  # noqa: BLE001
+            except BaseException:
                 pass
         os._exit(status)
 

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from appliance.dataplane import open as dataplane_open
 from appliance.config import ConfigError, parse_config
+from appliance.dataplane import open as dataplane_open
 from appliance.node import Appliance
 from channels.udp import UdpChannel
 from tests.appliance.helpers import free_port
