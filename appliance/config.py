@@ -124,6 +124,12 @@ DISCOVERY_HELLO_REPLY_NS = 20_000_000
 bound to its node id at most this often (a replayed one makes us send no more than this)."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
 """A rejected admin frame is logged at most once per source per this interval."""
+CONTROL_TABLES_INTERVAL_NS = 2_000_000
+"""The control agent compiles the data path's tables at most this often: changes that arrive
+closer together (subscriptions, logins, interest) share one table build and one snapshot, and
+their answers wait for it (each build costs the control plane a compile and the data path a
+table swap; at 1,000 subscribe/unsubscribe requests a second one per request took half a core
+of the data path's process)."""
 CONTROL_PENDING_POLL_NS = 200_000
 """While the control agent waits for the data path to run the commands before a held
 snapshot or reply, it looks again this often; otherwise it sleeps until it is handed work

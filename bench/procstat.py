@@ -23,9 +23,15 @@ def forked_children(pid: int) -> list[int]:
     """The children of ``pid`` that run its command line (forked, not exec'd)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return []
+    children: list[str] = []
+    for task in tasks:  # a child belongs to the thread that forked it
+        try:
+            children += (task / "children").read_text().split()
+        except OSError:
+            continue
     out = []
     for child in map(int, children):
         try:

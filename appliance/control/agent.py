@@ -21,6 +21,7 @@ from typing import Any
 from appliance.config import (
     AUTH_LOG_INTERVAL_NS,
     CONTROL_PENDING_POLL_NS,
+    CONTROL_TABLES_INTERVAL_NS,
     LOG_SOURCES_KEPT,
     LSA_MAX_AGE_REFRESHES,
     ApplianceConfig,
@@ -144,6 +145,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._topology_dirty = True
         self._interest_dirty = True
         self._tables_dirty = True
+        self._tables_at_ns = 0
+        """When the tables may be compiled again (``CONTROL_TABLES_INTERVAL_NS``)."""
         self._lsa_due = True
         self._heartbeat_at = 0
         self._timers_ran_ns = time.monotonic_ns()
@@ -190,7 +193,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         if self._interest_dirty:
             self._advertise_interest()
             work += 1
-        if self._tables_dirty:
+        if self._tables_dirty and now_ns >= self._tables_at_ns:
+            self._tables_at_ns = now_ns + CONTROL_TABLES_INTERVAL_NS
             self._sync_destinations()
             self._build_snapshot()
             work += 1
@@ -212,12 +216,14 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
 
     def wake_at_ns(self, now_ns: int) -> int:
         """When the agent next has work if nobody hands it any: soon while it waits for the
-        data path (a snapshot or replies held until the commands before them ran), else its
-        next timer (heartbeats, LSA refresh, status, route-table hold and poll)."""
+        data path (a snapshot or replies held until the commands before them ran), when
+        changed tables may be compiled (``CONTROL_TABLES_INTERVAL_NS``), else its next timer
+        (heartbeats, LSA refresh, status, route-table hold and poll)."""
+        tables = max(self._tables_at_ns, now_ns) if self._tables_dirty else 1 << 62
         if (self.dp.inbox or self.requests or self._pending_snapshot is not None
                 or self._replies_when_live):
-            return now_ns + CONTROL_PENDING_POLL_NS
-        return min(self._heartbeat_at, self._refresh_at, self._status_at,
+            return min(now_ns + CONTROL_PENDING_POLL_NS, tables)
+        return min(tables, self._heartbeat_at, self._refresh_at, self._status_at,
                    self.routes_ext.wake_at_ns(now_ns))
 
     def on_close(self) -> None:

@@ -225,6 +225,18 @@ class DataPlaneAgent(Delivery, Output):
         """Forward with ``snapshot`` from the next burst on (``SnapshotSwitch.publish``)."""
         self.nic.switch.publish(snapshot)
 
+    def publish_snapshot_delta(self, entries: Any, changed: dict[str, Any],
+                               same: list[str]) -> None:
+        """``publish_snapshot`` of the snapshot of ``entries`` whose software-NIC arrays are
+        ``changed`` and, for the fields named in ``same``, the current snapshot's (what a
+        control plane in another process sends: appliance/dataplane/process.py)."""
+        from nic_offload.snapshot import Snapshot
+        from nic_offload.softnic.tables import SoftTables
+
+        current = self.nic.switch.current.tables
+        tables = SoftTables(**{name: getattr(current, name) for name in same}, **changed)
+        self.nic.switch.publish(Snapshot(entries, tables))
+
     # --- for the idle strategy (data-path thread) ---------------------------------------------
     def wait_set(self) -> WaitSet:
         """The receiving channels' descriptors (``PollingIdle``); not complete when one of

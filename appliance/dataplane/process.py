@@ -32,6 +32,7 @@ parent is no longer its parent. Its failure is the appliance's (``error``).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import mmap
 import os
@@ -78,18 +79,43 @@ def _frame(obj: Any) -> bytes:
     return _LEN.pack(len(data)) + data
 
 
-def _messages(buf: bytearray) -> list[Any]:
-    """Take every complete message off the front of ``buf``."""
-    out = []
-    pos = 0
-    while len(buf) - pos >= 4:
-        (n,) = _LEN.unpack_from(buf, pos)
-        if len(buf) - pos - 4 < n:
-            break
-        out.append(pickle.loads(memoryview(buf)[pos + 4 : pos + 4 + n]))
-        pos += 4 + n
-    del buf[:pos]
-    return out
+class _Reader:
+    """Length-prefixed messages read from a stream socket into one buffer that is reused
+    (a ``recv`` of a fresh buffer per read cost the data path more than the messages)."""
+
+    def __init__(self, size: int = 1 << 18) -> None:
+        self.buf = bytearray(size)
+        self.n = 0
+
+    def fill(self, sock: socket.socket) -> bool:
+        """Read what is there (``BlockingIOError`` when nothing is, on a non-blocking
+        socket); False at the end of the stream."""
+        if self.n == len(self.buf):
+            self.buf.extend(bytes(len(self.buf)))  # a message larger than the buffer
+        got = sock.recv_into(memoryview(self.buf)[self.n:])
+        self.n += got
+        return got > 0
+
+    def messages(self) -> list[Any]:
+        """Take every complete message off the front of the buffer."""
+        out = []
+        pos, n, buf = 0, self.n, self.buf
+        need = 0
+        with memoryview(buf) as view:
+            while n - pos >= 4:
+                (length,) = _LEN.unpack_from(buf, pos)
+                if n - pos - 4 < length:
+                    need = length + 4
+                    break
+                out.append(pickle.loads(view[pos + 4 : pos + 4 + length]))
+                pos += 4 + length
+        if pos:
+            rest = n - pos
+            buf[:rest] = buf[pos:n]
+            self.n = rest
+        if need > len(buf):  # room for the message whose start is here
+            buf.extend(bytes(need - len(buf)))
+        return out
 
 
 class DataPathProcess:
@@ -99,6 +125,8 @@ class DataPathProcess:
     def __init__(self, config: ApplianceConfig, snapshot: Any) -> None:
         self.config = config
         self._snapshot = snapshot
+        self._sent_tables = snapshot.tables
+        """The software NIC's arrays of the last snapshot the child was given."""
         self.inbox: deque[tuple[str, int, bytes]] = deque()
         self.control_wakeup = threading.Event()
         """Set after frames are put in ``inbox`` (the control agent replaces it)."""
@@ -229,7 +257,23 @@ class DataPathProcess:
         return self.commands_pending()
 
     def publish_snapshot(self, snapshot: Any) -> None:
-        self.command("publish_snapshot", snapshot)
+        """Send the child ``snapshot``: its entries, and of the software NIC's arrays only
+        those that differ from the last snapshot sent (a class table alone is 512 KiB, and
+        a subscription changes a few rows); the child takes the others from its current
+        snapshot (``DataPlaneAgent.publish_snapshot_delta``)."""
+        tables, sent = snapshot.tables, self._sent_tables
+        changed: dict[str, Any] = {}
+        same: list[str] = []
+        for field in dataclasses.fields(tables):
+            new, old = getattr(tables, field.name), getattr(sent, field.name)
+            if (isinstance(new, np.ndarray) and isinstance(old, np.ndarray)
+                    and new.dtype == old.dtype and new.shape == old.shape
+                    and (new is old or np.array_equal(new, old))):
+                same.append(field.name)
+            else:
+                changed[field.name] = new
+        self.command("publish_snapshot_delta", snapshot.entries, changed, same)
+        self._sent_tables = tables
 
     def offer_admin(self, channel: str, dest: int, frame: bytes | bytearray) -> bool:
         """Queue an admin frame to send; False when the child is gone."""
@@ -258,17 +302,15 @@ class DataPathProcess:
         sock = self._sock
         if sock is None:
             return
-        buf = bytearray()
+        reader = _Reader()
         try:
             while True:
                 try:
-                    data = sock.recv(1 << 20)
+                    if not reader.fill(sock):
+                        break
                 except OSError:
-                    data = b""
-                if not data:
                     break
-                buf += data
-                for message in _messages(buf):
+                for message in reader.messages():
                     self._on_message(message)
         finally:
             self._ready.set()
@@ -325,7 +367,7 @@ class ChildLink:
         self.received = 0
         self.stopping = False
         self.closed = False
-        self._in = bytearray()
+        self._in = _Reader()
         self._out = bytearray()
         self._published: Any = None
 
@@ -372,19 +414,19 @@ class ChildLink:
 
     def _receive(self) -> int:
         n = 0
+        reader = self._in
         while True:
             try:
-                data = self.sock.recv(1 << 20)
+                if not reader.fill(self.sock):
+                    self.closed = True
+                    break
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
-                data = b""
-            if not data:
                 self.closed = True
                 break
-            self._in += data
         dp = self.dp
-        for message in _messages(self._in):
+        for message in reader.messages():
             n += 1
             kind = message[0]
             if kind == "c":

@@ -32,7 +32,9 @@ def test_an_idle_control_agent_runs_only_for_its_timers() -> None:
     app = _appliance()
     try:
         runner = app._cp_runner
-        first = wait_for(lambda: _uptime(app) or None)
+        # from the first status refresh on: the start (the data path's first commands and
+        # snapshot, waited for at CONTROL_PENDING_POLL_NS) is not idle
+        first = wait_for(lambda: _uptime(app) if _uptime(app) >= 0.2 else None)
         cycles_before = runner.cycles
         # four status refreshes later (each one a snapshot the agent built: observed, not slept)
         wait_for(lambda: _uptime(app) >= first + 1.0, 10)

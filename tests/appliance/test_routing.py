@@ -3,6 +3,9 @@
 import itertools
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from appliance.control.routing import Lsa, all_paths, graph_of, minimal_patterns, path_cost
 from datapath.topics.algebra import includes
 
@@ -64,3 +67,18 @@ def test_suppression_keeps_only_patterns_nothing_else_includes():
     assert kept == ["#/y", "a/#", "q/#", "x/+"]
     for p in patterns:  # everything is still covered
         assert any(includes(k, p) for k in kept)
+
+
+def _minimal_by_every_pair(patterns):
+    """The definition, comparing every pair (the reference of the indexed version)."""
+    unique = sorted(set(patterns))
+    return [p for p in unique
+            if not any(q != p and includes(q, p) and (q < p or not includes(p, q))
+                       for q in unique)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "c", "+", "#"]), min_size=1, max_size=4)
+                .map("/".join), max_size=12))
+def test_suppression_equals_the_pairwise_definition(patterns):
+    assert minimal_patterns(patterns) == _minimal_by_every_pair(patterns)
