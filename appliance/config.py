@@ -51,6 +51,8 @@ DATAPATH_PRIORITY = 0
 """Nice value of the data-path thread (``appliance.priority``, -20..19; below 0 needs root or
 CAP_SYS_NICE). Lower runs it ahead of the host's other work: a thread the scheduler preempts
 in the middle of a forward holds every frame behind it (docs/appliance.md, benchmark)."""
+MAX_CPUS = 4096
+"""``appliance.dataplane_cpus`` takes CPU numbers below this."""
 SWITCH_INTERVAL_US = 5_000
 """The appliance process's interpreter switch interval (``appliance.switch_interval_us``,
 ``sys.setswitchinterval``; set by ``topicwire run``): how long a thread that holds the
@@ -387,6 +389,8 @@ class ApplianceConfig:
     idle: str = "block"
     idle_spin_us: int = IDLE_SPIN_US
     priority: int = DATAPATH_PRIORITY
+    dataplane_cpus: tuple[int, ...] = ()
+    """The CPUs the data path may run on (empty: wherever the OS schedules it)."""
     switch_interval_us: int = SWITCH_INTERVAL_US
     drain_timeout_ms: int = DRAIN_TIMEOUT_MS
     parked_ttl_ms: int = PARKED_MESSAGE_TTL_NS // 1_000_000
@@ -1009,7 +1013,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                  "telemetry", "routes", "mqtt", "cache"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "dataplane", "idle",
                                     "idle_spin_us",
-                                    "priority", "switch_interval_us", "drain_timeout_ms",
+                                    "priority", "dataplane_cpus", "switch_interval_us",
+                                    "drain_timeout_ms",
                                     "parked_ttl_ms", "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
     p = "appliance."
@@ -1029,6 +1034,11 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     idle = _str(app, "idle", p, "block", ("block", "busy", "backoff", "sleep"))
     idle_spin_us = _int(app, "idle_spin_us", p, IDLE_SPIN_US, 0, 1_000_000)
     priority = _int(app, "priority", p, DATAPATH_PRIORITY, -20, 19)
+    cpus = _list(app.get("dataplane_cpus", []), p + "dataplane_cpus", MAX_CPUS, "CPU numbers")
+    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < MAX_CPUS
+               for c in cpus) or len(set(cpus)) != len(cpus):
+        raise _fail(p + "dataplane_cpus", "must be an array of distinct CPU numbers (0 and up, "
+                    f"as in /proc/cpuinfo), not {show(cpus)}")
     switch_us = _int(app, "switch_interval_us", p, SWITCH_INTERVAL_US, 10, 100_000)
     heartbeat = _int(app, "heartbeat_interval_ms", p, HEARTBEAT_INTERVAL_MS, 10, 60_000)
     dead = _int(app, "neighbour_dead_ms", p, heartbeat * NEIGHBOUR_DEAD_INTERVALS,
@@ -1171,6 +1181,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         dataplane=dataplane, idle_spin_us=idle_spin_us, priority=priority,
+        dataplane_cpus=tuple(cpus),
         switch_interval_us=switch_us,
         drain_timeout_ms=drain, parked_ttl_ms=parked_ttl, heartbeat_interval_ms=heartbeat,
         neighbour_dead_ms=dead,

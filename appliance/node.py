@@ -32,7 +32,7 @@ from appliance.dataplane.open import (
     idle_strategy,
     loopback_multicast,
     open_channels,
-    priority_hook,
+    placement_hook,
 )
 from datapath.agent import AgentRunner, WakeableIdle
 from datapath.errors import TopicwireError
@@ -109,7 +109,7 @@ class Appliance:
                 dp = self.dataplane
                 self._dp_runner = AgentRunner([dp], idle_strategy(cfg, dp),
                                               name=f"{cfg.name}-dataplane",
-                                              on_start=priority_hook(cfg.priority))
+                                              on_start=placement_hook(cfg))
             control = self.control
             self._cp_runner = AgentRunner([control], WakeableIdle(control.wakeup,
                                                                   control.wake_at_ns),

@@ -39,7 +39,7 @@ process's (``topicwire run``)."""
 
 RESTART = {
     "name": "appliance.name", "node_id": "appliance.id", "role": "appliance.role",
-    "dataplane": "appliance.dataplane",
+    "dataplane": "appliance.dataplane", "dataplane_cpus": "appliance.dataplane_cpus",
     "idle": "appliance.idle", "idle_spin_us": "appliance.idle_spin_us",
     "priority": "appliance.priority", "switch_interval_us": "appliance.switch_interval_us",
     "drain_timeout_ms": "appliance.drain_timeout_ms",

@@ -159,6 +159,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the appliance's appliance.dataplane: its data path in a process "
                         "of its own, or on a thread beside the control plane (default: the "
                         "appliance's own, process)")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run the hop (the appliance's data path, appliance.dataplane_cpus; "
+                        "the C relay) alone on the last CPU, and every other process of the "
+                        "bench (publisher, subscriber, load, the appliance's control plane) on "
+                        "the others, as an appliance host with a core for its data path")
     parser.add_argument("--control-load", action="store_true",
                         help=f"also measure latency while a client sends "
                         f"{CONTROL_LOAD_REQUESTS_PER_S:,} subscribe/unsubscribe requests per "
@@ -640,14 +645,21 @@ class _Child:
     """A process that talks in lines: ``expect`` a line that starts with a word, ``tell``."""
 
     def __init__(self, argv: list[str], what: str, stdin: bool = True,
-                 nice: int | None = None) -> None:
-        """``nice``: the process's nice value (setpriority(2) before it starts)."""
+                 nice: int | None = None, cpus: set[int] | None = None) -> None:
+        """``nice``: the process's nice value (setpriority(2) before it starts); ``cpus``:
+        the CPUs it may run on (default: the bench's)."""
         self.what = what
+
+        def place() -> None:
+            if nice is not None:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=None if nice is None else (
-                lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)))
+            preexec_fn=None if nice is None and not cpus else place)
 
     def expect(self, word: str, timeout_s: float = STEP_TIMEOUT_S) -> str:
         deadline = time.monotonic() + timeout_s
@@ -711,7 +723,8 @@ class Appliance:
                  priority: int | None = None, mgmt_port: int | None = None,
                  switch_us: int | None = None, max_sessions: int = 16,
                  mgmt_process: bool | None = None, name: str = "appliance",
-                 dataplane: str | None = None) -> None:
+                 dataplane: str | None = None, dataplane_cpus: set[int] | None = None
+                 ) -> None:
         """``mgmt_port``: the appliance's management API on 127.0.0.1 at that port (none by
         default), ``mgmt_process`` its ``mgmt.process`` (default: the appliance's own);
         ``max_sessions``: its ``clients.max_sessions``; ``name``: its config file's name."""
@@ -726,7 +739,8 @@ class Appliance:
             + ("" if spin_us is None else f"idle_spin_us = {spin_us}\n")
             + ("" if priority is None else f"priority = {priority}\n")
             + ("" if switch_us is None else f"switch_interval_us = {switch_us}\n")
-            + ("" if dataplane is None else f'dataplane = "{dataplane}"\n') +
+            + ("" if dataplane is None else f'dataplane = "{dataplane}"\n')
+            + ("" if not dataplane_cpus else f"dataplane_cpus = {sorted(dataplane_cpus)}\n") +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = {max_sessions}\n'
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n'
             'require_passwords = false\n[log]\nlevel = "warning"\n'
@@ -751,6 +765,22 @@ class Appliance:
         return proc.returncode
 
 
+def _isolate(args: argparse.Namespace) -> None:
+    """``--isolate``: this process (and every child it starts from now on) leaves the last
+    CPU to the hop; ``_hop_cpus`` names it."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise UserError(f"--isolate needs at least 2 CPUs; this process may use {cpus}",
+                        component=_COMPONENT)
+    args.hop_cpus = {cpus[-1]}
+    os.sched_setaffinity(0, set(cpus[:-1]))
+
+
+def _hop_cpus(args: argparse.Namespace) -> set[int] | None:
+    """The CPUs of the hop under ``--isolate`` (None otherwise)."""
+    return getattr(args, "hop_cpus", None)
+
+
 def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance | None,
             relay: Path | None) -> dict[str, float]:
     """One measurement (``mode`` throughput or latency) through ``hop``."""
@@ -770,7 +800,8 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance 
         elif hop == "c_relay":
             assert relay is not None
             relay_child = _Child([str(relay), "0", LOOPBACK, str(sub_port)], "C relay",
-                                 stdin=False, nice=getattr(args, "priority", None))
+                                 stdin=False, nice=getattr(args, "priority", None),
+                                 cpus=_hop_cpus(args))
             port = int(relay_child.expect("READY").split()[1])
         else:
             port = sub_port
@@ -848,7 +879,16 @@ REPORTED = ("msgs_per_s", "sent_msgs_per_s", "lost", "duplicates", "frames_per_m
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Measure every hop ``--repeats`` times (throughput and latency each); medians. One
     publisher and one subscriber (``topicwire bench fabric`` takes more to the fan-out bench:
-    bench/fabric_bench.py)."""
+    bench/fabric_bench.py). The CPUs this process may use are as before afterwards
+    (``--isolate`` narrows them while it runs)."""
+    before = os.sched_getaffinity(0)
+    try:
+        return _run(args)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "publishers", 1) > 1 or getattr(args, "subscribers", 1) > 1:
         raise UserError("bench/fabric.py measures one publisher and one subscriber: more go "
                         "through bench.fabric_bench.run (topicwire bench fabric)",
@@ -856,6 +896,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.duration_s <= 0:
         raise UserError("--duration-s must be positive", component=_COMPONENT)
     relay = build_relay()
+    if getattr(args, "isolate", False):
+        _isolate(args)
     hops = [h for h in HOPS if h != "direct" or args.direct]
     runs: dict[str, list[dict[str, float]]] = {h: [] for h in hops}
     control_load = getattr(args, "control_load", False)
@@ -876,7 +918,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               mgmt_port=mgmt_port,
                               switch_us=getattr(args, "switch_interval_us", None),
                               mgmt_process=True if scrape_hz else None,
-                              dataplane=getattr(args, "dataplane", None))
+                              dataplane=getattr(args, "dataplane", None),
+                              dataplane_cpus=_hop_cpus(args))
         in_process = None
         try:
             if scrape_hz:
@@ -886,7 +929,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                        mgmt_port=in_process_port,
                                        switch_us=getattr(args, "switch_interval_us", None),
                                        mgmt_process=False, name="in-process",
-                                       dataplane=getattr(args, "dataplane", None))
+                                       dataplane=getattr(args, "dataplane", None),
+                                       dataplane_cpus=_hop_cpus(args))
                 scraped = {True: (appliance, mgmt_port), False: (in_process, in_process_port)}
             for repeat in range(args.repeats):
                 progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
@@ -935,6 +979,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "duration_s": args.duration_s, "repeats": args.repeats, "idle": args.idle,
               "idle_spin_us": args.idle_spin_us, "priority": args.priority,
               "control_load": control_load,
+              "isolate": ({"hop_cpus": sorted(_hop_cpus(args)),
+                           "other_cpus": sorted(os.sched_getaffinity(0))}
+                          if getattr(args, "isolate", False) else None),
               "dataplane": getattr(args, "dataplane", None) or "process",
               "switch_interval_us": getattr(args, "switch_interval_us", None),
               "baseline": "c_relay: bench/c/udp_relay.c (recvmmsg/sendmmsg, 64 per call, "

@@ -9,6 +9,8 @@ this host or a missing ring fails here as a ``ConfigError`` naming the config ke
 from __future__ import annotations
 
 import errno
+import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -158,6 +160,33 @@ def idle_strategy(cfg: ApplianceConfig, dp: DataPlaneAgent,
             "block": lambda: PollingIdle(wait_set, dp.wakeup, wake_at_ns=dp.wake_at_ns,
                                          spin_ns=cfg.idle_spin_us * 1_000,
                                          spin_worth=dp.spin_worth)}[cfg.idle]()
+
+
+def placement_hook(cfg: ApplianceConfig) -> Callable[[], None] | None:
+    """The data-path runner's start hook (on its own thread): ``appliance.priority`` and
+    ``appliance.dataplane_cpus``; None when both are the defaults."""
+    nice, cpus = priority_hook(cfg.priority), cfg.dataplane_cpus
+    if nice is None and not cpus:
+        return None
+
+    def apply() -> None:
+        if nice is not None:
+            nice()
+        if cpus:
+            pin_thread(cpus)
+    return apply
+
+
+def pin_thread(cpus: tuple[int, ...]) -> None:
+    """Let the calling thread run only on ``cpus`` (``appliance.dataplane_cpus``); CPUs this
+    process may not use are the config's error."""
+    try:
+        os.sched_setaffinity(threading.get_native_id(), cpus)
+    except OSError as exc:
+        allowed = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        raise ConfigError(f"appliance.dataplane_cpus: cannot run the data path on CPUs "
+                          f"{list(cpus)} ({exc.strerror}); this process may use CPUs "
+                          f"{allowed}") from None
 
 
 def priority_hook(nice: int) -> Callable[[], None] | None:

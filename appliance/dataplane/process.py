@@ -528,7 +528,7 @@ def _run_child(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
         build_dataplane,
         close_channels,
         idle_strategy,
-        priority_hook,
+        placement_hook,
     )
     from datapath.agent import AgentRunner
     from datapath.jit import JitWatch
@@ -548,7 +548,7 @@ def _run_child(cfg: ApplianceConfig, snapshot: Any, sock: socket.socket,
             return 2
         jit = JitWatch().start(warn=False)  # the parent says whether the cache was warmed
         link = ChildLink(sock, words, dp, jit, parent_pid)
-        hook = priority_hook(cfg.priority)
+        hook = placement_hook(cfg)
         if hook is not None:
             try:
                 hook()

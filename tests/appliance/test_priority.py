@@ -76,3 +76,48 @@ def test_a_priority_the_host_refuses_stops_the_start_and_leaves_nothing_running(
         Appliance(_config(port, -10, dataplane)).start()
     assert {t.name for t in threading.enumerate()} <= before  # no agent thread left behind
     UdpChannel(("127.0.0.1", port)).close()  # the client port was released
+
+
+# --- appliance.dataplane_cpus ------------------------------------------------------------------
+
+def _datapath_cpus(app: Appliance) -> set[int]:
+    """The CPUs the appliance's data path may run on (asked as ``_datapath_nice`` asks)."""
+    if app.config.dataplane == "process":
+        return os.sched_getaffinity(app.dataplane.pid)
+    got: list[set[int]] = []
+    done = threading.Event()
+    app.dataplane.commands.offer(
+        lambda: (got.append(os.sched_getaffinity(threading.get_native_id())), done.set()))
+    assert done.wait(10)
+    return got[0]
+
+
+def _pinned(port: int, cpus: list, dataplane: str = "process"):
+    return parse_config({"appliance": {"name": f"pin{port}", "dataplane": dataplane,
+                                       "dataplane_cpus": cpus},
+                         "clients": {"udp": f"127.0.0.1:{port}"},
+                         "pm": {"anonymous": True, "require_passwords": False}})
+
+
+@pytest.mark.parametrize("dataplane", ["process", "thread"])
+def test_the_data_path_runs_on_the_configured_cpus_and_the_rest_where_it_was(dataplane):
+    cpu = max(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    with Appliance(_pinned(free_port(), [cpu], dataplane)) as app:
+        assert _datapath_cpus(app) == {cpu}
+        assert os.sched_getaffinity(0) == before  # the caller's thread (control side) keeps its
+
+
+@pytest.mark.parametrize("dataplane", ["process", "thread"])
+def test_cpus_this_process_may_not_use_stop_the_start_naming_the_key(dataplane):
+    port = free_port()
+    with pytest.raises(ConfigError, match=r"appliance\.dataplane_cpus: cannot run the data "
+                       r"path on CPUs \[4000\].*may use CPUs"):
+        Appliance(_pinned(port, [4000], dataplane)).start()
+    UdpChannel(("127.0.0.1", port)).close()  # the client port was released
+
+
+@pytest.mark.parametrize("value", [[-1], [True], ["1"], [1, 1], [4096], 1])
+def test_a_bad_cpu_list_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="appliance.dataplane_cpus"):
+        _pinned(free_port(), value)

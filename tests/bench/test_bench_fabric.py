@@ -4,10 +4,13 @@ every hop delivering exactly what was sent."""
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.request
+
+import pytest
 
 from bench import fabric
 from tests.appliance.helpers import free_port, wait_for
@@ -97,6 +100,29 @@ def test_a_child_runs_at_the_nice_value_it_is_given():
         assert child.expect("NICE").split() == ["NICE", "5"]
     finally:
         child.kill()
+
+
+def test_a_child_runs_on_the_cpus_it_is_given():
+    cpu = min(os.sched_getaffinity(0))
+    child = fabric._Child([sys.executable, "-c",
+                           "import os; print('CPUS', *sorted(os.sched_getaffinity(0)))"],
+                          "cpu probe", stdin=False, cpus={cpu})
+    try:
+        assert child.expect("CPUS").split() == ["CPUS", str(cpu)]
+    finally:
+        child.kill()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--isolate needs 2 CPUs")
+def test_isolate_gives_the_hop_the_last_cpu_and_leaves_the_callers_cpus_as_they_were():
+    before = os.sched_getaffinity(0)
+    report = fabric.run(tiny_args("--isolate"))
+    assert os.sched_getaffinity(0) == before
+    isolate = report["params"]["isolate"]
+    assert isolate["hop_cpus"] == [max(before)]
+    assert set(isolate["other_cpus"]) == before - {max(before)}
+    for hop in ("topicwire", "c_relay"):
+        assert report["results"][hop]["lost"] == 0, hop
 
 
 def test_the_scraper_reads_status_and_metrics_at_its_rate(tmp_path):
