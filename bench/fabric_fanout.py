@@ -504,9 +504,10 @@ def _check(args: argparse.Namespace) -> None:
         if value > FANOUT_MAX_PEERS:
             raise UserError(f"{flag} {value}: at most {FANOUT_MAX_PEERS} (the C relay's "
                             "destinations)", component=_COMPONENT)
-    if getattr(args, "direct", False) or getattr(args, "control_load", False):
-        raise UserError("--direct and --control-load measure one publisher and one "
-                        "subscriber: drop them, or --publishers/--subscribers",
+    if (getattr(args, "direct", False) or getattr(args, "control_load", False)
+            or getattr(args, "isolate", False)):
+        raise UserError("--direct, --control-load and --isolate measure one publisher and "
+                        "one subscriber: drop them, or --publishers/--subscribers",
                         component=_COMPONENT)
 
 

@@ -101,7 +101,7 @@ def test_the_relay_refuses_more_destinations_than_it_holds(tmp_path):
     assert done.returncode == 2 and "at most" in done.stderr
 
 
-@pytest.mark.parametrize("extra", [["--direct"], ["--control-load"],
+@pytest.mark.parametrize("extra", [["--direct"], ["--control-load"], ["--isolate"],
                                    ["--subscribers", "65"]])
 def test_the_fanout_bench_refuses_what_it_cannot_measure(extra):
     with pytest.raises(UserError, match="bench"):
