@@ -145,6 +145,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._topology_dirty = True
         self._interest_dirty = True
         self._tables_dirty = True
+        self._installed_tables: Any = None
+        """The forwarding tables last given to the data path (an equal set is not sent)."""
         self._tables_at_ns = 0
         """When the tables may be compiled again (``CONTROL_TABLES_INTERVAL_NS``)."""
         self._lsa_due = True

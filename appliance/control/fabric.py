@@ -359,7 +359,9 @@ class FabricSide:
         tables = ForwardingTables(self.node_id, ports, dict(next_hop), dict(transit),
                                   dict(peer_node), group_direct, group_peers, epochs)
         tables = self.routes_ext.extend(tables)
-        self.dp.command("set_tables", tables)
+        if tables != self._installed_tables:  # (a new subscription seldom changes them)
+            self._installed_tables = tables
+            self.dp.command("set_tables", tables)
 
     def _sync_destinations(self) -> None:
         """One destination egress per appliance and class with interest: ``n:NODE``

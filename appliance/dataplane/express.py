@@ -271,7 +271,7 @@ class Express:
         self.dp = dp
         self.queues = queues
         self.plan: ExpressPlan | None = None
-        self._plan_for: tuple = (None, -1, -1)
+        self._plan_for: tuple = (None, -1, None)
         """(tables, sessions version, snapshot version) the plan was built for."""
         self.sessions = build_sessions(dp)
         self._sessions_for: tuple = (dp.sessions_version, dp.allowed_version)
@@ -344,17 +344,21 @@ class Express:
         """Rebuild the plan and the fused call's arguments before the next burst (the
         agent's frame authentication changed)."""
         self.fold()
-        self._plan_for = (None, -1, -1)
+        self._plan_for = (None, -1, None)
         self._fused_for = ()
 
     def _current_plan(self, snapshot: Any) -> ExpressPlan | None:
+        """The plan for the agent's tables, its sessions and the snapshot's multicast
+        groups, rebuilt when one of them changed (not for every snapshot: a subscription
+        that changes only topic rows leaves the plan as it is)."""
         dp = self.dp
-        tables, sessions_version, snapshot_version = self._plan_for
+        tables, sessions_version, groups = self._plan_for
+        now_groups = snapshot.entries.groups
         if (tables is not dp.tables or sessions_version != dp.sessions_version
-                or snapshot_version != snapshot.version):
+                or (now_groups is not groups and now_groups != groups)):
             self.fold()
             self.plan = build_plan(dp, snapshot, self.queues)
-            self._plan_for = (dp.tables, dp.sessions_version, snapshot.version)
+            self._plan_for = (dp.tables, dp.sessions_version, now_groups)
         return self.plan
 
     def _current_sessions(self) -> SessionTable:

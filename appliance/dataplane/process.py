@@ -182,7 +182,7 @@ class DataPathProcess:
 
     def _fork_and_read(self, child: socket.socket, forked: threading.Event) -> None:
         parent_pid = os.getpid()
-        pid = os.fork()
+        pid = fork_safely()
         if pid == 0:  # the child: never returns
             _child_main(self.config, self._snapshot, child, self._words, parent_pid)
         child.close()
@@ -346,6 +346,23 @@ class DataPathProcess:
             self.error = TopicwireError(f"{self.config.name}: the data path failed: "
                                         f"{message[1]}")
             log.error("%s", self.error)
+
+
+def fork_safely() -> int:
+    """``os.fork`` with numba's compiler lock held by the forking thread: a lock another
+    thread holds at the fork stays held in the child for ever, and the child compiles when
+    the cache is cold (a guest's first start hung so); the child's copy of the lock is its
+    own, released before it goes on."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    global_compiler_lock.acquire()
+    try:
+        pid = os.fork()
+    except BaseException:
+        global_compiler_lock.release()
+        raise
+    global_compiler_lock.release()  # in the parent, and the child's copy in the child
+    return pid
 
 
 # --- the child ------------------------------------------------------------------------------

@@ -156,3 +156,30 @@ def test_snapshots_larger_than_the_links_buffers_cross_it(tmp_path):
         assert app.failure() is None
         assert app.status()["offload"]["keys"] >= 100_000
 
+
+
+def test_the_fork_waits_for_numbas_compiler_lock_so_the_child_can_take_it():
+    """Another thread holds numba's compiler lock (it is compiling) when the appliance forks
+    its data path: the fork waits for it, and the child can compile (it hung for ever when a
+    lock held at the fork stayed held in the child)."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    from appliance.dataplane.process import fork_safely
+
+    held, release = threading.Event(), threading.Event()
+
+    def compiling() -> None:
+        with global_compiler_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=compiling)
+    holder.start()
+    assert held.wait(10)
+    threading.Timer(0.2, release.set).start()
+    pid = fork_safely()  # waits for the holder's release
+    if pid == 0:
+        os._exit(0 if global_compiler_lock._lock.acquire(timeout=5) else 1)
+    _, status = os.waitpid(pid, 0)
+    holder.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0
