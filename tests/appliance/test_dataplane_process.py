@@ -183,3 +183,13 @@ def test_the_fork_waits_for_numbas_compiler_lock_so_the_child_can_take_it():
     _, status = os.waitpid(pid, 0)
     holder.join(10)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_data_path_with_rdma_links_stays_on_a_thread_unless_the_config_says_otherwise():
+    rdma = {"fabric": {"listen": "127.0.0.1:4000", "key": "11" * 32},
+            "neighbours": [{"name": "b", "address": "127.0.0.1:4001", "transport": "rdma",
+                            "rdma_port": 5000}]}
+    assert parse_config({"appliance": {"name": "a"}}).dataplane == "process"
+    assert parse_config({"appliance": {"name": "a"}, **rdma}).dataplane == "thread"
+    assert parse_config({"appliance": {"name": "a", "dataplane": "process"},
+                         **rdma}).dataplane == "process"
