@@ -51,11 +51,6 @@ DATAPATH_PRIORITY = 0
 """Nice value of the data-path thread (``appliance.priority``, -20..19; below 0 needs root or
 CAP_SYS_NICE). Lower runs it ahead of the host's other work: a thread the scheduler preempts
 in the middle of a forward holds every frame behind it (docs/appliance.md, benchmark)."""
-DATAPLANE_RDMA_DEFAULT = "thread"
-"""``appliance.dataplane`` when the config does not say and the appliance has RDMA links
-(``transport = "rdma"`` neighbours, ``clients.rdma``): in a process of its own such a data
-path lost best-effort messages in the soft-RoCE hwtests (after a neighbour's restart, and
-an RDMA client's), which is not resolved yet (docs/appliance.md)."""
 MAX_CPUS = 4096
 """``appliance.dataplane_cpus`` takes CPU numbers below this."""
 SWITCH_INTERVAL_US = 5_000
@@ -1035,7 +1030,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
             or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**32
                        for n in namespaces)):
         raise _fail(p + "namespaces", "must be a non-empty list of integers in [0, 2^32)")
-    dataplane = _str(app, "dataplane", p, None, ("process", "thread"))
+    dataplane = _str(app, "dataplane", p, "process", ("process", "thread"))
     idle = _str(app, "idle", p, "block", ("block", "busy", "backoff", "sleep"))
     idle_spin_us = _int(app, "idle_spin_us", p, IDLE_SPIN_US, 0, 1_000_000)
     priority = _int(app, "priority", p, DATAPATH_PRIORITY, -20, 19)
@@ -1183,9 +1178,6 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _str(log, "format", "log.", "text", ("text", "json"))
     _str(log, "level", "log.", "info", ("debug", "info", "warning", "error"))
 
-    if not dataplane:  # RDMA links stay on a thread: see DATAPLANE_RDMA_DEFAULT
-        rdma = clients_rdma is not None or any(n.transport == "rdma" for n in neighbours)
-        dataplane = DATAPLANE_RDMA_DEFAULT if rdma else "process"
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         dataplane=dataplane, idle_spin_us=idle_spin_us, priority=priority,

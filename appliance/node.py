@@ -30,7 +30,6 @@ from appliance.dataplane.open import (
     build_dataplane,
     close_channels,
     idle_strategy,
-    loopback_multicast,
     open_channels,
     placement_hook,
 )
@@ -45,8 +44,6 @@ if TYPE_CHECKING:
     from appliance.reload import Plan
 
 log = logging.getLogger("topicwire.appliance")
-
-_loopback_multicast = loopback_multicast  # its old name (the demo and the warm-up use it)
 
 
 def preload_registry(cfg: ApplianceConfig) -> KeyRegistry:

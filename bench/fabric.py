@@ -107,7 +107,11 @@ RELAY_SOURCE = Path(__file__).resolve().parent / "c" / "udp_relay.c"
 RELAY_CFLAGS = ("-O2", "-Wall")
 HOPS = ("topicwire", "c_relay", "direct")
 LOADED = "topicwire_control_load"
-"""The result of the latency run through the appliance under ``--control-load``."""
+"""The result of the latency run through the appliance under ``--control-load``..."""
+ELSEWHERE = "topicwire_load_elsewhere"
+"""...and through the same appliance while the same load goes to a second appliance on the
+host (its data path and control plane on the clients' CPUs): what the load does to the
+host's clients and kernel alone, the reference that tells the appliance's own share."""
 _COMPONENT = "bench"
 CONTROL_LOAD_REQUESTS_PER_S = 1_000
 """``--control-load``: subscribe/unsubscribe requests per second a client sends the
@@ -605,7 +609,7 @@ def _scrape(spec: dict[str, Any]) -> None:
     """``--scrape-hz``: ``GET /status`` and ``GET /metrics`` of the management API at
     ``spec["mgmt_port"]``, each ``spec["hz"]`` times a second (one connection per request, as
     a Prometheus scraper and ``topicwire status`` make), until told ``STOP``; prints what it
-    made."""
+    made then, and when told ``COUNT``, what it made so far."""
     import urllib.error
     import urllib.request
 
@@ -614,7 +618,12 @@ def _scrape(spec: dict[str, Any]) -> None:
     period = 1 / spec["hz"]
     print("READY", flush=True)
     next_at = time.monotonic()
-    while _stdin_line(0) is None:
+    while True:
+        line = _stdin_line(0)
+        if line == "COUNT":
+            print(json.dumps(counts), flush=True)
+        elif line is not None:
+            break
         for path, key in (("/status", "status_reads"), ("/metrics", "metrics_reads")):
             try:
                 with urllib.request.urlopen(base + path, timeout=10) as answer:
@@ -846,6 +855,28 @@ def measure(hop: str, mode: str, args: argparse.Namespace, appliance: Appliance 
     return figures
 
 
+def _loaded(args: argparse.Namespace, appliance: Appliance, relay: Path, target: Appliance,
+            mgmt_port: int, into: list[dict[str, float]]) -> dict[str, Any]:
+    """The latency run through ``appliance`` (appended to ``into``) while the control load
+    goes to ``target`` (``appliance`` itself, or another); what the load made."""
+    load = _child("load", {"port": target.port, "mgmt_port": mgmt_port})
+    try:
+        load.expect("READY")
+        started = time.monotonic()
+        into.append(measure("topicwire", "latency", args, appliance, relay))
+        load.tell("STOP")
+        counts = load.result()
+        counts["seconds"] = round(time.monotonic() - started, 1)
+        return counts
+    finally:
+        load.kill(CHILD_EXIT_GRACE_S)
+
+
+def _ratio(results: dict[str, dict[str, float]], hop: str, base: str, key: str
+           ) -> float | None:
+    return results[hop][key] / results[base][key] if results[base].get(key) else None
+
+
 def _free_tcp_port() -> int:
     import socket
 
@@ -903,7 +934,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     control_load = getattr(args, "control_load", False)
     if control_load:
         runs[LOADED] = []
-    load_counts: list[dict[str, int]] = []
+        runs[ELSEWHERE] = []
+    load_counts: dict[str, list[dict[str, int]]] = {LOADED: [], ELSEWHERE: []}
     scrape_hz = getattr(args, "scrape_hz", 0) or 0
     if scrape_hz < 0:
         raise UserError("--scrape-hz must be positive", component=_COMPONENT)
@@ -920,8 +952,16 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                               mgmt_process=True if scrape_hz else None,
                               dataplane=getattr(args, "dataplane", None),
                               dataplane_cpus=_hop_cpus(args))
-        in_process = None
+        in_process = other = None
+        elsewhere: tuple[Appliance, int] | None = None
         try:
+            if control_load:
+                progress(NAME, "starting a second appliance, for the load elsewhere")
+                other_port = _free_tcp_port()
+                other = Appliance(args.idle, Path(tmp), args.idle_spin_us, args.priority,
+                                  mgmt_port=other_port, name="elsewhere",
+                                  dataplane=getattr(args, "dataplane", None))
+                elsewhere = (other, other_port)
             if scrape_hz:
                 progress(NAME, "starting a second appliance, its management API in-process")
                 in_process_port = _free_tcp_port()
@@ -938,19 +978,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                     figures = measure(hop, "throughput", args, appliance, relay)
                     figures.update(measure(hop, "latency", args, appliance, relay))
                     runs[hop].append(figures)
-                if control_load:
-                    load = _child("load", {"port": appliance.port, "mgmt_port": mgmt_port})
-                    try:
-                        load.expect("READY")
-                        started = time.monotonic()
-                        runs[LOADED].append(measure("topicwire", "latency", args, appliance,
-                                                    relay))
-                        load.tell("STOP")
-                        counts = load.result()
-                        counts["seconds"] = round(time.monotonic() - started, 1)
-                        load_counts.append(counts)
-                    finally:
-                        load.kill(CHILD_EXIT_GRACE_S)
+                if control_load:  # the load on the measured appliance, and elsewhere
+                    assert elsewhere is not None and mgmt_port is not None
+                    targets = [(LOADED, appliance, mgmt_port), (ELSEWHERE, *elsewhere)]
+                    for result, target, port in targets[:: 1 if repeat % 2 == 0 else -1]:
+                        counts = _loaded(args, appliance, relay, target, port, runs[result])
+                        load_counts[result].append(counts)
                 if scrape_hz:  # each appliance quiet, then scraped, one after the other
                     for process in ((True, False) if repeat % 2 == 0 else (False, True)):
                         hop, port = scraped[process]
@@ -966,8 +999,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                         finally:
                             scraper.kill(CHILD_EXIT_GRACE_S)
         finally:
-            if in_process is not None:
-                in_process.stop()
+            for extra in (in_process, other):
+                if extra is not None:
+                    extra.stop()
             code = appliance.stop()
         if code != 0:
             raise DeviceError(f"the appliance exited with {code} at the end of the run",
@@ -1001,20 +1035,23 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         params["control_load"] = {
             "requests_per_s": CONTROL_LOAD_REQUESTS_PER_S,
             "status_reads_per_s": CONTROL_LOAD_STATUS_PER_S,
-            "made": load_counts,
-            "p99_us loaded/quiet": (results[LOADED]["p99_us"] / results["topicwire"]["p99_us"]
-                                    if results["topicwire"].get("p99_us") else None),
+            "made": load_counts[LOADED],
+            "made_elsewhere": load_counts[ELSEWHERE],
+            "p99_us loaded/quiet": _ratio(results, LOADED, "topicwire", "p99_us"),
+            "p99_us loaded/elsewhere": _ratio(results, LOADED, ELSEWHERE, "p99_us"),
+            "p99_us elsewhere/quiet": _ratio(results, ELSEWHERE, "topicwire", "p99_us"),
+            "elsewhere": "the same load sent to a second appliance on this host: the "
+                         "clients and the kernel share the host's other CPUs with it as "
+                         "they do with the measured appliance's control plane, whose data "
+                         "path is left alone; loaded/elsewhere is the appliance's own share",
             "goal": "p99 under control load within 1.5x of the quiet figure"}
     if scrape_hz:
-        def ratio(hop: str, base: str, key: str) -> float | None:
-            return (results[hop][key] / results[base][key] if results[base].get(key)
-                    else None)
         params["scrape"] = {
             "hz": scrape_hz,
             "what": f"GET /status and GET /metrics, each {scrape_hz} times a second",
             "made": scrape_counts,
             "quiet": {"process": QUIET_PROCESS, "in_process": SCRAPED_IN_PROCESS},
-            **{f"{key} {SCRAPED[p]}/quiet": ratio(SCRAPED[p], quiet[p], key)
+            **{f"{key} {SCRAPED[p]}/quiet": _ratio(results, SCRAPED[p], quiet[p], key)
                for p in (True, False) for key in ("p50_us", "p99_us", "appliance_cpu_pct")},
             "median of per-repeat ratios": {
                 f"{key} {SCRAPED[p]}/quiet": statistics.median(

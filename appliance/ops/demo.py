@@ -202,13 +202,13 @@ def _free_tcp_port() -> int:
 
 def _loopback_multicast_ready() -> None:
     """The fabric group needs multicast on ``lo``: turn it on as root, else say how."""
-    from appliance.node import _loopback_multicast
+    from appliance.dataplane.open import loopback_multicast
 
-    if _loopback_multicast():
+    if loopback_multicast():
         return
     if os.geteuid() == 0 and shutil.which("ip"):
         subprocess.run(["ip", "link", "set", "lo", "multicast", "on"], check=False)
-        if _loopback_multicast():
+        if loopback_multicast():
             return
     raise UserError("the loopback interface has multicast off and the cores' fabric group "
                     "needs it: run `ip link set lo multicast on` as root (or run the demo as "

@@ -58,16 +58,16 @@ def _warm_unit_kernels() -> None:
 
 
 def _multicast_ok() -> bool:
-    from appliance.node import _loopback_multicast
+    from appliance.dataplane.open import loopback_multicast
 
-    if _loopback_multicast():
+    if loopback_multicast():
         return True
     if os.geteuid() == 0:
         import subprocess
 
         subprocess.run(["ip", "link", "set", "lo", "multicast", "on"], check=False,
                        capture_output=True)
-    return _loopback_multicast()
+    return loopback_multicast()
 
 
 def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:

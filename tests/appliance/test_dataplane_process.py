@@ -185,11 +185,11 @@ def test_the_fork_waits_for_numbas_compiler_lock_so_the_child_can_take_it():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_a_data_path_with_rdma_links_stays_on_a_thread_unless_the_config_says_otherwise():
+def test_every_data_path_runs_in_a_process_unless_the_config_says_thread():
     rdma = {"fabric": {"listen": "127.0.0.1:4000", "key": "11" * 32},
             "neighbours": [{"name": "b", "address": "127.0.0.1:4001", "transport": "rdma",
                             "rdma_port": 5000}]}
     assert parse_config({"appliance": {"name": "a"}}).dataplane == "process"
-    assert parse_config({"appliance": {"name": "a"}, **rdma}).dataplane == "thread"
-    assert parse_config({"appliance": {"name": "a", "dataplane": "process"},
-                         **rdma}).dataplane == "process"
+    assert parse_config({"appliance": {"name": "a"}, **rdma}).dataplane == "process"
+    assert parse_config({"appliance": {"name": "a", "dataplane": "thread"},
+                         **rdma}).dataplane == "thread"

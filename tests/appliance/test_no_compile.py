@@ -39,8 +39,8 @@ ROUNDS = 3
 BURST = 50
 
 
-def _loopback_multicast() -> bool:
-    from appliance.node import _loopback_multicast as on
+def _multicast_on() -> bool:
+    from appliance.dataplane.open import loopback_multicast as on
 
     if not on():
         subprocess.run(["ip", "link", "set", "lo", "multicast", "on"], check=False)
@@ -100,7 +100,7 @@ def test_no_kernel_compiles_after_an_appliance_started(tmp_path: Path) -> None:
                            "sys.exit(main(sys.argv[1:]))", "warm"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert warm.returncode == 0, warm.stderr
-    multicast = _loopback_multicast()
+    multicast = _multicast_on()
     cfgs = _configs(tmp_path, multicast)
     procs = []
     clients = []

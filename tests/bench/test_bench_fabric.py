@@ -51,6 +51,24 @@ def test_report_has_the_shared_shape_and_every_hop_delivers_what_was_sent():
         assert f"{metric} topicwire/direct" in report["ratios"]
 
 
+def test_control_load_is_measured_on_the_appliance_and_elsewhere_beside_the_quiet_run():
+    args = tiny_args("--control-load")
+    args.direct = False
+    report = json.loads(json.dumps(fabric.run(args)))
+    load = report["params"]["control_load"]
+    for made in (load["made"], load["made_elsewhere"]):  # each appliance answered its load
+        (counts,) = made
+        assert counts["requests"] > 0 and counts["answers"] == counts["requests"], load
+        assert counts["status_reads"] > 0, load
+    runs = report["params"]["runs"]
+    for hop in ("topicwire", fabric.LOADED, fabric.ELSEWHERE):
+        (one,) = runs[hop]
+        assert one["latency_sent"] == one["latency_received"] == 500, hop
+        assert 0 < one["p50_us"] <= one["p99_us"], hop
+    for ratio in ("loaded/quiet", "loaded/elsewhere", "elsewhere/quiet"):
+        assert load[f"p99_us {ratio}"] > 0, ratio
+
+
 def test_the_relay_is_built_once_per_source_version(tmp_path):
     first = fabric.build_relay(tmp_path)
     mtime = first.stat().st_mtime_ns
@@ -136,7 +154,14 @@ def test_the_scraper_reads_status_and_metrics_at_its_rate(tmp_path):
             scraper = fabric._child("scrape", {"mgmt_port": port, "hz": 20})
             try:
                 scraper.expect("READY")
-                time.sleep(1.0)  # a second of scraping at 20 Hz
+                deadline = time.monotonic() + 60
+                while True:  # until it made 5 reads of each, or the deadline
+                    scraper.tell("COUNT")
+                    counts = scraper.result()
+                    if counts["errors"] or min(counts["status_reads"],
+                                               counts["metrics_reads"]) >= 5 \
+                            or time.monotonic() > deadline:
+                        break
                 scraper.tell("STOP")
                 counts = scraper.result()
             finally:
