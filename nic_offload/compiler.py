@@ -225,7 +225,10 @@ class OffloadCompiler:
         return len(self._dirty)
 
     def build(self) -> Snapshot:
-        """Compile the changes since the last build into the next snapshot."""
+        """Compile the changes since the last build into the next snapshot: the last one
+        itself (same object, same version) when nothing an executor sees changed (a
+        subscription whose pattern matches no known topic, or one that leaves every
+        decision as it was), so the caller can tell there is nothing to install."""
         self._sync_registry()
         for acl_class in {e.acl_class for e in self._egresses.values()} - {0}:
             if acl_class not in self._classes:
@@ -236,13 +239,17 @@ class OffloadCompiler:
         decisions = self._decide_rows(dirty)
         for row, decision in zip(dirty.tolist(), decisions):
             self._apply(row, decision)
-        self._version += 1
         n = len(self._names)
+        groups = tuple(MulticastGroup(g, self._ports_of_group[g])
+                       for g in sorted(self._ports_of_group))
+        if self._unchanged(n, groups):
+            self._dirty.clear()
+            assert self._snapshot is not None
+            return self._snapshot
+        self._version += 1
         rows = KeyRows(self._keys[:n].copy(), self._actions[:n].copy(),
                        self._targets[:n].copy(), self._acl_classes[:n].copy())
         acl_entries = tuple(e for c in sorted(self._class_entries) for e in self._class_entries[c])
-        groups = tuple(MulticastGroup(g, self._ports_of_group[g])
-                       for g in sorted(self._ports_of_group))
         entries = EntrySet(self._spec, rows, acl_entries, groups, self._version)
         if self._snapshot is None:
             snapshot = Snapshot.build(entries)
@@ -255,6 +262,22 @@ class OffloadCompiler:
         return snapshot
 
     # --- internals -----------------------------------------------------------------------------
+    def _unchanged(self, n: int, groups: tuple[MulticastGroup, ...]) -> bool:
+        """Whether the rows, groups and ACL entries are those of the last snapshot."""
+        last = self._snapshot
+        if last is None or self._acl_dirty or groups != last.entries.groups:
+            return False
+        rows = last.entries.key_rows
+        if len(rows) != n:
+            return False
+        if not self._dirty:
+            return True
+        changed = np.fromiter(self._dirty, np.int64, len(self._dirty))
+        return bool(np.array_equal(rows.actions[changed], self._actions[changed])
+                    and np.array_equal(rows.targets[changed], self._targets[changed])
+                    and np.array_equal(rows.acl_classes[changed], self._acl_classes[changed])
+                    and np.array_equal(rows.keys[changed], self._keys[changed]))
+
     def _egress(self, name: str) -> Egress:
         try:
             return self._egresses[name]

@@ -158,6 +158,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         """(channel, peer) -> when it may be logged again (at most LOG_SOURCES_KEPT)."""
         self._log_full_at = 0
         self._pending_snapshot = None
+        self._installed_snapshot: Any = compiler.snapshot
+        """The snapshot the data path has (the compiler hands the same one back when a
+        change leaves the tables as they were: nothing is sent then)."""
         self._replies_when_live: list[tuple[Session, al.ControlKind, dict]] = []
         """Replies held until the tables they depend on are live in the data path."""
         self._synced_registry = registry.version
@@ -201,7 +204,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
             self._build_snapshot()
             work += 1
         if self._pending_snapshot is not None and self.dp.commands_pending() == 0:
-            self.dp.publish_snapshot(self._pending_snapshot)
+            if self._pending_snapshot is not self._installed_snapshot:  # else: nothing changed
+                self.dp.publish_snapshot(self._pending_snapshot)
+                self._installed_snapshot = self._pending_snapshot
             self._pending_snapshot = None
             for port in self._quarantine:
                 self._free_ports.append(port)

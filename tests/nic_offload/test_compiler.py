@@ -147,6 +147,20 @@ def test_a_subscribe_recompiles_only_the_keys_its_pattern_matches():
     assert after.version == before.version + 1
 
 
+def test_a_change_that_leaves_every_decision_as_it_was_builds_no_new_snapshot():
+    registry, compiler = _every_topic_compiler(e1=(1, "a/#"))
+    before = compiler.build()
+    compiler.subscribe("e1", "nowhere/#")  # matches no known topic
+    assert compiler.build() is before
+    compiler.subscribe("e1", "a/b/+")  # inside a/#: its rows recompile to what they were
+    assert compiler.pending_rows > 0
+    assert compiler.build() is before and compiler.pending_rows == 0
+    compiler.subscribe("e1", "b/+")  # a real change: a new snapshot, the next version
+    after = compiler.build()
+    assert after is not before and after.version == before.version + 1
+    assert table_decisions(compiler, registry)[(0, "b/c")] == (KeyAction.FORWARD, (1,), 0)
+
+
 def test_a_withdrawn_subscription_stops_its_topics_and_leaves_the_rest():
     registry, compiler = _every_topic_compiler(e1=(1, "a/#"))
     compiler.subscribe("e1", "b/+")
