@@ -12,6 +12,8 @@ File layout (native byte order: both ends are on this host)::
 
     0     file header (256 bytes): magic "TWSHMRNG", version u32, producers u32,
           ring_bytes u64, max_frame_bytes u32
+          +64  parked u32  written only by the consumer (own cache line): 1 while it is
+               about to block, or blocked, on the doorbell
     256   ring 0: header (256 bytes), then ring_bytes of data
                   +0   tail u64  written only by the ring's producer   (own cache line)
                   +64  head u64  written only by the consumer          (own cache line)
@@ -31,6 +33,17 @@ producer never overwrites unread bytes. Counter loads and stores are numpy scala
 made from Python, outside the numba copy kernels, so no compiler can move them across the
 copies. Other architectures need explicit fences here.
 
+The doorbell: a FIFO beside the file (``PATH.bell``, made by the consumer before the file
+appears, open for reading and writing on its side so it never sees end-of-file). A
+consumer with nothing to read sets ``parked``, then looks at the tails once more, then
+blocks in poll(2) on the FIFO (``wait_fds``; ``receive`` with a timeout does the same after
+it spun, ``SHM_SPINS``); a producer stores its ``tail``, then reads ``parked`` and, when it
+is set, writes one byte to the FIFO. Each side puts a full fence between its store and its
+load (x86-64 may otherwise order a load before an older store: both would miss the other,
+and the consumer would sleep on a published record), so either the producer sees
+``parked`` or the consumer sees the new tail. A producer writes nothing while the consumer
+is busy: the bell costs a system call only to wake a consumer that sleeps.
+
 Hostile or torn data: a record with an impossible length or kind (longer than
 ``max_frame_bytes`` or than the published bytes, or padding that does not end at the wrap)
 is counted (``drops``, reason ``torn_record``) and the consumer resyncs by skipping to the
@@ -46,11 +59,14 @@ import errno
 import fcntl
 import mmap
 import os
+import select
 import struct
 import time
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import intrinsic
 
 from channels.base import (
     WAIT_FOREVER,
@@ -62,7 +78,7 @@ from channels.base import (
     stamp_send_ts,
 )
 from channels.errors import ChannelDeviceError, ChannelUserError, os_error
-from datapath.agent import BackoffIdle
+from datapath.agent import BACKOFF_MAX_SPINS, BACKOFF_MAX_YIELDS, yield_cpu
 from datapath.config import MAX_FRAME_BYTES
 
 SHM_DIR = "/dev/shm"
@@ -72,13 +88,22 @@ SHM_RING_BYTES = 1 << 20
 SHM_MAX_PRODUCERS = 64
 """Most producer rings one file may hold."""
 SHM_FILE_MAGIC = b"TWSHMRNG"
-SHM_FILE_VERSION = 1
+SHM_FILE_VERSION = 2
+"""2: the doorbell (``parked`` and ``PATH.bell``)."""
 
 FILE_HEADER_BYTES = 256
 RING_HEADER_BYTES = 256
 TAIL_OFFSET = 0
 HEAD_OFFSET = 64
 PID_OFFSET = 128
+PARKED_OFFSET = 64
+"""The consumer's ``parked`` word in the file header."""
+BELL_SUFFIX = ".bell"
+SHM_SPINS = BACKOFF_MAX_SPINS
+SHM_YIELDS = BACKOFF_MAX_YIELDS
+"""``receive`` with a timeout looks at the rings ``SHM_SPINS`` times, then as often again
+yielding the CPU in between (a few hundred microseconds in all, as ``BackoffIdle`` does),
+then blocks on the doorbell, where ``BackoffIdle`` would sleep in growing steps."""
 RECORD_HEADER_BYTES = 8
 RECORD_FRAME = 1
 RECORD_PADDING = 2
@@ -112,6 +137,38 @@ def _lock(fd: int, offset: int, *, test_only: bool = False) -> bool:
 
 
 # --- kernels (numba): the copies; counters stay outside ------------------------------------
+
+@intrinsic
+def _full_fence(typingctx):  # noqa: ANN001, ANN202 (numba's intrinsic protocol)
+    """A sequentially consistent fence (mfence on x86-64)."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def _store_then_load(counters: np.ndarray, store_at: int, value: int, words: np.ndarray,
+                     load_at: int) -> int:
+    """``counters[store_at] = value``, a full fence, then ``words[load_at]``: a producer
+    publishing its tail and reading ``parked``."""
+    counters[store_at] = value
+    _full_fence()
+    return words[load_at]
+
+
+@numba.njit(cache=True, nogil=True)
+def _park_then_look(words: np.ndarray, parked_at: int, counters: np.ndarray,
+                    tail_idx: np.ndarray, heads: np.ndarray) -> bool:
+    """``parked = 1``, a full fence, then whether any ring holds unread records: a consumer
+    about to block."""
+    words[parked_at] = 1
+    _full_fence()
+    for i in range(len(tail_idx)):
+        if counters[tail_idx[i]] != heads[i]:
+            return True
+    return False
+
 
 @numba.njit(cache=True, nogil=True)
 def _ring_write(data: np.ndarray, words: np.ndarray, base: int, ring_bytes: int, head: int,
@@ -246,8 +303,11 @@ class _RingFile:
         self.fd = -1
 
 
-def _create_file(path: str, producers: int, ring_bytes: int, max_frame_bytes: int) -> int:
-    """Create and initialise the ring file (atomically, via rename); return an fd on it."""
+def _create_file(path: str, producers: int, ring_bytes: int, max_frame_bytes: int
+                 ) -> tuple[int, int]:
+    """Create and initialise the ring file (atomically, via rename) and its doorbell, open
+    before the ring appears (a producer that finds the ring finds its bell with a reader);
+    return an fd on each."""
     if not 1 <= producers <= SHM_MAX_PRODUCERS:
         raise ChannelUserError(f"producers must be in [1, {SHM_MAX_PRODUCERS}], not {producers}")
     if ring_bytes < 4096 or ring_bytes & (ring_bytes - 1):
@@ -284,7 +344,13 @@ def _create_file(path: str, producers: int, ring_bytes: int, max_frame_bytes: in
                                         ring_bytes, max_frame_bytes), 0)
         if not _lock(fd, _CONSUMER_LOCK):
             raise ChannelDeviceError(f"could not lock new ring {path}", errno=errno.EBUSY)
-        os.rename(tmp, path)
+        _make_bell(path)
+        bell = _open_bell(path, consumer=True)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            os.close(bell)
+            raise
     except OSError as exc:
         os.close(fd)
         os.unlink(tmp)
@@ -293,7 +359,30 @@ def _create_file(path: str, producers: int, ring_bytes: int, max_frame_bytes: in
         os.close(fd)
         os.unlink(tmp)
         raise
-    return fd
+    return fd, bell
+
+
+def _make_bell(path: str) -> None:
+    """The ring's doorbell FIFO (``PATH.bell``), made afresh."""
+    bell = path + BELL_SUFFIX
+    try:
+        os.unlink(bell)
+    except FileNotFoundError:
+        pass
+    os.mkfifo(bell, 0o600)
+
+
+def _open_bell(path: str, *, consumer: bool) -> int:
+    """The doorbell of ring ``path``: the consumer's end reads and writes (so it never sees
+    end-of-file and can ring itself), a producer's only writes. Non-blocking both."""
+    flags = (os.O_RDWR if consumer else os.O_WRONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        return os.open(path + BELL_SUFFIX, flags)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a producer's open with no reader: the consumer is gone
+            return -1
+        raise os_error(f"opening the doorbell {path}{BELL_SUFFIX} of ring {path} (its "
+                       "consumer makes it; restart the consumer)", exc) from None
 
 
 # --- the channel --------------------------------------------------------------------------
@@ -320,11 +409,22 @@ class ShmChannel(Channel):
         self._rx_path: str | None = None
         self._out = np.zeros(4, dtype=np.int64)
         self._next_ring = 0
+        self._bell = -1
+        """The rx ring's doorbell (consumer's end)."""
+        self._tx_bell = -1
+        """The tx ring's doorbell (a producer's end; -1 when its consumer is gone)."""
+        self._armed = False
+        self._poller: select.poll | None = None
+        self.bells_rung = 0
+        """Bytes this end wrote to its tx ring's doorbell: the consumer was parked."""
+        self.bell_wakes = 0
+        """Parks of this consumer that its doorbell ended (not a timeout)."""
         try:
             if rx is not None:
                 path = ring_path(rx)
-                fd = _create_file(path, producers, ring_bytes,
-                                  min(max_frame_bytes, ring_bytes // 2 - RECORD_HEADER_BYTES))
+                fd, self._bell = _create_file(
+                    path, producers, ring_bytes,
+                    min(max_frame_bytes, ring_bytes // 2 - RECORD_HEADER_BYTES))
                 self._rx_path = path
                 self._rx = _RingFile(fd, path)
                 self._heads = self._rx.counters[self._rx.head_idx].tolist()
@@ -361,6 +461,7 @@ class ShmChannel(Channel):
                                      "taken; make the ring with more producers",
                                      errno=errno.EBUSY)
         self._tx = ring
+        self._tx_bell = _open_bell(path, consumer=False)
         self.producer_slot = slot
         self._tx_base = int(ring.data_bases[slot])
         self._tx_tail_idx = int(ring.tail_idx[slot])
@@ -411,7 +512,10 @@ class ShmChannel(Channel):
         _ring_write(ring.data, ring.words, self._tx_base, ring.ring_bytes, head, self._tail,
                     arrays.buf, arrays.offsets, arrays.lengths, n, ring.max_frame_bytes, out)
         taken, tail, oversized = int(out[0]), int(out[1]), int(out[2])
-        ring.counters[self._tx_tail_idx] = tail  # publish: after the copies (see module doc)
+        # publish, after the copies, then look whether the consumer sleeps (see module doc)
+        if _store_then_load(ring.counters, self._tx_tail_idx, tail, ring.words,
+                            PARKED_OFFSET // 4) and self._tx_bell >= 0 and tail != self._tail:
+            self._ring(self._tx_bell)
         self._tail = tail
         if oversized:
             self.stats.on_drop("oversized", oversized)
@@ -428,16 +532,62 @@ class ShmChannel(Channel):
         n = self._poll(batch)
         if n or timeout_ns == 0:
             return n
-        idle = BackoffIdle()
         deadline = None if timeout_ns == WAIT_FOREVER else time.monotonic_ns() + timeout_ns
+        looks = 0
         while not n:
-            if deadline is not None and time.monotonic_ns() >= deadline:
+            now = time.monotonic_ns()
+            if deadline is not None and now >= deadline:
                 break
-            idle.idle(0)
+            looks += 1
+            if looks > SHM_SPINS + SHM_YIELDS:  # nothing came while it spun: the doorbell
+                self._block((deadline - now) if deadline is not None else None)
+            elif looks > SHM_SPINS:
+                yield_cpu()
             n = self._poll(batch)
         return n
 
+    def wait_fds(self) -> tuple[int, ...] | None:
+        """The rx ring's doorbell, armed: from now until the next receive, a producer that
+        publishes rings it (and when a record is already there, it is rung at once)."""
+        ring = self._rx
+        if ring is None or self._bell < 0 or self.closed:
+            return None
+        if _park_then_look(ring.words, PARKED_OFFSET // 4, ring.counters, ring.tail_idx,
+                           ring.counters[ring.head_idx]):
+            self._ring(self._bell)
+        self._armed = True
+        return (self._bell,)
+
+    def _block(self, timeout_ns: int | None) -> None:
+        """One park on the doorbell (``timeout_ns`` None: until it rings)."""
+        fds = self.wait_fds()
+        assert fds is not None
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._bell, select.POLLIN)
+        if self._poller.poll(-1 if timeout_ns is None else max(1, -(-timeout_ns // 1_000_000))):
+            self.bell_wakes += 1
+
+    def _ring(self, fd: int) -> None:
+        try:
+            os.write(fd, b"\0")
+            self.bells_rung += 1
+        except (BlockingIOError, BrokenPipeError):
+            pass  # full: it is ringing already; no reader: the consumer is gone
+
+    def _disarm(self) -> None:
+        """Back from a park: ``parked`` cleared, the doorbell emptied."""
+        self._armed = False
+        self._rx.words[PARKED_OFFSET // 4] = 0
+        try:
+            while os.read(self._bell, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
     def _poll(self, batch: FrameBatch) -> int:
+        if self._armed:
+            self._disarm()
         ring = self._rx
         tails = ring.counters[ring.tail_idx].tolist()  # loads before the copies (module doc)
         heads = self._heads
@@ -480,6 +630,16 @@ class ShmChannel(Channel):
                                  "closed (fail closed): recreate the ring", errno=errno.EBADMSG)
 
     def _close(self) -> None:
+        for name in ("_bell", "_tx_bell"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+        if getattr(self, "_rx_path", None):
+            try:
+                os.unlink(self._rx_path + BELL_SUFFIX)
+            except FileNotFoundError:
+                pass
         tx = getattr(self, "_tx", None)
         if tx is not None:
             tx.close()
@@ -502,3 +662,6 @@ def warm_up() -> None:
     one = np.zeros(1, np.int64)
     _ring_write(data, words, 0, 4096, 0, 0, frame, one, np.full(1, 64, np.int64), 1, 1024, out)
     _ring_read(data, words, 0, 4096, 0, int(out[1]), 1024, frame, 64, one.copy(), 0, 1, out)
+    counters = data.view(np.uint64)
+    _store_then_load(counters, 0, 0, words, PARKED_OFFSET // 4)
+    _park_then_look(words, PARKED_OFFSET // 4, counters, one, counters[one])

@@ -100,7 +100,14 @@ from appliance.config import (
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from channels.errors import ChannelDeviceError
 from datapath import jit
-from datapath.agent import AgentRunner, BackoffIdle, BusySpinIdle, SleepingIdle
+from datapath.agent import (
+    AgentRunner,
+    BackoffIdle,
+    BusySpinIdle,
+    PollingIdle,
+    SleepingIdle,
+    WaitSet,
+)
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
@@ -138,9 +145,16 @@ SUBSCRIPTION_LOSS_EVENTS = 1_024
 """Loss events a subscription keeps (``losses``); ``lost_messages`` counts them all."""
 ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
-IDLE_STRATEGIES = {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle}
-"""How a client's thread waits when idle (``connect(..., idle=)``): spin, spin then yield then
-park up to 1 ms (the default), or sleep 1 ms (least CPU, up to 1 ms more latency)."""
+IDLE_STRATEGIES = ("block", "busy", "backoff", "sleep")
+"""How a client's thread waits when idle (``connect(..., idle=)``): ``block`` (the default)
+spins ``CLIENT_SPIN_NS`` after its last work, then blocks in poll(2) on its channel's
+descriptor (a socket, or a shared-memory ring's doorbell) for at most 1 ms, so a frame ends
+the wait at once; ``busy`` spins; ``backoff`` spins, yields, then sleeps up to 1 ms (a frame
+waits for the sleep to end); ``sleep`` sleeps 1 ms (least CPU, up to 1 ms more latency)."""
+CLIENT_SPIN_NS = 200_000
+"""``idle="block"``: how long the client's thread keeps looking after its last work."""
+CLIENT_MAX_PARK_NS = 1_000_000
+"""``idle="block"``: its longest wait in poll(2) (its timers: heartbeats, retransmissions)."""
 RESOLVE_RETRY_NS = 200_000_000
 """An unanswered key resolution is asked again after this long."""
 log = logging.getLogger("topicwire.client")
@@ -257,7 +271,7 @@ class Client(GuaranteedSide, ConnectionSide):
 
     def __init__(self, channel: Any, identity: str, *, ring: str | None = None,
                  owned: Any = None, timeout_s: float = REQUEST_TIMEOUT_S,
-                 idle: str = "backoff", url: str = "",
+                 idle: str = "block", url: str = "",
                  on_state: Callable[[StateChange], None] | None = None,
                  session_timeout_s: float = SESSION_TIMEOUT_S,
                  reconnect_s: float = RECONNECT_S,
@@ -374,7 +388,7 @@ class Client(GuaranteedSide, ConnectionSide):
         jit.preload()
         check_down_frames(self._pub_np, _ZERO, _ZERO, 0, DOWN_OPEN, False, self._down_ab,
                           self._down_ctl, self._down_window, np.zeros(1, np.int8))
-        self._runner = AgentRunner([_ClientAgent(self)], IDLE_STRATEGIES[idle](),
+        self._runner = AgentRunner([_ClientAgent(self)], self._idle_strategy(idle),
                                    name=f"client-{identity}")
         self._runner.start()
         try:
@@ -580,6 +594,16 @@ class Client(GuaranteedSide, ConnectionSide):
         self._keys[(namespace, topic)] = key
         self._topics[key] = (namespace, topic)
         return key
+
+    def _idle_strategy(self, idle: str) -> Any:
+        """The client thread's idle strategy (``IDLE_STRATEGIES``)."""
+        if idle == "block":
+            def wait_set() -> WaitSet:  # the channel changes when the client reconnects
+                fds = self.channel.wait_fds()
+                return WaitSet(fds or (), fds is not None)
+
+            return PollingIdle(wait_set, spin_ns=CLIENT_SPIN_NS, max_park_ns=CLIENT_MAX_PARK_NS)
+        return {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle}[idle]()
 
     def publish(self, topic: str, payload: bytes | bytearray | memoryview = b"", *,
                 qos: str = "best-effort", namespace: int = 0, schema_id: int = 0,
@@ -1126,7 +1150,7 @@ class _ClientAgent:
 
 
 def connect(url: str, identity: str = "anonymous", *,
-            timeout_s: float = REQUEST_TIMEOUT_S, idle: str = "backoff",
+            timeout_s: float = REQUEST_TIMEOUT_S, idle: str = "block",
             rdma_device: str | None = None, rdma_gid_index: int | None = None,
             rdma_bind: str | None = None,
             on_state: Callable[[StateChange], None] | None = None,

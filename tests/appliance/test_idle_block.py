@@ -1,6 +1,6 @@
-"""The data path's default idle strategy blocks in poll(2): on the UDP client socket alone it
-may park for long, beside a shared-memory ring it keeps its parks short; a command the control
-thread offers wakes it; ``appliance.idle_spin_us`` is checked like every key."""
+"""The data path's default idle strategy blocks in poll(2): on the UDP client socket, and on
+the doorbell of the shared-memory ring beside it, which a client's publish rings; a command
+the control thread offers wakes it; ``appliance.idle_spin_us`` is checked like every key."""
 
 import pytest
 
@@ -35,11 +35,24 @@ def test_the_default_blocks_on_the_client_socket_and_a_client_is_served():
         wait_for(lambda: idle.polls > 0)  # idle again: parked in poll
 
 
-def test_beside_a_shared_memory_ring_the_wait_set_is_not_complete():
+def test_beside_a_shared_memory_ring_the_data_path_sleeps_on_its_doorbell():
     port = free_port()
-    with Appliance(_config(port, shm=f"idle{port}")) as app:
+    ring = f"idle{port}"
+    with Appliance(_config(port, shm=ring)) as app:
         fds, complete = app.dataplane.wait_set()
-        assert not complete and fds == (app.channels["clients-udp"].fileno(),)
+        bus = app.channels["clients-shm"]
+        assert complete and fds == (app.channels["clients-udp"].fileno(), bus._bell)
+        idle = app._dp_runner.idle
+        with connect(f"shm://{ring}", "idle-shm") as client:
+            sub = client.subscribe("idle/shm")
+            for i in range(3):  # each publish finds the data path asleep in poll
+                wait_for(lambda: bus._armed)  # about to poll, or polling, on its doorbell
+                rung = client.channel.bells_rung
+                client.publish("idle/shm", bytes([i]))
+                client.flush()
+                message = sub.get(timeout=10)
+                assert message is not None and message.payload == bytes([i])
+                assert client.channel.bells_rung > rung  # the publish rang the bell
 
 
 def test_a_command_offered_by_the_control_thread_wakes_the_parked_data_path():

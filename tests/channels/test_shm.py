@@ -3,6 +3,9 @@
 import errno
 import mmap
 import os
+import random
+import threading
+import time
 import uuid
 
 import pytest
@@ -10,8 +13,10 @@ import pytest
 from channels.base import FrameBatch
 from channels.errors import ChannelDeviceError, ChannelUserError
 from channels.shm import (
+    BELL_SUFFIX,
     FILE_HEADER_BYTES,
     HEAD_OFFSET,
+    PARKED_OFFSET,
     RING_HEADER_BYTES,
     TAIL_OFFSET,
     ShmChannel,
@@ -26,6 +31,7 @@ def ring():
     name = f"test-{uuid.uuid4().hex[:8]}"
     yield name
     assert not os.path.exists(ring_path(name)), "the consumer must remove its ring on close"
+    assert not os.path.exists(ring_path(name) + BELL_SUFFIX), "and its doorbell"
 
 
 def test_spsc_moves_batches_between_two_processes(peers, ring):
@@ -167,3 +173,67 @@ def test_frames_larger_than_the_slot_are_dropped_and_counted(ring):
         assert rx.receive(small) == 1 and rx.stats.drop_reasons == {"oversized": 1}
         rx.close()
         rx.close()
+
+
+def _receive_in_thread(consumer, timeout_s):
+    """Start ``consumer.receive`` (one frame at most) on a thread; its result list."""
+    got = []
+
+    def run():
+        batch = FrameBatch(1, 256)
+        got.append(consumer.receive(batch, int(timeout_s * 1e9)))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, got
+
+
+def test_a_consumer_blocked_on_the_doorbell_wakes_for_every_frame_and_none_is_missed(ring):
+    # a lost wakeup would hold a receive for its whole 20 s and return 0: the test fails
+    consumer = ShmChannel(rx=ring)
+    producer = ShmChannel(tx=ring)
+    frame = frames_batch(1)
+    parked = producer._tx.words[PARKED_OFFSET // 4 : PARKED_OFFSET // 4 + 1]
+    rng = random.Random(7)
+    try:
+        for i in range(400):
+            thread, got = _receive_in_thread(consumer, 20.0)
+            if i < 200:  # the consumer is asleep on the bell when the frame comes
+                deadline = time.monotonic() + 20
+                while not parked[0] and time.monotonic() < deadline:
+                    time.sleep(0)
+                assert parked[0], "the consumer never parked"
+            else:  # the frame races the consumer's spin and its park
+                end = time.perf_counter_ns() + rng.randrange(0, 60_000)
+                while time.perf_counter_ns() < end:
+                    pass
+            assert producer.send(frame) == 1
+            thread.join(30)
+            assert got == [1], (i, got)
+        assert consumer.bell_wakes >= 200 and producer.bells_rung >= 200
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_a_ring_gives_its_doorbell_to_whoever_blocks_on_it(ring):
+    consumer = ShmChannel(rx=ring)
+    producer = ShmChannel(tx=ring)
+    try:
+        fds = consumer.wait_fds()  # armed: a frame published now rings it
+        assert fds is not None and len(fds) == 1 and producer.wait_fds() is None
+        assert producer.send(frames_batch(1, key=2)) == 1
+        assert producer.bells_rung == 1
+        batch = FrameBatch(4, 256)
+        assert consumer.receive(batch) == 1
+        # not armed: the producer writes to the ring alone (no system call)
+        assert producer.send(frames_batch(1, key=3)) == 1
+        assert producer.bells_rung == 1 and consumer.receive(batch) == 1
+        # armed with a record already there: it rings itself, so a poll ends at once
+        assert producer.send(frames_batch(1, key=4)) == 1
+        assert consumer.bells_rung == 0
+        consumer.wait_fds()
+        assert consumer.bells_rung == 1 and consumer.receive(batch) == 1
+    finally:
+        producer.close()
+        consumer.close()
