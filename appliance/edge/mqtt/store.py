@@ -1,0 +1,404 @@
+"""The edge's MQTT state on disk (``mqtt.state_dir``): persistent sessions, their QoS 1/2
+deliveries, the QoS 2 packet ids awaiting PUBREL, the retained messages and the QoS 1/2
+publishes not yet known to have reached the fabric, so that an edge restart or a ``kill -9``
+loses none of them (docs/edge.md, "Persistence").
+
+One journal ``mqtt-state.log`` in the directory (journal.py: CRC-32 records, a writer thread,
+group commit with one ``fdatasync`` per batch, torn tail cut, compaction), magic
+``TWMS\\x01``. Each record body is a put or a delete of one key in one space::
+
+    body:  u8 op (1 put, 2 delete) | u8 space | u16 key length | key | (put) value
+
+    space      key                           value
+    SESSION    client id                     JSON: identity, expiry_s, filters and their
+                                             SubOptions, offline_since (wall clock or null)
+    DELIVERY   u16 len | client id | u64 seq  u8 qos | u8 retain | u64 origin | u16 topic
+                                             len | topic | payload (origin: the INBOUND seq
+                                             of a publish of this edge, else 0)
+    SENT       (the DELIVERY key)             u16 packet id | u8 awaited ack (1 PUBACK,
+                                             2 PUBREC, 3 PUBCOMP)
+    REL        u16 len | client id | u16 id   (empty): an incoming QoS 2 id awaiting PUBREL
+    RETAINED   topic                          u64 seq | u8 qos | payload
+    INBOUND    u64 seq                        u8 qos | u8 retain | u16 identity len |
+                                             identity | u16 topic len | topic | payload
+
+Records are idempotent (a put replaces its key, a delete of a missing key changes nothing),
+as the journal's compaction needs. The store keeps the live records in memory too (what a
+compaction writes); the event loop changes them (a lock guards them against the writer's
+snapshot) and never waits for the disk: ``put`` takes an ``on_synced`` callback, run on the
+loop (``call_soon_threadsafe``) once the record and everything written before it is synced.
+
+Opening reads the journal back: a torn or corrupt tail is cut off and counted
+(``store_torn_tail_bytes``); a file that is no such journal, or cannot be read, raises
+``ConfigError`` naming ``mqtt.state_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from appliance.edge.mqtt import journal
+from appliance.edge.mqtt.journal import Journal, JournalError
+from appliance.edge.mqtt.state import Delivery, SubOptions
+from appliance.errors import ConfigError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from appliance.edge.mqtt.sessions import SessionState
+
+log = logging.getLogger("topicwire.edge.mqtt")
+
+MAGIC = b"TWMS\x01"
+JOURNAL = "mqtt-state.log"
+PUT, DELETE = 1, 2
+SESSION, DELIVERY, SENT, REL, RETAINED, INBOUND = 1, 2, 3, 4, 5, 6
+HEAD = struct.Struct(">BBH")
+U16 = struct.Struct(">H")
+U64 = struct.Struct(">Q")
+DELIVERY_HEAD = struct.Struct(">BBQH")
+SENT_BODY = struct.Struct(">HB")
+AWAITING = ("", "puback", "pubrec", "pubcomp")
+INBOUND_RETIRE_S = 2.0
+"""How long after its native publish an incoming QoS 1/2 message stays recorded as
+``INBOUND``: by then it reached this edge's subscribers and their delivery records are
+synced (a message reaches them within milliseconds, meta.py), so it is not published again
+after a restart."""
+
+
+def _cid_key(client_id: str) -> bytes:
+    cid = client_id.encode()
+    return U16.pack(len(cid)) + cid
+
+
+def delivery_key(client_id: str, seq: int) -> bytes:
+    return _cid_key(client_id) + U64.pack(seq)
+
+
+def _cid_of(key: bytes) -> tuple[str, bytes]:
+    n = U16.unpack_from(key)[0]
+    return key[2:2 + n].decode(), key[2 + n:]
+
+
+def encode_delivery(d: Delivery) -> bytes:
+    topic = d.topic.encode()
+    origin = getattr(d.meta, "origin", 0)
+    return DELIVERY_HEAD.pack(d.qos, int(d.retain), origin, len(topic)) + topic + d.payload
+
+
+def decode_delivery(value: bytes) -> tuple[Delivery, int]:
+    """The delivery and its origin (0: none)."""
+    qos, retain, origin, tlen = DELIVERY_HEAD.unpack_from(value)
+    at = DELIVERY_HEAD.size
+    return Delivery(value[at:at + tlen].decode(), bytes(value[at + tlen:]), qos,
+                    bool(retain)), origin
+
+
+def encode_inbound(qos: int, retain: bool, identity: str, topic: str, payload: bytes) -> bytes:
+    ident, top = identity.encode(), topic.encode()
+    return (bytes((qos, int(retain))) + U16.pack(len(ident)) + ident + U16.pack(len(top)) +
+            top + payload)
+
+
+@dataclass
+class Inbound:
+    seq: int
+    qos: int
+    retain: bool
+    identity: str
+    topic: str
+    payload: bytes
+
+
+def decode_inbound(seq: int, value: bytes) -> Inbound:
+    qos, retain = value[0], bool(value[1])
+    n = U16.unpack_from(value, 2)[0]
+    identity = value[4:4 + n].decode()
+    at = 4 + n
+    m = U16.unpack_from(value, at)[0]
+    topic = value[at + 2:at + 2 + m].decode()
+    return Inbound(seq, qos, retain, identity, topic, bytes(value[at + 2 + m:]))
+
+
+@dataclass
+class StoredSession:
+    """One persistent session read back."""
+
+    client_id: str
+    identity: str
+    expiry_s: int
+    filters: dict[str, SubOptions]
+    offline_since: float | None
+    deliveries: list[tuple[int, Delivery, tuple[int, str] | None]] = field(default_factory=list)
+    """(seq, the delivery, (packet id, awaited ack) when it was sent), oldest first."""
+    origins: set[int] = field(default_factory=set)
+    """The INBOUND seqs its deliveries came from (a publish sent again is not queued
+    twice)."""
+    awaiting_rel: set[int] = field(default_factory=set)
+
+
+class StateStore:
+    """See the module docstring."""
+
+    def __init__(self, directory: Path, loop: asyncio.AbstractEventLoop,
+                 count: Callable[[str, int], None]) -> None:
+        self.directory = Path(directory)
+        self.loop = loop
+        self._count = count
+        self.lock = threading.Lock()
+        self.records: dict[tuple[int, bytes], bytes] = {}
+        self.bytes = 0
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            bodies, cut = journal.read(self.directory / JOURNAL, MAGIC)
+        except (OSError, JournalError) as exc:
+            raise ConfigError(
+                f"mqtt.state_dir: cannot read the edge's state in {self.directory}: {exc}; "
+                f"move {JOURNAL} away (its sessions and retained messages are then lost) or "
+                "point mqtt.state_dir at another directory") from None
+        for i, body in enumerate(bodies):
+            if not self._replay(body):  # an unknown record: cut there, as a corrupt one
+                cut += sum(len(b) + journal.RECORD_HEAD.size for b in bodies[i:])
+                break
+        if cut:
+            count("store_torn_tail_bytes", cut)
+            count("store_torn_tails_cut", 1)
+            log.warning("mqtt.state_dir: %d bytes of a torn or corrupt tail cut off %s", cut,
+                        self.directory / JOURNAL)
+        self.seq = max((U64.unpack_from(k, len(k) - 8)[0] for (s, k) in self.records
+                        if s in (DELIVERY, INBOUND)), default=0)
+        self.seq = max([self.seq] + [U64.unpack_from(v)[0] for (s, _), v in
+                                     self.records.items() if s == RETAINED])
+        try:
+            self._journal = Journal(self.directory / JOURNAL, MAGIC, self._snapshot,
+                                    lambda: self.bytes, count, prefix="store_",
+                                    name="mqtt-state-writer").start(self._snapshot())
+        except OSError as exc:
+            raise ConfigError(f"mqtt.state_dir: cannot write the edge's state in "
+                              f"{self.directory}: {exc}") from None
+
+    # --- records -------------------------------------------------------------------------------
+    @staticmethod
+    def _body(op: int, space: int, key: bytes, value: bytes = b"") -> bytes:
+        return HEAD.pack(op, space, len(key)) + key + value
+
+    def _replay(self, body: bytes) -> bool:
+        if len(body) < HEAD.size:
+            return False
+        op, space, klen = HEAD.unpack_from(body)
+        if op not in (PUT, DELETE) or not SESSION <= space <= INBOUND or (
+                len(body) < HEAD.size + klen):
+            return False
+        key = bytes(body[HEAD.size:HEAD.size + klen])
+        if op == PUT:
+            self._set((space, key), bytes(body[HEAD.size + klen:]))
+        else:
+            self._pop((space, key))
+        return True
+
+    def _set(self, k: tuple[int, bytes], value: bytes) -> None:
+        old = self.records.get(k)
+        if old is not None:
+            self.bytes -= len(old) + len(k[1]) + HEAD.size + journal.RECORD_HEAD.size
+        self.records[k] = value
+        self.bytes += len(value) + len(k[1]) + HEAD.size + journal.RECORD_HEAD.size
+
+    def _pop(self, k: tuple[int, bytes]) -> bool:
+        old = self.records.pop(k, None)
+        if old is None:
+            return False
+        self.bytes -= len(old) + len(k[1]) + HEAD.size + journal.RECORD_HEAD.size
+        return True
+
+    def _snapshot(self) -> list[bytes]:
+        with self.lock:
+            return [self._body(PUT, s, k, v) for (s, k), v in self.records.items()]
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def put(self, space: int, key: bytes, value: bytes,
+            on_synced: Callable[[bool], None] | None = None) -> None:
+        """Keep ``key`` = ``value``; ``on_synced(ok)`` runs on the loop once it is on disk."""
+        with self.lock:
+            self._set((space, key), value)
+            self._journal.write(self._body(PUT, space, key, value), self._on_loop(on_synced))
+
+    def delete(self, space: int, key: bytes) -> None:
+        with self.lock:
+            if self._pop((space, key)):
+                self._journal.write(self._body(DELETE, space, key))
+
+    def _on_loop(self, fn: Callable[[bool], None] | None) -> Callable[[bool], None] | None:
+        if fn is None:
+            return None
+        loop = self.loop
+
+        def synced(ok: bool) -> None:
+            try:
+                loop.call_soon_threadsafe(fn, ok)
+            except RuntimeError:  # the loop has stopped: the edge is going down
+                pass
+        return synced
+
+    def sync(self, timeout_s: float) -> bool:
+        return self._journal.sync(timeout_s)
+
+    def close(self) -> None:
+        self._journal.close()
+
+    # --- reading back ------------------------------------------------------------------------
+    def stored_sessions(self) -> list[StoredSession]:
+        """The persistent sessions recorded, each with its deliveries (in order) and QoS 2
+        ids; records of a session that is not recorded are deleted."""
+        out: dict[str, StoredSession] = {}
+        for (space, key), value in list(self.records.items()):
+            if space != SESSION:
+                continue
+            try:
+                doc = json.loads(value)
+                filters = {k: SubOptions(**o) for k, o in doc["filters"].items()}
+                out[key.decode()] = StoredSession(key.decode(), doc["identity"],
+                                                  int(doc["expiry_s"]), filters,
+                                                  doc.get("offline_since"))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("mqtt.state_dir: session %r unreadable (%s), dropped", key, exc)
+                self.delete(SESSION, key)
+        sent = {key: SENT_BODY.unpack(v) for (s, key), v in self.records.items() if s == SENT}
+        for (space, key), value in sorted(self.records.items()):
+            if space not in (DELIVERY, REL):
+                continue
+            cid, rest = _cid_of(key)
+            session = out.get(cid)
+            if session is None:
+                self.delete(space, key)
+                self.delete(SENT, key)
+            elif space == REL:
+                session.awaiting_rel.add(U16.unpack(rest)[0])
+            else:
+                pid_ack = sent.get(key)
+                d, origin = decode_delivery(value)
+                if origin:
+                    session.origins.add(origin)
+                session.deliveries.append((U64.unpack(rest)[0], d, None if (
+                    pid_ack is None) else (pid_ack[0], AWAITING[pid_ack[1]])))
+        for session in out.values():
+            session.deliveries.sort(key=lambda x: x[0])
+        return list(out.values())
+
+    def stored_retained(self) -> list[tuple[str, bytes, int, int]]:
+        """(topic, payload, qos, seq) of the retained messages recorded."""
+        return [(key.decode(), value[9:], value[8], U64.unpack_from(value)[0])
+                for (space, key), value in self.records.items() if space == RETAINED]
+
+    def stored_inbound(self) -> list[Inbound]:
+        return sorted((decode_inbound(U64.unpack(key)[0], value) for (space, key), value in
+                       self.records.items() if space == INBOUND), key=lambda m: m.seq)
+
+    # --- what the sessions do ----------------------------------------------------------------
+    def save_session(self, state: SessionState, offline_since: float | None = None) -> None:
+        """Record ``state`` (persistent), its deliveries not recorded yet and its QoS 2 ids;
+        a session that is not persistent (expiry 0) is forgotten instead."""
+        if not state.expiry_s or state.ended:
+            self.forget_session(state)
+            return
+        doc = {"identity": state.identity, "expiry_s": state.expiry_s,
+               "filters": {k: asdict(o) for k, o in state.filters.items()},
+               "offline_since": offline_since}
+        self.put(SESSION, state.client_id.encode(), json.dumps(doc).encode())
+        state.stored = True
+        for pid, d in list(state.inflight.items()):
+            if not d.stored:
+                self.kept(state, d)
+                self.sent(state, pid, d)
+        for d in state.queued:
+            if not d.stored:
+                self.kept(state, d)
+        for pid in state.awaiting_rel:
+            self.put(REL, _cid_key(state.client_id) + U16.pack(pid), b"")
+
+    def forget_session(self, state: SessionState) -> None:
+        if not state.stored:
+            return
+        state.stored = False
+        self.delete(SESSION, state.client_id.encode())
+        prefix = _cid_key(state.client_id)
+        with self.lock:
+            keys = [k for k in self.records if k[0] in (DELIVERY, SENT, REL) and
+                    k[1].startswith(prefix) and _cid_of(k[1])[0] == state.client_id]
+        for space, key in keys:
+            self.delete(space, key)
+        for d in list(state.inflight.values()) + list(state.queued):
+            d.stored = 0
+
+    def kept(self, state: SessionState, d: Delivery) -> None:
+        """``d`` (QoS 1/2) entered ``state``'s queue or inflight."""
+        if not state.stored or d.qos == 0:
+            return
+        if not d.stored:
+            d.stored = self.next_seq()
+        self.put(DELIVERY, delivery_key(state.client_id, d.stored), encode_delivery(d))
+        self._count("store_deliveries_kept", 1)
+
+    def sent(self, state: SessionState, packet_id: int, d: Delivery) -> None:
+        """``d`` went to the client as ``packet_id`` (or passed PUBREC)."""
+        if not state.stored or d.qos == 0:
+            return
+        if not d.stored:
+            self.kept(state, d)
+        self.put(SENT, delivery_key(state.client_id, d.stored),
+                 SENT_BODY.pack(packet_id, AWAITING.index(d.awaiting or "puback")))
+
+    def done(self, state: SessionState, d: Delivery) -> None:
+        """``d``'s flow ended (PUBACK, PUBCOMP) or it left ``state`` (dropped, expired,
+        handed to another session)."""
+        if not d.stored:
+            return
+        key = delivery_key(state.client_id, d.stored)
+        d.stored = 0
+        self.delete(DELIVERY, key)
+        self.delete(SENT, key)
+
+    def rel(self, state: SessionState, packet_id: int, waiting: bool,
+            on_synced: Callable[[bool], None] | None = None) -> None:
+        """An incoming QoS 2 id starts (``waiting``) or ends awaiting PUBREL."""
+        key = _cid_key(state.client_id) + U16.pack(packet_id)
+        if waiting and state.stored:
+            self.put(REL, key, b"", on_synced)
+        else:
+            self.delete(REL, key)
+            if on_synced is not None:
+                self.loop.call_soon(on_synced, True)
+
+    def retained(self, topic: str, payload: bytes, qos: int, seq: int = 0) -> None:
+        """The retained store set (an empty payload: cleared) ``topic``."""
+        key = topic.encode()
+        if not payload:
+            self.delete(RETAINED, key)
+        else:
+            self.put(RETAINED, key, U64.pack(seq or self.next_seq()) + bytes((qos,)) + payload)
+
+    def retained_seq(self, topic: str) -> int:
+        value = self.records.get((RETAINED, topic.encode()))
+        return 0 if value is None else U64.unpack_from(value)[0]
+
+    def inbound(self, qos: int, retain: bool, identity: str, topic: str, payload: bytes,
+                on_synced: Callable[[bool], None]) -> int:
+        """Record an incoming QoS 1/2 publish (its acknowledgement waits for ``on_synced``);
+        its seq, for ``retire``."""
+        seq = self.next_seq()
+        self.put(INBOUND, U64.pack(seq), encode_inbound(qos, retain, identity, topic, payload),
+                 on_synced)
+        return seq
+
+    def retire(self, seq: int, delay_s: float = INBOUND_RETIRE_S) -> None:
+        """The publish ``seq`` reached the fabric: forget it after ``delay_s``."""
+        self.loop.call_later(delay_s, self.delete, INBOUND, U64.pack(seq))
