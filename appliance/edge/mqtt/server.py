@@ -318,6 +318,12 @@ class MqttServer:
             server.close()
         await asyncio.gather(*(c.close("shutdown", Reason.SERVER_SHUTTING_DOWN)
                                for c in list(self.open)), return_exceptions=True)
+        if self.store is not None:  # the last publishes reach the sessions and are retired
+            from appliance.edge.mqtt.store import INBOUND_RETIRE_S
+
+            deadline = self.loop.time() + INBOUND_RETIRE_S + 1
+            while self.store.inbound_pending() and self.loop.time() < deadline:
+                await asyncio.sleep(0.05)
         await asyncio.gather(*(s.end("shutdown") for s in list(self.sessions.values())),
                              return_exceptions=True)
         try:  # (websockets closes its server in a task of its own)

@@ -399,6 +399,11 @@ class StateStore:
                  on_synced)
         return seq
 
+    def inbound_pending(self) -> bool:
+        """Some publish is recorded and not retired yet."""
+        with self.lock:
+            return any(space == INBOUND for space, _ in self.records)
+
     def retire(self, seq: int, delay_s: float = INBOUND_RETIRE_S) -> None:
         """The publish ``seq`` reached the fabric: forget it after ``delay_s``."""
         self.loop.call_later(delay_s, self.delete, INBOUND, U64.pack(seq))
