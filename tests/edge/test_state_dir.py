@@ -359,6 +359,25 @@ def test_a_publish_recorded_but_not_delivered_is_published_again_at_start(tmp_pa
         edge.stop()
 
 
+def test_publishes_in_a_window_are_acknowledged_in_order_once_synced(tmp_path):
+    """paho keeps 20 QoS 1 publishes in flight; the edge lets at most max_inflight (2)
+    acknowledgements wait for the disk per connection, and sends them in order."""
+    edge = start_edge(state_dir=str(tmp_path), max_inflight=2)
+    try:
+        with Peer(edge, "online") as sub, Peer(edge, "burst") as pub:
+            assert sub.subscribe("o/#", 1) == 1
+            infos = [pub.client.publish(f"o/{i}", b"%d" % i, 1) for i in range(60)]
+            for info in infos:
+                info.wait_for_publish(DEADLINE_S)
+                assert info.is_published()
+            assert [m.topic for m in (sub.next() for _ in range(60))] == [
+                f"o/{i}" for i in range(60)]
+        assert counter(edge, "store_records_written") >= 60
+        assert counter(edge, "store_syncs") >= 1
+    finally:
+        edge.stop()
+
+
 def test_the_bounds_hold_for_what_is_recorded_and_restored(tmp_path):
     """In process: what the queue and the retained store refuse is not recorded, and a
     restart with smaller bounds restores within them."""

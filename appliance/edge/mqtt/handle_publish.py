@@ -16,7 +16,9 @@ With ``mqtt.state_dir`` (store.py) an incoming QoS 1/2 PUBLISH is first recorded
 store (``INBOUND``), published, and acknowledged (PUBACK, PUBREC) only once its record is
 synced: the writer thread's callback sends it, in the order the PUBLISHes came
 (``conn.acks``); the read loop goes on meanwhile and the event loop never waits for the disk.
-The record is deleted ``store.INBOUND_RETIRE_S`` after the publish; after a crash before
+At most ``mqtt.max_inflight`` acknowledgements wait per connection: beyond, the
+connection's next packet is read once the oldest is sent. The record is deleted
+``store.INBOUND_RETIRE_S`` after the publish; after a crash before
 that the edge publishes it again at start (at least once). A record that cannot be written
 closes the connection without the acknowledgement (the client sends it again). The incoming
 QoS 2 ids awaiting PUBREL are recorded for persistent sessions.
@@ -141,7 +143,13 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
                 state.awaiting_rel.add(pkt.packet_id)
             conn.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version, reason))
         return
-    # with a state store: recorded first, acknowledged once the record is synced
+    # with a state store: recorded first, acknowledged once the record is synced; at most
+    # mqtt.max_inflight acknowledgements wait per connection (then its reading waits)
+    while len(conn.acks) >= conn.cfg.max_inflight:
+        await asyncio.wait(conn.acks[0][0])
+        send_acks(conn)
+        if conn.closing:
+            raise Closed("store_write_failed", Reason.UNSPECIFIED, will=False)
     loop = conn.server.loop
     first = loop.create_future()
     entry: list = [[first], None]  # [the records' sync futures, the acknowledgement]
