@@ -23,6 +23,7 @@ from appliance.edge.mqtt.state import Delivery, SubOptions
 from appliance.edge.mqtt.store import JOURNAL, StateStore
 from appliance.errors import ConfigError
 from tests.appliance.helpers import CLI, free_port, run_appliance, stop, write_config
+from tests.edge import conftest
 from tests.edge.conftest import (
     DEADLINE_S,
     counter,
@@ -207,6 +208,63 @@ def test_a_delivery_sent_but_not_acknowledged_survives_a_kill_9(tmp_path, how):
         sock.close()
     finally:
         edge.close()
+
+
+def test_qos2_flows_in_both_directions_survive_a_restart(tmp_path):
+    """In process, stopped and started again on the same state dir: an outgoing QoS 2 past
+    PUBREC gets its PUBREL again; an incoming one awaiting PUBREL is not published twice."""
+    state = str(tmp_path / "state")
+    expiry = [(codec.PROP["session_expiry_interval"], 300)]
+    edge = start_edge(state_dir=state)
+    try:
+        sock, _ = conftest.raw_connect(edge, "forgetful", clean=False)
+        sock.sendall(codec.encode_subscribe(1, [("redo/q2", 2)]))
+        assert read_packet(sock) == (0x90, b"\x00\x01\x02")
+        with Peer(edge, "redo-pub") as pub:
+            pub.publish("redo/q2", b"two", 2)
+            first, body = read_packet(sock)
+            assert first == 0x34 and body[2:9] == b"redo/q2"
+            id2 = body[9:11]
+        sock.sendall(codec.encode_ack(PacketType.PUBREC, int.from_bytes(id2, "big")))
+        assert read_packet(sock) == (0x62, id2)       # PUBREL; no PUBCOMP sent
+        sock_in, _ = conftest.raw_connect(edge, "q2-in", 5, clean=False, props=expiry)
+        sock_in.sendall(codec.encode_publish("q2in/a", b"once", 2, packet_id=5,
+                                             version=codec.V5))
+        assert read_packet(sock_in) == (0x50, b"\x00\x05")   # PUBREC; no PUBREL sent
+        sock.close()
+        sock_in.close()
+        wait_for(lambda: edge.mqtt.status()["sessions_offline"] == 2)
+    finally:
+        edge.stop()
+    edge = start_edge(state_dir=state)
+    try:
+        assert counter(edge, "store_sessions_restored") == 2
+        sock, body = conftest.raw_connect(edge, "forgetful", clean=False)
+        assert body[0] == 1
+        assert read_packet(sock) == (0x62, id2)        # past PUBREC: PUBREL again
+        sock.sendall(codec.encode_ack(PacketType.PUBCOMP, int.from_bytes(id2, "big")))
+        with Peer(edge, "q2-in-watch") as watch:
+            assert watch.subscribe("q2in/#", 1) == 1
+            sock_in, body = conftest.raw_connect(edge, "q2-in", 5, clean=False, props=expiry)
+            assert body[0] == 1
+            sock_in.sendall(codec.encode_publish("q2in/a", b"once", 2, dup=True, packet_id=5,
+                                                 version=codec.V5))  # not published again
+            assert read_packet(sock_in) == (0x50, b"\x00\x05")
+            sock_in.sendall(codec.encode_ack(PacketType.PUBREL, 5, codec.V5))
+            assert read_packet(sock_in) == (0x70, b"\x00\x05")   # PUBCOMP, id known
+            with Peer(edge, "q2-in-marker") as marker:
+                marker.publish("q2in/marker", b"m", 1)
+            assert watch.next().payload == b"m"             # no "once" before it
+        wait_for(lambda: not edge.mqtt.sessions["forgetful"].inflight)
+        sock.close()
+        sock_in.close()
+    finally:
+        edge.stop()
+    st, _ = opened(state)  # both flows ended: nothing of them is left on disk
+    assert [(s.client_id, s.deliveries, s.awaiting_rel) for s in sorted(
+        st.stored_sessions(), key=lambda s: s.client_id)] == [
+        ("forgetful", [], set()), ("q2-in", [], set())]
+    st.close()
 
 
 def test_an_unreadable_state_dir_stops_the_edge_with_one_line_naming_the_key(tmp_path):
