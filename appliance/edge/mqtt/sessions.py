@@ -215,7 +215,7 @@ class SessionState:
                             self.cfg.max_offline_sessions)
             else:
                 self.count("sessions_offline")
-                if self.server.store is not None:
+                if self.stored:  # (not a clean session held for its successor)
                     self.server.store.save_session(self, time.time())
                 loop, spawn = self.server.loop, self.server.spawn
                 self._timers["expiry"] = loop.call_later(
