@@ -267,6 +267,23 @@ def test_qos2_flows_in_both_directions_survive_a_restart(tmp_path):
     st.close()
 
 
+def test_a_record_that_cannot_be_synced_is_not_acknowledged(tmp_path, monkeypatch):
+    edge = start_edge(state_dir=str(tmp_path))
+    try:
+        sock, _ = conftest.raw_connect(edge, "unlucky")
+
+        def failing(fd: int) -> None:
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(journal.os, "fdatasync", failing)
+        sock.sendall(codec.encode_publish("w/1", b"lost?", 1, packet_id=1))
+        assert conftest.closed_by_peer(sock) == b""  # closed, no PUBACK
+        assert counter(edge, "store_write_errors") >= 1
+        assert counter(edge, "store_acks_refused") == 1
+        monkeypatch.undo()
+    finally:
+        edge.stop()
+
+
 def test_an_unreadable_state_dir_stops_the_edge_with_one_line_naming_the_key(tmp_path):
     config = write_config(tmp_path / "edge.toml", edge_toml(free_port(), free_port(),
                                                             free_port()))
