@@ -9,6 +9,7 @@ import asyncio
 import signal
 import socket
 import subprocess
+import time
 from collections import Counter
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from paho.mqtt.properties import Properties
 from appliance.config import parse_config
 from appliance.edge.mqtt import codec, journal
 from appliance.edge.mqtt.codec import PacketType
+from appliance.edge.mqtt.meta import MessageMeta
 from appliance.edge.mqtt.state import Delivery, SubOptions
 from appliance.edge.mqtt.store import JOURNAL, StateStore
 from appliance.errors import ConfigError
@@ -345,12 +347,44 @@ def test_the_store_reads_back_what_it_recorded(tmp_path):
                                  ("a/2", b"two", 2, False, None),
                                  ("a/3", b"three", 1, True, None)]
     assert back.awaiting_rel == {9}
-    assert [(t, p, q) for t, p, q, _ in again.stored_retained()] == [("r/1", b"kept", 1)]
+    assert [(t, p, q) for t, p, q, *_ in again.stored_retained()] == [("r/1", b"kept", 1)]
     [m] = again.stored_inbound()
     assert (m.qos, m.identity, m.topic, m.payload) == (1, "alice", "p/1", b"pub")
     assert again.next_seq() > m.seq  # numbers go on after the old ones
     assert not counts["store_torn_tail_bytes"]
     again.close()
+
+
+def test_5_0_properties_and_expiry_are_recorded_with_messages(tmp_path):
+    st, _ = opened(tmp_path)
+    props = [(codec.PROP["user_property"], ("k", "v")), (codec.PROP["content_type"], "text"),
+             (codec.PROP["correlation_data"], b"\x00\x01")]
+    meta = MessageMeta(props, time.monotonic() + 100, True, 0)
+    s = session()
+    st.save_session(s)
+    st.kept(s, Delivery("a/1", b"p", 1, True, meta))
+    st.retained("r/1", b"kept", 1, meta=meta)
+    st.retained("r/old", b"gone", 1, meta=MessageMeta([], time.monotonic() - 1))
+    st.inbound(1, True, "alice", "p/1", b"pub", lambda ok: None, meta)
+    st.close()
+    again, _ = opened(tmp_path)
+    [back] = again.stored_sessions()
+    [(_, d, _)] = back.deliveries
+    assert d.meta.props == props and d.meta.retain and 95 < d.meta.remaining_s(
+        time.monotonic()) <= 100
+    by_topic = {t: m for t, _, _, _, m in again.stored_retained()}
+    assert by_topic["r/1"].props == props and by_topic["r/old"].expired(time.monotonic())
+    [m] = again.stored_inbound()
+    assert m.meta.props == props
+    again.close()
+    edge = start_edge(state_dir=str(tmp_path))  # the expired one is not set again
+    try:
+        assert counter(edge, "store_retained_expired") == 1
+        retained = edge.mqtt.retained.messages  # (p/1: the publish sent again at start)
+        assert sorted(retained) == ["p/1", "r/1"]
+        assert retained["r/1"].meta.props == props and retained["p/1"].meta.props == props
+    finally:
+        edge.stop()
 
 
 @pytest.mark.parametrize("damage", ["torn", "corrupt"])

@@ -155,7 +155,7 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
     entry: list = [[first], None]  # [the records' sync futures, the acknowledgement]
     conn.acks.append(entry)
     seq = store.inbound(pkt.qos, pkt.retain, state.identity, topic, pkt.payload,
-                        _resolve(conn, first))
+                        _resolve(conn, first), meta_of(props, pkt.retain))
     try:
         allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props,
                                     seq)

@@ -3,7 +3,7 @@ bytes (``mqtt.max_retained``, ``mqtt.max_retained_bytes``). Held in memory by th
 server's event-loop thread only, not shared with other edges (docs/edge.md). With
 ``mqtt.state_dir`` every change (set, replaced, cleared) is also recorded in the state store
 (``on_change``, store.py) and the store is filled again from it at start; without, an edge
-restart loses them. A retained message's 5.0 properties and expiry are not recorded.
+restart loses them.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ class RetainedStore:
         self.max_bytes = max_bytes
         self.messages: dict[str, Retained] = {}
         self.bytes = 0
-        self.on_change: Callable[[str, bytes, int, int], None] | None = None
-        """Called with (topic, payload, qos, seq) for each change kept (store.py)."""
+        self.on_change: Callable[[str, bytes, int, int, Any], None] | None = None
+        """Called with (topic, payload, qos, seq, meta) for each change kept (store.py)."""
 
     @staticmethod
     def _size(topic: str, payload: bytes) -> int:
@@ -51,7 +51,7 @@ class RetainedStore:
                 del self.messages[topic]
                 self.bytes -= old_size
                 if self.on_change is not None:
-                    self.on_change(topic, b"", 0, seq)
+                    self.on_change(topic, b"", 0, seq, None)
             return True
         size = self._size(topic, payload)
         if old is None and len(self.messages) >= self.max_messages:
@@ -61,7 +61,7 @@ class RetainedStore:
         self.messages[topic] = Retained(topic, bytes(payload), qos, meta)
         self.bytes += size - old_size
         if self.on_change is not None:
-            self.on_change(topic, bytes(payload), qos, seq)
+            self.on_change(topic, bytes(payload), qos, seq, meta)
         return True
 
     def matching(self, topic_filter: str) -> list[Retained]:

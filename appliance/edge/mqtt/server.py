@@ -29,8 +29,10 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from appliance.config import ApplianceConfig, ConfigError, MqttConfig, local_client_url
@@ -174,8 +176,11 @@ class MqttServer:
         from appliance.edge.mqtt.store import StateStore
 
         self.store = store = StateStore(self.cfg.state_dir, self.loop, self.count)
-        for topic, payload, qos, seq in store.stored_retained():
-            if self.retained.set(topic, payload, qos, seq=seq):
+        for topic, payload, qos, seq, meta in store.stored_retained():
+            if meta is not None and meta.expired(time.monotonic()):
+                store.retained(topic, b"", 0)  # expired while the edge was down
+                self.count("store_retained_expired")
+            elif self.retained.set(topic, payload, qos, meta, seq):
                 self.count("store_retained_restored")
             else:  # (the bounds may have shrunk)
                 store.retained(topic, b"", 0)
@@ -184,8 +189,6 @@ class MqttServer:
 
     async def _restore(self) -> None:
         """The persistent sessions, then the publishes to send again (store.py)."""
-        import time
-
         if self.store is None:
             return
         now = time.time()
@@ -218,7 +221,13 @@ class MqttServer:
                     store.retire(m.seq, 0)
                 continue
             for m in messages:
-                entry = self.meta.begin(native.session, MessageMeta([], None, m.retain, m.seq))
+                meta = MessageMeta([], None, m.retain, m.seq) if m.meta is None else replace(
+                    m.meta, origin=m.seq)
+                if meta.expired(time.monotonic()):  # (expired while the edge was down)
+                    self.count("deliveries_dropped_expired")
+                    store.retire(m.seq, 0)
+                    continue
+                entry = self.meta.begin(native.session, meta)
                 try:
                     await self.blocking(native.publish, m.topic, m.payload, flush=True,
                                         qos="guaranteed")
@@ -230,7 +239,7 @@ class MqttServer:
                     self.meta.end(entry)
                 self.count("store_inbound_republished")
                 if m.retain and m.seq > store.retained_seq(m.topic):
-                    self.retained.set(m.topic, m.payload, m.qos, seq=m.seq)
+                    self.retained.set(m.topic, m.payload, m.qos, meta, m.seq)
                 store.retire(m.seq)
             self.loop.call_later(INBOUND_CLOSE_S, lambda n=native: self.spawn(
                 self.blocking(n.close)))

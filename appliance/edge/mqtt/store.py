@@ -13,14 +13,20 @@ group commit with one ``fdatasync`` per batch, torn tail cut, compaction), magic
     SESSION    client id                     JSON: identity, expiry_s, filters and their
                                              SubOptions, offline_since (wall clock or null)
     DELIVERY   u16 len | client id | u64 seq  u8 qos | u8 retain | u64 origin | u16 topic
-                                             len | topic | payload (origin: the INBOUND seq
-                                             of a publish of this edge, else 0)
+                                             len | u32 meta len | topic | meta | payload
+                                             (origin: the INBOUND seq of a publish of this
+                                             edge, else 0)
     SENT       (the DELIVERY key)             u16 packet id | u8 awaited ack (1 PUBACK,
                                              2 PUBREC, 3 PUBCOMP)
     REL        u16 len | client id | u16 id   (empty): an incoming QoS 2 id awaiting PUBREL
-    RETAINED   topic                          u64 seq | u8 qos | payload
+    RETAINED   topic                          u64 seq | u8 qos | u32 meta len | meta | payload
     INBOUND    u64 seq                        u8 qos | u8 retain | u16 identity len |
-                                             identity | u16 topic len | topic | payload
+                                             identity | u16 topic len | topic | u32 meta
+                                             len | meta | payload
+
+``meta``: a message's 5.0 metadata (meta.MessageMeta), empty when it has none: f64 expiry
+deadline on the wall clock (-1: none) | u8 retain | its properties as in a PUBLISH. The
+deadline is kept on the wall clock, so time spent while the edge was down counts.
 
 Records are idempotent (a put replaces its key, a delete of a missing key changes nothing),
 as the journal's compaction needs. The store keeps the live records in memory too (what a
@@ -39,13 +45,15 @@ import json
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from appliance.edge.mqtt import journal
+from appliance.edge.mqtt import codec, journal
 from appliance.edge.mqtt.journal import Journal, JournalError
+from appliance.edge.mqtt.meta import MessageMeta
 from appliance.edge.mqtt.state import Delivery, SubOptions
 from appliance.errors import ConfigError
 
@@ -62,8 +70,11 @@ PUT, DELETE = 1, 2
 SESSION, DELIVERY, SENT, REL, RETAINED, INBOUND = 1, 2, 3, 4, 5, 6
 HEAD = struct.Struct(">BBH")
 U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
-DELIVERY_HEAD = struct.Struct(">BBQH")
+DELIVERY_HEAD = struct.Struct(">BBQHI")
+RETAINED_HEAD = struct.Struct(">QBI")
+META_HEAD = struct.Struct(">dB")
 SENT_BODY = struct.Struct(">HB")
 AWAITING = ("", "puback", "pubrec", "pubcomp")
 INBOUND_RETIRE_S = 2.0
@@ -87,24 +98,46 @@ def _cid_of(key: bytes) -> tuple[str, bytes]:
     return key[2:2 + n].decode(), key[2 + n:]
 
 
+def encode_meta(meta: MessageMeta | None) -> bytes:
+    if meta is None or (not meta.props and meta.expires_at is None and not meta.retain):
+        return b""
+    deadline = -1.0 if meta.expires_at is None else (
+        time.time() + meta.expires_at - time.monotonic())
+    return META_HEAD.pack(deadline, int(meta.retain)) + codec.encode_props(meta.props)
+
+
+def decode_meta(blob: bytes, origin: int = 0) -> MessageMeta | None:
+    if not blob:
+        return None if not origin else MessageMeta([], None, False, origin)
+    deadline, retain = META_HEAD.unpack_from(blob)
+    props = codec._Reader(blob[META_HEAD.size:]).props("publish")
+    expires_at = None if deadline < 0 else time.monotonic() + deadline - time.time()
+    return MessageMeta(props, expires_at, bool(retain), origin)
+
+
 def encode_delivery(d: Delivery) -> bytes:
     topic = d.topic.encode()
     origin = getattr(d.meta, "origin", 0)
-    return DELIVERY_HEAD.pack(d.qos, int(d.retain), origin, len(topic)) + topic + d.payload
+    meta = encode_meta(d.meta)
+    return DELIVERY_HEAD.pack(d.qos, int(d.retain), origin, len(topic), len(meta)) + topic + (
+        meta + d.payload)
 
 
 def decode_delivery(value: bytes) -> tuple[Delivery, int]:
     """The delivery and its origin (0: none)."""
-    qos, retain, origin, tlen = DELIVERY_HEAD.unpack_from(value)
+    qos, retain, origin, tlen, mlen = DELIVERY_HEAD.unpack_from(value)
     at = DELIVERY_HEAD.size
-    return Delivery(value[at:at + tlen].decode(), bytes(value[at + tlen:]), qos,
-                    bool(retain)), origin
+    meta = decode_meta(value[at + tlen:at + tlen + mlen], origin)
+    return Delivery(value[at:at + tlen].decode(), bytes(value[at + tlen + mlen:]), qos,
+                    bool(retain), meta), origin
 
 
-def encode_inbound(qos: int, retain: bool, identity: str, topic: str, payload: bytes) -> bytes:
+def encode_inbound(qos: int, retain: bool, identity: str, topic: str, payload: bytes,
+                   meta: MessageMeta | None = None) -> bytes:
     ident, top = identity.encode(), topic.encode()
+    blob = encode_meta(meta)
     return (bytes((qos, int(retain))) + U16.pack(len(ident)) + ident + U16.pack(len(top)) +
-            top + payload)
+            top + U32.pack(len(blob)) + blob + payload)
 
 
 @dataclass
@@ -115,6 +148,7 @@ class Inbound:
     identity: str
     topic: str
     payload: bytes
+    meta: MessageMeta | None = None
 
 
 def decode_inbound(seq: int, value: bytes) -> Inbound:
@@ -124,7 +158,10 @@ def decode_inbound(seq: int, value: bytes) -> Inbound:
     at = 4 + n
     m = U16.unpack_from(value, at)[0]
     topic = value[at + 2:at + 2 + m].decode()
-    return Inbound(seq, qos, retain, identity, topic, bytes(value[at + 2 + m:]))
+    at += 2 + m
+    mlen = U32.unpack_from(value, at)[0]
+    meta = decode_meta(value[at + 4:at + 4 + mlen])
+    return Inbound(seq, qos, retain, identity, topic, bytes(value[at + 4 + mlen:]), meta)
 
 
 @dataclass
@@ -294,10 +331,16 @@ class StateStore:
             session.deliveries.sort(key=lambda x: x[0])
         return list(out.values())
 
-    def stored_retained(self) -> list[tuple[str, bytes, int, int]]:
-        """(topic, payload, qos, seq) of the retained messages recorded."""
-        return [(key.decode(), value[9:], value[8], U64.unpack_from(value)[0])
-                for (space, key), value in self.records.items() if space == RETAINED]
+    def stored_retained(self) -> list[tuple[str, bytes, int, int, MessageMeta | None]]:
+        """(topic, payload, qos, seq, meta) of the retained messages recorded."""
+        out = []
+        for (space, key), value in list(self.records.items()):
+            if space == RETAINED:
+                seq, qos, mlen = RETAINED_HEAD.unpack_from(value)
+                at = RETAINED_HEAD.size
+                out.append((key.decode(), value[at + mlen:], qos, seq,
+                            decode_meta(value[at:at + mlen])))
+        return out
 
     def stored_inbound(self) -> list[Inbound]:
         return sorted((decode_inbound(U64.unpack(key)[0], value) for (space, key), value in
@@ -378,25 +421,28 @@ class StateStore:
             if on_synced is not None:
                 self.loop.call_soon(on_synced, True)
 
-    def retained(self, topic: str, payload: bytes, qos: int, seq: int = 0) -> None:
+    def retained(self, topic: str, payload: bytes, qos: int, seq: int = 0,
+                 meta: MessageMeta | None = None) -> None:
         """The retained store set (an empty payload: cleared) ``topic``."""
         key = topic.encode()
         if not payload:
             self.delete(RETAINED, key)
         else:
-            self.put(RETAINED, key, U64.pack(seq or self.next_seq()) + bytes((qos,)) + payload)
+            blob = encode_meta(meta)
+            self.put(RETAINED, key, RETAINED_HEAD.pack(seq or self.next_seq(), qos, len(blob)) +
+                     blob + payload)
 
     def retained_seq(self, topic: str) -> int:
         value = self.records.get((RETAINED, topic.encode()))
         return 0 if value is None else U64.unpack_from(value)[0]
 
     def inbound(self, qos: int, retain: bool, identity: str, topic: str, payload: bytes,
-                on_synced: Callable[[bool], None]) -> int:
+                on_synced: Callable[[bool], None], meta: MessageMeta | None = None) -> int:
         """Record an incoming QoS 1/2 publish (its acknowledgement waits for ``on_synced``);
         its seq, for ``retire``."""
         seq = self.next_seq()
-        self.put(INBOUND, U64.pack(seq), encode_inbound(qos, retain, identity, topic, payload),
-                 on_synced)
+        self.put(INBOUND, U64.pack(seq), encode_inbound(qos, retain, identity, topic, payload,
+                                                        meta), on_synced)
         return seq
 
     def inbound_pending(self) -> bool:
