@@ -411,6 +411,15 @@ def test_a_torn_or_corrupt_tail_is_cut_and_counted(tmp_path, damage):
     third.close()
 
 
+def test_a_directory_in_use_by_another_edge_is_refused(tmp_path):
+    first, _ = opened(tmp_path)
+    with pytest.raises(ConfigError, match="mqtt.state_dir: .* is in use by another running"):
+        opened(tmp_path)
+    first.close()
+    first.close()
+    opened(tmp_path)[0].close()  # free again
+
+
 def test_a_file_of_another_kind_is_a_config_error(tmp_path):
     (tmp_path / JOURNAL).write_bytes(b"TWBL\x01")  # a bridge backlog
     with pytest.raises(ConfigError, match="mqtt.state_dir: cannot read"):

@@ -34,15 +34,19 @@ compaction writes); the event loop changes them (a lock guards them against the 
 snapshot) and never waits for the disk: ``put`` takes an ``on_synced`` callback, run on the
 loop (``call_soon_threadsafe``) once the record and everything written before it is synced.
 
-Opening reads the journal back: a torn or corrupt tail is cut off and counted
+The directory is locked (``flock`` on its file ``lock``) while the store is open: a second
+edge on the same directory is refused with a ``ConfigError`` (the kernel releases the lock of
+a killed process). Opening reads the journal back: a torn or corrupt tail is cut off and counted
 (``store_torn_tail_bytes``); a file that is no such journal, or cannot be read, raises
 ``ConfigError`` naming ``mqtt.state_dir``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import struct
 import threading
 import time
@@ -192,10 +196,24 @@ class StateStore:
         self.lock = threading.Lock()
         self.records: dict[tuple[int, bytes], bytes] = {}
         self.bytes = 0
+        self._lock_fd = -1
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise ConfigError(f"mqtt.state_dir: {self.directory} is in use by another running "
+                              "edge; give each edge a directory of its own") from None
+        except OSError as exc:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+            raise ConfigError(f"mqtt.state_dir: cannot use {self.directory}: "
+                              f"{exc.strerror or exc}") from None
+        try:
             bodies, cut = journal.read(self.directory / JOURNAL, MAGIC)
         except (OSError, JournalError) as exc:
+            os.close(self._lock_fd)
             raise ConfigError(
                 f"mqtt.state_dir: cannot read the edge's state in {self.directory}: {exc}; "
                 f"move {JOURNAL} away (its sessions and retained messages are then lost) or "
@@ -218,6 +236,7 @@ class StateStore:
                                     lambda: self.bytes, count, prefix="store_",
                                     name="mqtt-state-writer").start(self._snapshot())
         except OSError as exc:
+            os.close(self._lock_fd)
             raise ConfigError(f"mqtt.state_dir: cannot write the edge's state in "
                               f"{self.directory}: {exc}") from None
 
@@ -290,7 +309,11 @@ class StateStore:
         return self._journal.sync(timeout_s)
 
     def close(self) -> None:
+        """Write and sync what is queued, then release the directory (safe twice)."""
         self._journal.close()
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     # --- reading back ------------------------------------------------------------------------
     def stored_sessions(self) -> list[StoredSession]:
