@@ -6,6 +6,7 @@ its torn or corrupt tail cut, its compaction and the bounds."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,6 +150,28 @@ def test_queued_messages_and_retained_ones_survive_the_edge(tmp_path, version, h
         finally:
             again.close()
         assert edge.counter("store_syncs") > 0
+    finally:
+        edge.close()
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_pub") is None,
+                    reason="mosquitto-clients is not installed (make test installs it)")
+def test_mosquitto_clients_find_their_session_after_a_kill_9(tmp_path):
+    edge = Edge(tmp_path).start()
+    at = ["-h", "127.0.0.1", "-p", str(edge.port), "-V", "mqttv311"]
+    try:
+        subprocess.run(["mosquitto_sub", *at, "-i", "mq-keeper", "-c", "-q", "1", "-t",
+                        "line/#", "-E"], check=True, timeout=DEADLINE_S)
+        wait_for(lambda: edge.status().get("sessions_offline") == 1, what="offline session")
+        lines = "".join(f"line {i}\n" for i in range(20))
+        subprocess.run(["mosquitto_pub", *at, "-q", "1", "-t", "line/x", "-l"], input=lines,
+                       text=True, check=True, timeout=DEADLINE_S)  # exits after its PUBACKs
+        edge.end(signal.SIGKILL)
+        edge.start()
+        back = subprocess.run(["mosquitto_sub", *at, "-i", "mq-keeper", "-c", "-q", "1", "-t",
+                               "line/#", "-C", "20", "-W", str(int(DEADLINE_S))],
+                              capture_output=True, text=True, timeout=DEADLINE_S + 5)
+        assert back.stdout.splitlines() == [f"line {i}" for i in range(20)], back.stderr
     finally:
         edge.close()
 
