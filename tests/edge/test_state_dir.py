@@ -292,6 +292,42 @@ def test_qos2_flows_in_both_directions_survive_a_restart(tmp_path):
     st.close()
 
 
+def test_a_will_waiting_for_its_delay_survives_a_restart(tmp_path):
+    """In process: two 5.0 persistent sessions drop with a delayed will; the edge stops
+    before either is due. After the start one is due (1 s: published, retained), the other
+    (600 s) still waits and is cancelled by its client's return."""
+    state = str(tmp_path / "state")
+    expiry = [(codec.PROP["session_expiry_interval"], 600)]
+
+    def will(delay: int, payload: bytes) -> codec.Will:
+        return codec.Will("will/t", payload, 1, True, [(codec.PROP["will_delay_interval"],
+                                                        delay)])
+    edge = start_edge(state_dir=state)
+    try:
+        soon, _ = conftest.raw_connect(edge, "soon", 5, clean=False, props=expiry,
+                                       will=will(1, b"soon gone"))
+        late, _ = conftest.raw_connect(edge, "late", 5, clean=False, props=expiry,
+                                       will=will(600, b"late gone"))
+        soon.close()  # dropped: their wills wait
+        late.close()
+        wait_for(lambda: edge.mqtt.status()["sessions_offline"] == 2)
+    finally:
+        edge.stop()
+    edge = start_edge(state_dir=state)
+    try:
+        assert edge.mqtt.sessions["late"].will is not None
+        with Peer(edge, "will-watch") as watch:
+            assert watch.subscribe("will/#", 1) == 1
+            assert watch.next().payload == b"soon gone"  # retained, or live
+            sock, body = conftest.raw_connect(edge, "late", 5, clean=False, props=expiry)
+            assert body[0] == 1  # back before its will's delay: cancelled
+            assert edge.mqtt.sessions["late"].will is None
+            sock.close()
+        assert counter(edge, "wills_published") == 1
+    finally:
+        edge.stop()
+
+
 def test_a_record_that_cannot_be_synced_is_not_acknowledged(tmp_path, monkeypatch):
     edge = start_edge(state_dir=str(tmp_path))
     try:

@@ -46,6 +46,9 @@ NATIVE_PENDING_MESSAGES = 10_000
 """Messages from the fabric handed to the event loop for one session and not yet sent;
 more are dropped and counted (``deliveries_dropped_backlog``)."""
 GUARANTEED_QOS = QOS["guaranteed"]
+WILL_AT_ONCE_S = 0.001
+"""A restored session that expired while the edge was down, with a will still waiting: it
+ends this soon after the start, publishing its will."""
 
 
 class SessionState:
@@ -75,6 +78,10 @@ class SessionState:
         """Session Expiry Interval: how long it outlives its connection (0: it does not)."""
         self.will: codec.Will | None = None
         """A will waiting for its delay (5.0 Will Delay Interval) while the client is away."""
+        self.will_due = 0.0
+        """When it is due (wall clock; recorded with the session, store.py)."""
+        self.offline_at: float | None = None
+        """When its client went away (wall clock), None while connected."""
         self.ended = False
         self.stored = False
         """Recorded in the state store (store.py): a persistent session with ``state_dir``."""
@@ -174,6 +181,7 @@ class SessionState:
         sends its ``connack``; then unacknowledged deliveries go again (DUP), then the
         queue."""
         self.conn = conn
+        self.offline_at = None
         self.will = None  # the client is back before its will's delay ran out
         for timer in self._timers.values():
             timer.cancel()
@@ -201,6 +209,7 @@ class SessionState:
         socket dropped or the keep-alive expired (an ancestor's clean session is then held
         for its successor, at most ``mqtt.max_session_expiry_s``: successor.py)."""
         self.conn = None
+        self.offline_at = time.time()
         self.server.shared_router.take_back(self)
         if self.server.successors.on_detach(self, improper) and not self.expiry_s:
             self.expiry_s = self.cfg.max_session_expiry_s
@@ -215,17 +224,17 @@ class SessionState:
                             self.cfg.max_offline_sessions)
             else:
                 self.count("sessions_offline")
-                if self.stored:  # (not a clean session held for its successor)
-                    self.server.store.save_session(self, time.time())
                 loop, spawn = self.server.loop, self.server.spawn
                 self._timers["expiry"] = loop.call_later(
                     self.expiry_s, lambda: spawn(self.end("expired")))
                 if will is not None and delay:
                     self.will = will
+                    self.will_due = time.time() + min(delay, self.expiry_s)
                     self._timers["will"] = loop.call_later(
                         min(delay, self.expiry_s), lambda: spawn(self._will_due()))
-                    return
-                if will is not None:
+                if self.stored:  # (not a clean session held for its successor)
+                    self.server.store.save_session(self)
+                if will is not None and not delay:
                     await self.publish_will(will)
                 return
         if will is not None:
@@ -235,6 +244,8 @@ class SessionState:
     async def _will_due(self) -> None:
         will, self.will = self.will, None
         if will is not None and self.conn is None and not self.ended:
+            if self.stored:  # (published: not recorded any more)
+                self.server.store.save_session(self)
             await self.publish_will(will)
 
     async def publish_will(self, will: codec.Will) -> None:
@@ -343,9 +354,12 @@ async def restore_session(server: MqttServer, stored: Any, now: float) -> Sessio
     """A persistent session read back from the state store (store.StoredSession) as an
     offline session: its native session logged in and subscribed again, its deliveries
     queued (those sent before in flight again, with their packet ids: sent again with DUP
-    when its client comes back), its QoS 2 ids awaiting PUBREL, its expiry counted from its
-    recorded disconnect (from now when it was connected at the stop). None: expired, or its
-    identity may no longer log in (its records are deleted)."""
+    when its client comes back), its QoS 2 ids awaiting PUBREL, a will waiting for its delay
+    (due when it was; at once when that passed while the edge was down), its expiry counted
+    from its recorded disconnect (from now when it was connected at the stop; a session that
+    expired meanwhile with a will waiting ends at once, publishing it). None: expired, beyond
+    ``max_offline_sessions``, or its identity may no longer log in (its records are
+    deleted)."""
     from appliance.client.errors import ClientError, EntitlementError
     from appliance.edge.mqtt.handle_subscribe import native_subscribe
 
@@ -355,6 +369,8 @@ async def restore_session(server: MqttServer, stored: Any, now: float) -> Sessio
     state.stored = True
     left = state.expiry_s - max(0.0, now - stored.offline_since) if (
         stored.offline_since is not None) else state.expiry_s
+    if left <= 0 and stored.will is not None:  # its end publishes the will: at once
+        left = WILL_AT_ONCE_S
     if left <= 0 or server.offline_sessions() >= server.cfg.max_offline_sessions:
         server.count("store_sessions_expired" if left <= 0 else
                      "sessions_dropped_offline_limit")
@@ -395,5 +411,10 @@ async def restore_session(server: MqttServer, stored: Any, now: float) -> Sessio
     server.count("store_deliveries_restored", len(state.inflight) + len(state.queued))
     state._timers["expiry"] = server.loop.call_later(
         left, lambda: server.spawn(state.end("expired")))
-    store.save_session(state, stored.offline_since if stored.offline_since is not None else now)
+    state.offline_at = stored.offline_since if stored.offline_since is not None else now
+    if stored.will is not None:  # a will waiting for its delay: due when it was
+        state.will, state.will_due = stored.will
+        state._timers["will"] = server.loop.call_later(
+            max(0.0, min(state.will_due - now, left)), lambda: server.spawn(state._will_due()))
+    store.save_session(state)
     return state

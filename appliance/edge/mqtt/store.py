@@ -11,7 +11,8 @@ group commit with one ``fdatasync`` per batch, torn tail cut, compaction), magic
 
     space      key                           value
     SESSION    client id                     JSON: identity, expiry_s, filters and their
-                                             SubOptions, offline_since (wall clock or null)
+                                             SubOptions, offline_since (wall clock or null),
+                                             will (a will waiting for its delay, or null)
     DELIVERY   u16 len | client id | u64 seq  u8 qos | u8 retain | u64 origin | u16 topic
                                              len | u32 meta len | topic | meta | payload
                                              (origin: the INBOUND seq of a publish of this
@@ -177,6 +178,8 @@ class StoredSession:
     expiry_s: int
     filters: dict[str, SubOptions]
     offline_since: float | None
+    will: tuple[codec.Will, float] | None = None
+    """A will waiting for its delay when the edge stopped, and when it is due (wall clock)."""
     deliveries: list[tuple[int, Delivery, tuple[int, str] | None]] = field(default_factory=list)
     """(seq, the delivery, (packet id, awaited ack) when it was sent), oldest first."""
     origins: set[int] = field(default_factory=set)
@@ -326,9 +329,15 @@ class StateStore:
             try:
                 doc = json.loads(value)
                 filters = {k: SubOptions(**o) for k, o in doc["filters"].items()}
+                will = doc.get("will")
+                if will is not None:
+                    will = (codec.Will(will["topic"], bytes.fromhex(will["payload"]),
+                                       int(will["qos"]), bool(will["retain"]),
+                                       codec._Reader(bytes.fromhex(will["props"])).props("will")),
+                            float(will["due"]))
                 out[key.decode()] = StoredSession(key.decode(), doc["identity"],
                                                   int(doc["expiry_s"]), filters,
-                                                  doc.get("offline_since"))
+                                                  doc.get("offline_since"), will)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("mqtt.state_dir: session %r unreadable (%s), dropped", key, exc)
                 self.delete(SESSION, key)
@@ -372,13 +381,21 @@ class StateStore:
     # --- what the sessions do ----------------------------------------------------------------
     def save_session(self, state: SessionState, offline_since: float | None = None) -> None:
         """Record ``state`` (persistent), its deliveries not recorded yet and its QoS 2 ids;
-        a session that is not persistent (expiry 0) is forgotten instead."""
+        a session that is not persistent (expiry 0) is forgotten instead. ``offline_since``:
+        default ``state.offline_at``."""
         if not state.expiry_s or state.ended:
             self.forget_session(state)
             return
+        if offline_since is None:
+            offline_since = getattr(state, "offline_at", None)
+        will = getattr(state, "will", None)
         doc = {"identity": state.identity, "expiry_s": state.expiry_s,
                "filters": {k: asdict(o) for k, o in state.filters.items()},
-               "offline_since": offline_since}
+               "offline_since": offline_since,
+               "will": None if will is None else {
+                   "topic": will.topic, "payload": will.payload.hex(), "qos": will.qos,
+                   "retain": will.retain, "props": codec.encode_props(will.props).hex(),
+                   "due": state.will_due}}
         self.put(SESSION, state.client_id.encode(), json.dumps(doc).encode())
         state.stored = True
         for pid, d in list(state.inflight.items()):
