@@ -19,7 +19,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from appliance.config import parse_config
-from appliance.edge.mqtt import codec, journal
+from appliance.edge.mqtt import codec, journal, store
 from appliance.edge.mqtt.codec import PacketType
 from appliance.edge.mqtt.meta import MessageMeta
 from appliance.edge.mqtt.state import Delivery, SubOptions
@@ -468,6 +468,26 @@ def test_a_torn_or_corrupt_tail_is_cut_and_counted(tmp_path, damage):
     assert sorted(t for t, *_ in third.stored_retained()) == ["r/0", "r/1", "r/9"]
     assert not counts["store_torn_tail_bytes"]
     third.close()
+
+
+def test_records_that_do_not_decode_are_dropped_and_counted(tmp_path):
+    st, _ = opened(tmp_path)
+    s = session()
+    st.save_session(s)
+    st.kept(s, Delivery("a/1", b"fine", 1))
+    st.put(store.SESSION, b"c9", b"not json")                    # CRC-valid, not decodable
+    st.put(store.RETAINED, b"r/bad", b"\x00")
+    st.put(store.DELIVERY, store.delivery_key("c1", 99), b"\x01")
+    st.put(store.INBOUND, store.U64.pack(7), b"\x01")
+    st.retained("r/ok", b"ok", 1)
+    st.close()
+    again, counts = opened(tmp_path)
+    [back] = again.stored_sessions()
+    assert [d.payload for _, d, _ in back.deliveries] == [b"fine"]
+    assert [t for t, *_ in again.stored_retained()] == ["r/ok"]
+    assert again.stored_inbound() == []
+    assert counts["store_records_unreadable"] == 4
+    again.close()
 
 
 def test_a_directory_in_use_by_another_edge_is_refused(tmp_path):

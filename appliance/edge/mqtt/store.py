@@ -231,9 +231,9 @@ class StateStore:
             log.warning("mqtt.state_dir: %d bytes of a torn or corrupt tail cut off %s", cut,
                         self.directory / JOURNAL)
         self.seq = max((U64.unpack_from(k, len(k) - 8)[0] for (s, k) in self.records
-                        if s in (DELIVERY, INBOUND)), default=0)
+                        if s in (DELIVERY, INBOUND) and len(k) >= 8), default=0)
         self.seq = max([self.seq] + [U64.unpack_from(v)[0] for (s, _), v in
-                                     self.records.items() if s == RETAINED])
+                                     self.records.items() if s == RETAINED and len(v) >= 8])
         try:
             self._journal = Journal(self.directory / JOURNAL, MAGIC, self._snapshot,
                                     lambda: self.bytes, count, prefix="store_",
@@ -319,6 +319,14 @@ class StateStore:
             os.close(fd)
 
     # --- reading back ------------------------------------------------------------------------
+    def _unreadable(self, space: int, key: bytes, exc: BaseException) -> None:
+        """A record whose CRC holds but whose content does not decode (written by a newer
+        or broken edge): dropped, counted and logged, never a stop."""
+        self._count("store_records_unreadable", 1)
+        log.warning("mqtt.state_dir: a record (space %d, key %r) does not decode (%r); "
+                    "dropped", space, key[:64], exc)
+        self.delete(space, key)
+
     def stored_sessions(self) -> list[StoredSession]:
         """The persistent sessions recorded, each with its deliveries (in order) and QoS 2
         ids; records of a session that is not recorded are deleted."""
@@ -338,27 +346,35 @@ class StateStore:
                 out[key.decode()] = StoredSession(key.decode(), doc["identity"],
                                                   int(doc["expiry_s"]), filters,
                                                   doc.get("offline_since"), will)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("mqtt.state_dir: session %r unreadable (%s), dropped", key, exc)
-                self.delete(SESSION, key)
-        sent = {key: SENT_BODY.unpack(v) for (s, key), v in self.records.items() if s == SENT}
+            except Exception as exc:  # (see _unreadable)
+                self._unreadable(space, key, exc)
+        sent = {}
+        for (space, key), value in list(self.records.items()):
+            if space == SENT:
+                try:
+                    pid, ack = SENT_BODY.unpack(value)
+                    sent[key] = (pid, AWAITING[ack])
+                except Exception as exc:
+                    self._unreadable(space, key, exc)
         for (space, key), value in sorted(self.records.items()):
             if space not in (DELIVERY, REL):
                 continue
-            cid, rest = _cid_of(key)
-            session = out.get(cid)
-            if session is None:
-                self.delete(space, key)
+            try:
+                cid, rest = _cid_of(key)
+                session = out.get(cid)
+                if session is None:
+                    self.delete(space, key)
+                    self.delete(SENT, key)
+                elif space == REL:
+                    session.awaiting_rel.add(U16.unpack(rest)[0])
+                else:
+                    d, origin = decode_delivery(value)
+                    if origin:
+                        session.origins.add(origin)
+                    session.deliveries.append((U64.unpack(rest)[0], d, sent.get(key)))
+            except Exception as exc:
+                self._unreadable(space, key, exc)
                 self.delete(SENT, key)
-            elif space == REL:
-                session.awaiting_rel.add(U16.unpack(rest)[0])
-            else:
-                pid_ack = sent.get(key)
-                d, origin = decode_delivery(value)
-                if origin:
-                    session.origins.add(origin)
-                session.deliveries.append((U64.unpack(rest)[0], d, None if (
-                    pid_ack is None) else (pid_ack[0], AWAITING[pid_ack[1]])))
         for session in out.values():
             session.deliveries.sort(key=lambda x: x[0])
         return list(out.values())
@@ -368,15 +384,24 @@ class StateStore:
         out = []
         for (space, key), value in list(self.records.items()):
             if space == RETAINED:
-                seq, qos, mlen = RETAINED_HEAD.unpack_from(value)
-                at = RETAINED_HEAD.size
-                out.append((key.decode(), value[at + mlen:], qos, seq,
-                            decode_meta(value[at:at + mlen])))
+                try:
+                    seq, qos, mlen = RETAINED_HEAD.unpack_from(value)
+                    at = RETAINED_HEAD.size
+                    out.append((key.decode(), value[at + mlen:], qos, seq,
+                                decode_meta(value[at:at + mlen])))
+                except Exception as exc:
+                    self._unreadable(space, key, exc)
         return out
 
     def stored_inbound(self) -> list[Inbound]:
-        return sorted((decode_inbound(U64.unpack(key)[0], value) for (space, key), value in
-                       self.records.items() if space == INBOUND), key=lambda m: m.seq)
+        out = []
+        for (space, key), value in list(self.records.items()):
+            if space == INBOUND:
+                try:
+                    out.append(decode_inbound(U64.unpack(key)[0], value))
+                except Exception as exc:
+                    self._unreadable(space, key, exc)
+        return sorted(out, key=lambda m: m.seq)
 
     # --- what the sessions do ----------------------------------------------------------------
     def save_session(self, state: SessionState, offline_since: float | None = None) -> None:
