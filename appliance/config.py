@@ -27,6 +27,7 @@ from appliance.config_files import (
     decode,
     existing_file,
     parse_toml,
+    path_of,
     read_text,
     show,
     topic_patterns,
@@ -375,6 +376,9 @@ class MqttConfig:
     """The WebSocket listener speaks TLS (``wss://``) with the ``tls_*`` files and rules."""
     bridges: tuple = ()
     """``[[mqtt.bridges]]`` (appliance/edge/mqtt/bridge_config.py)."""
+    state_dir: Path | None = None
+    """Where the edge keeps its persistent sessions, their QoS 1/2 deliveries and its retained
+    messages across restarts (appliance/edge/mqtt/store.py); None: in memory only."""
 
 
 @dataclass(frozen=True)
@@ -629,7 +633,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_metadata_messages", "max_metadata_bytes", "tls_listen",
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
                               "tls_require_client_cert",
-                              "tls_identity_from_cert", "ws_listen", "ws_tls", "bridges"}, "")
+                              "tls_identity_from_cert", "ws_listen", "ws_tls", "bridges",
+                              "state_dir"}, "")
     p = "mqtt."
     if role != "edge":
         raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
@@ -657,7 +662,13 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
     from appliance.edge.mqtt.bridge_config import parse_bridges
 
     bridges = parse_bridges(mq.get("bridges", []), base, identities)
+    state_dir = None
+    if "state_dir" in mq:
+        state_dir = path_of(mq["state_dir"], p + "state_dir", base, "a directory path")
+        if state_dir.exists() and not state_dir.is_dir():
+            raise _fail(p + "state_dir", f"{state_dir} is not a directory")
     return MqttConfig(
+        state_dir=state_dir,
         **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"], bridges=bridges,
         tls_require_client_cert=flags["tls_require_client_cert"],
         tls_identity_from_cert=flags["tls_identity_from_cert"],

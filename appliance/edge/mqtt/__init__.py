@@ -6,5 +6,6 @@ event loop; ``transports.py`` TLS and WebSocket; ``connection.py`` one connectio
 ``handle_connect.py``, ``handle_publish.py``, ``handle_subscribe.py`` the packet families;
 ``shared.py`` shared subscriptions; ``successor.py`` successor delivery (seed 004);
 ``meta.py`` 5.0 message properties and expiry;
-``retain.py`` the retained store.
+``retain.py`` the retained store; ``store.py`` the state on disk (``mqtt.state_dir``) and
+``journal.py`` its journal (also the bridges' backlog's, ``bridge_backlog.py``).
 """

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from appliance.edge.mqtt import codec
@@ -65,6 +66,9 @@ class MqttConnection:
         self.improper = False
         """It ended improperly: the socket dropped or the keep-alive expired (successor.py)."""
         self.done = asyncio.Event()
+        self.acks: deque[list] = deque()
+        """With a state store: the acknowledgements waiting for their records to be synced,
+        in the order of their PUBLISHes (handle_publish.send_acks)."""
 
     def count(self, name: str, n: int = 1) -> None:
         self.server.count(name, n)

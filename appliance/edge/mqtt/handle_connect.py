@@ -134,6 +134,8 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
     state.expiry_s = expiry_s
     conn.count("connects_accepted")
     state.attach(conn, codec.encode_connack(version, 0, present, props))
+    if server.store is not None:  # recorded (persistent), or forgotten (expiry 0 now)
+        server.store.save_session(state)
     return True
 
 

@@ -11,15 +11,29 @@ recovered hop by hop); the acknowledgement says the edge took the message, not t
 subscribers got it (docs/edge.md, "QoS"). 5.0: a Topic Alias sets or names the topic (at
 most ``mqtt.topic_alias_maximum``: 0x94 beyond, 0x82 for an unknown one); the message
 properties and expiry are remembered for this edge's subscribers (meta.py).
+
+With ``mqtt.state_dir`` (store.py) an incoming QoS 1/2 PUBLISH is first recorded in the state
+store (``INBOUND``), published, and acknowledged (PUBACK, PUBREC) only once its record is
+synced: the writer thread's callback sends it, in the order the PUBLISHes came
+(``conn.acks``); the read loop goes on meanwhile and the event loop never waits for the disk.
+At most ``mqtt.max_inflight`` acknowledgements wait per connection: beyond, the
+connection's next packet is read once the oldest is sent. The record is deleted
+``store.INBOUND_RETIRE_S`` after the publish; after a crash before
+that the edge publishes it again at start (at least once). A record that cannot be written
+closes the connection without the acknowledgement (the client sends it again). The incoming
+QoS 2 ids awaiting PUBREL are recorded for persistent sessions.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType, Reason
-from appliance.edge.mqtt.meta import meta_of
+from appliance.edge.mqtt.meta import MessageMeta, meta_of
 from appliance.edge.mqtt.state import Closed
 from appliance.edge.mqtt.successor import (
     SUCCESSOR_PREFIX,
@@ -41,14 +55,16 @@ the event loop (no round trip: the native client has their key); others on a wor
 
 
 async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
-                      retain: bool, props: codec.Props) -> bool:
+                      retain: bool, props: codec.Props, seq: int = 0) -> bool:
     """Publish natively, remember the message's 5.0 metadata (meta.py) and keep a retained
-    message; False when entitlements refuse."""
+    message; False when entitlements refuse. ``seq``: its record in the state store."""
     from appliance.client.errors import ClientError, EntitlementError
 
     server = state.server
     native_qos = NATIVE_QOS[min(qos, 1)]
     meta = meta_of(props, retain)
+    if seq:
+        meta = MessageMeta([], None, retain, seq) if meta is None else replace(meta, origin=seq)
     entry = None if meta is None else server.meta.begin(state.native.session, meta)
     try:
         if topic in state.registered:  # its key is known: publishing does not wait
@@ -67,7 +83,7 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
         server.meta.end(entry)
     state.count("publishes_in")
     if retain:
-        if server.retained.set(topic, payload, qos, meta):
+        if server.retained.set(topic, payload, qos, meta, seq):
             state.count("retained_set" if payload else "retained_cleared")
         else:
             state.count("retained_refused_full")
@@ -108,7 +124,7 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
         raise Closed("publish_subscription_identifier", Reason.PROTOCOL_ERROR)
     if pkt.qos == 2:
         if pkt.packet_id in state.awaiting_rel:  # a repeat: already published
-            conn.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version))
+            _send_ack(conn, codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version))
             return
         if len(state.awaiting_rel) >= conn.cfg.max_inflight:
             raise Closed("receive_maximum_exceeded", Reason.RECEIVE_MAXIMUM_EXCEEDED)
@@ -116,14 +132,81 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
         ack_successor_publish(conn, pkt, on_successor_publish(conn, topic, pkt))
         return
     props = [(i, v) for i, v in pkt.props if i != codec.PROP["topic_alias"]]
-    allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props)
+    store = conn.server.store
+    if store is None or pkt.qos == 0:
+        allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props)
+        reason = 0 if allowed else Reason.NOT_AUTHORIZED
+        if pkt.qos == 1:
+            conn.send(codec.encode_ack(PacketType.PUBACK, pkt.packet_id, version, reason))
+        elif pkt.qos == 2:
+            if allowed:
+                state.awaiting_rel.add(pkt.packet_id)
+            conn.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version, reason))
+        return
+    # with a state store: recorded first, acknowledged once the record is synced; at most
+    # mqtt.max_inflight acknowledgements wait per connection (then its reading waits)
+    while len(conn.acks) >= conn.cfg.max_inflight:
+        await asyncio.wait(conn.acks[0][0])
+        send_acks(conn)
+        if conn.closing:
+            raise Closed("store_write_failed", Reason.UNSPECIFIED, will=False)
+    loop = conn.server.loop
+    first = loop.create_future()
+    entry: list = [[first], None]  # [the records' sync futures, the acknowledgement]
+    conn.acks.append(entry)
+    seq = store.inbound(pkt.qos, pkt.retain, state.identity, topic, pkt.payload,
+                        _resolve(conn, first), meta_of(props, pkt.retain))
+    try:
+        allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props,
+                                    seq)
+    finally:
+        store.retire(seq)
     reason = 0 if allowed else Reason.NOT_AUTHORIZED
-    if pkt.qos == 1:
-        conn.send(codec.encode_ack(PacketType.PUBACK, pkt.packet_id, version, reason))
-    elif pkt.qos == 2:
-        if allowed:
-            state.awaiting_rel.add(pkt.packet_id)
-        conn.send(codec.encode_ack(PacketType.PUBREC, pkt.packet_id, version, reason))
+    kind = PacketType.PUBACK if pkt.qos == 1 else PacketType.PUBREC
+    if pkt.qos == 2 and allowed:
+        state.awaiting_rel.add(pkt.packet_id)
+        if state.stored:  # the PUBREC waits for this record too
+            rel = loop.create_future()
+            entry[0].append(rel)
+            store.rel(state, pkt.packet_id, True, _resolve(conn, rel))
+    entry[1] = codec.encode_ack(kind, pkt.packet_id, version, reason)
+    send_acks(conn)
+
+
+def _resolve(conn: MqttConnection, fut: asyncio.Future) -> Callable[[bool], None]:
+    """The sync callback (on the loop) that resolves ``fut`` and sends what is ready."""
+    def synced(ok: bool) -> None:
+        if not fut.done():
+            fut.set_result(ok)
+        send_acks(conn)
+    return synced
+
+
+def send_acks(conn: MqttConnection) -> None:
+    """Send the acknowledgements whose records are synced, in the order of their PUBLISHes;
+    a record that could not be written closes the connection (not acknowledged)."""
+    while conn.acks:
+        futs, ack = conn.acks[0]
+        if ack is None or not all(f.done() for f in futs):
+            return
+        conn.acks.popleft()
+        if not all(f.result() for f in futs):
+            conn.count("store_acks_refused")
+            conn.acks.clear()
+            conn.server.spawn(conn.close("store_write_failed", Reason.UNSPECIFIED))
+            return
+        conn.send(ack)
+
+
+def _send_ack(conn: MqttConnection, data: bytes) -> None:
+    """An acknowledgement behind those waiting for their records (with a state store)."""
+    if conn.server.store is None:
+        conn.send(data)
+        return
+    done = conn.server.loop.create_future()
+    done.set_result(True)
+    conn.acks.append([[done], data])
+    send_acks(conn)
 
 
 def on_ack(conn: MqttConnection, pkt: codec.Ack) -> None:
@@ -134,6 +217,8 @@ def on_ack(conn: MqttConnection, pkt: codec.Ack) -> None:
     if pkt.type == PacketType.PUBREL:
         known = pkt.packet_id in state.awaiting_rel
         state.awaiting_rel.discard(pkt.packet_id)
+        if known and state.stored:
+            conn.server.store.rel(state, pkt.packet_id, False)
         conn.send(codec.encode_ack(PacketType.PUBCOMP, pkt.packet_id, version,
                                    0 if known else Reason.PACKET_ID_NOT_FOUND))
         return
@@ -155,6 +240,8 @@ def on_ack(conn: MqttConnection, pkt: codec.Ack) -> None:
         return
     if pkt.type == PacketType.PUBREC and pkt.reason < 0x80:
         d.awaiting = "pubcomp"
+        if state.stored:
+            conn.server.store.sent(state, pkt.packet_id, d)
         conn.send(codec.encode_ack(PacketType.PUBREL, pkt.packet_id, version))
     else:
         state.release(pkt.packet_id)

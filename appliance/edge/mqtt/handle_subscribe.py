@@ -104,6 +104,8 @@ async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
             conn.count("subscriptions_shared")
         elif opts.retain_handling == 0 or (opts.retain_handling == 1 and new):
             retained.extend((m, opts) for m in server.retained.matching(opts.match))
+    if state.stored:
+        server.store.save_session(state)
     conn.send(codec.encode_suback(pkt.packet_id, codes, conn.version))
     for message, opts in retained:
         state.deliver(Delivery(message.topic, message.payload, min(opts.qos, message.qos), True,
@@ -169,4 +171,6 @@ async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
             del state.filters[gone]
         conn.count("unsubscriptions")
         codes.append(Reason.SUCCESS)
+    if state.stored:
+        conn.server.store.save_session(state)
     conn.send(codec.encode_unsuback(pkt.packet_id, codes, conn.version))

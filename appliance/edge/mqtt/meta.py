@@ -39,6 +39,9 @@ class MessageMeta:
     expires_at: float | None = None
     """``time.monotonic()`` after which the message is not delivered (None: never)."""
     retain: bool = False
+    origin: int = 0
+    """With a state store: the number of the publish's ``INBOUND`` record (store.py), by
+    which a message published again after a restart is not queued twice to a session."""
 
     def size(self) -> int:
         """Bytes of its property values (what the table's byte bound counts)."""

@@ -13,6 +13,11 @@ Bounds: ``mqtt.max_connections`` open connections (one more is closed at once, c
 ``refused_max_connections``), per connection ``max_subscriptions``, ``max_inflight``,
 ``send_buffer_bytes`` and the packet size, and the retained store's count and bytes.
 ``status()`` is the ``mqtt`` section of ``/status``.
+
+With ``mqtt.state_dir`` the server opens the state store (store.py) at start, before it
+serves: the retained messages are set again, the persistent sessions restored as offline
+sessions (sessions.restore_session), then the QoS 1/2 publishes recorded but not known to
+have reached the fabric are published again (``republish``).
 """
 
 from __future__ import annotations
@@ -24,16 +29,18 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from appliance.config import ApplianceConfig, ConfigError, MqttConfig, local_client_url
 from appliance.edge.mqtt.codec import Reason
 from appliance.edge.mqtt.connection import MqttConnection
-from appliance.edge.mqtt.meta import MetaTable
+from appliance.edge.mqtt.meta import MessageMeta, MetaTable
 from appliance.edge.mqtt.retain import RetainedStore
-from appliance.edge.mqtt.sessions import SessionState
+from appliance.edge.mqtt.sessions import SessionState, restore_session
 from appliance.edge.mqtt.shared import SharedRouter
 from appliance.edge.mqtt.successor import SuccessorTable
 
@@ -46,6 +53,8 @@ NATIVE_IDLE = "sleep"
 STOP_TIMEOUT_S = 10.0
 """How long ``close`` waits for the connections' native sessions to log out."""
 LISTEN_BACKLOG = 128
+INBOUND_CLOSE_S = 5.0
+"""How long the native sessions that publish recorded messages again stay logged in."""
 
 
 class MqttServer:
@@ -63,6 +72,8 @@ class MqttServer:
         self.retained = RetainedStore(self.cfg.max_retained, self.cfg.max_retained_bytes)
         self.sessions: dict[str, SessionState] = {}
         """Client identifier -> its session (connected, or persistent and offline)."""
+        self.store: Any = None
+        """The state store (store.StateStore) with ``mqtt.state_dir``; None: in memory."""
         self.open: set[MqttConnection] = set()
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -110,6 +121,12 @@ class MqttServer:
             raise
         self._sock = self._socks["tcp"]
         self.address = self.addresses["tcp"]
+        try:
+            self._open_store()
+        except BaseException:
+            for sock in self._socks.values():
+                sock.close()
+            raise
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), daemon=True,
                                         name="mqtt-edge")
@@ -121,6 +138,8 @@ class MqttServer:
             self._thread = None
             for sock in self._socks.values():
                 sock.close()
+            if self.store is not None:
+                self.store.close()
             raise self._start_error
         log.info("mqtt: listening on %s (native sessions via %s)", ", ".join(
             f"{n} {a[0]}:{a[1]}" for n, a in self.addresses.items()), self.native_url)
@@ -149,7 +168,84 @@ class MqttServer:
         started.set()
         self.loop.run_forever()
 
+    def _open_store(self) -> None:
+        """``mqtt.state_dir``: read the state back (a ``ConfigError`` when it cannot be) and
+        set the retained messages again."""
+        if self.cfg.state_dir is None:
+            return
+        from appliance.edge.mqtt.store import StateStore
+
+        self.store = store = StateStore(self.cfg.state_dir, self.loop, self.count)
+        for topic, payload, qos, seq, meta in store.stored_retained():
+            if meta is not None and meta.expired(time.monotonic()):
+                store.retained(topic, b"", 0)  # expired while the edge was down
+                self.count("store_retained_expired")
+            elif self.retained.set(topic, payload, qos, meta, seq):
+                self.count("store_retained_restored")
+            else:  # (the bounds may have shrunk)
+                store.retained(topic, b"", 0)
+                self.count("retained_refused_full")
+        self.retained.on_change = store.retained
+
+    async def _restore(self) -> None:
+        """The persistent sessions, then the publishes to send again (store.py)."""
+        if self.store is None:
+            return
+        now = time.time()
+        stored = self.store.stored_sessions()
+        for s in sorted(stored, key=lambda s: s.offline_since or now, reverse=True):
+            await restore_session(self, s, now)  # (the most recent first, within the bound)
+        if stored:
+            log.info("mqtt: %d persistent sessions restored from %s", len(self.sessions),
+                     self.cfg.state_dir)
+        await self._republish()
+
+    async def _republish(self) -> None:
+        """Publish again, under their publishers' identities, the QoS 1/2 messages recorded
+        and acknowledged but not known to have reached the fabric (a crash within
+        ``store.INBOUND_RETIRE_S`` of their publish): at least once."""
+        from appliance.client.errors import ClientError, EntitlementError
+
+        store = self.store
+        by_identity: dict[str, list] = {}
+        for m in store.stored_inbound():
+            by_identity.setdefault(m.identity, []).append(m)
+        for identity, messages in by_identity.items():
+            try:
+                native = await self.blocking(self.native_login, identity)
+            except ClientError as exc:
+                log.warning("mqtt: %d recorded publishes of %r not published again: %s",
+                            len(messages), identity, exc)
+                self.count("store_republish_failed", len(messages))
+                for m in messages:
+                    store.retire(m.seq, 0)
+                continue
+            for m in messages:
+                meta = MessageMeta([], None, m.retain, m.seq) if m.meta is None else replace(
+                    m.meta, origin=m.seq)
+                if meta.expired(time.monotonic()):  # (expired while the edge was down)
+                    self.count("deliveries_dropped_expired")
+                    store.retire(m.seq, 0)
+                    continue
+                entry = self.meta.begin(native.session, meta)
+                try:
+                    await self.blocking(native.publish, m.topic, m.payload, flush=True,
+                                        qos="guaranteed")
+                except (EntitlementError, ClientError):
+                    self.count("store_republish_failed")
+                    store.retire(m.seq, 0)
+                    continue
+                finally:
+                    self.meta.end(entry)
+                self.count("store_inbound_republished")
+                if m.retain and m.seq > store.retained_seq(m.topic):
+                    self.retained.set(m.topic, m.payload, m.qos, meta, m.seq)
+                store.retire(m.seq)
+            self.loop.call_later(INBOUND_CLOSE_S, lambda n=native: self.spawn(
+                self.blocking(n.close)))
+
     async def _open(self) -> None:
+        await self._restore()
         self._servers = [await asyncio.start_server(self._accept, sock=self._socks["tcp"])]
         if "tls" in self._socks:
             self._servers.append(await asyncio.start_server(
@@ -231,6 +327,12 @@ class MqttServer:
             server.close()
         await asyncio.gather(*(c.close("shutdown", Reason.SERVER_SHUTTING_DOWN)
                                for c in list(self.open)), return_exceptions=True)
+        if self.store is not None:  # the last publishes reach the sessions and are retired
+            from appliance.edge.mqtt.store import INBOUND_RETIRE_S
+
+            deadline = self.loop.time() + INBOUND_RETIRE_S + 1
+            while self.store.inbound_pending() and self.loop.time() < deadline:
+                await asyncio.sleep(0.05)
         await asyncio.gather(*(s.end("shutdown") for s in list(self.sessions.values())),
                              return_exceptions=True)
         try:  # (websockets closes its server in a task of its own)
@@ -256,6 +358,8 @@ class MqttServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         thread.join(STOP_TIMEOUT_S)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.store is not None:
+            self.store.close()  # (what is queued is written and synced)
         if not thread.is_alive():
             self.loop.close()
 
@@ -302,6 +406,8 @@ class MqttServer:
                 "metadata_messages": len(self.meta), "metadata_bytes": self.meta.bytes,
                 "retained_messages": len(self.retained.messages),
                 "retained_bytes": self.retained.bytes, "counters": counters,
+                "state_dir": None if self.store is None else str(self.cfg.state_dir),
+                "state_bytes": None if self.store is None else self.store.bytes,
                 "bridges": {n: b.status() for n, b in list(self.bridges.items())}}
 
 

@@ -9,8 +9,11 @@ native session stays logged in and subscribed, QoS 1/2 messages wait in its queu
 dropped (counted). A CONNECT with the same client identifier, the same identity and clean
 start 0 takes the session up again (session present 1): the deliveries left unacknowledged
 are sent again with DUP set (a PUBREL for those past PUBREC), then the queue. An offline
-session ends after its expiry interval (at most ``mqtt.max_session_expiry_s``). Sessions
-live in memory only: an edge restart loses them.
+session ends after its expiry interval (at most ``mqtt.max_session_expiry_s``). Without
+``mqtt.state_dir`` sessions live in memory only: an edge restart loses them. With it, a
+persistent session, its filters, its QoS 1/2 deliveries (queued or unacknowledged) and its
+incoming QoS 2 ids awaiting PUBREL are recorded in the state store (store.py) as they change,
+and ``restore`` takes them up again as offline sessions when the edge starts.
 
 Messages from the fabric arrive on the native client's thread (``on_native``) and are
 handed to the event loop, bounded (``NATIVE_PENDING_MESSAGES``).
@@ -43,6 +46,9 @@ NATIVE_PENDING_MESSAGES = 10_000
 """Messages from the fabric handed to the event loop for one session and not yet sent;
 more are dropped and counted (``deliveries_dropped_backlog``)."""
 GUARANTEED_QOS = QOS["guaranteed"]
+WILL_AT_ONCE_S = 0.001
+"""A restored session that expired while the edge was down, with a will still waiting: it
+ends this soon after the start, publishing its will."""
 
 
 class SessionState:
@@ -72,7 +78,16 @@ class SessionState:
         """Session Expiry Interval: how long it outlives its connection (0: it does not)."""
         self.will: codec.Will | None = None
         """A will waiting for its delay (5.0 Will Delay Interval) while the client is away."""
+        self.will_due = 0.0
+        """When it is due (wall clock; recorded with the session, store.py)."""
+        self.offline_at: float | None = None
+        """When its client went away (wall clock), None while connected."""
         self.ended = False
+        self.stored = False
+        """Recorded in the state store (store.py): a persistent session with ``state_dir``."""
+        self.restored_origins: set[int] = set()
+        """Restored: the publishes its recorded deliveries came from (store.StoredSession);
+        the same publish sent again at start is not delivered twice."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._ids = itertools.cycle(range(1, 65_536))
         self._pending = 0
@@ -120,6 +135,8 @@ class SessionState:
                 return
             self.queued.append(d)
             self.count("deliveries_queued")
+            if self.stored:
+                self.server.store.kept(self, d)
             return
         self._send_new(d)
 
@@ -132,10 +149,20 @@ class SessionState:
             d.awaiting = "puback" if d.qos == 1 else "pubrec"
             self.inflight[packet_id] = d
             self.count("messages_out")
+            if self.stored:
+                self.server.store.sent(self, packet_id, d)
+        else:
+            self.forget(d)
+
+    def forget(self, d: Delivery) -> None:
+        """``d`` left this session (its flow ended, dropped, handed to another): its record
+        in the state store goes."""
+        if d.stored and self.server.store is not None:
+            self.server.store.done(self, d)
 
     def release(self, packet_id: int) -> None:
         """An outgoing QoS 1/2 flow ended: its slot takes the next queued delivery."""
-        del self.inflight[packet_id]
+        self.forget(self.inflight.pop(packet_id))
         self.drain()
 
     def drain(self) -> None:
@@ -144,6 +171,7 @@ class SessionState:
             d = self.queued.popleft()
             if d.meta is not None and d.meta.expired(time.monotonic()):
                 self.count("deliveries_dropped_expired")
+                self.forget(d)
                 continue
             self._send_new(d)
 
@@ -153,6 +181,7 @@ class SessionState:
         sends its ``connack``; then unacknowledged deliveries go again (DUP), then the
         queue."""
         self.conn = conn
+        self.offline_at = None
         self.will = None  # the client is back before its will's delay ran out
         for timer in self._timers.values():
             timer.cancel()
@@ -165,10 +194,12 @@ class SessionState:
             elif d.meta is not None and d.meta.expired(time.monotonic()):
                 del self.inflight[packet_id]
                 self.count("deliveries_dropped_expired")
+                self.forget(d)
             elif conn.send_publish(d, packet_id, True):
                 self.count("redeliveries")
             elif not conn.closing:  # larger than this connection's Maximum Packet Size
                 del self.inflight[packet_id]
+                self.forget(d)
         self.drain()
         self.server.successors.on_attach(self)
 
@@ -178,6 +209,7 @@ class SessionState:
         socket dropped or the keep-alive expired (an ancestor's clean session is then held
         for its successor, at most ``mqtt.max_session_expiry_s``: successor.py)."""
         self.conn = None
+        self.offline_at = time.time()
         self.server.shared_router.take_back(self)
         if self.server.successors.on_detach(self, improper) and not self.expiry_s:
             self.expiry_s = self.cfg.max_session_expiry_s
@@ -197,10 +229,12 @@ class SessionState:
                     self.expiry_s, lambda: spawn(self.end("expired")))
                 if will is not None and delay:
                     self.will = will
+                    self.will_due = time.time() + min(delay, self.expiry_s)
                     self._timers["will"] = loop.call_later(
                         min(delay, self.expiry_s), lambda: spawn(self._will_due()))
-                    return
-                if will is not None:
+                if self.stored:  # (not a clean session held for its successor)
+                    self.server.store.save_session(self)
+                if will is not None and not delay:
                     await self.publish_will(will)
                 return
         if will is not None:
@@ -210,6 +244,8 @@ class SessionState:
     async def _will_due(self) -> None:
         will, self.will = self.will, None
         if will is not None and self.conn is None and not self.ended:
+            if self.stored:  # (published: not recorded any more)
+                self.server.store.save_session(self)
             await self.publish_will(will)
 
     async def publish_will(self, will: codec.Will) -> None:
@@ -235,6 +271,8 @@ class SessionState:
         self._timers.clear()
         self.count("sessions_ended_" + why)
         server = self.server
+        if server.store is not None and why != "shutdown":  # (a stop keeps it recorded)
+            server.store.forget_session(self)
         server.successors.on_end(self, why)
         if server.sessions.get(self.client_id) is self:
             del server.sessions[self.client_id]
@@ -295,6 +333,10 @@ class SessionState:
         if meta is not None and meta.expired(time.monotonic()):
             self.count("deliveries_dropped_expired")
             return
+        if meta is not None and meta.origin and meta.origin in self.restored_origins:
+            self.restored_origins.discard(meta.origin)
+            self.count("store_duplicates_skipped")
+            return
         for group in groups:
             server.shared_router.offer(group, msg, meta, guaranteed)
         if qos < 0:
@@ -306,3 +348,73 @@ class SessionState:
         retain = rap and meta is not None and meta.retain
         self.deliver(Delivery(msg.topic, msg.payload, qos if guaranteed else 0, retain, meta,
                               tuple(sub_ids)))
+
+
+async def restore_session(server: MqttServer, stored: Any, now: float) -> SessionState | None:
+    """A persistent session read back from the state store (store.StoredSession) as an
+    offline session: its native session logged in and subscribed again, its deliveries
+    queued (those sent before in flight again, with their packet ids: sent again with DUP
+    when its client comes back), its QoS 2 ids awaiting PUBREL, a will waiting for its delay
+    (due when it was; at once when that passed while the edge was down), its expiry counted
+    from its recorded disconnect (from now when it was connected at the stop; a session that
+    expired meanwhile with a will waiting ends at once, publishing it). None: expired, beyond
+    ``max_offline_sessions``, or its identity may no longer log in (its records are
+    deleted)."""
+    from appliance.client.errors import ClientError, EntitlementError
+    from appliance.edge.mqtt.handle_subscribe import native_subscribe
+
+    store = server.store
+    state = SessionState(server, stored.client_id, stored.identity)
+    state.expiry_s = min(stored.expiry_s, server.cfg.max_session_expiry_s)
+    state.stored = True
+    left = state.expiry_s - max(0.0, now - stored.offline_since) if (
+        stored.offline_since is not None) else state.expiry_s
+    if left <= 0 and stored.will is not None:  # its end publishes the will: at once
+        left = WILL_AT_ONCE_S
+    if left <= 0 or server.offline_sessions() >= server.cfg.max_offline_sessions:
+        server.count("store_sessions_expired" if left <= 0 else
+                     "sessions_dropped_offline_limit")
+        store.forget_session(state)
+        return None
+    try:
+        state.native = await server.blocking(server.native_login, stored.identity)
+    except ClientError as exc:
+        log.warning("mqtt: stored session %r not restored: login as %r: %s",
+                    stored.client_id, stored.identity, exc)
+        server.count("store_sessions_refused")
+        store.forget_session(state)
+        return None
+    for key, opts in stored.filters.items():
+        try:
+            await server.blocking(native_subscribe, state, key, opts.match)
+        except (EntitlementError, ClientError):
+            server.count("store_filters_refused")
+            continue
+        state.filters[key] = opts
+        if opts.group is not None:
+            server.shared_router.join(opts.group, state)
+    limit = server.cfg.max_queued + server.cfg.max_inflight
+    for seq, d, sent in stored.deliveries:
+        d.stored = seq
+        if len(state.inflight) + len(state.queued) >= limit:  # (the bounds may have shrunk)
+            server.count("deliveries_dropped_queue_full")
+            store.done(state, d)
+        elif sent is not None and sent[0] not in state.inflight:
+            d.awaiting = sent[1]
+            state.inflight[sent[0]] = d
+        else:
+            state.queued.append(d)
+    state.awaiting_rel = set(stored.awaiting_rel)
+    state.restored_origins = stored.origins
+    server.sessions[state.client_id] = state
+    server.count("store_sessions_restored")
+    server.count("store_deliveries_restored", len(state.inflight) + len(state.queued))
+    state._timers["expiry"] = server.loop.call_later(
+        left, lambda: server.spawn(state.end("expired")))
+    state.offline_at = stored.offline_since if stored.offline_since is not None else now
+    if stored.will is not None:  # a will waiting for its delay: due when it was
+        state.will, state.will_due = stored.will
+        state._timers["will"] = server.loop.call_later(
+            max(0.0, min(state.will_due - now, left)), lambda: server.spawn(state._will_due()))
+    store.save_session(state)
+    return state

@@ -128,6 +128,7 @@ class SharedRouter:
                 state.queued.remove(d)
             else:
                 del state.inflight[pid]
+            state.forget(d)
             self._count("shared_redelivered")
             self._give(other, d.group, d)
         if moving and state.conn is not None:

@@ -41,6 +41,8 @@ class Delivery:
     when this client goes away before acknowledging it)."""
     awaiting: str = field(default="")
     """In flight: the acknowledgement awaited (``puback``, ``pubrec``, ``pubcomp``)."""
+    stored: int = 0
+    """Its record's sequence number in the edge's state store (store.py; 0: not recorded)."""
 
 
 class Closed(Exception):

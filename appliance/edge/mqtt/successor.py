@@ -274,6 +274,7 @@ class SuccessorTable:
                           if d.awaiting == "pubcomp"}
         state.queued.clear()
         for d in moving:
+            state.forget(d)
             self._count("successor_handed_over")
             succ.deliver(for_successor(d, state.client_id))
 
