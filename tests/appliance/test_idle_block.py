@@ -47,12 +47,13 @@ def test_beside_a_shared_memory_ring_the_data_path_sleeps_on_its_doorbell():
             sub = client.subscribe("idle/shm")
             for i in range(3):  # each publish finds the data path asleep in poll
                 wait_for(lambda: bus._armed)  # about to poll, or polling, on its doorbell
-                rung = client.channel.bells_rung
+                rung, woken = client.channel.bells_rung, idle.wakes_ready
                 client.publish("idle/shm", bytes([i]))
                 client.flush()
                 message = sub.get(timeout=10)
                 assert message is not None and message.payload == bytes([i])
-                assert client.channel.bells_rung > rung  # the publish rang the bell
+                assert client.channel.bells_rung > rung  # the publish rang the bell,
+                assert idle.wakes_ready > woken  # which ended the data path's poll
 
 
 def test_a_command_offered_by_the_control_thread_wakes_the_parked_data_path():
