@@ -263,7 +263,8 @@ class Channel(abc.ABC):
     def wait_fds(self) -> tuple[int, ...] | None:
         """Descriptors of which one polls readable whenever ``receive`` may return frames
         (an idle agent blocks in poll(2) on them); None when frames can arrive with none
-        becoming readable (a shared-memory ring): then nobody may block on this channel."""
+        becoming readable (an RDMA link): then nobody may block on this channel. A
+        shared-memory ring returns its doorbell, armed by the call (channels/shm.py)."""
         fd = self.fileno()
         return (fd,) if fd >= 0 else None
 

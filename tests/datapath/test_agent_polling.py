@@ -118,8 +118,12 @@ def test_channels_say_which_descriptors_signal_their_frames():
                 if server.peers():
                     break
             assert len(server.wait_fds()) == 1 + len(server.peers()) == 2
-    with ShmChannel(rx=f"tw-poll-test-{threading.get_ident()}", producers=1) as shm:
-        assert shm.wait_fds() is None
+    ring = f"tw-poll-test-{threading.get_ident()}"
+    with ShmChannel(rx=ring, producers=1) as shm:  # its doorbell (channels/shm.py)
+        assert shm.wait_fds() == (shm._bell,)
+        with ShmChannel(tx=ring) as producer:  # nothing to receive: nothing to wait on
+            assert producer.wait_fds() is None
+    assert shm.wait_fds() is None  # closed
 
 
 class _UdpReader:
