@@ -129,12 +129,20 @@ def test_multicast_to_three_receivers_each_with_its_own_loss():
     assert tx["counters"]["nak_frames"] > 0 and len(tx["acks"]) == 3
 
 
+STALL_CAPACITY = 40_000
+"""The stalled receiver's queue: 30,000 messages above its high watermark, 0.6 s of the
+sender's 50,000 msgs/s for the watermark's FLOW_CONTROL frame to pause it (with 10,000, a
+CI run on two busy cores once saw the queue reach its capacity first), and still about half
+of what the 1.5 s stall would pile up without flow control."""
+
+
 def test_a_stalled_receiver_throttles_the_sender_and_recovers():
     count = STALL_MESSAGES
     with Fabric() as fabric:
         a, b = fabric.add_host(), fabric.add_host()
         fabric.drop_incoming(b, 1.0, PORT)
-        receiver = start_receiver(b, "--expect", count, "--capacity", 20_000, "--high", 10_000,
+        receiver = start_receiver(b, "--expect", count, "--capacity", STALL_CAPACITY,
+                                  "--high", 10_000,
                                   "--low", 2_000, "--stall-at", 20_000, "--stall-ms", 1_500,
                                   "--timeout-s", 120)
         sender = start(a, "send", "--dest", b.addresses[0], "--count", count, "--rate", 50_000,
@@ -145,8 +153,8 @@ def test_a_stalled_receiver_throttles_the_sender_and_recovers():
     assert on >= 1 and on == off  # flow control turned on in the stall, off at the end
     assert tx["paused_episodes"] >= 1 and rx["counters"]["flow_control_frames"] >= 2
     # the stall lasts long enough for ~75,000 messages: without flow control the queue would
-    # have filled (20,000) and refused; instead the sender held them back
-    assert rx["queue_max_depth"] < 20_000 and rx["queue_refused"] == 0
+    # have filled (STALL_CAPACITY) and refused; instead the sender held them back
+    assert rx["queue_max_depth"] < STALL_CAPACITY and rx["queue_refused"] == 0
     assert tx["pending_max_depth"] > 10_000 and tx["paused_s"] > 0
 
 
