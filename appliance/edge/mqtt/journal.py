@@ -78,7 +78,8 @@ def read(path: Path, magic: bytes) -> tuple[list[bytes], int]:
 
 class Journal:
     """See the module docstring. ``count(name, n)`` receives ``<prefix>syncs``,
-    ``<prefix>records_written``, ``<prefix>compactions``, ``<prefix>write_errors``.
+    ``<prefix>records_written``, ``<prefix>compactions``, ``<prefix>write_errors``,
+    ``<prefix>callback_errors`` (a sync callback that raised: logged, the writer goes on).
     Thread-safe; ``close`` is safe twice."""
 
     def __init__(self, path: Path, magic: bytes, live_records: Callable[[], Iterable[bytes]],
@@ -193,6 +194,7 @@ class Journal:
                     try:
                         on_synced(ok)
                     except Exception:  # (the owner's callback must not stop the writer)
+                        self._count(p + "callback_errors", 1)
                         log.exception("journal %s: a sync callback failed", self.path)
             try:
                 if ok and self.file_bytes > max(self.compact_min_bytes,
