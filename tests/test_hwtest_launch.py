@@ -51,7 +51,7 @@ def _report(tmp_path: Path, cases: list[tuple[str, str, str | None]]) -> Path:
     """A JUnit report of (classname, name, outcome: None passed, 'skipped', 'failure')."""
     rows = []
     for classname, name, outcome in cases:
-        inner = f"<{outcome} message='x'/>" if outcome else ""
+        inner = f"<{outcome} message='x is not y&#10;more'/>" if outcome else ""
         rows.append(f"<testcase classname='{classname}' name='{name}'>{inner}</testcase>")
     counts = {k: sum(o == k for _, _, o in cases) for k in ("skipped", "failure")}
     path = tmp_path / "report.xml"
@@ -75,6 +75,14 @@ OTHER = "hwtests.p4.test_bmv2"
 def test_a_report_with_nothing_run_or_rdma_skipped_fails(tmp_path, cases, why):
     ok, summary = launch.check_report(_report(tmp_path, cases), require_rdma=True)
     assert not ok and why in summary
+
+
+def test_a_failed_test_is_named_with_the_first_line_of_why(tmp_path):
+    ok, summary = launch.check_report(_report(tmp_path, [(RDMA, "a", None),
+                                                         (RDMA, "b", "failure")]),
+                                      require_rdma=True)
+    assert not ok
+    assert summary.split("\n")[1:] == [f"  failure: {RDMA}.b: x is not y"]
 
 
 def test_a_report_where_the_rdma_tests_ran_and_passed_passes(tmp_path):

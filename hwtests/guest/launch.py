@@ -361,7 +361,22 @@ def check_report(report: Path, *, require_rdma: bool) -> tuple[bool, str]:
     if require_rdma and (skipped_rdma or not rdma_ran):
         return False, (f"{summary}: RDMA tests must run, not skip "
                        f"({', '.join(skipped_rdma[:5]) or 'none ran'})")
-    return counts["failures"] + counts["errors"] == 0, summary
+    failed = _failed_cases(root)
+    return counts["failures"] + counts["errors"] == 0, "\n".join([summary, *failed])
+
+
+def _failed_cases(root: ET.Element) -> list[str]:
+    """A line per failed test (its name and the first line of why), so the end of a CI log
+    says which test failed without the report."""
+    lines = []
+    for case in root.iter("testcase"):
+        for verdict in ("failure", "error"):
+            found = case.find(verdict)
+            if found is not None:
+                why = (found.get("message") or found.text or "").strip().splitlines() or [""]
+                lines.append(f"  {verdict}: {case.get('classname')}.{case.get('name')}: "
+                             f"{why[0][:400]}")
+    return lines
 
 
 # --- commands -----------------------------------------------------------------------------
@@ -413,8 +428,11 @@ def cmd_test(args: argparse.Namespace) -> int:
         if report.exists():
             shutil.copyfile(report, args.junit)
     where = "here" if here else "in the soft-RoCE guest"
-    say(f"{'PASSED' if ok else 'FAILED'} {where}: {summary} "
+    head, *failed = summary.split("\n")
+    say(f"{'PASSED' if ok else 'FAILED'} {where}: {head} "
         f"(report {report}; {time.monotonic() - started:.0f} s in all)")
+    for line in failed:
+        say(line)
     return 0 if ok else 1
 
 
