@@ -298,9 +298,19 @@ REPLAYED = Row((SEQ, TEXT, NAMESPACE, Int(0, MAX_U64), Int(0, MAX_U64), Int(0, M
 schema_id, qos, origin, stream, payload_base64]`` (appliance/cache/agent.py)."""
 
 
+DURABLE_NAME = Str(64, 1)
+"""A durable subscription's name (its characters are checked by the cache's book)."""
+MAX_DURABLE_WAIT_MS = 10_000
+"""The longest a durable subscription's request may be held for new messages."""
+
+
 def _replay_rule(doc: dict) -> str | None:
     if "from_seq" in doc and "from_time_ns" in doc:
         return "give from_seq or from_time_ns, not both"
+    if "durable" in doc and "from_time_ns" in doc:
+        return "a durable subscription reads from its position (from_seq), not a time"
+    if ("wait_ms" in doc or "delete" in doc or "ack" in doc) and "durable" not in doc:
+        return "ack, wait_ms and delete are for a durable subscription (key 'durable')"
     return None
 
 
@@ -366,12 +376,16 @@ KINDS: dict[ControlKind, Kind] = {
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
     ControlKind.REPLAY: Kind(Obj({"id": REPLAY_ID, "pattern": PATTERN},
                                  {"namespace": NAMESPACE, "from_seq": SEQ,
-                                  "from_time_ns": Int(0, MAX_U63)}, _replay_rule), 8_192),
+                                  "from_time_ns": Int(0, MAX_U63), "durable": DURABLE_NAME,
+                                  "ack": SEQ, "wait_ms": Int(0, MAX_DURABLE_WAIT_MS),
+                                  "delete": Bool()},
+                                 _replay_rule), 8_192),
     ControlKind.REPLAY_RESULT: Kind(Obj(
         {"id": REPLAY_ID, "accepted": Bool()},
         {"messages": List(REPLAYED, MAX_REPLAY_MESSAGES), "next_seq": SEQ, "done": Bool(),
+         "position": SEQ, "lost": Row((SEQ, SEQ)), "deleted": Bool(),
          "reason": REASON, "why": Str(16, choices=frozenset(
-             {"no_cache", "entitlement", "pattern", "busy", "storage"}))},
+             {"no_cache", "entitlement", "pattern", "busy", "storage", "durable"}))},
         _replay_result_rule)),
 }
 """Every kind's schema (docs/appliance.md describes the documents)."""
