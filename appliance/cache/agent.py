@@ -4,10 +4,14 @@ It keeps what a client session of the appliance's own receives: at start it logs
 appliance's client endpoint (``clients.udp``, else ``clients.shm``) as ``CACHE_IDENTITY``
 with a password made at each start (the control agent knows its verifier and entitles it to
 subscribe to ``cache.patterns``; nobody else can log in as it), subscribes to each pattern
-best-effort, and appends every message it receives to the ``CacheStore`` log of each pattern
-the topic matches, committing once per batch (``cache.fsync``). A best-effort subscriber
-receives every message published at this appliance (any QoS) and the best-effort and
-last-value ones published elsewhere in the fabric.
+twice, best-effort and guaranteed, and appends every message it receives to the
+``CacheStore`` log of each pattern the topic matches, committing once per batch
+(``cache.fsync``). The two subscriptions split the messages by the QoS they were published
+with: the guaranteed one keeps the guaranteed messages, published here or anywhere in the
+fabric, which reach it over a reliable stream (a message that stream loses is a loss event,
+counted ``cache_lost``); the best-effort one keeps the best-effort and last-value messages
+(a local guaranteed publish reaches it too, and is skipped there: it is kept once, from
+the reliable stream).
 
 It also answers REPLAY requests, which the control agent hands over (``submit``) after
 checking the session's entitlements: one bounded page per request, read on this agent's
@@ -51,10 +55,12 @@ from appliance.cache.settings import (
     CacheSettings,
 )
 from appliance.cache.store import CacheStore
+from appliance.client.messages import QOS
 from appliance.config import ApplianceConfig, ConfigError, local_client_url
 from datapath.errors import TopicwireError
 
 log = logging.getLogger("topicwire.appliance")
+QOS_GUARANTEED = QOS["guaranteed"]
 SEQUENCES_KEPT = 65_536
 """(origin, stream, topic key) whose last sequence is remembered to count gaps; cleared when
 full (counted ``cache_gap_table_resets``)."""
@@ -137,6 +143,9 @@ class CacheAgent:
         self.status_snapshot: dict[str, Any] = {}
         self.dropped_queue_full = 0
         """Counted on the client's thread (kept apart from ``counters``)."""
+        self.lost_guaranteed = 0
+        """Guaranteed messages named by loss events of the cache's session (client thread)."""
+        self._lost_logged = False
         self.client: Any = None
         self._closing = threading.Event()
         self._runner: Any = None
@@ -173,6 +182,8 @@ class CacheAgent:
                     client._topics = topics
                 for pattern in self.settings.patterns:
                     client.subscribe(pattern, callback=self._on_message)
+                    client.subscribe(pattern, qos="guaranteed", callback=self._on_guaranteed,
+                                     on_loss=self._on_loss)
             except TopicwireError as exc:
                 if client is not None:
                     client.close()
@@ -220,6 +231,25 @@ class CacheAgent:
 
     # --- in: messages (the cache session's client thread) -------------------------------------
     def _on_message(self, msg: Any) -> None:
+        """The best-effort subscription's messages: all but the guaranteed ones."""
+        if msg.qos == QOS_GUARANTEED:
+            return  # kept from the guaranteed subscription's reliable stream
+        self._take(msg)
+
+    def _on_guaranteed(self, msg: Any) -> None:
+        if msg.qos != QOS_GUARANTEED:
+            return  # kept from the best-effort subscription
+        self._take(msg)
+
+    def _on_loss(self, loss: Any) -> None:
+        self.lost_guaranteed += loss.messages
+        if not self._lost_logged:
+            self._lost_logged = True
+            log.error("%s: cache: %d guaranteed messages of origin %d stream %d were lost "
+                      "before the cache received them (%s); counted cache_lost",
+                      self.config.name, loss.messages, loss.origin, loss.stream, loss.reason)
+
+    def _take(self, msg: Any) -> None:
         if len(self._inbox) >= CACHE_QUEUE_MESSAGES:
             self.dropped_queue_full += 1
             return
@@ -303,14 +333,15 @@ class CacheAgent:
     def _keep(self, msg: Any) -> None:
         counters = self.counters
         counters["received"] += 1
-        key = (msg.origin, msg.stream, msg.topic_key)
-        last = self._last_seq.get(key)
-        if last is not None and msg.sequence > last + 1:
-            counters["missed"] += msg.sequence - last - 1
-        if last is None and len(self._last_seq) >= SEQUENCES_KEPT:
-            self._last_seq.clear()
-            counters["gap_table_resets"] += 1
-        self._last_seq[key] = msg.sequence
+        if msg.qos != QOS_GUARANTEED:  # guaranteed ones: their losses are loss events
+            key = (msg.origin, msg.stream, msg.topic_key)
+            last = self._last_seq.get(key)
+            if last is not None and msg.sequence > last + 1:
+                counters["missed"] += msg.sequence - last - 1
+            if last is None and len(self._last_seq) >= SEQUENCES_KEPT:
+                self._last_seq.clear()
+                counters["gap_table_resets"] += 1
+            self._last_seq[key] = msg.sequence
         if len(msg.payload) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
             counters["too_large"] += 1
             return
@@ -448,6 +479,7 @@ class CacheAgent:
     def _status(self) -> dict[str, Any]:
         counters = {f"cache_{k}": int(v) for k, v in self.counters.items()}
         counters["cache_dropped_queue_full"] = self.dropped_queue_full
+        counters["cache_lost"] = self.lost_guaranteed
         return {"dir": str(self.settings.dir), "fsync": self.settings.fsync,
                 "session": "subscribed" if self.ready.is_set() else "connecting",
                 "logs": self.store.status(), "durables": self.book.status(),
