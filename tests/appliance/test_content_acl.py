@@ -1,0 +1,148 @@
+"""Content ACL classes from P&M, end to end: a publisher whose identity has a class
+publishes over UDP on 127.0.0.1; what its class rejects never reaches a subscriber (counted
+per class), what it logs arrives and is logged and counted; another appliance whose P&M is
+remote gets the class in P&M's document and enforces it the same way."""
+
+import logging
+import time
+
+import pytest
+
+from appliance.client import connect
+from appliance.config import parse_config
+from appliance.node import Appliance
+from nic_offload.schema import Schema
+from tests.appliance.helpers import counter, free_port, wait_for
+
+QUOTE = {"id": 7, "fields": [["price", 0, "u32"], ["qty", 4, "u32"], ["symbol", 8, "ascii", 4]]}
+SCHEMA = Schema.of("quote", 7, [("price", 0, "u32"), ("qty", 4, "u32"),
+                                ("symbol", 8, "ascii", 4)])
+CLASSES = {"capped": {"schema": "quote", "default": "ACCEPT", "rules": [
+    "(price >= 5000, REJECT)",              # too expensive: dropped
+    "(symbol == 'LOGX', LOG)",              # delivered, and logged
+    "(FIELD(1) between 1 and 100, ACCEPT, REJECT)",  # a quantity of 1..100 only
+]}}
+IDENTITIES = {"feed": {"publish": ["#"], "subscribe": ["#"], "acl_class": "capped"},
+              "free": {"publish": ["#"], "subscribe": ["#"]}}
+
+
+def _quote(price: int, qty: int, symbol: str) -> bytes:
+    return SCHEMA.encode({"price": price, "qty": qty, "symbol": symbol}) + bytes(4)
+
+
+@pytest.fixture
+def served():
+    """One appliance whose data path runs on a thread of the test's process (its audit
+    lines reach ``caplog``)."""
+    port = free_port()
+    cfg = parse_config({
+        "appliance": {"name": f"acl{port}", "dataplane": "thread"},
+        "clients": {"udp": f"127.0.0.1:{port}"},
+        "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
+               "acl_classes": CLASSES, "identities": IDENTITIES}})
+    app = Appliance(cfg).start()
+    yield app, f"udp://127.0.0.1:{port}"
+    app.stop()
+
+
+def _until(sub, last, timeout_s=10.0):
+    """Messages up to and including the first for which ``last`` holds (a marker published
+    after the rest: one publisher's messages on a topic arrive in order)."""
+    out = []
+    deadline = time.monotonic() + timeout_s
+    while not out or not last(out[-1]):
+        m = sub.get(timeout=max(deadline - time.monotonic(), 0))
+        assert m is not None, f"the marker did not come within {timeout_s} s: {out}"
+        out.append(m)
+    return out
+
+
+SENT = [(100, 10, "IBM"), (5000, 10, "IBM"), (4999, 100, "SAP"), (10, 0, "IBM"),
+        (10, 101, "IBM"), (20, 5, "LOGX"), (9000, 5, "LOGX"), (30, 1, "IBM")]
+"""(price, qty, symbol): accepted, rejected (price), accepted, rejected (qty), rejected
+(qty), logged, rejected (the price rule comes first), accepted."""
+MARKER = (42, 42, "MARK")
+
+
+def _publish_all(client, topic="quotes/nyse"):
+    for price, qty, symbol in [*SENT, MARKER]:
+        client.publish(topic, _quote(price, qty, symbol), schema_id=7)
+    client.flush()
+
+
+def _received(sub):
+    got = _until(sub, lambda m: SCHEMA.decode(m.payload)["symbol"] == "MARK")
+    return [(d["price"], d["qty"], d["symbol"]) for d in (SCHEMA.decode(m.payload)
+                                                         for m in got)]
+
+
+EXPECTED = [(100, 10, "IBM"), (4999, 100, "SAP"), (20, 5, "LOGX"), (30, 1, "IBM"), MARKER]
+
+
+def test_a_publisher_class_rejects_at_ingress_and_logs(served, caplog):
+    app, url = served
+    caplog.set_level(logging.WARNING, logger="topicwire.appliance")
+    with connect(url, "free") as sub_client, connect(url, "feed") as feed:
+        sub = sub_client.subscribe("quotes/#")
+        _publish_all(feed)
+        assert _received(sub) == EXPECTED
+        assert sub.get(timeout=0) is None
+    wait_for(lambda: counter(app, "acl_rejected_class_capped") == 4, what="4 rejections")
+    assert counter(app, "acl_rejected") == 4
+    assert counter(app, "acl_logged_class_capped") == 1
+    assert counter(app, "acl_accepted_class_capped") == 4  # 3 and the marker
+    assert counter(app, "publish_denied") == 0
+    lines = [r.getMessage() for r in caplog.records if "content ACL LOG" in r.getMessage()]
+    assert len(lines) == 1
+    assert "'feed'" in lines[0] and "'quotes/nyse'" in lines[0] and "'capped'" in lines[0]
+    assert "(symbol == 'LOGX', LOG)" in lines[0]
+
+
+def test_an_identity_without_a_class_publishes_everything(served):
+    _, url = served
+    with connect(url, "free") as sub_client, connect(url, "free") as pub:
+        sub = sub_client.subscribe("quotes/#")
+        _publish_all(pub)
+        assert len(_received(sub)) == len(SENT) + 1
+
+
+def test_a_short_payload_is_rejected(served):
+    app, url = served
+    with connect(url, "free") as sub_client, connect(url, "feed") as feed:
+        sub = sub_client.subscribe("quotes/#")
+        feed.publish("quotes/nyse", b"\x00\x00\x00\x01", schema_id=7)  # 4 of 16 bytes
+        _publish_all(feed)
+        assert _received(sub) == EXPECTED
+    wait_for(lambda: counter(app, "acl_short_payload_class_capped") == 1)
+
+
+def test_a_remote_pm_appliance_gets_the_class_and_enforces_it():
+    """Both data paths in processes of their own (the default)."""
+    pm_port, edge_port, pm_clients, edge_clients = (free_port() for _ in range(4))
+    key = "ab" * 32
+    pm_cfg = parse_config({
+        "appliance": {"name": "pm", "heartbeat_interval_ms": 50, "lsa_refresh_ms": 500},
+        "fabric": {"listen": f"127.0.0.1:{pm_port}", "key": key},
+        "neighbours": [{"name": "edge", "address": f"127.0.0.1:{edge_port}"}],
+        "clients": {"udp": f"127.0.0.1:{pm_clients}"},
+        "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
+               "acl_classes": CLASSES, "identities": IDENTITIES}})
+    edge_cfg = parse_config({
+        "appliance": {"name": "edge", "heartbeat_interval_ms": 50, "lsa_refresh_ms": 500},
+        "fabric": {"listen": f"127.0.0.1:{edge_port}", "key": key},
+        "neighbours": [{"name": "pm", "address": f"127.0.0.1:{pm_port}"}],
+        "clients": {"udp": f"127.0.0.1:{edge_clients}"}, "pm": {"mode": "remote"}})
+    pm, edge = Appliance(pm_cfg).start(), Appliance(edge_cfg).start()
+    try:
+        wait_for(lambda: (edge.control.pm_doc or {}).get("acl_classes"), timeout_s=30,
+                 what="P&M's document at the edge")
+        assert edge.control.acl_ids == {"capped": 1}
+        with connect(f"udp://127.0.0.1:{edge_clients}", "free") as sub_client, \
+                connect(f"udp://127.0.0.1:{edge_clients}", "feed") as feed:
+            sub = sub_client.subscribe("quotes/#")
+            _publish_all(feed)
+            assert _received(sub) == EXPECTED
+        wait_for(lambda: counter(edge, "acl_rejected_class_capped") == 4)
+    finally:
+        edge.stop()
+        pm.stop()
