@@ -1236,7 +1236,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         raise _fail(p + "anonymous", "logs in identities P&M does not list, which have no "
                     "password: set pm.require_passwords = false with it (demos)")
     schemas = _schemas(pm.get("schemas", {}), p + "schemas")
-    acl_classes = _acl_classes(pm.get("acl_classes", {}), p + "acl_classes", schemas)
+    acl_classes: tuple[dict[str, Any], ...] = ()
     if mode == "remote":
         for k in ("entitlements", "registry", "identities", "anonymous", "schemas",
                   "require_passwords", "acl_classes"):
@@ -1246,6 +1246,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         if "entitlements" in pm:
             identities.update(_entitlements(pm["entitlements"], p + "entitlements", base))
         identities.update(_identities(pm.get("identities", {}), p + "identities"))
+        acl_classes = _acl_classes(pm.get("acl_classes", {}), p + "acl_classes", schemas)
         names = {c["name"] for c in acl_classes}
         for identity, ident in identities.items():
             if ident.acl_class is not None and ident.acl_class not in names:
