@@ -146,3 +146,24 @@ def test_a_remote_pm_appliance_gets_the_class_and_enforces_it():
     finally:
         edge.stop()
         pm.stop()
+
+
+def test_the_p4_entries_of_the_appliance_snapshot_hold_the_class(served, tmp_path):
+    """``topicwire p4 entries`` of the running appliance's snapshot: the class's ACL stage
+    entries are there, as the software NIC's arrays were built from them."""
+    import json
+
+    from appliance.ops.cli import p4_cmd
+    from nic_offload import model, runtime_json
+    from nic_offload.acl import compile_class
+
+    app, _ = served
+    snapshot = wait_for(lambda: app.control.compiler.snapshot)
+    runtime_json.save(snapshot.entries, tmp_path / "snapshot.json")
+    p4_cmd.write_entries(tmp_path / "snapshot.json", tmp_path / "p4")
+    tables = json.loads((tmp_path / "p4" / "runtime.json").read_text())["table_entries"]
+    acl = [e for e in tables if e["table"].startswith(model.ACL_TABLE_PREFIX)
+           and e.get("match", {}).get(model.ACL_CLASS_FIELD) == 1]
+    expected = compile_class(app.control.compiler.acl_classes[1], model.DEFAULT_SPEC)
+    assert len(acl) == len(expected) > 0
+    assert "TopicwireIngress.acl_0" in (tmp_path / "p4" / "commands.txt").read_text()
