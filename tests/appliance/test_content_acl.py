@@ -4,7 +4,6 @@ per class), what it logs arrives and is logged and counted; another appliance wh
 remote gets the class in P&M's document and enforces it the same way."""
 
 import logging
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ from appliance.client import connect
 from appliance.config import parse_config
 from appliance.node import Appliance
 from nic_offload.schema import Schema
-from tests.appliance.helpers import counter, free_port, wait_for
+from tests.appliance.helpers import counter, free_port, until_marker, wait_for
 
 QUOTE = {"id": 7, "fields": [["price", 0, "u32"], ["qty", 4, "u32"], ["symbol", 8, "ascii", 4]]}
 SCHEMA = Schema.of("quote", 7, [("price", 0, "u32"), ("qty", 4, "u32"),
@@ -45,18 +44,6 @@ def served():
     app.stop()
 
 
-def _until(sub, last, timeout_s=10.0):
-    """Messages up to and including the first for which ``last`` holds (a marker published
-    after the rest: one publisher's messages on a topic arrive in order)."""
-    out = []
-    deadline = time.monotonic() + timeout_s
-    while not out or not last(out[-1]):
-        m = sub.get(timeout=max(deadline - time.monotonic(), 0))
-        assert m is not None, f"the marker did not come within {timeout_s} s: {out}"
-        out.append(m)
-    return out
-
-
 SENT = [(100, 10, "IBM"), (5000, 10, "IBM"), (4999, 100, "SAP"), (10, 0, "IBM"),
         (10, 101, "IBM"), (20, 5, "LOGX"), (9000, 5, "LOGX"), (30, 1, "IBM")]
 """(price, qty, symbol): accepted, rejected (price), accepted, rejected (qty), rejected
@@ -71,7 +58,7 @@ def _publish_all(client, topic="quotes/nyse"):
 
 
 def _received(sub):
-    got = _until(sub, lambda m: SCHEMA.decode(m.payload)["symbol"] == "MARK")
+    got = until_marker(sub, lambda m: SCHEMA.decode(m.payload)["symbol"] == "MARK")
     return [(d["price"], d["qty"], d["symbol"]) for d in (SCHEMA.decode(m.payload)
                                                          for m in got)]
 
@@ -167,3 +154,46 @@ def test_the_p4_entries_of_the_appliance_snapshot_hold_the_class(served, tmp_pat
     expected = compile_class(app.control.compiler.acl_classes[1], model.DEFAULT_SPEC)
     assert len(acl) == len(expected) > 0
     assert "TopicwireIngress.acl_0" in (tmp_path / "p4" / "commands.txt").read_text()
+
+
+def _live_rules(app) -> list[str] | None:
+    """The rules of class 1 when the snapshot the data path runs holds exactly its entries."""
+    from nic_offload import model
+    from nic_offload.acl import compile_class
+
+    acl = app.control.compiler.acl_classes.get(1)
+    live = app.dataplane.nic.switch.current.entries.acl_entries
+    if acl is None or tuple(compile_class(acl, model.DEFAULT_SPEC)) != tuple(live):
+        return None
+    return [r.text for r in acl.rules]
+
+
+def test_a_reload_changes_the_rules_for_the_sessions_already_logged_in():
+    """A new class definition (P&M's config reloaded) applies to the publisher's session at
+    once; an identity whose class is taken away publishes everything again."""
+    port = free_port()
+    doc = {"appliance": {"name": f"acl{port}", "dataplane": "thread"},
+           "clients": {"udp": f"127.0.0.1:{port}"},
+           "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
+                  "acl_classes": CLASSES, "identities": IDENTITIES}}
+    app = Appliance(parse_config(doc)).start()
+    try:
+        url = f"udp://127.0.0.1:{port}"
+        with connect(url, "free") as sub_client, connect(url, "feed") as feed:
+            sub = sub_client.subscribe("quotes/#")
+            _publish_all(feed)
+            assert _received(sub) == EXPECTED
+            stricter = {"capped": {**CLASSES["capped"],
+                                   "rules": ["(price >= 50, REJECT)", *CLASSES["capped"]["rules"]]}}
+            app.reload(parse_config({**doc, "pm": {**doc["pm"], "acl_classes": stricter}}))
+            wait_for(lambda: _live_rules(app) == ["(price >= 50, REJECT)"]
+                     + CLASSES["capped"]["rules"], what="the new rules in the data path")
+            _publish_all(feed)
+            assert _received(sub) == [(20, 5, "LOGX"), (30, 1, "IBM"), MARKER]
+            unbound = {**IDENTITIES, "feed": {"publish": ["#"], "subscribe": ["#"]}}
+            app.reload(parse_config({**doc, "pm": {**doc["pm"], "identities": unbound}}))
+            wait_for(lambda: app.dataplane.sessions[feed.session].acl_class == 0)
+            _publish_all(feed)
+            assert len(_received(sub)) == len(SENT) + 1
+    finally:
+        app.stop()
