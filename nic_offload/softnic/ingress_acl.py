@@ -39,3 +39,16 @@ def verdict(buf: np.ndarray, payload_offset: int, payload_len: int, acl_class: i
     return int(_verdict(buf, payload_offset, payload_len, acl_class, tables.class_root,
                         tables.groups, tables.bound_lo, tables.bound_result,
                         tables.fields_end))
+
+
+def warm_up() -> None:
+    """Compile ``_verdict`` for the argument types the data path passes (a receive buffer,
+    a snapshot's read-only ACL arrays): ``topicwire warm`` calls it."""
+    from datapath.topics.registry import KeyRegistry
+    from nic_offload.compiler import OffloadCompiler
+    from nic_offload.schema import Schema
+
+    compiler = OffloadCompiler(KeyRegistry())
+    compiler.define_schema(Schema.of("warm", 1, [("price", 0, "u32")]))
+    compiler.define_acl_class(1, "warm", ["(price < 10, ACCEPT, REJECT)"])
+    verdict(np.zeros(64, np.uint8), 0, 16, 1, compiler.build().tables)
