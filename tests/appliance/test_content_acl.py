@@ -197,3 +197,33 @@ def test_a_reload_changes_the_rules_for_the_sessions_already_logged_in():
             assert len(_received(sub)) == len(SENT) + 1
     finally:
         app.stop()
+
+
+def test_a_data_path_process_writes_the_audit_line_to_the_appliance_log(capfd):
+    """The default data path runs in a process of its own, forked with the appliance's log
+    handlers: its audit lines reach the appliance's standard error."""
+    import sys
+
+    handler = logging.StreamHandler(sys.stderr)
+    logger = logging.getLogger("topicwire.appliance")
+    logger.addHandler(handler)
+    port = free_port()
+    app = Appliance(parse_config({
+        "appliance": {"name": f"acl{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
+        "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
+               "acl_classes": CLASSES, "identities": IDENTITIES}})).start()
+    try:
+        url = f"udp://127.0.0.1:{port}"
+        with connect(url, "free") as sub_client, connect(url, "feed") as feed:
+            sub = sub_client.subscribe("quotes/#")
+            _publish_all(feed)
+            assert _received(sub) == EXPECTED
+        err = []
+        wait_for(lambda: err.append(capfd.readouterr().err) or "content ACL LOG" in "".join(err),
+                 what="the audit line")
+        line = next(x for x in "".join(err).splitlines() if "content ACL LOG" in x)
+        assert "'feed'" in line and "'quotes/nyse'" in line and "LOGX" in line
+        wait_for(lambda: counter(app, "acl_logged_class_capped") == 1)
+    finally:
+        logger.removeHandler(handler)
+        app.stop()
