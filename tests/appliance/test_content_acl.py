@@ -227,3 +227,14 @@ def test_a_data_path_process_writes_the_audit_line_to_the_appliance_log(capfd):
     finally:
         logger.removeHandler(handler)
         app.stop()
+
+
+def test_guaranteed_messages_pass_the_same_class(served):
+    app, url = served
+    with connect(url, "free") as sub_client, connect(url, "feed") as feed:
+        sub = sub_client.subscribe("quotes/#", qos="guaranteed")
+        for price, qty, symbol in [*SENT, MARKER]:
+            feed.publish("quotes/g", _quote(price, qty, symbol), schema_id=7, qos="guaranteed")
+        feed.flush(timeout=10)
+        assert _received(sub) == EXPECTED
+    wait_for(lambda: counter(app, "acl_rejected_class_capped") == 4)
