@@ -259,7 +259,7 @@ MAX_GROUPS = 64
 """``[[fabric.groups]]`` entries (each opens two sockets)."""
 ACL_LOG_LINES_PER_S = 10
 """Audit lines of content ACL LOG verdicts the data path writes per second at most (the rest
-are counted: ``acl_log_lines_suppressed``)."""
+are counted: ``content_acl_log_lines_suppressed``)."""
 MAX_IDENTITIES = 16_384
 MAX_PATTERNS = 16_384
 """Patterns of one list (``publish``, ``subscribe``, ``routes.duplicate``)."""

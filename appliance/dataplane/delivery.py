@@ -36,7 +36,8 @@ from nic_offload.softnic import ingress_acl
 _ACL_ACCEPT, _ACL_LOG = int(AclAction.ACCEPT), int(AclAction.LOG)
 _ACL_OUTCOME = {_ACL_ACCEPT: "accepted", int(AclAction.REJECT): "rejected", _ACL_LOG: "logged",
                 ingress_acl.SHORT_PAYLOAD: "short_payload"}
-"""Counter names (``acl_<outcome>``, ``acl_<outcome>_class_<name>``) of ingress verdicts."""
+"""Ingress verdicts -> the outcome in their counters' names (``content_acl_<outcome>``,
+``content_acl_<outcome>_class_<name>``)."""
 
 
 class Delivery:
@@ -165,8 +166,8 @@ class Delivery:
                                      self.nic.snapshot.tables)
         name = self.acl_classes.get(session.acl_class, (str(session.acl_class), None))[0]
         what = _ACL_OUTCOME.get(action, "rejected")
-        self.counters[f"acl_{what}"] += 1
-        self.counters[f"acl_{what}_class_{name}"] += 1
+        self.counters[f"content_acl_{what}"] += 1
+        self.counters[f"content_acl_{what}_class_{name}"] += 1
         if action == _ACL_LOG:
             self._acl_audit(session, buf, offset, length, key, name)
         return action in (_ACL_ACCEPT, _ACL_LOG)
@@ -175,13 +176,13 @@ class Delivery:
                    key: int, name: str) -> None:
         """The audit line of a LOG verdict: who published, the topic, the class and the rule
         that decided; at most ``ACL_LOG_LINES_PER_S`` lines a second (the rest are counted
-        in ``acl_log_lines_suppressed``, never lost from ``acl_logged``)."""
+        in ``content_acl_log_lines_suppressed``, never lost from ``content_acl_logged``)."""
         now = time.monotonic_ns()
         if now >= self._acl_log_at:
             self._acl_log_at = now + 1_000_000_000
             self._acl_log_lines = 0
         if self._acl_log_lines >= ACL_LOG_LINES_PER_S:
-            self.counters["acl_log_lines_suppressed"] += 1
+            self.counters["content_acl_log_lines_suppressed"] += 1
             return
         self._acl_log_lines += 1
         acl = self.acl_classes.get(session.acl_class, (name, None))[1]

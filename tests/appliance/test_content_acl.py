@@ -74,10 +74,10 @@ def test_a_publisher_class_rejects_at_ingress_and_logs(served, caplog):
         _publish_all(feed)
         assert _received(sub) == EXPECTED
         assert sub.get(timeout=0) is None
-    wait_for(lambda: counter(app, "acl_rejected_class_capped") == 4, what="4 rejections")
-    assert counter(app, "acl_rejected") == 4
-    assert counter(app, "acl_logged_class_capped") == 1
-    assert counter(app, "acl_accepted_class_capped") == 4  # 3 and the marker
+    wait_for(lambda: counter(app, "content_acl_rejected_class_capped") == 4, what="4 rejections")
+    assert counter(app, "content_acl_rejected") == 4
+    assert counter(app, "content_acl_logged_class_capped") == 1
+    assert counter(app, "content_acl_accepted_class_capped") == 4  # 3 and the marker
     assert counter(app, "publish_denied") == 0
     lines = [r.getMessage() for r in caplog.records if "content ACL LOG" in r.getMessage()]
     assert len(lines) == 1
@@ -100,7 +100,7 @@ def test_a_short_payload_is_rejected(served):
         feed.publish("quotes/nyse", b"\x00\x00\x00\x01", schema_id=7)  # 4 of 16 bytes
         _publish_all(feed)
         assert _received(sub) == EXPECTED
-    wait_for(lambda: counter(app, "acl_short_payload_class_capped") == 1)
+    wait_for(lambda: counter(app, "content_acl_short_payload_class_capped") == 1)
 
 
 def test_a_remote_pm_appliance_gets_the_class_and_enforces_it():
@@ -129,7 +129,7 @@ def test_a_remote_pm_appliance_gets_the_class_and_enforces_it():
             sub = sub_client.subscribe("quotes/#")
             _publish_all(feed)
             assert _received(sub) == EXPECTED
-        wait_for(lambda: counter(edge, "acl_rejected_class_capped") == 4)
+        wait_for(lambda: counter(edge, "content_acl_rejected_class_capped") == 4)
     finally:
         edge.stop()
         pm.stop()
@@ -223,7 +223,7 @@ def test_a_data_path_process_writes_the_audit_line_to_the_appliance_log(capfd):
                  what="the audit line")
         line = next(x for x in "".join(err).splitlines() if "content ACL LOG" in x)
         assert "'feed'" in line and "'quotes/nyse'" in line and "LOGX" in line
-        wait_for(lambda: counter(app, "acl_logged_class_capped") == 1)
+        wait_for(lambda: counter(app, "content_acl_logged_class_capped") == 1)
     finally:
         logger.removeHandler(handler)
         app.stop()
@@ -237,4 +237,4 @@ def test_guaranteed_messages_pass_the_same_class(served):
             feed.publish("quotes/g", _quote(price, qty, symbol), schema_id=7, qos="guaranteed")
         feed.flush(timeout=10)
         assert _received(sub) == EXPECTED
-    wait_for(lambda: counter(app, "acl_rejected_class_capped") == 4)
+    wait_for(lambda: counter(app, "content_acl_rejected_class_capped") == 4)
