@@ -33,14 +33,17 @@ def classes_of(doc: dict[str, Any]) -> dict[int, tuple[str, AclClass]]:
         except OffloadError as exc:
             log.error("P&M's schema %r is unusable here (%s)", spec.get("name"), exc)
     out = {}
-    for name, class_id in pmod.acl_class_ids(doc).items():
-        spec = next(c for c in doc["acl_classes"] if c["name"] == name)
+    ids = pmod.acl_class_ids(doc)
+    for class_id, spec in enumerate(doc.get("acl_classes", ()), 1):
+        name = spec["name"]
+        if ids[name] != class_id:
+            continue  # a name given twice: its first definition stands
         try:
             acl = pmod.acl_class_of(spec, schemas, class_id)
         except (OffloadError, KeyError) as exc:
             log.error("content ACL class %r of P&M's document does not compile here (%s); "
                       "it rejects every message of its identities", name, exc)
-            acl = AclClass(class_id, next(iter(schemas.values()), Schema.of(name, 0, [])), (),
+            acl = AclClass(class_id, next(iter(schemas.values()), Schema.of(name, 1, [])), (),
                            Verdict.REJECT)
         out[class_id] = (name, acl)
     return out

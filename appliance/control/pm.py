@@ -122,7 +122,8 @@ def acl_class_of(spec: dict[str, Any], schemas: dict[str, Any], class_id: int) -
 
 def acl_class_ids(document: dict[str, Any] | None) -> dict[str, int]:
     """Class name -> its ``acl_class`` id in the tables: 1.. in the document's order (every
-    appliance numbers one document the same way)."""
-    if document is None:
-        return {}
-    return {c["name"]: i for i, c in enumerate(document.get("acl_classes", ()), 1)}
+    appliance numbers one document the same way; a name given twice keeps its first)."""
+    ids: dict[str, int] = {}
+    for i, c in enumerate((document or {}).get("acl_classes", ()), 1):
+        ids.setdefault(c["name"], i)
+    return ids

@@ -92,3 +92,27 @@ def test_run_exits_2_naming_the_key_of_a_bad_rule(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert "pm.acl_classes.capped.rules[1]" in proc.stderr and "ready" not in proc.stdout
+
+
+def test_a_class_an_appliance_cannot_compile_rejects_everything():
+    """A document from another P&M (validated, but naming a schema or field this appliance
+    cannot use): the class fails closed; a name given twice keeps its first definition."""
+    from appliance.control.acl_apply import classes_of
+    from nic_offload.acl import Verdict
+
+    schema = {"name": "quote", "schema_id": 7,
+              "fields": [{"name": "price", "offset": 0, "type": "u32", "width": 4}]}
+    doc = {"schemas": [schema], "acl_classes": [
+        {"name": "a", "schema": "quote", "rules": ["(price < 10, ACCEPT, REJECT)"],
+         "default": "REJECT"},
+        {"name": "b", "schema": "missing", "rules": [], "default": "ACCEPT"},
+        {"name": "c", "schema": "quote", "rules": ["(cost < 1, ACCEPT)"], "default": "ACCEPT"},
+        {"name": "a", "schema": "quote", "rules": [], "default": "ACCEPT"}]}
+    classes = classes_of(doc)
+    assert sorted((i, name) for i, (name, _) in classes.items()) == [(1, "a"), (2, "b"),
+                                                                   (3, "c")]
+    low, high = (5).to_bytes(4, "big") + bytes(12), (50).to_bytes(4, "big") + bytes(12)
+    assert classes[1][1].evaluate(low) is Verdict.ACCEPT
+    assert classes[1][1].evaluate(high) is Verdict.REJECT
+    for failed in (2, 3):
+        assert classes[failed][1].evaluate(low) is Verdict.REJECT
