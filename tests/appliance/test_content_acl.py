@@ -3,6 +3,7 @@ publishes over UDP on 127.0.0.1; what its class rejects never reaches a subscrib
 per class), what it logs arrives and is logged and counted; another appliance whose P&M is
 remote gets the class in P&M's document and enforces it the same way."""
 
+import contextlib
 import logging
 
 import pytest
@@ -29,17 +30,21 @@ def _quote(price: int, qty: int, symbol: str) -> bytes:
     return SCHEMA.encode({"price": price, "qty": qty, "symbol": symbol}) + bytes(4)
 
 
+def _config(port: int, dataplane: str = "thread") -> dict:
+    """An embedded-P&M appliance's config with the class and identities above, clients on
+    UDP ``port``."""
+    return {"appliance": {"name": f"acl{port}", "dataplane": dataplane},
+            "clients": {"udp": f"127.0.0.1:{port}"},
+            "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
+                   "acl_classes": CLASSES, "identities": IDENTITIES}}
+
+
 @pytest.fixture
 def served():
     """One appliance whose data path runs on a thread of the test's process (its audit
     lines reach ``caplog``)."""
     port = free_port()
-    cfg = parse_config({
-        "appliance": {"name": f"acl{port}", "dataplane": "thread"},
-        "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
-               "acl_classes": CLASSES, "identities": IDENTITIES}})
-    app = Appliance(cfg).start()
+    app = Appliance(parse_config(_config(port))).start()
     yield app, f"udp://127.0.0.1:{port}"
     app.stop()
 
@@ -66,13 +71,24 @@ def _received(sub):
 EXPECTED = [(100, 10, "IBM"), (4999, 100, "SAP"), (20, 5, "LOGX"), (30, 1, "IBM"), MARKER]
 
 
+@contextlib.contextmanager
+def _feed_and_subscriber(url: str):
+    """(subscription of identity ``free`` to quotes/#, a client of identity ``feed``)."""
+    with connect(url, "free") as sub_client, connect(url, "feed") as feed:
+        yield sub_client.subscribe("quotes/#"), feed
+
+
+def _round(sub, feed) -> None:
+    """``feed`` publishes SENT and the marker: ``sub`` receives exactly EXPECTED."""
+    _publish_all(feed)
+    assert _received(sub) == EXPECTED
+
+
 def test_a_publisher_class_rejects_at_ingress_and_logs(served, caplog):
     app, url = served
     caplog.set_level(logging.WARNING, logger="topicwire.appliance")
-    with connect(url, "free") as sub_client, connect(url, "feed") as feed:
-        sub = sub_client.subscribe("quotes/#")
-        _publish_all(feed)
-        assert _received(sub) == EXPECTED
+    with _feed_and_subscriber(url) as (sub, feed):
+        _round(sub, feed)
         assert sub.get(timeout=0) is None
     wait_for(lambda: counter(app, "content_acl_rejected_class_capped") == 4, what="4 rejections")
     assert counter(app, "content_acl_rejected") == 4
@@ -95,11 +111,9 @@ def test_an_identity_without_a_class_publishes_everything(served):
 
 def test_a_short_payload_is_rejected(served):
     app, url = served
-    with connect(url, "free") as sub_client, connect(url, "feed") as feed:
-        sub = sub_client.subscribe("quotes/#")
+    with _feed_and_subscriber(url) as (sub, feed):
         feed.publish("quotes/nyse", b"\x00\x00\x00\x01", schema_id=7)  # 4 of 16 bytes
-        _publish_all(feed)
-        assert _received(sub) == EXPECTED
+        _round(sub, feed)
     wait_for(lambda: counter(app, "content_acl_short_payload_class_capped") == 1)
 
 
@@ -124,11 +138,8 @@ def test_a_remote_pm_appliance_gets_the_class_and_enforces_it():
         wait_for(lambda: (edge.control.pm_doc or {}).get("acl_classes"), timeout_s=30,
                  what="P&M's document at the edge")
         assert edge.control.acl_ids == {"capped": 1}
-        with connect(f"udp://127.0.0.1:{edge_clients}", "free") as sub_client, \
-                connect(f"udp://127.0.0.1:{edge_clients}", "feed") as feed:
-            sub = sub_client.subscribe("quotes/#")
-            _publish_all(feed)
-            assert _received(sub) == EXPECTED
+        with _feed_and_subscriber(f"udp://127.0.0.1:{edge_clients}") as (sub, feed):
+            _round(sub, feed)
         wait_for(lambda: counter(edge, "content_acl_rejected_class_capped") == 4)
     finally:
         edge.stop()
@@ -172,17 +183,12 @@ def test_a_reload_changes_the_rules_for_the_sessions_already_logged_in():
     """A new class definition (P&M's config reloaded) applies to the publisher's session at
     once; an identity whose class is taken away publishes everything again."""
     port = free_port()
-    doc = {"appliance": {"name": f"acl{port}", "dataplane": "thread"},
-           "clients": {"udp": f"127.0.0.1:{port}"},
-           "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
-                  "acl_classes": CLASSES, "identities": IDENTITIES}}
+    doc = _config(port)
     app = Appliance(parse_config(doc)).start()
     try:
         url = f"udp://127.0.0.1:{port}"
-        with connect(url, "free") as sub_client, connect(url, "feed") as feed:
-            sub = sub_client.subscribe("quotes/#")
-            _publish_all(feed)
-            assert _received(sub) == EXPECTED
+        with _feed_and_subscriber(url) as (sub, feed):
+            _round(sub, feed)
             stricter = {"capped": {**CLASSES["capped"],
                                    "rules": ["(price >= 50, REJECT)", *CLASSES["capped"]["rules"]]}}
             app.reload(parse_config({**doc, "pm": {**doc["pm"], "acl_classes": stricter}}))
@@ -208,16 +214,11 @@ def test_a_data_path_process_writes_the_audit_line_to_the_appliance_log(capfd):
     logger = logging.getLogger("topicwire.appliance")
     logger.addHandler(handler)
     port = free_port()
-    app = Appliance(parse_config({
-        "appliance": {"name": f"acl{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
-               "acl_classes": CLASSES, "identities": IDENTITIES}})).start()
+    app = Appliance(parse_config(_config(port, "process"))).start()
     try:
         url = f"udp://127.0.0.1:{port}"
-        with connect(url, "free") as sub_client, connect(url, "feed") as feed:
-            sub = sub_client.subscribe("quotes/#")
-            _publish_all(feed)
-            assert _received(sub) == EXPECTED
+        with _feed_and_subscriber(url) as (sub, feed):
+            _round(sub, feed)
         err = []
         wait_for(lambda: err.append(capfd.readouterr().err) or "content ACL LOG" in "".join(err),
                  what="the audit line")
