@@ -280,6 +280,12 @@ SCHEMA = Obj({"name": Str(255, 1), "schema_id": Int(0, MAX_SCHEMA_ID),
                                   "type": Str(8, choices=frozenset(TYPE_NAMES)),
                                   "width": Int(0, MAX_U32)}), 1_024)})
 """A payload schema (``nic_offload.schema.Schema.to_dict``)."""
+ACL_NAME = Str(64, 1, text=_NAME_RE.fullmatch, what="a class name (letters, digits, '.', "
+               "'_', '-')")
+ACL_CLASS = Obj({"name": ACL_NAME, "schema": Str(255, 1), "rules": List(Str(4_096, 1), 256),
+                 "default": Str(8, choices=frozenset({"ACCEPT", "REJECT", "LOG"}))})
+"""A content ACL class (``[pm.acl_classes.NAME]``; appliance/control/pm.py): its rules are
+parsed and compiled by each appliance against the document's schemas."""
 
 
 def _is_base64(text: str) -> bool:
@@ -351,11 +357,12 @@ KINDS: dict[ControlKind, Kind] = {
         {"pm": NAME, "version": Int(0, MAX_U63),
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
                                           "subscribe": List(PATTERN, MAX_LIST_ITEMS)},
-                                         {"verifier": VERIFIER}),
+                                         {"verifier": VERIFIER, "acl_class": ACL_NAME}),
                            MAX_LIST_ITEMS),
          "anonymous": Bool(), "namespaces": List(NAMESPACE, 4_096),
          "schemas": List(SCHEMA, 1_024), "routes": ROUTES},
-        {"backups": ROUTES, "duplicate": PATTERNS, "require_passwords": Bool()})),
+        {"backups": ROUTES, "duplicate": PATTERNS, "require_passwords": Bool(),
+         "acl_classes": List(ACL_CLASS, 256)})),
     ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,

@@ -134,3 +134,16 @@ def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what or 'condition'} not met within {timeout_s} s")
         time.sleep(interval_s)
+
+
+def until_marker(sub, last, timeout_s: float = 10.0) -> list:
+    """Messages of subscription ``sub`` up to and including the first for which ``last``
+    holds (a marker published after the rest: one publisher's messages on a topic arrive in
+    order)."""
+    out: list = []
+    deadline = time.monotonic() + timeout_s
+    while not out or not last(out[-1]):
+        m = sub.get(timeout=max(deadline - time.monotonic(), 0))
+        assert m is not None, f"the marker did not come within {timeout_s} s: {out}"
+        out.append(m)
+    return out
