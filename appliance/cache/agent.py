@@ -136,6 +136,9 @@ class CacheAgent:
         self._inbox: deque[Any] = deque()
         self._requests: deque[tuple[int, str, int, dict, str]] = deque()
         self._pending: Counter[int] = Counter()
+        self._queued: set[tuple[int, int]] = set()
+        """(session, request id) of the requests waiting: a client's repeat of one of them
+        (its answer is late) is not queued again."""
         self._lock = threading.Lock()
         self._last_seq: dict[tuple[int, int, int], int] = {}
         self._retention_at = 0
@@ -267,6 +270,8 @@ class CacheAgent:
             return "pattern", (f"cache: this appliance keeps {', '.join(self.settings.patterns)}"
                                f" (namespace 0); ask for a pattern within one of them")
         with self._lock:
+            if (session_id, doc["id"]) in self._queued:
+                return None  # a repeat of a request still waiting: one answer serves both
             if len(self._requests) >= REPLAYS_PENDING:
                 return "busy", (f"cache: {REPLAYS_PENDING} replay requests are waiting; retry "
                                 "in a moment")
@@ -274,6 +279,7 @@ class CacheAgent:
                 return "busy", (f"cache: this session has {REPLAYS_PENDING_PER_SESSION} replay "
                                 "requests waiting for their answer; wait for them")
             self._pending[session_id] += 1
+            self._queued.add((session_id, doc["id"]))
             self._requests.append((session_id, channel, dest, doc, identity))
         self.wakeup.set()
         return None
@@ -363,6 +369,7 @@ class CacheAgent:
             self._pending[session_id] -= 1
             if self._pending[session_id] <= 0:
                 del self._pending[session_id]
+            self._queued.discard((session_id, doc["id"]))
         if "durable" in doc:
             self._answer_durable(request)
             return

@@ -42,7 +42,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -163,6 +163,11 @@ _NONE = np.zeros(0, np.int64)
 """Arguments of ``sign_frames`` for one frame at offset 0 to the session's appliance."""
 
 
+SEEN_MESSAGES = 262_144
+"""Messages a guaranteed subscription of a client with a standby recognises when a replay
+after a move hands them over again (26 s of a 10,000 messages/s stream)."""
+
+
 class Subscription:
     """One ``subscribe`` call: iterate it, ``get()`` from it, or give a callback."""
 
@@ -189,6 +194,18 @@ class Subscription:
         self.closed = False
         self.durable: str | None = None
         """The durable subscription's name (``subscribe(..., durable=)``)."""
+        self.duplicates = 0
+        """Messages not handed over because they were handed over already (after a move
+        or a reconnection, the replay from the cache and the live stream overlap)."""
+        self._seen: dict[tuple, None] | None = (
+            {} if qos == "guaranteed" and len(client.targets) > 1 else None)
+        """A guaranteed subscription of a client with a standby: the identities of the last
+        ``SEEN_MESSAGES`` messages handed over (origin, publishing session, topic key,
+        publish time, payload hash), to join a replay to the live stream after a move. Not
+        sequence numbers: each reliable hop numbers its own stream, so the cache's and the
+        live stream's numbers of one message differ."""
+        self._filling = False
+        self._held_live: list[Message] = []
         self._fetcher: Any = None
         """A durable subscription's pager (appliance/client/durable.py)."""
 
@@ -202,6 +219,51 @@ class Subscription:
             self.on_loss(loss)
 
     def _put(self, msg: Message) -> None:
+        if self._seen is not None and not self._admit(msg):
+            return
+        self._hand(msg)
+
+    def _admit(self, msg: Message, replayed: bool = False) -> bool:
+        """Whether ``msg`` is handed over now: not when it was handed over already, nor
+        (a live one) while a replay fills the gap of a move; it is held then."""
+        with self._cond:
+            if self._filling and not replayed:
+                self._held_live.append(msg)
+                return False
+            seen = self._seen
+            assert seen is not None
+            ident = (msg.origin, msg.stream, msg.topic_key, msg.publish_ts_ns,
+                     hash(msg.payload))
+            if ident in seen:
+                self.duplicates += 1
+                return False
+            seen[ident] = None
+            if len(seen) > SEEN_MESSAGES:  # bounded: the oldest is not recognised again
+                del seen[next(iter(seen))]
+            return True
+
+    def _begin_fill(self) -> None:
+        with self._cond:
+            self._filling = True
+
+    def _fill(self, msg: Message) -> None:
+        """A replayed message (the gap of a move): handed over unless it was already."""
+        if self._admit(msg, replayed=True):
+            self._hand(msg)
+
+    def _end_fill(self) -> None:
+        """The replay is over: the live messages held meanwhile, those not handed over."""
+        while True:
+            with self._cond:
+                held, self._held_live = self._held_live, []
+                if not held:
+                    self._filling = False
+                    return
+            for msg in held:
+                if self._admit(msg, replayed=True):
+                    self._hand(msg)
+
+    def _hand(self, msg: Message) -> None:
         if self.callback is not None:
             self.delivered += 1
             self.callback(msg)
@@ -295,11 +357,11 @@ class Client(GuaranteedSide, ConnectionSide):
 
     def __init__(self, channel: Any, identity: str, *, ring: str | None = None,
                  owned: Any = None, timeout_s: float = REQUEST_TIMEOUT_S,
-                 idle: str = "block", url: str = "",
+                 idle: str = "block", targets: list[Target] | None = None,
+                 target_index: int = 0,
                  on_state: Callable[[StateChange], None] | None = None,
                  session_timeout_s: float = SESSION_TIMEOUT_S,
                  reconnect_s: float = RECONNECT_S,
-                 reopen: Callable[[], tuple[Any, str | None]] | None = None,
                  resend: bool = False, password: str | bytes | None = None,
                  trusted: str | None = None) -> None:
         if idle not in IDLE_STRATEGIES:
@@ -313,11 +375,20 @@ class Client(GuaranteedSide, ConnectionSide):
                                     RECONNECT_MAX_S, zero=True)
         self.channel = channel
         self.identity = identity
-        self.url = url
+        self.targets = targets or []
+        """The appliances this client may be connected to: the primary, then the standby."""
+        self.target_index = target_index
+        """The one it is (or was last) connected to."""
+        self.url = self.targets[target_index].url if self.targets else ""
+        self.moves = 0
+        """Times the session moved to the other appliance (the standby, or back)."""
+        self.filled = 0
+        """Messages handed over from a cache's replay after a move (the gap it filled)."""
+        self._moved_from: dict | None = None
+        """The session the next login replaces on the other appliance (a move)."""
         self.timeout_s = timeout_s
         self._owned = owned
         self._ring = ring
-        self._reopen = reopen
         self._on_state = on_state
         self.state = CONNECTED
         """``connected``, ``lost``, ``reconnecting`` or ``closed`` (connection.py)."""
@@ -521,7 +592,8 @@ class Client(GuaranteedSide, ConnectionSide):
             self._down_login = True
         key = None
         nonce = secrets.token_bytes(NONCE_BYTES)
-        first = {"nonce": nonce.hex(), **({"trusted": self._trusted} if self._trusted else {})}
+        first = {"nonce": nonce.hex(), **({"trusted": self._trusted} if self._trusted else {}),
+                 **({"moved_from": self._moved_from} if self._moved_from else {})}
         result = self._request(("login",), lambda: self._send_login(token, first),
                                repeatable=True, timeout_s=timeout_s)
         expected = None
@@ -759,7 +831,8 @@ class Client(GuaranteedSide, ConnectionSide):
                                   "come from the cache's log as kept)")
             from appliance.client.durable import open_durable
 
-            sub = open_durable(self, pattern, namespace, durable, callback, on_loss)
+            sub = open_durable(Subscription(self, 0, pattern, namespace, None, "guaranteed",
+                                            callback, on_loss), durable)
             with self._lock:
                 self._durables.append(sub)
             return sub
@@ -1217,7 +1290,8 @@ def connect(url: str, identity: str = "anonymous", *,
             on_state: Callable[[StateChange], None] | None = None,
             session_timeout_s: float = SESSION_TIMEOUT_S,
             reconnect_s: float = RECONNECT_S, resend: bool = False,
-            password: str | bytes | None = None, _trusted: str | None = None) -> Client:
+            password: str | bytes | None = None, standby: str | None = None,
+            _trusted: str | None = None) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
     ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
@@ -1230,9 +1304,13 @@ def connect(url: str, identity: str = "anonymous", *,
     the lost session did not acknowledge again on the new one (at least once: some may arrive
     twice) instead of failing their outcomes. docs/appliance.md, "Connection states".
     ``password``: the identity's password, when P&M gives it one; it is never sent: the login
-    proves it (docs/security.md, "Client credentials")."""
-    from channels.shm import ShmChannel
-    from channels.udp import UdpChannel
+    proves it (docs/security.md, "Client credentials").
+
+    ``standby``: a second appliance's address. The client logs in to the primary (to the
+    standby when the primary does not take the login); when the connection is lost it
+    tries the other one first, then alternates, and moves its session there: logs in,
+    registers its topics and makes its subscriptions again (docs/fault-tolerance.md,
+    "Session failover")."""
 
     if not isinstance(url, str):
         raise ClientError(f"connect takes the appliance's address as a string (shm://RING, "
@@ -1247,46 +1325,36 @@ def connect(url: str, identity: str = "anonymous", *,
     _seconds("session_timeout_s", session_timeout_s, SESSION_TIMEOUT_MIN_S,
              SESSION_TIMEOUT_MAX_S)
     _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S, RECONNECT_MAX_S, zero=True)
-    session = dict(timeout_s=timeout_s, idle=idle, url=url, on_state=on_state,
+    if standby is not None:
+        if not isinstance(standby, str) or not standby:
+            raise ClientError(f"standby: an appliance address as a string, not {standby!r}")
+        if "://" not in standby:
+            standby = f"udp://{standby}"
+        if url.startswith("embedded:") or standby.startswith("embedded:"):
+            raise ClientError("an embedded appliance has no standby: give the primary's and "
+                              "the standby's addresses (udp://, shm://, rdma://)")
+        if standby == url:
+            raise ClientError(f"the standby {standby!r} is the primary itself: give another "
+                              "appliance")
+    session = dict(timeout_s=timeout_s, idle=idle, on_state=on_state,
                    session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
                    resend=resend, password=password, trusted=_trusted)
-    if url.startswith(RDMA_SCHEME):
-        from appliance.client.rdma import open_rdma_channel
-
-        def open_rdma() -> tuple[Any, str | None]:
-            return open_rdma_channel(url, device=rdma_device, gid_index=rdma_gid_index,
-                                     bind=rdma_bind, timeout_s=timeout_s), None
-
-        channel, _ = open_rdma()
-        return Client(channel, identity, reopen=open_rdma, **session)
-
-    if url.startswith("udp://"):
-        from appliance.config import ConfigError, parse_address
-
-        try:
-            host, port = parse_address(url[len("udp://"):], "appliance address")
-        except ConfigError as exc:
-            raise ClientError(str(exc).removeprefix("config: ")) from None
-        bind = "127.0.0.1" if host.startswith("127.") else "0.0.0.0"
-        channel = UdpChannel((bind, 0), dest=(host, port), name=f"client:{host}:{port}")
-        # the same socket serves a restarted appliance: no new channel to reconnect
-        return Client(channel, identity, **session)
-    if url.startswith("shm://"):
-        bus = url[len("shm://"):]
-
-        def open_shm() -> tuple[Any, str | None]:
-            # a restarted appliance makes its bus anew: a new ring and a new producer slot
-            ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            channel = ShmChannel(rx=ring, name=f"client:shm:{bus}")
+    if not url.startswith("embedded:"):
+        rdma = dict(device=rdma_device, gid_index=rdma_gid_index, bind=rdma_bind,
+                    timeout_s=timeout_s)
+        targets = [Target(url, *_opener(url, rdma))]
+        if standby is not None:
+            targets.append(Target(standby, *_opener(standby, rdma)))
+        for index, target in enumerate(targets):
             try:
-                channel.connect(bus)
-            except BaseException:
-                channel.close()
-                raise
-            return channel, ring
-
-        channel, ring = open_shm()
-        return Client(channel, identity, ring=ring, reopen=open_shm, **session)
+                channel, ring = target.open()
+                return Client(channel, identity, ring=ring, targets=targets,
+                              target_index=index, **session)
+            except TopicwireError as exc:  # the primary does not answer: the standby
+                if index == len(targets) - 1:
+                    raise
+                log.warning("client %s: the primary %s did not take the login (%s): trying "
+                            "the standby %s", identity, url, exc, standby)
     if url.startswith("embedded:"):
         from appliance.config import parse_config
         from appliance.node import Appliance
@@ -1310,5 +1378,62 @@ def connect(url: str, identity: str = "anonymous", *,
                     appliance.stop()
                     raise
                 time.sleep(0.05)
+    raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT (or "
+                      "HOST:PORT), rdma://HOST:PORT or embedded:")
+
+
+@dataclass(frozen=True)
+class Target:
+    """An appliance a client may be connected to (the primary, the standby) and how to make
+    a channel to it."""
+
+    url: str
+    open: Callable[[], tuple[Any, str | None]]
+    """A new channel to it and the reply ring (shared memory), else None."""
+    reopen: bool
+    """A reconnection to it needs a new channel (shared memory, RDMA: a restarted
+    appliance's bus or queue pair is new); a UDP socket serves a restarted appliance."""
+
+
+def _opener(url: str, rdma: dict) -> tuple[Callable[[], tuple[Any, str | None]], bool]:
+    """(open, reopen) of ``Target`` for ``url``; ClientError for an address it cannot use."""
+    from channels.shm import ShmChannel
+    from channels.udp import UdpChannel
+
+    if url.startswith(RDMA_SCHEME):
+        from appliance.client.rdma import open_rdma_channel
+
+        def open_rdma() -> tuple[Any, str | None]:
+            return open_rdma_channel(url, **rdma), None
+
+        return open_rdma, True
+    if url.startswith("udp://"):
+        from appliance.config import ConfigError, parse_address
+
+        try:
+            host, port = parse_address(url[len("udp://"):], "appliance address")
+        except ConfigError as exc:
+            raise ClientError(str(exc).removeprefix("config: ")) from None
+        bind = "127.0.0.1" if host.startswith("127.") else "0.0.0.0"
+
+        def open_udp() -> tuple[Any, str | None]:
+            return UdpChannel((bind, 0), dest=(host, port), name=f"client:{host}:{port}"), None
+
+        return open_udp, False
+    if url.startswith("shm://"):
+        bus = url[len("shm://"):]
+
+        def open_shm() -> tuple[Any, str | None]:
+            # a restarted appliance makes its bus anew: a new ring and a new producer slot
+            ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            channel = ShmChannel(rx=ring, name=f"client:shm:{bus}")
+            try:
+                channel.connect(bus)
+            except BaseException:
+                channel.close()
+                raise
+            return channel, ring
+
+        return open_shm, True
     raise ClientError(f"cannot connect to {url!r}: give shm://RING, udp://HOST:PORT (or "
                       "HOST:PORT), rdma://HOST:PORT or embedded:")

@@ -21,7 +21,11 @@ while it was away is not delivered to it), and raises ``ConnectionLostError`` fr
 call. Reconnection runs on a thread of its own: capped, jittered exponential backoff; per
 attempt a fresh channel where the transport needs one (shared memory, RDMA), the login, the
 topics registered again and the subscriptions made again (the client's lists replayed), until
-``reconnect_s`` has passed.
+``reconnect_s`` has passed. A client with a standby (``connect(..., standby=)``) tries the
+other appliance first and then alternates: a move (``moves``) is a reconnection whose reason
+says ``moved to URL``; its login names the session it leaves (``moved_from``), so the
+standby logs the move and tells the appliance it left (SESSION_MOVE, when they are
+neighbours).
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ if TYPE_CHECKING:
     from appliance.client.api import Client
 
 log = logging.getLogger("topicwire.client")
+FAILOVER_LOOKBACK_S = 2.0
+"""A move fills the gap from what the cache kept since this long before the session timeout
+began (what was published earlier and not delivered is not looked for)."""
 
 CONNECTED = "connected"
 LOST = "lost"
@@ -78,6 +85,9 @@ class StateChange:
     """Guaranteed messages whose outcomes failed with the change (``lost``, ``closed``)."""
     at_ns: int = 0
     """Wall clock of the change."""
+    appliance: str = ""
+    """The appliance the client is connected to after the change (``reconnected``): the
+    other one after a move to the standby."""
 
 
 class ConnectionSide:
@@ -87,7 +97,7 @@ class ConnectionSide:
     # --- states --------------------------------------------------------------------------------
     def _emit(self: Client, state: str, reason: str = "", attempt: int = 0,
               failed: int = 0) -> None:
-        change = StateChange(state, reason, attempt, failed, time.time_ns())
+        change = StateChange(state, reason, attempt, failed, time.time_ns(), self.url)
         self.state_changes += 1
         self.last_state = change
         callback = self._on_state
@@ -176,6 +186,7 @@ class ConnectionSide:
             if self.state != CONNECTED or self.closed:
                 return
             self.state = LOST
+            self._lost_session = (self.session, self.node_id)
             self.session = 0
             if not self.logged_out_reason:
                 self.logged_out_reason = f"connection lost: {reason}"
@@ -193,11 +204,11 @@ class ConnectionSide:
         log.warning("client %s: connection to %s lost: %s%s", self.identity, self.url, reason,
                     f"; {failed} guaranteed messages not acknowledged" if failed else "")
         self._emit(LOST, reason, failed=failed)
-        loss = Loss(0, 0, 0, 0, 0, SESSION_LOST, 0, time.time_ns())
-        if self._held:  # after the messages received before the loss (their topics unknown)
-            next(reversed(self._held.values())).append(loss)
+        self._lost_at_ns = time.time_ns()
+        if len(self.targets) > 1:  # a move may fill the gap from the cache: told after it
+            self._session_lost_pending = True
         else:
-            self._deliver_guaranteed(loss)
+            self._session_lost()
         if reconnect and self.reconnect_s > 0 and not self.closed:
             thread = threading.Thread(target=self._reconnect, args=(reason,), daemon=True,
                                       name=f"client-{self.identity}-reconnect")
@@ -206,6 +217,18 @@ class ConnectionSide:
         else:
             self._give_up(reason)
 
+    def _session_lost(self: Client, subs: list | None = None) -> None:
+        """The ``SESSION_LOST`` event, to ``subs`` (default: every guaranteed subscription)."""
+        loss = Loss(0, 0, 0, 0, 0, SESSION_LOST, 0, time.time_ns())
+        if subs is not None:
+            for sub in subs:
+                sub._loss(loss)
+            self.losses += 1
+        elif self._held:  # after the messages received before the loss (topics unknown)
+            next(reversed(self._held.values())).append(loss)
+        else:
+            self._deliver_guaranteed(loss)
+
     def _give_up(self: Client, reason: str) -> None:
         with self._lock:
             self.state = CLOSED
@@ -213,6 +236,9 @@ class ConnectionSide:
                 self.logged_out_reason = reason
             held, self._to_resend = self._to_resend, []
         self._outcomes.fail_detached(held, f"{REASON_LOST} ({reason})")
+        if getattr(self, "_session_lost_pending", False):
+            self._session_lost_pending = False
+            self._session_lost()
         for sub in list(self._subs):
             sub._close()
         self._emit(CLOSED, reason)
@@ -228,7 +254,7 @@ class ConnectionSide:
             self.state = RECONNECTING
             self._emit(RECONNECTING, last, attempt)
             try:
-                self._reattach()
+                moved = self._reattach(attempt)
             except Exception as exc:  # any failure of an attempt is the next attempt's reason
                 last = str(exc)
                 log.info("client %s: reconnection attempt %d failed: %s", self.identity,
@@ -241,9 +267,14 @@ class ConnectionSide:
                     self._heard_ns = time.monotonic_ns()
                     self.logged_out_reason = None
                     self.state = CONNECTED
-                log.warning("client %s: reconnected to %s (attempt %d, session %d)",
-                            self.identity, self.url, attempt, self.session)
-                self._emit(RECONNECTED, reason, attempt)
+                if moved:
+                    log.warning("client %s: session moved to %s, session %d (attempt %d; "
+                                "%s)", self.identity, self.url, self.session, attempt, reason)
+                    self._emit(RECONNECTED, f"moved to {self.url}: {reason}", attempt)
+                else:
+                    log.warning("client %s: reconnected to %s (attempt %d, session %d)",
+                                self.identity, self.url, attempt, self.session)
+                    self._emit(RECONNECTED, reason, attempt)
                 return
             wait = backoff * (1 - RECONNECT_JITTER_FRACTION * random.random())
             if time.monotonic() + wait > deadline:
@@ -258,20 +289,74 @@ class ConnectionSide:
             self._loss_notice = f"the connection to the appliance was lost: {reason}"
             self._give_up(why)
 
-    def _reattach(self: Client) -> None:
-        """One attempt: a channel, the login, the topics, the subscriptions."""
-        if self._reopen is not None:
-            channel, ring = self._reopen()
+    def _reattach(self: Client, attempt: int = 1) -> bool:
+        """One attempt: a channel, the login, the topics, the subscriptions; True when the
+        session moved to the other appliance. With a standby the first attempt goes to the
+        other appliance, then they alternate."""
+        index = self.target_index
+        if len(self.targets) > 1:
+            index = (self.target_index + attempt) % len(self.targets)
+        target = self.targets[index] if self.targets else None
+        moved = index != self.target_index
+        if target is not None and (target.reopen or moved):
+            channel, ring = target.open()
             with self._lock:
                 old, self.channel = self.channel, channel
                 self._ring = ring
             old.close()
-        self._login(self._ring, timeout_s=min(self.timeout_s, RECONNECT_LOGIN_TIMEOUT_S))
+        session, node_id = getattr(self, "_lost_session", (0, 0))
+        self._moved_from = {"node_id": node_id, "session": session} if (
+            moved and session and node_id) else None
+        try:
+            self._login(self._ring, timeout_s=min(self.timeout_s, RECONNECT_LOGIN_TIMEOUT_S))
+        finally:
+            self._moved_from = None
+        if moved:
+            self.target_index = index
+            self.url = target.url
+            self.moves += 1
         with self._lock:
             self._heard_ns = time.monotonic_ns()
         self._register_again()
-        self._subscribe_again()
+        fills = [sub for sub in self._subs if sub._seen is not None]
+        for sub in fills:  # live messages wait until the replay has filled the gap
+            sub._begin_fill()
+        try:
+            self._subscribe_again()
+        finally:
+            self._fill_gap(fills)
         self._send_again()
+        return moved
+
+    def _fill_gap(self: Client, subs: list) -> None:
+        """After a move (or a reconnection) of a client with a standby: what each guaranteed
+        subscription missed meanwhile, from the appliance's cache (a replay from a while
+        before the connection was lost: ``FAILOVER_LOOKBACK_S`` and the session timeout),
+        joined to the live stream without a gap or a duplicate (each publisher's sequence
+        numbers); a subscription whose pattern the cache does not keep gets the
+        ``SESSION_LOST`` event instead, as without a standby."""
+        from appliance.client.replay import _page, _pages
+
+        pending = getattr(self, "_session_lost_pending", False)
+        self._session_lost_pending = False
+        since = getattr(self, "_lost_at_ns", time.time_ns()) - int(
+            (self.session_timeout_s + FAILOVER_LOOKBACK_S) * 1e9)
+        unfilled = []
+        for sub in subs:
+            try:
+                page = _page(self, sub.pattern, sub.namespace, {"from_time_ns": max(0, since)})
+                for msg in _pages(self, sub.pattern, sub.namespace, page):
+                    sub._fill(msg)
+                    self.filled += 1
+            except Exception as exc:  # no cache for it, refused, no answer: told as a loss
+                log.warning("client %s: the gap of %r since the connection was lost cannot "
+                            "be filled from %s (%s): a SESSION_LOST event", self.identity,
+                            sub.pattern, self.url, exc)
+                unfilled.append(sub)
+            finally:
+                sub._end_fill()
+        if pending and unfilled:
+            self._session_lost(unfilled)
 
     def _send_again(self: Client) -> None:
         """``resend=True``: the guaranteed messages the lost session did not acknowledge go
@@ -354,6 +439,7 @@ class ConnectionSide:
         ``reconnects``, ``probes``, guaranteed outcomes)."""
         return {"state": self.state, "session": self.session, "losses": self.losses_of_connection,
                 "reconnects": self.reconnects, "probes": self.probes,
+                "appliance": self.url, "moves": self.moves,
                 "acknowledged": self._outcomes.acknowledged, "failed": self._outcomes.failed,
                 "unacknowledged": self._outcomes.unacknowledged()}
 

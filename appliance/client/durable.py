@@ -30,14 +30,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from appliance.client.errors import ClientError, EntitlementError
-from appliance.client.messages import Loss, Message
+from appliance.client.messages import Loss
 from appliance.client.replay import replayed_message
 from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from appliance.client.api import Client
 
 log = logging.getLogger("topicwire.client")
@@ -52,12 +50,6 @@ RETRY_S = 0.2
 """... and one that got no answer (the appliance restarts, the client reconnects)."""
 CLOSE_ACK_TIMEOUT_S = 1.0
 """``close`` waits this long for the appliance to take the final acknowledgement."""
-
-
-def _subscription_class() -> type:
-    from appliance.client.api import Subscription
-
-    return Subscription
 
 
 class DurableFetcher:
@@ -178,14 +170,11 @@ class DurableFetcher:
                 pass  # the position stays where the last request left it
 
 
-def open_durable(client: Client, pattern: str, namespace: int, name: str,
-                 callback: Callable[[Message], None] | None,
-                 on_loss: Callable[[Loss], None] | None) -> Any:
-    """See ``Client.subscribe``'s ``durable``."""
+def open_durable(sub: Any, name: str) -> Any:
+    """See ``Client.subscribe``'s ``durable``: ``sub`` (a ``Subscription`` of QoS guaranteed,
+    whose queue never drops) is fed by a pager of the durable subscription ``name``."""
     if not isinstance(name, str) or not name:
         raise ClientError(f"durable: a non-empty name expected, not {name!r}")
-    sub = _subscription_class()(client, 0, pattern, namespace, None, "guaranteed", callback,
-                                on_loss)
     fetcher = DurableFetcher(sub, name)
     sub.durable = name
     sub._fetcher = fetcher

@@ -229,6 +229,37 @@ class ClientSide:
         log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
                  channel)
         self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
+        moved = doc.get("moved_from")
+        if moved is not None:
+            self._moved_in(session, moved["node_id"], moved["session"])
+
+    def _moved_in(self, session: Session, node_id: int, old_session: int) -> None:
+        """A client's session moved here from appliance ``node_id`` (its session there,
+        ``old_session``): logged, counted, and that appliance told (SESSION_MOVE) when it is
+        an up neighbour, so it ends the old session at once instead of when it expires."""
+        self.counters["sessions_moved_in"] += 1
+        name = self.names.get(node_id, f"node {node_id}")
+        log.warning("%s: client %r moved its session here from %s (session %d there), now "
+                    "session %d", self.cfg.name, session.identity, name, old_session,
+                    session.session_id)
+        nb = next((n for n in self.neighbours.values() if n.up and n.node_id == node_id), None)
+        if nb is None:
+            self.counters["session_moves_not_told"] += 1
+            return
+        self.counters["session_moves_told"] += 1
+        self._to_neighbour(nb, FrameType.SESSION_MOVE, [al.SessionMove(
+            old_session, node_id, self.node_id, 0)])
+
+    def _on_session_move(self, nb: Any, move: al.SessionMove) -> None:
+        """A neighbour says a session of ours moved to it: end the session here."""
+        session = self.sessions.get(move.session_id)
+        if move.from_node != self.node_id or move.to_node != nb.node_id or session is None:
+            self.counters["session_moves_unknown"] += 1
+            return
+        self.counters["sessions_moved_out"] += 1
+        log.warning("%s: client %r moved its session %d to %s", self.cfg.name,
+                    session.identity, session.session_id, nb.config.name)
+        self._end_session(session, f"moved to {nb.config.name}")
 
     def _login_result(self, session: Session) -> dict:
         out = {"accepted": True, "session": session.session_id, "node": self.cfg.name,

@@ -367,7 +367,9 @@ KINDS: dict[ControlKind, Kind] = {
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
                                  "server_nonce": NONCE, "proof": KEY_HEX,
-                                 "trusted": KEY_HEX}), 4_096),
+                                 "trusted": KEY_HEX,
+                                 "moved_from": Obj({"node_id": NODE_ID,
+                                                    "session": Int(1, MAX_U32)})}), 4_096),
     ControlKind.LOGIN_RESULT: Kind(Obj(
         {"accepted": Bool()},
         {"session": Int(1, MAX_NODE_ID), "node": NAME, "node_id": NODE_ID,

@@ -121,6 +121,9 @@ class FabricSide:
                 self._on_fabric_control(nb, entry.kind, doc, now_ns)
         elif ftype is FrameType.REGISTRY_UPDATE:
             self._merge_registry(entries, nb)
+        elif ftype is FrameType.SESSION_MOVE:
+            for entry in entries:
+                self._on_session_move(nb, entry)  # type: ignore[attr-defined]
         else:
             self.counters["unexpected_admin"] += 1
 

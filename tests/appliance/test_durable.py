@@ -27,12 +27,18 @@ def _eu(published: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
     return [row for row in published if row[0].startswith(WANT)]
 
 
-def _take(sub, count: int) -> list[tuple[str, bytes]]:
-    got = []
-    for _ in range(count):
-        msg = sub.get(timeout=30)
-        assert msg is not None, f"{len(got)} of {count} messages arrived"
-        got.append((msg.topic, msg.payload))
+def _take(sub, count: int, raw: bool = False) -> list:
+    """``count`` messages of ``sub`` ((topic, payload), or payloads when ``raw``), all within
+    one deadline; fewer when it passes."""
+    got: list = []
+    deadline = time.monotonic() + 60
+    while len(got) < count:
+        msg = sub.get(timeout=max(0.0, deadline - time.monotonic()))
+        if msg is None:
+            if raw:
+                return got
+            raise AssertionError(f"{len(got)} of {count} messages arrived")
+        got.append(msg.payload if raw else (msg.topic, msg.payload))
     return got
 
 
@@ -193,8 +199,11 @@ def test_what_retention_deleted_before_it_was_read_is_a_loss_event(tmp_path, mon
                 if i % 8 == 7:
                     time.sleep(0.005)  # paced: the hop to the cache's session is best-effort
         _kept(app, len(payloads))
-        wait_for(lambda: app.cache.counters["segments_deleted"] >= 1, 30,
-                 what="retention deleting the oldest segments")
+        # a snapshot of the cache's thread: every message appended and the log down to
+        # 4 MiB, so retention deletes nothing more while the subscriber reads
+        wait_for(lambda: (log := app.status()["cache"]["logs"][0])["last_seq"] == len(
+            payloads) and log["first_seq"] > 1 and log["bytes"] <= 4 << 20, 30,
+                 what="retention deleting the oldest segments, down to its 4 MiB")
         losses = []
         with connect(url, "viewer") as client:
             sub = client.subscribe("orders/eu/#", durable="slow", on_loss=losses.append)
@@ -202,8 +211,10 @@ def test_what_retention_deleted_before_it_was_read_is_a_loss_event(tmp_path, mon
             loss = losses[0]
             assert loss.reason == "RETENTION" and loss.first_seq == 1
             rest = payloads[loss.last_seq:]
-            got = [m.payload for m in (sub.get(timeout=30) for _ in rest)]
-            assert got == rest and loss.messages == len(payloads) - len(rest)
+            got = _take(sub, len(rest), raw=True)
+            assert got == rest, (f"{len(got)} of {len(rest)}: "
+                                 f"{app.status()['cache']} {sub._fetcher.next_seq}")
+            assert loss.messages == len(payloads) - len(rest)
             assert 0 < len(rest) < len(payloads)
     finally:
         app.stop()

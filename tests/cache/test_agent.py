@@ -42,9 +42,11 @@ def test_pending_replays_are_bounded_per_session_and_in_all(tmp_path):
     agent, _ = _agent(tmp_path)
     try:
         doc = {"id": 1, "pattern": "orders/#"}
-        for _ in range(REPLAYS_PENDING_PER_SESSION):
-            assert agent.submit(1, "clients-udp", 9, doc) is None
-        why, reason = agent.submit(1, "clients-udp", 9, doc)
+        for rid in range(1, REPLAYS_PENDING_PER_SESSION + 1):
+            assert agent.submit(1, "clients-udp", 9, {**doc, "id": rid}) is None
+        assert agent.submit(1, "clients-udp", 9, doc) is None  # a repeat: not queued again
+        assert len(agent._requests) == REPLAYS_PENDING_PER_SESSION
+        why, reason = agent.submit(1, "clients-udp", 9, {**doc, "id": 99})
         assert why == "busy" and reason.startswith("cache: this session has")
         session = 2
         while len(agent._requests) < REPLAYS_PENDING:

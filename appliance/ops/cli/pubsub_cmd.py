@@ -99,6 +99,10 @@ def _connection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reconnect", type=float, default=RECONNECT_S, metavar="S",
                         help="then try to connect again for this long; 0: exit at once "
                         f"(default {RECONNECT_S:g})")
+    parser.add_argument("--standby", metavar="ADDR", default=None,
+                        help="a standby appliance: the session moves there when the "
+                        "appliance is lost (and a guaranteed subscription gets what it "
+                        "missed from the standby's cache)")
     parser.add_argument("--password-file", metavar="FILE", default=None,
                         help="the identity's password, on the first line of FILE (for an "
                         "identity P&M gives a password; never sent: the login proves it)")
@@ -159,7 +163,12 @@ class ConnectionReport:
                           f"({change.reason})")
         elif change.state == "reconnected":
             again = f"; subscribed to {self.pattern} again" if self.pattern else ""
-            self._say(f"reconnected to {self.address} (attempt {change.attempt}){again}")
+            if change.appliance and change.appliance != _url(self.address):
+                self.address = change.appliance
+                self._say(f"session moved to {change.appliance} (attempt {change.attempt})"
+                          f"{again}")
+            else:
+                self._say(f"reconnected to {self.address} (attempt {change.attempt}){again}")
         elif change.state == "closed" and change.reason != "client closed":
             self.gave_up = change.reason
             self._say(f"connection closed: {change.reason}")
@@ -220,7 +229,8 @@ def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN20
     try:
         return connect(_url(args.appliance), args.identity, on_state=report,
                        session_timeout_s=args.session_timeout, reconnect_s=args.reconnect,
-                       password=password)
+                       password=password,
+                       standby=_url(args.standby) if args.standby else None)
     except ClientError as exc:
         if "session_timeout_s" in str(exc) or "reconnect_s" in str(exc):
             raise UserError(str(exc).removeprefix("client: ").replace(
