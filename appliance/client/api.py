@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -74,7 +74,9 @@ from appliance.client.errors import (
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
 from appliance.client.messages import (
     GUARANTEED_QUEUE_MESSAGES,
+    NO_HEADERS,
     QOS,
+    Headers,
     Loss,
     Message,
 )
@@ -124,6 +126,9 @@ from datapath.protocol._kernels import (
 )
 from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
+from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError, encode_headers
+from datapath.protocol.extensions import HEADERS_FLAG as _HEADERS_FLAG
+from datapath.protocol.extensions import split as split_extensions
 from datapath.protocol.frame_mac import new_state
 from datapath.topics.algebra import matches
 from datapath.topics.registry import KeyRegistry
@@ -349,6 +354,8 @@ class Client(GuaranteedSide, ConnectionSide):
         self.logged_out_reason: str | None = None
         self.published = 0
         self.received = 0
+        self.malformed_extensions = 0
+        """Messages dropped: their header block or segment descriptor did not parse."""
         self._pub = bytearray(MAX_FRAME_BYTES)
         self._pub_np = np.frombuffer(self._pub, dtype=np.uint8)
         self._writer = FrameWriter(self._pub, capacity_bytes=min(MAX_FRAME_BYTES,
@@ -607,11 +614,13 @@ class Client(GuaranteedSide, ConnectionSide):
 
     def publish(self, topic: str, payload: bytes | bytearray | memoryview = b"", *,
                 qos: str = "best-effort", namespace: int = 0, schema_id: int = 0,
-                flush: bool = False, on_outcome: Callable[[Outcome], None] | None = None
-                ) -> int | Outcome:
-        """Publish one message. Best-effort and last-value: returns its sequence number (per
-        topic). Guaranteed: returns its ``Outcome``, resolved when the appliance acknowledges
-        the message or failed with the reason (``on_outcome(outcome)`` is called then too).
+                flush: bool = False, on_outcome: Callable[[Outcome], None] | None = None,
+                headers: Mapping[str, str | bytes] | None = None) -> int | Outcome:
+        """Publish one message. ``headers``: its user properties, str -> str or bytes (at
+        most 32, 1,024 bytes encoded; subscribers get them as ``Message.headers``).
+        Best-effort and last-value: returns its sequence number (per topic). Guaranteed:
+        returns its ``Outcome``, resolved when the appliance acknowledges the message or
+        failed with the reason (``on_outcome(outcome)`` is called then too).
         The first publish of a topic registers it (one round trip; EntitlementError if P&M
         refuses). ``ConnectionLostError`` when the connection is lost (the first call after
         a loss, and every call until the client is connected again)."""
@@ -632,16 +641,27 @@ class Client(GuaranteedSide, ConnectionSide):
                               f"{type(payload).__name__}{hint}")
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
+        flags = 0
+        if headers:  # the header block after the payload (extension_layout.py)
+            try:
+                block = encode_headers(headers)
+            except ExtensionError as exc:
+                raise ClientError(f"headers refused: {exc}") from None
+            payload = b"".join((payload, block))
+            flags = _HEADERS_FLAG
+        elif headers is not None and not isinstance(headers, Mapping):
+            raise ClientError(f"headers are a mapping of str to str or bytes, not "
+                              f"{type(headers).__name__}")
         key = self._key(topic, namespace)
         now = time.time_ns()
         if qos == "guaranteed":
             return self._publish_guaranteed(key, topic, payload, now, namespace, schema_id,
-                                            flush, on_outcome)
+                                            flush, on_outcome, flags=flags)
         with self._lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             writer = self._writer
-            args = dict(namespace_id=namespace, schema_id=schema_id, qos=QOS[qos])
+            args = dict(namespace_id=namespace, schema_id=schema_id, qos=QOS[qos], flags=flags)
             if self._open_since_ns == 0:
                 writer.begin(fl.FrameType.DATA, source_session=self.session,
                              stream_id=self.session)
@@ -653,7 +673,8 @@ class Client(GuaranteedSide, ConnectionSide):
                 self._open_since_ns = time.monotonic_ns()
                 if not writer.append(key, seq, now, payload, **args):
                     raise ClientError(f"a payload of {len(payload)} bytes does not fit one "
-                                      "frame; send smaller messages")
+                                      f"frame (at most {writer.remaining_bytes - 40} bytes "
+                                      "with its headers); send smaller messages")
             self.published += 1
             if flush:
                 self._flush_locked()
@@ -797,9 +818,15 @@ class Client(GuaranteedSide, ConnectionSide):
             for m in frame.messages(view):
                 key = m.topic_key
                 known = topics.get(key)
-                msg = Message("" if known is None else known[1], bytes(m.payload), key,
+                region, headers = m.payload, NO_HEADERS
+                if m.flags & EXTENSION_FLAGS:
+                    split = self._split_extensions(region, m.flags)
+                    if split is None:
+                        continue
+                    region, headers = split
+                msg = Message("" if known is None else known[1], bytes(region), key,
                               m.sequence, m.publish_ts_ns, m.namespace_id, m.schema_id, m.qos,
-                              h.source_session, h.stream_id, now_ns)
+                              h.source_session, h.stream_id, now_ns, headers=headers)
                 self.received += 1
                 if known is None:
                     self._pending.setdefault(key, []).append(msg)
@@ -850,6 +877,16 @@ class Client(GuaranteedSide, ConnectionSide):
 
 
 
+
+    def _split_extensions(self, region: Any, flags: int) -> tuple[Any, Any] | None:
+        """(application payload, headers) of a message with extensions; None when they do
+        not parse (dropped, counted in ``malformed_extensions``)."""
+        try:
+            payload, headers, _ = split_extensions(region, flags)
+        except ExtensionError:
+            self.malformed_extensions += 1
+            return None
+        return payload, NO_HEADERS if headers is None else Headers(headers)
 
     def _answer(self, key: tuple, doc: dict) -> bool:
         """Give ``doc`` to the request waiting for it; whether one was."""
@@ -1125,10 +1162,10 @@ class _ClientAgent:
         offs = self.batch.offsets
         hdr = fl.FRAME_HEADER_STRUCT
         heads: dict[int, tuple[int, int]] = {}
-        for key, seq, ts, ns, schema, qos, poff, plen, fi in zip(
+        for key, seq, ts, ns, schema, qos, mflags, poff, plen, fi in zip(
                 m["topic_key"].tolist(), m["sequence"].tolist(), m["publish_ts_ns"].tolist(),
                 m["namespace_id"].tolist(), m["schema_id"].tolist(), m["qos"].tolist(),
-                m["payload_offset"].tolist(), m["payload_len"].tolist(),
+                m["flags"].tolist(), m["payload_offset"].tolist(), m["payload_len"].tolist(),
                 m["frame_index"].tolist()):
             if fi in skip:
                 continue
@@ -1137,8 +1174,16 @@ class _ClientAgent:
                 fields = hdr.unpack_from(buf, int(offs[first + fi]))
                 ids = heads[fi] = (fields[6], fields[8])
             known = topics.get(key)
-            msg = Message("" if known is None else known[1], buf[poff : poff + plen].tobytes(),
-                          key, seq, ts, ns, schema, qos, ids[0], ids[1], wall)
+            if mflags & EXTENSION_FLAGS:
+                split = client._split_extensions(buf[poff : poff + plen], mflags)
+                if split is None:
+                    continue
+                msg = Message("" if known is None else known[1], split[0].tobytes(), key, seq,
+                              ts, ns, schema, qos, ids[0], ids[1], wall, headers=split[1])
+            else:
+                msg = Message("" if known is None else known[1],
+                              buf[poff : poff + plen].tobytes(), key, seq, ts, ns, schema, qos,
+                              ids[0], ids[1], wall)
             client.received += 1
             if known is None:
                 client._pending.setdefault(key, []).append(msg)

@@ -280,14 +280,15 @@ class ConnectionSide:
             held, self._to_resend = self._to_resend, []
         names = {key: nt for nt, key in self._keys.items()}
         for i, outcome in enumerate(held):
-            key, payload, ts, namespace, schema = outcome._message or (0, b"", 0, 0, 0)
+            key, payload, ts, namespace, schema, flags = outcome._message or (
+                0, b"", 0, 0, 0, 0)
             if key not in names:  # P&M no longer lets this client publish to the topic
                 self._outcomes.fail_detached([outcome], f"{REASON_REFUSED} (topic "
                                              f"{outcome.topic!r} refused on reconnection)")
                 continue
             try:
                 self._publish_guaranteed(key, outcome.topic, payload, ts, namespace, schema,
-                                         False, None, outcome)
+                                         False, None, outcome, flags)
             except ClientError as exc:
                 self._outcomes.fail_detached(held[i:], f"{REASON_LOST} (not sent again: "
                                              f"{exc})")

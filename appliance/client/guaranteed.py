@@ -16,6 +16,7 @@ import numpy as np
 from appliance.client.errors import ClientError
 from appliance.client.messages import (
     GUARANTEED_QUEUE_MESSAGES,
+    NO_HEADERS,
     QOS,
     Loss,
     Message,
@@ -30,6 +31,7 @@ from appliance.dataplane.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
 from datapath.config import MAX_FRAME_BYTES
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.protocol.extensions import EXTENSION_FLAGS
 from datapath.reliability import ReliableSender
 
 if TYPE_CHECKING:
@@ -83,9 +85,10 @@ class GuaranteedSide:
 
     def _publish_guaranteed(self, key: int, topic: str, payload: Any, now: int, namespace: int,
                             schema_id: int, flush: bool, on_outcome: Any,
-                            outcome: Outcome | None = None) -> Outcome:
+                            outcome: Outcome | None = None, flags: int = 0) -> Outcome:
         """Offer one guaranteed message; its ``Outcome`` (``outcome``: one sent again after
-        a reconnection, which takes its new sequence)."""
+        a reconnection, which takes its new sequence). ``payload`` is the payload region
+        (the header block after the payload when ``flags`` has HEADERS)."""
         from datapath.reliability import ReliabilityError, SenderConfig
 
         with self._lock:
@@ -103,7 +106,7 @@ class GuaranteedSide:
             try:
                 ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
                                   namespace_id=namespace, schema_id=schema_id,
-                                  qos=QOS["guaranteed"])
+                                  qos=QOS["guaranteed"], flags=flags)
             except ReliabilityError as exc:
                 raise ClientError(str(exc).removeprefix("reliability: ")) from None
             if not ok:
@@ -116,7 +119,7 @@ class GuaranteedSide:
             if outcome is None:
                 outcome = Outcome(self._outcomes, seq, topic)
                 if self.resend:  # kept to be sent again on the next session
-                    outcome._message = (key, bytes(payload), now, namespace, schema_id)
+                    outcome._message = (key, bytes(payload), now, namespace, schema_id, flags)
             else:
                 outcome.sequence = seq
             self._outcomes.add(outcome, on_outcome)
@@ -150,8 +153,15 @@ class GuaranteedSide:
 
     def _on_guaranteed(self, stream: Any, message: memoryview) -> bool:
         """One message of a guaranteed stream, in order (the receiver's DeliveryHandler)."""
-        key, seq, ts, ns, schema, qos, _, plen, _, _ = _MSG.unpack_from(message, 0)
-        payload = bytes(message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen])
+        key, seq, ts, ns, schema, qos, flags, plen, _, _ = _MSG.unpack_from(message, 0)
+        region = message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen]
+        headers = NO_HEADERS
+        if flags & EXTENSION_FLAGS:
+            split = self._split_extensions(region, flags)
+            if split is None:
+                return True  # dropped and counted
+            region, headers = split
+        payload = bytes(region)
         origin, publisher = stream[0], stream[1] & ~RELIABLE_STREAM_BIT
         now = time.time_ns()
         if key == LOSS_NOTICE_KEY:
@@ -167,7 +177,7 @@ class GuaranteedSide:
         else:
             known = self._topics.get(key)
             item = Message("" if known is None else known[1], payload, key, seq, ts, ns, schema,
-                           qos, origin, publisher, now, True)
+                           qos, origin, publisher, now, True, headers=headers)
         held = self._held.get(stream)
         if held is not None:
             if len(held) >= GUARANTEED_QUEUE_MESSAGES:

@@ -35,7 +35,7 @@ from datapath.reliability.sink import FrameSink
 from datapath.reliability.wire import RawFrameBuilder, admin_frames
 
 _ADMIN_FOR_SENDER = frozenset({FrameType.NAK, FrameType.ACK, FrameType.FLOW_CONTROL})
-_APP_FLAGS = int(ml.MessageFlags.PARTIAL)
+_APP_FLAGS = ml.APP_MESSAGE_FLAGS
 MAX_ACKING_RECEIVERS = 1_024
 """Receivers whose ACK position a sender remembers."""
 
@@ -110,7 +110,7 @@ class ReliableSender:
                                    f"{self._max_payload}); split it or raise max_frame_bytes")
         if qos > ml.MAX_QOS or flags & ~_APP_FLAGS:
             raise ReliabilityError(f"qos {qos} / flags {flags:#x} are not publishable; use qos "
-                                   "0..2 and only the PARTIAL flag")
+                                   "0..2 and only the PARTIAL, HEADERS and SEGMENT flags")
         ts = time.time_ns() if publish_ts_ns is None else publish_ts_ns
         if self._must_wait(now_ns):
             return self._hold(topic_key, (topic_key, bytes(payload), ts, namespace_id, schema_id,
