@@ -12,7 +12,7 @@ is byte for byte a message without extensions. Read from the end of the payload 
 
 Header block (``block_len`` bytes, the tail included; at most ``MAX_HEADER_BLOCK_BYTES``)::
 
-    entry*  =  kind u8 (0 text, 1 bytes) | key_len u8 | value_len u16 | key | value
+    entry*  =  value_kind u8 (0 text, 1 bytes) | key_len u8 | value_len u16 | key | value
     tail    =  count u16 | block_len u16
 
 Keys are 1..255 bytes of UTF-8, unique within a message; text values are UTF-8. There is no
@@ -32,22 +32,34 @@ header block (``HEADERS`` is set on it alone). The subscribing client reassemble
 from __future__ import annotations
 
 import struct
+from enum import IntEnum
 
 HEADER_ENTRY_STRUCT = struct.Struct(">BBH")
-"""kind, key_len, value_len."""
+"""value_kind, key_len, value_len."""
+HEADER_ENTRY_FIELDS = ("value_kind", "key_len", "value_len")
 HEADER_TAIL_STRUCT = struct.Struct(">HH")
 """count, block_len."""
+HEADER_TAIL_FIELDS = ("count", "block_len")
 SEGMENT_STRUCT = struct.Struct(">IIIHH")
 """segment_id, total_len, offset, index, count."""
+SEGMENT_FIELDS = ("segment_id", "total_len", "offset", "index", "count")
 
 HEADER_ENTRY_BYTES = HEADER_ENTRY_STRUCT.size
 HEADER_TAIL_BYTES = HEADER_TAIL_STRUCT.size
 SEGMENT_DESCRIPTOR_BYTES = SEGMENT_STRUCT.size
 
-HEADER_TEXT = 0
-"""A header value given as ``str``: delivered as ``str``."""
-HEADER_BYTES_VALUE = 1
-"""A header value given as ``bytes``: delivered as ``bytes``."""
+
+
+class ValueKind(IntEnum):
+    """How a header's value is typed: given as ``str``, delivered as ``str`` (UTF-8 on the
+    wire); given as ``bytes``, delivered as ``bytes``."""
+
+    TEXT = 0
+    BYTES = 1
+
+
+HEADER_TEXT = int(ValueKind.TEXT)
+HEADER_BYTES_VALUE = int(ValueKind.BYTES)
 
 MAX_HEADERS = 32
 """Headers (user properties) one message carries."""
