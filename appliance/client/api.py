@@ -113,6 +113,7 @@ from datapath.agent import (
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
+from datapath.protocol import extension_layout as xl
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import frame_mac as fm
 from datapath.protocol import message_layout as ml
@@ -130,6 +131,12 @@ from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError, encode
 from datapath.protocol.extensions import HEADERS_FLAG as _HEADERS_FLAG
 from datapath.protocol.extensions import split as split_extensions
 from datapath.protocol.frame_mac import new_state
+from datapath.protocol.segments import (
+    SEGMENT_CHUNK_BYTES,
+    SEGMENT_REGION_BYTES,
+    Reassembler,
+    segment,
+)
 from datapath.topics.algebra import matches
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
@@ -356,6 +363,15 @@ class Client(GuaranteedSide, ConnectionSide):
         self.received = 0
         self.malformed_extensions = 0
         """Messages dropped: their header block or segment descriptor did not parse."""
+        self.reassembly = Reassembler()
+        """Large messages being put back together from their segments, with its counters
+        (docs/appliance.md, "Large messages")."""
+        self.segments_published = 0
+        """Messages this client published as segments."""
+        self._segment_ids = itertools.count(1)
+        self._writer_room = min(MAX_FRAME_BYTES, channel.max_frame_bytes) - \
+            fl.AUTH_TRAILER_BYTES - fl.FRAME_HEADER_BYTES - ml.MESSAGE_HEADER_BYTES
+        """The largest payload region one message of a publish frame holds."""
         self._pub = bytearray(MAX_FRAME_BYTES)
         self._pub_np = np.frombuffer(self._pub, dtype=np.uint8)
         self._writer = FrameWriter(self._pub, capacity_bytes=min(MAX_FRAME_BYTES,
@@ -642,21 +658,34 @@ class Client(GuaranteedSide, ConnectionSide):
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         flags = 0
+        block = b""
         if headers:  # the header block after the payload (extension_layout.py)
             try:
                 block = encode_headers(headers)
             except ExtensionError as exc:
                 raise ClientError(f"headers refused: {exc}") from None
-            payload = b"".join((payload, block))
             flags = _HEADERS_FLAG
         elif headers is not None and not isinstance(headers, Mapping):
             raise ClientError(f"headers are a mapping of str to str or bytes, not "
                               f"{type(headers).__name__}")
+        if len(payload) > xl.MAX_MESSAGE_BYTES:
+            raise ClientError(f"a payload of {len(payload):,} bytes; a message is at most "
+                              f"{xl.MAX_MESSAGE_BYTES:,} bytes (16 MiB)")
         key = self._key(topic, namespace)
         now = time.time_ns()
         if qos == "guaranteed":
+            if len(payload) + len(block) > SEGMENT_REGION_BYTES:
+                return self._publish_segmented(key, topic, payload, block, now, namespace,
+                                               schema_id, flush, on_outcome)
+            if block:
+                payload = b"".join((payload, block))
             return self._publish_guaranteed(key, topic, payload, now, namespace, schema_id,
                                             flush, on_outcome, flags=flags)
+        if block:
+            payload = b"".join((payload, block))
+        if len(payload) > self._writer_room:
+            return self._publish_segments_best_effort(key, payload, block, now, QOS[qos],
+                                                      namespace, schema_id, flush)
         with self._lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
@@ -680,6 +709,31 @@ class Client(GuaranteedSide, ConnectionSide):
                 self._flush_locked()
         return seq
 
+
+    def _publish_segments_best_effort(self, key: int, region: Any, block: bytes, now: int,
+                                      qos: int, namespace: int, schema_id: int,
+                                      flush: bool) -> int:
+        """A message too large for one frame, as segment messages that share its sequence
+        (``datapath/protocol/segments.py``); the subscriber's client puts it back together."""
+        payload = memoryview(region)[: len(region) - len(block)]
+        with self._lock:
+            seq = self._seq.get(key, 0) + 1
+            self._seq[key] = seq
+            segment_id = next(self._segment_ids) & 0xFFFFFFFF
+            writer = self._writer
+            for part, flags in segment(payload, block, SEGMENT_CHUNK_BYTES, segment_id):
+                args = dict(namespace_id=namespace, schema_id=schema_id, qos=qos, flags=flags)
+                if self._open_since_ns == 0 or not writer.append(key, seq, now, part, **args):
+                    self._flush_locked()
+                    writer.begin(fl.FrameType.DATA, source_session=self.session,
+                                 stream_id=self.session)
+                    self._open_since_ns = time.monotonic_ns()
+                    writer.append(key, seq, now, part, **args)
+            self.published += 1
+            self.segments_published += 1
+            if flush:
+                self._flush_locked()
+        return seq
 
     def flush(self, timeout: float | None = None) -> None:
         """Send the open publish frames (best-effort and guaranteed) now. Raises
@@ -820,7 +874,8 @@ class Client(GuaranteedSide, ConnectionSide):
                 known = topics.get(key)
                 region, headers = m.payload, NO_HEADERS
                 if m.flags & EXTENSION_FLAGS:
-                    split = self._split_extensions(region, m.flags)
+                    split = self._split_extensions(region, m.flags,
+                                                   (h.source_session, h.stream_id, key))
                     if split is None:
                         continue
                     region, headers = split
@@ -878,14 +933,22 @@ class Client(GuaranteedSide, ConnectionSide):
 
 
 
-    def _split_extensions(self, region: Any, flags: int) -> tuple[Any, Any] | None:
+    def _split_extensions(self, region: Any, flags: int, stream: Any = None
+                          ) -> tuple[Any, Any] | None:
         """(application payload, headers) of a message with extensions; None when they do
-        not parse (dropped, counted in ``malformed_extensions``)."""
+        not parse (dropped, counted in ``malformed_extensions``), or when it is a segment
+        that does not complete its message (``stream``: whose segments it is one of)."""
         try:
-            payload, headers, _ = split_extensions(region, flags)
+            payload, headers, seg = split_extensions(region, flags)
         except ExtensionError:
             self.malformed_extensions += 1
             return None
+        if seg is not None:
+            whole = self.reassembly.add(stream, seg, payload, headers, None,
+                                        time.monotonic_ns())
+            if whole is None:
+                return None
+            payload, headers, _ = whole
         return payload, NO_HEADERS if headers is None else Headers(headers)
 
     def _answer(self, key: tuple, doc: dict) -> bool:
@@ -949,6 +1012,8 @@ class Client(GuaranteedSide, ConnectionSide):
                 except ClientError:
                     pass
                 work += 1
+        if self.reassembly.messages_in_progress:
+            self.reassembly.expire(time.monotonic_ns())
         with self._lock:
             if self._open_since_ns and time.monotonic_ns() - self._open_since_ns >= \
                     CLIENT_BATCH_BUDGET_NS:
@@ -1175,10 +1240,11 @@ class _ClientAgent:
                 ids = heads[fi] = (fields[6], fields[8])
             known = topics.get(key)
             if mflags & EXTENSION_FLAGS:
-                split = client._split_extensions(buf[poff : poff + plen], mflags)
+                split = client._split_extensions(buf[poff : poff + plen], mflags,
+                                                 (ids[0], ids[1], key))
                 if split is None:
                     continue
-                msg = Message("" if known is None else known[1], split[0].tobytes(), key, seq,
+                msg = Message("" if known is None else known[1], bytes(split[0]), key, seq,
                               ts, ns, schema, qos, ids[0], ids[1], wall, headers=split[1])
             else:
                 msg = Message("" if known is None else known[1],

@@ -46,6 +46,7 @@ from appliance.client.settings import (
 )
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
+from datapath.protocol.extensions import split as split_extensions
 
 if TYPE_CHECKING:
     from appliance.client.api import Client
@@ -287,8 +288,13 @@ class ConnectionSide:
                                              f"{outcome.topic!r} refused on reconnection)")
                 continue
             try:
-                self._publish_guaranteed(key, outcome.topic, payload, ts, namespace, schema,
-                                         False, None, outcome, flags)
+                if outcome.first_sequence is not None:  # a large message: all its segments
+                    body = split_extensions(payload, flags)[0]
+                    self._publish_segmented(key, outcome.topic, body, payload[len(body):], ts,
+                                            namespace, schema, False, None, outcome)
+                else:
+                    self._publish_guaranteed(key, outcome.topic, payload, ts, namespace,
+                                             schema, False, None, outcome, flags)
             except ClientError as exc:
                 self._outcomes.fail_detached(held[i:], f"{REASON_LOST} (not sent again: "
                                              f"{exc})")
