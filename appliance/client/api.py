@@ -88,9 +88,11 @@ from appliance.client.settings import (
     RECONNECT_LOGIN_TIMEOUT_S,
     RECONNECT_MAX_S,
     RECONNECT_S,
+    SEGMENT_SEND_WAIT_S,
     SESSION_TIMEOUT_MAX_S,
     SESSION_TIMEOUT_MIN_S,
     SESSION_TIMEOUT_S,
+    SHM_RX_RING_BYTES,
 )
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
@@ -721,10 +723,12 @@ class Client(GuaranteedSide, ConnectionSide):
             self._seq[key] = seq
             segment_id = next(self._segment_ids) & 0xFFFFFFFF
             writer = self._writer
-            for part, flags in segment(payload, block, SEGMENT_CHUNK_BYTES, segment_id):
-                args = dict(namespace_id=namespace, schema_id=schema_id, qos=qos, flags=flags)
+            parts = segment(payload, block, SEGMENT_CHUNK_BYTES, segment_id)
+            for index, (part, flags) in enumerate(parts):  # (schema: the first segment's)
+                args = dict(namespace_id=namespace, qos=qos, flags=flags,
+                            schema_id=0 if index else schema_id)
                 if self._open_since_ns == 0 or not writer.append(key, seq, now, part, **args):
-                    self._flush_locked()
+                    self._flush_locked(SEGMENT_SEND_WAIT_S)
                     writer.begin(fl.FrameType.DATA, source_session=self.session,
                                  stream_id=self.session)
                     self._open_since_ns = time.monotonic_ns()
@@ -732,7 +736,7 @@ class Client(GuaranteedSide, ConnectionSide):
             self.published += 1
             self.segments_published += 1
             if flush:
-                self._flush_locked()
+                self._flush_locked(SEGMENT_SEND_WAIT_S)
         return seq
 
     def flush(self, timeout: float | None = None) -> None:
@@ -773,15 +777,22 @@ class Client(GuaranteedSide, ConnectionSide):
         those waiting to be sent again too)."""
         return self._outcomes.unacknowledged() + len(self._to_resend)
 
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, wait_s: float = 0.0) -> None:
+        """Send the open publish frame; ``wait_s``: retry for up to that long while the
+        channel does not take it (a large message's segments), else count it dropped."""
         if self._open_since_ns == 0:
             return
         length = self._writer.finish()
         self._open_since_ns = 0
         if length:
             self._one[0] = self._sign(self._pub_np, length)
-            sent = self._channel_send((self._pub_np, np.zeros(1, np.int64), self._one.copy(),
-                                       1))
+            frames = (self._pub_np, np.zeros(1, np.int64), self._one.copy(), 1)
+            sent = self._channel_send(frames)
+            if sent != 1 and wait_s:
+                deadline = time.monotonic() + wait_s
+                while sent != 1 and time.monotonic() < deadline and not self.channel.closed:
+                    time.sleep(0.0002)
+                    sent = self._channel_send(frames)
             if sent != 1:
                 self.send_drops = getattr(self, "send_drops", 0) + 1
 
@@ -872,15 +883,15 @@ class Client(GuaranteedSide, ConnectionSide):
             for m in frame.messages(view):
                 key = m.topic_key
                 known = topics.get(key)
-                region, headers = m.payload, NO_HEADERS
+                region, headers, schema = m.payload, NO_HEADERS, m.schema_id
                 if m.flags & EXTENSION_FLAGS:
                     split = self._split_extensions(region, m.flags,
-                                                   (h.source_session, h.stream_id, key))
+                                                   (h.source_session, h.stream_id, key), schema)
                     if split is None:
                         continue
-                    region, headers = split
+                    region, headers, schema = split
                 msg = Message("" if known is None else known[1], bytes(region), key,
-                              m.sequence, m.publish_ts_ns, m.namespace_id, m.schema_id, m.qos,
+                              m.sequence, m.publish_ts_ns, m.namespace_id, schema, m.qos,
                               h.source_session, h.stream_id, now_ns, headers=headers)
                 self.received += 1
                 if known is None:
@@ -933,23 +944,24 @@ class Client(GuaranteedSide, ConnectionSide):
 
 
 
-    def _split_extensions(self, region: Any, flags: int, stream: Any = None
-                          ) -> tuple[Any, Any] | None:
-        """(application payload, headers) of a message with extensions; None when they do
-        not parse (dropped, counted in ``malformed_extensions``), or when it is a segment
-        that does not complete its message (``stream``: whose segments it is one of)."""
+    def _split_extensions(self, region: Any, flags: int, stream: Any, schema_id: int
+                          ) -> tuple[Any, Any, int] | None:
+        """(application payload, headers, schema id) of a message with extensions; None when
+        they do not parse (dropped, counted in ``malformed_extensions``), or when it is a
+        segment that does not complete its message (``stream``: whose segments it is one
+        of; the message's schema id is its first segment's)."""
         try:
             payload, headers, seg = split_extensions(region, flags)
         except ExtensionError:
             self.malformed_extensions += 1
             return None
         if seg is not None:
-            whole = self.reassembly.add(stream, seg, payload, headers, None,
+            whole = self.reassembly.add(stream, seg, payload, headers, schema_id,
                                         time.monotonic_ns())
             if whole is None:
                 return None
-            payload, headers, _ = whole
-        return payload, NO_HEADERS if headers is None else Headers(headers)
+            payload, headers, schema_id = whole
+        return payload, NO_HEADERS if headers is None else Headers(headers), schema_id
 
     def _answer(self, key: tuple, doc: dict) -> bool:
         """Give ``doc`` to the request waiting for it; whether one was."""
@@ -1241,11 +1253,11 @@ class _ClientAgent:
             known = topics.get(key)
             if mflags & EXTENSION_FLAGS:
                 split = client._split_extensions(buf[poff : poff + plen], mflags,
-                                                 (ids[0], ids[1], key))
+                                                 (ids[0], ids[1], key), schema)
                 if split is None:
                     continue
                 msg = Message("" if known is None else known[1], bytes(split[0]), key, seq,
-                              ts, ns, schema, qos, ids[0], ids[1], wall, headers=split[1])
+                              ts, ns, split[2], qos, ids[0], ids[1], wall, headers=split[1])
             else:
                 msg = Message("" if known is None else known[1],
                               buf[poff : poff + plen].tobytes(), key, seq, ts, ns, schema, qos,
@@ -1327,7 +1339,8 @@ def connect(url: str, identity: str = "anonymous", *,
         def open_shm() -> tuple[Any, str | None]:
             # a restarted appliance makes its bus anew: a new ring and a new producer slot
             ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            channel = ShmChannel(rx=ring, name=f"client:shm:{bus}")
+            channel = ShmChannel(rx=ring, name=f"client:shm:{bus}",
+                                 ring_bytes=SHM_RX_RING_BYTES)
             try:
                 channel.connect(bus)
             except BaseException:

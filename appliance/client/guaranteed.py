@@ -169,7 +169,8 @@ class GuaranteedSide:
             with self._lock:
                 try:
                     ok = sender.offer(key, region, time.monotonic_ns(), publish_ts_ns=now,
-                                      namespace_id=namespace, schema_id=schema_id,
+                                      namespace_id=namespace,
+                                      schema_id=0 if index else schema_id,
                                       qos=QOS["guaranteed"], flags=flags)
                 except ReliabilityError as exc:
                     raise ClientError(str(exc).removeprefix("reliability: ")) from None
@@ -186,7 +187,7 @@ class GuaranteedSide:
                 outcome._message = (key, b"".join((bytes(payload), block)), now, namespace,
                                     schema_id, HEADERS_FLAG if block else 0)
         outcome.first_sequence = first_seq
-        return self._publish_guaranteed(key, topic, region, now, namespace, schema_id, flush,
+        return self._publish_guaranteed(key, topic, region, now, namespace, 0, flush,
                                         on_outcome, outcome, flags)
 
     def _on_sender_frame(self, frame: memoryview, now_ns: int) -> None:
@@ -219,10 +220,10 @@ class GuaranteedSide:
         region = message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen]
         headers = NO_HEADERS
         if flags & EXTENSION_FLAGS:
-            split = self._split_extensions(region, flags, ("g", stream, key))
+            split = self._split_extensions(region, flags, ("g", stream, key), schema)
             if split is None:
                 return True  # dropped and counted
-            region, headers = split
+            region, headers, schema = split
         payload = bytes(region)
         origin, publisher = stream[0], stream[1] & ~RELIABLE_STREAM_BIT
         now = time.time_ns()

@@ -77,6 +77,12 @@ class ReliableSender:
         self._acked_ns: dict[int, int] = {}
         """Receiver session -> when its last ACK arrived (receivers holding the window)."""
         self._window_end: int | None = None
+        self._window_low: int | None = None
+        """The lowest ACK of the receivers heard lately (None: none, or no window)."""
+        self._window_bytes = config.retransmit_buffer_bytes // 2
+        """Unacknowledged bytes the sender holds at most: what it sends can still be
+        repaired from its retransmission buffer (messages of a large message's segments
+        would otherwise outrun it)."""
         """Highest sequence the send window lets out (None: no receiver has ACKed yet)."""
         self.next_seq = FIRST_SEQUENCE
         self._buf = bytearray(config.max_frame_bytes)
@@ -233,7 +239,7 @@ class ReliableSender:
         moved = 0
         while self.counters.frames < limit:
             end = self._window_end
-            if end is not None and self.next_seq > end:
+            if end is not None and self.next_seq > end or not self._bytes_open():
                 break
             slot = peek()
             if slot is None:
@@ -257,24 +263,31 @@ class ReliableSender:
 
     def _window_open(self, now_ns: int) -> bool:
         """May the next message go out? Full when it is send_window_messages past the lowest
-        ACK of the receivers heard lately; a receiver silent for the timeout stops counting."""
+        ACK of the receivers heard lately, or when what they have not acknowledged takes half
+        the retransmission buffer; a receiver silent for the timeout stops counting."""
         end = self._window_end
-        if end is None or self.next_seq <= end:
+        if (end is None or self.next_seq <= end) and self._bytes_open():
             return True
         self._recompute_window(now_ns)
         end = self._window_end
-        if end is None or self.next_seq <= end:
+        if (end is None or self.next_seq <= end) and self._bytes_open():
             return True
         self.counters.window_full += 1
         return False
 
+    def _bytes_open(self) -> bool:
+        """Whether the unacknowledged bytes held are below half the retransmission buffer."""
+        low = self._window_low
+        return low is None or self.buffer.bytes_from(low + 1) < self._window_bytes
+
     def _recompute_window(self, now_ns: int) -> None:
         size = self.config.send_window_messages
         if not size:
-            self._window_end = None
+            self._window_end = self._window_low = None
             return
         since = now_ns - self.config.send_window_receiver_timeout_ns
         live = [self.acks[s] for s, at in self._acked_ns.items() if at >= since]
+        self._window_low = min(live) if live else None
         self._window_end = min(live) + size if live else None
 
     def _probe_tail(self, now_ns: int) -> int:

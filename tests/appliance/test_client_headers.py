@@ -10,11 +10,10 @@ from appliance.client.messages import NO_HEADERS
 from appliance.config import parse_config
 from appliance.node import Appliance
 from datapath.protocol import extension_layout as xl
-from tests.appliance.helpers import free_port, wait_for
+from tests.appliance.helpers import appliance_pair, free_port, subscription_reached, wait_for
 
 HEADERS = {"trace-id": "4bf92f3577b34da6", "content-type": "application/json",
            "blob": b"\x00\x01\xfe\xff", "unicode-\u00e9": "\u2713"}
-KEY = "5a" * 32
 IDENTITIES = {"feed": {"publish": ["#"], "subscribe": ["#"]}}
 
 
@@ -30,28 +29,8 @@ def served():
 
 @pytest.fixture
 def pair():
-    """Two appliances neighbours over UDP on loopback: (url of A, url of B)."""
-    fa, fb, ca, cb = free_port(), free_port(), free_port(), free_port()
-    common = {"heartbeat_interval_ms": 100, "lsa_refresh_ms": 1_000, "dataplane": "thread"}
-    a = Appliance(parse_config({
-        "appliance": {"name": f"hda{fa}", **common},
-        "fabric": {"listen": f"127.0.0.1:{fa}", "key": KEY},
-        "neighbours": [{"name": f"hdb{fb}", "address": f"127.0.0.1:{fb}"}],
-        "clients": {"udp": f"127.0.0.1:{ca}"},
-        "pm": {"require_passwords": False, "identities": IDENTITIES}})).start()
-    b = Appliance(parse_config({
-        "appliance": {"name": f"hdb{fb}", **common},
-        "fabric": {"listen": f"127.0.0.1:{fb}", "key": KEY},
-        "neighbours": [{"name": f"hda{fa}", "address": f"127.0.0.1:{fa}"}],
-        "clients": {"udp": f"127.0.0.1:{cb}"}, "pm": {"mode": "remote"}})).start()
-    try:
-        wait_for(lambda: all(n["state"] == "up" for app in (a, b)
-                             for n in app.status()["neighbours"])
-                 and b.status()["node"]["pm"] is not None, 30, what="the appliances to meet")
-        yield a, b, f"udp://127.0.0.1:{ca}", f"udp://127.0.0.1:{cb}"
-    finally:
-        b.stop()
-        a.stop()
+    with appliance_pair(IDENTITIES) as apps:
+        yield apps
 
 
 def _round_trip(pub, sub_client, topic, qos, wait_subscribed=lambda: True):
@@ -90,11 +69,8 @@ def test_headers_round_trip_across_two_appliances(pair, qos):
     a, _, url_a, url_b = pair
     topic = f"h2/{qos}"
 
-    def reached_a():
-        return any(s["pattern"] == f"{topic}/#" and s["origin"] != a.config.name
-                   for s in a.status()["subscriptions"])
     with connect(url_a, "feed") as pub, connect(url_b, "feed") as sub:
-        _round_trip(pub, sub, topic, qos, reached_a)
+        _round_trip(pub, sub, topic, qos, lambda: subscription_reached(a, f"{topic}/#"))
 
 
 def test_headers_over_a_limit_are_refused_naming_it(served):
