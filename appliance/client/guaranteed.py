@@ -90,19 +90,9 @@ class GuaranteedSide:
         """Offer one guaranteed message; its ``Outcome`` (``outcome``: one sent again after
         a reconnection, which takes its new sequence). ``payload`` is the payload region
         (the header block after the payload when ``flags`` has HEADERS)."""
-        from datapath.reliability import ReliabilityError
-
         with self._lock:
             sender = self._sender_locked()
-            try:
-                ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
-                                  namespace_id=namespace, schema_id=schema_id,
-                                  qos=QOS["guaranteed"], flags=flags)
-            except ReliabilityError as exc:
-                raise ClientError(str(exc).removeprefix("reliability: ")) from None
-            if not ok:
-                raise ClientError("the guaranteed stream is flow-controlled and its pending "
-                                  "queue is full; publish more slowly")
+            self._offer_locked(sender, key, payload, now, namespace, schema_id, flags)
             self.published += 1
             # a message held in the pending queue (flow control, the send window) takes its
             # sequence when it leaves the queue, after those ahead of it
@@ -117,6 +107,22 @@ class GuaranteedSide:
             if flush:
                 sender.flush(time.monotonic_ns())
             return outcome
+
+    def _offer_locked(self, sender: _ClientSender, key: int, payload: Any, now: int,
+                      namespace: int, schema_id: int, flags: int) -> None:
+        """One message to the guaranteed stream's sender (under the lock); ClientError when
+        it cannot take it."""
+        from datapath.reliability import ReliabilityError
+
+        try:
+            ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
+                              namespace_id=namespace, schema_id=schema_id,
+                              qos=QOS["guaranteed"], flags=flags)
+        except ReliabilityError as exc:
+            raise ClientError(str(exc).removeprefix("reliability: ")) from None
+        if not ok:
+            raise ClientError("the guaranteed stream is flow-controlled and its pending "
+                              "queue is full; publish more slowly")
 
     def _sender_locked(self) -> _ClientSender:
         """The client's guaranteed stream's sender (made by the first guaranteed publish)."""
@@ -143,7 +149,6 @@ class GuaranteedSide:
         first's; a loss of any segment fails it. Paced by the appliance's acknowledgements:
         at most half the retransmission buffer is unacknowledged, so every segment can still
         be repaired; ``ClientError`` if they stop coming for ``timeout_s``."""
-        from datapath.reliability import ReliabilityError
 
         segment_id = next(self._segment_ids) & 0xFFFFFFFF
         parts = list(segment(payload, block, SEGMENT_CHUNK_BYTES, segment_id))
@@ -167,16 +172,8 @@ class GuaranteedSide:
                                       "segments sent will be dropped by the subscribers")
                 time.sleep(0.0005)
             with self._lock:
-                try:
-                    ok = sender.offer(key, region, time.monotonic_ns(), publish_ts_ns=now,
-                                      namespace_id=namespace,
-                                      schema_id=0 if index else schema_id,
-                                      qos=QOS["guaranteed"], flags=flags)
-                except ReliabilityError as exc:
-                    raise ClientError(str(exc).removeprefix("reliability: ")) from None
-                if not ok:
-                    raise ClientError("the guaranteed stream is flow-controlled and its "
-                                      "pending queue is full; publish more slowly")
+                self._offer_locked(sender, key, region, now, namespace,
+                                   0 if index else schema_id, flags)
                 if index == 0:
                     first_seq = sender.next_seq + len(sender.pending) - 1
         self.segments_published += 1
