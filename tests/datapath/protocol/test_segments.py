@@ -3,8 +3,15 @@ and hostile segments (bad counts, overlaps, gaps, oversize totals, floods) refus
 counted with the reassembler's state bounded."""
 
 import random
+import time
 
+import numpy as np
+
+from channels.base import FrameBatch
+from channels.tcp import TcpChannel
+from datapath.config import MAX_FRAME_BYTES
 from datapath.protocol import extension_layout as xl
+from datapath.protocol.codec import FrameWriter, decode_frame
 from datapath.protocol.extensions import encode_headers, split
 from datapath.protocol.segments import (
     SEGMENT_CHUNK_BYTES,
@@ -140,3 +147,41 @@ def test_random_descriptors_never_break_the_bounds():
         r.add(("k", rng.randrange(3)), desc, bytes(rng.choice((0, 8, 1_352))), None, 0, i)
         assert r.messages_in_progress <= 8 and r.bytes_in_progress <= 10 * 1024 * 1024
         assert r.bytes_in_progress >= 0
+
+
+def test_a_large_message_crosses_a_tcp_channel_as_segment_frames_and_comes_back_whole():
+    """The TCP channel (channels/tcp.py) carries segments as any frames: a 2 MiB message cut
+    by ``segment``, packed into 64 KiB frames, cut out of the stream again and put back."""
+    payload = random.Random(5).randbytes(2 * 1024 * 1024)
+    frames, buf = [], bytearray(MAX_FRAME_BYTES)
+    writer = FrameWriter(buf)
+    writer.begin(source_session=9, stream_id=9)
+    for region, flags in segment(payload, encode_headers({"k": "v"}), SEGMENT_CHUNK_BYTES, 1):
+        if not writer.append(7, 1, 0, region, flags=flags):
+            frames.append(bytes(buf[: writer.finish()]))
+            writer.begin(source_session=9, stream_id=9)
+            assert writer.append(7, 1, 0, region, flags=flags)
+    frames.append(bytes(buf[: writer.finish()]))
+    r = Reassembler()
+    whole = None
+    with TcpChannel(listen=("127.0.0.1", 0)) as srv, \
+            TcpChannel(connect=srv.local_address) as client:
+        batch = FrameBatch(64, MAX_FRAME_BYTES)
+        sent, got = 0, 0
+        deadline = time.monotonic() + 30
+        while whole is None and time.monotonic() < deadline:
+            if sent < len(frames):
+                sent += client.send(_arrays(frames[sent : sent + 8]))
+            for i in range(srv.receive(batch, timeout_ns=10_000_000)):
+                got += 1
+                for m in decode_frame(bytes(batch.frame(i))).messages():
+                    chunk, headers, desc = m.extensions()
+                    whole = r.add(("tcp", 9, 7), desc, chunk, headers, None, 0) or whole
+    assert got == len(frames) and whole is not None
+    assert whole[0] == payload and whole[1] == {"k": "v"}
+
+
+def _arrays(frames):
+    lengths = np.array([len(f) for f in frames], np.int64)
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    return (np.frombuffer(bytearray(b"".join(frames)), np.uint8), offsets, lengths, len(frames))
