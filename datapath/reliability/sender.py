@@ -80,6 +80,7 @@ class ReliableSender:
         self._window_low: int | None = None
         """The lowest ACK of the receivers heard lately (None: none, or no window)."""
         self._window_bytes = config.retransmit_buffer_bytes // 2
+        self._bytes_closed = False
         """Unacknowledged bytes the sender holds at most: what it sends can still be
         repaired from its retransmission buffer (messages of a large message's segments
         would otherwise outrun it)."""
@@ -211,6 +212,8 @@ class ReliableSender:
         count = self.batcher.on_flush(now_ns)
         frame = self._view[:length]
         self.buffer.append(self._frame_first_seq, count, frame[FRAME_HEADER_BYTES:])
+        if self._window_low is not None:
+            self._update_bytes_window()
         self.sink.send_frame(frame, self.dest)
         c = self.counters
         c.frames += 1
@@ -239,7 +242,7 @@ class ReliableSender:
         moved = 0
         while self.counters.frames < limit:
             end = self._window_end
-            if end is not None and self.next_seq > end or not self._bytes_open():
+            if end is not None and self.next_seq > end or self._bytes_closed:
                 break
             slot = peek()
             if slot is None:
@@ -266,29 +269,33 @@ class ReliableSender:
         ACK of the receivers heard lately, or when what they have not acknowledged takes half
         the retransmission buffer; a receiver silent for the timeout stops counting."""
         end = self._window_end
-        if (end is None or self.next_seq <= end) and self._bytes_open():
+        if (end is None or self.next_seq <= end) and not self._bytes_closed:
             return True
         self._recompute_window(now_ns)
         end = self._window_end
-        if (end is None or self.next_seq <= end) and self._bytes_open():
+        if (end is None or self.next_seq <= end) and not self._bytes_closed:
             return True
         self.counters.window_full += 1
         return False
 
-    def _bytes_open(self) -> bool:
-        """Whether the unacknowledged bytes held are below half the retransmission buffer."""
+    def _update_bytes_window(self) -> None:
+        """Whether the unacknowledged bytes held reach half the retransmission buffer: asked
+        when a frame goes out and when an ACK comes (one frame more may go past it)."""
         low = self._window_low
-        return low is None or self.buffer.bytes_from(low + 1) < self._window_bytes
+        self._bytes_closed = low is not None and \
+            self.buffer.bytes_from(low + 1) >= self._window_bytes
 
     def _recompute_window(self, now_ns: int) -> None:
         size = self.config.send_window_messages
         if not size:
             self._window_end = self._window_low = None
+            self._bytes_closed = False
             return
         since = now_ns - self.config.send_window_receiver_timeout_ns
         live = [self.acks[s] for s, at in self._acked_ns.items() if at >= since]
         self._window_low = min(live) if live else None
         self._window_end = min(live) + size if live else None
+        self._update_bytes_window()
 
     def _probe_tail(self, now_ns: int) -> int:
         """Resend the last message, or name the skipped range that ends the stream in LOSS."""
