@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("--rate", type=float, default=0.0,
                      help="messages per second (default: as fast as possible)")
     pub.add_argument("--size", type=int, default=PUB_DEFAULT_SIZE_BYTES,
-                     help=f"payload bytes (default {PUB_DEFAULT_SIZE_BYTES})")
+                     help=f"payload bytes (default {PUB_DEFAULT_SIZE_BYTES}; up to 16 MiB, "
+                          "larger than a frame travels as segments)")
     pub.add_argument("--message", help="the payload text (instead of --size bytes)")
     pub.add_argument("--qos", default="best-effort",
                      choices=("best-effort", "last-value", "guaranteed"))
@@ -218,10 +219,10 @@ def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN20
 
 def run_pub(args: argparse.Namespace) -> int:
     from appliance.client import ConnectionLostError, UnacknowledgedError
-    from datapath.protocol.message_layout import MAX_PAYLOAD_BYTES
+    from datapath.protocol.extension_layout import MAX_MESSAGE_BYTES
 
-    if not 0 <= args.size <= MAX_PAYLOAD_BYTES:
-        raise UserError(f"--size is 0 to {MAX_PAYLOAD_BYTES} bytes, not {args.size}",
+    if not 0 <= args.size <= MAX_MESSAGE_BYTES:
+        raise UserError(f"--size is 0 to {MAX_MESSAGE_BYTES} bytes (16 MiB), not {args.size}",
                         component="pub")
     try:
         payload = args.message.encode() if args.message is not None else bytes(

@@ -67,6 +67,11 @@ def test_pcap_json_lines_end_with_the_summary(capture, capsys):
     golden = sum(len(v.get("messages", ())) for v in VECTORS)
     assert summary["messages"] == len(messages) == golden + 1 + 1  # golden, IPv6, fragmented
     assert summary["malformed"] == {"bad_magic": 1, "length_mismatch": 1}
+    with_headers = [r for r in messages if "headers" in r]
+    assert {"trace-id": "abc123", "bin": {"hex": "00ff"}} in [r["headers"] for r in with_headers]
+    (seg,) = [r for r in messages if "segment" in r]
+    assert seg["segment"] == {"id": 5, "total_len": 3000, "offset": 0, "index": 0, "count": 3}
+    assert seg["app_payload_len"] == len(b"first-chunk")
     assert {r["reason"] for r in records if r.get("kind") == "malformed"} == {
         "bad_magic", "length_mismatch"}
 
