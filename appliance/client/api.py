@@ -1239,10 +1239,13 @@ class _ClientAgent:
         offs = self.batch.offsets
         hdr = fl.FRAME_HEADER_STRUCT
         heads: dict[int, tuple[int, int]] = {}
+        ext = EXTENSION_FLAGS
+        flags = m["flags"]  # (a batch without extensions reads no message's flags)
+        flag_list = flags.tolist() if (flags & ext).any() else itertools.repeat(0, count)
         for key, seq, ts, ns, schema, qos, mflags, poff, plen, fi in zip(
                 m["topic_key"].tolist(), m["sequence"].tolist(), m["publish_ts_ns"].tolist(),
                 m["namespace_id"].tolist(), m["schema_id"].tolist(), m["qos"].tolist(),
-                m["flags"].tolist(), m["payload_offset"].tolist(), m["payload_len"].tolist(),
+                flag_list, m["payload_offset"].tolist(), m["payload_len"].tolist(),
                 m["frame_index"].tolist()):
             if fi in skip:
                 continue
@@ -1251,7 +1254,7 @@ class _ClientAgent:
                 fields = hdr.unpack_from(buf, int(offs[first + fi]))
                 ids = heads[fi] = (fields[6], fields[8])
             known = topics.get(key)
-            if mflags & EXTENSION_FLAGS:
+            if mflags & ext:
                 split = client._split_extensions(buf[poff : poff + plen], mflags,
                                                  (ids[0], ids[1], key), schema)
                 if split is None:
