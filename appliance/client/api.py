@@ -883,16 +883,17 @@ class Client(GuaranteedSide, ConnectionSide):
             for m in frame.messages(view):
                 key = m.topic_key
                 known = topics.get(key)
-                region, headers, schema = m.payload, NO_HEADERS, m.schema_id
+                region, headers, schema, parts = m.payload, NO_HEADERS, m.schema_id, 1
                 if m.flags & EXTENSION_FLAGS:
                     split = self._split_extensions(region, m.flags,
                                                    (h.source_session, h.stream_id, key), schema)
                     if split is None:
                         continue
-                    region, headers, schema = split
+                    region, headers, schema, parts = split
                 msg = Message("" if known is None else known[1], bytes(region), key,
                               m.sequence, m.publish_ts_ns, m.namespace_id, schema, m.qos,
-                              h.source_session, h.stream_id, now_ns, headers=headers)
+                              h.source_session, h.stream_id, now_ns, headers=headers,
+                              segments=parts)
                 self.received += 1
                 if known is None:
                     self._pending.setdefault(key, []).append(msg)
@@ -945,10 +946,10 @@ class Client(GuaranteedSide, ConnectionSide):
 
 
     def _split_extensions(self, region: Any, flags: int, stream: Any, schema_id: int
-                          ) -> tuple[Any, Any, int] | None:
-        """(application payload, headers, schema id) of a message with extensions; None when
-        they do not parse (dropped, counted in ``malformed_extensions``), or when it is a
-        segment that does not complete its message (``stream``: whose segments it is one
+                          ) -> tuple[Any, Any, int, int] | None:
+        """(application payload, headers, schema id, segments) of a message with extensions;
+        None when they do not parse (dropped, counted in ``malformed_extensions``), or when it
+        is a segment that does not complete its message (``stream``: whose segments it is one
         of; the message's schema id is its first segment's)."""
         try:
             payload, headers, seg = split_extensions(region, flags)
@@ -961,7 +962,8 @@ class Client(GuaranteedSide, ConnectionSide):
             if whole is None:
                 return None
             payload, headers, schema_id = whole
-        return payload, NO_HEADERS if headers is None else Headers(headers), schema_id
+        return (payload, NO_HEADERS if headers is None else Headers(headers), schema_id,
+                1 if seg is None else seg[4])
 
     def _answer(self, key: tuple, doc: dict) -> bool:
         """Give ``doc`` to the request waiting for it; whether one was."""
@@ -1260,7 +1262,8 @@ class _ClientAgent:
                 if split is None:
                     continue
                 msg = Message("" if known is None else known[1], bytes(split[0]), key, seq,
-                              ts, ns, split[2], qos, ids[0], ids[1], wall, headers=split[1])
+                              ts, ns, split[2], qos, ids[0], ids[1], wall, headers=split[1],
+                              segments=split[3])
             else:
                 msg = Message("" if known is None else known[1],
                               buf[poff : poff + plen].tobytes(), key, seq, ts, ns, schema, qos,

@@ -215,12 +215,12 @@ class GuaranteedSide:
         """One message of a guaranteed stream, in order (the receiver's DeliveryHandler)."""
         key, seq, ts, ns, schema, qos, flags, plen, _, _ = _MSG.unpack_from(message, 0)
         region = message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen]
-        headers = NO_HEADERS
+        headers, parts = NO_HEADERS, 1
         if flags & EXTENSION_FLAGS:
             split = self._split_extensions(region, flags, ("g", stream, key), schema)
             if split is None:
                 return True  # dropped and counted
-            region, headers, schema = split
+            region, headers, schema, parts = split
         payload = bytes(region)
         origin, publisher = stream[0], stream[1] & ~RELIABLE_STREAM_BIT
         now = time.time_ns()
@@ -237,7 +237,7 @@ class GuaranteedSide:
         else:
             known = self._topics.get(key)
             item = Message("" if known is None else known[1], payload, key, seq, ts, ns, schema,
-                           qos, origin, publisher, now, True, headers=headers)
+                           qos, origin, publisher, now, True, headers=headers, segments=parts)
         held = self._held.get(stream)
         if held is not None:
             if len(held) >= GUARANTEED_QUEUE_MESSAGES:

@@ -66,6 +66,9 @@ class Message:
     headers: Headers = NO_HEADERS
     """The message's headers (user properties) as published: str -> str, or str -> bytes for
     values published as bytes."""
+    segments: int = 1
+    """A large message put back together from segments: how many (on a guaranteed stream
+    they took that many sequences, ``sequence`` being the last's)."""
 
     @property
     def latency_ns(self) -> int:

@@ -111,3 +111,19 @@ def test_a_payload_above_16_mib_is_refused_naming_the_limit(served):
         for qos in ("best-effort", "guaranteed"):
             with pytest.raises(ClientError, match="at most 16,777,216 bytes"):
                 c.publish("big/x", bytes(xl.MAX_MESSAGE_BYTES + 1), qos=qos)
+
+
+def test_sub_stats_count_no_gaps_for_the_sequences_a_large_guaranteed_message_took(served):
+    from appliance.ops.cli.pubsub_cmd import SubStats
+
+    with connect(served, "feed") as pub, connect(served, "feed") as sub_client:
+        sub = sub_client.subscribe("st/#", qos="guaranteed")
+        for p in (b"a", _payload(100_000, 4), b"b", _payload(5_000, 5), b"c"):
+            pub.publish("st/x", p, qos="guaranteed")
+        pub.flush()
+        got = _receive(sub, 5)
+        assert [m.segments > 1 for m in got] == [False, True, False, True, False]
+        stats = SubStats()
+        for m in got:
+            stats.on_message(m)
+        assert stats.gaps == 0 and stats.duplicates == 0

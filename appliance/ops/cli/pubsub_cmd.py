@@ -333,11 +333,13 @@ class SubStats:
         # a guaranteed stream numbers messages per (origin, publisher) across topics
         key = (msg.origin, msg.stream, -1 if msg.guaranteed else msg.topic_key)
         seq = msg.sequence
+        # a large message's segments took sequences up to its own on a guaranteed stream
+        first = seq - msg.segments + 1 if msg.guaranteed else seq
         highest = self._highest.get(key)
-        if highest is None or seq == highest + 1:
+        if highest is None or first == highest + 1:
             self._highest[key] = seq
-        elif seq > highest:
-            self._missing.setdefault(key, set()).update(range(highest + 1, seq))
+        elif first > highest:
+            self._missing.setdefault(key, set()).update(range(highest + 1, first))
             self._highest[key] = seq
         else:
             missing = self._missing.get(key)
