@@ -257,6 +257,9 @@ MAX_NEIGHBOURS = FABRIC_MAX_ORIGINS
 """``[[neighbours]]`` entries (``FABRIC_MAX_ORIGINS`` appliances fit one fabric)."""
 MAX_GROUPS = 64
 """``[[fabric.groups]]`` entries (each opens two sockets)."""
+ACL_LOG_LINES_PER_S = 10
+"""Audit lines of content ACL LOG verdicts the data path writes per second at most (the rest
+are counted: ``content_acl_log_lines_suppressed``)."""
 MAX_IDENTITIES = 16_384
 MAX_PATTERNS = 16_384
 """Patterns of one list (``publish``, ``subscribe``, ``routes.duplicate``)."""
@@ -336,6 +339,9 @@ class IdentityConfig:
     password: str | None = None
     """The identity's credential (``scrypt:N:r:p:SALT:HASH``, appliance/control/credentials.py)
     for logins that carry a password (the MQTT edge); None: it has none."""
+    acl_class: str | None = None
+    """The content ACL class (``[pm.acl_classes.NAME]``) every message it publishes must
+    pass; None: none."""
 
 
 @dataclass(frozen=True)
@@ -426,6 +432,9 @@ class ApplianceConfig:
     identities: dict[str, IdentityConfig] = field(default_factory=dict)
     schemas: tuple[dict[str, Any], ...] = ()
     """P&M's schemas (``Schema.to_dict`` documents), from ``[pm.schemas.NAME]``."""
+    acl_classes: tuple[dict[str, Any], ...] = ()
+    """P&M's content ACL classes (``{"name", "schema", "rules", "default"}``), from
+    ``[pm.acl_classes.NAME]`` in the config's order (their ids in the tables: 1, 2, ...)."""
     mgmt: dict[str, Any] = field(default_factory=dict)
     log: dict[str, Any] = field(default_factory=dict)
     source: Path | None = None
@@ -603,7 +612,11 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         where = f"{key}.{identity}"
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
-        _known(spec, {"publish", "subscribe", "password"}, where + ".")
+        _known(spec, {"publish", "subscribe", "password", "acl_class"}, where + ".")
+        acl_class = spec.get("acl_class")
+        if acl_class is not None and not isinstance(acl_class, str):
+            raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
+                        f"table, not {show(acl_class)}")
         password = spec.get("password")
         if password is not None:
             from appliance.control.credentials import CredentialError, parse_hash
@@ -614,7 +627,7 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
                 raise _fail(where + ".password", str(exc)) from None
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"),
-                                       password)
+                                       password, acl_class)
     return out
 
 
@@ -793,6 +806,59 @@ def _schemas(table: object, key: str) -> tuple[dict[str, Any], ...]:
         except OffloadError as exc:
             raise _fail(where + ".fields", str(exc)) from None
         out.append(schema.to_dict())
+    return tuple(out)
+
+
+_ACL_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_ACL_CLASSES = 256
+"""``[pm.acl_classes.NAME]`` tables P&M may define (the per-class counters stay bounded)."""
+MAX_ACL_RULES = 256
+"""Rules one class may hold."""
+
+
+def _acl_classes(table: object, key: str, schemas: tuple[dict[str, Any], ...]
+                 ) -> tuple[dict[str, Any], ...]:
+    """``pm.acl_classes``: each class's schema, rules and default, compiled once against the
+    pipeline's ACL fields (appliance/control/pm.py ``acl_class_of``)."""
+    from appliance.control.pm import ACL_VERDICTS, acl_class_of
+    from nic_offload.errors import OffloadError
+    from nic_offload.schema import Schema
+
+    if not isinstance(table, dict):
+        raise _fail(key, "must be a table of content ACL classes ([pm.acl_classes.NAME])")
+    if len(table) > MAX_ACL_CLASSES:
+        raise _fail(key, f"{len(table)} classes; at most {MAX_ACL_CLASSES}")
+    by_name = {s["name"]: Schema.from_dict(s) for s in schemas}
+    out = []
+    for i, (name, spec) in enumerate(table.items(), 1):
+        where = f"{key}.{name}"
+        if not _ACL_NAME_RE.fullmatch(name):
+            raise _fail(where, "a class's name is 1..64 letters, digits, '.', '_' or '-'")
+        if not isinstance(spec, dict):
+            raise _fail(where, "must be a table with schema = \"NAME\" and rules = "
+                        "[\"(CONDITION, ACCEPT|REJECT|LOG[, ON_MISS])\", ...]")
+        _known(spec, {"schema", "rules", "default"}, where + ".")
+        schema = _str(spec, "schema", where + ".", None)
+        if schema is None or schema not in by_name:
+            raise _fail(where + ".schema", f"must name a [pm.schemas.NAME] table (known: "
+                        f"{', '.join(sorted(by_name)) or 'none'}), not {show(schema)}")
+        rules = _list(spec.get("rules", []), where + ".rules", MAX_ACL_RULES,
+                      "rule strings \"(CONDITION, ACCEPT|REJECT|LOG[, ON_MISS])\"")
+        for j, rule in enumerate(rules):
+            if not isinstance(rule, str):
+                raise _fail(f"{where}.rules[{j}]", f"must be a string, not {show(rule)}")
+        default = _str(spec, "default", where + ".", "REJECT", ACL_VERDICTS)
+        entry = {"name": name, "schema": schema, "rules": list(rules), "default": default}
+        for j, rule in enumerate(rules):  # the first bad rule names its own key
+            try:
+                acl_class_of({**entry, "rules": [rule]}, by_name, i)
+            except OffloadError as exc:
+                raise _fail(f"{where}.rules[{j}]", str(exc).removeprefix("offload: ")) from None
+        try:  # the whole class: its states must fit the tables
+            acl_class_of(entry, by_name, i)
+        except OffloadError as exc:
+            raise _fail(where + ".rules", str(exc).removeprefix("offload: ")) from None
+        out.append(entry)
     return tuple(out)
 
 
@@ -1155,7 +1221,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     max_pending = _int(cl, "max_pending_requests", p, CLIENT_MAX_PENDING_REQUESTS, 1, 65_536)
 
     pm = _table(doc, "pm", {"mode", "entitlements", "registry", "anonymous", "identities",
-                            "schemas", "require_passwords"}, "")
+                            "schemas", "require_passwords", "acl_classes"}, "")
     p = "pm."
     mode = _str(pm, "mode", p, "embedded", ("embedded", "remote"))
     identities: dict[str, IdentityConfig] = {}
@@ -1170,15 +1236,23 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         raise _fail(p + "anonymous", "logs in identities P&M does not list, which have no "
                     "password: set pm.require_passwords = false with it (demos)")
     schemas = _schemas(pm.get("schemas", {}), p + "schemas")
+    acl_classes: tuple[dict[str, Any], ...] = ()
     if mode == "remote":
         for k in ("entitlements", "registry", "identities", "anonymous", "schemas",
-                  "require_passwords"):
+                  "require_passwords", "acl_classes"):
             if k in pm:
                 raise _fail(p + k, "only for pm.mode = \"embedded\" (the P&M appliance)")
     else:
         if "entitlements" in pm:
             identities.update(_entitlements(pm["entitlements"], p + "entitlements", base))
         identities.update(_identities(pm.get("identities", {}), p + "identities"))
+        acl_classes = _acl_classes(pm.get("acl_classes", {}), p + "acl_classes", schemas)
+        names = {c["name"] for c in acl_classes}
+        for identity, ident in identities.items():
+            if ident.acl_class is not None and ident.acl_class not in names:
+                raise _fail(f"{p}identities.{identity}.acl_class", f"no class "
+                            f"{ident.acl_class!r} in pm.acl_classes (known: "
+                            f"{', '.join(sorted(names)) or 'none'})")
         if "registry" in pm:
             registry = existing_file(pm["registry"], p + "registry", base)
 
@@ -1204,7 +1278,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         max_pending_requests=max_pending, session_dead_ms=session_dead, pm_mode=mode,
         pm_registry=registry,
         pm_anonymous=anonymous, pm_require_passwords=require_passwords, identities=identities,
-        schemas=schemas, mgmt=mgmt,
+        schemas=schemas, acl_classes=acl_classes, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
         cache=parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None))

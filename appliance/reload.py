@@ -26,6 +26,7 @@ RUN_TIME = {
     "pm_anonymous": "pm.anonymous",
     "pm_require_passwords": "pm.require_passwords",
     "schemas": "pm.schemas",
+    "acl_classes": "pm.acl_classes",
     "log": "log",
     "routes": "routes",
 }
@@ -33,7 +34,7 @@ RUN_TIME = {
 are reported per key)."""
 
 CONTROL_FIELDS = ("namespaces", "identities", "pm_anonymous", "pm_require_passwords", "schemas",
-                  "routes")
+                  "acl_classes", "routes")
 """Run-time fields the control agent applies (its ``reload`` command); ``log`` is the
 process's (``topicwire run``)."""
 
@@ -70,7 +71,8 @@ ROUTE_KEYS = {"switch_grace_ns": "routes.switch_grace_ms",
               "poll_ns": "routes.poll_ms", "duplicate": "routes.duplicate"}
 """``RouteSettings`` fields -> their config key."""
 
-PM_FIELDS = ("namespaces", "identities", "pm_anonymous", "pm_require_passwords", "schemas")
+PM_FIELDS = ("namespaces", "identities", "pm_anonymous", "pm_require_passwords", "schemas",
+             "acl_classes")
 """The P&M document's inputs: when ``pm.mode`` changed they need the restart too."""
 
 LOG_DEFAULTS = {"format": "text", "level": "info"}

@@ -47,6 +47,7 @@ KERNEL_MODULES = (
     "channels.tcp",
     "channels._rdma_kernels",
     "nic_offload.softnic._kernels",
+    "nic_offload.softnic.ingress_acl",
     "appliance.dataplane._kernels",
     "appliance.ops.telemetry._kernels",
     "appliance.persistence._kernels",

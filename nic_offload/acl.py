@@ -176,12 +176,16 @@ class AclClass:
 
     def evaluate(self, payload: bytes | memoryview) -> Verdict:
         """Reference decision for one payload (every field the rules use must be present)."""
+        return self.decide(payload)[0]
+
+    def decide(self, payload: bytes | memoryview) -> tuple[Verdict, AclRule | None]:
+        """``evaluate`` and the rule that decided (None: the class default did)."""
         for rule in self.rules:
             if holds(rule.condition, payload):
-                return rule.on_match
+                return rule.on_match, rule
             if rule.on_miss is not Verdict.CONTINUE:
-                return rule.on_miss
-        return self.default
+                return rule.on_miss, rule
+        return self.default, None
 
 
 # --- parsing -----------------------------------------------------------------------------------

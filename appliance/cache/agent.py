@@ -4,10 +4,14 @@ It keeps what a client session of the appliance's own receives: at start it logs
 appliance's client endpoint (``clients.udp``, else ``clients.shm``) as ``CACHE_IDENTITY``
 with a password made at each start (the control agent knows its verifier and entitles it to
 subscribe to ``cache.patterns``; nobody else can log in as it), subscribes to each pattern
-best-effort, and appends every message it receives to the ``CacheStore`` log of each pattern
-the topic matches, committing once per batch (``cache.fsync``). A best-effort subscriber
-receives every message published at this appliance (any QoS) and the best-effort and
-last-value ones published elsewhere in the fabric.
+twice, best-effort and guaranteed, and appends every message it receives to the
+``CacheStore`` log of each pattern the topic matches, committing once per batch
+(``cache.fsync``). The two subscriptions split the messages by the QoS they were published
+with: the guaranteed one keeps the guaranteed messages, published here or anywhere in the
+fabric, which reach it over a reliable stream (a message that stream loses is a loss event,
+counted ``cache_lost``); the best-effort one keeps the best-effort and last-value messages
+(a local guaranteed publish reaches it too, and is skipped there: it is kept once, from
+the reliable stream).
 
 It also answers REPLAY requests, which the control agent hands over (``submit``) after
 checking the session's entitlements: one bounded page per request, read on this agent's
@@ -19,6 +23,14 @@ configured pattern includes.
 
 An agent (``do_work(now_ns)``) on its own thread (``WakeableIdle``: it sleeps until a message
 or a request arrives or a sync or retention falls due).
+
+Durable subscriptions (``durable`` in a REPLAY; appliance/cache/durables.py): the agent keeps
+each one's position in its ``DurableBook``, takes a request's ``from_seq`` as the
+acknowledgement of everything before it, answers from the stored position otherwise, names
+what retention deleted before the subscriber read it (``lost``), and holds a request that
+finds nothing new (``wait_ms``) until its log takes a record or the wait ends: a long poll,
+so a durable subscriber follows the live messages without asking again and again. Held
+requests are bounded by the book (one per durable subscription and session).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import time
 from collections import Counter, deque
 from typing import Any
 
+from appliance.cache.durables import DurableBook, DurableError
 from appliance.cache.settings import (
     CACHE_APPEND_BATCH_MESSAGES,
     CACHE_IDENTITY,
@@ -42,10 +55,12 @@ from appliance.cache.settings import (
     CacheSettings,
 )
 from appliance.cache.store import CacheStore
+from appliance.client.messages import QOS
 from appliance.config import ApplianceConfig, ConfigError, local_client_url
 from datapath.errors import TopicwireError
 
 log = logging.getLogger("topicwire.appliance")
+QOS_GUARANTEED = QOS["guaranteed"]
 SEQUENCES_KEPT = 65_536
 """(origin, stream, topic key) whose last sequence is remembered to count gaps; cleared when
 full (counted ``cache_gap_table_resets``)."""
@@ -102,6 +117,15 @@ class CacheAgent:
         except (TopicwireError, OSError) as exc:
             raise ConfigError(f"cache.dir: cannot open the cache's logs in {settings.dir}: "
                               f"{exc}") from None
+        try:
+            self.book = DurableBook(settings.dir)
+        except DurableError as exc:
+            self.store.close()
+            raise ConfigError(str(exc)) from None
+        self._parked: dict[str, dict[tuple[int, str, str], tuple[tuple, int]]] = {}
+        """Log -> (session, identity, durable name) -> (request, deadline): durable requests
+        waiting for their log to take a record."""
+        self._woken: deque[tuple[int, str, int, dict, str]] = deque()
         self._password = secrets.token_hex(32)
         self.verifier = verifier_of(hash_password(self._password, n=INTERNAL_SCRYPT_N))
         self.entitlements = Entitlements((), settings.patterns)
@@ -110,7 +134,7 @@ class CacheAgent:
         self.ready = threading.Event()
         """Set once the cache's session is subscribed to every pattern."""
         self._inbox: deque[Any] = deque()
-        self._requests: deque[tuple[int, str, int, dict]] = deque()
+        self._requests: deque[tuple[int, str, int, dict, str]] = deque()
         self._pending: Counter[int] = Counter()
         self._lock = threading.Lock()
         self._last_seq: dict[tuple[int, int, int], int] = {}
@@ -119,6 +143,9 @@ class CacheAgent:
         self.status_snapshot: dict[str, Any] = {}
         self.dropped_queue_full = 0
         """Counted on the client's thread (kept apart from ``counters``)."""
+        self.lost_guaranteed = 0
+        """Guaranteed messages named by loss events of the cache's session (client thread)."""
+        self._lost_logged = False
         self.client: Any = None
         self._closing = threading.Event()
         self._runner: Any = None
@@ -155,6 +182,8 @@ class CacheAgent:
                     client._topics = topics
                 for pattern in self.settings.patterns:
                     client.subscribe(pattern, callback=self._on_message)
+                    client.subscribe(pattern, qos="guaranteed", callback=self._on_guaranteed,
+                                     on_loss=self._on_loss)
             except TopicwireError as exc:
                 if client is not None:
                     client.close()
@@ -188,6 +217,10 @@ class CacheAgent:
             self._runner.stop()
             self._runner = None
         self.drain()
+        try:
+            self.book.save()
+        except OSError as exc:
+            self._store_error("durables", exc)
         self.store.close()
 
     def drain(self) -> None:
@@ -198,6 +231,25 @@ class CacheAgent:
 
     # --- in: messages (the cache session's client thread) -------------------------------------
     def _on_message(self, msg: Any) -> None:
+        """The best-effort subscription's messages: all but the guaranteed ones."""
+        if msg.qos == QOS_GUARANTEED:
+            return  # kept from the guaranteed subscription's reliable stream
+        self._take(msg)
+
+    def _on_guaranteed(self, msg: Any) -> None:
+        if msg.qos != QOS_GUARANTEED:
+            return  # kept from the best-effort subscription
+        self._take(msg)
+
+    def _on_loss(self, loss: Any) -> None:
+        self.lost_guaranteed += loss.messages
+        if not self._lost_logged:
+            self._lost_logged = True
+            log.error("%s: cache: %d guaranteed messages of origin %d stream %d were lost "
+                      "before the cache received them (%s); counted cache_lost",
+                      self.config.name, loss.messages, loss.origin, loss.stream, loss.reason)
+
+    def _take(self, msg: Any) -> None:
         if len(self._inbox) >= CACHE_QUEUE_MESSAGES:
             self.dropped_queue_full += 1
             return
@@ -205,11 +257,13 @@ class CacheAgent:
         self.wakeup.set()
 
     # --- in: replay requests (the control thread) ---------------------------------------------
-    def submit(self, session_id: int, channel: str, dest: int, doc: dict
+    def submit(self, session_id: int, channel: str, dest: int, doc: dict, identity: str = ""
                ) -> tuple[str, str] | None:
-        """Queue a REPLAY (checked against the session's entitlements already); (why,
-        reason) when it is refused."""
-        if doc.get("namespace", 0) != 0 or self.store.log_of(doc["pattern"]) is None:
+        """Queue a REPLAY of ``identity``'s session (checked against its entitlements
+        already, except a durable subscription's deletion); (why, reason) when it is
+        refused."""
+        if not doc.get("delete") and (doc.get("namespace", 0) != 0
+                                      or self.store.log_of(doc["pattern"]) is None):
             return "pattern", (f"cache: this appliance keeps {', '.join(self.settings.patterns)}"
                                f" (namespace 0); ask for a pattern within one of them")
         with self._lock:
@@ -220,24 +274,34 @@ class CacheAgent:
                 return "busy", (f"cache: this session has {REPLAYS_PENDING_PER_SESSION} replay "
                                 "requests waiting for their answer; wait for them")
             self._pending[session_id] += 1
-            self._requests.append((session_id, channel, dest, doc))
+            self._requests.append((session_id, channel, dest, doc, identity))
         self.wakeup.set()
         return None
 
     # --- the duty cycle -----------------------------------------------------------------------
     def wake_at_ns(self, now_ns: int) -> int:
-        due = self.store.wake_at_ns()
-        nxt = min(self._retention_at, self._status_at)
-        return nxt if due is None else min(due, nxt)
+        due = [t for t in (self.store.wake_at_ns(), self.book.wake_at_ns()) if t is not None]
+        due.extend(deadline for parked in self._parked.values()
+                   for _, deadline in parked.values())
+        return min(self._retention_at, self._status_at, *due)
 
     def do_work(self, now_ns: int) -> int:
         work = self._append(now_ns) if self._inbox else 0
         work += self.store.do_work(now_ns)
+        while self._woken:  # held durable requests whose log took records (not counted)
+            self._answer_durable(self._woken.popleft())
+            work += 1
         for _ in range(REPLAYS_PER_CYCLE):
             if not self._requests:
                 break
             self._answer(self._requests.popleft())
             work += 1
+        if self._parked:
+            work += self._expire_parked(now_ns)
+        try:
+            work += self.book.save_if_due(now_ns)
+        except OSError as exc:
+            self._store_error("durables", exc)
         if now_ns >= self._retention_at:
             self._retention_at = now_ns + RETENTION_CHECK_INTERVAL_NS
             try:
@@ -256,22 +320,28 @@ class CacheAgent:
             while inbox and n < CACHE_APPEND_BATCH_MESSAGES:
                 self._keep(inbox.popleft())
                 n += 1
-            self.store.commit()
+            committed = self.store.commit()
         except (TopicwireError, OSError) as exc:
             self._store_error("append", exc)
+            return n
+        for kept in committed:  # the durable subscribers waiting for these logs go on
+            parked = self._parked.pop(kept, None)
+            if parked:
+                self._woken.extend(request for request, _ in parked.values())
         return n
 
     def _keep(self, msg: Any) -> None:
         counters = self.counters
         counters["received"] += 1
-        key = (msg.origin, msg.stream, msg.topic_key)
-        last = self._last_seq.get(key)
-        if last is not None and msg.sequence > last + 1:
-            counters["missed"] += msg.sequence - last - 1
-        if last is None and len(self._last_seq) >= SEQUENCES_KEPT:
-            self._last_seq.clear()
-            counters["gap_table_resets"] += 1
-        self._last_seq[key] = msg.sequence
+        if msg.qos != QOS_GUARANTEED:  # guaranteed ones: their losses are loss events
+            key = (msg.origin, msg.stream, msg.topic_key)
+            last = self._last_seq.get(key)
+            if last is not None and msg.sequence > last + 1:
+                counters["missed"] += msg.sequence - last - 1
+            if last is None and len(self._last_seq) >= SEQUENCES_KEPT:
+                self._last_seq.clear()
+                counters["gap_table_resets"] += 1
+            self._last_seq[key] = msg.sequence
         if len(msg.payload) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
             counters["too_large"] += 1
             return
@@ -287,12 +357,15 @@ class CacheAgent:
                       "being kept is lost)", self.config.name, what, exc, what)
 
     # --- out: replay pages --------------------------------------------------------------------
-    def _answer(self, request: tuple[int, str, int, dict]) -> None:
-        session_id, channel, dest, doc = request
+    def _answer(self, request: tuple[int, str, int, dict, str]) -> None:
+        session_id, channel, dest, doc, identity = request
         with self._lock:
             self._pending[session_id] -= 1
             if self._pending[session_id] <= 0:
                 del self._pending[session_id]
+        if "durable" in doc:
+            self._answer_durable(request)
+            return
         pattern = doc["pattern"]
         kept = self.store.log_of(pattern)
         out: dict[str, Any] = {"id": doc["id"]}
@@ -308,6 +381,87 @@ class CacheAgent:
             out.update(accepted=False, why="storage", reason=f"cache: cannot read the log of "
                        f"{kept!r}: {exc}")
         self._send(channel, dest, session_id, out)
+
+    def _answer_durable(self, request: tuple[int, str, int, dict, str]) -> None:
+        """A durable subscription's request: acknowledge, page from its position, or hold
+        it (see the module docstring)."""
+        session_id, channel, dest, doc, identity = request
+        now_ns = time.monotonic_ns()
+        name = doc["durable"]
+        out: dict[str, Any] = {"id": doc["id"]}
+        if doc.get("delete"):
+            deleted = self.book.delete(identity, name, now_ns)
+            for parked in self._parked.values():  # its held requests are answered no more
+                for key in [k for k in parked if k[1:] == (identity, name)]:
+                    del parked[key]
+            self.counters["durables_deleted"] += deleted
+            out.update(accepted=True, messages=[], next_seq=0, done=True, deleted=deleted)
+            self._send(channel, dest, session_id, out)
+            return
+        pattern = doc["pattern"]
+        kept = self.store.log_of(pattern)
+        assert kept is not None  # checked by submit; the patterns do not change
+        try:
+            entry, made = self.book.open(identity, name, pattern, doc.get("namespace", 0),
+                                         self.store.end(kept), now_ns,
+                                         make="from_seq" not in doc)
+        except DurableError as exc:
+            self.counters["durables_refused"] += 1
+            out.update(accepted=False, why="durable", reason=str(exc))
+            self._send(channel, dest, session_id, out)
+            return
+        self.counters["durables_made"] += made
+        if "ack" in doc:  # the subscriber was handed everything before it
+            self.book.move(entry, doc["ack"], now_ns)
+        start = doc.get("from_seq", entry.position)
+        first = self.store.first(kept)
+        if first and start < first:  # retention deleted what it had not read
+            out["lost"] = [start, first - 1]
+            self.counters["durables_lost_records"] += first - start
+            self.book.move(entry, first, now_ns)
+            start = first
+        try:
+            rows, next_seq, done = self.store.page(kept, pattern, start, None)
+        except (TopicwireError, OSError) as exc:
+            self._store_error("replay", exc)
+            out.update(accepted=False, why="storage", reason=f"cache: cannot read the log of "
+                       f"{kept!r}: {exc}")
+            self._send(channel, dest, session_id, out)
+            return
+        if not rows and entry.position >= start:  # only other topics' records: passed
+            self.book.move(entry, next_seq, now_ns)
+        wait_ns = doc.get("wait_ms", 0) * 1_000_000
+        if not rows and done and wait_ns and "lost" not in out:
+            parked = self._parked.setdefault(kept, {})
+            parked.pop((session_id, identity, name), None)  # a newer request replaces it
+            parked[(session_id, identity, name)] = (request, now_ns + wait_ns)
+            self.counters["durables_parked"] += 1
+            return
+        out.update(accepted=True, messages=rows, next_seq=next_seq, done=done,
+                   position=entry.position)
+        self.counters["replay_pages"] += 1
+        self.counters["durables_delivered"] += len(rows)
+        self._send(channel, dest, session_id, out)
+
+    def _expire_parked(self, now_ns: int) -> int:
+        """Answer the held requests whose wait ended with an empty page."""
+        woken = 0
+        for kept in list(self._parked):
+            parked = self._parked[kept]
+            for key, (request, deadline) in list(parked.items()):
+                if now_ns >= deadline:
+                    del parked[key]
+                    session_id, channel, dest, doc, identity = request
+                    entry = self.book.entries.get((identity, doc["durable"]))
+                    position = entry.position if entry is not None else 0
+                    self._send(channel, dest, session_id, {
+                        "id": doc["id"], "accepted": True, "messages": [],
+                        "next_seq": doc.get("from_seq", position), "done": True,
+                        "position": position})
+                    woken += 1
+            if not parked:
+                del self._parked[kept]
+        return woken
 
     def _send(self, channel: str, dest: int, session_id: int, doc: dict) -> None:
         from datapath.protocol import admin_layout as al
@@ -325,6 +479,8 @@ class CacheAgent:
     def _status(self) -> dict[str, Any]:
         counters = {f"cache_{k}": int(v) for k, v in self.counters.items()}
         counters["cache_dropped_queue_full"] = self.dropped_queue_full
+        counters["cache_lost"] = self.lost_guaranteed
         return {"dir": str(self.settings.dir), "fsync": self.settings.fsync,
                 "session": "subscribed" if self.ready.is_set() else "connecting",
-                "logs": self.store.status(), "counters": counters}
+                "logs": self.store.status(), "durables": self.book.status(),
+                "counters": counters}

@@ -74,11 +74,23 @@ class CacheStore:
                 taken += 1
         return taken
 
-    def commit(self) -> None:
-        """Write what was appended and sync it as ``cache.fsync`` says."""
-        for pattern in self._dirty:
+    def commit(self) -> set[str]:
+        """Write what was appended and sync it as ``cache.fsync`` says; the patterns whose
+        logs took records."""
+        committed = set()
+        for pattern in list(self._dirty):
             self.logs[pattern].commit()
-        self._dirty.clear()
+            self._dirty.discard(pattern)
+            committed.add(pattern)
+        return committed
+
+    def end(self, kept: str) -> int:
+        """The cache sequence the next record of ``kept``'s log will have."""
+        return self.logs[kept].last_seq + 1
+
+    def first(self, kept: str) -> int:
+        """The oldest cache sequence ``kept``'s log holds (0: none)."""
+        return self.logs[kept].first_seq()
 
     def do_work(self, now_ns: int) -> int:
         """The ``interval`` policy's syncs once due."""

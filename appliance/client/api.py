@@ -201,6 +201,10 @@ class Subscription:
         self._latest: OrderedDict[int, Message] = OrderedDict()
         self._cond = threading.Condition()
         self.closed = False
+        self.durable: str | None = None
+        """The durable subscription's name (``subscribe(..., durable=)``)."""
+        self._fetcher: Any = None
+        """A durable subscription's pager (appliance/client/durable.py)."""
 
     def _full(self) -> bool:
         return self.callback is None and len(self._queue) >= GUARANTEED_QUEUE_MESSAGES
@@ -234,7 +238,11 @@ class Subscription:
         with self._cond:
             while True:
                 if self._queue:
-                    return self._queue.popleft()
+                    msg = self._queue.popleft()
+                    if self._fetcher is not None:  # handed over: acknowledged next request
+                        self._fetcher.handed = msg.cache_seq + 1
+                        self._cond.notify_all()
+                    return msg
                 if self._latest:
                     return self._latest.popitem(last=False)[1]
                 if self.closed:
@@ -256,8 +264,24 @@ class Subscription:
             self.closed = True
             self._cond.notify_all()
 
+    def _wait_for_room(self, stop: threading.Event) -> bool:
+        """A durable subscription's pager waits while its queue is full; False once
+        ``stop`` is set."""
+        from appliance.client.durable import DURABLE_QUEUE_MESSAGES
+
+        with self._cond:
+            while (self.callback is None and len(self._queue) >= DURABLE_QUEUE_MESSAGES
+                   and not stop.is_set()):
+                self._cond.wait(0.1)
+        return not stop.is_set()
+
     def unsubscribe(self) -> None:
-        """Withdraw this subscription's pattern (``Client.unsubscribe(self.pattern)``)."""
+        """Withdraw this subscription's pattern (``Client.unsubscribe(self.pattern)``). A
+        durable subscription stops receiving and the appliance keeps its place (its
+        messages are kept for it): ``Client.delete_durable`` ends it."""
+        if self._fetcher is not None:
+            self.client._end_durable(self)
+            return
         self.client.unsubscribe(self.pattern, namespace=self.namespace)
 
 
@@ -351,6 +375,8 @@ class Client(GuaranteedSide, ConnectionSide):
         self._asked: dict[int, int] = {}
         self._seq: dict[int, int] = {}
         self._subs: list[Subscription] = []
+        self._durables: list[Subscription] = []
+        """Durable subscriptions (paged in from the cache; not in the live lists)."""
         self._route_cache: dict[tuple[int, str, bool], list[Subscription]] = {}
         self._lists: dict[int, SubscriptionList] = {}
         self._sub_ids = itertools.count(1)
@@ -799,15 +825,30 @@ class Client(GuaranteedSide, ConnectionSide):
     # --- subscribing ---------------------------------------------------------------------------
     def subscribe(self, pattern: str, selector: str | None = None, *, qos: str = "best-effort",
                   namespace: int = 0, callback: Callable[[Message], None] | None = None,
-                  on_loss: Callable[[Loss], None] | None = None) -> Subscription:
+                  on_loss: Callable[[Loss], None] | None = None,
+                  durable: str | None = None) -> Subscription:
         """Subscribe to ``pattern``; EntitlementError when P&M refuses it. ``on_loss`` is
         called with each ``Loss`` event of a guaranteed subscription (also kept in
-        ``Subscription.losses``)."""
+        ``Subscription.losses``). ``durable``: a name under which the appliance keeps this
+        subscription's place while it is away; its messages come from the appliance's
+        cache, from where the last subscription of that name left off, in the order kept
+        (appliance/client/durable.py; the pattern must lie within one of the appliance's
+        ``cache.patterns``; no selector, QoS or other namespace than the kept one)."""
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         self._check_usable()
         check_pattern(pattern)
         check_int("namespace", namespace, MAX_NAMESPACE)
+        if durable is not None:
+            if selector:
+                raise ClientError("a durable subscription takes no selector (its messages "
+                                  "come from the cache's log as kept)")
+            from appliance.client.durable import open_durable
+
+            sub = open_durable(self, pattern, namespace, durable, callback, on_loss)
+            with self._lock:
+                self._durables.append(sub)
+            return sub
         compiled = None
         if selector:
             from nic_offload.selectors import compile_selector
@@ -841,6 +882,24 @@ class Client(GuaranteedSide, ConnectionSide):
         from appliance.client.replay import replay
 
         return replay(self, pattern, from_time_ns, from_sequence, namespace, then_live)
+
+    def delete_durable(self, name: str) -> bool:
+        """End the durable subscription ``name`` of this identity at the appliance (its
+        place is forgotten); True when it existed. A subscription of that name open in this
+        client stops first."""
+        from appliance.client.durable import delete_durable
+
+        self._check_usable()
+        for sub in [s for s in self._durables if s.durable == name]:
+            self._end_durable(sub)
+        return delete_durable(self, name)
+
+    def _end_durable(self, sub: Subscription) -> None:
+        sub._fetcher.close()
+        with self._lock:
+            if sub in self._durables:
+                self._durables.remove(sub)
+        sub._close()
 
     def unsubscribe(self, pattern: str, *, namespace: int = 0) -> None:
         """Seed 000 unsubscribe: withdraws ``pattern`` and what it includes; narrower than a
@@ -1048,6 +1107,8 @@ class Client(GuaranteedSide, ConnectionSide):
         (0 when every one was); call ``flush(timeout=...)`` first to get an exception."""
         if self.closed:
             return self.unacknowledged_at_close
+        for sub in list(self._durables):  # their acknowledgements go out before the logout
+            self._end_durable(sub)
         self.closed = True
         self._closing.set()
         with self._lock:  # a reconnection attempt waiting for an answer stops waiting

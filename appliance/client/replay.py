@@ -88,6 +88,18 @@ def _page(client: Client, pattern: str, namespace: int, start: dict[str, int]) -
     return result
 
 
+def replayed_message(row: list, pattern: str, wall_ns: int) -> Message:
+    """The ``Message`` of one REPLAY_RESULT row (``cache_seq`` set)."""
+    (cache_seq, topic, ns, key, seq, ts, schema, qos, origin, stream, text) = row
+    try:
+        payload = base64.b64decode(text, validate=True)
+    except binascii.Error:
+        raise ClientError(f"replay of {pattern!r}: the appliance sent a payload that is not "
+                          "base64") from None
+    return Message(topic, payload, key, seq, ts, ns, schema, qos, origin, stream, wall_ns,
+                   cache_seq=cache_seq)
+
+
 def _pages(client: Client, pattern: str, namespace: int, page: dict,
            last: list[int] | None = None) -> Iterator[Message]:
     """The messages of ``page`` and of the pages after it; ``last[0]``: the next page's
@@ -95,14 +107,7 @@ def _pages(client: Client, pattern: str, namespace: int, page: dict,
     while True:
         wall = time.time_ns()
         for row in page["messages"]:
-            (cache_seq, topic, ns, key, seq, ts, schema, qos, origin, stream, text) = row
-            try:
-                payload = base64.b64decode(text, validate=True)
-            except binascii.Error:
-                raise ClientError(f"replay of {pattern!r}: the appliance sent a payload that "
-                                  "is not base64") from None
-            yield Message(topic, payload, key, seq, ts, ns, schema, qos, origin, stream, wall,
-                          cache_seq=cache_seq)
+            yield replayed_message(row, pattern, wall)
         if page["done"]:
             if last is not None:
                 last[0] = page["next_seq"]

@@ -26,9 +26,9 @@ from appliance.config import (
     LSA_MAX_AGE_REFRESHES,
     ApplianceConfig,
 )
+from appliance.control import acl_apply, route_apply
 from appliance.control import auth as auth_mod
 from appliance.control import pm as pmod
-from appliance.control import route_apply
 from appliance.control.auth import FabricAuth, epoch_of, group_link_id, hello_link_id
 from appliance.control.clients import ClientSide
 from appliance.control.documents import DocumentError
@@ -172,6 +172,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         """The process's ``datapath.jit.JitWatch`` (set by the appliance once it preloaded)."""
         self.cache = None
         self.internal_logins = {}
+        self.acl_ids: dict[str, int] = {}
+        """Content ACL class name -> its id in the tables (control/acl_apply.py)."""
+        acl_apply.apply_acl(self, self.pm_doc)
         self.routes_ext = route_apply.RouteExtension(self)
         """Route tables from P&M, path-switch drain, duplication (control/route_apply.py)."""
         self._build_status(time.monotonic_ns())

@@ -19,6 +19,7 @@ from appliance.config import (
     LOGIN_CHALLENGE_TTL_NS,
     LOGIN_CHALLENGES_KEPT,
 )
+from appliance.control import acl_apply
 from appliance.control import pm as pmod
 from appliance.control.credentials import (
     NONCE_BYTES,
@@ -221,7 +222,7 @@ class ClientSide:
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
         dps = DpSession(sid, identity, channel, dest, ring=ring if channel == CLIENT_SHM else None,
-                        key=key)
+                        key=key, acl_class=acl_apply.session_class(self, session))
         self.dp.command("add_session", dps, (channel, peer))
         self._tables_dirty = True
         self.counters["login_accepted"] += 1
@@ -459,6 +460,11 @@ class ClientSide:
         if granted:  # before the replies: the data path allows the keys before a publish
             sid = session.session_id
             self.dp.command("allow_keys", sid, granted)
+            acl_class = acl_apply.session_class(self, session)
+            if acl_class:  # the audit lines of its LOG verdicts name the topic
+                self.dp.command("set_session_acl", sid, acl_class, {
+                    key: self.registry.lookup(key)[1] for key in granted
+                    if self.registry.lookup(key) is not None})
         for result in results:
             self._reply(session, al.ControlKind.REQUEST_RESULT, result)
 

@@ -280,6 +280,12 @@ SCHEMA = Obj({"name": Str(255, 1), "schema_id": Int(0, MAX_SCHEMA_ID),
                                   "type": Str(8, choices=frozenset(TYPE_NAMES)),
                                   "width": Int(0, MAX_U32)}), 1_024)})
 """A payload schema (``nic_offload.schema.Schema.to_dict``)."""
+ACL_NAME = Str(64, 1, text=_NAME_RE.fullmatch, what="a class name (letters, digits, '.', "
+               "'_', '-')")
+ACL_CLASS = Obj({"name": ACL_NAME, "schema": Str(255, 1), "rules": List(Str(4_096, 1), 256),
+                 "default": Str(8, choices=frozenset({"ACCEPT", "REJECT", "LOG"}))})
+"""A content ACL class (``[pm.acl_classes.NAME]``; appliance/control/pm.py): its rules are
+parsed and compiled by each appliance against the document's schemas."""
 
 
 def _is_base64(text: str) -> bool:
@@ -298,9 +304,19 @@ REPLAYED = Row((SEQ, TEXT, NAMESPACE, Int(0, MAX_U64), Int(0, MAX_U64), Int(0, M
 schema_id, qos, origin, stream, payload_base64]`` (appliance/cache/agent.py)."""
 
 
+DURABLE_NAME = Str(64, 1)
+"""A durable subscription's name (its characters are checked by the cache's book)."""
+MAX_DURABLE_WAIT_MS = 10_000
+"""The longest a durable subscription's request may be held for new messages."""
+
+
 def _replay_rule(doc: dict) -> str | None:
     if "from_seq" in doc and "from_time_ns" in doc:
         return "give from_seq or from_time_ns, not both"
+    if "durable" in doc and "from_time_ns" in doc:
+        return "a durable subscription reads from its position (from_seq), not a time"
+    if ("wait_ms" in doc or "delete" in doc or "ack" in doc) and "durable" not in doc:
+        return "ack, wait_ms and delete are for a durable subscription (key 'durable')"
     return None
 
 
@@ -341,11 +357,12 @@ KINDS: dict[ControlKind, Kind] = {
         {"pm": NAME, "version": Int(0, MAX_U63),
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
                                           "subscribe": List(PATTERN, MAX_LIST_ITEMS)},
-                                         {"verifier": VERIFIER}),
+                                         {"verifier": VERIFIER, "acl_class": ACL_NAME}),
                            MAX_LIST_ITEMS),
          "anonymous": Bool(), "namespaces": List(NAMESPACE, 4_096),
          "schemas": List(SCHEMA, 1_024), "routes": ROUTES},
-        {"backups": ROUTES, "duplicate": PATTERNS, "require_passwords": Bool()})),
+        {"backups": ROUTES, "duplicate": PATTERNS, "require_passwords": Bool(),
+         "acl_classes": List(ACL_CLASS, 256)})),
     ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
@@ -366,12 +383,16 @@ KINDS: dict[ControlKind, Kind] = {
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
     ControlKind.REPLAY: Kind(Obj({"id": REPLAY_ID, "pattern": PATTERN},
                                  {"namespace": NAMESPACE, "from_seq": SEQ,
-                                  "from_time_ns": Int(0, MAX_U63)}, _replay_rule), 8_192),
+                                  "from_time_ns": Int(0, MAX_U63), "durable": DURABLE_NAME,
+                                  "ack": SEQ, "wait_ms": Int(0, MAX_DURABLE_WAIT_MS),
+                                  "delete": Bool()},
+                                 _replay_rule), 8_192),
     ControlKind.REPLAY_RESULT: Kind(Obj(
         {"id": REPLAY_ID, "accepted": Bool()},
         {"messages": List(REPLAYED, MAX_REPLAY_MESSAGES), "next_seq": SEQ, "done": Bool(),
+         "position": SEQ, "lost": Row((SEQ, SEQ)), "deleted": Bool(),
          "reason": REASON, "why": Str(16, choices=frozenset(
-             {"no_cache", "entitlement", "pattern", "busy", "storage"}))},
+             {"no_cache", "entitlement", "pattern", "busy", "storage", "durable"}))},
         _replay_result_rule)),
 }
 """Every kind's schema (docs/appliance.md describes the documents)."""

@@ -9,6 +9,7 @@ from appliance.config import (
     DISCOVERY_HELLO_REPLY_NS,
     FABRIC_MAX_ORIGINS,
 )
+from appliance.control import acl_apply
 from appliance.control import pm as pmod
 from appliance.control.auth import EPOCH_MASK, group_link_id, hello_link_id
 from appliance.control.documents import DocumentError, validate
@@ -223,6 +224,7 @@ class FabricSide:
         self.overrides = routes
         self.routes_ext.on_pm(doc)
         self._reentitle(doc)  # control/clients.py: sessions get the new entitlements
+        acl_apply.apply_acl(self, doc)  # content ACL classes: tables, data path, sessions
         self._topology_dirty = True
 
     def _merge_registry(self, entries: list, nb: Neighbour | None) -> list:

@@ -22,7 +22,8 @@ from appliance.control.state import (
 from appliance.dataplane.status_channels import channel_rows
 from datapath.protocol import admin_layout as al
 
-PM_RELOADED = ("identities", "anonymous", "require_passwords", "namespaces", "schemas")
+PM_RELOADED = ("identities", "anonymous", "require_passwords", "namespaces", "schemas",
+               "acl_classes")
 """The fields of P&M's document a reload rebuilds from the config (the routes and backups
 stay: they come from route tables and commands)."""
 

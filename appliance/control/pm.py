@@ -15,6 +15,7 @@ from datapath.topics.algebra import includes, matches
 
 if TYPE_CHECKING:
     from appliance.config import ApplianceConfig
+    from nic_offload.acl import AclClass
 
 
 def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
@@ -29,6 +30,7 @@ def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
         "require_passwords": config.pm_require_passwords,
         "namespaces": list(config.namespaces),
         "schemas": list(config.schemas),
+        "acl_classes": [dict(c) for c in config.acl_classes],
         "routes": [],
     }
 
@@ -37,6 +39,8 @@ def _identity(ident: Any) -> dict[str, Any]:
     """An identity in the document: its entitlements, and its login verifier when it has a
     password (appliance/control/credentials.py; never the password's hash)."""
     out: dict[str, Any] = {"publish": list(ident.publish), "subscribe": list(ident.subscribe)}
+    if ident.acl_class is not None:
+        out["acl_class"] = ident.acl_class
     if ident.password is not None:
         from appliance.control.credentials import verifier_of
 
@@ -59,6 +63,9 @@ class Entitlements:
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    acl_class: str | None = None
+    """The content ACL class (``acl_classes`` of the document) every message it publishes
+    must pass at its ingress appliance; None: none."""
 
     def may_publish(self, topic: str) -> bool:
         return any(matches(p, topic) for p in self.publish)
@@ -79,7 +86,8 @@ def entitlements_of(document: dict[str, Any] | None, identity: str) -> Entitleme
     spec = document.get("identities", {}).get(identity)
     if spec is None:
         return ALL if document.get("anonymous") else None
-    return Entitlements(tuple(spec.get("publish", ())), tuple(spec.get("subscribe", ())))
+    return Entitlements(tuple(spec.get("publish", ())), tuple(spec.get("subscribe", ())),
+                        spec.get("acl_class"))
 
 
 def requires_passwords(document: dict[str, Any] | None) -> bool:
@@ -90,3 +98,32 @@ def requires_passwords(document: dict[str, Any] | None) -> bool:
 
 def is_newer(document: dict[str, Any], current: dict[str, Any] | None) -> bool:
     return current is None or int(document.get("version", 0)) > int(current.get("version", 0))
+
+
+# --- content ACL classes ---------------------------------------------------------------------
+ACL_VERDICTS = ("ACCEPT", "REJECT", "LOG")
+"""What a class's ``default`` may be."""
+
+
+def acl_class_of(spec: dict[str, Any], schemas: dict[str, Any], class_id: int) -> AclClass:
+    """The ``AclClass`` of one ``acl_classes`` entry (``{"name", "schema", "rules",
+    "default"}``) over ``schemas`` (name -> ``Schema``), compiled once against the pipeline's
+    ACL fields so a rule the tables cannot run is refused here. Raises ``AclError`` (a rule
+    that does not parse or compile: its text is in the message) or ``KeyError`` (no such
+    schema)."""
+    from nic_offload.acl import AclClass, compile_class
+    from nic_offload.model import DEFAULT_SPEC
+
+    schema = schemas[spec["schema"]]
+    acl = AclClass.parse(class_id, schema, spec["rules"], spec.get("default", "REJECT"))
+    compile_class(acl, DEFAULT_SPEC)
+    return acl
+
+
+def acl_class_ids(document: dict[str, Any] | None) -> dict[str, int]:
+    """Class name -> its ``acl_class`` id in the tables: 1.. in the document's order (every
+    appliance numbers one document the same way; a name given twice keeps its first)."""
+    ids: dict[str, int] = {}
+    for i, c in enumerate((document or {}).get("acl_classes", ()), 1):
+        ids.setdefault(c["name"], i)
+    return ids

@@ -33,13 +33,14 @@ class ReplaySide:
             refused = "no_cache", (f"cache: appliance {self.cfg.name!r} keeps no messages "  # type: ignore[attr-defined]
                                    "(its config has no [cache]); replay from an appliance "
                                    "with [cache] patterns including this one")
-        elif not session.ents.may_subscribe(pattern):
+        elif not doc.get("delete") and not session.ents.may_subscribe(pattern):
             self._deny(session.identity, "replay", pattern)  # type: ignore[attr-defined]
             refused = "entitlement", (f"identity {session.identity!r} may not subscribe to "
                                       f"{pattern!r}, so it may not replay it")
         else:
             dest = session.session_id if session.channel == CLIENT_SHM else session.peer
-            refused = self.cache.submit(session.session_id, session.channel, dest, doc)
+            refused = self.cache.submit(session.session_id, session.channel, dest, doc,
+                                        session.identity)
         if refused is not None:
             why, reason = refused
             self.counters[f"replay_refused_{why}"] += 1  # type: ignore[attr-defined]

@@ -166,6 +166,10 @@ class DataPlaneAgent(Delivery, Output):
         self._out_list = list(self._out.values())
         self.express = _express.Express(self, (CLIENT_UDP, FABRIC, CLIENT_SHM))
         self._load_general_kernels()
+        self.acl_classes: dict[int, tuple[str, Any]] = {}
+        """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
+        self._acl_log_at = 0
+        self._acl_log_lines = 0
         self.digests: Counter[str] = Counter()
         """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
@@ -338,6 +342,25 @@ class DataPlaneAgent(Delivery, Output):
         if session is not None:
             session.allowed.update(keys)
             self.allowed_version += 1
+
+    def set_acl_classes(self, classes: dict[int, tuple[str, Any]]) -> None:
+        """The content ACL classes of P&M's document: id -> (name, ``AclClass``); the tables
+        (the snapshot) hold their compiled form, these name them and their rules in the
+        audit lines of LOG verdicts."""
+        self.acl_classes = dict(classes)
+
+    def set_session_acl(self, session_id: int, acl_class: int,
+                        topics: dict[int, str] | None = None) -> None:
+        """Apply content ACL class ``acl_class`` (0: none) to what the session publishes from
+        now on; ``topics``: key -> topic of what it may publish (for the audit lines)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        if topics:
+            session.topics.update(topics)
+        if session.acl_class != acl_class:
+            session.acl_class = acl_class
+            self.sessions_version += 1  # the express path leaves its frames to the loop
 
     def revoke_keys(self, session_id: int, keys: list[int]) -> None:
         """Take back publish rights (an entitlement P&M no longer grants): the session's

@@ -5,12 +5,13 @@ messages parked on a key the tables do not know yet (rerun on a new snapshot, ex
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
 import numpy as np
 
-from appliance.config import PARKED_MESSAGES
+from appliance.config import ACL_LOG_LINES_PER_S, PARKED_MESSAGES
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
 from appliance.dataplane.names import FABRIC
@@ -24,10 +25,19 @@ from appliance.dataplane.state import (
     _UNKNOWN,
     UNKNOWN_KEYS_KEPT,
     DpSession,
+    log,
 )
 from channels.base import FrameBatch
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from nic_offload.model import AclAction
+from nic_offload.softnic import ingress_acl
+
+_ACL_ACCEPT, _ACL_LOG = int(AclAction.ACCEPT), int(AclAction.LOG)
+_ACL_OUTCOME = {_ACL_ACCEPT: "accepted", int(AclAction.REJECT): "rejected", _ACL_LOG: "logged",
+                ingress_acl.SHORT_PAYLOAD: "short_payload"}
+"""Ingress verdicts -> the outcome in their counters' names (``content_acl_<outcome>``,
+``content_acl_<outcome>_class_<name>``)."""
 
 
 class Delivery:
@@ -83,9 +93,14 @@ class Delivery:
                 if ingress:
                     ok = checked.get(index)
                     if ok is None:
-                        ok = checked[index] = keys[index] in session.allowed
+                        ok = keys[index] in session.allowed and (
+                            not session.acl_class or self._content_acl(session, buf, index,
+                                                                       keys[index]))
+                        checked[index] = ok
                         if ok:
                             session.published += 1
+                        elif keys[index] in session.allowed:
+                            pass  # the content ACL rejected it (counted there)
                         else:
                             session.denied += 1
                             counters["publish_denied"] += 1
@@ -138,6 +153,49 @@ class Delivery:
                 m <= _FEW and _UNKNOWN not in verdicts.tolist()):
             return
         self._park_unknown(buf, m, ctxs, now_ns)
+
+    def _content_acl(self, session: DpSession, buf: np.ndarray, index: int, key: int) -> bool:
+        """Whether message ``index`` of the NIC's last burst, published by ``session`` (whose
+        identity has a content ACL class), may go on: the class's verdict from the
+        snapshot's compiled ACL stages (nic_offload/softnic/ingress_acl.py), counted per
+        class and verdict; LOG goes on and writes an audit line (rate-limited)."""
+        msgs = self.nic.batch
+        offset = int(msgs["payload_offset"][index])
+        length = int(msgs["payload_len"][index])
+        action = ingress_acl.verdict(buf, offset, length, session.acl_class,
+                                     self.nic.snapshot.tables)
+        name = self.acl_classes.get(session.acl_class, (str(session.acl_class), None))[0]
+        what = _ACL_OUTCOME.get(action, "rejected")
+        self.counters[f"content_acl_{what}"] += 1
+        self.counters[f"content_acl_{what}_class_{name}"] += 1
+        if action == _ACL_LOG:
+            self._acl_audit(session, buf, offset, length, key, name)
+        return action in (_ACL_ACCEPT, _ACL_LOG)
+
+    def _acl_audit(self, session: DpSession, buf: np.ndarray, offset: int, length: int,
+                   key: int, name: str) -> None:
+        """The audit line of a LOG verdict: who published, the topic, the class and the rule
+        that decided; at most ``ACL_LOG_LINES_PER_S`` lines a second (the rest are counted
+        in ``content_acl_log_lines_suppressed``, never lost from ``content_acl_logged``)."""
+        now = time.monotonic_ns()
+        if now >= self._acl_log_at:
+            self._acl_log_at = now + 1_000_000_000
+            self._acl_log_lines = 0
+        if self._acl_log_lines >= ACL_LOG_LINES_PER_S:
+            self.counters["content_acl_log_lines_suppressed"] += 1
+            return
+        self._acl_log_lines += 1
+        acl = self.acl_classes.get(session.acl_class, (name, None))[1]
+        rule = "?"
+        if acl is not None:
+            try:
+                decided = acl.decide(bytes(buf[offset:offset + length]))[1]
+                rule = decided.text if decided is not None else f"default {acl.default.value}"
+            except Exception:  # a field beyond the payload: the reference cannot read it
+                rule = "?"
+        topic = session.topics.get(key, f"key 0x{key:016x}")
+        log.warning("content ACL LOG: identity %r published to %r; class %r, rule %s",
+                    session.identity, topic, name, rule)
 
     def _park_unknown(self, buf: np.ndarray, m: int, ctxs: list[tuple], now_ns: int) -> None:
         """Park the messages of the NIC's last burst (``m`` messages) whose key it did not

@@ -243,7 +243,9 @@ def build_sessions(dp: Any) -> SessionTable:
     bounds = np.zeros(len(sessions) + 1, np.int64)
     bounds[1:] = np.cumsum([len(k) for k in keys], dtype=np.int64)
     peers: dict[str, list[tuple[int, int]]] = {}
-    for row, ((name, peer), _) in enumerate(by_peer):
+    for row, ((name, peer), session) in enumerate(by_peer):
+        if session.acl_class:  # a content ACL class: the general loop applies it
+            continue
         peers.setdefault(name, []).append((peer, row))
     return SessionTable(
         sessions, {s.session_id: row for row, s in enumerate(sessions)},
@@ -451,7 +453,8 @@ class Express:
     def run_given(self, batch: Any, ctxs: list[tuple], now_ns: int, deadline: int) -> bool:
         """Run the agent's own burst (parked messages again, one frame each) with the general
         loop's contexts ``ctxs`` through the pipeline; False when the general loop must
-        (nothing done): a context of the guaranteed class or of a session gone."""
+        (nothing done): a context of the guaranteed class, of a session gone or of one with
+        a content ACL class."""
         ready = self._ready(now_ns, rerun=False)
         if ready is None:
             return False
@@ -464,7 +467,7 @@ class Express:
                 return False
             if ingress:
                 row = table.rows.get(session.session_id)
-                if row is None:
+                if row is None or session.acl_class:  # the general loop applies its class
                     return False
                 fctx[i] = (C_INGRESS, row, session.session_id)
             else:

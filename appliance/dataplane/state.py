@@ -100,6 +100,13 @@ class DpSession:
     None: its frames carry no MAC."""
     auth_slot: int = -1
     """Its row in the data path's SessionAuth (-1: no key)."""
+    acl_class: int = 0
+    """The content ACL class every message it publishes must pass (its identity's
+    ``acl_class`` in P&M, numbered as ``pm.acl_class_ids``); 0: none. Its frames take the
+    general loop, which applies the class (``Delivery._content_acl``)."""
+    topics: dict[int, str] = field(default_factory=dict)
+    """Topic of each key it may publish, kept for sessions with a class only (the audit
+    line of a LOG names the topic)."""
 
 
 class _OutQueue:

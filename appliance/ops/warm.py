@@ -46,15 +46,18 @@ def _free_port() -> int:
 
 
 def _warm_unit_kernels() -> None:
-    """The channels', codec's, RDMA and cache kernels' own warm-ups (signatures the traffic
-    below may not reach on this host, e.g. without an RDMA device or a ``[cache]``)."""
+    """The channels', codec's, RDMA, cache and ingress ACL kernels' own warm-ups (signatures
+    the traffic below may not reach on this host, e.g. without an RDMA device, a ``[cache]``
+    or a publisher with a content ACL class)."""
     import channels
     from appliance.cache.store import warm_up as warm_cache
     from channels import _rdma_kernels
+    from nic_offload.softnic import ingress_acl
 
     channels.warm_up()
     _rdma_kernels.warm_up()
     warm_cache()
+    ingress_acl.warm_up()  # a publisher with a content ACL class
 
 
 def _multicast_ok() -> bool:

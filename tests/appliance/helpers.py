@@ -172,3 +172,16 @@ def subscription_reached(app, pattern: str) -> bool:
     """Whether ``app`` knows of a subscription to ``pattern`` made at another appliance."""
     return any(s["pattern"] == pattern and s["origin"] != app.config.name
                for s in app.status()["subscriptions"])
+
+
+def until_marker(sub, last, timeout_s: float = 10.0) -> list:
+    """Messages of subscription ``sub`` up to and including the first for which ``last``
+    holds (a marker published after the rest: one publisher's messages on a topic arrive in
+    order)."""
+    out: list = []
+    deadline = time.monotonic() + timeout_s
+    while not out or not last(out[-1]):
+        m = sub.get(timeout=max(deadline - time.monotonic(), 0))
+        assert m is not None, f"the marker did not come within {timeout_s} s: {out}"
+        out.append(m)
+    return out

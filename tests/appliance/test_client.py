@@ -11,7 +11,7 @@ from appliance.node import Appliance
 from datapath.protocol.codec import encode_data_frame
 from datapath.topics.registry import KeyRegistry
 from nic_offload.schema import Schema
-from tests.appliance.helpers import free_port, wait_for
+from tests.appliance.helpers import free_port, until_marker, wait_for
 
 QUOTE = {"id": 7, "fields": [["price", 0, "u32"], ["symbol", 4, "ascii", 8]]}
 
@@ -37,18 +37,6 @@ def _drain(sub):
     return out
 
 
-def _until(sub, last, timeout_s=10.0):
-    """Messages up to and including the first for which ``last`` holds (a marker published
-    after the rest: one publisher's messages on a topic arrive in order)."""
-    out = []
-    deadline = time.monotonic() + timeout_s
-    while not out or not last(out[-1]):
-        m = sub.get(timeout=max(deadline - time.monotonic(), 0))
-        assert m is not None, f"the marker did not come within {timeout_s} s: {out}"
-        out.append(m)
-    return out
-
-
 def test_selectors_read_schema_fields_from_pm(served):
     _, url = served
     schema = Schema.of("quote", 7, [("price", 0, "u32"), ("symbol", 4, "ascii", 8)])
@@ -64,10 +52,10 @@ def test_selectors_read_schema_fields_from_pm(served):
 
         def marker(m):
             return schema.decode(m.payload)["price"] == 999
-        got = [schema.decode(m.payload) for m in _until(sub, marker)]
+        got = [schema.decode(m.payload) for m in until_marker(sub, marker)]
         assert [(g["price"], g["symbol"]) for g in got] == [(150, "IBM"), (101, "IBM"),
                                                             (999, "IBM")]
-        assert len(_until(everything, marker)) == 5
+        assert len(until_marker(everything, marker)) == 5
         assert _drain(sub) == [] and _drain(everything) == []
 
 

@@ -83,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--qos", default="best-effort",
                      choices=("best-effort", "last-value", "guaranteed"))
     sub.add_argument("--identity", default="anonymous", help="who to log in as")
+    sub.add_argument("--durable", metavar="NAME", default=None,
+                     help="a durable subscription: the appliance's cache keeps its place "
+                          "while it is away; the next sub with this name goes on from there")
     sub.add_argument("--namespace", type=int, default=0)
     _connection_args(sub)
     sub.set_defaults(handler=run_sub)
@@ -196,6 +199,16 @@ def _check(args: argparse.Namespace) -> None:
         else:
             check_pattern(args.pattern)
             check_seconds("--seconds", args.seconds)
+            if args.durable is not None:
+                from appliance.cache.durables import NAME_RE
+
+                if not NAME_RE.fullmatch(args.durable):
+                    raise ClientError(f"--durable {args.durable!r}: use 1 to 64 letters, "
+                                      "digits, '.', '_' or '-', beginning with a letter or "
+                                      "digit")
+                if args.selector or args.qos != "best-effort":
+                    raise ClientError("--durable takes no --selector or --qos: its messages "
+                                      "come from the appliance's cache as kept")
     except ClientError as exc:
         raise UserError(str(exc).removeprefix("client: "), component=name) from None
 
@@ -409,9 +422,10 @@ def run_sub(args: argparse.Namespace) -> int:
                       f"stream {loss.stream} ({loss.reason})", file=sys.stderr, flush=True)
 
         sub = client.subscribe(args.pattern, args.selector, qos=args.qos, on_loss=on_loss,
-                               namespace=args.namespace)
-        print(f"topicwire: subscribed to {args.pattern} at {client.node}", file=sys.stderr,
-              flush=True)
+                               namespace=args.namespace, durable=args.durable)
+        durable = f" (durable {args.durable!r})" if args.durable else ""
+        print(f"topicwire: subscribed to {args.pattern}{durable} at {client.node}",
+              file=sys.stderr, flush=True)
         deadline = time.monotonic() + args.seconds if args.seconds else None
         while not stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
@@ -422,6 +436,9 @@ def run_sub(args: argparse.Namespace) -> int:
                 break
             msg = sub.get(timeout=SUB_POLL_S)
             if msg is None:
+                if sub.closed:  # the appliance ended it (said on stderr by the client)
+                    report.gave_up = report.gave_up or "the subscription was ended"
+                    break
                 continue
             stats.on_message(msg)
             if not args.stats:

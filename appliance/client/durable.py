@@ -1,0 +1,206 @@
+"""``subscribe(pattern, durable=NAME)``: a subscription whose place the appliance keeps.
+
+The messages come from the appliance's cache (``[cache]``; its pattern must lie within one
+of ``cache.patterns``), not from the live stream: a thread of the subscription asks for one
+page after another with REPLAY requests naming the durable subscription. Each request says
+where to read (``from_seq``: the cache sequence after the last message received) and how
+far the application has got (``ack``: the cache sequence after the last message handed to
+it: returned by the callback, or taken from the queue by ``get``/iteration); the appliance
+keeps the acknowledged position in its durable book, so a subscriber that disconnects, or
+whose process ends, starts again from there, to the message, on the next ``subscribe`` with
+the same name. A request that finds nothing new is held by the appliance up to
+``DURABLE_WAIT_MS`` and answered as soon as the log takes a record (a long poll), so the
+subscription follows the live messages with the delay of one append (and its fsync).
+
+Flow control is the pull itself: no page is asked for while ``DURABLE_QUEUE_MESSAGES`` wait
+in the queue, so a slow subscriber never loses a message; what the cache's retention deleted
+before the subscriber read it arrives as a ``Loss`` (reason ``RETENTION``, the range in cache
+sequences) in its place. Guarantee: each message kept by the cache is handed over in the
+order it was kept, once per subscriber process; after a crash of the subscriber's process
+(or the appliance's), the messages after the last acknowledgement that reached the disk are
+handed over again (at least once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from appliance.client.errors import ClientError, EntitlementError
+from appliance.client.messages import Loss, Message
+from appliance.client.replay import replayed_message
+from datapath.errors import TopicwireError
+from datapath.protocol import admin_layout as al
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from appliance.client.api import Client
+
+log = logging.getLogger("topicwire.client")
+_IDS = itertools.count(1)
+DURABLE_WAIT_MS = 1_000
+"""How long the appliance holds a request that finds nothing new."""
+DURABLE_QUEUE_MESSAGES = 20_000
+"""Messages waiting in a durable subscription's queue before it stops asking for more."""
+BUSY_RETRY_S = 0.05
+"""A request refused because the cache is busy is asked again after this."""
+RETRY_S = 0.2
+"""... and one that got no answer (the appliance restarts, the client reconnects)."""
+CLOSE_ACK_TIMEOUT_S = 1.0
+"""``close`` waits this long for the appliance to take the final acknowledgement."""
+
+
+def _subscription_class() -> type:
+    from appliance.client.api import Subscription
+
+    return Subscription
+
+
+class DurableFetcher:
+    """The thread that pages a durable subscription in (``DurableSubscription._fetcher``)."""
+
+    def __init__(self, sub: Any, name: str) -> None:
+        self.sub = sub
+        self.name = name
+        self.next_seq: int | None = None
+        """Where the next page begins (None: at the appliance's stored position)."""
+        self.handed = 0
+        """The cache sequence after the last message handed to the application."""
+        self.error: BaseException | None = None
+        """Why the subscription ended, when the appliance refused it."""
+        self.stop = threading.Event()
+        self.waiting: tuple | None = None
+        """The key of the request waiting for its answer (``close`` wakes it)."""
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"durable-{name}")
+
+    def _doc(self, rid: int, wait_ms: int) -> dict:
+        doc: dict[str, Any] = {"id": rid, "pattern": self.sub.pattern,
+                               "namespace": self.sub.namespace, "durable": self.name,
+                               "wait_ms": wait_ms}
+        if self.next_seq is not None:
+            doc["from_seq"] = self.next_seq
+        if self.handed:
+            doc["ack"] = self.handed
+        return doc
+
+    def request(self, wait_ms: int, timeout_s: float) -> dict:
+        client = self.sub.client
+        rid = next(_IDS) % 2**32 or next(_IDS)
+        doc = self._doc(rid, wait_ms)
+        self.waiting = ("replay", rid)
+        try:
+            return client._request(self.waiting, lambda: client._control(
+                al.ControlKind.REPLAY, doc), timeout_s=timeout_s)
+        finally:
+            self.waiting = None
+
+    def first(self) -> None:
+        """The first page, on the subscribing thread: a refusal raises there."""
+        result = self.request(0, self.sub.client.timeout_s)
+        self._check(result)
+        self._take(result)
+
+    def _check(self, result: dict) -> None:
+        if result.get("accepted"):
+            return
+        text = f"durable subscription {self.name!r} to {self.sub.pattern!r} refused: " \
+               f"{result.get('reason')}"
+        if result.get("why") == "entitlement":
+            raise EntitlementError(text)
+        raise ClientError(text)
+
+    def _take(self, result: dict) -> None:
+        lost = result.get("lost")
+        sub = self.sub
+        if lost:
+            first, last = lost
+            sub._loss(Loss(sub.client.node_id, 0, first, last, last - first + 1, "RETENTION",
+                           sub.client.node_id, time.time_ns()))
+        wall = time.time_ns()
+        for row in result["messages"]:
+            msg = replayed_message(row, sub.pattern, wall)
+            try:
+                sub._put(msg)
+            except Exception:  # an application's callback must not end the subscription
+                log.exception("client %s: durable subscription %r: the callback raised",
+                              sub.client.identity, self.name)
+            if sub.callback is not None:  # handed over once the callback returned
+                self.handed = msg.cache_seq + 1
+        self.next_seq = result["next_seq"]
+        if "position" in result and not self.handed:
+            self.handed = result["position"]
+
+    def _run(self) -> None:
+        sub = self.sub
+        client = sub.client
+        while not self.stop.is_set():
+            if not sub._wait_for_room(self.stop):
+                break
+            try:
+                result = self.request(DURABLE_WAIT_MS,
+                                      DURABLE_WAIT_MS / 1000 + client.timeout_s)
+            except TopicwireError:
+                if client.closed or self.stop.is_set():
+                    break
+                self.stop.wait(RETRY_S)  # no answer: the connection comes back, or not
+                continue
+            if not result.get("accepted") and result.get("why") == "busy":
+                self.stop.wait(BUSY_RETRY_S)
+                continue
+            try:
+                self._check(result)
+                self._take(result)
+            except TopicwireError as exc:
+                self.error = exc
+                log.error("client %s: %s", client.identity, exc)
+                break
+        sub._close()
+
+    def close(self) -> None:
+        """Stop paging in, tell the appliance how far the application got."""
+        self.stop.set()
+        client = self.sub.client
+        with client._lock:  # a held request stops waiting for its answer
+            waiter = client._waiters.get(self.waiting) if self.waiting else None
+        if waiter is not None:
+            waiter.event.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(DURABLE_WAIT_MS / 1000 + self.sub.client.timeout_s + 1)
+        if self.handed and not client.closed:
+            try:
+                self.request(0, CLOSE_ACK_TIMEOUT_S)
+            except TopicwireError:
+                pass  # the position stays where the last request left it
+
+
+def open_durable(client: Client, pattern: str, namespace: int, name: str,
+                 callback: Callable[[Message], None] | None,
+                 on_loss: Callable[[Loss], None] | None) -> Any:
+    """See ``Client.subscribe``'s ``durable``."""
+    if not isinstance(name, str) or not name:
+        raise ClientError(f"durable: a non-empty name expected, not {name!r}")
+    sub = _subscription_class()(client, 0, pattern, namespace, None, "guaranteed", callback,
+                                on_loss)
+    fetcher = DurableFetcher(sub, name)
+    sub.durable = name
+    sub._fetcher = fetcher
+    fetcher.first()
+    fetcher.thread.start()
+    return sub
+
+
+def delete_durable(client: Client, name: str) -> bool:
+    """See ``Client.delete_durable``."""
+    rid = next(_IDS) % 2**32 or next(_IDS)
+    doc = {"id": rid, "pattern": "#", "durable": name, "delete": True}
+    result = client._request(("replay", rid), lambda: client._control(
+        al.ControlKind.REPLAY, doc), repeatable=True)
+    if not result.get("accepted"):
+        raise ClientError(f"delete of durable subscription {name!r} refused: "
+                          f"{result.get('reason')}")
+    return bool(result.get("deleted"))
