@@ -3,9 +3,10 @@
 numba's on-disk cache keys a kernel on its own source file only: a kernel that calls a kernel
 of another module keeps its old machine code after that other module changes. So the cache
 lives in a directory named by a digest of *every* kernel module's source (``KERNEL_MODULES``),
-of the Python version and of the settings that change generated code (``NUMBA_BOUNDSCHECK``,
-``NUMBA_CPU_NAME``): editing any kernel selects a new, empty directory, and a stale kernel
-cannot be loaded. ``configure()`` runs when ``datapath`` is imported, before any kernel module
+of the modules whose constants they bake in (``BAKED_MODULES``), of the Python version and
+of the settings that change generated code (``NUMBA_BOUNDSCHECK``, ``NUMBA_CPU_NAME``):
+editing any kernel or layout selects a new, empty directory, and a stale kernel cannot be
+loaded. ``configure()`` runs when ``datapath`` is imported, before any kernel module
 is decorated.
 
 Where (``cache_root()``): ``NUMBA_CACHE_DIR`` when set (the tests and the soft-RoCE guest set
@@ -53,6 +54,14 @@ KERNEL_MODULES = (
     "bench._fabric_kernels",
 )
 """Every module that defines numba kernels (tests/datapath/test_jit.py keeps it complete)."""
+BAKED_MODULES = (
+    "datapath.config",
+    "datapath.protocol.frame_layout",
+    "datapath.protocol.message_layout",
+)
+"""Modules whose constants the kernels read when they compile (a bound, a layout's offsets,
+the known message flags): numba bakes them into the machine code and would keep the old ones
+when only these change, so they are in the digest too."""
 
 CACHE_PREFIX = "k-"
 """Names of the digest directories under the cache root."""
@@ -73,7 +82,7 @@ def _module_file(name: str) -> Path:
 def source_digest() -> str:
     """Digest of every kernel module's source and of what changes the generated code."""
     h = hashlib.sha256()
-    for name in KERNEL_MODULES:
+    for name in KERNEL_MODULES + BAKED_MODULES:
         h.update(name.encode())
         try:
             h.update(_module_file(name).read_bytes())

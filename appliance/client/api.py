@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -74,7 +74,9 @@ from appliance.client.errors import (
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
 from appliance.client.messages import (
     GUARANTEED_QUEUE_MESSAGES,
+    NO_HEADERS,
     QOS,
+    Headers,
     Loss,
     Message,
 )
@@ -86,9 +88,11 @@ from appliance.client.settings import (
     RECONNECT_LOGIN_TIMEOUT_S,
     RECONNECT_MAX_S,
     RECONNECT_S,
+    SEGMENT_SEND_WAIT_S,
     SESSION_TIMEOUT_MAX_S,
     SESSION_TIMEOUT_MIN_S,
     SESSION_TIMEOUT_S,
+    SHM_RX_RING_BYTES,
 )
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
@@ -111,6 +115,7 @@ from datapath.agent import (
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
+from datapath.protocol import extension_layout as xl
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import frame_mac as fm
 from datapath.protocol import message_layout as ml
@@ -124,7 +129,16 @@ from datapath.protocol._kernels import (
 )
 from datapath.protocol.codec import FrameWriter, MessageView, decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
+from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError, encode_headers
+from datapath.protocol.extensions import HEADERS_FLAG as _HEADERS_FLAG
+from datapath.protocol.extensions import split as split_extensions
 from datapath.protocol.frame_mac import new_state
+from datapath.protocol.segments import (
+    SEGMENT_CHUNK_BYTES,
+    SEGMENT_REGION_BYTES,
+    Reassembler,
+    segment,
+)
 from datapath.topics.algebra import matches
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
@@ -446,6 +460,17 @@ class Client(GuaranteedSide, ConnectionSide):
         self.logged_out_reason: str | None = None
         self.published = 0
         self.received = 0
+        self.malformed_extensions = 0
+        """Messages dropped: their header block or segment descriptor did not parse."""
+        self.reassembly = Reassembler()
+        """Large messages being put back together from their segments, with its counters
+        (docs/appliance.md, "Large messages")."""
+        self.segments_published = 0
+        """Messages this client published as segments."""
+        self._segment_ids = itertools.count(1)
+        self._writer_room = min(MAX_FRAME_BYTES, channel.max_frame_bytes) - \
+            fl.AUTH_TRAILER_BYTES - fl.FRAME_HEADER_BYTES - ml.MESSAGE_HEADER_BYTES
+        """The largest payload region one message of a publish frame holds."""
         self._pub = bytearray(MAX_FRAME_BYTES)
         self._pub_np = np.frombuffer(self._pub, dtype=np.uint8)
         self._writer = FrameWriter(self._pub, capacity_bytes=min(MAX_FRAME_BYTES,
@@ -705,11 +730,13 @@ class Client(GuaranteedSide, ConnectionSide):
 
     def publish(self, topic: str, payload: bytes | bytearray | memoryview = b"", *,
                 qos: str = "best-effort", namespace: int = 0, schema_id: int = 0,
-                flush: bool = False, on_outcome: Callable[[Outcome], None] | None = None
-                ) -> int | Outcome:
-        """Publish one message. Best-effort and last-value: returns its sequence number (per
-        topic). Guaranteed: returns its ``Outcome``, resolved when the appliance acknowledges
-        the message or failed with the reason (``on_outcome(outcome)`` is called then too).
+                flush: bool = False, on_outcome: Callable[[Outcome], None] | None = None,
+                headers: Mapping[str, str | bytes] | None = None) -> int | Outcome:
+        """Publish one message. ``headers``: its user properties, str -> str or bytes (at
+        most 32, 1,024 bytes encoded; subscribers get them as ``Message.headers``).
+        Best-effort and last-value: returns its sequence number (per topic). Guaranteed:
+        returns its ``Outcome``, resolved when the appliance acknowledges the message or
+        failed with the reason (``on_outcome(outcome)`` is called then too).
         The first publish of a topic registers it (one round trip; EntitlementError if P&M
         refuses). ``ConnectionLostError`` when the connection is lost (the first call after
         a loss, and every call until the client is connected again)."""
@@ -730,16 +757,40 @@ class Client(GuaranteedSide, ConnectionSide):
                               f"{type(payload).__name__}{hint}")
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
+        flags = 0
+        block = b""
+        if headers:  # the header block after the payload (extension_layout.py)
+            try:
+                block = encode_headers(headers)
+            except ExtensionError as exc:
+                raise ClientError(f"headers refused: {exc}") from None
+            flags = _HEADERS_FLAG
+        elif headers is not None and not isinstance(headers, Mapping):
+            raise ClientError(f"headers are a mapping of str to str or bytes, not "
+                              f"{type(headers).__name__}")
+        if len(payload) > xl.MAX_MESSAGE_BYTES:
+            raise ClientError(f"a payload of {len(payload):,} bytes; a message is at most "
+                              f"{xl.MAX_MESSAGE_BYTES:,} bytes (16 MiB)")
         key = self._key(topic, namespace)
         now = time.time_ns()
         if qos == "guaranteed":
+            if len(payload) + len(block) > SEGMENT_REGION_BYTES:
+                return self._publish_segmented(key, topic, payload, block, now, namespace,
+                                               schema_id, flush, on_outcome)
+            if block:
+                payload = b"".join((payload, block))
             return self._publish_guaranteed(key, topic, payload, now, namespace, schema_id,
-                                            flush, on_outcome)
+                                            flush, on_outcome, flags=flags)
+        if block:
+            payload = b"".join((payload, block))
+        if len(payload) > self._writer_room:
+            return self._publish_segments_best_effort(key, payload, block, now, QOS[qos],
+                                                      namespace, schema_id, flush)
         with self._lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             writer = self._writer
-            args = dict(namespace_id=namespace, schema_id=schema_id, qos=QOS[qos])
+            args = dict(namespace_id=namespace, schema_id=schema_id, qos=QOS[qos], flags=flags)
             if self._open_since_ns == 0:
                 writer.begin(fl.FrameType.DATA, source_session=self.session,
                              stream_id=self.session)
@@ -751,12 +802,40 @@ class Client(GuaranteedSide, ConnectionSide):
                 self._open_since_ns = time.monotonic_ns()
                 if not writer.append(key, seq, now, payload, **args):
                     raise ClientError(f"a payload of {len(payload)} bytes does not fit one "
-                                      "frame; send smaller messages")
+                                      f"frame (at most {writer.remaining_bytes - 40} bytes "
+                                      "with its headers); send smaller messages")
             self.published += 1
             if flush:
                 self._flush_locked()
         return seq
 
+
+    def _publish_segments_best_effort(self, key: int, region: Any, block: bytes, now: int,
+                                      qos: int, namespace: int, schema_id: int,
+                                      flush: bool) -> int:
+        """A message too large for one frame, as segment messages that share its sequence
+        (``datapath/protocol/segments.py``); the subscriber's client puts it back together."""
+        payload = memoryview(region)[: len(region) - len(block)]
+        with self._lock:
+            seq = self._seq.get(key, 0) + 1
+            self._seq[key] = seq
+            segment_id = next(self._segment_ids) & 0xFFFFFFFF
+            writer = self._writer
+            parts = segment(payload, block, SEGMENT_CHUNK_BYTES, segment_id)
+            for index, (part, flags) in enumerate(parts):  # (schema: the first segment's)
+                args = dict(namespace_id=namespace, qos=qos, flags=flags,
+                            schema_id=0 if index else schema_id)
+                if self._open_since_ns == 0 or not writer.append(key, seq, now, part, **args):
+                    self._flush_locked(SEGMENT_SEND_WAIT_S)
+                    writer.begin(fl.FrameType.DATA, source_session=self.session,
+                                 stream_id=self.session)
+                    self._open_since_ns = time.monotonic_ns()
+                    writer.append(key, seq, now, part, **args)
+            self.published += 1
+            self.segments_published += 1
+            if flush:
+                self._flush_locked(SEGMENT_SEND_WAIT_S)
+        return seq
 
     def flush(self, timeout: float | None = None) -> None:
         """Send the open publish frames (best-effort and guaranteed) now. Raises
@@ -796,15 +875,22 @@ class Client(GuaranteedSide, ConnectionSide):
         those waiting to be sent again too)."""
         return self._outcomes.unacknowledged() + len(self._to_resend)
 
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, wait_s: float = 0.0) -> None:
+        """Send the open publish frame; ``wait_s``: retry for up to that long while the
+        channel does not take it (a large message's segments), else count it dropped."""
         if self._open_since_ns == 0:
             return
         length = self._writer.finish()
         self._open_since_ns = 0
         if length:
             self._one[0] = self._sign(self._pub_np, length)
-            sent = self._channel_send((self._pub_np, np.zeros(1, np.int64), self._one.copy(),
-                                       1))
+            frames = (self._pub_np, np.zeros(1, np.int64), self._one.copy(), 1)
+            sent = self._channel_send(frames)
+            if sent != 1 and wait_s:
+                deadline = time.monotonic() + wait_s
+                while sent != 1 and time.monotonic() < deadline and not self.channel.closed:
+                    time.sleep(0.0002)
+                    sent = self._channel_send(frames)
             if sent != 1:
                 self.send_drops = getattr(self, "send_drops", 0) + 1
 
@@ -929,9 +1015,17 @@ class Client(GuaranteedSide, ConnectionSide):
             for m in frame.messages(view):
                 key = m.topic_key
                 known = topics.get(key)
-                msg = Message("" if known is None else known[1], bytes(m.payload), key,
-                              m.sequence, m.publish_ts_ns, m.namespace_id, m.schema_id, m.qos,
-                              h.source_session, h.stream_id, now_ns)
+                region, headers, schema, parts = m.payload, NO_HEADERS, m.schema_id, 1
+                if m.flags & EXTENSION_FLAGS:
+                    split = self._split_extensions(region, m.flags,
+                                                   (h.source_session, h.stream_id, key), schema)
+                    if split is None:
+                        continue
+                    region, headers, schema, parts = split
+                msg = Message("" if known is None else known[1], bytes(region), key,
+                              m.sequence, m.publish_ts_ns, m.namespace_id, schema, m.qos,
+                              h.source_session, h.stream_id, now_ns, headers=headers,
+                              segments=parts)
                 self.received += 1
                 if known is None:
                     self._pending.setdefault(key, []).append(msg)
@@ -982,6 +1076,26 @@ class Client(GuaranteedSide, ConnectionSide):
 
 
 
+
+    def _split_extensions(self, region: Any, flags: int, stream: Any, schema_id: int
+                          ) -> tuple[Any, Any, int, int] | None:
+        """(application payload, headers, schema id, segments) of a message with extensions;
+        None when they do not parse (dropped, counted in ``malformed_extensions``), or when it
+        is a segment that does not complete its message (``stream``: whose segments it is one
+        of; the message's schema id is its first segment's)."""
+        try:
+            payload, headers, seg = split_extensions(region, flags)
+        except ExtensionError:
+            self.malformed_extensions += 1
+            return None
+        if seg is not None:
+            whole = self.reassembly.add(stream, seg, payload, headers, schema_id,
+                                        time.monotonic_ns())
+            if whole is None:
+                return None
+            payload, headers, schema_id = whole
+        return (payload, NO_HEADERS if headers is None else Headers(headers), schema_id,
+                1 if seg is None else seg[4])
 
     def _answer(self, key: tuple, doc: dict) -> bool:
         """Give ``doc`` to the request waiting for it; whether one was."""
@@ -1044,6 +1158,8 @@ class Client(GuaranteedSide, ConnectionSide):
                 except ClientError:
                     pass
                 work += 1
+        if self.reassembly.messages_in_progress:
+            self.reassembly.expire(time.monotonic_ns())
         with self._lock:
             if self._open_since_ns and time.monotonic_ns() - self._open_since_ns >= \
                     CLIENT_BATCH_BUDGET_NS:
@@ -1259,10 +1375,13 @@ class _ClientAgent:
         offs = self.batch.offsets
         hdr = fl.FRAME_HEADER_STRUCT
         heads: dict[int, tuple[int, int]] = {}
-        for key, seq, ts, ns, schema, qos, poff, plen, fi in zip(
+        ext = EXTENSION_FLAGS
+        flags = m["flags"]  # (a batch without extensions reads no message's flags)
+        flag_list = flags.tolist() if (flags & ext).any() else itertools.repeat(0, count)
+        for key, seq, ts, ns, schema, qos, mflags, poff, plen, fi in zip(
                 m["topic_key"].tolist(), m["sequence"].tolist(), m["publish_ts_ns"].tolist(),
                 m["namespace_id"].tolist(), m["schema_id"].tolist(), m["qos"].tolist(),
-                m["payload_offset"].tolist(), m["payload_len"].tolist(),
+                flag_list, m["payload_offset"].tolist(), m["payload_len"].tolist(),
                 m["frame_index"].tolist()):
             if fi in skip:
                 continue
@@ -1271,8 +1390,18 @@ class _ClientAgent:
                 fields = hdr.unpack_from(buf, int(offs[first + fi]))
                 ids = heads[fi] = (fields[6], fields[8])
             known = topics.get(key)
-            msg = Message("" if known is None else known[1], buf[poff : poff + plen].tobytes(),
-                          key, seq, ts, ns, schema, qos, ids[0], ids[1], wall)
+            if mflags & ext:
+                split = client._split_extensions(buf[poff : poff + plen], mflags,
+                                                 (ids[0], ids[1], key), schema)
+                if split is None:
+                    continue
+                msg = Message("" if known is None else known[1], bytes(split[0]), key, seq,
+                              ts, ns, split[2], qos, ids[0], ids[1], wall, headers=split[1],
+                              segments=split[3])
+            else:
+                msg = Message("" if known is None else known[1],
+                              buf[poff : poff + plen].tobytes(), key, seq, ts, ns, schema, qos,
+                              ids[0], ids[1], wall)
             client.received += 1
             if known is None:
                 client._pending.setdefault(key, []).append(msg)
@@ -1426,7 +1555,8 @@ def _opener(url: str, rdma: dict) -> tuple[Callable[[], tuple[Any, str | None]],
         def open_shm() -> tuple[Any, str | None]:
             # a restarted appliance makes its bus anew: a new ring and a new producer slot
             ring = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            channel = ShmChannel(rx=ring, name=f"client:shm:{bus}")
+            channel = ShmChannel(rx=ring, name=f"client:shm:{bus}",
+                                 ring_bytes=SHM_RX_RING_BYTES)
             try:
                 channel.connect(bus)
             except BaseException:

@@ -50,6 +50,7 @@ from appliance.client.settings import (
 )
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
+from datapath.protocol.extensions import split as split_extensions
 
 if TYPE_CHECKING:
     from appliance.client.api import Client
@@ -365,14 +366,20 @@ class ConnectionSide:
             held, self._to_resend = self._to_resend, []
         names = {key: nt for nt, key in self._keys.items()}
         for i, outcome in enumerate(held):
-            key, payload, ts, namespace, schema = outcome._message or (0, b"", 0, 0, 0)
+            key, payload, ts, namespace, schema, flags = outcome._message or (
+                0, b"", 0, 0, 0, 0)
             if key not in names:  # P&M no longer lets this client publish to the topic
                 self._outcomes.fail_detached([outcome], f"{REASON_REFUSED} (topic "
                                              f"{outcome.topic!r} refused on reconnection)")
                 continue
             try:
-                self._publish_guaranteed(key, outcome.topic, payload, ts, namespace, schema,
-                                         False, None, outcome)
+                if outcome.first_sequence is not None:  # a large message: all its segments
+                    body = split_extensions(payload, flags)[0]
+                    self._publish_segmented(key, outcome.topic, body, payload[len(body):], ts,
+                                            namespace, schema, False, None, outcome)
+                else:
+                    self._publish_guaranteed(key, outcome.topic, payload, ts, namespace,
+                                             schema, False, None, outcome, flags)
             except ClientError as exc:
                 self._outcomes.fail_detached(held[i:], f"{REASON_LOST} (not sent again: "
                                              f"{exc})")

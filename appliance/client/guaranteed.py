@@ -16,6 +16,7 @@ import numpy as np
 from appliance.client.errors import ClientError
 from appliance.client.messages import (
     GUARANTEED_QUEUE_MESSAGES,
+    NO_HEADERS,
     QOS,
     Loss,
     Message,
@@ -30,6 +31,8 @@ from appliance.dataplane.guaranteed import LOSS_NOTICE_KEY, RELIABLE_STREAM_BIT
 from datapath.config import MAX_FRAME_BYTES
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.protocol.extensions import EXTENSION_FLAGS, HEADERS_FLAG
+from datapath.protocol.segments import SEGMENT_CHUNK_BYTES, SEGMENT_REGION_BYTES, segment
 from datapath.reliability import ReliableSender
 
 if TYPE_CHECKING:
@@ -83,32 +86,13 @@ class GuaranteedSide:
 
     def _publish_guaranteed(self, key: int, topic: str, payload: Any, now: int, namespace: int,
                             schema_id: int, flush: bool, on_outcome: Any,
-                            outcome: Outcome | None = None) -> Outcome:
+                            outcome: Outcome | None = None, flags: int = 0) -> Outcome:
         """Offer one guaranteed message; its ``Outcome`` (``outcome``: one sent again after
-        a reconnection, which takes its new sequence)."""
-        from datapath.reliability import ReliabilityError, SenderConfig
-
+        a reconnection, which takes its new sequence). ``payload`` is the payload region
+        (the header block after the payload when ``flags`` has HEADERS)."""
         with self._lock:
-            if self._gsender is None:
-                size = GUARANTEED_UDP_FRAME_BYTES if self.channel.kind == "udp" else \
-                    fl.align8(self.channel.max_frame_bytes) - 8
-                config = SenderConfig(
-                    max_frame_bytes=min(size, MAX_FRAME_BYTES),
-                    retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
-                    retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
-                self._gsender = _ClientSender(self, session_id=self.session,
-                                              stream_id=self.session | RELIABLE_STREAM_BIT,
-                                              config=config)
-            sender = self._gsender
-            try:
-                ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
-                                  namespace_id=namespace, schema_id=schema_id,
-                                  qos=QOS["guaranteed"])
-            except ReliabilityError as exc:
-                raise ClientError(str(exc).removeprefix("reliability: ")) from None
-            if not ok:
-                raise ClientError("the guaranteed stream is flow-controlled and its pending "
-                                  "queue is full; publish more slowly")
+            sender = self._sender_locked()
+            self._offer_locked(sender, key, payload, now, namespace, schema_id, flags)
             self.published += 1
             # a message held in the pending queue (flow control, the send window) takes its
             # sequence when it leaves the queue, after those ahead of it
@@ -116,13 +100,92 @@ class GuaranteedSide:
             if outcome is None:
                 outcome = Outcome(self._outcomes, seq, topic)
                 if self.resend:  # kept to be sent again on the next session
-                    outcome._message = (key, bytes(payload), now, namespace, schema_id)
+                    outcome._message = (key, bytes(payload), now, namespace, schema_id, flags)
             else:
                 outcome.sequence = seq
             self._outcomes.add(outcome, on_outcome)
             if flush:
                 sender.flush(time.monotonic_ns())
             return outcome
+
+    def _offer_locked(self, sender: _ClientSender, key: int, payload: Any, now: int,
+                      namespace: int, schema_id: int, flags: int) -> None:
+        """One message to the guaranteed stream's sender (under the lock); ClientError when
+        it cannot take it."""
+        from datapath.reliability import ReliabilityError
+
+        try:
+            ok = sender.offer(key, payload, time.monotonic_ns(), publish_ts_ns=now,
+                              namespace_id=namespace, schema_id=schema_id,
+                              qos=QOS["guaranteed"], flags=flags)
+        except ReliabilityError as exc:
+            raise ClientError(str(exc).removeprefix("reliability: ")) from None
+        if not ok:
+            raise ClientError("the guaranteed stream is flow-controlled and its pending "
+                              "queue is full; publish more slowly")
+
+    def _sender_locked(self) -> _ClientSender:
+        """The client's guaranteed stream's sender (made by the first guaranteed publish)."""
+        from datapath.reliability import SenderConfig
+
+        if self._gsender is None:
+            size = GUARANTEED_UDP_FRAME_BYTES if self.channel.kind == "udp" else \
+                fl.align8(self.channel.max_frame_bytes) - 8
+            config = SenderConfig(
+                max_frame_bytes=min(size, MAX_FRAME_BYTES),
+                retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
+                retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
+            self._gsender = _ClientSender(self, session_id=self.session,
+                                          stream_id=self.session | RELIABLE_STREAM_BIT,
+                                          config=config)
+        return self._gsender
+
+    def _publish_segmented(self, key: int, topic: str, payload: Any, block: bytes, now: int,
+                           namespace: int, schema_id: int, flush: bool, on_outcome: Any,
+                           outcome: Outcome | None = None) -> Outcome:
+        """A guaranteed message above one segment's room, as segment messages in order on
+        the reliable stream (``datapath/protocol/segments.py``). One ``Outcome``: its
+        ``sequence`` is the last segment's (acknowledged with it), ``first_sequence`` the
+        first's; a loss of any segment fails it. Paced by the appliance's acknowledgements:
+        at most half the retransmission buffer is unacknowledged, so every segment can still
+        be repaired; ``ClientError`` if they stop coming for ``timeout_s``."""
+
+        segment_id = next(self._segment_ids) & 0xFFFFFFFF
+        parts = list(segment(payload, block, SEGMENT_CHUNK_BYTES, segment_id))
+        in_flight = max(1, GUARANTEED_RETRANSMIT_BUFFER_BYTES // 2 // SEGMENT_REGION_BYTES)
+        first_seq = 0
+        for index, (region, flags) in enumerate(parts[:-1]):
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                with self._lock:
+                    self._check_usable()
+                    sender = self._sender_locked()
+                    acked = max(sender.acks.values(), default=0)
+                    queued = sender.next_seq + len(sender.pending) - 1
+                    if queued - acked < in_flight:
+                        break
+                    sender.flush(time.monotonic_ns())
+                if time.monotonic() > deadline:
+                    raise ClientError(f"a large guaranteed message ({len(payload):,} bytes): "
+                                      f"the appliance acknowledged nothing for {self.timeout_s}"
+                                      f" s after segment {index} of {len(parts)}; the "
+                                      "segments sent will be dropped by the subscribers")
+                time.sleep(0.0005)
+            with self._lock:
+                self._offer_locked(sender, key, region, now, namespace,
+                                   0 if index else schema_id, flags)
+                if index == 0:
+                    first_seq = sender.next_seq + len(sender.pending) - 1
+        self.segments_published += 1
+        region, flags = parts[-1]
+        if outcome is None:
+            outcome = Outcome(self._outcomes, 0, topic)
+            if self.resend:  # the whole message, to be segmented again on the next session
+                outcome._message = (key, b"".join((bytes(payload), block)), now, namespace,
+                                    schema_id, HEADERS_FLAG if block else 0)
+        outcome.first_sequence = first_seq
+        return self._publish_guaranteed(key, topic, region, now, namespace, 0, flush,
+                                        on_outcome, outcome, flags)
 
     def _on_sender_frame(self, frame: memoryview, now_ns: int) -> None:
         """A NAK, ACK or FLOW_CONTROL frame for this client's sender (the client thread):
@@ -150,8 +213,15 @@ class GuaranteedSide:
 
     def _on_guaranteed(self, stream: Any, message: memoryview) -> bool:
         """One message of a guaranteed stream, in order (the receiver's DeliveryHandler)."""
-        key, seq, ts, ns, schema, qos, _, plen, _, _ = _MSG.unpack_from(message, 0)
-        payload = bytes(message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen])
+        key, seq, ts, ns, schema, qos, flags, plen, _, _ = _MSG.unpack_from(message, 0)
+        region = message[ml.MESSAGE_HEADER_BYTES : ml.MESSAGE_HEADER_BYTES + plen]
+        headers, parts = NO_HEADERS, 1
+        if flags & EXTENSION_FLAGS:
+            split = self._split_extensions(region, flags, ("g", stream, key), schema)
+            if split is None:
+                return True  # dropped and counted
+            region, headers, schema, parts = split
+        payload = bytes(region)
         origin, publisher = stream[0], stream[1] & ~RELIABLE_STREAM_BIT
         now = time.time_ns()
         if key == LOSS_NOTICE_KEY:
@@ -167,7 +237,7 @@ class GuaranteedSide:
         else:
             known = self._topics.get(key)
             item = Message("" if known is None else known[1], payload, key, seq, ts, ns, schema,
-                           qos, origin, publisher, now, True)
+                           qos, origin, publisher, now, True, headers=headers, segments=parts)
         held = self._held.get(stream)
         if held is not None:
             if len(held) >= GUARANTEED_QUEUE_MESSAGES:

@@ -3,10 +3,39 @@ QoS names and the guaranteed queues' bounds."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
 """QoS names and their wire values (docs/protocol.md, message ``qos``)."""
+
+
+class Headers(Mapping[str, "str | bytes"]):
+    """A message's headers, read-only: str -> str, or bytes for values published as bytes."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: dict[str, str | bytes]) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> str | bytes:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"Headers({self._items!r})"
+
+
+NO_HEADERS = Headers({})
+"""``Message.headers`` of a message published without headers (one shared empty mapping)."""
 GUARANTEED_QUEUE_MESSAGES = 1_000_000
 """Messages a guaranteed subscription queue holds; when full, the reliable receiver keeps
 the next messages and offers them again later (back-pressure), nothing is dropped."""
@@ -34,6 +63,12 @@ class Message:
     cache_seq: int = 0
     """A replayed message's sequence in its appliance's cache (``replay(from_sequence=)``
     takes it); 0 for a live message."""
+    headers: Headers = NO_HEADERS
+    """The message's headers (user properties) as published: str -> str, or str -> bytes for
+    values published as bytes."""
+    segments: int = 1
+    """A large message put back together from segments: how many (on a guaranteed stream
+    they took that many sequences, ``sequence`` being the last's)."""
 
     @property
     def latency_ns(self) -> int:

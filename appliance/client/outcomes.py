@@ -38,7 +38,8 @@ class Outcome:
     """The outcome of one guaranteed message (its ``sequence`` on the client's reliable
     stream, its ``topic``): pending, then acknowledged or failed (``reason``)."""
 
-    __slots__ = ("sequence", "topic", "state", "reason", "_callbacks", "_tracker", "_message")
+    __slots__ = ("sequence", "topic", "state", "reason", "_callbacks", "_tracker", "_message",
+                 "first_sequence")
 
     def __init__(self, tracker: OutcomeTracker, sequence: int, topic: str) -> None:
         self._tracker = tracker
@@ -48,6 +49,9 @@ class Outcome:
         self.reason: str | None = None
         self._callbacks: list[Callable[[Outcome], None]] | None = None
         self._message: tuple | None = None
+        self.first_sequence: int | None = None
+        """A message published as segments: the sequence of its first (``sequence`` is its
+        last's); a loss of any of them fails the outcome."""
         """(key, payload, publish time, namespace, schema) when the client sends it again
         after a reconnection (``connect(..., resend=True)``)."""
 
@@ -157,7 +161,7 @@ class OutcomeTracker:
         done: list[Outcome] = []
         with self._cond:
             for outcome in self._pending:
-                if outcome.sequence > last:
+                if (outcome.first_sequence or outcome.sequence) > last:
                     break
                 if outcome.sequence >= first and outcome.state == PENDING:
                     self._fail(outcome, reason, done)

@@ -95,7 +95,7 @@ RELIABILITY_ADMIN_TYPES = frozenset({int(FrameType.NAK), int(FrameType.ACK),
 _TO_SENDER = frozenset({int(FrameType.NAK), int(FrameType.ACK), int(FrameType.FLOW_CONTROL)})
 _MSG = ml.MESSAGE_HEADER_STRUCT
 _HEADER = fl.FRAME_HEADER_STRUCT  # magic .. send_ts_ns; [7] is dest_session
-_PARTIAL = int(ml.MessageFlags.PARTIAL)
+_APP_FLAGS = ml.APP_MESSAGE_FLAGS
 
 
 def is_reliable_stream(stream_id: int) -> bool:
@@ -328,7 +328,7 @@ class GuaranteedPlane:
         try:
             accepted = held.sender.offer(topic_key, payload, now_ns, publish_ts_ns=ts,
                                          namespace_id=ns, schema_id=schema, qos=qos,
-                                         flags=flags & _PARTIAL)
+                                         flags=flags & _APP_FLAGS)
         except ReliabilityError:
             accepted = None
         held.last_offer_ns = now_ns

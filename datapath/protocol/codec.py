@@ -122,6 +122,14 @@ class MessageView:
     def size(self) -> int:
         return ml.message_bytes(self.payload_len, self.topic_len)
 
+    def extensions(self) -> tuple[memoryview, dict | None, tuple[int, ...] | None]:
+        """(application payload, headers or None, segment descriptor or None): the payload
+        region split by the HEADERS and SEGMENT flags (``extensions.split``; raises its
+        ``ExtensionError`` when they do not parse)."""
+        from datapath.protocol.extensions import split
+
+        return split(self.payload, self.flags)
+
     def snapshot(self) -> dict[str, Any]:
         """The message's fields as a plain dict (copies the payload)."""
         return {

@@ -3,6 +3,8 @@
 DATA and RETRANSMISSION frames carry ``msg_count`` messages back to back after the frame
 header. Each message is this header, then ``payload_len`` payload bytes, then ``topic_len``
 topic bytes (UTF-8; usually 0: only keys travel), then zero padding to a multiple of 8.
+With the HEADERS or SEGMENT flag, the payload region ends with a header block and/or a
+segment descriptor (extension_layout.py); ``payload_len`` counts them.
 The payload therefore always starts at offset 40 of its message, so schema fields sit at
 fixed offsets for the offload tables.
 
@@ -75,9 +77,17 @@ class MessageFlags(IntFlag):
     """A copy sent again in answer to a NAK (or replayed by the caching engine)."""
     PARTIAL = 0x02
     """The payload is a partial update (seed 002's partial publish): changed fields only."""
+    HEADERS = 0x04
+    """The payload region ends with a header block (user properties; extension_layout.py)."""
+    SEGMENT = 0x08
+    """The payload region ends with a segment descriptor: one part of a large message
+    (extension_layout.py)."""
 
 
-KNOWN_MESSAGE_FLAGS = int(MessageFlags.RETRANSMITTED | MessageFlags.PARTIAL)
+KNOWN_MESSAGE_FLAGS = int(MessageFlags.RETRANSMITTED | MessageFlags.PARTIAL
+                          | MessageFlags.HEADERS | MessageFlags.SEGMENT)
+APP_MESSAGE_FLAGS = int(MessageFlags.PARTIAL | MessageFlags.HEADERS | MessageFlags.SEGMENT)
+"""The flags a publisher sets and every hop keeps (RETRANSMITTED is the hop's own)."""
 
 MESSAGE_HEADER_STRUCT = struct.Struct(">QQQIHBBIHH")
 """topic_key, sequence, publish_ts_ns, namespace_id, schema_id, qos, flags, payload_len,

@@ -25,6 +25,7 @@ from typing import Any
 from datapath.errors import UserError
 from datapath.protocol.codec import decode_frame
 from datapath.protocol.errors import ProtocolError
+from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError
 from datapath.protocol.frame_layout import FRAME_MAGIC, FrameType
 from datapath.protocol.message_layout import Qos
 
@@ -182,17 +183,37 @@ def dissect(path: str | Path, ports: int | Collection[int] | Ports,
         if frame.is_message_frame:
             for m in frame.messages():
                 summary.messages += 1
-                yield {**common, "kind": "message", "sequence": m.sequence,
-                       "topic_key": key_text(m.topic_key),
-                       "topic": m.topic or name_of(m.topic_key),
-                       "namespace": m.namespace_id, "schema": m.schema_id,
-                       "qos": Qos(m.qos).name, "flags": m.flags, "payload_len": m.payload_len,
-                       "publish_time": iso_ns(m.publish_ts_ns)}
+                record = {**common, "kind": "message", "sequence": m.sequence,
+                          "topic_key": key_text(m.topic_key),
+                          "topic": m.topic or name_of(m.topic_key),
+                          "namespace": m.namespace_id, "schema": m.schema_id,
+                          "qos": Qos(m.qos).name, "flags": m.flags,
+                          "payload_len": m.payload_len,
+                          "publish_time": iso_ns(m.publish_ts_ns)}
+                if m.flags & EXTENSION_FLAGS:
+                    record.update(_extensions(m))
+                yield record
         else:
             body, entries = frame.admin()
             for entry in entries:
                 summary.admin_entries[head.frame_type.name] += 1
                 yield {**common, "kind": "admin", **body, **_fields(entry)}
+
+
+def _extensions(m: Any) -> dict[str, Any]:
+    """A message's header block and segment descriptor as record fields (bytes values as
+    ``{"hex": ...}``), or the reason they do not parse."""
+    try:
+        payload, headers, segment = m.extensions()
+    except ExtensionError as exc:
+        return {"extension_error": str(exc)}
+    out: dict[str, Any] = {"app_payload_len": len(payload)}
+    if headers is not None:
+        out["headers"] = {k: v if isinstance(v, str) else {"hex": v.hex()}
+                          for k, v in headers.items()}
+    if segment is not None:
+        out["segment"] = dict(zip(("id", "total_len", "offset", "index", "count"), segment))
+    return out
 
 
 def _fields(entry: Any) -> dict[str, Any]:
@@ -246,6 +267,21 @@ def fold_tail_probes(records: Iterable[dict[str, Any]],
         yield from close(stream)
 
 
+def _extension_text(record: dict[str, Any]) -> str:
+    if "extension_error" in record:
+        return f" extensions malformed ({record['extension_error']})"
+    out = ""
+    if "headers" in record:
+        shown = ",".join(f"{k}={v if isinstance(v, str) else '0x' + v['hex']}"
+                         for k, v in record["headers"].items())
+        out += f" headers={{{shown}}}"
+    seg = record.get("segment")
+    if seg is not None:
+        out += (f" segment={seg['id']}:{seg['index'] + 1}/{seg['count']} "
+                f"bytes={seg['offset']}+{record['app_payload_len']}/{seg['total_len']}")
+    return out
+
+
 def format_record(record: dict[str, Any]) -> str:
     """One human-readable line for a record of ``dissect`` or ``fold_tail_probes``."""
     head = f"#{record['packet']} {record['time']} {record['src']} > {record['dst']}"
@@ -261,7 +297,8 @@ def format_record(record: dict[str, Any]) -> str:
         return (f"{head} {record['frame_type']} stream={record['stream']} "
                 f"seq={record['sequence']} key={record['topic_key']}{topic} "
                 f"ns={record['namespace']} schema={record['schema']} qos={record['qos']} "
-                f"len={record['payload_len']} published={record['publish_time']}")
+                f"len={record['payload_len']} published={record['publish_time']}"
+                f"{_extension_text(record)}")
     skip = {"packet", "time", "src", "dst", "kind", "frame_type", "stream", "source_session"}
     rest = " ".join(f"{k}={v}" for k, v in record.items() if k not in skip)
     return f"{head} {record['frame_type']} stream={record['stream']} {rest}"

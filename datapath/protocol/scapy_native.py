@@ -74,7 +74,7 @@ class NativeMessage(_Padded):
         IntField("namespace_id", 0),
         ShortField("schema_id", 0),
         ByteEnumField("qos", 0, QOS_NAMES),
-        FlagsField("flags", 0, 8, ["RETRANSMITTED", "PARTIAL"]),
+        FlagsField("flags", 0, 8, ["RETRANSMITTED", "PARTIAL", "HEADERS", "SEGMENT"]),
         FieldLenField("payload_len", None, length_of="data", fmt="!I"),
         FieldLenField("topic_len", None, length_of="topic", fmt="!H"),
         ShortField("reserved", 0),

@@ -64,6 +64,17 @@ class RetransmitBuffer:
     def frames(self) -> int:
         return len(self._frames) - self._head
 
+    def bytes_from(self, seq: int) -> int:
+        """Arena bytes the held frames from the one holding ``seq`` on take (all held frames
+        when ``seq`` is below them; 0 when none is at or above it)."""
+        frames = self._frames
+        head = self._head
+        if head >= len(frames) or seq >= self.next_seq:
+            return 0
+        i = max(bisect_right(self._firsts, seq, head) - 1, head)
+        off, write = frames[i][2], self._write
+        return write - off if off < write else self.capacity_bytes - off + write
+
     def _evict_oldest(self) -> None:
         self._head += 1
         self.evicted_frames += 1

@@ -35,7 +35,7 @@ from datapath.reliability.sink import FrameSink
 from datapath.reliability.wire import RawFrameBuilder, admin_frames
 
 _ADMIN_FOR_SENDER = frozenset({FrameType.NAK, FrameType.ACK, FrameType.FLOW_CONTROL})
-_APP_FLAGS = int(ml.MessageFlags.PARTIAL)
+_APP_FLAGS = ml.APP_MESSAGE_FLAGS
 MAX_ACKING_RECEIVERS = 1_024
 """Receivers whose ACK position a sender remembers."""
 
@@ -77,6 +77,13 @@ class ReliableSender:
         self._acked_ns: dict[int, int] = {}
         """Receiver session -> when its last ACK arrived (receivers holding the window)."""
         self._window_end: int | None = None
+        self._window_low: int | None = None
+        """The lowest ACK of the receivers heard lately (None: none, or no window)."""
+        self._window_bytes = config.retransmit_buffer_bytes // 2
+        self._bytes_closed = False
+        """Unacknowledged bytes the sender holds at most: what it sends can still be
+        repaired from its retransmission buffer (messages of a large message's segments
+        would otherwise outrun it)."""
         """Highest sequence the send window lets out (None: no receiver has ACKed yet)."""
         self.next_seq = FIRST_SEQUENCE
         self._buf = bytearray(config.max_frame_bytes)
@@ -110,7 +117,7 @@ class ReliableSender:
                                    f"{self._max_payload}); split it or raise max_frame_bytes")
         if qos > ml.MAX_QOS or flags & ~_APP_FLAGS:
             raise ReliabilityError(f"qos {qos} / flags {flags:#x} are not publishable; use qos "
-                                   "0..2 and only the PARTIAL flag")
+                                   "0..2 and only the PARTIAL, HEADERS and SEGMENT flags")
         ts = time.time_ns() if publish_ts_ns is None else publish_ts_ns
         if self._must_wait(now_ns):
             return self._hold(topic_key, (topic_key, bytes(payload), ts, namespace_id, schema_id,
@@ -205,6 +212,8 @@ class ReliableSender:
         count = self.batcher.on_flush(now_ns)
         frame = self._view[:length]
         self.buffer.append(self._frame_first_seq, count, frame[FRAME_HEADER_BYTES:])
+        if self._window_low is not None:
+            self._update_bytes_window()
         self.sink.send_frame(frame, self.dest)
         c = self.counters
         c.frames += 1
@@ -233,7 +242,7 @@ class ReliableSender:
         moved = 0
         while self.counters.frames < limit:
             end = self._window_end
-            if end is not None and self.next_seq > end:
+            if end is not None and self.next_seq > end or self._bytes_closed:
                 break
             slot = peek()
             if slot is None:
@@ -257,25 +266,36 @@ class ReliableSender:
 
     def _window_open(self, now_ns: int) -> bool:
         """May the next message go out? Full when it is send_window_messages past the lowest
-        ACK of the receivers heard lately; a receiver silent for the timeout stops counting."""
+        ACK of the receivers heard lately, or when what they have not acknowledged takes half
+        the retransmission buffer; a receiver silent for the timeout stops counting."""
         end = self._window_end
-        if end is None or self.next_seq <= end:
+        if (end is None or self.next_seq <= end) and not self._bytes_closed:
             return True
         self._recompute_window(now_ns)
         end = self._window_end
-        if end is None or self.next_seq <= end:
+        if (end is None or self.next_seq <= end) and not self._bytes_closed:
             return True
         self.counters.window_full += 1
         return False
 
+    def _update_bytes_window(self) -> None:
+        """Whether the unacknowledged bytes held reach half the retransmission buffer: asked
+        when a frame goes out and when an ACK comes (one frame more may go past it)."""
+        low = self._window_low
+        self._bytes_closed = low is not None and \
+            self.buffer.bytes_from(low + 1) >= self._window_bytes
+
     def _recompute_window(self, now_ns: int) -> None:
         size = self.config.send_window_messages
         if not size:
-            self._window_end = None
+            self._window_end = self._window_low = None
+            self._bytes_closed = False
             return
         since = now_ns - self.config.send_window_receiver_timeout_ns
         live = [self.acks[s] for s, at in self._acked_ns.items() if at >= since]
+        self._window_low = min(live) if live else None
         self._window_end = min(live) + size if live else None
+        self._update_bytes_window()
 
     def _probe_tail(self, now_ns: int) -> int:
         """Resend the last message, or name the skipped range that ends the stream in LOSS."""

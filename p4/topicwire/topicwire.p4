@@ -43,7 +43,7 @@ const bit<32> FRAME_HEADER_BYTES = 32;
 const bit<32> MESSAGE_HEADER_BYTES = 40;
 const bit<32> MAX_FRAME_BYTES = 65504;
 const bit<32> MAX_PAYLOAD_BYTES = 65432;
-const bit<8>  KNOWN_MESSAGE_FLAGS = 0x03;
+const bit<8>  KNOWN_MESSAGE_FLAGS = 0x0f;
 const bit<8>  MAX_QOS = 2;
 
 /* --- pipeline constants (nic_offload/model.py) --------------------------------------------- */

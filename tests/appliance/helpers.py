@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import select
@@ -134,6 +135,43 @@ def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what or 'condition'} not met within {timeout_s} s")
         time.sleep(interval_s)
+
+
+@contextlib.contextmanager
+def appliance_pair(identities: dict, *, dataplane: str = "thread"):
+    """Two appliances in this process, neighbours over UDP on loopback, A with the embedded
+    P&M (``identities``, no passwords), B asking it; yields (a, b, url of A's clients, url of
+    B's) once they have met."""
+    from appliance.config import parse_config
+    from appliance.node import Appliance
+
+    fa, fb, ca, cb = free_port(), free_port(), free_port(), free_port()
+    common = {"heartbeat_interval_ms": 100, "lsa_refresh_ms": 1_000, "dataplane": dataplane}
+    a = Appliance(parse_config({
+        "appliance": {"name": f"pa{fa}", **common},
+        "fabric": {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY},
+        "neighbours": [{"name": f"pb{fb}", "address": f"127.0.0.1:{fb}"}],
+        "clients": {"udp": f"127.0.0.1:{ca}"},
+        "pm": {"require_passwords": False, "identities": identities}})).start()
+    b = Appliance(parse_config({
+        "appliance": {"name": f"pb{fb}", **common},
+        "fabric": {"listen": f"127.0.0.1:{fb}", "key": FABRIC_KEY},
+        "neighbours": [{"name": f"pa{fa}", "address": f"127.0.0.1:{fa}"}],
+        "clients": {"udp": f"127.0.0.1:{cb}"}, "pm": {"mode": "remote"}})).start()
+    try:
+        wait_for(lambda: all(n["state"] == "up" for app in (a, b)
+                             for n in app.status()["neighbours"])
+                 and b.status()["node"]["pm"] is not None, 30, what="the appliances to meet")
+        yield a, b, f"udp://127.0.0.1:{ca}", f"udp://127.0.0.1:{cb}"
+    finally:
+        b.stop()
+        a.stop()
+
+
+def subscription_reached(app, pattern: str) -> bool:
+    """Whether ``app`` knows of a subscription to ``pattern`` made at another appliance."""
+    return any(s["pattern"] == pattern and s["origin"] != app.config.name
+               for s in app.status()["subscriptions"])
 
 
 def until_marker(sub, last, timeout_s: float = 10.0) -> list:

@@ -113,7 +113,9 @@ def _mutant(rng: random.Random) -> bytes:
 
 @requires_tshark
 def test_tshark_flags_malformed_frames_with_the_codecs_reason_and_offset(tmp_path) -> None:
-    rng = random.Random(22)
+    # a seed whose 600 mutants reach every reason (and malformed message extensions) over
+    # the golden vectors as they are now: a new vector changes what each seed makes
+    rng = random.Random(42)
     frames = [_mutant(rng) for _ in range(600)]
     pcap = tmp_path / "mutants.pcap"
     wrpcap(str(pcap), [_udp(f) for f in frames])

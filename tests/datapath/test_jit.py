@@ -45,6 +45,16 @@ def test_editing_a_called_kernel_selects_another_cache_directory(tmp_path: Path)
     assert edited != same
 
 
+def test_editing_a_layout_the_kernels_read_selects_another_cache_directory(tmp_path: Path
+                                                                           ) -> None:
+    """A new message flag changes only message_layout.py; the kernels that check flags
+    bake its constant in, so their cache must move with it."""
+    module = "datapath.protocol.message_layout"
+    original = ROOT.joinpath(*module.split(".")).with_suffix(".py").read_text()
+    edited = _digest_with(module, original + "\n# an edit\n", tmp_path / "edited")
+    assert edited != jit.source_digest()
+
+
 def test_the_cache_directory_is_under_numba_cache_dir_when_set(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     assert jit.cache_root() == tmp_path

@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("--rate", type=float, default=0.0,
                      help="messages per second (default: as fast as possible)")
     pub.add_argument("--size", type=int, default=PUB_DEFAULT_SIZE_BYTES,
-                     help=f"payload bytes (default {PUB_DEFAULT_SIZE_BYTES})")
+                     help=f"payload bytes (default {PUB_DEFAULT_SIZE_BYTES}; up to 16 MiB, "
+                          "larger than a frame travels as segments)")
     pub.add_argument("--message", help="the payload text (instead of --size bytes)")
     pub.add_argument("--qos", default="best-effort",
                      choices=("best-effort", "last-value", "guaranteed"))
@@ -241,10 +242,10 @@ def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN20
 
 def run_pub(args: argparse.Namespace) -> int:
     from appliance.client import ConnectionLostError, UnacknowledgedError
-    from datapath.protocol.message_layout import MAX_PAYLOAD_BYTES
+    from datapath.protocol.extension_layout import MAX_MESSAGE_BYTES
 
-    if not 0 <= args.size <= MAX_PAYLOAD_BYTES:
-        raise UserError(f"--size is 0 to {MAX_PAYLOAD_BYTES} bytes, not {args.size}",
+    if not 0 <= args.size <= MAX_MESSAGE_BYTES:
+        raise UserError(f"--size is 0 to {MAX_MESSAGE_BYTES} bytes (16 MiB), not {args.size}",
                         component="pub")
     try:
         payload = args.message.encode() if args.message is not None else bytes(
@@ -355,11 +356,13 @@ class SubStats:
         # a guaranteed stream numbers messages per (origin, publisher) across topics
         key = (msg.origin, msg.stream, -1 if msg.guaranteed else msg.topic_key)
         seq = msg.sequence
+        # a large message's segments took sequences up to its own on a guaranteed stream
+        first = seq - msg.segments + 1 if msg.guaranteed else seq
         highest = self._highest.get(key)
-        if highest is None or seq == highest + 1:
+        if highest is None or first == highest + 1:
             self._highest[key] = seq
-        elif seq > highest:
-            self._missing.setdefault(key, set()).update(range(highest + 1, seq))
+        elif first > highest:
+            self._missing.setdefault(key, set()).update(range(highest + 1, first))
             self._highest[key] = seq
         else:
             missing = self._missing.get(key)

@@ -51,6 +51,8 @@ def test_pcap_prints_a_line_per_message_and_entry_and_a_summary(capture, capsys)
     assert any("topic=nyse/rtf/ibm" in line for line in data_lines)
     assert any("NAK" in line and "first_seq=10 last_seq=12" in line for line in out)
     assert any("key=0x0000000000000063" in line and "len=5000" in line for line in out)
+    assert any("headers={trace-id=abc123,bin=0x00ff}" in line for line in data_lines)
+    assert any("headers={k=v} segment=5:1/3 bytes=0+11/3000" in line for line in data_lines)
     summary = out[-1]
     assert summary.startswith("summary:")
     assert "2 malformed (bad_magic: 1, length_mismatch: 1)" in summary
@@ -62,8 +64,14 @@ def test_pcap_json_lines_end_with_the_summary(capture, capsys):
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     summary = records[-1]["summary"]
     messages = [r for r in records[:-1] if r["kind"] == "message"]
-    assert summary["messages"] == len(messages) == 5 + 1 + 1  # golden, IPv6, fragmented
+    golden = sum(len(v.get("messages", ())) for v in VECTORS)
+    assert summary["messages"] == len(messages) == golden + 1 + 1  # golden, IPv6, fragmented
     assert summary["malformed"] == {"bad_magic": 1, "length_mismatch": 1}
+    with_headers = [r for r in messages if "headers" in r]
+    assert {"trace-id": "abc123", "bin": {"hex": "00ff"}} in [r["headers"] for r in with_headers]
+    (seg,) = [r for r in messages if "segment" in r]
+    assert seg["segment"] == {"id": 5, "total_len": 3000, "offset": 0, "index": 0, "count": 3}
+    assert seg["app_payload_len"] == len(b"first-chunk")
     assert {r["reason"] for r in records if r.get("kind") == "malformed"} == {
         "bad_magic", "length_mismatch"}
 

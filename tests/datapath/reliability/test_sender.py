@@ -221,6 +221,26 @@ def test_the_send_window_holds_new_messages_past_the_slowest_receivers_ack():
     assert sent_seqs(sink) == list(range(13, 21)) and not tx.pending
 
 
+def test_the_send_window_holds_what_half_the_retransmission_buffer_cannot_repair():
+    """In bytes too: unacknowledged frames never take more than half the buffer, so every
+    message sent can still be retransmitted (large messages' segments, 1,000 bytes here)."""
+    tx, sink = make_sender(retransmit_buffer_bytes=64 * 1024)
+    tx.offer(0, bytes(1_000), 0)
+    tx.flush(0)
+    tx.on_frame(ack(0), MS)  # a receiver is live, nothing acknowledged
+    for i in range(1, 100):
+        assert tx.offer(i, bytes(1_000), MS)
+        tx.flush(MS)
+    sent = sent_seqs(sink)
+    held = 32 * 1024 // 1_040  # frames of one 1,000-byte message: 1,040 body bytes
+    assert held <= len(sent) <= held + 2 and tx.counters.window_full > 0
+    assert tx.buffer.lowest_seq == 1  # nothing unacknowledged was evicted
+    tx.on_frame(ack(len(sent)), 2 * MS)
+    tx.do_work(2 * MS)
+    tx.flush(2 * MS)
+    assert sent_seqs(sink)[0] == len(sent) + 1 and len(tx.pending) < 99 - len(sent)
+
+
 def test_a_send_window_of_zero_is_off():
     tx, sink = make_sender(send_window_messages=0)
     publish(tx, 2)

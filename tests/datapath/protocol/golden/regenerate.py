@@ -12,6 +12,7 @@ from pathlib import Path
 
 from datapath.protocol import admin_layout as al
 from datapath.protocol.codec import encode_admin, encode_data_frame
+from datapath.protocol.extensions import encode_headers, encode_segment
 from datapath.protocol.frame_layout import FrameType
 
 HERE = Path(__file__).parent
@@ -37,6 +38,18 @@ MESSAGE_VECTORS = {
         frame_type=FrameType.RETRANSMISSION, source_session=5, stream_id=9, send_ts_ns=TS,
         messages=[dict(topic_key=77, sequence=12, publish_ts_ns=TS - 10, namespace_id=1,
                        schema_id=0, qos=2, flags=1, payload=b"again")]),
+    # extensions (docs/protocol.md, "Headers and segments"): added without a version change,
+    # the vectors above stay byte-identical
+    "data_with_headers": dict(
+        frame_type=FrameType.DATA, source_session=1, stream_id=7, send_ts_ns=TS,
+        messages=[dict(topic_key=0x1122334455667788, sequence=2, publish_ts_ns=TS - 400,
+                       namespace_id=3, schema_id=0, qos=0, flags=4, payload=b"101.25"
+                       + encode_headers({"trace-id": "abc123", "bin": b"\x00\xff"}))]),
+    "guaranteed_segment_with_headers": dict(
+        frame_type=FrameType.DATA, source_session=3, stream_id=0x80000003, send_ts_ns=TS,
+        messages=[dict(topic_key=9, sequence=40, publish_ts_ns=TS - 300, qos=2, flags=12,
+                       payload=b"first-chunk" + encode_headers({"k": "v"})
+                       + encode_segment(5, 3000, 0, 0, 3))]),
 }
 
 ADMIN_VECTORS = {
