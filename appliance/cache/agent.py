@@ -158,8 +158,12 @@ class CacheAgent:
     def start(self) -> CacheAgent:
         """Start the agent's thread and the cache's session (logged in in the background:
         ``ready`` says when it is subscribed)."""
+        from appliance.cache.store import warm_up
         from datapath.agent import AgentRunner, WakeableIdle
 
+        # the persistence kernels load (or, with a cold cache, compile) now, not on the
+        # cache's thread at its first append or replay: a replay must not wait for a compile
+        warm_up()
         self._runner = AgentRunner([self], WakeableIdle(self.wakeup, self.wake_at_ns),
                                    name=f"{self.config.name}-cache")
         self._runner.start()

@@ -177,6 +177,9 @@ _NONE = np.zeros(0, np.int64)
 """Arguments of ``sign_frames`` for one frame at offset 0 to the session's appliance."""
 
 
+FAILOVER_LOOKBACK_S = 0.25
+"""A replay after a move begins this long before the latest message each publisher had handed
+over (publishers' clocks may differ from each other by up to this much)."""
 SEEN_MESSAGES = 262_144
 """Messages a guaranteed subscription of a client with a standby recognises when a replay
 after a move hands them over again (26 s of a 10,000 messages/s stream)."""
@@ -220,6 +223,9 @@ class Subscription:
         live stream's numbers of one message differ."""
         self._filling = False
         self._held_live: list[Message] = []
+        self._last_ts: dict[tuple[int, int], int] = {}
+        """A failover subscription: each publishing session's (origin, stream) latest publish
+        time handed over, where a replay after a move begins (its own clock's times)."""
         self._fetcher: Any = None
         """A durable subscription's pager (appliance/client/durable.py)."""
 
@@ -254,7 +260,19 @@ class Subscription:
             seen[ident] = None
             if len(seen) > SEEN_MESSAGES:  # bounded: the oldest is not recognised again
                 del seen[next(iter(seen))]
+            publisher = (msg.origin, msg.stream)
+            if msg.publish_ts_ns > self._last_ts.get(publisher, 0):
+                if publisher not in self._last_ts and len(self._last_ts) >= SEEN_MESSAGES:
+                    self._last_ts.clear()
+                self._last_ts[publisher] = msg.publish_ts_ns
             return True
+
+    def _fill_from_ns(self, silent_since_ns: int) -> int:
+        """Where a replay after a move begins: before the latest message handed over of each
+        publishing session (its clock), and before the silence began (this one's)."""
+        with self._cond:
+            first = min(self._last_ts.values(), default=silent_since_ns)
+        return max(0, min(first, silent_since_ns) - int(FAILOVER_LOOKBACK_S * 1e9))
 
     def _begin_fill(self) -> None:
         with self._cond:

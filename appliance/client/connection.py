@@ -56,9 +56,6 @@ if TYPE_CHECKING:
     from appliance.client.api import Client
 
 log = logging.getLogger("topicwire.client")
-FAILOVER_LOOKBACK_S = 2.0
-"""A move fills the gap from what the cache kept since this long before the session timeout
-began (what was published earlier and not delivered is not looked for)."""
 
 CONNECTED = "connected"
 LOST = "lost"
@@ -331,8 +328,9 @@ class ConnectionSide:
 
     def _fill_gap(self: Client, subs: list) -> None:
         """After a move (or a reconnection) of a client with a standby: what each guaranteed
-        subscription missed meanwhile, from the appliance's cache (a replay from a while
-        before the connection was lost: ``FAILOVER_LOOKBACK_S`` and the session timeout),
+        subscription missed meanwhile, from the appliance's cache (a replay from
+        ``FAILOVER_LOOKBACK_S`` before the latest message each publisher had handed over,
+        or before the silence began: ``Subscription._fill_from_ns``),
         joined to the live stream without a gap or a duplicate (each publisher's sequence
         numbers); a subscription whose pattern the cache does not keep gets the
         ``SESSION_LOST`` event instead, as without a standby."""
@@ -340,12 +338,13 @@ class ConnectionSide:
 
         pending = getattr(self, "_session_lost_pending", False)
         self._session_lost_pending = False
-        since = getattr(self, "_lost_at_ns", time.time_ns()) - int(
-            (self.session_timeout_s + FAILOVER_LOOKBACK_S) * 1e9)
+        silent_since = getattr(self, "_lost_at_ns", time.time_ns()) - int(
+            self.session_timeout_s * 1e9)
         unfilled = []
         for sub in subs:
             try:
-                page = _page(self, sub.pattern, sub.namespace, {"from_time_ns": max(0, since)})
+                page = _page(self, sub.pattern, sub.namespace,
+                             {"from_time_ns": sub._fill_from_ns(silent_since)})
                 for msg in _pages(self, sub.pattern, sub.namespace, page):
                     sub._fill(msg)
                     self.filled += 1

@@ -231,13 +231,18 @@ def test_topicwire_sub_with_a_standby_says_it_moved_and_misses_nothing(pair):
         publisher = Publisher(pair.standby_url, 2_000)
         publisher.start()
         assert sub.stdout is not None
+        watchdog = threading.Timer(DEADLINE_S * 2, sub.kill)  # a hung sub fails, not hangs
+        watchdog.start()
         lines = [sub.stdout.readline() for _ in range(300)]
         pair.proc.send_signal(signal.SIGKILL)
-        out, err = sub.communicate(timeout=DEADLINE_S * 2)
+        lines += sub.stdout.readlines()  # the same buffered reader: no line skipped
+        sub.wait()
+        watchdog.cancel()
+        err = sub.stderr.read() if sub.stderr else ""
     finally:
         if sub.poll() is None:
             sub.kill()
-    payloads = [int(json.loads(line)["payload"]) for line in lines + out.splitlines()]
+    payloads = [int(json.loads(line)["payload"]) for line in lines]
     assert sub.returncode == 0, err
     assert payloads == list(range(2_000))
     assert f"session moved to {pair.standby_url}" in err

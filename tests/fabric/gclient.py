@@ -2,7 +2,7 @@
 restart appliances under traffic (run inside a namespace, next to its appliance).
 
     python -m tests.fabric.gclient pub URL TOPIC COUNT RATE
-    python -m tests.fabric.gclient sub URL PATTERN
+    python -m tests.fabric.gclient sub URL PATTERN [STANDBY]
 
 Both speak JSON lines. ``pub`` logs in, then publishes guaranteed warm-up messages (payload
 ``w``, one every 50 ms) until a line ``go`` arrives on standard input; then COUNT messages
@@ -11,7 +11,10 @@ on the clock (no drift), printing ``{"sent": n}`` every 100 messages and at the 
 stays logged in (its ingress appliance may still hold messages for it) until ``quit``.
 ``sub`` subscribes PATTERN with guaranteed QoS and prints ``{"ready": true}``, then one line
 per message ``{"m": payload}`` and per loss event ``{"loss": {...}}``, in arrival order, until
-its standard input closes or says ``quit``.
+its standard input closes or says ``quit``. With STANDBY (an appliance's URL) the subscriber
+connects with ``standby=`` and a 1 s session timeout, and also prints each change of its
+connection ``{"state": ..., "appliance": ...}`` and each message's arrival time (``t``,
+monotonic seconds).
 """
 
 from __future__ import annotations
@@ -58,18 +61,27 @@ def publish(url: str, topic: str, count: int, rate: float) -> int:
     return 0
 
 
-def subscribe(url: str, pattern: str) -> int:
+def subscribe(url: str, pattern: str, standby: str | None = None) -> int:
     lock = threading.Lock()
 
     def on_message(msg) -> None:  # an appliance.client.Message
         with lock:
-            _say({"m": msg.payload.decode(errors="replace")})
+            item = {"m": msg.payload.decode(errors="replace")}
+            if standby:
+                item["t"] = time.monotonic()
+            _say(item)
 
     def on_loss(loss) -> None:  # an appliance.client.Loss
         with lock:
             _say({"loss": asdict(loss)})
 
-    with connect(url, "feed") as client:
+    def on_state(change) -> None:  # an appliance.client.StateChange
+        with lock:
+            _say({"state": change.state, "appliance": change.appliance})
+
+    extra = {"standby": standby, "session_timeout_s": 1.0, "on_state": on_state} \
+        if standby else {}
+    with connect(url, "feed", **extra) as client:
         client.subscribe(pattern, qos="guaranteed", callback=on_message, on_loss=on_loss)
         _say({"ready": True})
         while _line_ready(1.0) not in ("quit", ""):
@@ -80,7 +92,7 @@ def subscribe(url: str, pattern: str) -> int:
 def main(argv: list[str]) -> int:
     if argv[0] == "pub":
         return publish(argv[1], argv[2], int(argv[3]), float(argv[4]))
-    return subscribe(argv[1], argv[2])
+    return subscribe(argv[1], argv[2], argv[3] if len(argv) > 3 else None)
 
 
 if __name__ == "__main__":

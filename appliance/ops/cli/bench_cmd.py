@@ -23,6 +23,7 @@ BENCHMARKS = (
     "bench.frame_mac",
     "bench.persist",
     "bench.mqtt",
+    "bench.failover",
 )
 
 

@@ -1,0 +1,34 @@
+"""bench.failover with two kills: the report's shape, each primary killed and each session
+moved, and nothing lost, duplicated or out of order (the benchmark's own check of the
+failover it times)."""
+
+import argparse
+import json
+
+import pytest
+
+from bench import failover
+from datapath.errors import UserError
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    failover.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_two_kills_move_two_sessions_and_lose_nothing():
+    report = json.loads(json.dumps(failover.run(_args("--kills", "2", "--messages", "1000",
+                                                      "--rate", "1000"))))
+    assert list(report) == ["bench", "host", "params", "results", "ratios"]
+    ours = report["results"]["topicwire"]
+    assert ours["moved"] == 2 and len(report["params"]["rounds"]) == 2
+    assert ours["lost"] == ours["duplicates"] == ours["out_of_order"] == 0
+    assert ours["failover_p50_ms"] >= ours["detect_p50_ms"] > 0
+    assert "failover_p50_ms topicwire/session_timeout" in report["ratios"]
+
+
+@pytest.mark.parametrize("argv", [["--session-timeout", "0.1"], ["--messages", "10"]])
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(UserError):
+        failover.run(_args(*argv))
