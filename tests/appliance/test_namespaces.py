@@ -143,3 +143,36 @@ def test_bad_namespaces_are_refused_naming_the_key(doc, key):
 def test_an_identity_defaults_to_namespace_0():
     cfg = parse_config(_cfg({}))
     assert cfg.identities["x"].namespaces == (0,)
+
+
+def test_a_reload_moves_an_identity_to_another_namespace():
+    port = free_port()
+
+    def config(blue: list) -> dict:
+        return {"appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
+                "clients": {"udp": f"127.0.0.1:{port}"},
+                "pm": {"require_passwords": False,
+                       "identities": {**IDENTITIES, "blue": {**ALL, "namespaces": blue}}}}
+    app = Appliance(parse_config(config([7]))).start()
+    url = f"udp://127.0.0.1:{port}"
+    try:
+        with connect(url, "red") as red, connect(url, "blue") as blue, \
+                connect(url, "both") as both:
+            blue7 = blue.subscribe("#", namespace=7)
+            blue.publish("k/x", b"mine", namespace=7, flush=True)
+            assert blue7.get(timeout=10).payload == b"mine"
+            out = app.reload(parse_config(config([0])))
+            assert out.result["ok"] and "pm.identities" in out.summary()
+            wait_for(lambda: counter(app, "control_entitlement_withdrawn_subscriptions") == 1
+                     and counter(app, "control_entitlement_revoked_topics") == 1)
+            with pytest.raises(EntitlementError, match="may not use namespace 7"):
+                blue.subscribe("k/#", namespace=7)
+            blue0 = blue.subscribe("#")
+            both7 = both.subscribe("#", namespace=7)
+            both.publish("k/x", b"gone", namespace=7, flush=True)
+            assert both7.get(timeout=10).payload == b"gone"  # the data path took it
+            red.publish("k/end", b"end", flush=True)
+            assert _payloads(until_marker(blue0, _end)) == [(0, "k/end", b"end")]
+            assert blue7.get(timeout=0) is None  # withdrawn: "gone" never came
+    finally:
+        app.stop()
