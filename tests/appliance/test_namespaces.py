@@ -176,3 +176,42 @@ def test_a_reload_moves_an_identity_to_another_namespace():
             assert blue7.get(timeout=0) is None  # withdrawn: "gone" never came
     finally:
         app.stop()
+
+
+def test_anonymous_logins_may_use_every_declared_namespace():
+    port = free_port()
+    app = Appliance(parse_config({
+        "appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
+        "clients": {"udp": f"127.0.0.1:{port}"},
+        "pm": {"require_passwords": False, "anonymous": True}})).start()
+    try:
+        with connect(f"udp://127.0.0.1:{port}", "ghost") as ghost:
+            sub = ghost.subscribe("#", namespace=7)
+            ghost.publish("g/x", b"seven", namespace=7, flush=True)
+            assert sub.get(timeout=10).payload == b"seven"
+            ghost.subscribe("#")
+            with pytest.raises(EntitlementError, match="may not use namespace 8"):
+                ghost.subscribe("#", namespace=8)
+    finally:
+        app.stop()
+
+
+def test_a_replay_in_another_namespace_is_refused(tmp_path):
+    from appliance.cache.node import CachingAppliance
+
+    port = free_port()
+    app = CachingAppliance(parse_config({
+        "appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
+        "clients": {"udp": f"127.0.0.1:{port}"},
+        "pm": {"require_passwords": False, "identities": IDENTITIES},
+        "cache": {"dir": str(tmp_path), "patterns": ["orders/#"]}})).start()
+    try:
+        assert app.cache.ready.wait(60), "the cache's session did not subscribe"
+        with connect(f"udp://127.0.0.1:{port}", "blue") as blue:
+            with pytest.raises(EntitlementError, match="identity 'blue' may not use "
+                               "namespace 0"):
+                list(blue.replay("orders/#"))
+        wait_for(lambda: ("blue", "replay", "namespace 0") in {
+            (d["identity"], d["action"], d["pattern"]) for d in app.status()["denials"]})
+    finally:
+        app.stop()
