@@ -215,3 +215,24 @@ def test_a_replay_in_another_namespace_is_refused(tmp_path):
             (d["identity"], d["action"], d["pattern"]) for d in app.status()["denials"]})
     finally:
         app.stop()
+
+
+def test_a_forged_header_namespace_changes_nothing(served):
+    """A raw frame of blue's namespace-7 key whose header says namespace 0 goes where the key
+    goes (namespace 7's subscribers) and is delivered as namespace 7."""
+    import time
+
+    from datapath.protocol.codec import encode_data_frame
+
+    _, url = served
+    with connect(url, "blue") as blue, connect(url, "both") as both:
+        both0, both7 = both.subscribe("#"), both.subscribe("#", namespace=7)
+        blue.publish("f/x", b"first", namespace=7, flush=True)
+        assert both7.get(timeout=10).payload == b"first"
+        blue._send(encode_data_frame(
+            [{"topic_key": KeyRegistry().key_of("f/x", 7), "sequence": 99,
+              "publish_ts_ns": time.time_ns(), "namespace_id": 0, "payload": b"forged"}],
+            source_session=blue.session, stream_id=blue.session))
+        m = both7.get(timeout=10)
+        assert (m.namespace, m.topic, m.payload) == (7, "f/x", b"forged")
+        assert both0.get(timeout=0) is None  # it came on the same path, before m
