@@ -81,7 +81,6 @@ class Entitlements:
         return any(includes(p, pattern) for p in self.subscribe)
 
 
-ALL = Entitlements(("#",), ("#",))
 NONE = Entitlements((), (), namespaces=frozenset())
 """What a session keeps when P&M no longer knows its identity (it stays logged in)."""
 
@@ -105,8 +104,8 @@ def namespace_refusal(ents: Entitlements, identity: str, namespace: int) -> str 
     if ents.may_use(namespace):
         return None
     held = ", ".join(str(n) for n in sorted(ents.namespaces or ())) or "none"
-    return (f"identity {identity!r} may not use namespace {namespace} (its namespaces: "
-            f"{held}; pm.identities.{identity}.namespaces)")
+    return (f"identity {identity!r} may not use namespace {namespace} (its namespaces in "
+            f"P&M: {held})")
 
 
 def requires_passwords(document: dict[str, Any] | None) -> bool:
