@@ -22,13 +22,18 @@ IDENTITIES = {"red": {**ALL, "namespaces": [0]}, "blue": {**ALL, "namespaces": [
               "both": {**ALL, "namespaces": [0, 7]}}
 
 
+def _doc(port: int, pm: dict | None = None, **more: dict) -> dict:
+    """A config declaring namespaces 0 and 7, clients on ``port``, P&M with IDENTITIES (or
+    ``pm``), no passwords."""
+    return {"appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
+            "clients": {"udp": f"127.0.0.1:{port}"},
+            "pm": {"require_passwords": False, **(pm or {"identities": IDENTITIES})}, **more}
+
+
 @pytest.fixture
 def served():
     port = free_port()
-    app = Appliance(parse_config({
-        "appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
-        "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"require_passwords": False, "identities": IDENTITIES}})).start()
+    app = Appliance(parse_config(_doc(port))).start()
     yield app, f"udp://127.0.0.1:{port}"
     app.stop()
 
@@ -149,10 +154,7 @@ def test_a_reload_moves_an_identity_to_another_namespace():
     port = free_port()
 
     def config(blue: list) -> dict:
-        return {"appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
-                "clients": {"udp": f"127.0.0.1:{port}"},
-                "pm": {"require_passwords": False,
-                       "identities": {**IDENTITIES, "blue": {**ALL, "namespaces": blue}}}}
+        return _doc(port, {"identities": {**IDENTITIES, "blue": {**ALL, "namespaces": blue}}})
     app = Appliance(parse_config(config([7]))).start()
     url = f"udp://127.0.0.1:{port}"
     try:
@@ -180,10 +182,7 @@ def test_a_reload_moves_an_identity_to_another_namespace():
 
 def test_anonymous_logins_may_use_every_declared_namespace():
     port = free_port()
-    app = Appliance(parse_config({
-        "appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
-        "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"require_passwords": False, "anonymous": True}})).start()
+    app = Appliance(parse_config(_doc(port, {"anonymous": True}))).start()
     try:
         with connect(f"udp://127.0.0.1:{port}", "ghost") as ghost:
             sub = ghost.subscribe("#", namespace=7)
@@ -200,11 +199,8 @@ def test_a_replay_in_another_namespace_is_refused(tmp_path):
     from appliance.cache.node import CachingAppliance
 
     port = free_port()
-    app = CachingAppliance(parse_config({
-        "appliance": {"name": f"ns{port}", "namespaces": [0, 7]},
-        "clients": {"udp": f"127.0.0.1:{port}"},
-        "pm": {"require_passwords": False, "identities": IDENTITIES},
-        "cache": {"dir": str(tmp_path), "patterns": ["orders/#"]}})).start()
+    app = CachingAppliance(parse_config(_doc(port, cache={
+        "dir": str(tmp_path), "patterns": ["orders/#"]}))).start()
     try:
         assert app.cache.ready.wait(60), "the cache's session did not subscribe"
         with connect(f"udp://127.0.0.1:{port}", "blue") as blue:
