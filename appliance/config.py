@@ -342,6 +342,8 @@ class IdentityConfig:
     acl_class: str | None = None
     """The content ACL class (``[pm.acl_classes.NAME]``) every message it publishes must
     pass; None: none."""
+    namespaces: tuple[int, ...] = (0,)
+    """The namespaces it may use (each one P&M's ``appliance.namespaces`` declares)."""
 
 
 @dataclass(frozen=True)
@@ -612,7 +614,8 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         where = f"{key}.{identity}"
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
-        _known(spec, {"publish", "subscribe", "password", "acl_class"}, where + ".")
+        _known(spec, {"publish", "subscribe", "password", "acl_class", "namespaces"},
+               where + ".")
         acl_class = spec.get("acl_class")
         if acl_class is not None and not isinstance(acl_class, str):
             raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
@@ -627,8 +630,22 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
                 raise _fail(where + ".password", str(exc)) from None
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"),
-                                       password, acl_class)
+                                       password, acl_class,
+                                       _namespaces(spec.get("namespaces", [0]),
+                                                   where + ".namespaces"))
     return out
+
+
+def _namespaces(value: object, key: str) -> tuple[int, ...]:
+    """A non-empty list of distinct namespaces, each in [0, 2^32)."""
+    namespaces = _list(value, key, MAX_NAMESPACES, "namespaces")
+    if (not namespaces
+            or any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**32
+                   for n in namespaces)):
+        raise _fail(key, "must be a non-empty list of integers in [0, 2^32)")
+    if len(set(namespaces)) != len(namespaces):
+        raise _fail(key, "names a namespace twice")
+    return tuple(namespaces)
 
 
 def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
@@ -1101,12 +1118,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                     + ("" if name is None else f", not {show(name)}"))
     node_id = _int(app, "id", p, node_id_of(name), 1, MAX_NODE_ID)
     role = _str(app, "role", p, "core", ("core", "edge"))
-    namespaces = _list(app.get("namespaces", [0]), p + "namespaces", MAX_NAMESPACES,
-                       "namespaces")
-    if (not namespaces
-            or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**32
-                       for n in namespaces)):
-        raise _fail(p + "namespaces", "must be a non-empty list of integers in [0, 2^32)")
+    namespaces = _namespaces(app.get("namespaces", [0]), p + "namespaces")
     dataplane = _str(app, "dataplane", p, "process", ("process", "thread"))
     idle = _str(app, "idle", p, "block", ("block", "busy", "backoff", "sleep"))
     idle_spin_us = _int(app, "idle_spin_us", p, IDLE_SPIN_US, 0, 1_000_000)
@@ -1249,6 +1261,11 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         acl_classes = _acl_classes(pm.get("acl_classes", {}), p + "acl_classes", schemas)
         names = {c["name"] for c in acl_classes}
         for identity, ident in identities.items():
+            undeclared = [n for n in ident.namespaces if n not in namespaces]
+            if undeclared:
+                raise _fail(f"{p}identities.{identity}.namespaces", f"namespace "
+                            f"{undeclared[0]} is not declared in appliance.namespaces "
+                            f"({', '.join(map(str, namespaces))})")
             if ident.acl_class is not None and ident.acl_class not in names:
                 raise _fail(f"{p}identities.{identity}.acl_class", f"no class "
                             f"{ident.acl_class!r} in pm.acl_classes (known: "

@@ -1145,6 +1145,9 @@ class Client(GuaranteedSide, ConnectionSide):
         return subs
 
     def _dispatch(self, msg: Message) -> None:
+        known = self._topics.get(msg.topic_key)
+        if known is not None and known[0] != msg.namespace:  # the key names the namespace,
+            msg = replace(msg, namespace=known[0])           # not the publisher's header
         event = None
         for sub in self._targets(msg.namespace, msg.topic, msg.guaranteed):
             if sub.selector is not None:

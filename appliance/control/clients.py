@@ -117,6 +117,15 @@ class ClientSide:
         else:
             self.counters["denials_dropped"] += 1
 
+    def _namespace_refused(self, session: Session, action: str, namespace: int) -> str | None:
+        """Why the session may not ``action`` in ``namespace`` (its identity's namespaces do
+        not hold it; counted ``namespace_denials`` and as a denial row), or None."""
+        reason = pmod.namespace_refusal(session.ents, session.identity, namespace)
+        if reason is not None:
+            self.counters["namespace_denials"] += 1
+            self._deny(session.identity, action, f"namespace {namespace}")
+        return reason
+
     def _client_port(self) -> int | None:
         """An egress port for a client's egress, or None when only the ones kept for
         destination appliances (APPLIANCE_EGRESS_PORTS) are left."""
@@ -362,7 +371,10 @@ class ClientSide:
             if refused is not None:
                 result.update(accepted=False, reason=refused)
             elif add:
-                if not session.ents.may_subscribe(pattern):
+                refused = self._namespace_refused(session, "subscribe", ns)
+                if refused is not None:
+                    result.update(accepted=False, reason=refused)
+                elif not session.ents.may_subscribe(pattern):
                     self._deny(session.identity, "subscribe", pattern)
                     result.update(accepted=False, reason=f"identity {session.identity!r} may "
                                   f"not subscribe to {pattern!r}")
@@ -476,6 +488,9 @@ class ClientSide:
                     result.update(accepted=False, reason=f"the session registered {limit} "
                                   "topics, as many as one session may "
                                   "(clients.max_registrations)")
+                elif (refused := self._namespace_refused(session, "publish",
+                                                          entry.namespace_id)) is not None:
+                    result.update(accepted=False, reason=refused)
                 elif not session.ents.may_publish(entry.topic):
                     self._deny(session.identity, "publish", entry.topic)
                     result.update(accepted=False, reason=f"identity {session.identity!r} may "
@@ -503,7 +518,8 @@ class ClientSide:
         records = []
         for key in keys[:4096]:
             found = self.registry.lookup(int(key))
-            if found is not None:
+            if found is not None and self._namespace_refused(session, "resolve",
+                                                             found[0]) is None:
                 records.append(al.RegistryEntry(int(key), found[0], found[1]))
         if not records:
             return
@@ -541,13 +557,13 @@ class ClientSide:
             for name, egress in self._session_lists(session):
                 for ns, sublist in list(egress.lists.items()):
                     for pattern in sublist.positive_patterns():
-                        if not ents.may_subscribe(pattern):
+                        if not (ents.may_use(ns) and ents.may_subscribe(pattern)):
                             self.compiler.withdraw(name, pattern, ns)
                             withdrawn += 1
             revoked = []
             for key in session.registered:
                 found = self.registry.lookup(key)
-                if found is None or not ents.may_publish(found[1]):
+                if found is None or not (ents.may_use(found[0]) and ents.may_publish(found[1])):
                     revoked.append(key)
             if withdrawn:
                 session.patterns = self._positive(f"c:{sid}")

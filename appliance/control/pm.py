@@ -38,7 +38,8 @@ def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
 def _identity(ident: Any) -> dict[str, Any]:
     """An identity in the document: its entitlements, and its login verifier when it has a
     password (appliance/control/credentials.py; never the password's hash)."""
-    out: dict[str, Any] = {"publish": list(ident.publish), "subscribe": list(ident.subscribe)}
+    out: dict[str, Any] = {"publish": list(ident.publish), "subscribe": list(ident.subscribe),
+                           "namespaces": list(ident.namespaces)}
     if ident.acl_class is not None:
         out["acl_class"] = ident.acl_class
     if ident.password is not None:
@@ -66,6 +67,12 @@ class Entitlements:
     acl_class: str | None = None
     """The content ACL class (``acl_classes`` of the document) every message it publishes
     must pass at its ingress appliance; None: none."""
+    namespaces: frozenset[int] | None = None
+    """The namespaces it may register, publish, subscribe, replay and resolve in (its own
+    ``namespaces`` that the document declares); None: any (the appliance's own sessions)."""
+
+    def may_use(self, namespace: int) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
 
     def may_publish(self, topic: str) -> bool:
         return any(matches(p, topic) for p in self.publish)
@@ -74,8 +81,7 @@ class Entitlements:
         return any(includes(p, pattern) for p in self.subscribe)
 
 
-ALL = Entitlements(("#",), ("#",))
-NONE = Entitlements((), ())
+NONE = Entitlements((), (), namespaces=frozenset())
 """What a session keeps when P&M no longer knows its identity (it stays logged in)."""
 
 
@@ -83,11 +89,23 @@ def entitlements_of(document: dict[str, Any] | None, identity: str) -> Entitleme
     """The entitlements of ``identity`` in a P&M document; None when it may not log in."""
     if document is None:
         return None
+    declared = frozenset(document.get("namespaces", (0,)))
     spec = document.get("identities", {}).get(identity)
-    if spec is None:
-        return ALL if document.get("anonymous") else None
+    if spec is None:  # anonymous: every namespace P&M declares
+        return Entitlements(("#",), ("#",), namespaces=declared) \
+            if document.get("anonymous") else None
     return Entitlements(tuple(spec.get("publish", ())), tuple(spec.get("subscribe", ())),
-                        spec.get("acl_class"))
+                        spec.get("acl_class"),
+                        frozenset(spec.get("namespaces", (0,))) & declared)
+
+
+def namespace_refusal(ents: Entitlements, identity: str, namespace: int) -> str | None:
+    """Why ``identity`` may not act in ``namespace`` (None: it may)."""
+    if ents.may_use(namespace):
+        return None
+    held = ", ".join(str(n) for n in sorted(ents.namespaces or ())) or "none"
+    return (f"identity {identity!r} may not use namespace {namespace} (its namespaces in "
+            f"P&M: {held})")
 
 
 def requires_passwords(document: dict[str, Any] | None) -> bool:

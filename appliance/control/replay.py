@@ -33,6 +33,9 @@ class ReplaySide:
             refused = "no_cache", (f"cache: appliance {self.cfg.name!r} keeps no messages "  # type: ignore[attr-defined]
                                    "(its config has no [cache]); replay from an appliance "
                                    "with [cache] patterns including this one")
+        elif not doc.get("delete") and (reason := self._namespace_refused(  # type: ignore[attr-defined]
+                session, "replay", doc.get("namespace", 0))) is not None:
+            refused = "entitlement", reason
         elif not doc.get("delete") and not session.ents.may_subscribe(pattern):
             self._deny(session.identity, "replay", pattern)  # type: ignore[attr-defined]
             refused = "entitlement", (f"identity {session.identity!r} may not subscribe to "

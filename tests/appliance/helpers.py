@@ -138,17 +138,18 @@ def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what:
 
 
 @contextlib.contextmanager
-def appliance_pair(identities: dict, *, dataplane: str = "thread"):
+def appliance_pair(identities: dict, *, dataplane: str = "thread",
+                   namespaces: tuple[int, ...] = (0,)):
     """Two appliances in this process, neighbours over UDP on loopback, A with the embedded
-    P&M (``identities``, no passwords), B asking it; yields (a, b, url of A's clients, url of
-    B's) once they have met."""
+    P&M (``identities``, no passwords, ``namespaces`` declared), B asking it; yields (a, b,
+    url of A's clients, url of B's) once they have met."""
     from appliance.config import parse_config
     from appliance.node import Appliance
 
     fa, fb, ca, cb = free_port(), free_port(), free_port(), free_port()
     common = {"heartbeat_interval_ms": 100, "lsa_refresh_ms": 1_000, "dataplane": dataplane}
     a = Appliance(parse_config({
-        "appliance": {"name": f"pa{fa}", **common},
+        "appliance": {"name": f"pa{fa}", "namespaces": list(namespaces), **common},
         "fabric": {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY},
         "neighbours": [{"name": f"pb{fb}", "address": f"127.0.0.1:{fb}"}],
         "clients": {"udp": f"127.0.0.1:{ca}"},
