@@ -156,7 +156,15 @@ def test_the_p4_entries_of_the_appliance_snapshot_hold_the_class(served, tmp_pat
     from nic_offload.acl import compile_class
 
     app, _ = served
-    snapshot = wait_for(lambda: app.control.compiler.snapshot)
+
+    def with_the_class():  # the first snapshot may be built before P&M's classes are
+        snapshot = app.control.compiler.snapshot
+        acl = app.control.compiler.acl_classes.get(1)
+        return snapshot is not None and acl is not None and tuple(
+            snapshot.entries.acl_entries) == tuple(compile_class(acl, model.DEFAULT_SPEC)) \
+            and snapshot
+
+    snapshot = wait_for(with_the_class, what="a snapshot holding the class's entries")
     runtime_json.save(snapshot.entries, tmp_path / "snapshot.json")
     p4_cmd.write_entries(tmp_path / "snapshot.json", tmp_path / "p4")
     tables = json.loads((tmp_path / "p4" / "runtime.json").read_text())["table_entries"]
