@@ -12,7 +12,9 @@ missing then is counted lost). Per kill:
 - ``detect_ms``: SIGKILL to the client's ``lost`` state (the session timeout's work);
 - ``failover_ms``: SIGKILL to ``reconnected`` at the standby (detection, the login there,
   the subscriptions made again and the gap filled from the standby's cache);
-- lost, duplicated and out-of-order messages.
+- lost, duplicated and out-of-order messages;
+- ``extra_moves``: moves besides the one the kill caused (a stall of the host longer than
+  the session timeout moves a session too: it cannot tell a slow appliance from a dead one).
 
 The baseline ``session_timeout`` is the detection floor itself (``--session-timeout``): the
 ratios say what the move adds to the silence that has to pass before anyone can tell a
@@ -152,9 +154,12 @@ def _round(number: int, primary: _Primary, standby: Any, standby_url: str,
     from appliance.client import connect
 
     states: dict[str, int] = {}
+    killed = threading.Event()
     ready = threading.Event()
 
     def on_state(change: Any) -> None:
+        if not killed.is_set():
+            return  # a move before the kill (a stall of the host): counted in extra_moves
         states.setdefault(change.state, time.monotonic_ns())
         if change.state in ("reconnected", "closed"):
             ready.set()
@@ -180,16 +185,18 @@ def _round(number: int, primary: _Primary, standby: Any, standby_url: str,
                 got.append(int(index))
             if len(got) == WARM_MESSAGES and not killed_ns:
                 killed_ns = time.monotonic_ns()
+                killed.set()
                 primary.kill()
         ready.wait(max(0.0, deadline - time.monotonic()))
         publisher.idle.wait(ROUND_TIMEOUT_S)
         if publisher.error is not None:
             raise DeviceError(f"the publisher failed: {publisher.error}", component=_COMPONENT)
-        moved = "reconnected" in states and client.moves == 1
+        moved = "reconnected" in states and client.moves >= 1
         return {
             "detect_ms": (states.get("lost", killed_ns) - killed_ns) / 1e6,
             "failover_ms": (states.get("reconnected", killed_ns) - killed_ns) / 1e6,
             "moved": float(moved),
+            "extra_moves": float(max(0, client.moves - 1)),
             "lost": float(messages - len(set(got))),
             "duplicates": float(len(got) - len(set(got))),
             "out_of_order": float(sum(1 for a, b in zip(got, got[1:]) if b < a)),
@@ -257,7 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "lost": sum(r["lost"] for r in rounds),
                       "duplicates": sum(r["duplicates"] for r in rounds),
                       "out_of_order": sum(r["out_of_order"] for r in rounds),
-                      "moved": sum(r["moved"] for r in rounds)},
+                      "moved": sum(r["moved"] for r in rounds),
+                      "extra_moves": sum(r["extra_moves"] for r in rounds)},
         "session_timeout": {"failover_p50_ms": timeout_ms, "failover_p99_ms": timeout_ms,
                             "detect_p50_ms": timeout_ms},
     }
