@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         from tests.fuzz.decoders import run_decoders
 
         targets = args.targets.split(",") if args.targets else None
+        # said first: a run the kernel kills (out of memory) can be repeated with --seed
+        print(f"fuzz decoders: seed {seed}", file=sys.stderr, flush=True)
         summary = run_decoders(args.seconds, seed, targets)
     text = json.dumps(summary, indent=None if args.json else 1)
     print(text)
