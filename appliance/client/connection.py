@@ -48,6 +48,7 @@ from appliance.client.settings import (
     RECONNECT_JITTER_FRACTION,
     RECONNECT_LOGIN_TIMEOUT_S,
 )
+from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
 from datapath.protocol.extensions import split as split_extensions
@@ -348,7 +349,7 @@ class ConnectionSide:
                 for msg in _pages(self, sub.pattern, sub.namespace, page):
                     sub._fill(msg)
                     self.filled += 1
-            except Exception as exc:  # no cache for it, refused, no answer: told as a loss
+            except TopicwireError as exc:  # no cache for it, refused, no answer: a loss
                 log.warning("client %s: the gap of %r since the connection was lost cannot "
                             "be filled from %s (%s): a SESSION_LOST event", self.identity,
                             sub.pattern, self.url, exc)

@@ -62,6 +62,8 @@ class DurableFetcher:
         """Where the next page begins (None: at the appliance's stored position)."""
         self.handed = 0
         """The cache sequence after the last message handed to the application."""
+        self.callback_errors = 0
+        """Messages whose callback raised (logged; the subscription goes on)."""
         self.error: BaseException | None = None
         """Why the subscription ended, when the appliance refused it."""
         self.stop = threading.Event()
@@ -119,6 +121,7 @@ class DurableFetcher:
             try:
                 sub._put(msg)
             except Exception:  # an application's callback must not end the subscription
+                self.callback_errors += 1
                 log.exception("client %s: durable subscription %r: the callback raised",
                               sub.client.identity, self.name)
             if sub.callback is not None:  # handed over once the callback returned
