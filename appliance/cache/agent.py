@@ -380,18 +380,26 @@ class CacheAgent:
         pattern = doc["pattern"]
         kept = self.store.log_of(pattern)
         out: dict[str, Any] = {"id": doc["id"]}
-        try:
-            assert kept is not None  # checked by submit; the patterns do not change
-            rows, next_seq, done = self.store.page(kept, pattern, doc.get("from_seq"),
-                                                   doc.get("from_time_ns"))
+        assert kept is not None  # checked by submit; the patterns do not change
+        page = self._page(kept, pattern, doc.get("from_seq"), doc.get("from_time_ns"), out)
+        if page is not None:
+            rows, next_seq, done = page
             out.update(accepted=True, messages=rows, next_seq=next_seq, done=done)
             self.counters["replay_pages"] += 1
             self.counters["replayed_messages"] += len(rows)
+        self._send(channel, dest, session_id, out)
+
+    def _page(self, kept: str, pattern: str, from_seq: int | None, from_time_ns: int | None,
+              out: dict) -> tuple[list, int, bool] | None:
+        """``CacheStore.page``; None when the log cannot be read (counted, logged, and
+        ``out`` made the refusal)."""
+        try:
+            return self.store.page(kept, pattern, from_seq, from_time_ns)
         except (TopicwireError, OSError) as exc:
             self._store_error("replay", exc)
             out.update(accepted=False, why="storage", reason=f"cache: cannot read the log of "
                        f"{kept!r}: {exc}")
-        self._send(channel, dest, session_id, out)
+            return None
 
     def _answer_durable(self, request: tuple[int, str, int, dict, str]) -> None:
         """A durable subscription's request: acknowledge, page from its position, or hold
@@ -431,14 +439,11 @@ class CacheAgent:
             self.counters["durables_lost_records"] += first - start
             self.book.move(entry, first, now_ns)
             start = first
-        try:
-            rows, next_seq, done = self.store.page(kept, pattern, start, None)
-        except (TopicwireError, OSError) as exc:
-            self._store_error("replay", exc)
-            out.update(accepted=False, why="storage", reason=f"cache: cannot read the log of "
-                       f"{kept!r}: {exc}")
+        page = self._page(kept, pattern, start, None, out)
+        if page is None:
             self._send(channel, dest, session_id, out)
             return
+        rows, next_seq, done = page
         if not rows and entry.position >= start:  # only other topics' records: passed
             self.book.move(entry, next_seq, now_ns)
         wait_ns = doc.get("wait_ms", 0) * 1_000_000
