@@ -88,7 +88,7 @@ from appliance.client.settings import (
     RECONNECT_LOGIN_TIMEOUT_S,
     RECONNECT_MAX_S,
     RECONNECT_S,
-    SEGMENT_SEND_WAIT_S,
+    SEND_WAIT_S,
     SESSION_TIMEOUT_MAX_S,
     SESSION_TIMEOUT_MIN_S,
     SESSION_TIMEOUT_S,
@@ -477,6 +477,14 @@ class Client(GuaranteedSide, ConnectionSide):
         self.closed = False
         self.logged_out_reason: str | None = None
         self.published = 0
+        self.send_drops = 0
+        """Publish frames the channel did not take within ``SEND_WAIT_S`` (dropped)."""
+        self.messages_dropped_at_send = 0
+        """Best-effort messages in those frames (guaranteed ones are resent by the transport)."""
+        self.send_waits = 0
+        """Times a publish frame waited for the channel to take it (backpressure)."""
+        self.send_wait_s = SEND_WAIT_S
+        """How long a publish frame waits for a channel that pushes back (settable)."""
         self.received = 0
         self.malformed_extensions = 0
         """Messages dropped: their header block or segment descriptor did not parse."""
@@ -844,7 +852,7 @@ class Client(GuaranteedSide, ConnectionSide):
                 args = dict(namespace_id=namespace, qos=qos, flags=flags,
                             schema_id=0 if index else schema_id)
                 if self._open_since_ns == 0 or not writer.append(key, seq, now, part, **args):
-                    self._flush_locked(SEGMENT_SEND_WAIT_S)
+                    self._flush_locked()
                     writer.begin(fl.FrameType.DATA, source_session=self.session,
                                  stream_id=self.session)
                     self._open_since_ns = time.monotonic_ns()
@@ -852,7 +860,7 @@ class Client(GuaranteedSide, ConnectionSide):
             self.published += 1
             self.segments_published += 1
             if flush:
-                self._flush_locked(SEGMENT_SEND_WAIT_S)
+                self._flush_locked()
         return seq
 
     def flush(self, timeout: float | None = None) -> None:
@@ -893,24 +901,36 @@ class Client(GuaranteedSide, ConnectionSide):
         those waiting to be sent again too)."""
         return self._outcomes.unacknowledged() + len(self._to_resend)
 
-    def _flush_locked(self, wait_s: float = 0.0) -> None:
-        """Send the open publish frame; ``wait_s``: retry for up to that long while the
-        channel does not take it (a large message's segments), else count it dropped."""
+    def _flush_locked(self) -> None:
+        """Send the open publish frame. A channel that pushes back is given up to
+        ``SEND_WAIT_S`` to take it (the publisher is slowed down to its path's pace); a frame
+        still refused then is dropped and counted with its messages (``send_drops``,
+        ``messages_dropped_at_send``)."""
         if self._open_since_ns == 0:
             return
+        messages = self._writer.message_count
         length = self._writer.finish()
         self._open_since_ns = 0
-        if length:
-            self._one[0] = self._sign(self._pub_np, length)
-            frames = (self._pub_np, np.zeros(1, np.int64), self._one.copy(), 1)
+        if not length:
+            return
+        self._one[0] = self._sign(self._pub_np, length)
+        frames = (self._pub_np, np.zeros(1, np.int64), self._one.copy(), 1)
+        sent = self._channel_send(frames)
+        if sent == 1:
+            return
+        self.send_waits += 1
+        deadline = time.monotonic() + self.send_wait_s
+        pause = 0.0
+        while sent != 1 and time.monotonic() < deadline and not self.channel.closed:
+            time.sleep(pause)
+            pause = min(0.001, pause * 2 or 0.00005)
             sent = self._channel_send(frames)
-            if sent != 1 and wait_s:
-                deadline = time.monotonic() + wait_s
-                while sent != 1 and time.monotonic() < deadline and not self.channel.closed:
-                    time.sleep(0.0002)
-                    sent = self._channel_send(frames)
-            if sent != 1:
-                self.send_drops = getattr(self, "send_drops", 0) + 1
+        if sent != 1:
+            self.send_drops += 1
+            self.messages_dropped_at_send += messages
+            log.warning("client %s: the appliance's channel took no publish frame for %g s; "
+                        "%d messages dropped (send_drops %d)", self.identity, self.send_wait_s,
+                        messages, self.send_drops)
 
     # --- subscribing ---------------------------------------------------------------------------
     def subscribe(self, pattern: str, selector: str | None = None, *, qos: str = "best-effort",

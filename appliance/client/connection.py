@@ -443,12 +443,15 @@ class ConnectionSide:
     # --- reporting --------------------------------------------------------------------------------
     def connection_counters(self: Client) -> dict[str, Any]:
         """The client's connection state and counters (``state``, ``losses``,
-        ``reconnects``, ``probes``, guaranteed outcomes)."""
+        ``reconnects``, ``probes``, guaranteed outcomes, and the publish frames that waited for
+        or were dropped by a channel that pushed back)."""
         return {"state": self.state, "session": self.session, "losses": self.losses_of_connection,
                 "reconnects": self.reconnects, "probes": self.probes,
                 "appliance": self.url, "moves": self.moves,
                 "acknowledged": self._outcomes.acknowledged, "failed": self._outcomes.failed,
-                "unacknowledged": self._outcomes.unacknowledged()}
+                "unacknowledged": self._outcomes.unacknowledged(),
+                "send_waits": self.send_waits, "send_drops": self.send_drops,
+                "messages_dropped_at_send": self.messages_dropped_at_send}
 
 
 def unacknowledged_text(failed: dict[str, int], pending: int, timeout_s: float | None) -> str:

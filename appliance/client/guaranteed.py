@@ -209,7 +209,7 @@ class GuaranteedSide:
             sent = self.channel.send((buf, np.zeros(1, np.int64),
                                       np.array([self._sign(buf, len(frame))], np.int64), 1))
         if sent != 1:
-            self.send_drops = getattr(self, "send_drops", 0) + 1  # recovered by the transport
+            self.send_drops += 1  # recovered by the transport (its NAKs and retransmissions)
 
     def _on_guaranteed(self, stream: Any, message: memoryview) -> bool:
         """One message of a guaranteed stream, in order (the receiver's DeliveryHandler)."""

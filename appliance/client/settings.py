@@ -44,7 +44,8 @@ SHM_RX_RING_BYTES = 4 * 1024 * 1024
 """The receive ring a shared-memory client makes (the appliance writes into it): room for a
 1 MiB best-effort message's segments and more while the client thread drains it (the
 channel's default, 1 MiB, dropped some of them under load)."""
-SEGMENT_SEND_WAIT_S = 1.0
-"""How long a large best-effort message's publish waits for its channel to take a frame of
-segments (a full shared-memory ring, a full socket buffer) before it drops the frame, and
-with it the message (``send_drops``)."""
+SEND_WAIT_S = 1.0
+"""How long a publish frame waits for a channel that pushes back (a full shared-memory ring,
+a full socket buffer, an RDMA peer out of receive credits) to take it before the frame is
+dropped and counted (``send_drops``, ``messages_dropped_at_send``): a publisher faster than
+its path is slowed down, not silently thinned out."""

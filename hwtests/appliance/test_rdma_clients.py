@@ -85,6 +85,7 @@ class TestRdmaClients(RdmaTestCase):
             clients.append(sub)
             pub = self._connect("feed")
             clients.append(pub)
+            pub.send_wait_s = CLIENT_TIMEOUT_S  # credits come back at the guest's pace
             login_s = time.monotonic() - t0
             guaranteed = sub.subscribe("g/#", qos="guaranteed")
             best_effort = sub.subscribe("b/#")
@@ -112,7 +113,9 @@ class TestRdmaClients(RdmaTestCase):
                     f"incomplete after {WAIT_S} s: {len(got_g)} guaranteed and {len(got_b)} "
                     f"best-effort of {MESSAGES} each; losses {sub.losses}; the appliance's "
                     f"counters {_notable(node.status()['counters'])}; the subscriber's "
-                    f"{_notable(sub.connection_counters())}")
+                    f"{_notable(sub.connection_counters())}; the publisher's "
+                    f"{_notable(pub.connection_counters())} and channel's "
+                    f"{_notable(pub.channel.stats.snapshot())}")
             wait_until(lambda: node.status()["counters"].get("rdma_clients_up") == 2,
                        WAIT_S, 0.5)
             status = node.status()

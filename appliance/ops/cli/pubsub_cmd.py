@@ -309,7 +309,8 @@ def run_pub(args: argparse.Namespace) -> int:
     unacknowledged = sum(failed.values()) if guaranteed else 0
     summary = {"sent": sent, "seconds": round(elapsed, 6),
                "msgs_per_s": round(sent / elapsed, 1) if elapsed > 0 else 0.0,
-               "connection_losses": report.losses, "reconnects": client.reconnects}
+               "connection_losses": report.losses, "reconnects": client.reconnects,
+               "dropped_at_send": client.messages_dropped_at_send}
     if guaranteed:
         summary.update(acknowledged=client.connection_counters()["acknowledged"],
                        unacknowledged=unacknowledged, failed_reasons=failed)
