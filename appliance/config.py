@@ -107,7 +107,12 @@ refused and counted (``control_origins_refused``)."""
 SHM_BUS_PRODUCERS = 32
 """Producer slots of the shared-memory bus ring (clients that may send at once)."""
 STATUS_REFRESH_NS = 250_000_000
-"""How often the control agent rebuilds the status snapshot."""
+"""How often the control agent rebuilds the status snapshot, and the data path publishes
+its counters while it forwards messages or applies commands."""
+STATUS_IDLE_REFRESH_NS = 1_000_000_000
+"""How often an idle data path (no message, no command since its last publish: heartbeats
+only) publishes its counters; the first message or command brings the next publish back
+within ``STATUS_REFRESH_NS``."""
 INBOX_FRAMES = 4_096
 """Admin frames the data path may queue for the control agent; more are dropped and counted."""
 OUTBOX_FRAMES = 8_192
@@ -125,6 +130,10 @@ one more link is refused (``links_full``). Only holders of the fabric key create
 DISCOVERY_HELLO_REPLY_NS = 20_000_000
 """A neighbour's discovery HELLO (it does not know our node id yet) is answered with a HELLO
 bound to its node id at most this often (a replayed one makes us send no more than this)."""
+NEIGHBOUR_ECHO_NS = 1_000_000_000
+"""A neighbour's HELLO is echoed back (an ECHO carrying its send time, from which it works out
+``rtt_us``) at most this often, not every heartbeat: each admin frame costs an idle appliance
+a trip between its data path and its control plane."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
 """A rejected admin frame is logged at most once per source per this interval."""
 CONTROL_TABLES_INTERVAL_NS = 2_000_000

@@ -135,23 +135,34 @@ def configure() -> Path:
 
 def dispatchers(import_all: bool = False) -> dict[str, Any]:
     """The numba dispatchers of the kernel modules this process imported (of all of them
-    with ``import_all``), by ``module.name``."""
+    with ``import_all``), by ``module.name``. Looked up again only when the set of imported
+    kernel modules changed (a status refresh asks every 250 ms; an idle appliance should not
+    walk every kernel module's namespace each time)."""
     from numba.core.registry import CPUDispatcher
 
+    if import_all:
+        for name in KERNEL_MODULES:
+            if name not in sys.modules:
+                try:
+                    importlib.import_module(name)
+                except ImportError:  # an optional part (pyverbs) is not installed
+                    continue
+    loaded = tuple(name for name in KERNEL_MODULES if sys.modules.get(name) is not None)
+    cached = _DISPATCHERS.get(loaded)
+    if cached is not None:
+        return dict(cached)
     found: dict[str, Any] = {}
-    for name in KERNEL_MODULES:
-        module = sys.modules.get(name)
-        if module is None and import_all:
-            try:
-                module = importlib.import_module(name)
-            except ImportError:  # an optional part (pyverbs) is not installed
-                continue
-        if module is None:
-            continue
-        for attr, value in vars(module).items():
+    for name in loaded:
+        for attr, value in vars(sys.modules[name]).items():
             if isinstance(value, CPUDispatcher) and value.__module__ == name:
                 found[f"{name}.{attr}"] = value
-    return found
+    _DISPATCHERS.clear()
+    _DISPATCHERS[loaded] = found
+    return dict(found)
+
+
+_DISPATCHERS: dict[tuple[str, ...], dict[str, Any]] = {}
+"""``dispatchers()``'s last answer, by the kernel modules imported when it was made."""
 
 
 def _cached_signatures(dispatcher: Any) -> list[tuple]:

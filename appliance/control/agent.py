@@ -24,6 +24,8 @@ from appliance.config import (
     CONTROL_TABLES_INTERVAL_NS,
     LOG_SOURCES_KEPT,
     LSA_MAX_AGE_REFRESHES,
+    STATUS_IDLE_REFRESH_NS,
+    STATUS_REFRESH_NS,
     ApplianceConfig,
 )
 from appliance.control import acl_apply, route_apply
@@ -52,6 +54,7 @@ from appliance.dataplane.frame_auth import DataAuth
 from appliance.dataplane.names import GROUP_TX
 from channels.udp import peer_id_of
 from datapath.protocol import admin_layout as al
+from datapath.protocol import frame_layout as fl
 from datapath.protocol.codec import encode_admin
 from datapath.protocol.errors import ProtocolError
 from datapath.protocol.frame_layout import FrameType
@@ -60,6 +63,9 @@ from nic_offload.compiler import OffloadCompiler
 from nic_offload.model import CPU_PORT, MAX_EGRESS_PORT
 
 __all__ = ["ControlAgent", "Neighbour", "Session"]
+
+_HEARTBEAT_TYPES = frozenset((int(FrameType.HELLO), int(FrameType.HEARTBEAT)))
+"""Admin frames that are no news for the status (a neighbour's or a client's heartbeat)."""
 
 
 class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
@@ -154,6 +160,12 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._timers_ran_ns = time.monotonic_ns()
         self._refresh_at = 0
         self._status_at = 0
+        self._status_quiet = False
+        """Whether nothing but heartbeats and timers ran since the status was last built (it
+        is then rebuilt every ``STATUS_IDLE_REFRESH_NS``, not every ``STATUS_REFRESH_NS``)."""
+        self._status_built_ns = 0
+        self._status_published: object = None
+        """The data path's publish the status was built from (a new one is news)."""
         self._log_at: dict[tuple[str, int], int] = {}
         """(channel, peer) -> when it may be logged again (at most LOG_SOURCES_KEPT)."""
         self._log_full_at = 0
@@ -186,13 +198,19 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         while inbox and work < INBOX_PER_CYCLE:
             channel, peer, data = inbox.popleft()
             work += 1
+            if len(data) <= fl.TYPE_OFFSET or data[fl.TYPE_OFFSET] not in _HEARTBEAT_TYPES:
+                self._status_news(now_ns)
             try:
                 self._on_admin(channel, peer, data, now_ns)
             except Exception as exc:  # whatever a frame does, it ends here: the agent goes on
                 self._bad_admin(channel, peer, exc, now_ns)
-        work += self._run_requests()
-        work += self._timers(now_ns)
-        work += self.routes_ext.do_work(now_ns)
+        requests = self._run_requests()
+        work += requests + self._timers(now_ns)
+        routed = self.routes_ext.do_work(now_ns)
+        work += routed
+        if requests or routed or self._topology_dirty or self._tables_dirty \
+                or self.dp.published is not self._status_published:
+            self._status_news(now_ns)
         if self.registry.version != self._synced_registry:
             self._tables_dirty = True
         if self._topology_dirty:
@@ -222,7 +240,18 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
             self._replies_when_live.clear()
         if now_ns >= self._status_at:
             self._build_status(now_ns)
+            self._status_built_ns, self._status_published = now_ns, self.dp.published
+            if self._status_quiet:
+                self._status_at = now_ns + STATUS_IDLE_REFRESH_NS
+            self._status_quiet = True
         return work
+
+    def _status_news(self, now_ns: int) -> None:
+        """Something other than a heartbeat happened: the status is rebuilt at the busy pace
+        (within ``STATUS_REFRESH_NS`` of the last build)."""
+        if self._status_quiet:
+            self._status_quiet = False
+            self._status_at = min(self._status_at, self._status_built_ns + STATUS_REFRESH_NS)
 
     def wake_at_ns(self, now_ns: int) -> int:
         """When the agent next has work if nobody hands it any: soon while it waits for the

@@ -8,6 +8,7 @@ import time
 from appliance.config import (
     DISCOVERY_HELLO_REPLY_NS,
     FABRIC_MAX_ORIGINS,
+    NEIGHBOUR_ECHO_NS,
 )
 from appliance.control import acl_apply
 from appliance.control import pm as pmod
@@ -162,8 +163,10 @@ class FabricSide:
             self._topology_dirty = True
             self._send_hello(nb, FrameType.HELLO)
             self._send_full_state(nb)
-        self._to_neighbour(nb, FrameType.CONTROL, [self._control(al.ControlKind.ECHO,
-                                                                 {"ts": send_ts})])
+        if now_ns - nb.echo_sent_ns >= NEIGHBOUR_ECHO_NS:
+            nb.echo_sent_ns = now_ns
+            self._to_neighbour(nb, FrameType.CONTROL, [self._control(al.ControlKind.ECHO,
+                                                                     {"ts": send_ts})])
 
     def _new_origin_refused(self, origin: int, table: dict) -> bool:
         """True (counted) when ``origin`` is new to ``table`` and it holds FABRIC_MAX_ORIGINS."""

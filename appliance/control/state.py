@@ -42,6 +42,8 @@ class Neighbour:
     """When its last authenticated HELLO arrived on its fabric group (0: never)."""
     discovery_reply_ns: int = -(1 << 62)
     """When we last answered its discovery HELLO (control/fabric.py)."""
+    echo_sent_ns: int = -(1 << 62)
+    """When we last echoed one of its HELLOs (its round-trip time, ``NEIGHBOUR_ECHO_NS``)."""
 
 
 @dataclass

@@ -17,7 +17,8 @@ on its own thread under an ``AgentRunner``. Each duty cycle:
    the next hop of path(self, destination), a client's to its channel;
 5. send everything, take the software NIC's digests off its queue when it made some
    (counted by reason, the latest unknown keys kept for the status) and publish counters
-   every ``STATUS_REFRESH_NS``.
+   every ``STATUS_REFRESH_NS`` (every ``STATUS_IDLE_REFRESH_NS`` while no message or command
+   comes: an idle appliance's heartbeats do not pay for a status 4 times a second).
 
 Frames for a client carry ``source_session`` = the origin appliance, ``dest_session`` = the
 client's session and ``stream_id`` = the publishing session at the origin, so a subscriber
@@ -62,6 +63,7 @@ from appliance.config import (
     INBOX_FRAMES,
     OUTBOX_FRAMES,
     PARKED_MESSAGE_TTL_NS,
+    STATUS_REFRESH_NS,
 )
 from appliance.control import route_apply
 from appliance.dataplane import express as _express
@@ -186,6 +188,8 @@ class DataPlaneAgent(Delivery, Output):
         self._groups: dict[int, tuple[int, ...]] = {}
         self._groups_version = -1
         self._publish_at_ns = 0
+        self._active_since_publish = True
+        """Whether a message or a command was handled since the last publish (its cadence)."""
         self.published: dict[str, Any] = {"channels": [], "counters": {}, "offload": {}}
         self.closing = False
         self.telemetry: Any = None
@@ -386,8 +390,8 @@ class DataPlaneAgent(Delivery, Output):
         # every step below is skipped by a cheap check when it has nothing to do: a cycle
         # that forwards one frame is dominated by fixed costs (docs/appliance.md, benchmark)
         work = self._send_outbox() if self.outbox else 0
-        if self.commands:
-            work += self.commands.drain(1_024)
+        applied = self.commands.drain(1_024) if self.commands else 0
+        work += applied
         snap_version = self.nic.switch.current.version
         work += self.rerun_parked_before(snap_version, now_ns)
         telemetry = self.telemetry
@@ -423,6 +427,9 @@ class DataPlaneAgent(Delivery, Output):
             self._drain_digests()
         if self._parked:
             self._expire_parked(now_ns)
+        if (data or applied) and not self._active_since_publish:
+            self._active_since_publish = True  # counters move again: publish at the busy pace
+            self._publish_at_ns = min(self._publish_at_ns, now_ns + STATUS_REFRESH_NS)
         if now_ns >= self._publish_at_ns:
             self._publish(now_ns)
         if work:

@@ -12,6 +12,7 @@ import numpy as np
 
 from appliance.config import (
     OUTBOX_FRAMES,
+    STATUS_IDLE_REFRESH_NS,
     STATUS_REFRESH_NS,
 )
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
@@ -103,7 +104,9 @@ class Output:
 
     # --- counters -----------------------------------------------------------------------------
     def _publish(self, now_ns: int) -> None:
-        self._publish_at_ns = now_ns + STATUS_REFRESH_NS
+        self._publish_at_ns = now_ns + (STATUS_REFRESH_NS if self._active_since_publish
+                                        else STATUS_IDLE_REFRESH_NS)
+        self._active_since_publish = False
         self.express.fold()  # what its kernels counted since
         nic = self.nic
         self.published = {  # channel samples: the control thread computes their percentiles
