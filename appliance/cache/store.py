@@ -57,22 +57,28 @@ class CacheStore:
 
     def append(self, topic: str, namespace: int, seq: int, key: int, origin: int,
                stream: int, schema_id: int, qos: int, publish_ts_ns: int,
-               payload: bytes) -> int:
+               payload: bytes) -> list[tuple[str, int]]:
         """Append a message to the log of each pattern it matches (namespace 0); buffered
-        until ``commit``. Returns how many logs took it."""
+        until ``commit``. Returns (pattern, cache sequence) of each log that took it."""
         if namespace != 0:
-            return 0
+            return []
         record = None
-        taken = 0
+        taken: list[tuple[str, int]] = []
         for pattern, log in self.logs.items():
             if matches(pattern, topic):
                 if record is None:
                     record = layout.encode(seq, key, origin, stream, namespace, schema_id, qos,
                                            topic.encode(), payload)
-                log.append(log.last_seq + 1, publish_ts_ns, record)
+                seq = log.last_seq + 1
+                log.append(seq, publish_ts_ns, record)
                 self._dirty.add(pattern)
-                taken += 1
+                taken.append((pattern, seq))
         return taken
+
+    def durable(self, positions: list[tuple[str, int]]) -> bool:
+        """Whether every (pattern, cache sequence) is on disk (per ``cache.fsync``)."""
+        logs = self.logs
+        return all(logs[p].durable_seq >= seq for p, seq in positions)
 
     def commit(self) -> set[str]:
         """Write what was appended and sync it as ``cache.fsync`` says; the patterns whose
