@@ -241,7 +241,10 @@ class CacheAgent:
             self.book.save()
         except OSError as exc:
             self._store_error("durables", exc)
-        self.store.close()
+        try:
+            self.store.close()
+        except (TopicwireError, OSError) as exc:
+            self._store_error("close", exc)
 
     def drain(self) -> None:
         """Append what was received and not yet kept (at stop, on the caller's thread); a

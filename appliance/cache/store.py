@@ -24,6 +24,7 @@ from appliance.cache.settings import (
     CacheSettings,
 )
 from appliance.persistence import StreamLog
+from datapath.errors import TopicwireError
 from datapath.topics.algebra import includes, matches
 
 PAGE_ROW_OVERHEAD_BYTES = 160
@@ -162,8 +163,14 @@ class CacheStore:
     def close(self) -> None:
         """Sync and close every log (twice is fine)."""
         logs, self.logs = self.logs, {}
+        failed: BaseException | None = None
         for log in logs.values():
-            log.close()
+            try:
+                log.close()  # its files close even when the last sync fails
+            except (TopicwireError, OSError) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def warm_up() -> None:

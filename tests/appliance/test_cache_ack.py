@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ PATTERN = "orders/#"
 def _log_rows(cache_dir: Path, upto: int | None = None) -> list[tuple[str, bytes]]:
     """(topic, payload) of the records of the orders/# log (of a copy: opening a log cuts
     a torn tail, which must not touch the appliance's own), up to cache sequence ``upto``."""
-    copy = cache_dir.parent / f"copy-{time.monotonic_ns()}"
+    copy = Path(tempfile.mkdtemp(prefix="ack-log-copy-")) / "log"  # not on the small disk
     shutil.copytree(cache_dir / log_dir_name(PATTERN), copy)
     rows = []
     with StreamLog(copy) as log:
@@ -39,7 +40,7 @@ def _log_rows(cache_dir: Path, upto: int | None = None) -> list[tuple[str, bytes
                     break
                 env = decode(batch.payload(i))
                 rows.append((env[7], env[8]))
-    shutil.rmtree(copy)
+    shutil.rmtree(copy.parent)
     return rows
 
 
