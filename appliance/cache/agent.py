@@ -52,11 +52,13 @@ from appliance.cache.settings import (
     REPLAYS_PENDING,
     REPLAYS_PENDING_PER_SESSION,
     RETENTION_CHECK_INTERVAL_NS,
+    STORE_RETRY_INTERVAL_NS,
     CacheSettings,
 )
 from appliance.cache.store import CacheStore
 from appliance.client.messages import QOS
 from appliance.config import ApplianceConfig, ConfigError, local_client_url
+from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from datapath.errors import TopicwireError
 
 log = logging.getLogger("topicwire.appliance")
@@ -153,6 +155,17 @@ class CacheAgent:
         self._closing = threading.Event()
         self._runner: Any = None
         self._connector: threading.Thread | None = None
+        self.persisted_acks = settings.acknowledge == "persisted"
+        """A local publisher's guaranteed messages are acknowledged once on disk: the data
+        path waits for ``_report_persisted`` (docs/fault-tolerance.md)."""
+        self._unpersisted: deque[tuple[tuple[int, int], list[tuple[str, int]]]] = deque()
+        """(publishing session, sequence on the stream from the data path) of the local
+        guaranteed messages appended, with their (pattern, cache sequence), until they are on disk;
+        bounded by the publishers' send windows (nothing more is acknowledged meanwhile)."""
+        self.failing: str | None = None
+        """The storage error the logs fail with now (None: they write)."""
+        self._failing_since_ns = 0
+        self._retry_at = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> CacheAgent:
@@ -228,13 +241,23 @@ class CacheAgent:
             self.book.save()
         except OSError as exc:
             self._store_error("durables", exc)
-        self.store.close()
+        try:
+            self.store.close()
+        except (TopicwireError, OSError) as exc:
+            self._store_error("close", exc)
 
     def drain(self) -> None:
-        """Append what was received and not yet kept (at stop, on the caller's thread)."""
+        """Append what was received and not yet kept (at stop, on the caller's thread); a
+        failing disk is tried once more."""
         if self._runner is None and self.store.logs:
-            while self._inbox:
+            self._retry_at = 0
+            while self._inbox or self.failing is not None:
                 self._append(time.monotonic_ns())
+                if self.failing is not None:
+                    log.error("%s: cache: stopping with %d received messages not kept: the "
+                              "logs in %s still fail (%s)", self.config.name,
+                              len(self._inbox), self.settings.dir, self.failing)
+                    return
 
     # --- in: messages (the cache session's client thread) -------------------------------------
     def _on_message(self, msg: Any) -> None:
@@ -293,11 +316,21 @@ class CacheAgent:
         due = [t for t in (self.store.wake_at_ns(), self.book.wake_at_ns()) if t is not None]
         due.extend(deadline for parked in self._parked.values()
                    for _, deadline in parked.values())
+        if self.failing is not None:
+            due.append(self._retry_at)
         return min(self._retention_at, self._status_at, *due)
 
     def do_work(self, now_ns: int) -> int:
-        work = self._append(now_ns) if self._inbox else 0
-        work += self.store.do_work(now_ns)
+        work = self._append(now_ns) if self._inbox or self.failing is not None else 0
+        if self.failing is None:
+            try:
+                synced = self.store.do_work(now_ns)
+            except (TopicwireError, OSError) as exc:
+                self._store_failing(exc, now_ns)
+                synced = 0
+            if synced and self._unpersisted:
+                self._report_persisted()
+            work += synced
         while self._woken:  # held durable requests whose log took records (not counted)
             self._answer_durable(self._woken.popleft())
             work += 1
@@ -324,16 +357,32 @@ class CacheAgent:
         return work
 
     def _append(self, now_ns: int) -> int:
+        """Append a batch and commit it. A write or sync that fails keeps what it held (the
+        logs' write buffers, the messages not yet appended stay in the queue) and is tried
+        again every ``STORE_RETRY_INTERVAL_NS``: nothing is reported persisted meanwhile."""
+        if self.failing is not None and now_ns < self._retry_at:
+            return 0
         inbox = self._inbox
         n = 0
+        committed: set[str] = set()
         try:
+            if self.failing is not None:  # what the logs still buffer goes first
+                committed = self.store.commit()
             while inbox and n < CACHE_APPEND_BATCH_MESSAGES:
-                self._keep(inbox.popleft())
+                self._keep(inbox[0])
+                inbox.popleft()
                 n += 1
-            committed = self.store.commit()
+            committed |= self.store.commit()
         except (TopicwireError, OSError) as exc:
-            self._store_error("append", exc)
+            self._store_failing(exc, now_ns)
             return n
+        if self.failing is not None:
+            log.warning("%s: cache: the logs in %s take writes again after %.1f s; the held "
+                        "messages are kept and acknowledgements resume", self.config.name,
+                        self.settings.dir, (now_ns - self._failing_since_ns) / 1e9)
+            self.failing = None
+        if self._unpersisted:
+            self._report_persisted()
         for kept in committed:  # the durable subscribers waiting for these logs go on
             parked = self._parked.pop(kept, None)
             if parked:
@@ -355,10 +404,46 @@ class CacheAgent:
         if len(msg.payload) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
             counters["too_large"] += 1
             return
-        if self.store.append(msg.topic, msg.namespace, msg.sequence, msg.topic_key,
-                             msg.origin, msg.stream, msg.schema_id, msg.qos, msg.publish_ts_ns,
-                             msg.payload):
+        taken = self.store.append(msg.topic, msg.namespace, msg.sequence, msg.topic_key,
+                                  msg.origin, msg.stream, msg.schema_id, msg.qos,
+                                  msg.publish_ts_ns, msg.payload)
+        if taken:
             counters["kept"] += 1
+            if (self.persisted_acks and msg.qos == QOS_GUARANTEED
+                    and msg.origin == self.config.node_id):
+                # (publisher, its sequence on the data path's stream to this session)
+                self._unpersisted.append(((msg.stream & ~RELIABLE_STREAM_BIT, msg.sequence),
+                                          taken))
+
+    def _report_persisted(self) -> None:
+        """Tell the data path which local guaranteed messages are on disk now (in the order
+        they were appended): their publishers' acknowledgements go on."""
+        pending = self._unpersisted
+        store = self.store
+        done = []
+        while pending and store.durable(pending[0][1]):
+            done.append(pending.popleft()[0])
+        if done:
+            self.counters["persisted_reported"] += len(done)
+            self.dp.command("persisted", done)
+
+    def _store_failing(self, exc: BaseException, now_ns: int) -> None:
+        """A write or sync of the logs failed: said once per failure period, at ERROR."""
+        self.counters["store_errors_append"] += 1
+        self._retry_at = now_ns + STORE_RETRY_INTERVAL_NS
+        if self.failing is None:
+            self._failing_since_ns = now_ns
+            self.counters["store_failures"] += 1
+            held = ("nothing more is acknowledged to the local publishers of guaranteed "
+                    "messages on " + ", ".join(self.settings.patterns) + " (acknowledge = "
+                    "\"persisted\") until it does; " if self.persisted_acks else "")
+            log.error("%s: cache: cannot write its logs in %s: %s. Free space there or fix "
+                      "the disk: %sreceived messages wait in memory (up to %d, then dropped, "
+                      "counted cache_dropped_queue_full) and the write is tried again every "
+                      "%.0f s (counted cache_store_errors_append)", self.config.name,
+                      self.settings.dir, exc, held, CACHE_QUEUE_MESSAGES,
+                      STORE_RETRY_INTERVAL_NS / 1e9)
+        self.failing = str(exc)
 
     def _store_error(self, what: str, exc: BaseException) -> None:
         self.counters[f"store_errors_{what}"] += 1
@@ -496,7 +581,11 @@ class CacheAgent:
         counters = {f"cache_{k}": int(v) for k, v in self.counters.items()}
         counters["cache_dropped_queue_full"] = self.dropped_queue_full
         counters["cache_lost"] = self.lost_guaranteed
+        counters["cache_store_failing"] = int(self.failing is not None)
+        counters["cache_awaiting_persist"] = len(self._unpersisted)
         return {"dir": str(self.settings.dir), "fsync": self.settings.fsync,
+                "acknowledge": self.settings.acknowledge,
+                "storage": "ok" if self.failing is None else f"failing: {self.failing}",
                 "session": "subscribed" if self.ready.is_set() else "connecting",
                 "logs": self.store.status(), "durables": self.book.status(),
                 "counters": counters}

@@ -33,6 +33,10 @@ class CachingAppliance(Appliance):
         from appliance.cache.agent import CacheAgent
         from appliance.cache.settings import CACHE_IDENTITY
 
+        if cfg.cache.acknowledge == "persisted":  # the data path holds local publishers' ACKs
+            from appliance.cache.settings import CACHE_MAX_PAYLOAD_BYTES
+
+            self.dataplane.command("persist_acks", CACHE_IDENTITY, CACHE_MAX_PAYLOAD_BYTES)
         self.cache = CacheAgent(cfg, cfg.cache, self.dataplane, registry)
         self.control.internal_logins[CACHE_IDENTITY] = (self.cache.verifier,
                                                         self.cache.entitlements)

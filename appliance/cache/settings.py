@@ -8,6 +8,8 @@ fsync = "batch"                    # "batch": fdatasync per batch appended; "int
 fsync_interval_ms = 10             #   fsync_interval_ms at most after the first unsynced one
 retention_bytes = 0                # per pattern log; 0: no size limit
 retention_hours = 0                # 0: no age limit
+acknowledge = "received"           # "persisted": a local client's guaranteed message on
+                                   #   the patterns is acknowledged once on disk
 ```
 
 ``appliance/config.py`` hands the raw table here; every check raises the config's own
@@ -56,6 +58,11 @@ CACHE_IDENTITY = "$cache"
 """The identity of the appliance's own cache session (entitled by the appliance itself to
 subscribe to ``cache.patterns``; it proves a password made at each start)."""
 COMPONENT = "cache"
+ACKNOWLEDGE_POLICIES = ("received", "persisted")
+"""``cache.acknowledge``: when a local publisher's guaranteed message on the patterns is
+acknowledged (docs/fault-tolerance.md, "Acknowledged once persisted")."""
+STORE_RETRY_INTERVAL_NS = 1_000_000_000
+"""A failed write or sync of the logs is tried again this often (with what it held)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class CacheSettings:
     fsync_interval_ms: int = FSYNC_INTERVAL_MS
     retention_bytes: int = 0
     retention_hours: int = 0
+    acknowledge: str = "received"
 
     def log_config(self) -> LogConfig:
         """How each pattern's log writes, syncs and retains. A size limit needs several
@@ -99,7 +107,7 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
     if not isinstance(table, dict):
         raise _error("cache", "must be a table ([cache])")
     _known(table, {"dir", "patterns", "fsync", "fsync_interval_ms", "retention_bytes",
-                   "retention_hours"}, p)
+                   "retention_hours", "acknowledge"}, p)
     directory = table.get("dir")
     if not isinstance(directory, str) or not directory:
         raise _error(p + "dir", "required: the directory the cache's logs are kept in")
@@ -127,7 +135,11 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
         raise _error(p + "retention_bytes", f"must be 0 (no limit) or at least "
                      f"{4 * MIN_SEGMENT_BYTES} (four segments of 1 MiB), not {size}")
     hours = _int(table, "retention_hours", p, 0, 0, 24 * 365 * 100)
+    acknowledge = table.get("acknowledge", "received")
+    if acknowledge not in ACKNOWLEDGE_POLICIES:
+        raise _error(p + "acknowledge", f"must be one of "
+                     f"{', '.join(map(repr, ACKNOWLEDGE_POLICIES))}, not {show(acknowledge)}")
     if not has_client_endpoint:
         raise _error("cache", "needs clients.udp or clients.shm: the cache receives what it "
                      "keeps through a client session of the appliance's own")
-    return CacheSettings(path, tuple(patterns), fsync, interval, size, hours)
+    return CacheSettings(path, tuple(patterns), fsync, interval, size, hours, acknowledge)

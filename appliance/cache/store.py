@@ -24,6 +24,7 @@ from appliance.cache.settings import (
     CacheSettings,
 )
 from appliance.persistence import StreamLog
+from datapath.errors import TopicwireError
 from datapath.topics.algebra import includes, matches
 
 PAGE_ROW_OVERHEAD_BYTES = 160
@@ -57,22 +58,28 @@ class CacheStore:
 
     def append(self, topic: str, namespace: int, seq: int, key: int, origin: int,
                stream: int, schema_id: int, qos: int, publish_ts_ns: int,
-               payload: bytes) -> int:
+               payload: bytes) -> list[tuple[str, int]]:
         """Append a message to the log of each pattern it matches (namespace 0); buffered
-        until ``commit``. Returns how many logs took it."""
+        until ``commit``. Returns (pattern, cache sequence) of each log that took it."""
         if namespace != 0:
-            return 0
+            return []
         record = None
-        taken = 0
+        taken: list[tuple[str, int]] = []
         for pattern, log in self.logs.items():
             if matches(pattern, topic):
                 if record is None:
                     record = layout.encode(seq, key, origin, stream, namespace, schema_id, qos,
                                            topic.encode(), payload)
-                log.append(log.last_seq + 1, publish_ts_ns, record)
+                seq = log.last_seq + 1
+                log.append(seq, publish_ts_ns, record)
                 self._dirty.add(pattern)
-                taken += 1
+                taken.append((pattern, seq))
         return taken
+
+    def durable(self, positions: list[tuple[str, int]]) -> bool:
+        """Whether every (pattern, cache sequence) is on disk (per ``cache.fsync``)."""
+        logs = self.logs
+        return all(logs[p].durable_seq >= seq for p, seq in positions)
 
     def commit(self) -> set[str]:
         """Write what was appended and sync it as ``cache.fsync`` says; the patterns whose
@@ -156,8 +163,14 @@ class CacheStore:
     def close(self) -> None:
         """Sync and close every log (twice is fine)."""
         logs, self.logs = self.logs, {}
+        failed: BaseException | None = None
         for log in logs.values():
-            log.close()
+            try:
+                log.close()  # its files close even when the last sync fails
+            except (TopicwireError, OSError) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
 
 def warm_up() -> None:

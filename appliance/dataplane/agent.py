@@ -221,6 +221,15 @@ class DataPlaneAgent(Delivery, Output):
         call reaches a data path in a process of its own: appliance/dataplane/process.py)."""
         self.commands.offer((name, args))
 
+    # --- persisted acknowledgements (commands from the cache: [cache] acknowledge) ------------
+    def persist_acks(self, identity: str, max_payload_bytes: int) -> None:
+        """Hold local publishers' acknowledgements for the cache (``GuaranteedPlane``)."""
+        self.guaranteed.persist_acks(identity, max_payload_bytes)
+
+    def persisted(self, tokens: list[tuple[int, int]]) -> None:
+        """The cache has these local guaranteed messages on disk."""
+        self.guaranteed.take_persisted(tokens)
+
     def commands_pending(self) -> int:
         """Commands offered and not run yet."""
         return len(self.commands)
@@ -627,6 +636,7 @@ class DataPlaneAgent(Delivery, Output):
                      for where, stream, message in gp.take_delivered())
         if not items:
             return
+        gates = gp.persist_identity is not None
         keys = np.fromiter((_KEY.unpack_from(item[2], 0)[0] for item in items), np.uint64,
                            len(items))
         known = snapshot.tables.lookup(keys) != 0
@@ -652,10 +662,15 @@ class DataPlaneAgent(Delivery, Output):
                 if due <= now_ns:
                     seq = int(_KEY.unpack_from(message, ml.SEQUENCE_OFFSET)[0])
                     gp.lost(where, stream, seq, seq, "UNKNOWN_KEY")
+                    if gates and where != FABRIC:
+                        gp.routed(stream, seq)
                 else:
                     gp.held[(where, stream)] = deque([(message, due)])
                     self.counters["guaranteed_held"] += 1
                 continue
+            if gates and where != FABRIC:  # its gate (persisted acknowledgements) moves on
+                in_seq = int(_KEY.unpack_from(message, ml.SEQUENCE_OFFSET)[0])
+                gp.routed(stream, in_seq)
             if topic_key == LOSS_NOTICE_KEY:
                 if where == FABRIC:
                     gp.notify_clients(stream.source_session, stream.stream_id,
@@ -689,12 +704,16 @@ class DataPlaneAgent(Delivery, Output):
                 tkey = (stream.source_session, topic_key)
                 seq = gp.topic_seq[tkey] = gp.topic_seq.get(tkey, 0) + 1
                 _KEY.pack_into(view, start + ml.SEQUENCE_OFFSET, seq)
+                if gates:
+                    gp.routing(stream.source_session, topic_key, seq, in_seq)
             pos += len(message)
             count += 1
         close()
         if scratch.count:
             self.counters["guaranteed_delivery_frames"] += scratch.count
             self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
+        if gates:
+            gp.routing_done()
 
 
 

@@ -41,6 +41,15 @@ resend is bounded per requester: never what the requester's own cumulative ACK c
 at most an ``AnswerBudget`` (GUARANTEED_NAK_ANSWER_*) shared by the streams towards it.
 Frames to and from clients are not authenticated yet (docs/security.md).
 
+Persisted acknowledgements (``[cache] acknowledge = "persisted"``, docs/fault-tolerance.md
+"Acknowledged once persisted"): ``persist_acks`` names the cache's session. A publishing
+client's stream then gets a ``_Gate``: the sequences its receiver delivered that the data
+path has not routed yet, and the ones routed to the cache's session that the cache has not
+reported persisted (``take_persisted``, the cache's ``persisted`` command to the data path,
+by (publishing session, the message's sequence on the data path's stream to the cache)).
+The receiver's cumulative ACK stops before the first of either
+(``ReliableReceiver.ack_limit``).
+
 Senders and receivers live on the data-path thread (``GuaranteedPlane``, owned by the
 ``DataPlaneAgent``); their frames leave through the data path's out queues.
 """
@@ -48,6 +57,7 @@ Senders and receivers live on the data-path thread (``GuaranteedPlane``, owned b
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -66,6 +76,7 @@ from appliance.config import (
     GUARANTEED_UDP_FRAME_BYTES,
 )
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
+from datapath.protocol import extension_layout as xl
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from datapath.protocol.frame_layout import FrameType
@@ -96,6 +107,8 @@ _TO_SENDER = frozenset({int(FrameType.NAK), int(FrameType.ACK), int(FrameType.FL
 _MSG = ml.MESSAGE_HEADER_STRUCT
 _HEADER = fl.FRAME_HEADER_STRUCT  # magic .. send_ts_ns; [7] is dest_session
 _APP_FLAGS = ml.APP_MESSAGE_FLAGS
+_SEQ = struct.Struct(">Q")
+_SEGMENT_FLAG = int(ml.MessageFlags.SEGMENT)
 
 
 def is_reliable_stream(stream_id: int) -> bool:
@@ -117,7 +130,13 @@ class _Collector:
         self.where = where
 
     def on_message(self, stream: StreamKey, message: memoryview) -> bool:
-        self.plane.delivered.append((self.where, stream, bytes(message)))
+        plane = self.plane
+        plane.delivered.append((self.where, stream, bytes(message)))
+        if plane.persist_identity is not None and self.where != FABRIC:
+            gate = plane.gates.get(stream.source_session)
+            if gate is None:
+                gate = plane.gates[stream.source_session] = _Gate(self.where)
+            gate.unrouted.append(_SEQ.unpack_from(message, ml.SEQUENCE_OFFSET)[0])
         return True
 
     def on_loss(self, event: UnrecoverableLoss) -> None:
@@ -129,6 +148,27 @@ class _Sink:
 
     def __init__(self, route: Callable[[memoryview, Any], None]) -> None:
         self.send_frame = route
+
+
+class _Gate:
+    """One publishing client's stream under persisted acknowledgements (module docstring)."""
+
+    __slots__ = ("unrouted", "waiting", "where")
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.unrouted: deque[int] = deque()
+        """Stream sequences delivered by the receiver, not yet through the tables."""
+        self.waiting: deque[tuple[int, int]] = deque()
+        """(stream sequence, its sequence on the stream to the cache's session) handed to
+        the cache and not yet reported persisted, in stream order."""
+
+    def limit(self, upto: int) -> int:
+        if self.unrouted:
+            upto = min(upto, self.unrouted[0] - 1)
+        if self.waiting:
+            upto = min(upto, self.waiting[0][0] - 1)
+        return upto
 
 
 @dataclass
@@ -169,6 +209,22 @@ class GuaranteedPlane:
         self.budgets: dict[tuple, AnswerBudget] = {}
         """Requester (("n", node) or ("c", session)) -> what its NAKs may still make us
         resend (shared by the senders towards it)."""
+        self.persist_identity: str | None = None
+        """The cache's identity when acknowledgements wait for persistence (else None)."""
+        self.persist_max_payload = 0
+        self.gates: dict[int, _Gate] = {}
+        """Publishing session -> its stream's gate (persisted acknowledgements only)."""
+        self._routing: dict[tuple[int, int, int], int] = {}
+        """(session, topic key, per-topic sequence) -> stream sequence, during one
+        ``_run_guaranteed`` (the messages being routed)."""
+        self._cache_session: int | None = None
+
+    def persist_acks(self, identity: str, max_payload_bytes: int) -> None:
+        """Acknowledge a local publisher's guaranteed messages that reach the session of
+        ``identity`` (the cache) only once it reports them persisted; payloads over
+        ``max_payload_bytes`` (which it does not keep) are not waited for."""
+        self.persist_identity = identity
+        self.persist_max_payload = max_payload_bytes
 
     def use_auth(self, auth: FabricAuth) -> None:
         """Sign and check with ``auth`` from now on (a command from the control agent)."""
@@ -181,9 +237,80 @@ class GuaranteedPlane:
 
             route = self._to_node_as_receiver if where == FABRIC else self._to_peer(where)
             rx = ReliableReceiver(_Collector(self, where), _Sink(route), session_id=self.node_id,
-                                  config=ReceiverConfig())
+                                  config=ReceiverConfig(),
+                                  ack_limit=None if where == FABRIC else self._ack_limit)
             self.receivers[where] = rx
         return rx
+
+    # --- persisted acknowledgements ----------------------------------------------------------
+    def _ack_limit(self, stream: StreamKey, upto: int) -> int:
+        gate = self.gates.get(stream.source_session)
+        return upto if gate is None else gate.limit(upto)
+
+    def routed(self, stream: StreamKey, seq: int) -> None:
+        """A publishing client's message ``seq`` went through the tables (or was dropped)."""
+        gate = self.gates.get(stream.source_session)
+        if gate is not None:
+            unrouted = gate.unrouted
+            while unrouted and unrouted[0] <= seq:
+                unrouted.popleft()
+
+    def routing(self, session: int, topic_key: int, topic_seq: int, seq: int) -> None:
+        """Message ``seq`` of ``session``'s stream is being routed as (topic key, per-topic
+        sequence): if it reaches the cache's session, it waits for the cache."""
+        if session in self.gates:
+            self._routing[(session, topic_key, topic_seq)] = seq
+
+    def routing_done(self) -> None:
+        self._routing.clear()
+
+    def _to_cache(self, session_id: int, message: Any, off: int, cache_seq: int) -> None:
+        """A local publisher's message handed to the cache's session as ``cache_seq`` of
+        the stream to it: it waits for the cache to report that sequence persisted."""
+        topic_key, topic_seq, _, _, _, _, flags, plen, _, _ = _MSG.unpack_from(message, off)
+        seq = self._routing.pop((session_id, topic_key, topic_seq), None)
+        if seq is None:  # routed outside _run_guaranteed (parked for an unknown key)
+            if session_id in self.gates:
+                self.counters["guaranteed_persist_untracked"] += 1
+            return
+        if flags & _SEGMENT_FLAG and plen >= xl.SEGMENT_DESCRIPTOR_BYTES:
+            # a large message's segments: the cache keeps (and reports) the whole message
+            # once its last segment arrived, which the publisher's outcome waits for too
+            _, plen, _, index, count = xl.SEGMENT_STRUCT.unpack_from(
+                message, off + ml.MESSAGE_HEADER_BYTES + plen - xl.SEGMENT_DESCRIPTOR_BYTES)
+            if index != count - 1:
+                return
+        if plen > self.persist_max_payload:  # the cache does not keep it: acknowledged
+            return  # on receipt
+        gate = self.gates.get(session_id)
+        if gate is not None:
+            gate.waiting.append((seq, cache_seq))
+
+    def _is_cache(self, session_id: int) -> bool:
+        if self._cache_session == session_id:
+            return True
+        session = self.dp.sessions.get(session_id)
+        if session is not None and session.identity == self.persist_identity:
+            self._cache_session = session_id
+            return True
+        return False
+
+    def take_persisted(self, tokens: list[tuple[int, int]]) -> None:
+        """The cache's report (a command on the data-path thread): these messages of local
+        publishers (publishing session, sequence on the stream to the cache) are on disk, in
+        the order it received them; a publisher's head pops when it is the one reported.
+        One that is not the head means the head was never persisted: it stays, and holds
+        the publisher's acknowledgements back (docs)."""
+        for session, cache_seq in tokens:
+            gate = self.gates.get(session)
+            if gate is None or not gate.waiting:
+                continue
+            if gate.waiting[0][1] == cache_seq:
+                gate.waiting.popleft()
+                self.counters["guaranteed_persisted_acks"] += 1
+                self._busy.add(gate.where)
+            else:
+                self.counters["guaranteed_persisted_not_head"] += 1
 
     def on_fabric_frame(self, frame: memoryview, ftype: int, src: int, stream: int,
                         now_ns: int) -> None:
@@ -352,9 +479,16 @@ class GuaranteedPlane:
     def to_client(self, session_id: int, origin: int, stream: int, message: Any, off: int,
                   now_ns: int) -> None:
         """A message for a local client's guaranteed subscriptions."""
+        publisher = stream & ~RELIABLE_STREAM_BIT
         stream |= RELIABLE_STREAM_BIT
-        self._offer(("c", session_id, origin, stream),
-                    self._sender_to_client(session_id, origin, stream), message, off, now_ns)
+        held = self._sender_to_client(session_id, origin, stream)
+        if (held is not None and self.persist_identity is not None and origin == self.node_id
+                and self._is_cache(session_id)):
+            # the sequence this message takes on the stream to the cache (held back behind
+            # its pending queue, or skipped as a loss: the cache then never reports it)
+            self._to_cache(publisher, message, off,
+                           held.sender.next_seq + len(held.sender.pending))
+        self._offer(("c", session_id, origin, stream), held, message, off, now_ns)
 
     # --- losses -------------------------------------------------------------------------------
     def _notice(self, key: tuple, held: _Sender | None, payload: bytes, now_ns: int) -> None:
@@ -459,6 +593,9 @@ class GuaranteedPlane:
             rx.streams.pop(stream, None)
         for key in [k for k in self.topic_seq if k[0] == session_id]:
             del self.topic_seq[key]
+        self.gates.pop(session_id, None)
+        if self._cache_session == session_id:
+            self._cache_session = None
 
     def _sweep(self, now_ns: int) -> None:
         """Drop senders whose publishing stream ended: its session logged out here, or the
@@ -504,6 +641,9 @@ class GuaranteedPlane:
             out["guaranteed_auth_accepted"] = auth.accepted
         out.update({f"guaranteed_{k}": int(v) for k, v in (rx + tx).items()})
         out["guaranteed_streams_out"] = len(self.senders)
+        if self.persist_identity is not None:
+            out["guaranteed_awaiting_persist"] = sum(len(g.waiting)
+                                                     for g in self.gates.values())
         out["guaranteed_streams_in"] = sum(len(r.streams) for r in self.receivers.values())
         return out
 

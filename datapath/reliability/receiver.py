@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 
 from datapath.protocol.admin_layout import Ack, FlowControl, SeqRange
 from datapath.protocol.codec import Buffer, decode_frame, encode_admin
@@ -87,8 +88,14 @@ class ReliableReceiver:
     name = "reliable-receiver"
 
     def __init__(self, handler: DeliveryHandler, sink: FrameSink, *, session_id: int,
-                 config: ReceiverConfig | None = None, seed: int | None = None) -> None:
+                 config: ReceiverConfig | None = None, seed: int | None = None,
+                 ack_limit: Callable[[StreamKey, int], int] | None = None) -> None:
         self.config = config = config or ReceiverConfig()
+        self.ack_limit = ack_limit
+        """``(stream, delivered) -> what may be acknowledged``, at most ``delivered`` (the
+        last sequence delivered in order): an application that acknowledges later than
+        delivery (the appliance's persisted acknowledgements) holds the cumulative ACK back.
+        None: the ACK is what was delivered."""
         self.handler = handler
         self.sink = sink
         self.session_id = session_id
@@ -390,7 +397,7 @@ class ReliableReceiver:
                     and now_ns - st.beyond_since_ns >= config.recovery_timeout_ns):
                 self._resync(st, now_ns)
                 work += 1
-            if now_ns >= st.ack_due_ns and (st.low - 1 > st.acked
+            if now_ns >= st.ack_due_ns and (self._ack_to(st) > st.acked
                                              or (st.live and now_ns >= st.ack_idle_ns)):
                 self._send_ack(st, now_ns)
                 work += 1
@@ -434,13 +441,20 @@ class ReliableReceiver:
             c.nak_frames += 1
         c.nak_ranges += len(naks)
 
+    def _ack_to(self, st: _Stream) -> int:
+        """The cumulative ACK of ``st``: what was delivered in order, or less (``ack_limit``)."""
+        upto = st.low - 1
+        limit = self.ack_limit
+        return upto if limit is None else min(upto, limit(st.key, upto))
+
     def _send_ack(self, st: _Stream, now_ns: int) -> None:
         window = max(self.config.reorder_max_bytes - st.store_bytes, 0)
-        frame = encode_admin(FrameType.ACK, [Ack(st.low - 1, min(window, 0xFFFFFFFF))],
+        upto = self._ack_to(st)
+        frame = encode_admin(FrameType.ACK, [Ack(upto, min(window, 0xFFFFFFFF))],
                              source_session=self.session_id, dest_session=st.key.source_session,
                              stream_id=st.key.stream_id)
         self.sink.send_frame(memoryview(frame), st.reply_to)
-        st.acked = st.low - 1
+        st.acked = upto
         st.ack_due_ns = now_ns + self.config.ack_interval_ns
         st.ack_idle_ns = now_ns + self.config.ack_idle_interval_ns
         self.counters.acks_sent += 1

@@ -33,6 +33,8 @@ def _cfg(tmp_path, cache, clients=True):
     ({"retention_bytes": 1000}, "cache.retention_bytes"),  # below four 1 MiB segments
     ({"retention_hours": True}, "cache.retention_hours"),
     ({"size": 1}, "cache.size"),
+    ({"acknowledge": "synced"}, "cache.acknowledge"),
+    ({"acknowledge": True}, "cache.acknowledge"),
 ])
 def test_a_bad_cache_value_is_refused_naming_its_key(tmp_path, cache, key):
     with pytest.raises(ConfigError) as info:
@@ -55,4 +57,6 @@ def test_a_good_cache_table_gives_the_log_settings(tmp_path):
     assert (log.fsync, log.fsync_interval_ms) == ("interval", 20)
     assert log.retention_max_bytes == 64 << 20 and log.segment_bytes == 16 << 20
     assert log.retention_max_age_ms == 2 * 3_600_000
+    assert cfg.cache.acknowledge == "received"
+    assert _cfg(tmp_path, {"acknowledge": "persisted"}).cache.acknowledge == "persisted"
     assert parse_config(HEAD).cache is None

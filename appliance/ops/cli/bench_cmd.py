@@ -22,6 +22,7 @@ BENCHMARKS = (
     "bench.guaranteed",
     "bench.frame_mac",
     "bench.persist",
+    "bench.ack_persisted",
     "bench.mqtt",
     "bench.failover",
 )
