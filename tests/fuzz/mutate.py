@@ -40,6 +40,9 @@ JSON_ATOMS: tuple[Any, ...] = (
 CONTROL_MUTANT_MAX_BYTES = 8_192
 """``Mutator.control`` leaves larger frames alone: their documents were made large by earlier
 mutations (parsing and writing them again costs milliseconds); they are sent as they are."""
+MAX_REPEAT_CHARS = 1_000_000
+"""A list repeated by the JSON mutator stays under this many characters of JSON (nested
+repeats multiply: a CI run's mutator once grew a document past 24 GB)."""
 KEYS = ("origin", "name", "epoch", "seq", "links", "patterns", "guaranteed", "pm", "version",
         "identities", "publish", "subscribe", "anonymous", "namespaces", "schemas", "routes",
         "backups", "duplicate", "identity", "ring", "token", "accepted", "session", "node",
@@ -331,9 +334,11 @@ class Mutator:
                 except RecursionError:
                     pass
             else:
-                k = min(rng.choice((2, 100, 2_000)), max(1, 20_000 // len(value)))
                 try:
-                    value = json.loads(json.dumps(value * k))  # no part shared
+                    text = json.dumps(value)
+                    k = min(rng.choice((2, 100, 2_000)), max(1, 20_000 // len(value)),
+                            max(1, MAX_REPEAT_CHARS // max(len(text), 1)))
+                    value = json.loads("[" + ",".join([text[1:-1]] * k) + "]")
                 except (ValueError, RecursionError):
                     pass
             return value
