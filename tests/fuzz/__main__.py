@@ -48,12 +48,29 @@ def main(argv: list[str] | None = None) -> int:
         from tests.fuzz.decoders import run_decoders
 
         targets = args.targets.split(",") if args.targets else None
-        # said first: a run the kernel kills (out of memory) can be repeated with --seed
+        # said first: a run that fails can be repeated with --seed
         print(f"fuzz decoders: seed {seed}", file=sys.stderr, flush=True)
+        _limit_memory()
         summary = run_decoders(args.seconds, seed, targets)
     text = json.dumps(summary, indent=None if args.json else 1)
     print(text)
     return 0 if summary["ok"] else 1
+
+
+DECODERS_MEMORY_BYTES = 8 << 30
+"""Address space the decoders run may take: an input that makes a decoder (or the mutator)
+allocate without bound is a MemoryError found with its seed, not a host the kernel's OOM
+killer has to rescue."""
+
+
+def _limit_memory() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft > DECODERS_MEMORY_BYTES:
+        limit = DECODERS_MEMORY_BYTES if hard == resource.RLIM_INFINITY else min(
+            DECODERS_MEMORY_BYTES, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 if __name__ == "__main__":
