@@ -237,11 +237,6 @@ MQTT_TOPIC_ALIAS_MAXIMUM = 16
 MQTT_SERVER_KEEP_ALIVE_S = 0
 """Longest keep-alive the edge grants a 5.0 client (``mqtt.server_keep_alive_s``); 0: the
 client's own."""
-MQTT_MAX_METADATA_MESSAGES = 100_000
-"""MQTT 5.0 message properties remembered for messages in flight through this edge
-(``mqtt.max_metadata_messages``); the oldest are forgotten first (counted)."""
-MQTT_MAX_METADATA_BYTES = 16 * 1024 * 1024
-"""Bytes of those properties at most (``mqtt.max_metadata_bytes``)."""
 
 MAX_NODE_ID = 2**31 - 1
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -375,8 +370,6 @@ class MqttConfig:
     max_session_expiry_s: int = MQTT_MAX_SESSION_EXPIRY_S
     topic_alias_maximum: int = MQTT_TOPIC_ALIAS_MAXIMUM
     server_keep_alive_s: int = MQTT_SERVER_KEEP_ALIVE_S
-    max_metadata_messages: int = MQTT_MAX_METADATA_MESSAGES
-    max_metadata_bytes: int = MQTT_MAX_METADATA_BYTES
     tls_listen: Address | None = None
     """MQTT over TLS; with ``tls_cert_file`` and ``tls_key_file`` (PEM)."""
     tls_cert_file: Path | None = None
@@ -669,7 +662,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
                               "allow_anonymous", "max_offline_sessions", "max_session_expiry_s",
                               "topic_alias_maximum", "server_keep_alive_s",
-                              "max_metadata_messages", "max_metadata_bytes", "tls_listen",
+                              "tls_listen",
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
                               "tls_require_client_cert",
                               "tls_identity_from_cert", "ws_listen", "ws_tls", "bridges",
@@ -719,10 +712,6 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                                  65_535),
         server_keep_alive_s=_int(mq, "server_keep_alive_s", p, MQTT_SERVER_KEEP_ALIVE_S, 0,
                                  65_535),
-        max_metadata_messages=_int(mq, "max_metadata_messages", p, MQTT_MAX_METADATA_MESSAGES,
-                                   0, 10_000_000),
-        max_metadata_bytes=_int(mq, "max_metadata_bytes", p, MQTT_MAX_METADATA_BYTES, 0,
-                                1 << 34),
         listen=listen,
         max_connections=_int(mq, "max_connections", p, min(MQTT_MAX_CONNECTIONS, max_sessions),
                              1, max_sessions),

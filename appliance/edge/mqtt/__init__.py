@@ -5,7 +5,7 @@ event loop; ``transports.py`` TLS and WebSocket; ``connection.py`` one connectio
 ``sessions.py`` a session apart from its connection (persistent sessions, deliveries);
 ``handle_connect.py``, ``handle_publish.py``, ``handle_subscribe.py`` the packet families;
 ``shared.py`` shared subscriptions; ``successor.py`` successor delivery (seed 004);
-``meta.py`` 5.0 message properties and expiry;
+``meta.py`` MQTT metadata to and from native headers (``mqtt.``);
 ``retain.py`` the retained store; ``store.py`` the state on disk (``mqtt.state_dir``) and
 ``journal.py`` its journal (also the bridges' backlog's, ``bridge_backlog.py``).
 """

@@ -9,8 +9,11 @@ before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0 travels as a 
 best-effort message, QoS 1 and 2 as guaranteed ones (the connection's reliable stream,
 recovered hop by hop); the acknowledgement says the edge took the message, not that
 subscribers got it (docs/edge.md, "QoS"). 5.0: a Topic Alias sets or names the topic (at
-most ``mqtt.topic_alias_maximum``: 0x94 beyond, 0x82 for an unknown one); the message
-properties and expiry are remembered for this edge's subscribers (meta.py).
+most ``mqtt.topic_alias_maximum``: 0x94 beyond, 0x82 for an unknown one). The message's
+MQTT metadata (publish QoS, retain flag, 5.0 properties and expiry) travels as headers of
+the native message (meta.py), read back by whichever edge delivers it; a message whose
+metadata does not fit the header block is refused (``publishes_refused_metadata``; 5.0
+QoS 1/2: PUBACK/PUBREC 0x83 Implementation specific error), never published without it.
 
 With ``mqtt.state_dir`` (store.py) an incoming QoS 1/2 PUBLISH is first recorded in the state
 store (``INBOUND``), published, and acknowledged (PUBACK, PUBREC) only once its record is
@@ -27,13 +30,14 @@ QoS 2 ids awaiting PUBREL are recorded for persistent sessions.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType, Reason
-from appliance.edge.mqtt.meta import MessageMeta, meta_of
+from appliance.edge.mqtt.meta import MessageMeta, MetadataTooLarge, meta_of, to_headers
 from appliance.edge.mqtt.state import Closed
 from appliance.edge.mqtt.successor import (
     SUCCESSOR_PREFIX,
@@ -47,6 +51,8 @@ if TYPE_CHECKING:
     from appliance.edge.mqtt.sessions import SessionState
 
 
+log = logging.getLogger(__name__)
+
 NATIVE_QOS = ("best-effort", "guaranteed")
 """The native class of an MQTT publish at QoS 0, and at QoS 1 or 2."""
 REGISTERED_TOPICS = 16_384
@@ -55,9 +61,11 @@ the event loop (no round trip: the native client has their key); others on a wor
 
 
 async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
-                      retain: bool, props: codec.Props, seq: int = 0) -> bool:
-    """Publish natively, remember the message's 5.0 metadata (meta.py) and keep a retained
-    message; False when entitlements refuse. ``seq``: its record in the state store."""
+                      retain: bool, props: codec.Props, seq: int = 0) -> int:
+    """Publish natively with the message's MQTT metadata as headers (meta.py) and keep a
+    retained message. 0 when published, else the reason code of the refusal: 0x87 when
+    entitlements refuse, 0x83 when the metadata does not fit a header block (counted
+    ``publishes_refused_metadata``). ``seq``: its record in the state store."""
     from appliance.client.errors import ClientError, EntitlementError
 
     server = state.server
@@ -65,29 +73,33 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
     meta = meta_of(props, retain)
     if seq:
         meta = MessageMeta([], None, retain, seq) if meta is None else replace(meta, origin=seq)
-    entry = None if meta is None else server.meta.begin(state.native.session, meta)
+    try:
+        headers = to_headers(meta, qos)
+    except MetadataTooLarge as exc:
+        state.count("publishes_refused_metadata")
+        log.info("mqtt: a publish to %r refused: its metadata does not fit the native "
+                 "headers (%s)", topic, exc)
+        return Reason.IMPLEMENTATION_SPECIFIC
     try:
         if topic in state.registered:  # its key is known: publishing does not wait
-            state.native.publish(topic, payload, flush=True, qos=native_qos)
+            state.native.publish(topic, payload, flush=True, qos=native_qos, headers=headers)
         else:  # the first publish of a topic registers it: a round trip to the appliance
             await server.blocking(state.native.publish, topic, payload, flush=True,
-                                  qos=native_qos)
+                                  qos=native_qos, headers=headers)
             if len(state.registered) < REGISTERED_TOPICS:
                 state.registered.add(topic)
     except EntitlementError:
         state.count("publishes_denied")
-        return False
+        return Reason.NOT_AUTHORIZED
     except ClientError as exc:
         raise Closed("native_publish_failed", Reason.UNSPECIFIED, detail=str(exc)) from None
-    finally:
-        server.meta.end(entry)
     state.count("publishes_in")
     if retain:
         if server.retained.set(topic, payload, qos, meta, seq):
             state.count("retained_set" if payload else "retained_cleared")
         else:
             state.count("retained_refused_full")
-    return True
+    return 0
 
 
 def _topic(conn: MqttConnection, pkt: codec.Publish) -> str:
@@ -134,8 +146,8 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
     props = [(i, v) for i, v in pkt.props if i != codec.PROP["topic_alias"]]
     store = conn.server.store
     if store is None or pkt.qos == 0:
-        allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props)
-        reason = 0 if allowed else Reason.NOT_AUTHORIZED
+        reason = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props)
+        allowed = reason == 0
         if pkt.qos == 1:
             conn.send(codec.encode_ack(PacketType.PUBACK, pkt.packet_id, version, reason))
         elif pkt.qos == 2:
@@ -157,11 +169,11 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
     seq = store.inbound(pkt.qos, pkt.retain, state.identity, topic, pkt.payload,
                         _resolve(conn, first), meta_of(props, pkt.retain))
     try:
-        allowed = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props,
-                                    seq)
+        reason = await into_fabric(state, topic, pkt.payload, pkt.qos, pkt.retain, props,
+                                   seq)
     finally:
         store.retire(seq)
-    reason = 0 if allowed else Reason.NOT_AUTHORIZED
+    allowed = reason == 0
     kind = PacketType.PUBACK if pkt.qos == 1 else PacketType.PUBREC
     if pkt.qos == 2 and allowed:
         state.awaiting_rel.add(pkt.packet_id)

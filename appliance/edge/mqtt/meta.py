@@ -1,35 +1,64 @@
-"""MQTT-only metadata of messages published through this edge: 5.0 message properties
-(payload format, content type, response topic, correlation data, user properties), the
-message expiry deadline and the retain flag.
+"""MQTT-only metadata of messages: 5.0 message properties (payload format, content type,
+response topic, correlation data, user properties), the message expiry deadline, the retain
+flag and the publish QoS, carried through the fabric as native **headers** under the
+reserved prefix ``mqtt.`` (docs/edge.md, "Translation"; the header block:
+``datapath/protocol/extension_layout.py``).
 
-The native protocol carries a topic and a payload, not these. The edge remembers them beside
-the native publish and finds them again when the message comes back from the fabric to its
-MQTT subscribers on this edge. The key is exact without touching the wire: a message carries
-its publishing session (``stream``) and its publish time (``publish_ts_ns``, taken inside
-``Client.publish``), and one connection publishes one message at a time, so the interval
-[before the publish call, after it] of one session holds the publish time of exactly one
-message. Messages from other appliances or native clients have no entry (no properties).
+The edge that takes an MQTT PUBLISH (or will) into the fabric gives the native message these
+headers (``to_headers``); every edge that delivers a native message to an MQTT subscriber
+reads them back (``from_headers``), whichever edge or native client published it. Keys:
 
-Bounded: at most ``mqtt.max_metadata_messages`` entries of ``mqtt.max_metadata_bytes`` in
-all, ``META_TTL_NS`` old; beyond, the oldest are forgotten (``metadata_evicted``: such a
-message is delivered without its properties). Used by the event-loop thread only.
+    mqtt.qos                 "0" | "1" | "2": the MQTT publish QoS (on every MQTT message)
+    mqtt.retain              "1": the PUBLISH had the retain flag (absent: it had not)
+    mqtt.payload_format      "0" | "1": Payload Format Indicator
+    mqtt.content_type        text: Content Type
+    mqtt.response_topic      text: Response Topic
+    mqtt.correlation_data    bytes: Correlation Data
+    mqtt.expires_at_ms       text, decimal: the Message Expiry deadline, Unix time in ms
+                             (the publishing edge's clock)
+    mqtt.user.<i>.<name>     text: the i-th (0, 1, ...) user property ``name`` = value;
+                             the index keeps their order and repeated names
+    mqtt.origin              text, decimal: the publishing edge's state-store record
+                             (store.py); meaningful to that edge only
+
+A header of a native message that is not under ``mqtt.`` becomes a 5.0 user property
+(name = key), after the carried ones; one whose value is not an MQTT string (bytes that are
+not UTF-8, or U+0000) is left out (``headers_not_mapped``). Other ``mqtt.`` keys, and carried
+values that do not parse, are ignored (``headers_malformed``).
+
+A message whose metadata does not fit the header block's limits (32 headers, 1,024 bytes,
+keys of 255 bytes) raises ``MetadataTooLarge`` from ``to_headers``: the edge refuses that
+publish (handle_publish.py).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from appliance.edge.mqtt import codec
+from datapath.protocol.extensions import ExtensionError, encode_headers
 
 CARRIED_PROPS = frozenset({codec.PROP["payload_format_indicator"], codec.PROP["content_type"],
                            codec.PROP["response_topic"], codec.PROP["correlation_data"],
                            codec.PROP["user_property"]})
 """The PUBLISH properties forwarded unchanged to subscribers (MQTT 5.0 3.3.2.3)."""
-META_TTL_NS = 60 * 1_000_000_000
-"""Entries older than this are forgotten: a message reaches this edge's subscribers within
-milliseconds of its publish, or not at all."""
+PREFIX = "mqtt."
+"""The reserved header prefix: MQTT metadata."""
+USER_PREFIX = PREFIX + "user."
+_PFI, _CT, _RT, _CD, _UP = (codec.PROP[n] for n in (
+    "payload_format_indicator", "content_type", "response_topic", "correlation_data",
+    "user_property"))
+_SCALARS = ((_PFI, "mqtt.payload_format"), (_CT, "mqtt.content_type"),
+            (_RT, "mqtt.response_topic"), (_CD, "mqtt.correlation_data"))
+_BY_KEY = {key: ident for ident, key in _SCALARS}
+# the canonical order of the carried properties when they are read back
+_ORDER = {_PFI: 0, _CT: 1, _RT: 2, _CD: 3, _UP: 4}
+
+
+class MetadataTooLarge(ValueError):
+    """The message's MQTT metadata does not fit a native header block."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +71,6 @@ class MessageMeta:
     origin: int = 0
     """With a state store: the number of the publish's ``INBOUND`` record (store.py), by
     which a message published again after a restart is not queued twice to a session."""
-
-    def size(self) -> int:
-        """Bytes of its property values (what the table's byte bound counts)."""
-        return sum(len(v) if isinstance(v, str | bytes) else
-                   sum(map(len, v)) if isinstance(v, tuple) else 4 for _, v in self.props) + 16
 
     def remaining_s(self, now: float) -> int | None:
         """Whole seconds left of the Message Expiry Interval (None: no expiry)."""
@@ -68,62 +92,108 @@ def meta_of(props: codec.Props, retain: bool) -> MessageMeta | None:
     return MessageMeta(carried, deadline, retain)
 
 
-class MetaTable:
-    """Publishing session -> [t0, t1, meta] entries, in publish order."""
+def to_headers(meta: MessageMeta | None, qos: int) -> dict[str, str | bytes]:
+    """The native headers that carry an MQTT message's metadata (module docstring);
+    ``MetadataTooLarge`` naming the limit when they do not fit a header block."""
+    headers: dict[str, str | bytes] = {"mqtt.qos": str(qos)}
+    if meta is not None:
+        if meta.retain:
+            headers["mqtt.retain"] = "1"
+        n = 0
+        for ident, value in meta.props:
+            if ident == _UP:
+                name, text = value  # type: ignore[misc]
+                headers[f"{USER_PREFIX}{n}.{name}"] = text
+                n += 1
+            elif ident == _PFI:
+                headers["mqtt.payload_format"] = str(value)
+            elif ident == _CD:
+                headers["mqtt.correlation_data"] = bytes(value)  # type: ignore[arg-type]
+            else:
+                headers[_SCALAR_KEY[ident]] = value  # type: ignore[assignment]
+        if meta.expires_at is not None:
+            wall = time.time() + meta.expires_at - time.monotonic()
+            headers["mqtt.expires_at_ms"] = str(int(wall * 1000))
+        if meta.origin:
+            headers["mqtt.origin"] = str(meta.origin)
+    try:
+        encode_headers(headers)
+    except ExtensionError as exc:
+        raise MetadataTooLarge(str(exc)) from None
+    return headers
 
-    def __init__(self, max_entries: int, max_bytes: int, count: object) -> None:
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._count = count
-        self._by_stream: dict[int, deque[list]] = {}
-        self._order: deque[tuple[int, list]] = deque()
 
-    def __len__(self) -> int:
-        return len(self._order)
+_SCALAR_KEY = dict(_SCALARS)
 
-    def begin(self, stream: int, meta: MessageMeta) -> list | None:
-        """Before ``stream`` publishes a message with ``meta``: its entry, closed by
-        ``end`` right after the publish call (a message may come back before that)."""
-        size = meta.size()
-        if self.max_entries == 0:
+
+def _mqtt_string(value: str | bytes) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
             return None
-        if size > self.max_bytes:
-            self._count("metadata_refused_size")  # type: ignore[operator]
-            return None
-        now = time.time_ns()
-        entry = [now, None, meta]
-        self.bytes += size
-        self._by_stream.setdefault(stream, deque()).append(entry)
-        self._order.append((stream, entry))
-        while self._order:
-            head = self._order[0][1]
-            by_size = len(self._order) > self.max_entries or self.bytes > self.max_bytes
-            if not by_size and (head[1] is None or head[1] >= now - META_TTL_NS):
-                break
-            old_stream, _ = self._order.popleft()
-            entries = self._by_stream[old_stream]
-            self.bytes -= entries.popleft()[2].size()  # (each session's entries are in
-            # the global order too)
-            if not entries:
-                del self._by_stream[old_stream]
-            if by_size:
-                self._count("metadata_evicted")  # type: ignore[operator]
-        return entry
+    return None if "\x00" in value else value
 
-    @staticmethod
-    def end(entry: list | None) -> None:
-        if entry is not None:
-            entry[1] = time.time_ns()
 
-    def find(self, stream: int, publish_ts_ns: int) -> MessageMeta | None:
-        """The metadata of the message ``stream`` published at ``publish_ts_ns``, if any."""
-        entries = self._by_stream.get(stream)
-        if not entries:
-            return None
-        for t0, t1, meta in reversed(entries):  # recent messages first
-            if t0 <= publish_ts_ns and (t1 is None or publish_ts_ns <= t1):
-                return meta
-            if t0 < publish_ts_ns:
-                return None
-        return None
+def from_headers(headers: Mapping[str, str | bytes],
+                 count: Callable[[str], None]) -> tuple[MessageMeta | None, int | None]:
+    """(the metadata, the MQTT publish QoS) a native message's headers carry; (None, None)
+    for a message without headers. ``count`` is told of headers left out."""
+    if not headers:
+        return None, None
+    scalars: list[tuple[int, object]] = []
+    users: list[tuple[int, tuple[str, str]]] = []
+    native: list[tuple[int, object]] = []
+    qos = expires_at = None
+    retain = False
+    origin = 0
+    for key, value in headers.items():
+        if not key.startswith(PREFIX):
+            name, text = _mqtt_string(key), _mqtt_string(value)
+            if name is None or text is None:
+                count("headers_not_mapped")
+            else:
+                native.append((_UP, (name, text)))
+            continue
+        try:
+            if key.startswith(USER_PREFIX):
+                index, _, name = key[len(USER_PREFIX):].partition(".")
+                text = _mqtt_string(value)
+                if not index.isdigit() or text is None:
+                    raise ValueError(key)
+                users.append((int(index), (name, text)))
+            elif key in _BY_KEY:
+                ident = _BY_KEY[key]
+                if ident == _PFI:
+                    v: object = int(value)
+                    if v not in (0, 1):
+                        raise ValueError(key)
+                elif ident == _CD:
+                    v = value if isinstance(value, bytes) else value.encode()
+                else:
+                    v = _mqtt_string(value)
+                    if v is None:
+                        raise ValueError(key)
+                scalars.append((ident, v))
+            elif key == "mqtt.qos":
+                qos = int(value)
+                if qos not in (0, 1, 2):
+                    raise ValueError(key)
+            elif key == "mqtt.retain":
+                retain = value in ("1", b"1")
+            elif key == "mqtt.expires_at_ms":
+                left = int(value) / 1000 - time.time()
+                expires_at = time.monotonic() + left
+            elif key == "mqtt.origin":
+                origin = int(value)
+            else:
+                raise ValueError(key)
+        except ValueError:
+            count("headers_malformed")
+            qos = None if key == "mqtt.qos" else qos
+    scalars.sort(key=lambda p: _ORDER[p[0]])
+    users.sort(key=lambda p: p[0])
+    props = [*scalars, *((_UP, pair) for _, pair in users), *native]
+    if not props and expires_at is None and not retain and not origin:
+        return None, qos
+    return MessageMeta(props, expires_at, retain, origin), qos

@@ -38,7 +38,7 @@ from typing import Any
 from appliance.config import ApplianceConfig, ConfigError, MqttConfig, local_client_url
 from appliance.edge.mqtt.codec import Reason
 from appliance.edge.mqtt.connection import MqttConnection
-from appliance.edge.mqtt.meta import MessageMeta, MetaTable
+from appliance.edge.mqtt.meta import MessageMeta, MetadataTooLarge, to_headers
 from appliance.edge.mqtt.retain import RetainedStore
 from appliance.edge.mqtt.sessions import SessionState, restore_session
 from appliance.edge.mqtt.shared import SharedRouter
@@ -77,8 +77,6 @@ class MqttServer:
         self.open: set[MqttConnection] = set()
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self.meta = MetaTable(self.cfg.max_metadata_messages, self.cfg.max_metadata_bytes,
-                              self.count)
         self.shared_router = SharedRouter(self.count)
         self.successors = SuccessorTable(self.count)
         self.addresses: dict[str, tuple[str, int]] = {}
@@ -227,16 +225,13 @@ class MqttServer:
                     self.count("deliveries_dropped_expired")
                     store.retire(m.seq, 0)
                     continue
-                entry = self.meta.begin(native.session, meta)
                 try:
                     await self.blocking(native.publish, m.topic, m.payload, flush=True,
-                                        qos="guaranteed")
-                except (EntitlementError, ClientError):
+                                        qos="guaranteed", headers=to_headers(meta, m.qos))
+                except (EntitlementError, ClientError, MetadataTooLarge):
                     self.count("store_republish_failed")
                     store.retire(m.seq, 0)
                     continue
-                finally:
-                    self.meta.end(entry)
                 self.count("store_inbound_republished")
                 if m.retain and m.seq > store.retained_seq(m.topic):
                     self.retained.set(m.topic, m.payload, m.qos, meta, m.seq)
@@ -403,7 +398,6 @@ class MqttServer:
                 "sessions_offline": self.offline_sessions(),
                 "shared_groups": len(self.shared_router.groups),
                 "successors": self.successors.status(),
-                "metadata_messages": len(self.meta), "metadata_bytes": self.meta.bytes,
                 "retained_messages": len(self.retained.messages),
                 "retained_bytes": self.retained.bytes, "counters": counters,
                 "state_dir": None if self.store is None else str(self.cfg.state_dir),

@@ -33,6 +33,7 @@ from appliance.client.messages import QOS
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType
+from appliance.edge.mqtt.meta import from_headers
 from appliance.edge.mqtt.state import Delivery, SubOptions
 from appliance.edge.mqtt.topics import mqtt_matches
 
@@ -254,7 +255,7 @@ class SessionState:
 
         try:
             if await into_fabric(self, will.topic, will.payload, will.qos, will.retain,
-                                 will.props):
+                                 will.props) == 0:
                 self.count("wills_published")
         except Closed:
             self.count("wills_failed")
@@ -310,8 +311,6 @@ class SessionState:
         stream = msg.stream & ~RELIABLE_STREAM_BIT
         own = self.native is not None and msg.origin == server.node_id and (
             stream == self.native.session)
-        meta = server.meta.find(stream, msg.publish_ts_ns) if (
-            msg.origin == server.node_id) else None
         # with a filter subscribed in both native classes, every message arrives twice:
         # over the reliable stream (msg.guaranteed) and as a best-effort copy, dropped here
         copy = not msg.guaranteed
@@ -330,24 +329,36 @@ class SessionState:
             rap = rap or options.retain_as_published
             if options.sub_id:
                 sub_ids.append(options.sub_id)
+        if qos < 0 and not groups:
+            self.count("deliveries_unmatched")  # the $ rule, no-local, or withdrawn
+            return
+        meta, published_qos = from_headers(msg.headers, self.count)  # (meta.py)
         if meta is not None and meta.expired(time.monotonic()):
             self.count("deliveries_dropped_expired")
             return
-        if meta is not None and meta.origin and meta.origin in self.restored_origins:
+        if meta is not None and meta.origin and msg.origin == server.node_id and (
+                meta.origin in self.restored_origins):
             self.restored_origins.discard(meta.origin)
             self.count("store_duplicates_skipped")
             return
         for group in groups:
-            server.shared_router.offer(group, msg, meta, guaranteed)
+            server.shared_router.offer(group, msg, meta, delivery_qos(guaranteed,
+                                                                      published_qos, 2))
         if qos < 0:
-            if not groups:
-                self.count("deliveries_unmatched")  # the $ rule, no-local, or withdrawn
             return
-        # published best-effort (MQTT QoS 0): at QoS 0; published guaranteed (QoS 1 or 2, or
-        # a native guaranteed publish): at the QoS the subscription granted
         retain = rap and meta is not None and meta.retain
-        self.deliver(Delivery(msg.topic, msg.payload, qos if guaranteed else 0, retain, meta,
+        self.deliver(Delivery(msg.topic, msg.payload, delivery_qos(guaranteed, published_qos,
+                                                                   qos), retain, meta,
                               tuple(sub_ids)))
+
+
+def delivery_qos(guaranteed: bool, published: int | None, granted: int) -> int:
+    """The QoS of a delivery: a message published best-effort goes at QoS 0; a guaranteed
+    one at min(its MQTT publish QoS, carried in its headers, and the QoS granted), or at
+    the QoS granted when it carries none (a native publish)."""
+    if not guaranteed:
+        return 0
+    return granted if published is None else min(published, granted)
 
 
 async def restore_session(server: MqttServer, stored: Any, now: float) -> SessionState | None:

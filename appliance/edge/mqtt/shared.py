@@ -87,8 +87,9 @@ class SharedRouter:
                 return m
         return None
 
-    def offer(self, key: str, msg: Any, meta: Any, guaranteed: bool) -> None:
-        """A message for the group (from one member's native session)."""
+    def offer(self, key: str, msg: Any, meta: Any, qos: int) -> None:
+        """A message for the group (from one member's native session), at most at ``qos``
+        (0 for a best-effort message, else its MQTT publish QoS, 2 when it carries none)."""
         ident = (key, msg.origin, msg.stream & ~RELIABLE_STREAM_BIT, msg.publish_ts_ns,
                  msg.topic)
         if ident in self._seen:
@@ -102,14 +103,13 @@ class SharedRouter:
         if member is None:
             self._count("shared_no_member")
             return
-        self._give(member, key, Delivery(msg.topic, msg.payload, 1 if guaranteed else 0,
-                                         False, meta))
+        self._give(member, key, Delivery(msg.topic, msg.payload, qos, False, meta))
 
     def _give(self, member: SessionState, key: str, d: Delivery) -> None:
         options = member.filters.get(SHARED_PREFIX + key)
         if options is None:
             return
-        qos = min(d.qos, 1) and options.qos  # a QoS 0 message stays QoS 0
+        qos = min(d.qos, options.qos)
         retain = options.retain_as_published and d.meta is not None and d.meta.retain
         self._count("shared_delivered")
         member.deliver(Delivery(d.topic, d.payload, qos, retain, d.meta,
