@@ -35,8 +35,11 @@ from appliance.config_files import (
 from appliance.errors import ConfigError
 
 # --- tunables (units in the names) ---------------------------------------------------------
-HEARTBEAT_INTERVAL_MS = 100
-"""HELLO/HEARTBEAT period towards neighbours (config key ``appliance.heartbeat_interval_ms``)."""
+HEARTBEAT_INTERVAL_MS = 1_000
+"""HELLO/HEARTBEAT period towards neighbours (config key ``appliance.heartbeat_interval_ms``):
+a dead neighbour is noticed in 4 s by default, as Aeron's and Solace's defaults take
+seconds; 100 notices it in 0.4 s for ~3-5 % of a core more when idle (docs/appliance.md,
+"Idle strategies")."""
 NEIGHBOUR_DEAD_INTERVALS = 4
 """A neighbour silent for this many heartbeat intervals is down, unless
 ``appliance.neighbour_dead_ms`` says otherwise."""
@@ -130,9 +133,9 @@ one more link is refused (``links_full``). Only holders of the fabric key create
 DISCOVERY_HELLO_REPLY_NS = 20_000_000
 """A neighbour's discovery HELLO (it does not know our node id yet) is answered with a HELLO
 bound to its node id at most this often (a replayed one makes us send no more than this)."""
-NEIGHBOUR_ECHO_NS = 1_000_000_000
+NEIGHBOUR_ECHO_NS = 5_000_000_000
 """A neighbour's HELLO is echoed back (an ECHO carrying its send time, from which it works out
-``rtt_us``) at most this often, not every heartbeat: each admin frame costs an idle appliance
+``rtt_us``) at most this often (5 s), not every heartbeat: each admin frame costs an idle appliance
 a trip between its data path and its control plane."""
 AUTH_LOG_INTERVAL_NS = 10_000_000_000
 """A rejected admin frame is logged at most once per source per this interval."""
@@ -1130,7 +1133,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     heartbeat = _int(app, "heartbeat_interval_ms", p, HEARTBEAT_INTERVAL_MS, 10, 60_000)
     dead = _int(app, "neighbour_dead_ms", p, heartbeat * NEIGHBOUR_DEAD_INTERVALS,
                 2 * heartbeat, 600_000)
-    lsa = _int(app, "lsa_refresh_ms", p, LSA_REFRESH_MS, heartbeat, 600_000)
+    lsa = _int(app, "lsa_refresh_ms", p, LSA_REFRESH_MS, 10, 600_000)
     drain = _int(app, "drain_timeout_ms", p, DRAIN_TIMEOUT_MS, 0, 60_000)
     parked_ttl = _int(app, "parked_ttl_ms", p, PARKED_MESSAGE_TTL_NS // 1_000_000, 1, 600_000)
 
