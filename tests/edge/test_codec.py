@@ -129,6 +129,23 @@ def test_a_property_given_twice_is_a_protocol_error():
     assert isinstance(pkt, Refusal) and pkt.code == Reason.PROTOCOL_ERROR
 
 
+@pytest.mark.parametrize(("first", "body", "props"), [
+    (0x30, b"\x00\x01a", [(0x01, 2)]),  # Payload Format Indicator 2
+    (0x30, b"\x00\x01a", [(0x08, "reply/+")]),  # a Response Topic with a wildcard
+    (0x82, b"\x00\x01", [(0x0B, 1), (0x0B, 1)]),  # a SUBSCRIBE with two Subscription Ids
+], ids=["payload_format_2", "response_topic_wildcard", "two_subscription_ids"])
+def test_property_values_mqtt_forbids_are_protocol_errors(first, body, props):
+    tail = b"\x00\x01a\x00" if first == 0x82 else b""
+    pkt = codec.decode(first, body + codec.encode_props(props) + tail, codec.V5)
+    assert isinstance(pkt, Refusal) and pkt.code == Reason.PROTOCOL_ERROR, pkt
+
+
+def test_a_publish_may_repeat_its_subscription_identifier_property_to_a_client_but_a_will_not():
+    ok = codec.decode(0x30, b"\x00\x01a" + codec.encode_props([(0x01, 1), (0x08, "r/x")]),
+                      codec.V5)
+    assert isinstance(ok, codec.Publish) and ok.props == [(0x01, 1), (0x08, "r/x")]
+
+
 @settings(max_examples=3_000, deadline=None)
 @given(st.integers(0, 255), st.binary(max_size=64), st.sampled_from([0, 4, 5]))
 def test_decode_never_raises_on_any_bytes(first, body, version):

@@ -35,6 +35,7 @@ MALFORMED_AFTER_CONNECT = [
     ("bad_flags", b"\x80\x06\x00\x01\x00\x01a\x00"),
     ("truncated", b"\x82\x05\x00\x01\x00\x05a"),
     ("bad_packet_type", b"\x00\x00"),
+    ("bad_packet_type", b"\x0a\xc0"),  # type 0, a remaining length never finished: at once
     ("trailing_bytes", b"\xc0\x01\x00"),
     ("protocol_error", b"\x20\x02\x00\x00"),
     ("second_connect", codec.encode_connect("again", username="alice",

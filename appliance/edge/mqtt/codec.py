@@ -122,6 +122,9 @@ PROPERTIES: dict[int, tuple[str, int]] = {
 }
 PROP = {name: ident for ident, (name, _) in PROPERTIES.items()}
 REPEATABLE = {0x26, 0x0B}
+_ONCE = {("subscribe", 0x0B)}
+"""(packet kind, property) given at most once there though repeatable elsewhere (a SUBSCRIBE
+carries one Subscription Identifier, MQTT 5.0 3.8.2.1.2)."""
 _MESSAGE_PROPS = {0x01, 0x02, 0x03, 0x08, 0x09, 0x26}
 ALLOWED: dict[str, set[int]] = {
     "connect": {0x11, 0x15, 0x16, 0x17, 0x19, 0x21, 0x22, 0x26, 0x27},
@@ -306,7 +309,7 @@ class _Reader:
             spec = PROPERTIES.get(ident)
             if spec is None or ident not in allowed:
                 raise _Bad("bad_property", f"property 0x{ident:02x} not allowed in {kind}")
-            if ident in seen and ident not in REPEATABLE:
+            if ident in seen and (ident not in REPEATABLE or (kind, ident) in _ONCE):
                 raise _Bad("bad_property", f"property {spec[0]} given twice",
                            Reason.PROTOCOL_ERROR)
             seen.add(ident)
@@ -327,6 +330,12 @@ class _Reader:
                 value = (self.utf8(), self.utf8())
             if self.pos > end:
                 raise _Bad("bad_property", "a property runs past the property length")
+            if ident == 0x01 and value not in (0, 1):
+                raise _Bad("bad_property", f"Payload Format Indicator {value} (0 or 1)",
+                           Reason.PROTOCOL_ERROR)
+            if ident == 0x08 and ("+" in value or "#" in value):  # type: ignore[operator]
+                raise _Bad("bad_property", "a Response Topic with a wildcard",
+                           Reason.PROTOCOL_ERROR)
             out.append((ident, value))
         return out
 

@@ -142,6 +142,11 @@ class MqttConnection:
         try:
             async with asyncio.timeout(timeout_s):
                 first = (await self.reader.readexactly(1))[0]
+                if first >> 4 == 0:  # reserved: refused before a remaining length that may
+                    refused = codec.decode(first, b"", self.version)  # never end
+                    if isinstance(refused, Refusal):
+                        self.count("refused_" + refused.reason)
+                        raise Closed(refused.reason, refused.code, detail=refused.detail)
                 header = b""
                 while True:
                     header += await self.reader.readexactly(1)
