@@ -10,7 +10,11 @@ the same points). Figures per payload size and policy: messages/s, bytes/s (reco
 written: header, payload, padding) and the p99 of append-to-durable latency (from a
 commit's first append to the fsync that covers it). Replay: the 64-byte log read back in
 order with every record's CRC checked (``msgs_per_s`` of ``replay_64B``) vs reading the
-same file's bytes with ``preadv`` (``raw_disk``). Medians over ``--repeats``, the two
+same file's bytes with ``preadv`` (``raw_disk``). ``replay_pages_64B``: the cache's side of a
+replay, ``--replay-messages`` messages of 64 B in a cache's log built into replay page
+frames (log read, pattern match, encoding; no client); ``replay_end_to_end_64B``: a client's
+``replay`` of them from an appliance with ``[cache]`` on 127.0.0.1 over UDP, every payload
+compared (appliance and client in this process). Medians over ``--repeats``, the two
 measured alternately, each repeat in fresh files, after one warm-up write and replay (not
 counted: it compiles the kernels on a cold cache).
 
@@ -186,6 +190,31 @@ def _fill_cache(directory: Path, count: int) -> None:
         store.close()
 
 
+def _replay_pages(directory: Path, count: int) -> dict[str, float]:
+    """The cache's side of a replay alone: every page of ``directory``'s log built into page
+    frames (``CacheStore.page``: log read, CRC checked, pattern matched, records encoded)."""
+    from appliance.cache.settings import CacheSettings
+    from appliance.cache.store import CacheStore, ReplayPage
+    from appliance.config import CLIENT_MAX_FRAME_BYTES
+    from datapath.protocol.frame_layout import AUTH_TRAILER_BYTES
+
+    store = CacheStore(CacheSettings(directory, ("bench/#",)))
+    try:
+        page = ReplayPage(CLIENT_MAX_FRAME_BYTES - AUTH_TRAILER_BYTES)
+        store.page("bench/#", "bench/#", None, None, page)  # warm (not counted)
+        start = time.perf_counter_ns()
+        got, at, done = 0, None, False
+        while not done:
+            at, done = store.page("bench/#", "bench/#", at, None, page)
+            got += page.count
+        elapsed = time.perf_counter_ns() - start
+    finally:
+        store.close()
+    if got != count:
+        raise RuntimeError(f"bench persist: paged {got} of {count} messages")
+    return {"msgs_per_s": count * 1e9 / elapsed}
+
+
 def _replay_end_to_end(directory: Path, count: int) -> dict[str, float]:
     """An appliance with ``[cache]`` on ``directory`` (``_fill_cache``) on 127.0.0.1; a
     client's ``replay`` of every kept message over UDP (each payload compared), timed from
@@ -286,6 +315,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cache_dir = root / "cache"
         _fill_cache(cache_dir, args.replay_messages)
         for _ in range(args.repeats):
+            keep("topicwire", "replay_pages_64B", _replay_pages(cache_dir,
+                                                                 args.replay_messages))
             keep("topicwire", "replay_end_to_end_64B",
                  _replay_end_to_end(cache_dir, args.replay_messages))
     finally:

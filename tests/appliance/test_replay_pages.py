@@ -20,6 +20,7 @@ from appliance.cache.node import CachingAppliance
 from appliance.cache.settings import CacheSettings
 from appliance.cache.store import CacheStore, ReplayPage
 from appliance.client import connect
+from appliance.client.messages import Message
 from appliance.client.replay import request_page, take_frame
 from appliance.config import parse_config
 from datapath.protocol import frame_layout as fl
@@ -73,6 +74,9 @@ def test_a_dropped_page_frame_keeps_what_came_before_it_and_asks_again_after(tmp
     assert whole.complete and whole.done and len(whole.messages) == 3_000
     assert [m.cache_seq for m in whole.messages] == list(range(1, 3_001))
     assert all(m.payload == bytes([(m.sequence - 1) % 256]) * 64 for m in whole.messages)
+    one = whole.messages[9]  # built by slot: the same as by the constructor
+    assert one == Message("a/x", bytes([9]) * 64, topic_key_hash(0, "a/x"), 10, 9, 0, 0, 0, 1,
+                          2, one.received_ns, cache_seq=10)
 
     client = _FakeClient(frames, doc, {1})  # the second frame never arrives
     cut = request_page(client, {"id": 5}, {"from_seq": 1}, "a/#")
