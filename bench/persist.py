@@ -190,6 +190,12 @@ def _fill_cache(directory: Path, count: int) -> None:
         store.close()
 
 
+def _rate(what: str, got: int, count: int, elapsed_ns: int) -> dict[str, float]:
+    if got != count:
+        raise RuntimeError(f"bench persist: {what} {got} of {count} messages")
+    return {"msgs_per_s": count * 1e9 / elapsed_ns}
+
+
 def _replay_pages(directory: Path, count: int) -> dict[str, float]:
     """The cache's side of a replay alone: every page of ``directory``'s log built into page
     frames (``CacheStore.page``: log read, CRC checked, pattern matched, records encoded)."""
@@ -210,9 +216,7 @@ def _replay_pages(directory: Path, count: int) -> dict[str, float]:
         elapsed = time.perf_counter_ns() - start
     finally:
         store.close()
-    if got != count:
-        raise RuntimeError(f"bench persist: paged {got} of {count} messages")
-    return {"msgs_per_s": count * 1e9 / elapsed}
+    return _rate("paged", got, count, elapsed)
 
 
 def _replay_end_to_end(directory: Path, count: int) -> dict[str, float]:
@@ -250,9 +254,7 @@ def _replay_end_to_end(directory: Path, count: int) -> dict[str, float]:
             elapsed = time.perf_counter_ns() - start
     finally:
         app.stop()
-    if got != count:
-        raise RuntimeError(f"bench persist: replayed {got} of {count} messages")
-    return {"msgs_per_s": count * 1e9 / elapsed}
+    return _rate("replayed", got, count, elapsed)
 
 
 def _replay_raw(directory: Path, records: int) -> dict[str, float]:
