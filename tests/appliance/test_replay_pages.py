@@ -23,6 +23,7 @@ from appliance.client import connect
 from appliance.client.messages import Message
 from appliance.client.replay import request_page, take_frame
 from appliance.config import parse_config
+from appliance.control import credentials as cr
 from datapath.protocol import frame_layout as fl
 from datapath.protocol.replay_layout import REPLAY_STREAM_ID
 from datapath.topics.registry import topic_key_hash
@@ -183,9 +184,12 @@ class DroppingRelay:
 def cached(tmp_path):
     port = free_port()
     cfg = parse_config({
-        "appliance": {"name": f"pages{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
+        "appliance": {"name": f"pages{port}"},
+        "clients": {"udp": f"127.0.0.1:{port}", "shm": f"pages{port}"},
         "pm": {"require_passwords": False,
-               "identities": {"feed": {"publish": ["orders/#"], "subscribe": ["#"]}}},
+               "identities": {"feed": {"publish": ["orders/#"], "subscribe": ["#"]},
+                              "sealed": {"subscribe": ["orders/#"],
+                                         "password": cr.hash_password(PASSWORD, **CHEAP)}}},
         "cache": {"dir": str(tmp_path / "cache"), "patterns": ["orders/#"]}})
     app = CachingAppliance(cfg).start()
     assert app.cache.ready.wait(60), "the cache's session did not subscribe"
@@ -193,6 +197,10 @@ def cached(tmp_path):
         yield app, port
     finally:
         app.stop()
+
+
+PASSWORD = "correct horse battery staple"
+CHEAP = {"n": 1 << 10, "r": 8, "p": 1}  # scrypt cost of the tests' credentials
 
 
 def _payload(seq: int) -> bytes:
@@ -262,3 +270,21 @@ def test_a_durable_subscription_through_a_dropped_page_frame_loses_nothing(cache
             sub.unsubscribe()
     finally:
         relay.close()
+
+
+@pytest.mark.parametrize("scheme", ["udp", "shm"])
+def test_a_session_with_a_key_reads_signed_page_frames_over_udp_and_shared_memory(
+        cached, scheme):
+    app, port = cached
+    with connect(f"udp://127.0.0.1:{port}", "feed") as client:
+        for i in range(5_000):
+            client.publish("orders/eu/x", _payload(i + 1), qos="guaranteed")
+        client.flush()
+    wait_for(lambda: app.cache.counters["kept"] >= 5_000, 60, what="5,000 messages kept")
+    url = f"udp://127.0.0.1:{port}" if scheme == "udp" else f"shm://pages{port}"
+    with connect(url, "sealed", password=PASSWORD) as reader:
+        assert reader._mac is not None  # frames to it carry the session's MAC
+        got = [m.payload for m in reader.replay("orders/#")]
+        assert got == [_payload(i + 1) for i in range(5_000)]
+        assert (reader.replay_pages_incomplete, reader.replay_frames_malformed) == (0, 0)
+    assert app.cache.counters["replay_frames"] > 1
