@@ -285,6 +285,20 @@ class Subscription:
         if self._admit(msg, replayed=True):
             self._hand(msg)
 
+    def _joined(self) -> bool:
+        """Whether the replay reached the live stream: the first live message held of each
+        publishing session is one the replay handed over (the cache had kept it). Not yet:
+        the cache has not appended what was published just before the subscription took
+        effect at this appliance (``_fill_gap`` asks it again)."""
+        with self._cond:
+            seen = self._seen
+            assert seen is not None
+            firsts: dict[tuple[int, int], Message] = {}
+            for msg in self._held_live:
+                firsts.setdefault((msg.origin, msg.stream), msg)
+            return all((m.origin, m.stream, m.topic_key, m.publish_ts_ns, hash(m.payload))
+                       in seen for m in firsts.values())
+
     def _end_fill(self) -> None:
         """The replay is over: the live messages held meanwhile, those not handed over."""
         while True:
@@ -418,6 +432,9 @@ class Client(GuaranteedSide, ConnectionSide):
         """Times the session moved to the other appliance (the standby, or back)."""
         self.filled = 0
         """Messages handed over from a cache's replay after a move (the gap it filled)."""
+        self.fill_polls = 0
+        """Times a failover's gap fill asked the cache again because it had not yet kept
+        the first live message of a publisher (``_fill_gap``)."""
         self._replay_pages: dict[int, Any] = {}
         """Request id -> the page frames received for a replay request waiting for its answer
         (appliance/client/replay.py; one entry per waiting request)."""

@@ -288,3 +288,29 @@ def test_a_session_with_a_key_reads_signed_page_frames_over_udp_and_shared_memor
         assert got == [_payload(i + 1) for i in range(5_000)]
         assert (reader.replay_pages_incomplete, reader.replay_frames_malformed) == (0, 0)
     assert app.cache.counters["replay_frames"] > 1
+
+
+def test_a_gap_fill_is_joined_only_once_the_replay_reached_each_publishers_first_live_message():
+    from types import SimpleNamespace
+
+    from appliance.client.api import Subscription
+
+    sub = Subscription(SimpleNamespace(targets=[1, 2]), 1, "a/#", 0, None, "guaranteed",
+                       lambda m: None)
+
+    def msg(origin: int, n: int) -> Message:
+        return Message("a/x", b"%d" % n, 7, n, 1_000 + n, 0, 0, 2, origin, 9, 0)
+
+    sub._begin_fill()
+    assert sub._joined()  # nothing live held: nothing to join
+    sub._put(msg(1, 5))  # live, held while the replay fills the gap
+    sub._put(msg(2, 8))
+    sub._put(msg(1, 6))
+    sub._fill(msg(1, 4))
+    assert not sub._joined()  # the cache has not kept publisher 1's 5 yet
+    sub._fill(msg(1, 5))
+    assert not sub._joined()  # nor publisher 2's 8
+    sub._fill(msg(2, 8))
+    assert sub._joined()
+    sub._end_fill()
+    assert sub.delivered == 4 and sub.duplicates == 2  # 4, 5, 8, then 6; 5 and 8 once
