@@ -10,7 +10,11 @@ the same points). Figures per payload size and policy: messages/s, bytes/s (reco
 written: header, payload, padding) and the p99 of append-to-durable latency (from a
 commit's first append to the fsync that covers it). Replay: the 64-byte log read back in
 order with every record's CRC checked (``msgs_per_s`` of ``replay_64B``) vs reading the
-same file's bytes with ``preadv`` (``raw_disk``). Medians over ``--repeats``, the two
+same file's bytes with ``preadv`` (``raw_disk``). ``replay_pages_64B``: the cache's side of a
+replay, ``--replay-messages`` messages of 64 B in a cache's log built into replay page
+frames (log read, pattern match, encoding; no client); ``replay_end_to_end_64B``: a client's
+``replay`` of them from an appliance with ``[cache]`` on 127.0.0.1 over UDP, every payload
+compared (appliance and client in this process). Medians over ``--repeats``, the two
 measured alternately, each repeat in fresh files, after one warm-up write and replay (not
 counted: it compiles the kernels on a cold cache).
 
@@ -39,6 +43,7 @@ SIZES = (64, 1024)
 POLICIES = ("batch", "interval")
 REPEATS = 3
 MIB = 16
+REPLAY_MESSAGES = 200_000
 BATCH = 256
 INTERVAL_MS = 10
 
@@ -52,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the interval policy's fsync interval (default {INTERVAL_MS})")
     parser.add_argument("--repeats", type=positive_int, default=REPEATS,
                         help=f"repeats (default {REPEATS})")
+    parser.add_argument("--replay-messages", type=positive_int, default=REPLAY_MESSAGES,
+                        help="messages of 64 B a client replays end to end from an "
+                             f"appliance's cache (default {REPLAY_MESSAGES:,})")
     parser.add_argument("--dir", default=None,
                         help="directory for the files (default: the temporary directory)")
 
@@ -164,6 +172,91 @@ def _replay_ours(directory: Path) -> dict[str, float]:
     return {"msgs_per_s": count * 1e9 / elapsed}
 
 
+def _fill_cache(directory: Path, count: int) -> None:
+    """A cache directory whose log of ``bench/#`` holds ``count`` messages of 64 B."""
+    from appliance.cache.settings import CacheSettings
+    from appliance.cache.store import CacheStore
+
+    store = CacheStore(CacheSettings(directory, ("bench/#",)))
+    try:
+        payload = bytes(range(64))
+        now = time.time_ns()
+        for i in range(count):
+            store.append("bench/x", 0, i + 1, 7, 1, 1, 0, 0, now + i, payload)
+            if i % 4096 == 4095:
+                store.commit()
+        store.commit()
+    finally:
+        store.close()
+
+
+def _rate(what: str, got: int, count: int, elapsed_ns: int) -> dict[str, float]:
+    if got != count:
+        raise RuntimeError(f"bench persist: {what} {got} of {count} messages")
+    return {"msgs_per_s": count * 1e9 / elapsed_ns}
+
+
+def _replay_pages(directory: Path, count: int) -> dict[str, float]:
+    """The cache's side of a replay alone: every page of ``directory``'s log built into page
+    frames (``CacheStore.page``: log read, CRC checked, pattern matched, records encoded)."""
+    from appliance.cache.settings import CacheSettings
+    from appliance.cache.store import CacheStore, ReplayPage
+    from appliance.config import CLIENT_MAX_FRAME_BYTES
+    from datapath.protocol.frame_layout import AUTH_TRAILER_BYTES
+
+    store = CacheStore(CacheSettings(directory, ("bench/#",)))
+    try:
+        page = ReplayPage(CLIENT_MAX_FRAME_BYTES - AUTH_TRAILER_BYTES)
+        store.page("bench/#", "bench/#", None, None, page)  # warm (not counted)
+        start = time.perf_counter_ns()
+        got, at, done = 0, None, False
+        while not done:
+            at, done = store.page("bench/#", "bench/#", at, None, page)
+            got += page.count
+        elapsed = time.perf_counter_ns() - start
+    finally:
+        store.close()
+    return _rate("paged", got, count, elapsed)
+
+
+def _replay_end_to_end(directory: Path, count: int) -> dict[str, float]:
+    """An appliance with ``[cache]`` on ``directory`` (``_fill_cache``) on 127.0.0.1; a
+    client's ``replay`` of every kept message over UDP (each payload compared), timed from
+    the call to the last message."""
+    import socket
+
+    from appliance.cache.node import CachingAppliance
+    from appliance.client import connect
+    from appliance.config import parse_config
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = parse_config({"appliance": {"name": "bench-replay"},
+                        "clients": {"udp": f"127.0.0.1:{port}"},
+                        "pm": {"require_passwords": False,
+                               "identities": {"reader": {"subscribe": ["#"]}}},
+                        "cache": {"dir": str(directory), "patterns": ["bench/#"]}})
+    app = CachingAppliance(cfg).start()
+    try:
+        if not app.cache.ready.wait(60):
+            raise RuntimeError("bench persist: the cache's session did not subscribe")
+        payload = bytes(range(64))
+        with connect(f"udp://127.0.0.1:{port}", "reader") as client:
+            for _ in client.replay("bench/#", from_sequence=count):  # warm (not counted)
+                pass
+            start = time.perf_counter_ns()
+            got = 0
+            for msg in client.replay("bench/#"):
+                if msg.payload != payload:
+                    raise RuntimeError(f"bench persist: replayed message {got} differs")
+                got += 1
+            elapsed = time.perf_counter_ns() - start
+    finally:
+        app.stop()
+    return _rate("replayed", got, count, elapsed)
+
+
 def _replay_raw(directory: Path, records: int) -> dict[str, float]:
     """The same segment files' bytes read in the same chunk size, nothing checked."""
     from appliance.persistence.settings import READ_CHUNK_BYTES
@@ -220,11 +313,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                           else _replay_raw(replay_dir, messages))
                 keep(name, f"replay_{SIZES[0]}B", values)
             shutil.rmtree(replay_dir)
+        progress(NAME, f"end-to-end replay of {args.replay_messages:,} messages of 64 B")
+        cache_dir = root / "cache"
+        _fill_cache(cache_dir, args.replay_messages)
+        for _ in range(args.repeats):
+            keep("topicwire", "replay_pages_64B", _replay_pages(cache_dir,
+                                                                 args.replay_messages))
+            keep("topicwire", "replay_end_to_end_64B",
+                 _replay_end_to_end(cache_dir, args.replay_messages))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results = {name: {metric: statistics.median(values) for metric, values in metrics.items()}
                for name, metrics in figures.items()}
     params = {"mib": args.mib, "batch": args.batch, "interval_ms": args.interval_ms,
-              "repeats": args.repeats, "sizes": list(SIZES), "policies": list(POLICIES),
+              "repeats": args.repeats, "replay_messages": args.replay_messages,
+              "sizes": list(SIZES), "policies": list(POLICIES),
               "dir": str(root.parent), "fs": _fs_type(root.parent)}
     return build_report(NAME, params, results)

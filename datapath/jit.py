@@ -51,6 +51,7 @@ KERNEL_MODULES = (
     "appliance.dataplane._kernels",
     "appliance.ops.telemetry._kernels",
     "appliance.persistence._kernels",
+    "appliance.cache._kernels",
     "bench._fabric_kernels",
 )
 """Every module that defines numba kernels (tests/datapath/test_jit.py keeps it complete)."""

@@ -49,17 +49,25 @@ from appliance.cache.settings import (
     CACHE_IDENTITY,
     CACHE_MAX_PAYLOAD_BYTES,
     CACHE_QUEUE_MESSAGES,
+    REPLAY_OUTBOX_FRAMES,
     REPLAYS_PENDING,
     REPLAYS_PENDING_PER_SESSION,
     RETENTION_CHECK_INTERVAL_NS,
     STORE_RETRY_INTERVAL_NS,
     CacheSettings,
 )
-from appliance.cache.store import CacheStore
+from appliance.cache.store import CacheStore, ReplayPage
 from appliance.client.messages import QOS
-from appliance.config import ApplianceConfig, ConfigError, local_client_url
+from appliance.config import (
+    CLIENT_MAX_FRAME_BYTES,
+    ApplianceConfig,
+    ConfigError,
+    local_client_url,
+)
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from datapath.errors import TopicwireError
+from datapath.protocol.extensions import HEADERS_FLAG, encode_headers
+from datapath.protocol.frame_layout import AUTH_TRAILER_BYTES
 
 log = logging.getLogger("topicwire.appliance")
 QOS_GUARANTEED = QOS["guaranteed"]
@@ -166,6 +174,9 @@ class CacheAgent:
         """The storage error the logs fail with now (None: they write)."""
         self._failing_since_ns = 0
         self._retry_at = 0
+        self._page_buf = ReplayPage(CLIENT_MAX_FRAME_BYTES - AUTH_TRAILER_BYTES)
+        """The page being answered (one at a time, on the agent's thread)."""
+        self._page_ids = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> CacheAgent:
@@ -335,8 +346,8 @@ class CacheAgent:
             self._answer_durable(self._woken.popleft())
             work += 1
         for _ in range(REPLAYS_PER_CYCLE):
-            if not self._requests:
-                break
+            if not self._requests or self._outbox_busy():
+                break  # (a busy outbox: the agent's idle strategy wakes it again soon)
             self._answer(self._requests.popleft())
             work += 1
         if self._parked:
@@ -401,12 +412,15 @@ class CacheAgent:
                 self._last_seq.clear()
                 counters["gap_table_resets"] += 1
             self._last_seq[key] = msg.sequence
-        if len(msg.payload) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
+        region, flags = msg.payload, 0
+        if msg.headers:  # kept as on the wire: the header block after the payload
+            region, flags = region + encode_headers(msg.headers), HEADERS_FLAG
+        if len(region) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
             counters["too_large"] += 1
             return
         taken = self.store.append(msg.topic, msg.namespace, msg.sequence, msg.topic_key,
                                   msg.origin, msg.stream, msg.schema_id, msg.qos,
-                                  msg.publish_ts_ns, msg.payload)
+                                  msg.publish_ts_ns, region, flags)
         if taken:
             counters["kept"] += 1
             if (self.persisted_acks and msg.qos == QOS_GUARANTEED
@@ -466,25 +480,34 @@ class CacheAgent:
         kept = self.store.log_of(pattern)
         out: dict[str, Any] = {"id": doc["id"]}
         assert kept is not None  # checked by submit; the patterns do not change
-        page = self._page(kept, pattern, doc.get("from_seq"), doc.get("from_time_ns"), out)
+        page = self._page(kept, pattern, doc.get("from_seq"), doc.get("from_time_ns"), out,
+                          doc["id"])
         if page is not None:
-            rows, next_seq, done = page
-            out.update(accepted=True, messages=rows, next_seq=next_seq, done=done)
+            next_seq, done = page
+            out.update(accepted=True, next_seq=next_seq, done=done)
             self.counters["replay_pages"] += 1
-            self.counters["replayed_messages"] += len(rows)
-        self._send(channel, dest, session_id, out)
+            self.counters["replayed_messages"] += self._page_buf.count
+        self._send(channel, dest, session_id, out, page is not None)
 
     def _page(self, kept: str, pattern: str, from_seq: int | None, from_time_ns: int | None,
-              out: dict) -> tuple[list, int, bool] | None:
-        """``CacheStore.page``; None when the log cannot be read (counted, logged, and
-        ``out`` made the refusal)."""
+              out: dict, request_id: int) -> tuple[int, bool] | None:
+        """``CacheStore.page`` into ``_page_buf``; None when the log cannot be read (counted,
+        logged, and ``out`` made the refusal)."""
+        buf = self._page_buf
+        self._page_ids = self._page_ids % 0xFFFF_FFFF + 1
+        buf.request_id, buf.page_id = request_id, self._page_ids
         try:
-            return self.store.page(kept, pattern, from_seq, from_time_ns)
+            return self.store.page(kept, pattern, from_seq, from_time_ns, buf)
         except (TopicwireError, OSError) as exc:
             self._store_error("replay", exc)
             out.update(accepted=False, why="storage", reason=f"cache: cannot read the log of "
                        f"{kept!r}: {exc}")
             return None
+
+    def _outbox_busy(self) -> bool:
+        """Whether ``REPLAY_OUTBOX_FRAMES`` admin frames wait in the data path's outbox (a
+        data path in a process of its own takes frames as they are offered)."""
+        return len(getattr(self.dp, "outbox", ())) >= REPLAY_OUTBOX_FRAMES
 
     def _answer_durable(self, request: tuple[int, str, int, dict, str]) -> None:
         """A durable subscription's request: acknowledge, page from its position, or hold
@@ -499,7 +522,7 @@ class CacheAgent:
                 for key in [k for k in parked if k[1:] == (identity, name)]:
                     del parked[key]
             self.counters["durables_deleted"] += deleted
-            out.update(accepted=True, messages=[], next_seq=0, done=True, deleted=deleted)
+            out.update(accepted=True, next_seq=0, done=True, deleted=deleted)
             self._send(channel, dest, session_id, out)
             return
         pattern = doc["pattern"]
@@ -524,25 +547,25 @@ class CacheAgent:
             self.counters["durables_lost_records"] += first - start
             self.book.move(entry, first, now_ns)
             start = first
-        page = self._page(kept, pattern, start, None, out)
+        page = self._page(kept, pattern, start, None, out, doc["id"])
         if page is None:
             self._send(channel, dest, session_id, out)
             return
-        rows, next_seq, done = page
-        if not rows and entry.position >= start:  # only other topics' records: passed
+        next_seq, done = page
+        count = self._page_buf.count
+        if not count and entry.position >= start:  # only other topics' records: passed
             self.book.move(entry, next_seq, now_ns)
         wait_ns = doc.get("wait_ms", 0) * 1_000_000
-        if not rows and done and wait_ns and "lost" not in out:
+        if not count and done and wait_ns and "lost" not in out:
             parked = self._parked.setdefault(kept, {})
             parked.pop((session_id, identity, name), None)  # a newer request replaces it
             parked[(session_id, identity, name)] = (request, now_ns + wait_ns)
             self.counters["durables_parked"] += 1
             return
-        out.update(accepted=True, messages=rows, next_seq=next_seq, done=done,
-                   position=entry.position)
+        out.update(accepted=True, next_seq=next_seq, done=done, position=entry.position)
         self.counters["replay_pages"] += 1
-        self.counters["durables_delivered"] += len(rows)
-        self._send(channel, dest, session_id, out)
+        self.counters["durables_delivered"] += count
+        self._send(channel, dest, session_id, out, True)
 
     def _expire_parked(self, now_ns: int) -> int:
         """Answer the held requests whose wait ended with an empty page."""
@@ -556,7 +579,7 @@ class CacheAgent:
                     entry = self.book.entries.get((identity, doc["durable"]))
                     position = entry.position if entry is not None else 0
                     self._send(channel, dest, session_id, {
-                        "id": doc["id"], "accepted": True, "messages": [],
+                        "id": doc["id"], "accepted": True,
                         "next_seq": doc.get("from_seq", position), "done": True,
                         "position": position})
                     woken += 1
@@ -564,11 +587,28 @@ class CacheAgent:
                 del self._parked[kept]
         return woken
 
-    def _send(self, channel: str, dest: int, session_id: int, doc: dict) -> None:
+    def _send(self, channel: str, dest: int, session_id: int, doc: dict,
+              with_page: bool = False) -> None:
+        """The answer: with ``with_page``, the frames of ``_page_buf`` first (the document
+        names the page: ``page``, ``frames``, ``count``), then the document, all through
+        the data path's outbox in that order. A frame the outbox refuses is counted; the
+        client sees the page incomplete and asks again from what it has."""
         from datapath.protocol import admin_layout as al
         from datapath.protocol.codec import encode_admin
         from datapath.protocol.frame_layout import FrameType
 
+        if with_page:
+            buf = self._page_buf
+            doc.update(page=buf.page_id, frames=buf.frames, count=buf.count)
+            now = time.time_ns()
+            for i in range(buf.frames):
+                frame = buf.stamp(i, self.config.node_id, session_id, now)
+                if not self.dp.offer_admin(channel, dest, frame):
+                    self.counters["replay_frames_dropped"] += 1
+                else:
+                    self.counters["replay_frames"] += 1
+        else:
+            doc.setdefault("count", 0)
         text = json.dumps(doc, separators=(",", ":"))
         frame = encode_admin(FrameType.CONTROL, [al.Control(al.ControlKind.REPLAY_RESULT,
                                                             text)],

@@ -7,13 +7,15 @@ the message's publish time. The record's payload is this envelope (big-endian):
 ```
  0       8       16      20      24      28  30 31  32      34
  +-------+-------+-------+-------+-------+---+--+---+-------+------------+-----------+
- | seq   | key   |origin |stream | ns    |sch|q |_r |tlen   | topic      | payload   |
+ | seq   | key   |origin |stream | ns    |sch|q |fl |tlen   | topic      | payload   |
  | u64   | u64   | u32   | u32   | u32   |u16|u8|u8 | u16   | tlen bytes | the rest  |
  +-------+-------+-------+-------+-------+---+--+---+-------+------------+-----------+
 ```
 
 ``seq`` is the publisher's sequence number (per topic), ``key`` the topic key, ``origin``
-the appliance where the message entered the fabric, ``stream`` the publishing session.
+the appliance where the message entered the fabric, ``stream`` the publishing session,
+``fl`` the message flags its payload region has (``HEADERS``: the payload ends with the
+message's header block, as on the wire; 0 in records written before headers were kept).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ def record_payload_bytes(message_payload_bytes: int) -> int:
 
 
 def encode(seq: int, key: int, origin: int, stream: int, namespace: int, schema_id: int,
-           qos: int, topic: bytes, payload: bytes) -> bytes:
-    return ENVELOPE.pack(seq, key, origin, stream, namespace, schema_id, qos, 0,
+           qos: int, topic: bytes, payload: bytes, flags: int = 0) -> bytes:
+    return ENVELOPE.pack(seq, key, origin, stream, namespace, schema_id, qos, flags,
                          len(topic)) + topic + payload
 
 

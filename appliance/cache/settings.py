@@ -32,17 +32,24 @@ from appliance.persistence.settings import (
 MAX_CACHE_PATTERNS = 64
 """``cache.patterns`` holds at most this many: one open log each (the bound on the logs)."""
 CACHE_MAX_PAYLOAD_BYTES = 32 * 1024
-"""Larger messages are not kept (counted ``cache_too_large``): a replayed message must fit
-one REPLAY_RESULT page with its base64 payload."""
+"""Larger messages (payload and header block) are not kept (counted ``cache_too_large``): a
+replayed message travels whole in one page frame."""
 CACHE_QUEUE_MESSAGES = 262_144
 """Messages received and not yet appended; more are dropped and counted
 (``cache_dropped_queue_full``)."""
 CACHE_APPEND_BATCH_MESSAGES = 4_096
 """Messages appended per duty cycle before a commit (the ``batch`` policy's batch)."""
-REPLAY_PAGE_BYTES = 48 * 1024
-"""A REPLAY_RESULT page holds messages up to about this many bytes of document (one always)."""
-REPLAY_PAGE_MESSAGES = 2_048
+REPLAY_PAGE_FRAMES = 8
+"""A replay page is at most this many frames (of the client channel's frame size, 65,472
+bytes with room for the session's MAC)."""
+REPLAY_PAGE_BYTES = 512 * 1024
+"""... and at most about this many bytes of frames (one message always)."""
+REPLAY_PAGE_MESSAGES = 8_192
 """... and at most this many messages."""
+REPLAY_OUTBOX_FRAMES = 64
+"""A page is built only while fewer replay frames than this wait in the data path's outbox
+(the frames in flight of all sessions; the rest wait as requests, each session's bounded by
+``REPLAYS_PENDING_PER_SESSION``)."""
 REPLAY_SCAN_RECORDS = 65_536
 """Records one page looks at (of other topics too) before it answers with what it has."""
 REPLAY_READ_CHUNK_BYTES = 256 * 1024

@@ -11,13 +11,16 @@ Used by the cache agent's thread only (``StreamLog`` is not thread-safe).
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from pathlib import Path
 
+import numpy as np
+
+from appliance.cache import _kernels as k
 from appliance.cache import layout
 from appliance.cache.settings import (
     REPLAY_PAGE_BYTES,
+    REPLAY_PAGE_FRAMES,
     REPLAY_PAGE_MESSAGES,
     REPLAY_READ_CHUNK_BYTES,
     REPLAY_SCAN_RECORDS,
@@ -27,8 +30,66 @@ from appliance.persistence import StreamLog
 from datapath.errors import TopicwireError
 from datapath.topics.algebra import includes, matches
 
-PAGE_ROW_OVERHEAD_BYTES = 160
-"""A page row's JSON beside its payload and topic (ten numbers, brackets, quotes)."""
+REPLAY_BATCH_RECORDS = 8_192
+"""Records a page reads from its log at a time."""
+VERDICTS_KEPT = 65_536
+"""Topic keys whose match against a replayed pattern is remembered (per pattern; cleared when
+full)."""
+
+
+class ReplayPage:
+    """The buffers one page is built in (reused for every page; the cache's thread only)."""
+
+    def __init__(self, max_frame_bytes: int, max_frames: int = REPLAY_PAGE_FRAMES,
+                 max_bytes: int = REPLAY_PAGE_BYTES,
+                 max_messages: int = REPLAY_PAGE_MESSAGES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.max_frames = max_frames
+        self.max_bytes = min(max_bytes, max_frames * max_frame_bytes)
+        self.max_messages = max_messages
+        self.out = np.zeros(max_frames * max_frame_bytes, np.uint8)
+        self.frame_offsets = np.zeros(max_frames, np.int64)
+        self.frame_lengths = np.zeros(max_frames, np.int64)
+        self.frame_counts = np.zeros(max_frames, np.int64)
+        self.state = np.zeros(k.ST_WORDS, np.int64)
+        self.ext = np.zeros(16 * 2_048, np.uint8)
+        self.keys = np.zeros(REPLAY_BATCH_RECORDS, np.uint64)
+        self.request_id = 0
+        self.page_id = 0
+
+    def reset(self) -> None:
+        self.state[:] = 0
+        self.state[k.ST_START] = -1
+
+    def finish(self) -> None:
+        k._finish(self.out, self.frame_offsets, self.frame_lengths, self.frame_counts,
+                  self.state, self.ext, self.request_id, self.page_id)
+
+    @property
+    def frames(self) -> int:
+        return int(self.state[k.ST_FRAMES])
+
+    @property
+    def count(self) -> int:
+        return int(self.state[k.ST_MESSAGES])
+
+    def frame(self, i: int) -> np.ndarray:
+        """Frame ``i`` (its header not written: ``stamp``)."""
+        at = int(self.frame_offsets[i])
+        return self.out[at : at + int(self.frame_lengths[i])]
+
+    def stamp(self, i: int, source_session: int, dest_session: int, send_ts_ns: int
+              ) -> np.ndarray:
+        """Frame ``i`` with its header written."""
+        from datapath.protocol import frame_layout as fl
+        from datapath.protocol.replay_layout import REPLAY_STREAM_ID
+
+        frame = self.frame(i)
+        fl.FRAME_HEADER_STRUCT.pack_into(
+            frame, 0, fl.FRAME_MAGIC, fl.PROTOCOL_VERSION, int(fl.FrameType.DATA), 0,
+            int(self.frame_counts[i]) + 1, len(frame), source_session, dest_session,
+            REPLAY_STREAM_ID, send_ts_ns)
+        return frame
 
 
 def log_dir_name(pattern: str) -> str:
@@ -44,6 +105,7 @@ class CacheStore:
         self.settings = settings
         self.logs: dict[str, StreamLog] = {}
         self._dirty: set[str] = set()
+        self._verdicts: dict[str, dict[int, bool]] = {}
         config = settings.log_config()
         try:
             for pattern in settings.patterns:
@@ -58,9 +120,10 @@ class CacheStore:
 
     def append(self, topic: str, namespace: int, seq: int, key: int, origin: int,
                stream: int, schema_id: int, qos: int, publish_ts_ns: int,
-               payload: bytes) -> list[tuple[str, int]]:
+               payload: bytes, flags: int = 0) -> list[tuple[str, int]]:
         """Append a message to the log of each pattern it matches (namespace 0); buffered
-        until ``commit``. Returns (pattern, cache sequence) of each log that took it."""
+        until ``commit``. ``payload``: its payload region (``flags`` HEADERS: with its
+        header block). Returns (pattern, cache sequence) of each log that took it."""
         if namespace != 0:
             return []
         record = None
@@ -69,7 +132,7 @@ class CacheStore:
             if matches(pattern, topic):
                 if record is None:
                     record = layout.encode(seq, key, origin, stream, namespace, schema_id, qos,
-                                           topic.encode(), payload)
+                                           topic.encode(), payload, flags)
                 seq = log.last_seq + 1
                 log.append(seq, publish_ts_ns, record)
                 self._dirty.add(pattern)
@@ -114,46 +177,68 @@ class CacheStore:
         """The first configured pattern whose log holds every topic ``pattern`` denotes."""
         return next((p for p in self.logs if includes(p, pattern)), None)
 
-    def page(self, kept: str, pattern: str, from_seq: int | None,
-             from_time_ns: int | None) -> tuple[list[list], int, bool]:
-        """One page of the log of ``kept``: the stored messages matching ``pattern`` from
-        cache sequence ``from_seq`` or publish time ``from_time_ns`` (or the start), as
-        REPLAY_RESULT rows; the cache sequence the next page begins at; whether the log has
-        nothing after this page. Bounded by ``REPLAY_PAGE_BYTES``, ``REPLAY_PAGE_MESSAGES``
-        and ``REPLAY_SCAN_RECORDS`` (the records looked at, matching or not)."""
+    def page(self, kept: str, pattern: str, from_seq: int | None, from_time_ns: int | None,
+             page: ReplayPage) -> tuple[int, bool]:
+        """One page of the log of ``kept`` into ``page`` (its frames, ``page.count``
+        messages): the stored messages matching ``pattern`` from cache sequence
+        ``from_seq`` or publish time ``from_time_ns`` (or the start), as native message
+        records in page frames (datapath/protocol/replay_layout.py); returns the cache
+        sequence the next page begins at and whether the log has nothing after this page.
+        Bounded by ``page``'s frames, bytes and messages and by ``REPLAY_SCAN_RECORDS`` (the
+        records looked at, matching or not). The log is read in batches; the pattern is
+        matched once per distinct topic key of a batch; no Python runs per record."""
         log = self.logs[kept]
-        rows: list[list] = []
-        size = scanned = 0
+        page.reset()
+        scanned = 0
         next_seq = from_seq if from_seq is not None else 0
         batches = log.replay(from_seq=from_seq, from_time_ns=from_time_ns,
-                             batch_records=1_024, chunk_bytes=REPLAY_READ_CHUNK_BYTES)
+                             batch_records=REPLAY_BATCH_RECORDS,
+                             chunk_bytes=REPLAY_READ_CHUNK_BYTES)
         try:
             for batch in batches:
-                seqs = batch.seqs.tolist()
-                stamps = batch.stamps.tolist()
-                for i, seq in enumerate(seqs):
-                    if scanned >= REPLAY_SCAN_RECORDS or len(rows) >= REPLAY_PAGE_MESSAGES:
-                        return rows, seq, False
-                    env = layout.decode(batch.payload(i))
-                    if env is None or not matches(pattern, env[7]):
-                        scanned += 1
-                        next_seq = seq + 1
-                        continue
-                    pseq, key, origin, stream, ns, schema, qos, topic, payload = env
-                    text = base64.b64encode(payload).decode("ascii")
-                    cost = len(text) + 6 * len(topic.encode()) + PAGE_ROW_OVERHEAD_BYTES
-                    if rows and size + cost > REPLAY_PAGE_BYTES:
-                        return rows, seq, False
-                    rows.append([seq, topic, ns, key, pseq, stamps[i], schema, qos, origin,
-                                 stream, text])
-                    size += cost
-                    scanned += 1
-                    next_seq = seq + 1
+                n = len(batch)
+                if scanned + n > REPLAY_SCAN_RECORDS:
+                    n = REPLAY_SCAN_RECORDS - scanned
+                keys = page.keys[:n]
+                k._record_keys(batch.buf, batch.offsets[:n], batch.lengths[:n], keys)
+                take = np.flatnonzero(self._matching(pattern, keys, batch, n))
+                stopped = k._encode(batch.buf, batch.offsets, batch.lengths, batch.seqs,
+                                    batch.stamps, take, 0, page.out, page.frame_offsets,
+                                    page.frame_lengths, page.frame_counts, page.state,
+                                    page.ext, page.max_frame_bytes, page.max_frames,
+                                    page.max_messages, page.max_bytes, page.request_id,
+                                    page.page_id)
+                if stopped < len(take):  # the page is full
+                    page.finish()
+                    return int(batch.seqs[take[stopped]]), False
+                scanned += n
+                next_seq = int(batch.seqs[n - 1]) + 1
+                if n < len(batch):
+                    page.finish()
+                    return next_seq, False
         finally:
             batches.close()  # type: ignore[attr-defined]
+        page.finish()
         if not scanned and from_seq is None:  # from a time after everything kept
             next_seq = log.last_seq + 1
-        return rows, next_seq, True
+        return next_seq, True
+
+    def _matching(self, pattern: str, keys: np.ndarray, batch: object, n: int) -> np.ndarray:
+        """Which of a batch's first ``n`` records have a topic matching ``pattern``: each
+        distinct topic key's topic is read and matched once (key 0: not an envelope)."""
+        uniq, first = np.unique(keys, return_index=True)
+        verdicts = np.zeros(len(uniq), bool)
+        known = self._verdicts.setdefault(pattern, {})
+        for i, (key, at) in enumerate(zip(uniq.tolist(), first.tolist())):
+            verdict = known.get(key)
+            if verdict is None:
+                env = layout.decode(batch.payload(at)) if key else None  # type: ignore
+                verdict = env is not None and matches(pattern, env[7])
+                if len(known) >= VERDICTS_KEPT:
+                    known.clear()
+                known[key] = verdict
+            verdicts[i] = verdict
+        return verdicts[np.searchsorted(uniq, keys)]
 
     def status(self) -> list[dict]:
         return [{"pattern": p, "first_seq": log.first_seq(), "last_seq": log.last_seq,
@@ -186,8 +271,10 @@ def warm_up() -> None:
             for i in range(3):
                 store.append("warm/x", 0, i + 1, 7, 1, 1, 0, 0, i, b"warm")
             store.commit()
-            store.page("warm/#", "warm/x", None, None)
-            store.page("warm/#", "warm/x", None, 1)
+            page = ReplayPage(65_472)
+            store.page("warm/#", "warm/x", None, None, page)
+            store.page("warm/#", "warm/x", None, 1, page)
+            page.stamp(0, 1, 1, 0)
         finally:
             store.close()
 

@@ -82,6 +82,7 @@ from appliance.client.messages import (
 )
 from appliance.client.outcomes import REASON_CLOSED, Outcome, OutcomeTracker
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
+from appliance.client.replay import take_frame
 from appliance.client.settings import (
     CLOSE_ACK_TIMEOUT_S,
     LOGIN_ROUNDS,
@@ -133,6 +134,7 @@ from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError, encode
 from datapath.protocol.extensions import HEADERS_FLAG as _HEADERS_FLAG
 from datapath.protocol.extensions import split as split_extensions
 from datapath.protocol.frame_mac import new_state
+from datapath.protocol.replay_layout import REPLAY_STREAM_ID
 from datapath.protocol.segments import (
     SEGMENT_CHUNK_BYTES,
     SEGMENT_REGION_BYTES,
@@ -283,6 +285,20 @@ class Subscription:
         if self._admit(msg, replayed=True):
             self._hand(msg)
 
+    def _joined(self) -> bool:
+        """Whether the replay reached the live stream: the first live message held of each
+        publishing session is one the replay handed over (the cache had kept it). Not yet:
+        the cache has not appended what was published just before the subscription took
+        effect at this appliance (``_fill_gap`` asks it again)."""
+        with self._cond:
+            seen = self._seen
+            assert seen is not None
+            firsts: dict[tuple[int, int], Message] = {}
+            for msg in self._held_live:
+                firsts.setdefault((msg.origin, msg.stream), msg)
+            return all((m.origin, m.stream, m.topic_key, m.publish_ts_ns, hash(m.payload))
+                       in seen for m in firsts.values())
+
     def _end_fill(self) -> None:
         """The replay is over: the live messages held meanwhile, those not handed over."""
         while True:
@@ -416,6 +432,18 @@ class Client(GuaranteedSide, ConnectionSide):
         """Times the session moved to the other appliance (the standby, or back)."""
         self.filled = 0
         """Messages handed over from a cache's replay after a move (the gap it filled)."""
+        self.fill_polls = 0
+        """Times a failover's gap fill asked the cache again because it had not yet kept
+        the first live message of a publisher (``_fill_gap``)."""
+        self._replay_pages: dict[int, Any] = {}
+        """Request id -> the page frames received for a replay request waiting for its answer
+        (appliance/client/replay.py; one entry per waiting request)."""
+        self.replay_pages_incomplete = 0
+        """Replay pages answered with a frame missing (asked again from what came)."""
+        self.replay_frames_unexpected = 0
+        """Page frames of no waiting request (a late frame of an answered one)."""
+        self.replay_frames_malformed = 0
+        """Page frames whose descriptor does not check."""
         self._moved_from: dict | None = None
         """The session the next login replaces on the other appliance (a move)."""
         self.timeout_s = timeout_s
@@ -1047,6 +1075,9 @@ class Client(GuaranteedSide, ConnectionSide):
             self.malformed = getattr(self, "malformed", 0) + 1
             return
         h = frame.header
+        if h.stream_id == REPLAY_STREAM_ID and h.frame_type is fl.FrameType.DATA:
+            take_frame(self, data)
+            return
         if frame.is_message_frame:
             view = MessageView()
             topics = self._topics
@@ -1393,7 +1424,10 @@ class _ClientAgent:
                 frame = memoryview(batch.frame(done + i))
                 if ftype == _DATA_TYPE or ftype == _RETX_TYPE:
                     stream = _STREAM.unpack_from(frame, fl.STREAM_ID_OFFSET)[0]
-                    if stream & RELIABLE_STREAM_BIT:
+                    if stream == REPLAY_STREAM_ID and ftype == _DATA_TYPE:
+                        reliable.add(i)  # (not delivered as live messages)
+                        take_frame(client, frame)
+                    elif stream & RELIABLE_STREAM_BIT:
                         reliable.add(i)
                         if client._greceiver is not None:
                             client._greceiver.on_frame(frame, now_ns, validated=True)

@@ -332,10 +332,12 @@ class ConnectionSide:
         subscription missed meanwhile, from the appliance's cache (a replay from
         ``FAILOVER_LOOKBACK_S`` before the latest message each publisher had handed over,
         or before the silence began: ``Subscription._fill_from_ns``),
-        joined to the live stream without a gap or a duplicate (each publisher's sequence
-        numbers); a subscription whose pattern the cache does not keep gets the
+        joined to the live stream without a gap or a duplicate (the messages' identities;
+        the cache is asked again until it has kept the first live message held of each
+        publisher, at most ``JOIN_TIMEOUT_S``: it may lag behind the live stream); a
+        subscription whose pattern the cache does not keep gets the
         ``SESSION_LOST`` event instead, as without a standby."""
-        from appliance.client.replay import _page, _pages
+        from appliance.client.replay import JOIN_POLL_S, JOIN_TIMEOUT_S, _page, _pages
 
         pending = getattr(self, "_session_lost_pending", False)
         self._session_lost_pending = False
@@ -344,11 +346,20 @@ class ConnectionSide:
         unfilled = []
         for sub in subs:
             try:
+                last = [0]
                 page = _page(self, sub.pattern, sub.namespace,
                              {"from_time_ns": sub._fill_from_ns(silent_since)})
-                for msg in _pages(self, sub.pattern, sub.namespace, page):
+                for msg in _pages(self, sub.pattern, sub.namespace, page, last):
                     sub._fill(msg)
                     self.filled += 1
+                deadline = time.monotonic() + JOIN_TIMEOUT_S
+                while not sub._joined() and time.monotonic() < deadline:
+                    time.sleep(JOIN_POLL_S)  # the cache appends what it received meanwhile
+                    self.fill_polls += 1
+                    page = _page(self, sub.pattern, sub.namespace, {"from_seq": last[0]})
+                    for msg in _pages(self, sub.pattern, sub.namespace, page, last):
+                        sub._fill(msg)
+                        self.filled += 1
             except TopicwireError as exc:  # no cache for it, refused, no answer: a loss
                 log.warning("client %s: the gap of %r since the connection was lost cannot "
                             "be filled from %s (%s): a SESSION_LOST event", self.identity,

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.client.errors import ClientError, EntitlementError
 from appliance.client.messages import Loss
-from appliance.client.replay import replayed_message
+from appliance.client.replay import Page, request_page
 from datapath.errors import TopicwireError
 from datapath.protocol import admin_layout as al
 
@@ -67,8 +67,7 @@ class DurableFetcher:
         self.error: BaseException | None = None
         """Why the subscription ended, when the appliance refused it."""
         self.stop = threading.Event()
-        self.waiting: tuple | None = None
-        """The key of the request waiting for its answer (``close`` wakes it)."""
+        self._waiting_box: list | None = None
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"durable-{name}")
 
@@ -82,22 +81,27 @@ class DurableFetcher:
             doc["ack"] = self.handed
         return doc
 
-    def request(self, wait_ms: int, timeout_s: float) -> dict:
-        client = self.sub.client
+    def request(self, wait_ms: int, timeout_s: float) -> Page:
+        """One page (``request_page``: its frames, then its document)."""
         rid = next(_IDS) % 2**32 or next(_IDS)
         doc = self._doc(rid, wait_ms)
-        self.waiting = ("replay", rid)
-        try:
-            return client._request(self.waiting, lambda: client._control(
-                al.ControlKind.REPLAY, doc), timeout_s=timeout_s)
-        finally:
-            self.waiting = None
+        start = {} if self.next_seq is None else {"from_seq": self.next_seq}
+        waiting: list = [None]
+        self._waiting_box = waiting
+        return request_page(self.sub.client, doc, start, self.sub.pattern,
+                            timeout_s=timeout_s, waiting=waiting)
+
+    @property
+    def waiting(self) -> tuple | None:
+        """The key of the request waiting for its answer (``close`` wakes it)."""
+        box = self._waiting_box
+        return box[0] if box is not None else None
 
     def first(self) -> None:
         """The first page, on the subscribing thread: a refusal raises there."""
-        result = self.request(0, self.sub.client.timeout_s)
-        self._check(result)
-        self._take(result)
+        page = self.request(0, self.sub.client.timeout_s)
+        self._check(page.doc)
+        self._take(page)
 
     def _check(self, result: dict) -> None:
         if result.get("accepted"):
@@ -108,16 +112,15 @@ class DurableFetcher:
             raise EntitlementError(text)
         raise ClientError(text)
 
-    def _take(self, result: dict) -> None:
+    def _take(self, page: Page) -> None:
+        result = page.doc
         lost = result.get("lost")
         sub = self.sub
         if lost:
             first, last = lost
             sub._loss(Loss(sub.client.node_id, 0, first, last, last - first + 1, "RETENTION",
                            sub.client.node_id, time.time_ns()))
-        wall = time.time_ns()
-        for row in result["messages"]:
-            msg = replayed_message(row, sub.pattern, wall)
+        for msg in page.messages:
             try:
                 sub._put(msg)
             except Exception:  # an application's callback must not end the subscription
@@ -126,7 +129,10 @@ class DurableFetcher:
                               sub.client.identity, self.name)
             if sub.callback is not None:  # handed over once the callback returned
                 self.handed = msg.cache_seq + 1
-        self.next_seq = result["next_seq"]
+        if page.complete:
+            self.next_seq = result["next_seq"]
+        elif page.messages:  # a frame missing: asked again after the last message received
+            self.next_seq = page.messages[-1].cache_seq + 1
         if "position" in result and not self.handed:
             self.handed = result["position"]
 
@@ -137,8 +143,9 @@ class DurableFetcher:
             if not sub._wait_for_room(self.stop):
                 break
             try:
-                result = self.request(DURABLE_WAIT_MS,
-                                      DURABLE_WAIT_MS / 1000 + client.timeout_s)
+                page = self.request(DURABLE_WAIT_MS,
+                                    DURABLE_WAIT_MS / 1000 + client.timeout_s)
+                result = page.doc
             except TopicwireError:
                 if client.closed or self.stop.is_set():
                     break
@@ -149,7 +156,7 @@ class DurableFetcher:
                 continue
             try:
                 self._check(result)
-                self._take(result)
+                self._take(page)
             except TopicwireError as exc:
                 self.error = exc
                 log.error("client %s: %s", client.identity, exc)

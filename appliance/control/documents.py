@@ -39,6 +39,7 @@ from typing import Any
 from datapath.config import MAX_TOPIC_BYTES
 from datapath.errors import TopicwireError
 from datapath.protocol.admin_layout import MAX_CONTROL_DOCUMENT_BYTES, ControlKind
+from datapath.protocol.replay_layout import MAX_PAGE_FRAMES
 from datapath.topics.algebra import TopicError, split_pattern
 from nic_offload.schema import MAX_SCHEMA_ID, TYPE_NAMES
 
@@ -288,20 +289,10 @@ ACL_CLASS = Obj({"name": ACL_NAME, "schema": Str(255, 1), "rules": List(Str(4_09
 parsed and compiled by each appliance against the document's schemas."""
 
 
-def _is_base64(text: str) -> bool:
-    return len(text) % 4 == 0 and _BASE64_RE.fullmatch(text) is not None
-
-
-_BASE64_RE = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-MAX_REPLAY_MESSAGES = 16_384
-"""Messages one REPLAY_RESULT may carry (the appliance's pages hold far fewer: their bytes
+MAX_REPLAY_MESSAGES = 65_535
+"""Messages one replay page may name (the appliance's pages hold far fewer: their frames
 bound them first)."""
 REPLAY_ID = Int(1, MAX_U32)
-REPLAYED = Row((SEQ, TEXT, NAMESPACE, Int(0, MAX_U64), Int(0, MAX_U64), Int(0, MAX_U64),
-                Int(0, 65_535), Int(0, 255), Int(0, MAX_U32), Int(0, MAX_U32),
-                Str(MAX_CONTROL_DOCUMENT_BYTES, text=_is_base64, what="base64")))
-"""A replayed message: ``[cache_seq, topic, namespace, topic_key, sequence, publish_ts_ns,
-schema_id, qos, origin, stream, payload_base64]`` (appliance/cache/agent.py)."""
 
 
 DURABLE_NAME = Str(64, 1)
@@ -322,8 +313,8 @@ def _replay_rule(doc: dict) -> str | None:
 
 def _replay_result_rule(doc: dict) -> str | None:
     if doc["accepted"]:
-        return None if {"messages", "next_seq", "done"} <= doc.keys() else \
-            "an accepted replay result needs keys 'messages', 'next_seq' and 'done'"
+        return None if {"count", "next_seq", "done"} <= doc.keys() else \
+            "an accepted replay result needs keys 'count', 'next_seq' and 'done'"
     return None if "reason" in doc else "a refused replay result needs key 'reason'"
 
 
@@ -392,7 +383,8 @@ KINDS: dict[ControlKind, Kind] = {
                                  _replay_rule), 8_192),
     ControlKind.REPLAY_RESULT: Kind(Obj(
         {"id": REPLAY_ID, "accepted": Bool()},
-        {"messages": List(REPLAYED, MAX_REPLAY_MESSAGES), "next_seq": SEQ, "done": Bool(),
+        {"count": Int(0, MAX_REPLAY_MESSAGES), "page": Int(0, MAX_U32),
+         "frames": Int(0, MAX_PAGE_FRAMES), "next_seq": SEQ, "done": Bool(),
          "position": SEQ, "lost": Row((SEQ, SEQ)), "deleted": Bool(),
          "reason": REASON, "why": Str(16, choices=frozenset(
              {"no_cache", "entitlement", "pattern", "busy", "storage", "durable"}))},

@@ -88,7 +88,7 @@ def test_replay_returns_exactly_the_kept_messages_in_order_and_survives_a_restar
         everything = list(client.replay("orders/#"))
         assert _rows(everything) == published
         assert [m.cache_seq for m in everything] == list(range(1, len(published) + 1))
-        assert app.cache.counters["replay_pages"] > 2  # paged, not one huge answer
+        assert app.cache.counters["replay_frames"] > 2  # in frames, not one huge answer
         for topic, by in (("orders/eu/x", everything), ):
             assert _rows(client.replay("orders/eu/#")) == [r for r in _rows(by)
                                                           if r[0] == topic]

@@ -46,9 +46,8 @@ GOOD = {  # documents as the appliance and the client library write them
     K.LOGOUT: {"reason": "client closed"},
     K.ECHO: {"ts": 1_700_000_000_000_000_000},
     K.REPLAY: {"id": 4, "pattern": "orders/#", "namespace": 0, "from_seq": 17},
-    K.REPLAY_RESULT: {"id": 4, "accepted": True, "next_seq": 19, "done": False, "messages": [
-        [17, "orders/eu/x", 0, 2**64 - 1, 3, 1_700_000_000_000_000_000, 0, 0, 5, 77,
-         "aGVsbG8="]]},
+    K.REPLAY_RESULT: {"id": 4, "accepted": True, "next_seq": 19, "done": False, "count": 2,
+                      "page": 2**32 - 1, "frames": 1},
 }
 OTHER_GOOD = [
     (K.LOGIN, {"identity": "anonymous", "ring": None}),  # bench/fabric.py's login
@@ -59,7 +58,7 @@ OTHER_GOOD = [
     (K.LOGOUT, {}),
     (K.REPLAY, {"id": 1, "pattern": "a/#", "from_time_ns": 0}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": False, "why": "no_cache", "reason": "no"}),
-    (K.REPLAY_RESULT, {"id": 1, "accepted": True, "messages": [], "next_seq": 1,
+    (K.REPLAY_RESULT, {"id": 1, "accepted": True, "count": 0, "next_seq": 1,
                        "done": True}),
 ]
 

@@ -1,6 +1,7 @@
 """``CacheAgent`` without its threads: replay requests are bounded per session and in all
-(a refusal says busy), a page goes out as a REPLAY_RESULT through the data path's admin
-outbox, and what it does not keep is counted (too large, gaps in a publisher's sequence)."""
+(a refusal says busy), a page goes out as its frames, then a REPLAY_RESULT naming them,
+through the data path's admin outbox, and what it does not keep is counted (too large, gaps
+in a publisher's sequence)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from appliance.cache.settings import (
     REPLAYS_PENDING_PER_SESSION,
 )
 from appliance.client.messages import Message
+from appliance.client.replay import decode_page
 from appliance.config import parse_config
 from datapath.protocol.codec import decode_frame
+from datapath.protocol.replay_layout import REPLAY_STREAM_ID
 from datapath.topics.registry import KeyRegistry
 
 
@@ -76,7 +79,15 @@ def test_a_page_goes_out_as_a_replay_result_and_what_is_not_kept_is_counted(tmp_
         entry = decode_frame(frame).admin()[1][0]
         doc = json.loads(entry.document)
         assert (channel, dest, doc["id"], doc["done"]) == ("clients-udp", 9, 8, True)
-        assert [row[4] for row in doc["messages"]] == [2, 5, 7]
+        assert doc["frames"] == 1 and doc["count"] == 3
+        page = out.frames[-2]
+        assert page[:2] == ("clients-udp", 9)
+        header = decode_frame(page[2]).header
+        assert (header.stream_id, header.dest_session) == (REPLAY_STREAM_ID, 4)
+        messages = decode_page([page[2]], "orders/#")
+        assert [m.sequence for m in messages] == [2, 5, 7]
+        assert [m.cache_seq for m in messages] == [2, 3, 4]
+        assert {(m.origin, m.stream, m.topic) for m in messages} == {(5, 6, "orders/a")}
         assert doc["next_seq"] == 5
     finally:
         agent.close()
