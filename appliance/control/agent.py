@@ -151,6 +151,10 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._topology_dirty = True
         self._interest_dirty = True
         self._tables_dirty = True
+        self._selectors_dirty = False
+        self._selectors_synced: tuple = ()
+        self._selectors_sent = False
+        """Selector guards handed to the data path (control/selector_apply.py)."""
         self._installed_tables: Any = None
         """The forwarding tables last given to the data path (an equal set is not sent)."""
         self._tables_at_ns = 0

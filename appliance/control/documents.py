@@ -380,7 +380,7 @@ KINDS: dict[ControlKind, Kind] = {
         {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
          "accepted": Bool()},
         {"sub_id": Int(0, MAX_U32), "pattern": TEXT, "topic": TEXT, "namespace": NAMESPACE,
-         "reason": REASON}, _request_result_rule)),
+         "reason": REASON, "selector_filtered": Bool()}, _request_result_rule)),
     ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
     ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON}), 16_384),
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),

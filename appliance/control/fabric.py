@@ -10,7 +10,7 @@ from appliance.config import (
     FABRIC_MAX_ORIGINS,
     NEIGHBOUR_ECHO_NS,
 )
-from appliance.control import acl_apply
+from appliance.control import acl_apply, selector_apply
 from appliance.control import pm as pmod
 from appliance.control.auth import EPOCH_MASK, group_link_id, hello_link_id
 from appliance.control.documents import DocumentError, validate
@@ -438,6 +438,7 @@ class FabricSide:
     def _build_snapshot(self) -> None:
         self._tables_dirty = False
         self._synced_registry = self.registry.version
+        selector_apply.sync(self)  # the guards reach the data path before the keys do
         self._install_tables()
         try:
             self._pending_snapshot = self.compiler.build()

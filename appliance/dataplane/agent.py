@@ -169,6 +169,11 @@ class DataPlaneAgent(Delivery, Output):
         self.express = _express.Express(self, (CLIENT_UDP, FABRIC, CLIENT_SHM))
         self._load_general_kernels()
         self.acl_classes: dict[int, tuple[str, Any]] = {}
+        self.selector_index: Any = None
+        """One ``SelectorIndex`` over (session id, selector text) of every session with
+        selector guards (``set_selectors``), None while there are none."""
+        self.selector_schemas: dict[int, Any] = {}
+        """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
         """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
         self._acl_log_at = 0
         self._acl_log_lines = 0
@@ -355,6 +360,34 @@ class DataPlaneAgent(Delivery, Output):
         if session is not None:
             session.allowed.update(keys)
             self.allowed_version += 1
+
+    def set_selectors(self, guards: dict[int, dict[int, tuple[str, ...]]],
+                      schemas: list[dict]) -> None:
+        """Selector guards from the control agent (control/selector_apply.py): session id ->
+        topic key -> the selector texts of which one must be TRUE for a message with that key
+        to be delivered to the session; ``schemas``: P&M's schema documents. Sessions not
+        named have no guard. Their egresses leave the express path for the general loop."""
+        from nic_offload.schema import Schema
+        from nic_offload.selectors import SelectorIndex
+
+        index = SelectorIndex()
+        for sid, session in self.sessions.items():
+            guard = guards.get(sid) or None
+            if (session.selectors is None) != (guard is None):
+                self.sessions_version += 1  # the express plan changes the session's kind
+            session.selectors = guard
+            for text in {t for texts in (guard or {}).values() for t in texts}:
+                index.add((sid, text), text)
+        self.selector_index = index if len(index) else None
+        self.selector_schemas = {}
+        for doc in schemas:
+            try:
+                schema = Schema.from_dict(doc)
+            except Exception as exc:  # checked by P&M's loader already
+                log.warning("data path: schema %r unusable for selectors (%s)",
+                            doc.get("name"), exc)
+                continue
+            self.selector_schemas[schema.schema_id] = schema
 
     def set_acl_classes(self, classes: dict[int, tuple[str, Any]]) -> None:
         """The content ACL classes of P&M's document: id -> (name, ``AclClass``); the tables

@@ -30,7 +30,10 @@ from appliance.dataplane.state import (
 from channels.base import FrameBatch
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError
+from datapath.protocol.extensions import split as split_extensions
 from nic_offload.model import AclAction
+from nic_offload.selectors import HEADER_PROPERTIES, message_event
 from nic_offload.softnic import ingress_acl
 
 _ACL_ACCEPT, _ACL_LOG = int(AclAction.ACCEPT), int(AclAction.LOG)
@@ -38,6 +41,10 @@ _ACL_OUTCOME = {_ACL_ACCEPT: "accepted", int(AclAction.REJECT): "rejected", _ACL
                 ingress_acl.SHORT_PAYLOAD: "short_payload"}
 """Ingress verdicts -> the outcome in their counters' names (``content_acl_<outcome>``,
 ``content_acl_<outcome>_class_<name>``)."""
+
+
+_UNEVALUATED = object()
+"""A message the appliance cannot evaluate selectors on (a segment): it passes."""
 
 
 class Delivery:
@@ -86,6 +93,7 @@ class Delivery:
         me = self.node_id
         counters = self.counters
         checked: dict[int, bool] = {}
+        matched: dict[int, Any] = {}
         if result.descriptors:
             for off, length, target, kind, index in nic.descriptors[
                     : result.descriptors].tolist():
@@ -116,6 +124,13 @@ class Delivery:
                             continue
                         client = self.sessions.get(what[1])
                         if client is not None:
+                            if client.selectors is not None:
+                                texts = client.selectors.get(keys[index])
+                                if texts is not None and not self._selected(
+                                        client.session_id, texts, buf, index, matched):
+                                    client.selector_filtered += 1
+                                    counters["selector_filtered"] += 1
+                                    continue
                             self._out[client.channel].add_message(
                                 client.dest, origin, client.session_id, stream, buf, off, length)
                             client.delivered += 1
@@ -153,6 +168,44 @@ class Delivery:
                 m <= _FEW and _UNKNOWN not in verdicts.tolist()):
             return
         self._park_unknown(buf, m, ctxs, now_ns)
+
+    def _selected(self, sid: int, texts: tuple[str, ...], buf: np.ndarray, index: int,
+                  matched: dict[int, Any]) -> bool:
+        """Whether one of ``texts`` (session ``sid``'s selectors guarding this key) is TRUE
+        for message ``index`` of the NIC's last burst: its event is built and matched once
+        against every session's selectors (``matched`` keeps the answer per message)."""
+        found = matched.get(index)
+        if found is None:
+            found = matched[index] = self._selector_match(buf, index)
+        if found is _UNEVALUATED:
+            return True
+        return any((sid, t) in found for t in texts)
+
+    def _selector_match(self, buf: np.ndarray, index: int) -> Any:
+        """(session, selector) pairs TRUE for message ``index``; ``_UNEVALUATED`` for a
+        segment (evaluated by the client once whole)."""
+        index_ = self.selector_index
+        if index_ is None:
+            return _UNEVALUATED
+        rec = self.nic.batch[index]
+        offset = int(rec["payload_offset"])
+        payload = bytes(buf[offset:offset + int(rec["payload_len"])])
+        flags = int(rec["flags"])
+        if flags & EXTENSION_FLAGS:
+            try:
+                payload, _, seg = split_extensions(payload, flags)
+            except ExtensionError:
+                return frozenset()  # the client drops it as malformed too
+            if seg is not None:
+                self.counters["selector_unevaluated_segments"] += 1
+                return _UNEVALUATED
+        header = {name: int(rec[name]) for name in HEADER_PROPERTIES}
+        schema = self.selector_schemas.get(header["schema_id"])
+        try:
+            event = message_event(payload, schema, header)
+        except Exception:  # a schema field hiding a header property: nothing to match
+            return frozenset()
+        return index_.match(event)
 
     def _content_acl(self, session: DpSession, buf: np.ndarray, index: int, key: int) -> bool:
         """Whether message ``index`` of the NIC's last burst, published by ``session`` (whose

@@ -107,6 +107,11 @@ class DpSession:
     topics: dict[int, str] = field(default_factory=dict)
     """Topic of each key it may publish, kept for sessions with a class only (the audit
     line of a LOG names the topic)."""
+    selectors: dict[int, tuple[str, ...]] | None = None
+    """Topic key -> selector texts guarding its delivery here (one must be TRUE), for keys
+    only its selector subscriptions match; None: no guard (``set_selectors``)."""
+    selector_filtered: int = 0
+    """Messages not delivered to it because no guarding selector was TRUE."""
 
 
 class _OutQueue:
