@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pub.publish(TOPIC, payloads[0], schema_id=QUOTE["id"])  # registers the topic
             pub.flush()
             for design, in_appliance in (("topicwire", True), ("in_clients", False)):
-                clients = [connect(url, "bench") for _ in range(clients_n)]
+                clients = [connect(url, "bench", timeout_s=60.0) for _ in range(clients_n)]
                 try:
                     progress(NAME, f"{design}: subscribing")
                     start = time.perf_counter()

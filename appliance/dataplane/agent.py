@@ -171,8 +171,11 @@ class DataPlaneAgent(Delivery, Output):
         self.acl_classes: dict[int, tuple[str, Any]] = {}
         self.selector_index: Any = None
         """One ``SelectorIndex`` over (session id, selector text) of every session with
-        selector guards (``set_selectors``), None while there are none."""
+        selector guards (``set_selectors``, changed incrementally), None before the first."""
         self.selector_schemas: dict[int, Any] = {}
+        """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
+        self._selector_texts: dict[int, set[str]] = {}
+        """Session id -> the selector texts it holds in ``selector_index``."""
         """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
         """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
         self._acl_log_at = 0
@@ -370,15 +373,27 @@ class DataPlaneAgent(Delivery, Output):
         from nic_offload.schema import Schema
         from nic_offload.selectors import SelectorIndex
 
-        index = SelectorIndex()
+        index = self.selector_index
+        if index is None:
+            index = self.selector_index = SelectorIndex()
+        held = self._selector_texts
+        for sid in [sid for sid in held if sid not in guards or sid not in self.sessions]:
+            for text in held.pop(sid):
+                index.remove((sid, text))
         for sid, session in self.sessions.items():
             guard = guards.get(sid) or None
             if (session.selectors is None) != (guard is None):
                 self.sessions_version += 1  # the express plan changes the session's kind
             session.selectors = guard
-            for text in {t for texts in (guard or {}).values() for t in texts}:
+            if guard is None:
+                continue
+            old = held.get(sid, set())
+            new = {t for texts in guard.values() for t in texts}
+            for text in old - new:  # only the changes: the index recompiles nothing else
+                index.remove((sid, text))
+            for text in new - old:
                 index.add((sid, text), text)
-        self.selector_index = index if len(index) else None
+            held[sid] = new
         self.selector_schemas = {}
         for doc in schemas:
             try:
