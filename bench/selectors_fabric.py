@@ -44,6 +44,8 @@ HELP = "messages/s through one appliance: selectors evaluated in the appliance v
 QUOTE = {"id": 7, "fields": [["symbol", 0, "ascii", 8], ["price", 8, "u32"],
                              ["qty", 12, "u32"], ["side", 16, "ascii", 1]]}
 TOPIC = "md/quotes"
+SESSION_DEAD_MS = 600_000
+"""The bench appliance keeps a silent client's session this long."""
 IDLE_END_S = 5.0
 """A repeat ends when no client received anything for this long (best-effort loss)."""
 SHAPES = (
@@ -224,7 +226,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     expected, appliance_sends = _expected(plan, events)
     port = _port()
     app = Appliance(parse_config({
-        "appliance": {"name": f"selfab{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
+        "appliance": {"name": f"selfab{port}"},
+        # clients busy evaluating (the in-clients design) may not heartbeat for a while: they
+        # must not be logged out in the middle of a repeat
+        "clients": {"udp": f"127.0.0.1:{port}", "session_dead_ms": SESSION_DEAD_MS},
         "log": {"level": "warning"},
         "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
                "identities": {"bench": {"publish": ["#"], "subscribe": ["#"]}}}})).start()
@@ -235,7 +240,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pub.publish(TOPIC, payloads[0], schema_id=QUOTE["id"])  # registers the topic
             pub.flush()
             for design, in_appliance in (("topicwire", True), ("in_clients", False)):
-                clients = [connect(url, "bench", timeout_s=60.0) for _ in range(clients_n)]
+                clients = [connect(url, "bench", timeout_s=60.0, session_timeout_s=600.0)
+                           for _ in range(clients_n)]
                 try:
                     progress(NAME, f"{design}: subscribing")
                     start = time.perf_counter()

@@ -272,6 +272,7 @@ TEXT = Str(MAX_TOPIC_BYTES)
 """A topic or pattern echoed back (not necessarily valid: it may be the one refused)."""
 REASON = Str(MAX_REASON_CHARS)
 PATTERNS = List(Row((NAMESPACE, PATTERN)), MAX_LIST_ITEMS)
+SELECTOR = Str(MAX_TOPIC_BYTES, 1)
 """``[[namespace, pattern], ...]``"""
 ROUTES = List(Row((NODE_ID, NODE_ID, List(NODE_ID, 256, 2))), MAX_LIST_ITEMS)
 """``[[source, destination, [node, ...]], ...]``"""
@@ -353,6 +354,10 @@ KINDS: dict[ControlKind, Kind] = {
                                "links": List(Row((NODE_ID, COST)), MAX_LIST_ITEMS)})),
     ControlKind.INTEREST: Kind(Obj({"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ,
                                     "patterns": PATTERNS}, {"guaranteed": PATTERNS})),
+    ControlKind.INTEREST_SELECTORS: Kind(Obj(
+        {"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ,
+         "selective": List(Row((NAMESPACE, PATTERN, List(SELECTOR, MAX_LIST_ITEMS))),
+                           MAX_LIST_ITEMS)})),
     ControlKind.PM_UPDATE: Kind(Obj(
         {"pm": NAME, "version": Int(0, MAX_U63),
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
@@ -404,6 +409,7 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
     "client": frozenset({ControlKind.LOGIN, ControlKind.RESOLVE, ControlKind.LOGOUT,
                          ControlKind.REPLAY}),
     "neighbour": frozenset({ControlKind.LSA, ControlKind.INTEREST, ControlKind.PM_UPDATE,
+                            ControlKind.INTEREST_SELECTORS,
                             ControlKind.LOGOUT, ControlKind.ECHO}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
                             ControlKind.LOGOUT, ControlKind.REPLAY_RESULT}),

@@ -174,8 +174,12 @@ class DataPlaneAgent(Delivery, Output):
         selector guards (``set_selectors``, changed incrementally), None before the first."""
         self.selector_schemas: dict[int, Any] = {}
         """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
-        self._selector_texts: dict[int, set[str]] = {}
-        """Session id -> the selector texts it holds in ``selector_index``."""
+        self._selector_texts: dict = {}
+        """Session id, or ("n", destination node), -> its selector texts in
+        ``selector_index``."""
+        self.node_selectors: dict[int, dict[int, tuple[str, ...]]] = {}
+        """Destination appliance -> topic key -> the selectors behind its interest
+        (``set_selectors``): a message none of them takes is not sent towards it."""
         """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
         """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
         self._acl_log_at = 0
@@ -365,35 +369,43 @@ class DataPlaneAgent(Delivery, Output):
             self.allowed_version += 1
 
     def set_selectors(self, guards: dict[int, dict[int, tuple[str, ...]]],
-                      schemas: list[dict]) -> None:
+                      schemas: list[dict],
+                      nodes: dict[int, dict[int, tuple[str, ...]]] | None = None) -> None:
         """Selector guards from the control agent (control/selector_apply.py): session id ->
         topic key -> the selector texts of which one must be TRUE for a message with that key
         to be delivered to the session; ``schemas``: P&M's schema documents. Sessions not
-        named have no guard. Their egresses leave the express path for the general loop."""
+        named have no guard. ``nodes``: the same per destination appliance (the selectors
+        behind its interest): a message none of them takes is not sent towards it. Guarded
+        egresses leave the express path for the general loop."""
         from nic_offload.schema import Schema
         from nic_offload.selectors import SelectorIndex
 
         index = self.selector_index
         if index is None:
             index = self.selector_index = SelectorIndex()
+        nodes = {dest: g for dest, g in (nodes or {}).items() if g}
+        if set(nodes) != set(self.node_selectors):
+            self.sessions_version += 1  # the express plan changes those destinations' kind
+        self.node_selectors = nodes
+        wanted: dict = {sid: g for sid, g in guards.items() if g and sid in self.sessions}
+        wanted.update({("n", dest): g for dest, g in nodes.items()})
         held = self._selector_texts
-        for sid in [sid for sid in held if sid not in guards or sid not in self.sessions]:
-            for text in held.pop(sid):
-                index.remove((sid, text))
+        for sub in [sub for sub in held if sub not in wanted]:
+            for text in held.pop(sub):
+                index.remove((sub, text))
         for sid, session in self.sessions.items():
-            guard = guards.get(sid) or None
+            guard = wanted.get(sid)
             if (session.selectors is None) != (guard is None):
                 self.sessions_version += 1  # the express plan changes the session's kind
             session.selectors = guard
-            if guard is None:
-                continue
-            old = held.get(sid, set())
+        for sub, guard in wanted.items():
+            old = held.get(sub, set())
             new = {t for texts in guard.values() for t in texts}
             for text in old - new:  # only the changes: the index recompiles nothing else
-                index.remove((sid, text))
+                index.remove((sub, text))
             for text in new - old:
-                index.add((sid, text), text)
-            held[sid] = new
+                index.add((sub, text), text)
+            held[sub] = new
         self.selector_schemas = {}
         for doc in schemas:
             try:

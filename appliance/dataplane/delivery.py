@@ -94,6 +94,7 @@ class Delivery:
         counters = self.counters
         checked: dict[int, bool] = {}
         matched: dict[int, Any] = {}
+        node_selectors = self.node_selectors
         if result.descriptors:
             for off, length, target, kind, index in nic.descriptors[
                     : result.descriptors].tolist():
@@ -145,6 +146,13 @@ class Delivery:
                         if ingress:
                             gp.to_node(what[1], stream, buf, off, now_ns)
                     elif ingress:
+                        guard = node_selectors.get(what[1]) if node_selectors else None
+                        if guard is not None:
+                            texts = guard.get(keys[index])
+                            if texts is not None and not self._selected(
+                                    ("n", what[1]), texts, buf, index, matched):
+                                counters["selector_filtered_link"] += 1
+                                continue
                         via = group_direct.get(what[1]) if group_direct else None
                         if via is not None:  # once per message and group, to every member
                             if (index, via) not in grouped:
@@ -169,11 +177,12 @@ class Delivery:
             return
         self._park_unknown(buf, m, ctxs, now_ns)
 
-    def _selected(self, sid: int, texts: tuple[str, ...], buf: np.ndarray, index: int,
+    def _selected(self, sid: Any, texts: tuple[str, ...], buf: np.ndarray, index: int,
                   matched: dict[int, Any]) -> bool:
-        """Whether one of ``texts`` (session ``sid``'s selectors guarding this key) is TRUE
-        for message ``index`` of the NIC's last burst: its event is built and matched once
-        against every session's selectors (``matched`` keeps the answer per message)."""
+        """Whether one of ``texts`` (the selectors of session ``sid``, or of destination
+        ``("n", node)``, guarding this key) is TRUE for message ``index`` of the NIC's last
+        burst: its event is built and matched once against every session's and
+        destination's selectors (``matched`` keeps the answer per message)."""
         found = matched.get(index)
         if found is None:
             found = matched[index] = self._selector_match(buf, index)

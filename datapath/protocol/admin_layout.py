@@ -103,6 +103,10 @@ class ControlKind(IntEnum):
     """A client asks for one page of the messages its appliance's cache keeps (a pattern,
     from a cache sequence or a publish time)."""
     REPLAY_RESULT = 11
+    INTEREST_SELECTORS = 12
+    """The selectors behind an origin's interest (of the INTEREST of the same epoch and
+    seq): patterns every subscription of which holds a selector, with those selectors. Sent
+    in a frame of its own (an older appliance drops the unknown kind, not the INTEREST)."""
     """The answer to REPLAY: one bounded page of stored messages and where the next begins,
     or the refusal."""
 

@@ -122,20 +122,45 @@ def test_selector_subscriptions_per_session_are_bounded(served, monkeypatch):
         c.subscribe("quotes/c")  # without selector: not bounded by it
 
 
-def test_the_appliance_delivering_to_the_subscriber_filters_across_the_fabric():
-    """Publisher on A, subscribers on B: B filters (the link itself carries every message
-    of the topic; selectors in interest are not built)."""
+def _link_filtered(app) -> int:
+    return int(app.status()["offload"].get("selector_filtered_link", 0))
+
+
+def _selective_at(app, other) -> dict:
+    held = app.control.interest_selectors.get(other.control.node_id)
+    interest = app.control.interest.get(other.control.node_id)
+    return held[1] if held and interest and held[0] == tuple(interest[:2]) else {}
+
+
+def test_the_link_carries_only_messages_a_selector_behind_it_takes():
+    """Publisher on A, subscribers on B: A does not send B what no selector there takes,
+    until a subscription without selector on B wants everything."""
     idents = {"feed": {"publish": ["#"], "subscribe": ["#"]}}
     with appliance_pair(idents) as (a, b, url_a, url_b):
         with connect(url_a, "feed") as pub, connect(url_b, "feed") as sub_c:
             sub = sub_c.subscribe("fab/#", selector="tw_schema_id = 2")
-            wait_for(lambda: any(s["pattern"] == "fab/#" for s in a.status()["subscriptions"]),
-                     what="the interest to reach A")
-            before = _filtered(b)
+            wait_for(lambda: _selective_at(a, b) == {(0, "fab/#"): ("tw_schema_id = 2",)},
+                     what="B's selectors to reach A")
+            link_before, b_before = _link_filtered(a), _filtered(b)
             for schema_id, payload in ((1, b"no"), (2, b"yes"), (1, b"no"), (2, b"end")):
                 pub.publish("fab/t", payload, schema_id=schema_id)
             pub.flush()
             got = until_marker(sub, lambda m: m.payload == b"end")
             assert [m.payload for m in got] == [b"yes", b"end"]
-            wait_for(lambda: _filtered(b) - before == 2, what="B's selector_filtered")
-            assert _filtered(a) == 0
+            wait_for(lambda: _link_filtered(a) - link_before == 2, what="A's link filter")
+            assert _filtered(b) == b_before  # nothing for B to filter: it never came
+            assert sub_c.received == 2
+
+            # a subscription without selector behind the link: everything crosses, B filters
+            with connect(url_b, "feed") as plain_c:
+                plain = plain_c.subscribe("fab/t")
+                wait_for(lambda: _selective_at(a, b) == {}, what="A to drop B's selectors")
+                for schema_id, payload in ((1, b"no2"), (2, b"end2")):
+                    pub.publish("fab/t", payload, schema_id=schema_id)
+                pub.flush()
+                assert [m.payload for m in until_marker(plain, lambda m: m.payload == b"end2")
+                        ] == [b"no2", b"end2"]
+                assert [m.payload for m in until_marker(sub, lambda m: m.payload == b"end2")
+                        ] == [b"end2"]
+                wait_for(lambda: _filtered(b) - b_before == 1, what="B's filter")
+                assert _link_filtered(a) - link_before == 2
