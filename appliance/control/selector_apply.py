@@ -12,7 +12,7 @@ from typing import Any
 from appliance.config import MAX_SELECTORS_PER_SESSION
 from appliance.control.state import QOS_GUARANTEED, Session
 from datapath.protocol import admin_layout as al
-from datapath.topics.algebra import includes, matches, overlaps
+from datapath.topics.algebra import TopicError, includes, matches, overlaps
 from nic_offload.selectors import (
     HEADER_PREFIX,
     HEADER_PROPERTIES,
@@ -33,6 +33,25 @@ def schema_fields(pm_doc: dict | None) -> frozenset[str]:
     """Names of the fields of every schema in P&M's document."""
     return frozenset(f["name"] for spec in (pm_doc or {}).get("schemas", ())
                      for f in spec.get("fields", ()) if isinstance(f, dict) and "name" in f)
+
+
+def _within(pattern: str, other: str) -> bool:
+    """Whether ``pattern`` includes ``other`` (an unsubscribe withdraws it); False when the
+    pair is too complex to decide (the rule stays: a guard on a pattern no longer in the
+    lists filters nothing that would be delivered)."""
+    try:
+        return includes(pattern, other)
+    except TopicError:
+        return False
+
+
+def _overlap(pattern: str, other: str) -> bool:
+    """Whether the two patterns share a topic; True when too complex to decide (the
+    pattern is then advertised without selectors: everything passes)."""
+    try:
+        return overlaps(pattern, other)
+    except TopicError:
+        return True
 
 
 def selector_refusal(agent: Any, session: Session, entry: al.Subscription) -> str | None:
@@ -69,8 +88,8 @@ def record(agent: Any, session: Session, entry: al.Subscription, add: bool) -> b
     ns, pattern = entry.namespace_id, entry.pattern
     if not add:  # seed 000: withdraws the pattern and what it includes
         rules = [r for r in session.rules
-                 if not (r[0] == ns and includes(pattern, r[1]))]
-        plain = {p for p in session.plain if not (p[0] == ns and includes(pattern, p[1]))}
+                 if not (r[0] == ns and _within(pattern, r[1]))]
+        plain = {p for p in session.plain if not (p[0] == ns and _within(pattern, p[1]))}
         if rules != session.rules or plain != session.plain:
             session.rules, session.plain = rules, plain
             agent._selectors_dirty = True
@@ -124,9 +143,9 @@ def selective_interest(agent: Any) -> dict[tuple[int, str], tuple[str, ...]]:
         return out
     budget = INTEREST_SELECTOR_BYTES
     for ns, pattern in sorted(agent.advertised):
-        if any(n == ns and overlaps(pattern, q) for n, q in plain):
+        if any(n == ns and _overlap(pattern, q) for n, q in plain):
             continue
-        texts = tuple(sorted({t for n, r, t in rules if n == ns and overlaps(pattern, r)}))
+        texts = tuple(sorted({t for n, r, t in rules if n == ns and _overlap(pattern, r)}))
         size = len(pattern) + sum(len(t.encode("utf-8")) + 4 for t in texts)
         if not texts or size > budget:
             continue
