@@ -84,6 +84,7 @@ from appliance.dataplane.state import (
     _PROBE,
     _RETX,
     _U32,
+    ALL_SELECTORS,
     UNKNOWN_KEYS_KEPT,
     DpSession,
     ForwardingTables,
@@ -386,18 +387,12 @@ class DataPlaneAgent(Delivery, Output):
         nodes = {dest: g for dest, g in (nodes or {}).items() if g}
         if set(nodes) != set(self.node_selectors):
             self.sessions_version += 1  # the express plan changes those destinations' kind
-        self.node_selectors = nodes
         wanted: dict = {sid: g for sid, g in guards.items() if g and sid in self.sessions}
         wanted.update({("n", dest): g for dest, g in nodes.items()})
         held = self._selector_texts
         for sub in [sub for sub in held if sub not in wanted]:
             for text in held.pop(sub):
                 index.remove((sub, text))
-        for sid, session in self.sessions.items():
-            guard = wanted.get(sid)
-            if (session.selectors is None) != (guard is None):
-                self.sessions_version += 1  # the express plan changes the session's kind
-            session.selectors = guard
         for sub, guard in wanted.items():
             old = held.get(sub, set())
             new = {t for texts in guard.values() for t in texts}
@@ -406,6 +401,16 @@ class DataPlaneAgent(Delivery, Output):
             for text in new - old:
                 index.add((sub, text), text)
             held[sub] = new
+            # a key guarded by all of them (the usual: one pattern) is checked by the
+            # subscriber alone, not by each of its selectors
+            wanted[sub] = {key: ALL_SELECTORS if len(texts) == len(new) else texts
+                           for key, texts in guard.items()}
+        self.node_selectors = {dest: wanted[("n", dest)] for dest in nodes}
+        for sid, session in self.sessions.items():
+            guard = wanted.get(sid)
+            if (session.selectors is None) != (guard is None):
+                self.sessions_version += 1  # the express plan changes the session's kind
+            session.selectors = guard
         self.selector_schemas = {}
         for doc in schemas:
             try:

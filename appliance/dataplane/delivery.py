@@ -45,6 +45,7 @@ _ACL_OUTCOME = {_ACL_ACCEPT: "accepted", int(AclAction.REJECT): "rejected", _ACL
 
 _UNEVALUATED = object()
 """A message the appliance cannot evaluate selectors on (a segment): it passes."""
+_NOTHING: tuple = (frozenset(), frozenset())
 
 
 class Delivery:
@@ -188,11 +189,13 @@ class Delivery:
             found = matched[index] = self._selector_match(buf, index)
         if found is _UNEVALUATED:
             return True
-        return any((sid, t) in found for t in texts)
+        if not texts:  # ALL_SELECTORS: whichever of its selectors
+            return sid in found[1]
+        return any((sid, t) in found[0] for t in texts)
 
     def _selector_match(self, buf: np.ndarray, index: int) -> Any:
-        """(session, selector) pairs TRUE for message ``index``; ``_UNEVALUATED`` for a
-        segment (evaluated by the client once whole)."""
+        """The (subscriber, selector) pairs TRUE for message ``index`` and their
+        subscribers; ``_UNEVALUATED`` for a segment (evaluated by the client once whole)."""
         index_ = self.selector_index
         if index_ is None:
             return _UNEVALUATED
@@ -204,7 +207,7 @@ class Delivery:
             try:
                 payload, _, seg = split_extensions(payload, flags)
             except ExtensionError:
-                return frozenset()  # the client drops it as malformed too
+                return _NOTHING  # the client drops it as malformed too
             if seg is not None:
                 self.counters["selector_unevaluated_segments"] += 1
                 return _UNEVALUATED
@@ -213,8 +216,9 @@ class Delivery:
         try:
             event = message_event(payload, schema, header)
         except Exception:  # a schema field hiding a header property: nothing to match
-            return frozenset()
-        return index_.match(event)
+            return _NOTHING
+        found = index_.match(event)
+        return found, {sub for sub, _ in found}
 
     def _content_acl(self, session: DpSession, buf: np.ndarray, index: int, key: int) -> bool:
         """Whether message ``index`` of the NIC's last burst, published by ``session`` (whose

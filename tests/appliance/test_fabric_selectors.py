@@ -78,6 +78,25 @@ def test_a_plain_subscription_of_the_same_session_lets_everything_through(served
         assert _filtered(app) == before
 
 
+def test_a_selector_guards_only_the_topics_of_its_own_pattern(served):
+    app, url = served
+    with connect(url, "feed") as pub, connect(url, "feed") as c:
+        narrow = c.subscribe("quotes/a", selector="symbol = 'A'")
+        wide = c.subscribe("quotes/#", selector="price > 100")
+        pub.publish("quotes/a", SCHEMA.encode({"price": 998, "symbol": "A"}), schema_id=7)
+        pub.flush()  # (both topics known: quotes/a guarded by both selectors)
+        assert [p for p, _ in _quotes(narrow, 998)] == [998]
+        before = _filtered(app)
+        # on quotes/b only 'price > 100' applies: symbol 'A' at 50 is not delivered
+        for price in (50, 999):
+            pub.publish("quotes/b", SCHEMA.encode({"price": price, "symbol": "A"}),
+                        schema_id=7)
+        pub.flush()
+        assert [p for p, _ in _quotes(wide)] == [998, 999]  # (quotes/a's, then quotes/b's)
+        wait_for(lambda: _filtered(app) - before == 1, what="selector_filtered counted")
+        assert c.received == 2
+
+
 def test_unsubscribe_removes_the_guard(served):
     app, url = served
     with connect(url, "feed") as pub, connect(url, "feed") as c:
