@@ -213,9 +213,10 @@ class Subscription:
         self.durable: str | None = None
         """The durable subscription's name (``subscribe(..., durable=)``)."""
         self.selector_filtered = False
-        """The appliance evaluates ``selector`` before it sends (its answer said so): the
-        client does not evaluate it again (except on a message reassembled from segments,
-        which the appliance cannot evaluate)."""
+        """The appliance evaluates ``selector`` before it sends (its answer said so, at the
+        subscribe and again after a reconnection): the client does not evaluate it again on
+        a message only this subscription takes (it does when several of the client's
+        subscriptions match the topic, and on a message reassembled from segments)."""
         self.duplicates = 0
         """Messages not handed over because they were handed over already (after a move
         or a reconnection, the replay from the cache and the live stream overlap)."""

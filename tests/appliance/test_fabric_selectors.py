@@ -183,3 +183,28 @@ def test_the_link_carries_only_messages_a_selector_behind_it_takes():
                         ] == [b"end2"]
                 wait_for(lambda: _filtered(b) - b_before == 1, what="B's filter")
                 assert _link_filtered(a) - link_before == 2
+
+
+def test_a_client_reconnected_to_a_restarted_appliance_sends_its_selectors_again():
+    port = free_port()
+    config = {"appliance": {"name": f"fr{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
+              "pm": {"schemas": {"quote": QUOTE}, "require_passwords": False,
+                     "identities": {"feed": {"publish": ["#"], "subscribe": ["#"]}}}}
+    url = f"udp://127.0.0.1:{port}"
+    app = Appliance(parse_config(config)).start()
+    try:
+        with connect(url, "feed", session_timeout_s=600.0) as c:
+            sub = c.subscribe("quotes/#", selector="price > 100")
+            app.stop()
+            app = Appliance(parse_config(config)).start()
+            wait_for(lambda: app.status()["subscriptions"], 30, what="the subscription again")
+            with connect(url, "feed") as pub:
+                for price in (50, 999):
+                    pub.publish("quotes/x", SCHEMA.encode({"price": price, "symbol": "A"}),
+                                schema_id=7)
+                pub.flush()
+                assert [p for p, _ in _quotes(sub)] == [999]
+                assert sub.selector_filtered
+                wait_for(lambda: _filtered(app) == 1, what="the new appliance filtering")
+    finally:
+        app.stop()
