@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url = f"udp://127.0.0.1:{port}"
     results: dict[str, dict[str, float]] = {}
     try:
-        with connect(url, "bench") as pub:
+        with connect(url, "bench", session_timeout_s=600.0) as pub:
             pub.publish(TOPIC, payloads[0], schema_id=QUOTE["id"])  # registers the topic
             pub.flush()
             for design, in_appliance in (("topicwire", True), ("in_clients", False)):
