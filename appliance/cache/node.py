@@ -5,19 +5,26 @@ after the appliance's channels and agents, before their threads start (a directo
 cannot be used stops the start with a ``ConfigError`` naming ``cache.dir``); the control
 agent learns the cache's internal identity and where to hand replay requests; once the
 appliance runs, the cache's agent starts and its session logs in through the client
-endpoint. ``stop`` closes the cache first (its session logs out while the appliance still
-runs, its logs are synced), then the appliance. ``status()`` adds the ``cache`` section and
-its counters. (The cache wraps ``appliance.node`` rather than being started by it: its
-session is a client of the appliance, and ``appliance.client`` depends on
-``appliance.node``.)
+endpoint (with ``acknowledge = "persisted"``, ``start`` returns once it has subscribed,
+and the control plane refuses other logins until then: what a client published before
+would be acknowledged without being kept). ``stop`` closes the cache first (its session
+logs out while the appliance still runs, its logs are synced), then the appliance.
+``status()`` adds the ``cache`` section and its counters. (The cache wraps
+``appliance.node`` rather than being started by it: its session is a client of the
+appliance, and ``appliance.client`` depends on ``appliance.node``.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from appliance.errors import ConfigError
 from appliance.node import Appliance
 from datapath.topics.registry import KeyRegistry
+
+CACHE_READY_S = 60.0
+"""With ``cache.acknowledge = "persisted"``, how long ``start`` waits for the cache's session
+to subscribe (the appliance is ready, and takes clients, only then)."""
 
 
 class CachingAppliance(Appliance):
@@ -53,6 +60,12 @@ class CachingAppliance(Appliance):
         if self.cache is not None:
             try:
                 self.cache.start()
+                if self.cache.persisted_acks and not self.cache.ready.wait(CACHE_READY_S):
+                    raise ConfigError(
+                        f"the cache's session did not subscribe within {CACHE_READY_S:g} s "
+                        "(cache.acknowledge = persisted: the appliance takes no client "
+                        "before its cache keeps what they publish); see the log for why",
+                        component="cache")
             except BaseException:
                 self.stop("failed start")
                 raise

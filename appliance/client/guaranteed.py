@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from appliance.client.errors import ClientError
+from appliance.client.errors import ClientError, ConnectionLostError
 from appliance.client.messages import (
     GUARANTEED_QUEUE_MESSAGES,
     NO_HEADERS,
@@ -129,6 +129,10 @@ class GuaranteedSide:
         from datapath.reliability import SenderConfig
 
         if self._gsender is None:
+            if not self.session:  # lost since the caller looked: a sender made now would
+                # stamp session 0 on its frames for good, and the appliance drops them
+                raise ConnectionLostError("the connection to the appliance was lost; publish "
+                                          "again once it is connected", state=self.state)
             size = GUARANTEED_UDP_FRAME_BYTES if self.channel.kind == "udp" else \
                 fl.align8(self.channel.max_frame_bytes) - 8
             config = SenderConfig(

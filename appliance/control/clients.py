@@ -161,6 +161,10 @@ class ClientSide:
             refuse, why = "the appliance is shutting down", "stopping"
         elif self.pm_doc is None and identity not in self.internal_logins:
             refuse, why = "no P&M document yet; retry in a moment", "no_pm"
+        elif identity not in self.internal_logins and self._cache_starting():
+            refuse, why = ("the appliance's cache is not subscribed yet (cache.acknowledge = "
+                           "persisted: nothing is taken before it keeps it); retry in a "
+                           "moment"), "cache_starting"
         elif ents is None:
             refuse, why = f"identity {identity!r} is not known to P&M", "identity"
             self._deny(identity, "login", "")
@@ -269,6 +273,12 @@ class ClientSide:
         log.warning("%s: client %r moved its session %d to %s", self.cfg.name,
                     session.identity, session.session_id, nb.config.name)
         self._end_session(session, f"moved to {nb.config.name}")
+
+    def _cache_starting(self) -> bool:
+        """Whether this appliance acknowledges once persisted and its cache's session has not
+        subscribed yet (a message taken now would be acknowledged without being kept)."""
+        cache = getattr(self, "cache", None)
+        return cache is not None and cache.persisted_acks and not cache.ready.is_set()
 
     def _login_result(self, session: Session) -> dict:
         out = {"accepted": True, "session": session.session_id, "node": self.cfg.name,
