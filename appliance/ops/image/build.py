@@ -266,8 +266,17 @@ def build(role: str, out: Path, cache: Path | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     digest = inputs_digest()
     say(f"inputs digest {digest} (sources, packages, mirror)")
+    disk_key = hashlib.sha256((digest + role).encode() + Path(guest_files.__file__)
+                              .read_bytes()).hexdigest()[:16]
+    previous = out / f"{IMAGE_NAME}-{role}.json"
+    if previous.exists() and (out / f"{IMAGE_NAME}-{role}.qcow2").exists():
+        manifest = json.loads(previous.read_text())
+        if manifest.get("disk_key") == disk_key and (work / f"rootfs-{digest}").exists():
+            say(f"{manifest['image']}: current (same inputs and units); nothing to do")
+            return manifest
     rootfs = bootstrap(work, digest)
     manifest = make_disk(rootfs, role, out, digest)
+    manifest["disk_key"] = disk_key
     seconds = time.monotonic() - started
     manifest["build_seconds"] = round(seconds, 1)
     (out / f"{IMAGE_NAME}-{role}.json").write_text(json.dumps(manifest, indent=1,
