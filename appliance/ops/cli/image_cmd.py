@@ -38,8 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--forward-mgmt", type=int, default=0, metavar="PORT",
                    help="127.0.0.1:PORT on the host reaches the guest's management API "
                    "(port 8470 in the guest; 0: a free port)")
-    s.add_argument("--forward-udp", type=int, action="append", default=[], metavar="PORT",
-                   help="forward UDP 127.0.0.1:PORT to the guest's PORT (native clients)")
     s.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="give up when not ready after this long (default 300: TCG on a "
                    "busy host)")

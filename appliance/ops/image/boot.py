@@ -8,6 +8,11 @@ user network with ``restrict=on`` (the guest reaches nothing outside; the host r
 through the ports forwarded from 127.0.0.1). ``Guest.powerdown`` presses ACPI's power button
 over QMP: systemd stops the appliance (SIGTERM: the drain) and powers the guest off, which
 ends QEMU.
+
+UDP cannot be forwarded usefully: with ``restrict=on`` libslirp drops every datagram the
+guest sends (replies to a forwarded port included). Native clients reach a guest through a
+tap NIC in a network namespace (``wrap=["ip", "netns", "exec", NS]`` and a ``-netdev tap``
+in ``netdevs``: hwtests/images/test_image_fabric.py), or a bridge of the operator's own.
 """
 
 from __future__ import annotations
@@ -91,9 +96,9 @@ class Guest:
 
     def __init__(self, image: Path, workdir: Path, config: Path | None = None, *,
                  extra_files: Sequence[Path] = (), mgmt_port: int | None = None,
-                 udp_ports: Sequence[tuple[int, int]] = (), netdevs: Sequence[str] = (),
+                 netdevs: Sequence[str] = (),
                  snapshot: bool = True, name: str = "guest", echo: bool = False,
-                 config_drive: Path | None = None) -> None:
+                 config_drive: Path | None = None, wrap: Sequence[str] = ()) -> None:
         self.image = Path(image).resolve()
         self.kernel, self.initrd = boot_files(self.image)
         self.workdir = Path(workdir)
@@ -108,11 +113,10 @@ class Guest:
         fwd = []
         if mgmt_port is not None:
             fwd.append(f"hostfwd=tcp:127.0.0.1:{mgmt_port}-:{guest_files.MGMT_PORT}")
-        fwd += [f"hostfwd=udp:127.0.0.1:{host}-:{guest}" for host, guest in udp_ports]
         user = ",".join(["user", "id=mgmt", "restrict=on", *fwd])
         snap = "on" if snapshot else "off"
         self.cmd = [
-            QEMU, "-accel", "tcg", "-cpu", "max", "-smp", str(CPUS), "-m", str(MEMORY_MB),
+            *wrap, QEMU, "-accel", "tcg", "-cpu", "max", "-smp", str(CPUS), "-m", str(MEMORY_MB),
             "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
             "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", KERNEL_ARGS,
@@ -249,7 +253,6 @@ def boot_command(args: argparse.Namespace) -> int:
     mgmt_port = args.forward_mgmt or free_port()
     with tempfile.TemporaryDirectory(prefix="topicwire-boot-") as tmp:
         guest = Guest(args.image, Path(tmp), args.config, mgmt_port=mgmt_port,
-                      udp_ports=[(p, p) for p in args.forward_udp],
                       echo=bool(os.environ.get("TOPICWIRE_IMAGE_ECHO")))
         say(f"booting {args.image} under QEMU (TCG); management API at "
             f"http://127.0.0.1:{mgmt_port}")

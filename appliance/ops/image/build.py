@@ -76,7 +76,7 @@ root filesystem (guest_files' units and scripts are written at the disk step, ea
 
 
 def _source_files() -> list[Path]:
-    files = [ROOT / "pyproject.toml", ROOT / "README.md"]
+    files = [ROOT / "pyproject.toml"]  # not README.md: only the wheel's description
     for folder in SOURCE_DIRS:
         files += sorted(p for p in (ROOT / folder).rglob("*")
                         if p.is_file() and "__pycache__" not in p.parts
