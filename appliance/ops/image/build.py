@@ -100,8 +100,11 @@ def _stream(cmd: list[str], label: str, env: dict[str, str] | None = None,
     """Run ``cmd``, its output as progress lines (``label| ...``); fail with its tail."""
     started = time.monotonic()
     tail: list[str] = []
+    # not this process's NUMBA_* (importing datapath sets NUMBA_CACHE_DIR to the host's cache):
+    # the image's commands would otherwise make that host path inside the image
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})}, errors="replace")
+                            env={**base, **(env or {})}, errors="replace")
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip()
