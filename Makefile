@@ -12,7 +12,7 @@ PY          := $(VENV)/bin/python
 APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf \
                 qemu-system-x86 kmod busybox-static rdma-core ibverbs-providers ibverbs-utils \
                 libibverbs-dev python3-pyverbs perftest stress-ng mosquitto mosquitto-clients libmosquitto-dev \
-                tshark openssl dpkg-dev
+                tshark openssl dpkg-dev mmdebstrap qemu-utils mtools dosfstools
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
 # Debian's python3-pyverbs (built for rdma-core's libibverbs; PyPI's does not load against it),
@@ -22,7 +22,7 @@ PYVERBS_STAMP := $(VENV)/.pyverbs-stamp
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: setup demo demo-cold test lint unit soak hwtest bench-rdma fuzz clean
+.PHONY: setup demo demo-cold test lint unit soak hwtest hwtest-images image bench-rdma fuzz clean
 
 # The last step compiles every numba kernel with real traffic into the cache appliances load at
 # start (`topicwire warm`; a no-op until a kernel source changes): no first run compiles live.
@@ -84,9 +84,23 @@ fuzz: setup
 	exit $$status
 
 # RDMA hardware tests: here if this machine has an RDMA device, else in a soft-RoCE QEMU guest
-# (hwtests/guest/launch.py; downloads a Debian kernel and virtme-ng the first time).
+# (hwtests/guest/launch.py; downloads a Debian kernel and virtme-ng the first time); then the
+# appliance image tests here on the host (hwtests/images: builds the image the first time).
 hwtest: setup
 	$(PY) -m hwtests.guest.launch test
+
+# Appliance disk images (docs/images.md), as root: one image serves every role (the config disk
+# says which); each build bakes in one role's default config. The root filesystem is cached in
+# $(IMAGE_DIR)/.build by a digest of what goes in: the second role, or a rebuild after no
+# source change, only remakes the ext4 and qcow2 (seconds).
+IMAGE_DIR ?= $(VENV)/image
+image: $(PIP_STAMP)
+	$(VENV)/bin/topicwire image build --role core --out $(IMAGE_DIR)
+	$(VENV)/bin/topicwire image build --role edge --out $(IMAGE_DIR)
+
+# Only the appliance image tests (make hwtest runs them after the RDMA tests), on this host.
+hwtest-images: setup
+	$(PY) -m hwtests.guest.launch images
 
 # RDMA channel benchmark beside perftest's ib_send_lat/ib_send_bw, in the same guest session.
 bench-rdma: setup

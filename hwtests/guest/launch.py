@@ -3,6 +3,11 @@
     python -m hwtests.guest.launch test  [--junit PATH] [-- PYTEST_ARGS]   (make hwtest)
     python -m hwtests.guest.launch bench [--out PATH] [-- BENCH_ARGS]      (make bench-rdma)
     python -m hwtests.guest.launch run -- COMMAND...                       (any command)
+    python -m hwtests.guest.launch images                  (only hwtests/images, on this host)
+
+``test`` then runs ``hwtests/images`` here on the host (appliance disk images built and
+booted under QEMU; nested in the soft-RoCE guest TCG would be far too slow); ``--no-images``
+leaves them out.
 
 If this machine has an RDMA device, ``test`` runs ``pytest hwtests/rdma hwtests/appliance``
 here. Otherwise it boots
@@ -433,7 +438,41 @@ def cmd_test(args: argparse.Namespace) -> int:
         f"(report {report}; {time.monotonic() - started:.0f} s in all)")
     for line in failed:
         say(line)
+    if not args.rest and not args.no_images:
+        ok = run_image_tests(args) and ok
     return 0 if ok else 1
+
+
+IMAGE_TESTS_ENV = "TOPICWIRE_IMAGE_TESTS"
+"""Set by ``run_image_tests``: hwtests/images boots images only then (``make unit`` collects
+the folder too, and skips it)."""
+
+
+def run_image_tests(args: argparse.Namespace) -> bool:
+    """hwtests/images, here on the host (nested TCG in the soft-RoCE guest is far too slow):
+    appliance images built and booted under QEMU. Skips only where QEMU cannot run (CI: fails)."""
+    started = time.monotonic()
+    skip = _no_qemu_skip()
+    if skip is not None:
+        return skip == 0
+    say("appliance images: building (cached by digest) and booting them under QEMU here")
+    report = CACHE_DIR / "images-report.xml"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                    f"--junitxml={report}", "hwtests/images", *DEFAULT_PYTEST_ARGS], cwd=ROOT,
+                   env={**os.environ, IMAGE_TESTS_ENV: "1"})
+    ok, summary = check_report(report, require_rdma=False)
+    if ok and in_ci() and "0 skipped" not in summary:
+        ok, summary = False, f"{summary}: under CI the image tests must run, not skip"
+    head, *failed = summary.split("\n")
+    say(f"{'PASSED' if ok else 'FAILED'} appliance images: {head} (report {report}; "
+        f"{time.monotonic() - started:.0f} s)")
+    for line in failed:
+        say(line)
+    if args.junit and report.exists():
+        shutil.copyfile(report, Path(args.junit).with_suffix(".images.xml"))
+    return ok
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -481,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     test = sub.add_parser("test", help="run the hardware tests (default: pytest hwtests)")
     test.add_argument("--junit", help="also copy the JUnit report here")
+    test.add_argument("--no-images", action="store_true",
+                      help="only the RDMA tests, not the appliance images (hwtests/images)")
+    images = sub.add_parser("images", help="only the appliance image tests (hwtests/images)")
+    images.add_argument("--junit", help="also copy the JUnit report here (.images.xml)")
     bench = sub.add_parser("bench", help="run the RDMA benchmark with perftest beside it")
     bench.add_argument("--out", help="also write the JSON report here")
     sub.add_parser("run", help="run any command in the guest")
@@ -492,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.rest = rest
     try:
+        if args.command == "images":
+            return 0 if run_image_tests(args) else 1
         return {"test": cmd_test, "bench": cmd_bench, "run": cmd_run}[args.command](args)
     except LaunchError as exc:
         say(f"FAILED: {exc}")

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "appliance.ops.cli.bench_cmd",
     "appliance.ops.cli.demo_cmd",
     "appliance.ops.cli.warm_cmd",
+    "appliance.ops.cli.image_cmd",
     "appliance.ops.cli.completion_cmd",
 )
 

@@ -1,0 +1,289 @@
+"""``topicwire image build``: a bootable appliance disk image (docs/images.md).
+
+One image serves every appliance: the role, identity, addresses and neighbours come from a
+config disk labelled APPCFG (or the kernel command line) at boot; ``--role`` only picks the
+default config baked in for a boot without either. The build, as root, without loop mounts
+or a daemon:
+
+1. the project's wheel and its runtime dependencies' wheels (``pip wheel``; the host's pip
+   cache, PyPI for what it lacks) in a wheelhouse;
+2. ``mmdebstrap --mode=root --variant=minbase`` of Debian 12 from the mirror this machine's
+   apt uses (its own deb822 sources file), with a kernel, initramfs, systemd, rdma-core and
+   python3; a customize hook writes the units and scripts (``guest_files``), makes the venv
+   /opt/topicwire from the wheelhouse (no index), locks root's password, enables the units and
+   runs ``topicwire warm`` with ``NUMBA_CPU_NAME=generic`` in the new root (its own network
+   namespace: only its loopback) so the compiled kernels ship in the image;
+3. ``mkfs.ext4 -d`` of that tree into a raw file, ``qemu-img convert -c -O qcow2``, and the
+   kernel and initrd copied beside it for QEMU's direct kernel boot.
+
+The root filesystem of step 2 is kept under the output's ``.build`` keyed by a digest of
+everything that goes in (the project's sources, these files, the package list, the apt
+sources): a second build of the same tree redoes only step 3 (seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from appliance.ops.image import guest_files
+from datapath.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[3]
+SUITE = "bookworm"
+APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
+PACKAGES = ("linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod",
+            "e2fsprogs", "python3", "python3-venv", "iproute2", "rdma-core",
+            "ibverbs-providers", "ibverbs-utils", "dbus")
+"""dbus: systemd-logind, which powers the guest off on ACPI's power button (QEMU's
+``system_powerdown``), needs it."""
+EXCLUDES = ("/usr/share/man/*", "/usr/share/doc/*", "/usr/share/locale/*", "/usr/share/info/*")
+SOURCE_DIRS = ("appliance", "datapath", "channels", "nic_offload", "bench")
+HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "qemu-img": "qemu-utils", "mkfs.ext4": "e2fsprogs"}
+IMAGE_NAME = "topicwire"
+SLACK_BYTES = 300 << 20
+"""Free space left on the root filesystem past what the tree needs (logs, state)."""
+
+
+def say(text: str) -> None:
+    print(f"image: {text}", file=sys.stderr, flush=True)
+
+
+def check_host() -> None:
+    if os.geteuid() != 0:
+        raise UserError("image: the build needs root (mmdebstrap --mode=root, chroot); run it "
+                        "as root")
+    missing = [pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None]
+    if missing:
+        raise UserError(f"image: missing {' '.join(sorted(set(missing)))}; `make setup` "
+                        "installs them (or apt-get install them)")
+    if not APT_SOURCES.exists():
+        raise UserError(f"image: {APT_SOURCES} is missing: the build uses the Debian mirror "
+                        "this machine's apt uses, in its deb822 file")
+
+
+HOST_ONLY = ("appliance/ops/image/boot.py", "appliance/ops/cli/image_cmd.py",
+             "appliance/ops/image/guest_files.py")
+"""In the image's venv too, but only the host runs them: a change there does not rebuild the
+root filesystem (guest_files' units and scripts are written at the disk step, each build)."""
+
+
+def _source_files() -> list[Path]:
+    files = [ROOT / "pyproject.toml"]  # not README.md: only the wheel's description
+    for folder in SOURCE_DIRS:
+        files += sorted(p for p in (ROOT / folder).rglob("*")
+                        if p.is_file() and "__pycache__" not in p.parts
+                        and p.suffix not in (".pyc", ".nbi", ".nbc")
+                        and str(p.relative_to(ROOT)) not in HOST_ONLY)
+    return files
+
+
+def inputs_digest() -> str:
+    """What the root filesystem depends on: the sources, these modules, packages, mirror."""
+    h = hashlib.sha256()
+    for path in _source_files():
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(repr((PACKAGES, EXCLUDES, SUITE, sys.version_info[:2])).encode())
+    h.update(APT_SOURCES.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _stream(cmd: list[str], label: str, env: dict[str, str] | None = None,
+            keep: Callable[[str], bool] = lambda _line: True) -> None:
+    """Run ``cmd``, its output as progress lines (``label| ...``); fail with its tail."""
+    started = time.monotonic()
+    tail: list[str] = []
+    # not this process's NUMBA_* (importing datapath sets NUMBA_CACHE_DIR to the host's cache):
+    # the image's commands would otherwise make that host path inside the image
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**base, **(env or {})}, errors="replace")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-40:]
+        if line and keep(line):
+            print(f"image: {label}| {line} [{time.monotonic() - started:.0f} s]",
+                  file=sys.stderr, flush=True)
+    if proc.wait() != 0:
+        raise UserError(f"image: {label} failed (exit {proc.returncode}): "
+                        + " / ".join(tail[-12:]))
+
+
+def wheelhouse(work: Path) -> Path:
+    """The project's wheel and every runtime dependency's, for Python 3.11 on x86-64."""
+    out = work / "wheels"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    say("wheels: the project and its runtime dependencies (pip cache, then PyPI)")
+    _stream([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "-w",
+             str(out), str(ROOT)], "pip",
+            keep=lambda line: line.startswith(("Saved", "Building", "Collecting",
+                                               "Downloading")))
+    return out
+
+
+def _hook_script(overlay: Path, wheels: Path) -> str:
+    venv = guest_files.VENV
+    warm_env = ("NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/var/cache/topicwire/numba "
+                "HOME=/root PYTHONUNBUFFERED=1")
+    return f"""#!/bin/sh
+set -eu
+r="$1"
+echo "hook: units, scripts and the default config"
+cp -a {overlay}/. "$r"/
+echo "hook: venv {venv} from the wheelhouse"
+chroot "$r" python3 -m venv {venv}
+mkdir -p "$r/tmp/wheels" && cp {wheels}/*.whl "$r/tmp/wheels/"
+chroot "$r" {venv}/bin/pip install -q --no-index --disable-pip-version-check \
+    --find-links /tmp/wheels topicwire
+rm -rf "$r/tmp/wheels" "$r/root/.cache"
+chroot "$r" {venv}/bin/topicwire --version
+ln -sf {venv}/bin/topicwire "$r/usr/local/bin/topicwire"
+echo "hook: root's password locked, units enabled"
+chroot "$r" passwd -l root
+chroot "$r" systemctl enable systemd-networkd.service topicwire-rxe.service topicwire.service
+chroot "$r" systemctl mask systemd-networkd-wait-online.service
+echo "hook: topicwire warm (NUMBA_CPU_NAME=generic), in a network namespace of its own"
+unshare --net chroot "$r" /bin/sh -c \
+    'ip link set lo up && ip link set lo multicast on && \
+     env {warm_env} {venv}/bin/topicwire warm'
+rm -f "$r"/dev/shm/* 2>/dev/null || true
+rm -rf "$r"/var/cache/apt/*.bin "$r"/var/lib/apt/lists/* "$r"/root/.cache
+"""
+
+
+def _write_files(tree: Path, role: str) -> None:
+    """guest_files' units, scripts and ``role``'s default config into ``tree`` (the hook's
+    overlay, and again into the cached root filesystem at each disk step)."""
+    for path, mode, text in guest_files.files(role):
+        target = tree / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        target.chmod(mode)
+
+
+def bootstrap(work: Path, digest: str) -> Path:
+    """The image's root filesystem (cached as ``rootfs-<digest>``)."""
+    rootfs = work / f"rootfs-{digest}"
+    if (rootfs / ".complete").exists():
+        say(f"root filesystem: cached ({rootfs.name}; same sources, packages and mirror)")
+        return rootfs
+    for old in work.glob("rootfs-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    wheels = wheelhouse(work)
+    overlay = work / "overlay"
+    shutil.rmtree(overlay, ignore_errors=True)
+    _write_files(overlay, "core")
+    hook = work / "customize.sh"
+    hook.write_text(_hook_script(overlay, wheels))
+    hook.chmod(0o755)
+    tmp = work / "rootfs-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = ["mmdebstrap", "--mode=root", "--variant=minbase", "--verbose",
+           "--include=" + ",".join(PACKAGES),
+           *[f"--dpkgopt=path-exclude={p}" for p in EXCLUDES],
+           f"--customize-hook={hook} \"$1\"", SUITE, str(tmp), str(APT_SOURCES)]
+    env = {}
+    epoch = _source_date_epoch()
+    if epoch:
+        env["SOURCE_DATE_EPOCH"] = epoch
+    say(f"root filesystem: mmdebstrap {SUITE} ({len(PACKAGES)} packages and their "
+        "dependencies), then the venv and the numba warm-up")
+    _stream(cmd, "mmdebstrap", env=env, keep=_mmdebstrap_progress)
+    (tmp / ".complete").touch()
+    tmp.rename(rootfs)
+    return rootfs
+
+
+def _mmdebstrap_progress(line: str) -> bool:
+    """The lines worth showing: phases, downloads, package unpacks, the hook's own."""
+    if line.startswith(("I: ", "E: ", "W: ", "hook:", "warm", "topicwire", "Get:")):
+        return True
+    return line.startswith(("Unpacking", "Setting up"))
+
+
+def _source_date_epoch() -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%ct"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _tree_bytes(path: Path) -> int:
+    done = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[0])
+
+
+def make_disk(rootfs: Path, role: str, out: Path, digest: str) -> dict:
+    """The qcow2 image of ``rootfs`` with ``role``'s default config, kernel and initrd."""
+    _write_files(rootfs, role)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    stamp = {"commit": commit, "inputs_digest": digest, "role_default": role}
+    (rootfs / "etc/topicwire/image.json").write_text(json.dumps(stamp, sort_keys=True) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{IMAGE_NAME}-{role}"
+    raw = out / f".{name}.raw"
+    size = _tree_bytes(rootfs) * 12 // 10 + SLACK_BYTES
+    size = (size + (1 << 20) - 1) >> 20 << 20
+    say(f"{name}: ext4 of the tree ({size >> 20} MiB, mkfs.ext4 -d, no loop mount)")
+    raw.unlink(missing_ok=True)
+    with open(raw, "wb") as f:
+        f.truncate(size)
+    uuid = "-".join((digest[:8], digest[8:12], "4" + digest[13:16], "8" + digest[1:4],
+                     digest[:12]))
+    env = {"E2FSPROGS_FAKE_TIME": _source_date_epoch()} if _source_date_epoch() else {}
+    _stream(["mkfs.ext4", "-q", "-F", "-L", "approot", "-U", uuid, "-E",
+             f"hash_seed={uuid}", "-d", str(rootfs), str(raw)], "mkfs.ext4", env=env)
+    qcow = out / f"{name}.qcow2"
+    say(f"{name}: qemu-img convert -c -O qcow2")
+    _stream(["qemu-img", "convert", "-c", "-O", "qcow2", str(raw), str(qcow)], "qemu-img")
+    raw.unlink()
+    vmlinuz = sorted((rootfs / "boot").glob("vmlinuz-*"))
+    initrd = sorted((rootfs / "boot").glob("initrd.img-*"))
+    if not vmlinuz or not initrd:
+        raise UserError(f"image: {rootfs}/boot has no vmlinuz-* or initrd.img-*")
+    shutil.copyfile(vmlinuz[-1], out / f"{name}.vmlinuz")
+    shutil.copyfile(initrd[-1], out / f"{name}.initrd")
+    manifest = {"image": qcow.name, "commit": commit, "role_default": role,
+                "kernel": vmlinuz[-1].name,
+                "inputs_digest": digest, "qcow2_bytes": qcow.stat().st_size,
+                "virtual_bytes": size, "suite": SUITE}
+    (out / f"{name}.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def build(role: str, out: Path, cache: Path | None = None) -> dict:
+    """Build (or rebuild from the cached root filesystem) the image; print the figures."""
+    started = time.monotonic()
+    check_host()
+    out = out.resolve()
+    work = (cache or (out / ".build")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    digest = inputs_digest()
+    say(f"inputs digest {digest} (sources, packages, mirror)")
+    disk_key = hashlib.sha256((digest + role).encode() + Path(guest_files.__file__)
+                              .read_bytes()).hexdigest()[:16]
+    previous = out / f"{IMAGE_NAME}-{role}.json"
+    if previous.exists() and (out / f"{IMAGE_NAME}-{role}.qcow2").exists():
+        manifest = json.loads(previous.read_text())
+        if manifest.get("disk_key") == disk_key and (work / f"rootfs-{digest}").exists():
+            say(f"{manifest['image']}: current (same inputs and units); nothing to do")
+            return manifest
+    rootfs = bootstrap(work, digest)
+    manifest = make_disk(rootfs, role, out, digest)
+    manifest["disk_key"] = disk_key
+    seconds = time.monotonic() - started
+    manifest["build_seconds"] = round(seconds, 1)
+    (out / f"{IMAGE_NAME}-{role}.json").write_text(json.dumps(manifest, indent=1,
+                                                              sort_keys=True) + "\n")
+    print(f"image: {out / manifest['image']}: {manifest['qcow2_bytes'] / 1e6:.0f} MB qcow2 "
+          f"({manifest['virtual_bytes'] >> 20} MiB ext4), built in {seconds:.0f} s", flush=True)
+    return manifest

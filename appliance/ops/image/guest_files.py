@@ -1,0 +1,193 @@
+"""Files the appliance image carries besides Debian and the venv (docs/images.md).
+
+Each entry is ``(path in the image, mode, text)``; ``build.py`` writes them into the root
+filesystem before the venv is made. They are plain text here so the image's behaviour at boot
+is reviewable in one place.
+"""
+
+from __future__ import annotations
+
+VENV = "/opt/topicwire"
+RUN_DIR = "/run/topicwire/config"
+"""Where the boot-time config lands (the config disk's files, copied): topicwire.toml and
+what it names (key files, tokens) beside it."""
+DEFAULT_DIR = "/etc/topicwire/default"
+"""The config baked in by ``--role`` (used when no config disk and no kernel word)."""
+CONFIG_LABEL = "APPCFG"
+MGMT_PORT = 8470
+CLIENT_PORT = 47471
+READY_MARKER = "topicwire: appliance "
+"""``topicwire run`` prints ``topicwire: appliance NAME (id N) ready`` once it serves."""
+
+CONFIG_SCRIPT = r"""#!/bin/sh
+# topicwire-config: put the appliance's config in /run/topicwire/config, from (first found)
+# a disk labelled APPCFG, the kernel word topicwire.config=<base64 of a TOML>, or the image's
+# default (/etc/topicwire/default). *.network files on the disk go to /run/systemd/network.
+set -u
+out=/run/topicwire/config
+mkdir -p "$out" /run/topicwire/disk /run/systemd/network
+src=""
+dev=$(blkid -t LABEL=APPCFG -o device /dev/vd* 2>/dev/null | head -n 1)
+if [ -n "$dev" ]; then
+    if mount -o ro "$dev" /run/topicwire/disk; then
+        cp -r /run/topicwire/disk/. "$out"/
+        umount /run/topicwire/disk
+        src="config disk $dev"
+    else
+        echo "topicwire-config: cannot mount the config disk $dev"
+        exit 1
+    fi
+fi
+if [ -z "$src" ]; then
+    word=$(tr ' ' '\n' </proc/cmdline | sed -n 's/^topicwire\.config=//p' | head -n 1)
+    if [ -n "$word" ]; then
+        printf '%s' "$word" | base64 -d >"$out/topicwire.toml" || exit 1
+        src="kernel command line (topicwire.config=)"
+    fi
+fi
+if [ -z "$src" ]; then
+    cp -r /etc/topicwire/default/. "$out"/
+    src="the image's default config (/etc/topicwire/default)"
+fi
+if [ ! -f "$out/topicwire.toml" ]; then
+    echo "topicwire-config: no topicwire.toml in $src"
+    exit 1
+fi
+for f in "$out"/*.network; do
+    [ -f "$f" ] && cp "$f" /run/systemd/network/
+done
+echo "topicwire-config: config from $src"
+"""
+
+RXE_SCRIPT = r"""#!/bin/sh
+# topicwire-rxe: soft-RoCE (rdma_rxe) on the first Ethernet interface when this machine has
+# no RDMA device of its own; an RDMA neighbour (docs/rdma.md) then works over any NIC.
+if [ -n "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
+    echo "topicwire-rxe: RDMA device present: $(ls /sys/class/infiniband | tr '\n' ' ')"
+    exit 0
+fi
+dev=""
+for n in /sys/class/net/*; do
+    n=${n##*/}
+    [ "$n" = lo ] && continue
+    [ -e "/sys/class/net/$n/device" ] && { dev=$n; break; }
+done
+modprobe rdma_rxe || { echo "topicwire-rxe: modprobe rdma_rxe failed"; exit 0; }
+if [ -z "$dev" ]; then
+    echo "topicwire-rxe: rdma_rxe loaded; no NIC to put it on"
+    exit 0
+fi
+rdma link add rxe0 type rxe netdev "$dev" && echo "topicwire-rxe: rxe0 on $dev"
+exit 0
+"""
+
+CONFIG_UNIT = """[Unit]
+Description=topicwire: the appliance's config (APPCFG disk, kernel command line, or default)
+DefaultDependencies=no
+# the config disk is a virtio disk like the root: probed before the root was mounted
+After=local-fs.target
+Before=systemd-networkd.service topicwire.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/topicwire-config
+StandardOutput=journal+console
+StandardError=journal+console
+"""
+
+RXE_UNIT = """[Unit]
+Description=topicwire: soft-RoCE (rdma_rxe) when there is no RDMA device
+After=systemd-networkd.service
+Before=topicwire.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/topicwire-rxe
+StandardOutput=journal+console
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+APPLIANCE_UNIT = f"""[Unit]
+Description=topicwire appliance (config: {RUN_DIR}/topicwire.toml)
+Requires=topicwire-config.service
+After=topicwire-config.service topicwire-rxe.service systemd-networkd.service
+# its lines (ready, a refused config) reach the serial console before a login prompt does
+Before=getty.target serial-getty@ttyS0.service
+
+[Service]
+Type=exec
+WorkingDirectory={RUN_DIR}
+# an address in fabric.listen must exist before the bind: wait (briefly) for a configured NIC
+ExecStartPre=-/bin/sh -c 'ls /sys/class/net | grep -qv "^lo$$" && \\
+    /lib/systemd/systemd-networkd-wait-online --any --timeout=15 || true'
+ExecStart={VENV}/bin/topicwire run --config {RUN_DIR}/topicwire.toml
+ExecReload=/bin/kill -HUP $MAINPID
+KillSignal=SIGTERM
+TimeoutStopSec=15
+StandardOutput=journal+console
+StandardError=journal+console
+# exit 2 is a config the appliance refused (the console and journal name the key): the
+# appliance never starts half-configured, and restarting cannot help
+Restart=on-failure
+RestartSec=2
+RestartPreventExitStatus=2
+# the compiled kernels the build warmed for a generic x86-64 CPU (NUMBA_CPU_NAME is part of
+# the cache's digest: the same value here as at the build)
+Environment=NUMBA_CACHE_DIR=/var/cache/topicwire/numba NUMBA_CPU_NAME=generic
+Environment=PYTHONUNBUFFERED=1
+LimitNOFILE=65536
+LimitMEMLOCK=infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+NETWORK_DEFAULT = """# the image's default: DHCP on every Ethernet NIC (QEMU's user net answers).
+# A config disk's *.network files (e.g. 10-fabric.network) come first (sorted by name).
+[Match]
+Name=eth* en*
+
+[Network]
+DHCP=ipv4
+LinkLocalAddressing=no
+IPv6AcceptRA=no
+"""
+
+FSTAB = "/dev/vda / ext4 rw,relatime 0 1\n"
+
+
+def default_config(role: str) -> str:
+    """The config ``--role`` bakes in: a standalone appliance of that role, its management
+    API and client port on every address (reached through QEMU's forwarded loopback ports)."""
+    name = f"{role}1"
+    return f"""# the image's default config (topicwire image build --role {role}); a config disk
+# labelled APPCFG with a topicwire.toml replaces it (docs/images.md)
+[appliance]
+name = "{name}"
+role = "{role}"
+
+[clients]
+udp = "0.0.0.0:{CLIENT_PORT}"
+
+[mgmt]
+listen = "0.0.0.0:{MGMT_PORT}"
+"""
+
+
+def files(role: str) -> list[tuple[str, int, str]]:
+    """Every file the build writes into the root filesystem."""
+    return [
+        ("/usr/local/sbin/topicwire-config", 0o755, CONFIG_SCRIPT),
+        ("/usr/local/sbin/topicwire-rxe", 0o755, RXE_SCRIPT),
+        ("/etc/systemd/system/topicwire-config.service", 0o644, CONFIG_UNIT),
+        ("/etc/systemd/system/topicwire-rxe.service", 0o644, RXE_UNIT),
+        ("/etc/systemd/system/topicwire.service", 0o644, APPLIANCE_UNIT),
+        ("/usr/lib/systemd/network/99-topicwire-default.network", 0o644, NETWORK_DEFAULT),
+        (f"{DEFAULT_DIR}/topicwire.toml", 0o644, default_config(role)),
+        ("/etc/fstab", 0o644, FSTAB),
+        ("/etc/hostname", 0o644, "topicwire\n"),
+    ]

@@ -1,0 +1,149 @@
+"""Two appliance images side by side: a core (P&M) and an edge, joined by a QEMU socket
+network on 127.0.0.1 (TCP between the two QEMU processes; nothing leaves the host), a native
+publisher at the core and a subscriber at the edge.
+
+Client traffic cannot come through QEMU's user network here: with ``restrict=on`` libslirp
+drops every UDP datagram the guest sends (its replies to a forwarded port included), and
+without it the guest could reach the outside. So both QEMUs run in a network namespace the
+test makes (``ip netns``), each with a tap NIC on a bridge there, and the clients run in that
+namespace too (``fabric_clients.py``); the namespace has no route anywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance.ops.image.boot import Guest, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_DEADLINE_S = 300.0
+EXCHANGE_DEADLINE_S = 180.0
+MESSAGES = 20
+BRIDGE = "10.78.0.254"
+NODES = {  # name: (fabric address, fabric MAC, client address, client MAC)
+    "core1": ("10.77.0.1", "52:54:00:77:00:01", "10.78.0.1", "52:54:00:78:00:01"),
+    "edge1": ("10.77.0.2", "52:54:00:77:00:02", "10.78.0.2", "52:54:00:78:00:02"),
+}
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def netns():
+    if os.geteuid() != 0:
+        pytest.skip("the fabric test makes a network namespace and taps: needs root")
+    name = f"twimg{secrets.token_hex(3)}"
+    _ip("netns", "add", name)
+    try:
+        ns = ("netns", "exec", name, "ip")
+        _ip(*ns[:3], "ip", "link", "set", "lo", "up")
+        _ip(*ns[:3], "ip", "link", "add", "br0", "type", "bridge")
+        _ip(*ns[:3], "ip", "addr", "add", f"{BRIDGE}/24", "dev", "br0")
+        _ip(*ns[:3], "ip", "link", "set", "br0", "up")
+        for i in range(len(NODES)):
+            _ip(*ns[:3], "ip", "tuntap", "add", f"tap{i}", "mode", "tap")
+            _ip(*ns[:3], "ip", "link", "set", f"tap{i}", "master", "br0", "up")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def _files(tmp: Path, name: str, key: str) -> tuple[Path, list[Path]]:
+    other = "edge1" if name == "core1" else "core1"
+    fabric, fabric_mac, client, client_mac = NODES[name]
+    pm = ("""
+        [pm]
+        mode = "embedded"
+        require_passwords = false
+
+        [pm.identities.feed]
+        publish = ["img/#"]
+        subscribe = []
+
+        [pm.identities.desk]
+        publish = []
+        subscribe = ["#"]
+        """ if name == "core1" else """
+        [pm]
+        mode = "remote"
+        """)
+    config = tmp / f"{name}.toml"
+    config.write_text(textwrap.dedent(f"""
+        [appliance]
+        name = "{name}"
+        role = "{"core" if name == "core1" else "edge"}"
+
+        [fabric]
+        listen = "{fabric}:47470"
+        key = "{key}"
+
+        [[neighbours]]
+        name = "{other}"
+        address = "{NODES[other][0]}:47470"
+
+        [clients]
+        udp = "0.0.0.0:47471"
+
+        [mgmt]
+        listen = "0.0.0.0:8470"
+        """) + textwrap.dedent(pm))
+    network = tmp / "10-topicwire.network"
+    network.write_text(f"[Match]\nMACAddress={fabric_mac}\n\n[Network]\nAddress={fabric}/24\n"
+                       "LinkLocalAddressing=no\nIPv6AcceptRA=no\n")
+    clients = tmp / "11-clients.network"
+    clients.write_text(f"[Match]\nMACAddress={client_mac}\n\n[Network]\nAddress={client}/24\n"
+                       "LinkLocalAddressing=no\nIPv6AcceptRA=no\n")
+    return config, [network, clients]
+
+
+def test_core_and_edge_images_carry_messages(image: Path, tmp_path: Path, netns: str) -> None:
+    key = secrets.token_hex(32)
+    link = free_port()
+    guests: dict[str, Guest] = {}
+    started = time.monotonic()
+    try:
+        for i, name in enumerate(NODES):
+            work = tmp_path / name
+            work.mkdir()
+            config, networks = _files(work, name, key)
+            side = f"listen=127.0.0.1:{link}" if name == "core1" else f"connect=127.0.0.1:{link}"
+            guests[name] = Guest(
+                image, work, config, extra_files=networks, name=name,
+                wrap=["ip", "netns", "exec", netns],
+                netdevs=[f"-netdev socket,id=fab,{side}",
+                         f"-device virtio-net-pci,netdev=fab,mac={NODES[name][1]}",
+                         f"-netdev tap,id=cl,ifname=tap{i},script=no,downscript=no",
+                         f"-device virtio-net-pci,netdev=cl,mac={NODES[name][3]}"]).start()
+            time.sleep(1.0)  # the core's socket listens before the edge connects
+        for name, guest in guests.items():
+            ready = guest.wait_ready(READY_DEADLINE_S)
+            print(f"{name}: boot-to-ready {ready['ready_s']} s (two guests at once, host load "
+                  f"{os.getloadavg()[0]:.1f})")
+        done = subprocess.run(
+            ["ip", "netns", "exec", netns, sys.executable, "-m",
+             "hwtests.images.fabric_clients", NODES["core1"][2], NODES["edge1"][2],
+             str(MESSAGES), str(EXCHANGE_DEADLINE_S)],
+            cwd=ROOT, capture_output=True, text=True, timeout=EXCHANGE_DEADLINE_S + 60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        lines = done.stdout.strip().splitlines()
+        result = json.loads(lines[-1]) if lines else {}
+        print(f"fabric: {result} ({time.monotonic() - started:.0f} s from the first QEMU "
+              "start)")
+        assert done.returncode == 0, (result, done.stderr[-2000:], guests["core1"].tail(),
+                                      guests["edge1"].tail())
+        for guest in guests.values():
+            guest.powerdown()
+    finally:
+        for guest in guests.values():
+            guest.kill()
