@@ -166,6 +166,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._status_built_ns = 0
         self._status_published: object = None
         """The data path's publish the status was built from (a new one is news)."""
+        self._rows_cache: tuple[dict, list] | None = None
+        """(the data path's publish, the status's channel rows worked out from it)."""
         self._log_at: dict[tuple[str, int], int] = {}
         """(channel, peer) -> when it may be logged again (at most LOG_SOURCES_KEPT)."""
         self._log_full_at = 0

@@ -277,7 +277,7 @@ class ClientSide:
     def _cache_starting(self) -> bool:
         """Whether this appliance acknowledges once persisted and its cache's session has not
         subscribed yet (a message taken now would be acknowledged without being kept)."""
-        cache = getattr(self, "cache", None)
+        cache = self.cache
         return cache is not None and cache.persisted_acks and not cache.ready.is_set()
 
     def _login_result(self, session: Session) -> dict:

@@ -209,7 +209,7 @@ class ManagementSide:
         """The channel rows of the status: their percentiles are worked out once per publish
         of the data path (an idle one publishes every second, the status is rebuilt every
         250 ms)."""
-        cached = getattr(self, "_rows_cache", None)
+        cached = self._rows_cache
         if cached is None or cached[0] is not published:
             cached = (published, channel_rows(published.get("channels", [])))
             self._rows_cache = cached
