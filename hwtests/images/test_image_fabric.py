@@ -107,6 +107,18 @@ def _files(tmp: Path, name: str, key: str) -> tuple[Path, list[Path]]:
     return config, [network, clients]
 
 
+def _wait_listening(netns: str, port: int, deadline_s: float) -> None:
+    """Until a TCP socket listens on ``port`` in ``netns`` (QEMU's socket netdev; a probe
+    connection would take the one it accepts, so it is looked up, not dialled)."""
+    deadline = time.monotonic() + deadline_s
+    while not subprocess.run(["ip", "netns", "exec", netns, "ss", "-Hltn",
+                              f"sport = :{port}"], capture_output=True, text=True).stdout:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing listens on 127.0.0.1:{port} in {netns} after "
+                                 f"{deadline_s:g} s (the core's QEMU)")
+        time.sleep(0.05)
+
+
 def test_core_and_edge_images_carry_messages(image: Path, tmp_path: Path, netns: str) -> None:
     key = secrets.token_hex(32)
     link = free_port()
@@ -125,7 +137,8 @@ def test_core_and_edge_images_carry_messages(image: Path, tmp_path: Path, netns:
                          f"-device virtio-net-pci,netdev=fab,mac={NODES[name][1]}",
                          f"-netdev tap,id=cl,ifname=tap{i},script=no,downscript=no",
                          f"-device virtio-net-pci,netdev=cl,mac={NODES[name][3]}"]).start()
-            time.sleep(1.0)  # the core's socket listens before the edge connects
+            if name == "core1":  # its socket netdev listens before the edge's connects
+                _wait_listening(netns, link, READY_DEADLINE_S)
         for name, guest in guests.items():
             ready = guest.wait_ready(READY_DEADLINE_S)
             print(f"{name}: boot-to-ready {ready['ready_s']} s (two guests at once, host load "
