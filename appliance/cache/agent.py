@@ -170,6 +170,11 @@ class CacheAgent:
         """(publishing session, sequence on the stream from the data path) of the local
         guaranteed messages appended, with their (pattern, cache sequence), until they are on disk;
         bounded by the publishers' send windows (nothing more is acknowledged meanwhile)."""
+        self._unkept: deque[tuple[int, int, int, str]] = deque()
+        """(publishing session, first and last sequence on the stream from the data path,
+        why) of local guaranteed messages this cache will never keep (dropped from a full
+        queue, lost on the way), for the data path (``_report_unkept``); appended on the
+        session's thread, taken on the agent's."""
         self.failing: str | None = None
         """The storage error the logs fail with now (None: they write)."""
         self._failing_since_ns = 0
@@ -284,6 +289,11 @@ class CacheAgent:
 
     def _on_loss(self, loss: Any) -> None:
         self.lost_guaranteed += loss.messages
+        if self.persisted_acks and loss.origin == self.config.node_id and loss.at == 0:
+            # lost on the hop from this appliance's data path: sequences of that stream
+            self._unkept.append((loss.stream & ~RELIABLE_STREAM_BIT, loss.first_seq,
+                                 loss.last_seq, f"lost on the way to the cache: {loss.reason}"))
+            self.wakeup.set()
         if not self._lost_logged:
             self._lost_logged = True
             log.error("%s: cache: %d guaranteed messages of origin %d stream %d were lost "
@@ -293,9 +303,20 @@ class CacheAgent:
     def _take(self, msg: Any) -> None:
         if len(self._inbox) >= CACHE_QUEUE_MESSAGES:
             self.dropped_queue_full += 1
+            self._not_kept(msg, f"the cache's queue was full ({CACHE_QUEUE_MESSAGES} "
+                                "messages waiting for its disk)")
             return
         self._inbox.append(msg)
         self.wakeup.set()
+
+    def _not_kept(self, msg: Any, why: str) -> None:
+        """A message this cache received and will not keep: when its publisher waits for it
+        (a local guaranteed one, persisted acknowledgements), the data path is told."""
+        if (self.persisted_acks and msg.qos == QOS_GUARANTEED
+                and msg.origin == self.config.node_id):
+            self._unkept.append((msg.stream & ~RELIABLE_STREAM_BIT, msg.sequence,
+                                 msg.sequence, why))
+            self.wakeup.set()
 
     # --- in: replay requests (the control thread) ---------------------------------------------
     def submit(self, session_id: int, channel: str, dest: int, doc: dict, identity: str = ""
@@ -333,6 +354,8 @@ class CacheAgent:
 
     def do_work(self, now_ns: int) -> int:
         work = self._append(now_ns) if self._inbox or self.failing is not None else 0
+        if self._unkept:
+            work += self._report_unkept()
         if self.failing is None:
             try:
                 synced = self.store.do_work(now_ns)
@@ -417,6 +440,8 @@ class CacheAgent:
             region, flags = region + encode_headers(msg.headers), HEADERS_FLAG
         if len(region) > CACHE_MAX_PAYLOAD_BYTES:  # received, not missed: not kept
             counters["too_large"] += 1
+            self._not_kept(msg, f"larger than the cache keeps ({CACHE_MAX_PAYLOAD_BYTES} "
+                                "bytes with its headers)")
             return
         taken = self.store.append(msg.topic, msg.namespace, msg.sequence, msg.topic_key,
                                   msg.origin, msg.stream, msg.schema_id, msg.qos,
@@ -438,8 +463,19 @@ class CacheAgent:
         while pending and store.durable(pending[0][1]):
             done.append(pending.popleft()[0])
         if done:
+            if self._unkept:  # a drop before these: told first, with its reason
+                self._report_unkept()
             self.counters["persisted_reported"] += len(done)
             self.dp.command("persisted", done)
+
+    def _report_unkept(self) -> int:
+        """Tell the data path which local guaranteed messages this cache will never keep:
+        their publishers are not left waiting for acknowledgements that cannot come."""
+        unkept = self._unkept
+        ranges = [unkept.popleft() for _ in range(len(unkept))]
+        self.counters["unkept_reported"] += len(ranges)
+        self.dp.command("unpersisted", ranges)
+        return len(ranges)
 
     def _store_failing(self, exc: BaseException, now_ns: int) -> None:
         """A write or sync of the logs failed: said once per failure period, at ERROR."""

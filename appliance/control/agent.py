@@ -174,6 +174,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._status_built_ns = 0
         self._status_published: object = None
         """The data path's publish the status was built from (a new one is news)."""
+        self._persist_checked: object = None
+        """The data path's published state last checked for sessions to end (clients.py)."""
         self._rows_cache: tuple[dict, list] | None = None
         """(the data path's publish, the status's channel rows worked out from it)."""
         self._log_at: dict[tuple[str, int], int] = {}
@@ -221,6 +223,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         if requests or routed or self._topology_dirty or self._tables_dirty \
                 or self.dp.published is not self._status_published:
             self._status_news(now_ns)
+        if self.dp.published is not self._persist_checked:
+            self._persist_checked = self.dp.published
+            self._end_unpersisted_sessions(self._persist_checked)
         if self.registry.version != self._synced_registry:
             self._tables_dirty = True
         if self._topology_dirty:

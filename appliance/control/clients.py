@@ -359,6 +359,19 @@ class ClientSide:
         log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
                  session.session_id, why)
 
+    def _end_unpersisted_sessions(self, published: dict) -> None:
+        """End the sessions of the local publishers one of whose guaranteed messages the
+        cache will never persist (``[cache] acknowledge = "persisted"``: the data path
+        holds their acknowledgements from that message on; appliance/dataplane/
+        guaranteed.py ``_persist_failed``): the LOGOUT says why, and the client fails or
+        publishes again what was not acknowledged, instead of waiting for good."""
+        for sid, reason in (published.get("persist_failed") or {}).items():
+            session = self.sessions.get(sid)
+            if session is not None:
+                self.counters["sessions_ended_unpersisted"] += 1
+                self._reply(session, al.ControlKind.LOGOUT, {"reason": reason})
+                self._end_session(session, reason)
+
     def _expire_sessions(self, now_ns: int, paused_ns: int) -> None:
         """Log out clients silent for session_dead_ms; after a stall of this process
         (``paused_ns``: its threads did not run, e.g. compiling or a busy host) their

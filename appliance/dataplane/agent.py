@@ -243,6 +243,15 @@ class DataPlaneAgent(Delivery, Output):
         """The cache has these local guaranteed messages on disk."""
         self.guaranteed.take_persisted(tokens)
 
+    def unpersisted(self, ranges: list[tuple[int, int, int, str]]) -> None:
+        """The cache will never have these local guaranteed messages on disk (dropped or
+        lost before it): their publishers' sessions end (``GuaranteedPlane``)."""
+        self.guaranteed.take_unpersisted(ranges)
+
+    def publish_soon(self) -> None:
+        """Publish the counters and state at the next cycle, not at the refresh interval."""
+        self._publish_at_ns = 0
+
     def commands_pending(self) -> int:
         """Commands offered and not run yet."""
         return len(self.commands)

@@ -76,6 +76,7 @@ from appliance.config import (
     GUARANTEED_UDP_FRAME_BYTES,
 )
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
+from appliance.dataplane.state import log
 from datapath.protocol import extension_layout as xl
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
@@ -214,6 +215,9 @@ class GuaranteedPlane:
         self.persist_max_payload = 0
         self.gates: dict[int, _Gate] = {}
         """Publishing session -> its stream's gate (persisted acknowledgements only)."""
+        self.persist_failed: dict[int, str] = {}
+        """Publishing session -> why one of its messages will never be persisted (the
+        control agent ends that session: ``_persist_failed``)."""
         self._routing: dict[tuple[int, int, int], int] = {}
         """(session, topic key, per-topic sequence) -> stream sequence, during one
         ``_run_guaranteed`` (the messages being routed)."""
@@ -299,8 +303,8 @@ class GuaranteedPlane:
         """The cache's report (a command on the data-path thread): these messages of local
         publishers (publishing session, sequence on the stream to the cache) are on disk, in
         the order it received them; a publisher's head pops when it is the one reported.
-        One that is not the head means the head was never persisted: it stays, and holds
-        the publisher's acknowledgements back (docs)."""
+        One that is not the head means the head was never persisted: the publisher's
+        session is ended (``_persist_failed``; docs)."""
         for session, cache_seq in tokens:
             gate = self.gates.get(session)
             if gate is None or not gate.waiting:
@@ -311,6 +315,37 @@ class GuaranteedPlane:
                 self._busy.add(gate.where)
             else:
                 self.counters["guaranteed_persisted_not_head"] += 1
+                self._persist_failed(session, gate.waiting[0][0], "the cache kept later "
+                                     "messages of this publisher but not this one")
+
+    def take_unpersisted(self, ranges: list[tuple[int, int, int, str]]) -> None:
+        """The cache's report that it will never keep these messages of local publishers
+        ((publishing session, first and last sequence on the stream to the cache, why):
+        dropped from its full queue, or lost on the way): a publisher waiting for one of them
+        is failed (``_persist_failed``), never acknowledged and never held for good."""
+        for session, first, last, why in ranges:
+            gate = self.gates.get(session)
+            if gate is None:
+                continue
+            for seq, cache_seq in gate.waiting:
+                if first <= cache_seq <= last:
+                    self._persist_failed(session, seq, why)
+                    break
+
+    def _persist_failed(self, session: int, seq: int, why: str) -> None:
+        """Message ``seq`` of ``session``'s stream will never be persisted: its
+        acknowledgement (and every later one) stays held, and the control agent ends the
+        publisher's session saying why (``persist_failed`` in the data path's published
+        state), so the client fails or resends what was not acknowledged (docs)."""
+        if session in self.persist_failed:
+            return
+        self.counters["guaranteed_persist_failed"] += 1
+        reason = (f"guaranteed message {seq} was not persisted by the cache ({why}); "
+                  "nothing from it on was acknowledged: publish it again")
+        self.persist_failed[session] = reason
+        log.error("data path: publishing session %d: %s; the session is ended",
+                  session, reason)
+        self.dp.publish_soon()
 
     def on_fabric_frame(self, frame: memoryview, ftype: int, src: int, stream: int,
                         now_ns: int) -> None:
@@ -594,8 +629,13 @@ class GuaranteedPlane:
         for key in [k for k in self.topic_seq if k[0] == session_id]:
             del self.topic_seq[key]
         self.gates.pop(session_id, None)
+        self.persist_failed.pop(session_id, None)
         if self._cache_session == session_id:
             self._cache_session = None
+            for session, gate in self.gates.items():  # what it was handed is gone with it
+                if gate.waiting:
+                    self._persist_failed(session, gate.waiting[0][0],
+                                         "the cache's session ended before it was on disk")
 
     def _sweep(self, now_ns: int) -> None:
         """Drop senders whose publishing stream ended: its session logged out here, or the

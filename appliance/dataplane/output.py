@@ -123,6 +123,7 @@ class Output:
                         "last_unknown_keys": " ".join(f"{k:#018x}" for k in self.unknown_keys)},
             "sessions": {sid: {"published": s.published, "delivered": s.delivered,
                                "denied": s.denied} for sid, s in self.sessions.items()},
+            "persist_failed": dict(self.guaranteed.persist_failed),
         }
 
     def _status_channels(self) -> list[tuple[str, Any]]:

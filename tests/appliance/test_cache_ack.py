@@ -19,7 +19,7 @@ import pytest
 from appliance.cache.layout import decode
 from appliance.cache.store import log_dir_name
 from appliance.client import ClientError, connect
-from appliance.client.outcomes import ACKNOWLEDGED, PENDING
+from appliance.client.outcomes import ACKNOWLEDGED, FAILED, PENDING
 from appliance.persistence import StreamLog
 from tests.appliance.helpers import free_port, run_appliance, stop, wait_for
 from tests.appliance.test_cache_replay import _config, _start
@@ -141,6 +141,62 @@ def test_a_full_disk_holds_acknowledgements_back_and_loses_nothing(tmp_path, sma
             client.flush(timeout=10)
         assert app.status()["cache"]["storage"] == "ok"
         assert _log_rows(cache_dir) == sent  # each once, in order
+    finally:
+        app.stop()
+
+
+def test_a_message_the_cache_drops_ends_its_publishers_session_instead_of_a_stall(
+        tmp_path, small_disk, monkeypatch):
+    """A full disk and a full queue (here 100 messages): the cache drops a message, so its
+    publisher's acknowledgements could never go on. The appliance ends that publisher's
+    session saying why; every outcome is then acknowledged (and in the log) or failed with
+    the reason, none left pending."""
+    monkeypatch.setattr("appliance.cache.agent.CACHE_QUEUE_MESSAGES", 100)
+    port = free_port()
+    cache_dir = small_disk / "cache"
+    app = _start(_config(port, cache_dir, acknowledge="persisted"))
+    try:
+        url = f"udp://127.0.0.1:{port}"
+        payload = bytes(900)
+        sent: list[tuple[str, bytes]] = []
+        outcomes = []
+        client = connect(url, "feed", reconnect_s=0)
+        try:
+            for i in range(6_000):  # ~5.6 MB into 2 MiB
+                body = f"{i}:".encode() + payload
+                try:
+                    outcomes.append(client.publish("orders/eu/x", body, qos="guaranteed"))
+                except ClientError:  # the window is full, or the session was ended
+                    break
+                sent.append(("orders/eu/x", body))
+                if i % 100 == 99:
+                    try:
+                        client.flush()
+                    except ClientError:  # the session was ended: its outcomes failed
+                        break
+                    time.sleep(0.002)
+            wait_for(lambda: client.logged_out_reason, 30,
+                     what="the appliance to end the publisher's session")
+            assert "was not persisted by the cache" in client.logged_out_reason
+            assert "queue was full" in client.logged_out_reason
+            wait_for(lambda: all(o.state != PENDING for o in outcomes), 10,
+                     what="no outcome left pending")
+            states = [o.state for o in outcomes]
+            n_acked = states.count(ACKNOWLEDGED)
+            assert states == [ACKNOWLEDGED] * n_acked + [FAILED] * (len(states) - n_acked)
+            assert n_acked < len(sent)
+            assert "not persisted by the cache" in outcomes[-1].reason
+        finally:
+            client.close()
+        counters = wait_for(lambda: (c := app.status()["counters"]).get(
+            "cache_dropped_queue_full") and c, 10, what="the cache's counters")
+        assert counters["cache_unkept_reported"] >= 1
+        assert counters["guaranteed_persist_failed"] == 1
+        assert counters["control_sessions_ended_unpersisted"] == 1
+        subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+        wait_for(lambda: app.status()["cache"]["storage"] == "ok", 30, what="the disk back")
+        rows = _log_rows(cache_dir)
+        assert rows[:n_acked] == sent[:n_acked]  # every acknowledged one is in the log
     finally:
         app.stop()
 
