@@ -395,6 +395,9 @@ class MqttConfig:
     state_dir: Path | None = None
     """Where the edge keeps its persistent sessions, their QoS 1/2 deliveries and its retained
     messages across restarts (appliance/edge/mqtt/store.py); None: in memory only."""
+    response_information: str = ""
+    """Response Information for a 5.0 client that asks (``{client_id}`` its identifier);
+    "" sends none."""
 
 
 @dataclass(frozen=True)
@@ -672,7 +675,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
                               "tls_require_client_cert",
                               "tls_identity_from_cert", "ws_listen", "ws_tls", "bridges",
-                              "state_dir"}, "")
+                              "state_dir", "response_information"}, "")
     p = "mqtt."
     if role != "edge":
         raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
@@ -706,7 +709,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         if state_dir.exists() and not state_dir.is_dir():
             raise _fail(p + "state_dir", f"{state_dir} is not a directory")
     return MqttConfig(
-        state_dir=state_dir,
+        state_dir=state_dir, response_information=_response_information(mq, p),
         **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"], bridges=bridges,
         tls_require_client_cert=flags["tls_require_client_cert"],
         tls_identity_from_cert=flags["tls_identity_from_cert"],
@@ -736,6 +739,23 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         send_buffer_bytes=_int(mq, "send_buffer_bytes", p, MQTT_SEND_BUFFER_BYTES, 4_096,
                                1 << 30),
         allow_anonymous=flags["allow_anonymous"])
+
+
+def _response_information(mq: dict, p: str) -> str:
+    """``mqtt.response_information``: the topic prefix a 5.0 client that asks for Response
+    Information gets (``{client_id}`` replaced by its client identifier); "" sends none."""
+    key = p + "response_information"
+    value = mq.get("response_information", "")
+    if not isinstance(value, str):
+        raise _fail(key, "must be a string: a topic prefix such as \"responses/{client_id}/\"")
+    if any(c in value for c in "+#\0"):
+        raise _fail(key, f"{value!r} is not a topic name prefix: no '+', '#' or NUL")
+    if value.replace("{client_id}", "").count("{") or value.replace(
+            "{client_id}", "").count("}"):
+        raise _fail(key, f"{value!r}: the only placeholder is {{client_id}}")
+    if len(value.encode()) > 1024:
+        raise _fail(key, "at most 1024 bytes")
+    return value
 
 
 def _mqtt_tls(mq: dict, p: str, base: Path, flags: dict) -> dict[str, Any]:

@@ -36,6 +36,9 @@ def refusal(doc: dict) -> str:
     ({"topic_alias_maximum": 70_000}, "mqtt.topic_alias_maximum: must be an integer in [0, "
                                       "65535]"),
     ({"server_keep_alive_s": -5}, "mqtt.server_keep_alive_s: must be an integer"),
+    ({"response_information": 7}, "mqtt.response_information: must be a string"),
+    ({"response_information": "r/#"}, "mqtt.response_information: 'r/#' is not a topic"),
+    ({"response_information": "r/{user}/"}, "the only placeholder is {client_id}"),
     ({"ws_listen": "no-such-host.invalid:80"}, "mqtt.ws_listen"),
     ({"tls_listen": "127.0.0.1:0"}, "mqtt.tls_cert_file: required with mqtt.tls_listen"),
     ({"tls_listen": "239.1.1.1:8883"}, "mqtt.tls_listen: 239.1.1.1 is a multicast group"),

@@ -97,6 +97,44 @@ def test_request_response_and_user_properties_pass_through(edge):
         assert sub3.next().payload == b"question"   # 3.1.1: the payload alone
 
 
+def test_response_information_is_sent_to_a_client_that_asks_and_a_request_is_answered():
+    """``mqtt.response_information``: a 5.0 client asking for Response Information gets the
+    prefix with its client identifier; one that does not ask gets none; the requester
+    subscribes under it, and a responder answers on the request's Response Topic."""
+    edge = start_edge(response_information="resp/{client_id}/")
+    try:
+        asks = props(PacketTypes.CONNECT, RequestResponseInformation=1)
+        with Peer(edge, "rq", version=5, props=asks) as requester, \
+                Peer(edge, "rs", version=5) as responder:
+            prefix = requester.connack_props.ResponseInformation
+            assert prefix == "resp/rq/"
+            assert not hasattr(responder.connack_props, "ResponseInformation")
+            assert requester.subscribe(prefix + "#", 1) == 1
+            assert responder.subscribe("svc/time", 1) == 1
+            requester.publish("svc/time", b"now?", 1, props=props(
+                PacketTypes.PUBLISH, ResponseTopic=prefix + "time", CorrelationData=b"c1"))
+            asked = responder.next()
+            responder.publish(asked.properties.ResponseTopic, b"12:00", 1, props=props(
+                PacketTypes.PUBLISH, CorrelationData=asked.properties.CorrelationData))
+            answer = requester.next()
+            assert (answer.topic, answer.payload, answer.properties.CorrelationData) == (
+                "resp/rq/time", b"12:00", b"c1")
+        sock, body = raw_connect(edge, "rq-raw", 5,
+                                 props=[(codec.PROP["request_response_information"], 1)])
+        assert codec.prop(codec.connack_props(body), "response_information") == "resp/rq-raw/"
+        sock.close()
+    finally:
+        edge.stop()
+    edge = start_edge()  # not configured: none, even when asked
+    try:
+        sock, body = raw_connect(edge, "rq-none", 5,
+                                 props=[(codec.PROP["request_response_information"], 1)])
+        assert codec.prop(codec.connack_props(body), "response_information", None) is None
+        sock.close()
+    finally:
+        edge.stop()
+
+
 def test_subscription_identifiers_come_with_the_messages_they_match(edge):
     with Peer(edge, "sid-sub", version=5) as sub, Peer(edge, "sid-pub", version=5) as pub:
         assert sub.subscribe("sid/#", 1, props=props(PacketTypes.SUBSCRIBE,

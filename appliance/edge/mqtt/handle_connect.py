@@ -192,4 +192,8 @@ def _agree(conn: MqttConnection, pkt: codec.Connect,
         props.append((codec.PROP["server_keep_alive"], server_keep_alive))
     if assigned:
         props.append((codec.PROP["assigned_client_identifier"], assigned))
+    if cfg.response_information and codec.prop(pkt.props, "request_response_information", 0):
+        info = cfg.response_information.replace("{client_id}", pkt.client_id or str(assigned))
+        if "+" not in info and "#" not in info:  # (a client id with wildcards: none)
+            props.append((codec.PROP["response_information"], info))
     return props, expiry_s
