@@ -732,11 +732,12 @@ class Appliance:
                  priority: int | None = None, mgmt_port: int | None = None,
                  switch_us: int | None = None, max_sessions: int = 16,
                  mgmt_process: bool | None = None, name: str = "appliance",
-                 dataplane: str | None = None, dataplane_cpus: set[int] | None = None
-                 ) -> None:
+                 dataplane: str | None = None, dataplane_cpus: set[int] | None = None,
+                 shm: str | None = None) -> None:
         """``mgmt_port``: the appliance's management API on 127.0.0.1 at that port (none by
         default), ``mgmt_process`` its ``mgmt.process`` (default: the appliance's own);
-        ``max_sessions``: its ``clients.max_sessions``; ``name``: its config file's name."""
+        ``max_sessions``: its ``clients.max_sessions``; ``name``: its config file's name;
+        ``shm``: a shared-memory client ring of that name too (``clients.shm``)."""
         from channels.udp import UdpChannel
 
         probe = UdpChannel((LOOPBACK, 0))
@@ -751,6 +752,7 @@ class Appliance:
             + ("" if dataplane is None else f'dataplane = "{dataplane}"\n')
             + ("" if not dataplane_cpus else f"dataplane_cpus = {sorted(dataplane_cpus)}\n") +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = {max_sessions}\n'
+            + ("" if shm is None else f'shm = "{shm}"\n') +
             f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n'
             'require_passwords = false\n[log]\nlevel = "warning"\n'
             + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n')

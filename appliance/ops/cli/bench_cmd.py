@@ -17,6 +17,7 @@ BENCHMARKS = (
     "bench.selectors",
     "bench.selectors_fabric",
     "bench.fabric_bench",
+    "bench.client",
     "bench.routes",
     "bench.softnic",
     "bench.idle",

@@ -1,0 +1,261 @@
+"""``topicwire bench client``: publish-to-callback through the client API, beside the raw hop.
+
+What an application sees: a publisher process and a subscriber process, each using the
+client API (``appliance.client.connect``) over shared memory or UDP, through one appliance
+(``topicwire run``, the same one for every measurement). The baseline, measured in the same
+run through the same appliance, is the raw hop of ``topicwire bench fabric``: hand-built
+native frames over UDP, the subscriber's figure taken from the kernel's receive timestamp,
+so it holds the appliance's share alone; the difference is the client API's.
+
+- latency (``p50_us``/``p99_us``/``p999_us``): ``--rate`` messages of ``--size`` bytes a
+  second for ``--duration-s``, each published with ``flush=True``; the figure is the
+  message's publish time (stamped by the publishing client) to the subscriber's callback
+  (``Message.latency_ns``), both processes on this host's CLOCK_REALTIME.
+- throughput (``msgs_per_s``): ``--messages`` messages published as fast as the publisher
+  can (flushed once at the end); the subscriber's rate from its first message to its last.
+  ``lost`` counts what never arrived (the per-topic sequence gaps the subscriber saw plus
+  what it never saw at all), so a figure is never bought with silent loss.
+
+Figures are medians over ``--repeats``. Transports: ``--transport shm|udp|both``; the
+report's ``topicwire`` is the first of them (shm with ``both``), ``topicwire_udp`` the
+second, ``raw_hop`` the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import fabric
+from bench.report import build_report, positive_int, progress
+from datapath.config import BENCH_REPEATS
+from datapath.errors import UserError
+
+NAME = "client"
+HELP = ("publish-to-callback latency and msgs/s through the client API (shm, udp), one "
+        "appliance, vs the raw hop of bench fabric in the same run")
+
+TRANSPORTS = ("shm", "udp")
+CLIENT_RATE_PER_S = 10_000
+CLIENT_DURATION_S = 2.0
+CLIENT_MESSAGES = 100_000
+CLIENT_SIZE_BYTES = 64
+TOPIC = "bench/client"
+SETTLE_S = 0.5
+"""After the subscription is made, the publisher waits this long (its interest reaches the
+appliance's tables) and then sends probes until the subscriber has one."""
+RESULT_TIMEOUT_S = 120.0
+QUIET_S = 2.0
+"""A subscriber that has had nothing for this long after its first message stops waiting
+for the rest (counted lost)."""
+_COMPONENT = "bench client"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transport", choices=(*TRANSPORTS, "both"), default="both",
+                        help="how the clients reach the appliance (default: both)")
+    parser.add_argument("--rate", type=positive_int, default=CLIENT_RATE_PER_S,
+                        help="messages per second of the latency run")
+    parser.add_argument("--duration-s", type=float, default=CLIENT_DURATION_S,
+                        help="seconds of each latency run")
+    parser.add_argument("--messages", type=positive_int, default=CLIENT_MESSAGES,
+                        help="messages per throughput run")
+    parser.add_argument("--size", type=fabric._size, default=CLIENT_SIZE_BYTES,
+                        help="payload bytes per message")
+    parser.add_argument("--repeats", type=positive_int, default=BENCH_REPEATS)
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the raw hop (bench fabric's latency run) in the same run")
+
+
+# --- the children: one subscriber, one publisher, each a client API process -------------------
+
+def _subscriber(spec: dict[str, Any]) -> None:
+    """Subscribe, say READY, count and time every message until ``expect`` arrived or STOP
+    (on stdin) comes; print the figures as one JSON line."""
+    import select
+
+    from appliance.client import connect
+    from appliance.ops.cli.pubsub_cmd import SubStats
+
+    stats = SubStats()
+    times: list[int] = []
+    measured = [0]
+
+    def on_message(msg: Any) -> None:
+        if msg.payload[:1] == b"p":  # a probe: counted apart
+            measured[0] = -1 if measured[0] == 0 else measured[0]
+            return
+        stats.on_message(msg)
+        if len(times) < 2:
+            times.append(time.monotonic_ns())
+        else:
+            times[1] = time.monotonic_ns()
+
+    with connect(spec["url"], "bench", session_timeout_s=60.0) as client:
+        client.subscribe(TOPIC, callback=on_message)
+        print("READY", flush=True)
+        deadline = time.monotonic() + RESULT_TIMEOUT_S
+        seen, quiet_since = 0, time.monotonic()
+        while stats.received < spec["expect"] and time.monotonic() < deadline:
+            ready, _, _ = select.select([sys.stdin], [], [], 0.05)
+            if ready and sys.stdin.readline().strip() == "STOP":
+                break
+            if measured[0] == -1:
+                measured[0] = 1
+                print("PROBED", flush=True)
+            if stats.received != seen:
+                seen, quiet_since = stats.received, time.monotonic()
+            elif seen and time.monotonic() - quiet_since > QUIET_S:
+                break  # the rest never comes: what is missing is counted lost
+        summary = stats.summary()
+        count = stats.latency.get_total_count()
+        summary["latency_p999_us"] = round(
+            stats.latency.get_value_at_percentile(99.9) / 1e3, 3) if count else 0.0
+        span_ns = times[-1] - times[0] if len(times) == 2 else 0
+        summary["msgs_per_s"] = (stats.received - 1) * 1e9 / span_ns if span_ns else 0.0
+        summary["first_ns"] = times[0] if times else 0
+        print(json.dumps(summary), flush=True)
+
+
+def _publisher(spec: dict[str, Any]) -> None:
+    """Send probes until GO (the subscriber has one), then the measured messages: paced at
+    ``rate`` with a flush each (latency), or as fast as possible (``rate`` 0); print JSON."""
+    import select
+
+    from appliance.client import connect
+
+    payload = b"m" * spec["size"]
+    with connect(spec["url"], "bench", session_timeout_s=60.0) as client:
+        time.sleep(SETTLE_S)
+        while True:
+            client.publish(TOPIC, b"p", flush=True)
+            ready, _, _ = select.select([sys.stdin], [], [], 0.005)
+            if ready and sys.stdin.readline().strip() == "GO":
+                break
+        count, rate = spec["count"], spec["rate"]
+        started = time.monotonic_ns()
+        if rate:
+            interval = 1e9 / rate
+            for i in range(count):
+                due = started + int(i * interval)
+                while time.monotonic_ns() < due:
+                    pass
+                client.publish(TOPIC, payload, flush=True)
+        else:
+            publish = client.publish
+            for _ in range(count):
+                publish(TOPIC, payload)
+            client.flush()
+        took = time.monotonic_ns() - started
+        counters = client.connection_counters()
+        print(json.dumps({"sent": count, "sent_msgs_per_s": count * 1e9 / max(took, 1),
+                          "dropped_at_send": counters.get("messages_dropped_at_send", 0)}),
+              flush=True)
+
+
+def _child_main(argv: list[str]) -> None:
+    role, spec = argv[0], json.loads(argv[1])
+    {"sub": _subscriber, "pub": _publisher}[role](spec)
+
+
+_CHILD_CODE = "import sys; from bench.client import _child_main; _child_main(sys.argv[1:])"
+
+
+def _child(role: str, spec: dict[str, Any]) -> fabric._Child:
+    return fabric._Child([sys.executable, "-c", _CHILD_CODE, role, json.dumps(spec)],
+                         {"sub": "subscriber (client API)", "pub": "publisher (client API)"}[role])
+
+
+# --- the parent ---------------------------------------------------------------------------------
+
+def measure(url: str, mode: str, args: argparse.Namespace) -> dict[str, float]:
+    """One run through the client API at ``url``: ``mode`` latency or throughput."""
+    count = (max(1, int(args.rate * args.duration_s)) if mode == "latency" else args.messages)
+    sub = _child("sub", {"url": url, "expect": count})
+    pub = None
+    try:
+        sub.expect("READY")
+        pub = _child("pub", {"url": url, "count": count, "size": args.size,
+                             "rate": args.rate if mode == "latency" else 0})
+        sub.expect("PROBED")
+        time.sleep(fabric.PROBE_SETTLE_NS / 1e9)  # the probes in flight drain first
+        pub.tell("GO")
+        sent = pub.result()
+        got = sub.result()
+    finally:
+        for child in (pub, sub):
+            if child is not None:
+                child.kill(fabric.CHILD_EXIT_GRACE_S)
+    lost = got["gaps"] + max(0, count - got["received"] - got["gaps"])
+    if mode == "latency":
+        return {"latency_received": got["received"], "latency_lost": lost,
+                "latency_duplicates": got["duplicates"],
+                "latency_dropped_at_send": sent["dropped_at_send"],
+                "p50_us": got["latency_p50_us"], "p99_us": got["latency_p99_us"],
+                "p999_us": got["latency_p999_us"]}
+    return {"sent_msgs_per_s": sent["sent_msgs_per_s"], "msgs_per_s": got["msgs_per_s"],
+            "received": got["received"], "lost": lost, "duplicates": got["duplicates"],
+            "dropped_at_send": sent["dropped_at_send"]}
+
+
+def _appliance(workdir: Path, ring: str) -> fabric.Appliance:
+    """bench fabric's appliance (``topicwire run``), with a shared-memory client ring too."""
+    return fabric.Appliance("block", workdir, shm=ring)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.duration_s <= 0:
+        raise UserError("--duration-s must be positive", component=_COMPONENT)
+    transports = TRANSPORTS if args.transport == "both" else (args.transport,)
+    # the first transport's figures are "topicwire" (the report's shape); a second's its own
+    names = ["topicwire", *(f"topicwire_{t}" for t in transports[1:])]
+    baseline = None if args.no_baseline else "raw_hop"
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    if baseline:
+        runs[baseline] = []
+    ring = f"twbc{os.getpid()}"
+    hop_args = argparse.Namespace(size=args.size, per_frame=1, batch=fabric.FABRIC_BATCH_FRAMES,
+                                  messages=args.messages, rate=args.rate,
+                                  duration_s=args.duration_s)
+    with tempfile.TemporaryDirectory(prefix="tw-bench-client-") as tmp:
+        progress(NAME, "starting the appliance (topicwire run)")
+        appliance = _appliance(Path(tmp), ring)
+        try:
+            urls = {"shm": f"shm://{ring}", "udp": f"udp://{fabric.LOOPBACK}:{appliance.port}"}
+            for repeat in range(args.repeats):
+                progress(NAME, f"repeat {repeat + 1}/{args.repeats}")
+                for transport, name in zip(transports, names):
+                    figures = measure(urls[transport], "latency", args)
+                    figures.update(measure(urls[transport], "throughput", args))
+                    runs[name].append(figures)
+                if baseline:
+                    runs[baseline].append(fabric.measure("topicwire", "latency", hop_args,
+                                                         appliance, None))
+        finally:
+            appliance.stop()
+    results = {name: _medians(r) for name, r in runs.items()}
+    params = {"transports": list(transports), "topicwire": transports[0],
+              "rate": args.rate, "duration_s": args.duration_s, "messages": args.messages,
+              "size": args.size, "repeats": args.repeats,
+              "baseline": "raw_hop: bench fabric's latency run (native frames over UDP, kernel "
+                          "receive timestamp) through the same appliance", "runs": runs}
+    report = build_report(NAME, params, results)
+    if baseline:
+        for name in names[1:]:
+            for key in ("p50_us", "p99_us"):
+                if results[baseline].get(key):
+                    report["ratios"][f"{key} {name}/{baseline}"] = (
+                        results[name][key] / results[baseline][key])
+    return report
+
+
+def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = [k for k in runs[0] if all(k in r for r in runs)]
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
