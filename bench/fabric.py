@@ -753,7 +753,7 @@ class Appliance:
             + ("" if not dataplane_cpus else f"dataplane_cpus = {sorted(dataplane_cpus)}\n") +
             f'[clients]\nudp = "{LOOPBACK}:{self.port}"\nmax_sessions = {max_sessions}\n'
             + ("" if shm is None else f'shm = "{shm}"\n') +
-            f'session_dead_ms = 3600000\n[pm]\nanonymous = true\n'
+            'session_dead_ms = 3600000\n[pm]\nanonymous = true\n'
             'require_passwords = false\n[log]\nlevel = "warning"\n'
             + ("" if mgmt_port is None else f'[mgmt]\nlisten = "{LOOPBACK}:{mgmt_port}"\n')
             + ("" if mgmt_port is None or mgmt_process is None else
