@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -240,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                          appliance, None))
         finally:
             appliance.stop()
-    results = {name: _medians(r) for name, r in runs.items()}
+    results = {name: fabric._medians(r) for name, r in runs.items()}
     params = {"transports": list(transports), "topicwire": transports[0],
               "rate": args.rate, "duration_s": args.duration_s, "messages": args.messages,
               "size": args.size, "repeats": args.repeats,
@@ -255,7 +254,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         results[name][key] / results[baseline][key])
     return report
 
-
-def _medians(runs: list[dict[str, float]]) -> dict[str, float]:
-    keys = [k for k in runs[0] if all(k in r for r in runs)]
-    return {k: statistics.median(r[k] for r in runs) for k in keys}
