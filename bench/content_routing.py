@@ -59,7 +59,8 @@ ATTRIBUTES = 200
 PRESENCE_EXPONENT = 0.8
 """Attribute i is carried by an event with probability min(1, 1.6 / (i + 1) ** this)."""
 VALUES = 100
-"""Attribute values are integers 0..VALUES-1, low values far more often."""
+"""Default value domain: attribute values are integers 0..VALUES-1, low values far more
+often (``--values``; a larger domain makes subscriptions more selective)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +76,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--popular-share", type=float, default=POPULAR_SHARE,
                         help="seed 001's k: popular = carried by more than this share of "
                              f"events (default {POPULAR_SHARE})")
+    parser.add_argument("--values", type=positive_int, default=VALUES,
+                        help="distinct values per attribute (default 100; more values, "
+                             "more selective subscriptions)")
+    parser.add_argument("--key-choice", choices=("popular", "rarest"), default="popular",
+                        help="where a subscription registers: a required popular attribute "
+                             "first (seed 001's MPAS, default), or its rarest required one")
+    parser.add_argument("--degree", type=int, default=0,
+                        help="links per core of the simulated fabric: 0 = full mesh "
+                             "(default); else a ring with random chords, messages cross "
+                             "shortest paths (fabric hops counted)")
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
 
 
@@ -88,33 +99,33 @@ def attribute_name(i: int) -> str:
     return f"a{i:03d}"
 
 
-def _value(rng: random.Random) -> int:
-    return int(VALUES * rng.random() ** 2)
+def _value(rng: random.Random, values: int) -> int:
+    return int(values * rng.random() ** 2)
 
 
-def events(count: int, rng: random.Random) -> list[dict[str, object]]:
+def events(count: int, rng: random.Random, values: int = VALUES) -> list[dict[str, object]]:
     """``count`` events: attribute i present with ``presence(i)``, skewed integer values."""
     probs = [presence(i) for i in range(ATTRIBUTES)]
     out = []
     for _ in range(count):
-        out.append({attribute_name(i): _value(rng)
+        out.append({attribute_name(i): _value(rng, values)
                     for i, p in enumerate(probs) if rng.random() < p})
     return out
 
 
-def _predicate(name: str, rng: random.Random) -> str:
-    v = _value(rng)
+def _predicate(name: str, rng: random.Random, values: int) -> str:
+    v = _value(rng, values)
     shape = rng.random()
     if shape < 0.4:
         return f"{name} = {v}"
     if shape < 0.6:
         return f"{name} > {v}"
     if shape < 0.8:
-        return f"{name} BETWEEN {v} AND {v + rng.randrange(1, 30)}"
-    return f"{name} IN ({v}, {_value(rng)}, {_value(rng)})"
+        return f"{name} BETWEEN {v} AND {v + rng.randrange(1, max(2, values * 3 // 10))}"
+    return f"{name} IN ({v}, {_value(rng, values)}, {_value(rng, values)})"
 
 
-def selector_texts(count: int, rng: random.Random) -> list[str]:
+def selector_texts(count: int, rng: random.Random, values: int = VALUES) -> list[str]:
     """``count`` selectors: ANDs of 1-3 attributes (chosen as often as events carry them),
     some ORs across attributes and some ``IS NULL`` terms (these may require nothing)."""
     names = [attribute_name(i) for i in range(ATTRIBUTES)]
@@ -122,15 +133,47 @@ def selector_texts(count: int, rng: random.Random) -> list[str]:
     texts = []
     for _ in range(count):
         attrs = list(dict.fromkeys(rng.choices(names, weights, k=rng.choice((1, 2, 2, 3)))))
-        terms = [_predicate(a, rng) for a in attrs]
+        terms = [_predicate(a, rng, values) for a in attrs]
         roll = rng.random()
         if roll < 0.08:  # an OR across attributes: requires only what both branches do
             other = rng.choices(names, weights)[0]
-            terms[0] = f"({terms[0]} OR {_predicate(other, rng)})"
+            terms[0] = f"({terms[0]} OR {_predicate(other, rng, values)})"
         elif roll < 0.12:
             terms.append(f"{rng.choices(names, weights)[0]} IS NULL")
         texts.append(" AND ".join(terms))
     return texts
+
+
+def hop_matrix(cores: int, degree: int, rng: random.Random) -> list[list[int]]:
+    """Fabric hops between every two cores: 1 everywhere for a full mesh (``degree`` 0),
+    else shortest paths over a ring with random chords until each core has ``degree``
+    links (or as close as the draw allows)."""
+    if degree <= 0 or degree >= cores - 1:
+        return [[0 if a == b else 1 for b in range(cores)] for a in range(cores)]
+    links = [set() for _ in range(cores)]
+    for a in range(cores):
+        links[a].add((a + 1) % cores)
+        links[(a + 1) % cores].add(a)
+    for _ in range(cores * degree * 4):
+        a, b = rng.randrange(cores), rng.randrange(cores)
+        if a != b and b not in links[a] and len(links[a]) < degree and len(links[b]) < degree:
+            links[a].add(b)
+            links[b].add(a)
+    out = []
+    for src in range(cores):
+        dist = [-1] * cores
+        dist[src] = 0
+        frontier = [src]
+        while frontier:
+            nxt = []
+            for a in frontier:
+                for b in links[a]:
+                    if dist[b] < 0:
+                        dist[b] = dist[a] + 1
+                        nxt.append(b)
+            frontier = nxt
+        out.append(dist)
+    return out
 
 
 # --- the two modes ----------------------------------------------------------------------------
@@ -149,6 +192,7 @@ class _Core:
 class _Outcome:
     pairs: Counter = field(default_factory=Counter)   # (event, subscription) -> deliveries
     messages: list[int] = field(default_factory=list)  # fabric messages per event
+    hops: list[int] = field(default_factory=list)      # link traversals per event
     duplicate_copies: int = 0
     registration_messages: int = 0
 
@@ -163,37 +207,42 @@ def _match(core: _Core, event: dict[str, object], size: int) -> set[Hashable]:
 
 
 def _send(sender: int, subs: set[Hashable], home: Sequence[int],
-          copies: Counter) -> int:
+          copies: Counter) -> set[int]:
     """Copies from ``sender`` to the cores of ``subs`` (not itself); counts arrivals."""
     targets = {home[s] for s in subs} - {sender}
     copies.update(targets)
-    return len(targets)
+    return targets
 
 
 def simulate_flood(texts: Sequence[str], home: Sequence[int], ingress: Sequence[int],
-                   workload: Sequence[dict[str, object]],
-                   cores: int) -> tuple[list[_Core], _Outcome]:
+                   workload: Sequence[dict[str, object]], cores: int,
+                   hops: list[list[int]] | None = None) -> tuple[list[_Core], _Outcome]:
     """Every selector at every core; the ingress core matches and sends to subscriber cores."""
     index = SelectorIndex()
     for sub, text in enumerate(texts):
         index.add(sub, text)
     index.stats()  # build the lists before timing
     table = [_Core(index=index, state=len(texts)) for _ in range(cores)]
+    hops = hops or hop_matrix(cores, 0, random.Random(0))
     out = _Outcome(registration_messages=len(texts) * (cores - 1))
     for eid, event in enumerate(workload):
         src = ingress[eid]
         matched = _match(table[src], event, len(texts))
         out.pairs.update((eid, s) for s in matched)
-        out.messages.append(_send(src, matched, home, Counter()))
+        targets = _send(src, matched, home, Counter())
+        out.messages.append(len(targets))
+        out.hops.append(sum(hops[src][t] for t in targets))
     return table, out
 
 
 def simulate_rendezvous(texts: Sequence[str], home: Sequence[int], ingress: Sequence[int],
                         workload: Sequence[dict[str, object]], cores: int,
                         popular: frozenset[str], counts: AttributeCounts,
+                        hops: list[list[int]] | None = None, prefer_popular: bool = True,
                         ) -> tuple[list[_Core], _Outcome, dict[str, Any]]:
     """Subscriptions at the rendezvous core of a required popular attribute (or flooded);
     events to the rendezvous cores of their popular attributes."""
+    hops = hops or hop_matrix(cores, 0, random.Random(0))
     ring = RendezvousRing(str(c) for c in range(cores))
     table = [_Core() for _ in range(cores)]
     flooded = SelectorIndex()
@@ -201,7 +250,7 @@ def simulate_rendezvous(texts: Sequence[str], home: Sequence[int], ingress: Sequ
     keys: Counter[str] = Counter()
     for sub, text in enumerate(texts):
         key = rendezvous_key(required_attributes(compile_selector(text)), popular,
-                             counts.counts, sub)
+                             counts.counts, sub, prefer_popular)
         if key is None:
             flooded.add(sub, text)
             out.registration_messages += cores - 1
@@ -223,18 +272,24 @@ def simulate_rendezvous(texts: Sequence[str], home: Sequence[int], ingress: Sequ
         copies: Counter = Counter()
         rdvs = {int(c) for c in ring.cores_of(event_keys(carried_attributes(event), routing_keys))}
         messages = len(rdvs - {src})
+        hop_count = sum(hops[src][r] for r in rdvs)
         for rdv in rdvs:
             core = table[rdv]
             if not core.state - n_flooded:
                 continue  # a rendezvous holding nothing forwards nothing
             matched = _match(core, event, core.state - n_flooded)
             out.pairs.update((eid, s) for s in matched)
-            messages += _send(rdv, matched, home, copies)
+            targets = _send(rdv, matched, home, copies)
+            messages += len(targets)
+            hop_count += sum(hops[rdv][t] for t in targets)
         if n_flooded:
             matched = _match(flood_core[src], event, n_flooded)
             out.pairs.update((eid, s) for s in matched)
-            messages += _send(src, matched, home, copies)
+            targets = _send(src, matched, home, copies)
+            messages += len(targets)
+            hop_count += sum(hops[src][t] for t in targets)
         out.messages.append(messages)
+        out.hops.append(hop_count)
         out.duplicate_copies += sum(n - 1 for n in copies.values())
     for core, extra in zip(table, flood_core):
         core.match_calls += extra.match_calls
@@ -256,6 +311,7 @@ def _figures(table: list[_Core], out: _Outcome, events: int,
     return {
         "messages_per_event": statistics.mean(out.messages),
         "messages_per_event_max": max(out.messages),
+        "hops_per_event": statistics.mean(out.hops),
         "duplicate_copies_per_event": out.duplicate_copies / events,
         "matches_per_event_per_core_mean": statistics.mean(calls),
         "matches_per_event_per_core_max": max(calls),
@@ -294,10 +350,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cores = args.cores
     progress(NAME, f"generating {args.subscriptions} selectors, {args.history} history and "
                    f"{args.events} events")
-    texts = selector_texts(args.subscriptions, rng)
+    texts = selector_texts(args.subscriptions, rng, args.values)
     home = [rng.randrange(cores) for _ in texts]
-    history = events(args.history, rng)
-    workload = events(args.events, rng)
+    history = events(args.history, rng, args.values)
+    workload = events(args.events, rng, args.values)
     ingress = [rng.randrange(cores) for _ in workload]
 
     # popularity: each core counts what is published at it, then the counts are shared
@@ -309,16 +365,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         merged.merge(counts)
     popular = merged.popular(args.popular_share)
 
+    hops = hop_matrix(cores, args.degree, rng)
+    if any(d < 0 for row in hops for d in row):
+        raise TopicwireError(f"--degree {args.degree} drew a fabric that is not connected; "
+                             "try another --seed or degree", component="bench")
     progress(NAME, "flood: building the index and matching")
-    flood_table, flood = simulate_flood(texts, home, ingress, workload, cores)
+    flood_table, flood = simulate_flood(texts, home, ingress, workload, cores, hops)
     progress(NAME, f"rendezvous: {len(popular)} popular attributes, registering and matching")
     rdv_table, rdv, info = simulate_rendezvous(texts, home, ingress, workload, cores,
-                                               popular, merged)
+                                               popular, merged, hops,
+                                               args.key_choice == "popular")
     check_same_deliveries(flood, rdv)
 
     params = {
         "cores": cores, "subscriptions": args.subscriptions, "events": args.events,
         "history_events": args.history, "popular_share": args.popular_share,
+        "key_choice": args.key_choice, "degree": args.degree, "values": args.values,
+        "mean_hops_between_cores": statistics.mean(
+            d for row in hops for d in row if d),
         "attributes": ATTRIBUTES, "seed": args.seed, "repeats": 1,
         "mean_attributes_per_event": statistics.mean(len(e) for e in workload),
         "mean_deliveries_per_event": sum(flood.pairs.values()) / args.events,

@@ -105,19 +105,22 @@ def carried_attributes(event: Mapping[str, object]) -> list[str]:
 
 
 def rendezvous_key(required: Iterable[str], popular: frozenset[str],
-                   counts: Mapping[str, int], subscription: Hashable) -> str | None:
+                   counts: Mapping[str, int], subscription: Hashable,
+                   prefer_popular: bool = True) -> str | None:
     """The attribute whose rendezvous core holds this subscription, or None (flooded).
 
     A required popular attribute if there is one (the seed's MPAS: events are sent to
     those cores anyway, so the registration adds no key), else the least popular required
     attribute (it becomes a registered key, announced so that events carrying it go there
     too); among equals the one carried by the fewest events, then a hash of the
-    subscription. None when the selector requires no attribute."""
+    subscription. None when the selector requires no attribute. ``prefer_popular=False``
+    takes the least popular required attribute whatever MPAS holds (fewest events matched
+    against the subscription; more distinct keys)."""
     required = list(required)
     if not required:
         return None
     salt = repr(subscription)
-    return min(required, key=lambda a: (a not in popular, counts.get(a, 0),
+    return min(required, key=lambda a: (prefer_popular and a not in popular, counts.get(a, 0),
                                         key_hash(f"{salt}/{a}")))
 
 

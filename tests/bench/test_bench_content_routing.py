@@ -60,6 +60,7 @@ def test_both_modes_deliver_the_same_pairs_and_the_figures_are_consistent(report
                      "state_per_core"):
             assert figures[f"{name}_mean"] <= figures[f"{name}_max"]
         assert figures["messages_per_event"] <= figures["messages_per_event_max"]
+        assert figures["hops_per_event"] == pytest.approx(figures["messages_per_event"])
 
 
 def test_every_pair_is_delivered_once_and_equally_in_both_modes():
@@ -84,6 +85,23 @@ def test_every_pair_is_delivered_once_and_equally_in_both_modes():
                 for s, sel in enumerate(compiled) if sel.evaluate(event)}
     assert set(flood.pairs) == expected and len(expected) > 100
     assert info["popular_attributes"] > 0 and info["flooded_subscriptions"] < len(texts)
+
+
+def test_on_a_sparse_fabric_hops_exceed_messages_and_rarest_keys_spread_state():
+    sparse = cr.run(small_args(["--degree", "3", "--key-choice", "rarest"]))
+    params, rdv, flood = sparse["params"], sparse["results"]["topicwire"], \
+        sparse["results"]["flood"]
+    assert params["mean_hops_between_cores"] > 1
+    for figures in (rdv, flood):
+        assert figures["hops_per_event"] > figures["messages_per_event"]
+    assert rdv["deliveries"] == flood["deliveries"]
+    assert params["subscriptions_at_popular_keys"] < params["subscriptions"] / 2
+
+
+def test_hop_matrix_is_symmetric_and_connected():
+    hops = cr.hop_matrix(20, 3, random.Random(1))
+    assert all(hops[a][b] == hops[b][a] >= (a != b) for a in range(20) for b in range(20))
+    assert cr.hop_matrix(5, 0, random.Random(1))[0] == [0, 1, 1, 1, 1]
 
 
 def test_a_subscription_matched_at_two_places_fails_the_run():
