@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--popular-share", type=float, default=POPULAR_SHARE,
                         help="seed 001's k: popular = carried by more than this share of "
                              f"events (default {POPULAR_SHARE})")
+    parser.add_argument("--publishers", type=positive_int, default=None,
+                        help="cores where events are published (default: every core; "
+                             "1 = one feed core publishes everything)")
     parser.add_argument("--values", type=positive_int, default=VALUES,
                         help="distinct values per attribute (default 100; more values, "
                              "more selective subscriptions)")
@@ -354,12 +357,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     home = [rng.randrange(cores) for _ in texts]
     history = events(args.history, rng, args.values)
     workload = events(args.events, rng, args.values)
-    ingress = [rng.randrange(cores) for _ in workload]
+    publishers = min(args.publishers or cores, cores)
+    ingress = [rng.randrange(publishers) for _ in workload]
 
     # popularity: each core counts what is published at it, then the counts are shared
     per_core = [AttributeCounts() for _ in range(cores)]
     for event in history:
-        per_core[rng.randrange(cores)].observe(carried_attributes(event))
+        per_core[rng.randrange(publishers)].observe(carried_attributes(event))
     merged = AttributeCounts()
     for counts in per_core:
         merged.merge(counts)
@@ -381,6 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cores": cores, "subscriptions": args.subscriptions, "events": args.events,
         "history_events": args.history, "popular_share": args.popular_share,
         "key_choice": args.key_choice, "degree": args.degree, "values": args.values,
+        "publishers": publishers,
         "mean_hops_between_cores": statistics.mean(
             d for row in hops for d in row if d),
         "attributes": ATTRIBUTES, "seed": args.seed, "repeats": 1,

@@ -98,6 +98,17 @@ def test_on_a_sparse_fabric_hops_exceed_messages_and_rarest_keys_spread_state():
     assert params["subscriptions_at_popular_keys"] < params["subscriptions"] / 2
 
 
+def test_with_one_publishing_core_flooding_matches_everything_there():
+    one = cr.run(small_args(["--publishers", "1"]))
+    params, rdv, flood = one["params"], one["results"]["topicwire"], one["results"]["flood"]
+    assert params["publishers"] == 1
+    assert flood["matches_per_event_per_core_max"] == 1.0
+    assert flood["match_load_per_event_per_core_max"] == params["subscriptions"]
+    # rendezvous spreads the matching: no core matches every event against everything
+    assert rdv["match_load_per_event_per_core_max"] < params["subscriptions"]
+    assert rdv["deliveries"] == flood["deliveries"]
+
+
 def test_hop_matrix_is_symmetric_and_connected():
     hops = cr.hop_matrix(20, 3, random.Random(1))
     assert all(hops[a][b] == hops[b][a] >= (a != b) for a in range(20) for b in range(20))
