@@ -24,7 +24,10 @@ otherwise). Figures per mode: fabric messages per event, matching load per core 
 matches run and subscriptions held by the indexes they ran against, i.e. what one-by-one
 evaluation would cost; and the measured matching time), routing state per core
 (subscriptions stored), registration messages per subscription, copies a subscriber core
-receives more than once for one event (it delivers the first and drops the rest).
+receives more than once for one event (it delivers the first and drops the rest), and
+``messages_per_event_replying``: the messages of a variant where each rendezvous core
+answers the ingress with the cores it matched and the ingress sends one copy per core (no
+duplicates, a third hop of latency).
 """
 
 from __future__ import annotations
@@ -197,6 +200,7 @@ class _Outcome:
     messages: list[int] = field(default_factory=list)  # fabric messages per event
     hops: list[int] = field(default_factory=list)      # link traversals per event
     duplicate_copies: int = 0
+    replying: list[int] = field(default_factory=list)  # messages if rendezvous cores replied
     registration_messages: int = 0
 
 
@@ -292,6 +296,10 @@ def simulate_rendezvous(texts: Sequence[str], home: Sequence[int], ingress: Sequ
             messages += len(targets)
             hop_count += sum(hops[src][t] for t in targets)
         out.messages.append(messages)
+        # the variant where each rendezvous core answers the ingress with the cores it
+        # matched (a small reply) and the ingress sends one copy per core: no duplicates,
+        # one more hop of latency
+        out.replying.append(2 * len(rdvs - {src}) + len(set(copies) - {src}))
         out.hops.append(hop_count)
         out.duplicate_copies += sum(n - 1 for n in copies.values())
     for core, extra in zip(table, flood_core):
@@ -316,6 +324,7 @@ def _figures(table: list[_Core], out: _Outcome, events: int,
         "messages_per_event_max": max(out.messages),
         "hops_per_event": statistics.mean(out.hops),
         "duplicate_copies_per_event": out.duplicate_copies / events,
+        "messages_per_event_replying": statistics.mean(out.replying or out.messages),
         "matches_per_event_per_core_mean": statistics.mean(calls),
         "matches_per_event_per_core_max": max(calls),
         "match_load_per_event_per_core_mean": statistics.mean(work),

@@ -46,6 +46,9 @@ def test_both_modes_deliver_the_same_pairs_and_the_figures_are_consistent(report
     assert flood["match_load_per_event_per_core_mean"] == pytest.approx(subs / cores)
     assert flood["registration_messages_per_subscription"] == cores - 1
     assert flood["duplicate_copies_per_event"] == 0
+    assert flood["messages_per_event_replying"] == flood["messages_per_event"]
+    # replying: requests and replies to rendezvous cores, then at most one copy per core
+    assert rdv["messages_per_event_replying"] <= 2 * params["rendezvous_cores"] + cores - 1
     assert flood["messages_per_event"] <= cores - 1
     # rendezvous: each subscription is stored once, plus flooded ones everywhere
     flooded = params["flooded_subscriptions"]
