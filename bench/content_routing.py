@@ -1,7 +1,7 @@
 """``topicwire bench content-routing``: flooded interest vs rendezvous by attribute popularity.
 
-A simulation of a fabric of ``--cores`` cores (a full mesh: every core one hop from every
-other) holding ``--subscriptions`` content subscriptions (JMS selectors), with events whose
+A simulation of a fabric of ``--cores`` cores (a full mesh, every core one hop from every
+other, or with ``--degree`` a sparser graph whose shortest paths are counted in hops) holding ``--subscriptions`` content subscriptions (JMS selectors), with events whose
 attributes follow a skewed (Zipf-like) presence distribution. Two ways to route them:
 
 - ``flood`` (today's mechanism, the baseline): every subscription's selector is flooded with
@@ -23,7 +23,8 @@ that both modes deliver exactly the same (event, subscription) pairs, each once 
 otherwise). Figures per mode: fabric messages per event, matching load per core (index
 matches run and subscriptions held by the indexes they ran against, i.e. what one-by-one
 evaluation would cost; and the measured matching time), routing state per core
-(subscriptions stored), registration messages per subscription, copies a subscriber core
+(subscriptions stored), registration messages per subscription (the announcement of
+non-popular routing keys rides on the periodic popularity round, not counted), copies a subscriber core
 receives more than once for one event (it delivers the first and drops the rest), and
 ``messages_per_event_replying``: the messages of a variant where each rendezvous core
 answers the ingress with the cores it matched and the ingress sends one copy per core (no
@@ -63,7 +64,7 @@ PRESENCE_EXPONENT = 0.8
 """Attribute i is carried by an event with probability min(1, 1.6 / (i + 1) ** this)."""
 VALUES = 100
 """Default value domain: attribute values are integers 0..VALUES-1, low values far more
-often (``--values``; a larger domain makes subscriptions more selective)."""
+often (``--values``; a larger domain makes equality and IN predicates more selective)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
