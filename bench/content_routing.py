@@ -1,7 +1,8 @@
 """``topicwire bench content-routing``: flooded interest vs rendezvous by attribute popularity.
 
 A simulation of a fabric of ``--cores`` cores (a full mesh, every core one hop from every
-other, or with ``--degree`` a sparser graph whose shortest paths are counted in hops) holding ``--subscriptions`` content subscriptions (JMS selectors), with events whose
+other, or with ``--degree`` a sparser graph whose shortest paths are counted in hops)
+holding ``--subscriptions`` content subscriptions (JMS selectors), with events whose
 attributes follow a skewed (Zipf-like) presence distribution. Two ways to route them:
 
 - ``flood`` (today's mechanism, the baseline): every subscription's selector is flooded with
@@ -24,11 +25,11 @@ otherwise). Figures per mode: fabric messages per event, matching load per core 
 matches run and subscriptions held by the indexes they ran against, i.e. what one-by-one
 evaluation would cost; and the measured matching time), routing state per core
 (subscriptions stored), registration messages per subscription (the announcement of
-non-popular routing keys rides on the periodic popularity round, not counted), copies a subscriber core
-receives more than once for one event (it delivers the first and drops the rest), and
-``messages_per_event_replying``: the messages of a variant where each rendezvous core
-answers the ingress with the cores it matched and the ingress sends one copy per core (no
-duplicates, a third hop of latency).
+non-popular routing keys rides on the periodic popularity round, not counted), copies a
+subscriber core receives more than once for one event (it delivers the first and drops the
+rest), and ``messages_per_event_replying``: the messages of a variant where each rendezvous
+core answers the ingress with the cores it matched and the ingress sends one copy per core
+(no duplicates, a third hop of latency).
 """
 
 from __future__ import annotations
