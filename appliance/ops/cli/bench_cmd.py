@@ -16,6 +16,7 @@ BENCHMARKS = (
     "bench.channel",
     "bench.selectors",
     "bench.selectors_fabric",
+    "bench.content_routing",
     "bench.fabric_bench",
     "bench.client",
     "bench.routes",
