@@ -81,7 +81,7 @@ def _subscriber(spec: dict[str, Any]) -> None:
     import select
 
     from appliance.client import connect
-    from appliance.ops.cli.pubsub_cmd import SubStats
+    from appliance.client.stats import SubStats
 
     stats = SubStats()
     times: list[int] = []

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from appliance.client import Message
+from appliance.client.stats import SubStats
 from appliance.config import parse_config
 from appliance.node import Appliance
-from appliance.ops.cli.pubsub_cmd import SubStats
 from tests.appliance.helpers import CLI, ROOT, free_port, start
 
 

@@ -114,7 +114,7 @@ def test_a_payload_above_16_mib_is_refused_naming_the_limit(served):
 
 
 def test_sub_stats_count_no_gaps_for_the_sequences_a_large_guaranteed_message_took(served):
-    from appliance.ops.cli.pubsub_cmd import SubStats
+    from appliance.client.stats import SubStats
 
     with connect(served, "feed") as pub, connect(served, "feed") as sub_client:
         sub = sub_client.subscribe("st/#", qos="guaranteed")

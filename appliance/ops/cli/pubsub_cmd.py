@@ -27,11 +27,10 @@ import os
 import sys
 import time
 
+from appliance.client.stats import SubStats
 from appliance.ops.cli.exit_codes import FAILURE, INTERRUPTED
 from datapath.errors import UserError
 
-STATS_LATENCY_HIGHEST_NS = 60_000_000_000
-"""Largest latency the sub statistics record (60 s)."""
 PUB_DEFAULT_SIZE_BYTES = 64
 """Payload size of ``pub`` messages unless ``--size`` says otherwise."""
 SUB_POLL_S = 0.1
@@ -336,59 +335,6 @@ def run_pub(args: argparse.Namespace) -> int:
 def _reasons(failed: dict[str, int]) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in sorted(failed.items(),
                                                                key=lambda kv: -kv[1]))
-
-
-class SubStats:
-    """Received, gaps, duplicates (per publisher stream and topic) and latency percentiles."""
-
-    def __init__(self) -> None:
-        from hdrh.histogram import HdrHistogram
-
-        self.received = 0
-        self.duplicates = 0
-        self.lost = 0
-        """Messages named by loss events (guaranteed subscriptions)."""
-        self._highest: dict[tuple[int, int, int], int] = {}
-        self._missing: dict[tuple[int, int, int], set[int]] = {}
-        self.latency = HdrHistogram(1, STATS_LATENCY_HIGHEST_NS, 3)
-
-    def on_message(self, msg) -> None:  # noqa: ANN001 - appliance.client.Message
-        self.received += 1
-        # a guaranteed stream numbers messages per (origin, publisher) across topics
-        key = (msg.origin, msg.stream, -1 if msg.guaranteed else msg.topic_key)
-        seq = msg.sequence
-        # a large message's segments took sequences up to its own on a guaranteed stream
-        first = seq - msg.segments + 1 if msg.guaranteed else seq
-        highest = self._highest.get(key)
-        if highest is None or first == highest + 1:
-            self._highest[key] = seq
-        elif first > highest:
-            self._missing.setdefault(key, set()).update(range(highest + 1, first))
-            self._highest[key] = seq
-        else:
-            missing = self._missing.get(key)
-            if missing and seq in missing:
-                missing.discard(seq)
-            else:
-                self.duplicates += 1
-        latency = msg.latency_ns
-        if 0 < latency <= STATS_LATENCY_HIGHEST_NS:
-            self.latency.record_value(latency)
-
-    @property
-    def gaps(self) -> int:
-        return sum(len(m) for m in self._missing.values())
-
-    def summary(self) -> dict:
-        count = self.latency.get_total_count()
-
-        def at(p: float) -> float:
-            return round(self.latency.get_value_at_percentile(p) / 1e3, 3) if count else 0.0
-        return {"received": self.received, "gaps": self.gaps, "duplicates": self.duplicates,
-                "lost": self.lost,
-                "streams": len(self._highest), "latency_p50_us": at(50),
-                "latency_p99_us": at(99), "latency_max_us": round(
-                    self.latency.get_max_value() / 1e3, 3) if count else 0.0}
 
 
 def _format(msg, as_json: bool) -> str:  # noqa: ANN001 - appliance.client.Message
