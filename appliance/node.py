@@ -156,15 +156,33 @@ class Appliance:
         if serve is not None:
             self.mgmt = serve(self, self.config)
 
-    def stop(self, why: str = "stop") -> None:
+    def stop(self, why: str = "stop", *, api_last: bool = False) -> None:
         """Drain and stop (safe to call twice); ``why`` goes into the drain's log line
-        (``topicwire run`` gives the signal's name)."""
+        (``topicwire run`` gives the signal's name). ``api_last``: the management API closes
+        after the drain instead of before it, so that the answer to its ``shutdown`` command
+        reaches the caller (commands are refused meanwhile: the appliance is stopping)."""
         if self._stopped:
             return
         self._stopped = True
-        cfg = self.config
+        try:
+            self._stop(why, api_last)
+        finally:
+            if api_last:
+                self._close_mgmt()
+
+    def _close_mgmt(self) -> None:
         if self.mgmt is not None and hasattr(self.mgmt, "close"):
             self.mgmt.close()
+
+    def shutdown_requested(self) -> str | None:
+        """The reason given by the management API's ``shutdown`` command, once one came
+        (``topicwire run`` then stops the appliance as on SIGTERM); None until then."""
+        return getattr(self.control, "shutdown_reason", None)
+
+    def _stop(self, why: str, api_last: bool) -> None:
+        cfg = self.config
+        if not api_last:
+            self._close_mgmt()
         if self._cp_runner is not None:
             self._stop_runner(self._cp_runner)
         started = time.monotonic()

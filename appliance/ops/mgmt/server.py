@@ -18,6 +18,7 @@ Endpoints (docs/appliance.md, "Management API"):
     POST   /routes                 {"source", "destination", "path"}: set a route override
     DELETE /routes                 {"source", "destination"} (or ?source=&destination=): clear it
     DELETE /clients/<session>      end a client session (the client is told)
+    POST   /shutdown               {"reason"?}: drain and stop the appliance as on SIGTERM
 
 Commands need ``Authorization: Bearer <token>`` (``mgmt.token`` or ``mgmt.token_file``):
 no header or a wrong token is 401, and with no token configured every command is refused
@@ -99,6 +100,7 @@ ENDPOINTS = (
     ("POST", "/routes", "set a route override {source, destination, path} (token)"),
     ("DELETE", "/routes", "clear a route override {source, destination} (token)"),
     ("DELETE", "/clients/<session>", "end a client session (token)"),
+    ("POST", "/shutdown", "drain and stop the appliance as on SIGTERM {reason?} (token)"),
 )
 """What ``GET /`` lists: (method, path, what)."""
 
@@ -446,6 +448,14 @@ class MgmtServer:
                 raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: {_clip(text, 40)!r} is not a "
                                  "session number; GET /clients lists them")
             return self._submit("disconnect_client", {"session": int(text)})
+        if path == "/shutdown" and method == "POST":
+            unknown = sorted(set(body) - {"reason"})
+            reason = body.get("reason", "")
+            if unknown or not isinstance(reason, str):
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: POST /shutdown takes an empty "
+                                 "body or {\"reason\": \"<text>\"}"
+                                 + (f", not {', '.join(map(repr, unknown))}" if unknown else ""))
+            return self._submit("shutdown", {"reason": reason} if reason else {})
         raise AssertionError((method, path))
 
     def _submit(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -489,6 +499,8 @@ def _route(method: str, path: str) -> tuple[str, set[str]]:
         return ("metrics" if method == "GET" else ""), {"GET"}
     if path in ("/healthz", "/readyz"):
         return ("health" if method == "GET" else ""), {"GET"}
+    if path == "/shutdown":
+        return ("command" if method == "POST" else ""), {"POST"}
     if path.startswith("/clients/") and path.count("/") == 2:
         return ("command" if method == "DELETE" else ""), {"DELETE"}
     known = ", ".join(f"{m} {p}" for m, p, _ in ENDPOINTS)
