@@ -916,10 +916,24 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("mgmt: %s %s", self.peer, _clip(format % args), extra={"peer": self.peer})
 
 
-def serve(appliance: Any, config: ApplianceConfig) -> Any:
+def launch(appliance: Any, config: ApplianceConfig) -> Any:
+    """The API's process, started at the beginning of ``Appliance.start`` (the listening
+    socket bound, the process importing while the appliance starts); None with
+    ``mgmt.process = false``. ``serve(..., launched=)`` completes it; ``close()`` ends it."""
+    if not config.mgmt.get("process", True):
+        return None
+    from appliance.ops.mgmt.process import ProcessServer
+
+    host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True,
+                               ipv6=True)
+    return ProcessServer(appliance, config, host, port, read_token(config)).launch()
+
+
+def serve(appliance: Any, config: ApplianceConfig, launched: Any = None) -> Any:
     """Start the API on ``mgmt.listen`` (the management hook ``Appliance.start`` calls): in a
-    process of its own (``ProcessServer``, appliance/ops/mgmt/process.py) unless
-    ``mgmt.process = false``, then on a thread of this process (``MgmtServer``)."""
+    process of its own (``ProcessServer``, appliance/ops/mgmt/process.py; ``launched``: the
+    one ``launch`` started) unless ``mgmt.process = false``, then on a thread of this process
+    (``MgmtServer``)."""
     host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True,
                                ipv6=True)
     token = read_token(config)
@@ -932,8 +946,8 @@ def serve(appliance: Any, config: ApplianceConfig) -> Any:
     if config.mgmt.get("process", True):
         from appliance.ops.mgmt.process import ProcessServer
 
-        server: MgmtServer | ProcessServer = ProcessServer(appliance, config, host, port,
-                                                           token).start()
+        server: MgmtServer | ProcessServer = (
+            launched or ProcessServer(appliance, config, host, port, token)).start()
     else:
         server = MgmtServer(appliance, host, port, token, tls).start()
     if not ipaddress.ip_address(host).is_loopback:
