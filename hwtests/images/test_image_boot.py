@@ -47,10 +47,11 @@ def test_good_config_ready_status_and_clean_poweroff(image: Path, tmp_path: Path
         print(f"boot-to-ready: {ready['ready_s']} s after QEMU started (ready line "
               f"{ready['ready_line_s']} s; goal {GOAL_S:.0f} s: "
               f"{'met' if ready['ready_s'] <= GOAL_S else 'missed'})")
-        code, status = guest.http("/status")
+        assert guest.http("/status")[0] == 401, guest.tail()  # reads beyond loopback: token
+        code, status = guest.http("/status", token=TOKEN)
         assert code == 200, guest.tail()
         assert status["node"]["name"] == "imgcore", status["node"]
-        code, _ = guest.http("/metrics")
+        code, _ = guest.http("/metrics", token=TOKEN)
         assert code in (200, 0)  # /metrics is text: http() parses JSON only
         answer, off_s = guest.shutdown(TOKEN)
         print(f"power-off: QEMU ended {off_s:.1f} s after POST /shutdown ({answer})")

@@ -198,11 +198,15 @@ class Guest:
         result["ready_s"] = result.get("readyz_s", result["ready_line_s"])
         return result
 
-    def http(self, path: str, timeout: float = 5.0) -> tuple[int, dict | None]:
-        """GET ``path`` from the guest's management API (the forwarded port)."""
-        url = f"http://127.0.0.1:{self.mgmt_port}{path}"
+    def http(self, path: str, timeout: float = 5.0, token: str | None = None
+             ) -> tuple[int, dict | None]:
+        """GET ``path`` from the guest's management API (the forwarded port); ``token``: the
+        bearer token (reads need it when the API listens beyond loopback with one set)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.mgmt_port}{path}")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as answer:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
                 return answer.status, json.loads(answer.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, None
