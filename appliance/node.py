@@ -84,6 +84,7 @@ class Appliance:
         registry = preload_registry(cfg)
         compiler = OffloadCompiler(registry)
         initial = compiler.build()
+        self._launch_mgmt()
         try:
             # every kernel this process imported is loaded from the cache before any duty
             # cycle (docs/appliance.md, "Compiled kernels"); a forked data path inherits them
@@ -116,6 +117,9 @@ class Appliance:
             self._cp_runner.start()
             self._start_mgmt()
         except BaseException:
+            if self.mgmt is not None:  # launched, not serving: it ends at its feed's end
+                self.mgmt.close()
+                self.mgmt = None
             for runner in (self._cp_runner, self._dp_runner):  # threads stop before channels
                 if runner is not None:
                     self._stop_runner(runner)
@@ -142,6 +146,20 @@ class Appliance:
             raise ConfigError("cache: a plain Appliance does not run the cache; start "
                               "appliance.cache.node.CachingAppliance (topicwire run does)")
 
+    def _launch_mgmt(self) -> None:
+        """The management API's process, started before the channels and agents so that its
+        interpreter's start overlaps with theirs (appliance.ops.mgmt.launch); ``_start_mgmt``
+        completes it."""
+        if not self.config.mgmt.get("listen"):
+            return
+        try:
+            from appliance.ops import mgmt
+        except ImportError:
+            return  # said by _start_mgmt
+        launch = getattr(mgmt, "launch", None)
+        if launch is not None:
+            self.mgmt = launch(self, self.config)
+
     def _start_mgmt(self) -> None:
         """The management API, when configured and available (appliance.ops.mgmt.serve)."""
         if not self.config.mgmt.get("listen"):
@@ -154,17 +172,35 @@ class Appliance:
             return
         serve = getattr(mgmt, "serve", None)
         if serve is not None:
-            self.mgmt = serve(self, self.config)
+            self.mgmt = serve(self, self.config, self.mgmt)  # a failure: start's cleanup ends it
 
-    def stop(self, why: str = "stop") -> None:
+    def stop(self, why: str = "stop", *, api_last: bool = False) -> None:
         """Drain and stop (safe to call twice); ``why`` goes into the drain's log line
-        (``topicwire run`` gives the signal's name)."""
+        (``topicwire run`` gives the signal's name). ``api_last``: the management API closes
+        after the drain instead of before it, so that the answer to its ``shutdown`` command
+        reaches the caller (commands are refused meanwhile: the appliance is stopping)."""
         if self._stopped:
             return
         self._stopped = True
-        cfg = self.config
+        try:
+            self._stop(why, api_last)
+        finally:
+            if api_last:
+                self._close_mgmt()
+
+    def _close_mgmt(self) -> None:
         if self.mgmt is not None and hasattr(self.mgmt, "close"):
             self.mgmt.close()
+
+    def shutdown_requested(self) -> str | None:
+        """The reason given by the management API's ``shutdown`` command, once one came
+        (``topicwire run`` then stops the appliance as on SIGTERM); None until then."""
+        return getattr(self.control, "shutdown_reason", None)
+
+    def _stop(self, why: str, api_last: bool) -> None:
+        cfg = self.config
+        if not api_last:
+            self._close_mgmt()
         if self._cp_runner is not None:
             self._stop_runner(self._cp_runner)
         started = time.monotonic()

@@ -71,11 +71,11 @@ class CachingAppliance(Appliance):
                 raise
         return self
 
-    def stop(self, why: str = "stop") -> None:
+    def stop(self, why: str = "stop", *, api_last: bool = False) -> None:
         cache, self.cache = self.cache, None
         if cache is not None:
             cache.close()
-        super().stop(why)
+        super().stop(why, api_last=api_last)
 
     def status(self) -> dict[str, Any]:
         status = super().status()

@@ -22,6 +22,8 @@ from appliance.control.state import (
 from appliance.dataplane.status_channels import channel_rows
 from datapath.protocol import admin_layout as al
 
+SHUTDOWN_REASON_MAX_CHARS = 200
+"""The longest ``reason`` a ``shutdown`` command may give (it goes into the drain's log line)."""
 PM_RELOADED = ("identities", "anonymous", "require_passwords", "namespaces", "schemas",
                "acl_classes")
 """The fields of P&M's document a reload rebuilds from the config (the routes and backups
@@ -31,6 +33,10 @@ stay: they come from route tables and commands)."""
 class ManagementSide:
     """Management commands and the published status snapshot. Its methods run on the
     control agent's thread with the agent's state (``ControlAgent`` inherits them)."""
+
+    shutdown_reason: str | None = None
+    """Set by the ``shutdown`` command: the owner of the appliance stops it (``Appliance.
+    shutdown_requested``)."""
 
     # --- management commands ------------------------------------------------------------------
     def submit(self, command: str, args: dict, timeout_s: float) -> dict:
@@ -100,8 +106,29 @@ class ManagementSide:
             return self.routes_ext.apply(args.get("table"))
         if command == "reload":
             return self._reload(args["config"])
+        if command == "shutdown":
+            return self._shutdown(args)
         return {"ok": False, "error": f"control: unknown command {command!r}; known: "
-                "disconnect_client, set_route, clear_route, set_routes, reload"}
+                "disconnect_client, set_route, clear_route, set_routes, reload, shutdown"}
+
+    def _shutdown(self, args: dict) -> dict:
+        """``shutdown {"reason"?}``: ask the process that runs the appliance to drain and
+        stop it as on SIGTERM (``topicwire run`` polls ``shutdown_reason``; the stop itself
+        happens there, not on this thread). Asking twice answers the same."""
+        unknown = sorted(set(args) - {"reason"})
+        if unknown:
+            raise ValueError(f"unknown fields {', '.join(map(repr, unknown))}; shutdown takes "
+                             "only an optional 'reason'")
+        reason = args.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > SHUTDOWN_REASON_MAX_CHARS:
+            raise ValueError(f"'reason' must be text of at most {SHUTDOWN_REASON_MAX_CHARS} "
+                             "characters")
+        if self.shutdown_reason is None:
+            self.shutdown_reason = reason or "management API"
+            self.counters["shutdown_requests"] += 1
+            log.info("%s: shutdown requested through the management API (%s)", self.cfg.name,
+                     self.shutdown_reason)
+        return {"ok": True, "stopping": True, "reason": self.shutdown_reason}
 
     def _reload(self, new: ApplianceConfig) -> dict:
         """``reload {"config"}``: run with ``new``, a config that differs from the running

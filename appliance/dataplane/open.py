@@ -131,12 +131,15 @@ def build_dataplane(cfg: ApplianceConfig, channels: dict[str, Any], switch: Any
                     ) -> DataPlaneAgent:
     """The data-path agent over ``channels`` reading tables from ``switch``, with its path
     telemetry attached and started when ``[telemetry]`` is configured."""
-    from appliance.ops.telemetry.probe import attach  # [telemetry]: docs/routing.md
     from nic_offload.softnic import SoftNic
 
     dp = DataPlaneAgent(cfg.node_id, SoftNic(switch), channels,
                         fabric_max_frame_bytes=cfg.fabric_max_frame_bytes,
                         parked_ttl_ns=cfg.parked_ttl_ms * 1_000_000)
+    if getattr(cfg, "telemetry", None) is None:  # pyarrow (the store) is imported only then
+        return dp
+    from appliance.ops.telemetry.probe import attach  # [telemetry]: docs/routing.md
+
     try:  # its store's directory is made here (the config checked it can be)
         dp.telemetry = attach(cfg, channels)
     except OSError as exc:

@@ -74,6 +74,17 @@ _PARENT_ENDS: set[int] = set()
 that each child sees end of file when its own parent goes."""
 
 
+def close_at_fork(fd: int, close: bool = True) -> None:
+    """``fd`` (the management API's feed, link and listening socket, opened before the data
+    path forks) is closed in every data path forked from now on, so that the API's process
+    sees end of file when the appliance lets go of it; ``close=False`` forgets it again (the
+    caller closed it: the number may be reused)."""
+    if close:
+        _PARENT_ENDS.add(fd)
+    else:
+        _PARENT_ENDS.discard(fd)
+
+
 def _frame(obj: Any) -> bytes:
     data = pickle.dumps(obj, protocol=5)
     return _LEN.pack(len(data)) + data

@@ -34,11 +34,11 @@ class EdgeAppliance(CachingAppliance):
                 raise
         return self
 
-    def stop(self, why: str = "stop") -> None:
+    def stop(self, why: str = "stop", *, api_last: bool = False) -> None:
         mqtt, self.mqtt = self.mqtt, None
         if mqtt is not None:
             mqtt.close()
-        super().stop(why)
+        super().stop(why, api_last=api_last)
 
     def status(self) -> dict[str, Any]:
         status = super().status()

@@ -1,5 +1,6 @@
 """Appliance images booted under QEMU on this host (TCG): ready within the deadline, the
-management API through a forwarded loopback port, a clean power-off, a refused config.
+management API through a forwarded loopback port, a clean power-off by the management API's
+shutdown command (the ACPI power button's is test_image_upgrade's), a refused config.
 
 QEMU's only network here is its user network with ``restrict=on`` (nothing leaves the host;
 the host reaches the guest through ports forwarded from 127.0.0.1).
@@ -17,6 +18,7 @@ from appliance.ops.image.boot import BootFailure, Guest, free_port
 READY_DEADLINE_S = 240.0
 """Fail past this (TCG on a shared 2-core host); the goal, 45 s, is printed, not asserted."""
 GOAL_S = 45.0
+TOKEN = "image-test-token"
 
 
 def _config(tmp_path: Path, text: str) -> Path:
@@ -36,7 +38,8 @@ def test_good_config_ready_status_and_clean_poweroff(image: Path, tmp_path: Path
 
         [mgmt]
         listen = "0.0.0.0:8470"
-        """)
+        token = "{TOKEN}"
+        """.replace("{TOKEN}", TOKEN))
     port = free_port()
     guest = Guest(image, tmp_path, config, mgmt_port=port, name="good").start()
     try:
@@ -44,16 +47,21 @@ def test_good_config_ready_status_and_clean_poweroff(image: Path, tmp_path: Path
         print(f"boot-to-ready: {ready['ready_s']} s after QEMU started (ready line "
               f"{ready['ready_line_s']} s; goal {GOAL_S:.0f} s: "
               f"{'met' if ready['ready_s'] <= GOAL_S else 'missed'})")
-        code, status = guest.http("/status")
+        assert guest.http("/status")[0] == 401, guest.tail()  # reads beyond loopback: token
+        code, status = guest.http("/status", token=TOKEN)
         assert code == 200, guest.tail()
         assert status["node"]["name"] == "imgcore", status["node"]
-        code, _ = guest.http("/metrics")
+        code, _ = guest.http("/metrics", token=TOKEN)
         assert code in (200, 0)  # /metrics is text: http() parses JSON only
-        off_s = guest.powerdown()
-        print(f"power-off: QEMU ended {off_s:.1f} s after the power button")
+        answer, off_s = guest.shutdown(TOKEN)
+        print(f"power-off: QEMU ended {off_s:.1f} s after POST /shutdown ({answer})")
         assert guest.proc.returncode == 0, guest.tail()
         console = "\n".join(guest.lines)
-        assert "SIGTERM received" in console, guest.tail()
+        for line in ("shutdown requested through the management API (image boot)",
+                     "draining (shutdown through the management API: image boot)",
+                     "drained in", "appliance stopped",
+                     "topicwire: shutdown through the management API: powering off"):
+            assert line in console, (line, guest.tail())
     finally:
         guest.kill()
 

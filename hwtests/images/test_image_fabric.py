@@ -1,6 +1,9 @@
 """Two appliance images side by side: a core (P&M) and an edge, joined by a QEMU socket
 network on 127.0.0.1 (TCP between the two QEMU processes; nothing leaves the host), a native
-publisher at the core and a subscriber at the edge.
+publisher at the core and a subscriber at the edge; at the edge's MQTT listener a paho-mqtt
+subscriber receives the core's native messages and a paho-mqtt publisher reaches a native
+subscriber at the core (anonymous MQTT: an edge with a remote P&M checks no passwords,
+docs/edge.md; the core's P&M gives the identity ``anonymous`` its entitlements).
 
 Client traffic cannot come through QEMU's user network here: with ``restrict=on`` libslirp
 drops every UDP datagram the guest sends (its replies to a forwarded port included), and
@@ -74,9 +77,17 @@ def _files(tmp: Path, name: str, key: str) -> tuple[Path, list[Path]]:
         [pm.identities.desk]
         publish = []
         subscribe = ["#"]
+
+        [pm.identities.anonymous]
+        publish = ["img/fromedge/#"]
+        subscribe = ["img/#"]
         """ if name == "core1" else """
         [pm]
         mode = "remote"
+
+        [mqtt]
+        listen = "0.0.0.0:1883"
+        allow_anonymous = true
         """)
     config = tmp / f"{name}.toml"
     config.write_text(textwrap.dedent(f"""
@@ -155,6 +166,8 @@ def test_core_and_edge_images_carry_messages(image: Path, tmp_path: Path, netns:
               "start)")
         assert done.returncode == 0, (result, done.stderr[-2000:], guests["core1"].tail(),
                                       guests["edge1"].tail())
+        assert result["received"] >= MESSAGES and result["mqtt_received"] >= MESSAGES
+        assert result["core_received_from_mqtt"] >= MESSAGES
         for guest in guests.values():
             guest.powerdown()
     finally:

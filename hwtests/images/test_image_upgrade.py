@@ -40,7 +40,10 @@ def test_replaced_image_keeps_identity_from_config_disk(image: Path, tmp_path: P
             node = status["node"]
             seen.append((node["name"], node.get("id"), node.get("role")))
             print(f"{path.name}: {seen[-1]} ready {ready['ready_s']} s")
-            guest.powerdown()
+            off_s = guest.powerdown()  # ACPI's power button: systemd stops it (SIGTERM)
+            print(f"{path.name}: QEMU ended {off_s:.1f} s after the power button")
+            assert guest.proc.returncode == 0, guest.tail()
+            assert "SIGTERM received" in "\n".join(guest.lines), guest.tail()
         finally:
             guest.kill()
     assert seen[0] == seen[1] and seen[0][0] == "upgraded", seen

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "appliance.ops.cli.pubsub_cmd",
     "appliance.ops.cli.replay_cmd",
     "appliance.ops.cli.status_cmd",
+    "appliance.ops.cli.shutdown_cmd",
     "appliance.ops.cli.routes_cmd",
     "appliance.ops.cli.topic_cmd",
     "appliance.ops.cli.subs_cmd",
@@ -68,8 +69,20 @@ def _say(text: str) -> None:
     print(_line(text), file=sys.stderr, flush=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, every command module registered."""
+def _module_of(argv: Sequence[str]) -> str | None:
+    """The one module that registers the command ``argv`` starts with, when its name says it
+    (``run`` -> ``run_cmd``); None otherwise (no command, an option first, ``pub``/``sub``)."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    name = f"appliance.ops.cli.{argv[0]}_cmd"
+    return name if name in COMMAND_MODULES else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, every command module registered; ``only``: just that module's
+    commands (what ``main`` parses with when the command is known: ``topicwire run`` then
+    does not import every other command's modules, seconds at an appliance's boot under
+    QEMU's TCG)."""
     parser = _Parser(
         prog="topicwire",
         description="topicwire: publish/subscribe messaging appliance tools.",
@@ -77,14 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version,
                         help="print the version, source commit, Python and numba, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in (only,) if only else COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
-    parser = build_parser()
+    parser = build_parser(_module_of(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
         return int(args.handler(args))

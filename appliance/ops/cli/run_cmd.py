@@ -11,6 +11,11 @@ removed), exit code 0. SIGHUP reloads the config file (``reload``): a config tha
 pass the checks is refused with one log line and the running one stays in force; otherwise
 what can change at run time is applied and every other changed key is logged as needing a
 restart. SIGPIPE is ignored (a closed socket is an error of one send, not the process's end).
+
+The management API's ``POST /shutdown`` (the ``shutdown`` command) ends it the same clean way;
+its exit code is ``--shutdown-exit-code`` (default 0), so that an init system can tell a
+requested shutdown from a stop it made itself (the appliance image's unit powers the guest
+off on it: docs/images.md, "Shutdown").
 """
 
 from __future__ import annotations
@@ -35,7 +40,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    "config")
     parser.add_argument("--config", required=True, type=Path, metavar="FILE",
                         help="the appliance's TOML config (docs/appliance.md)")
+    parser.add_argument("--shutdown-exit-code", type=_exit_code, default=0, metavar="N",
+                        help="exit code after the management API's shutdown command drained "
+                        "and stopped the appliance (default 0, as after SIGTERM; 3-125: one "
+                        "an init system can tell from a stop of its own)")
     parser.set_defaults(handler=run)
+
+
+def _exit_code(text: str) -> int:
+    """``--shutdown-exit-code``: 0, or 3-125 (1 and 2 mean a failure and a refused config,
+    126 and up are the shell's)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value != 0 and not 3 <= value <= 125:
+        raise argparse.ArgumentTypeError(f"run: --shutdown-exit-code {text!r}: give 0 or a "
+                                         "number from 3 to 125 (1 is a failure, 2 a refused "
+                                         "config)")
+    return value
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT")
@@ -86,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         restore()
         raise
-    why = "stop"
+    why, api_last = "stop", False
     try:
         print(f"topicwire: appliance {config.name} (id {config.node_id}) ready", flush=True)
         while True:
@@ -98,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 why = "failure"
                 return 1
+            reason = appliance.shutdown_requested()
+            if reason is not None:
+                why, api_last = f"shutdown through the management API: {reason}", True
+                log.info("%s: %s: shutting down", config.name, why)
+                return args.shutdown_exit_code
             stop_signal = None
             while received:
                 signum = received.pop(0)
@@ -111,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 log.info("%s: %s received: shutting down", config.name, stop_signal)
                 return 0
     finally:
-        appliance.stop(why)
+        appliance.stop(why, api_last=api_last)
         restore()
 
 

@@ -117,7 +117,9 @@ class Guest:
         snap = "on" if snapshot else "off"
         self.cmd = [
             *wrap, QEMU, "-accel", "tcg", "-cpu", "max", "-smp", str(CPUS), "-m", str(MEMORY_MB),
-            "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
+            # no default floppy, IDE CD-ROM, VGA or parallel port: the kernel probes none of
+            # them (seconds under TCG); the serial console and the disks are given below
+            "-nodefaults", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
             "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", KERNEL_ARGS,
             "-drive", f"file={self.image},format=qcow2,if=virtio,snapshot={snap}",
@@ -196,16 +198,41 @@ class Guest:
         result["ready_s"] = result.get("readyz_s", result["ready_line_s"])
         return result
 
-    def http(self, path: str, timeout: float = 5.0) -> tuple[int, dict | None]:
-        """GET ``path`` from the guest's management API (the forwarded port)."""
-        url = f"http://127.0.0.1:{self.mgmt_port}{path}"
+    def http(self, path: str, timeout: float = 5.0, token: str | None = None
+             ) -> tuple[int, dict | None]:
+        """GET ``path`` from the guest's management API (the forwarded port); ``token``: the
+        bearer token (reads need it when the API listens beyond loopback with one set)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.mgmt_port}{path}")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as answer:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
                 return answer.status, json.loads(answer.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, None
         except (OSError, ValueError):
             return 0, None
+
+    def shutdown(self, token: str, timeout: float = 90.0) -> tuple[dict, float]:
+        """The management API's ``POST /shutdown`` through the forwarded port: the appliance
+        drains and exits, and its unit powers the guest off. (The answer, the seconds until
+        QEMU ended); raises BootFailure when the API refused or the guest stayed up."""
+        from appliance.ops.cli.shutdown_cmd import post_shutdown
+
+        started = time.monotonic()
+        try:
+            answer = post_shutdown(f"http://127.0.0.1:{self.mgmt_port}", token, "image boot",
+                                   10.0)
+        except UserError as exc:
+            raise BootFailure(f"the management API refused the shutdown: {exc}",
+                              self.tail()) from None
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise BootFailure(f"the guest did not power off within {timeout:.0f} s of the "
+                              "management API's shutdown", self.tail()) from exc
+        return answer, time.monotonic() - started
 
     def qmp(self, command: str) -> dict:
         with socket.socket(socket.AF_UNIX) as s:

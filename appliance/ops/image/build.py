@@ -44,6 +44,10 @@ PACKAGES = ("linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmo
             "ibverbs-providers", "ibverbs-utils", "dbus")
 """dbus: systemd-logind, which powers the guest off on ACPI's power button (QEMU's
 ``system_powerdown``), needs it."""
+MASKED_UNITS = ("e2scrub_reap.service", "e2scrub_all.timer", "apt-daily.timer",
+                "apt-daily-upgrade.timer", "dpkg-db-backup.timer", "fstrim.timer")
+"""Debian's periodic and boot-time housekeeping that an appliance (root filesystem rebuilt by
+an upgrade, no apt) does not need."""
 EXCLUDES = ("/usr/share/man/*", "/usr/share/doc/*", "/usr/share/locale/*", "/usr/share/info/*")
 SOURCE_DIRS = ("appliance", "datapath", "channels", "nic_offload", "bench")
 HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "qemu-img": "qemu-utils", "mkfs.ext4": "e2fsprogs"}
@@ -145,12 +149,17 @@ mkdir -p "$r/tmp/wheels" && cp {wheels}/*.whl "$r/tmp/wheels/"
 chroot "$r" {venv}/bin/pip install -q --no-index --disable-pip-version-check \
     --find-links /tmp/wheels topicwire
 rm -rf "$r/tmp/wheels" "$r/root/.cache"
+echo "hook: byte-compiled once for all (unchecked-hash .pyc: no source read or hashed at import)"
+chroot "$r" {venv}/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash \
+    {venv}/lib
 chroot "$r" {venv}/bin/topicwire --version
 ln -sf {venv}/bin/topicwire "$r/usr/local/bin/topicwire"
 echo "hook: root's password locked, units enabled"
 chroot "$r" passwd -l root
 chroot "$r" systemctl enable systemd-networkd.service topicwire-rxe.service topicwire.service
 chroot "$r" systemctl mask systemd-networkd-wait-online.service
+echo "hook: masked what an appliance does not run (they compete with its start under TCG)"
+chroot "$r" systemctl mask {" ".join(MASKED_UNITS)}
 echo "hook: topicwire warm (NUMBA_CPU_NAME=generic), in a network namespace of its own"
 unshare --net chroot "$r" /bin/sh -c \
     'ip link set lo up && ip link set lo multicast on && \

@@ -16,6 +16,13 @@ DEFAULT_DIR = "/etc/topicwire/default"
 CONFIG_LABEL = "APPCFG"
 MGMT_PORT = 8470
 CLIENT_PORT = 47471
+MQTT_PORT = 1883
+SHUTDOWN_EXIT_CODE = 10
+"""``topicwire run --shutdown-exit-code``: the appliance's exit code after the management API's
+``shutdown`` command. The unit powers the guest off on it (``ExecStopPost``), and only on it:
+a crash is restarted, a ``systemctl stop`` or ``restart`` leaves the guest running."""
+ADDRESS_WAIT_S = 15
+"""How long the unit waits for an address its config listens on (networkd configures it)."""
 READY_MARKER = "topicwire: appliance "
 """``topicwire run`` prints ``topicwire: appliance NAME (id N) ready`` once it serves."""
 
@@ -81,6 +88,36 @@ rdma link add rxe0 type rxe netdev "$dev" && echo "topicwire-rxe: rxe0 on $dev"
 exit 0
 """
 
+WAIT_SCRIPT = r"""#!/bin/sh
+# topicwire-wait: before `topicwire run`, wait (at most ADDRESS_WAIT_S s) for what its config
+# needs of the system and nothing else: each specific IPv4 address a `listen = "IP:PORT"`
+# names (systemd-networkd sets them from the config disk's *.network files), and an RDMA
+# device when the config mentions rdma (topicwire-rxe makes one). A wildcard or loopback
+# listener needs nothing: the appliance starts at once instead of after the whole network.
+config="$1"
+deadline=$(( $(date +%s) + ADDRESS_WAIT_S ))
+sp='[[:space:]]*'
+ips=$(sed -n "s/^${sp}[a-z_]*listen${sp}=${sp}\"\([0-9.]*\):[0-9]*\".*/\1/p" "$config")
+for ip in $(printf '%s\n' $ips | sort -u); do
+    case "$ip" in 0.0.0.0|127.*) continue ;; esac
+    until ip -o -4 addr show to "$ip/32" | grep -q .; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            echo "topicwire-wait: no address $ip after ADDRESS_WAIT_S s"; break
+        fi
+        sleep 0.2
+    done
+done
+if grep -q 'rdma' "$config"; then
+    until [ -n "$(ls /sys/class/infiniband 2>/dev/null)" ]; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            echo "topicwire-wait: no RDMA device after ADDRESS_WAIT_S s"; break
+        fi
+        sleep 0.2
+    done
+fi
+exit 0
+""".replace("ADDRESS_WAIT_S", str(ADDRESS_WAIT_S))
+
 CONFIG_UNIT = """[Unit]
 Description=topicwire: the appliance's config (APPCFG disk, kernel command line, or default)
 DefaultDependencies=no
@@ -98,8 +135,8 @@ StandardError=journal+console
 
 RXE_UNIT = """[Unit]
 Description=topicwire: soft-RoCE (rdma_rxe) when there is no RDMA device
+# the appliance does not wait for it unless its config names rdma (topicwire-wait)
 After=systemd-networkd.service
-Before=topicwire.service
 
 [Service]
 Type=oneshot
@@ -114,18 +151,25 @@ WantedBy=multi-user.target
 APPLIANCE_UNIT = f"""[Unit]
 Description=topicwire appliance (config: {RUN_DIR}/topicwire.toml)
 Requires=topicwire-config.service
-After=topicwire-config.service topicwire-rxe.service systemd-networkd.service
+# not after the network as a whole: topicwire-wait waits for the addresses the config names
+After=topicwire-config.service
 # its lines (ready, a refused config) reach the serial console before a login prompt does
 Before=getty.target serial-getty@ttyS0.service
 
 [Service]
 Type=exec
 WorkingDirectory={RUN_DIR}
-# an address in fabric.listen must exist before the bind: wait (briefly) for a configured NIC
-ExecStartPre=-/bin/sh -c 'ls /sys/class/net | grep -qv "^lo$$" && \\
-    /lib/systemd/systemd-networkd-wait-online --any --timeout=15 || true'
-ExecStart={VENV}/bin/topicwire run --config {RUN_DIR}/topicwire.toml
+ExecStartPre=/usr/local/sbin/topicwire-wait {RUN_DIR}/topicwire.toml
+ExecStart={VENV}/bin/topicwire run --config {RUN_DIR}/topicwire.toml \\
+    --shutdown-exit-code {SHUTDOWN_EXIT_CODE}
 ExecReload=/bin/kill -HUP $MAINPID
+# the management API's shutdown command (POST /shutdown) ends the run with exit code
+# {SHUTDOWN_EXIT_CODE}: a clean end (no restart) that powers the guest off; a crash (any other
+# code, a signal) is restarted as before and never powers off
+SuccessExitStatus={SHUTDOWN_EXIT_CODE}
+ExecStopPost=/bin/sh -c 'if [ "$$EXIT_STATUS" = {SHUTDOWN_EXIT_CODE} ]; then \\
+    echo "topicwire: shutdown through the management API: powering off"; \\
+    systemctl --no-block poweroff; fi'
 KillSignal=SIGTERM
 TimeoutStopSec=15
 StandardOutput=journal+console
@@ -134,7 +178,7 @@ StandardError=journal+console
 # appliance never starts half-configured, and restarting cannot help
 Restart=on-failure
 RestartSec=2
-RestartPreventExitStatus=2
+RestartPreventExitStatus=2 {SHUTDOWN_EXIT_CODE}
 # the compiled kernels the build warmed for a generic x86-64 CPU (NUMBA_CPU_NAME is part of
 # the cache's digest: the same value here as at the build)
 Environment=NUMBA_CACHE_DIR=/var/cache/topicwire/numba NUMBA_CPU_NAME=generic
@@ -157,6 +201,13 @@ LinkLocalAddressing=no
 IPv6AcceptRA=no
 """
 
+RDMA_MODULES = """# the image's: verbs from user space (ib_uverbs) and the RDMA connection manager,
+# loaded by rdma-core's udev rules when an RDMA device appears; not rdma-core's default list (iSER,
+# NFS over RDMA), whose module loads under TCG compete with the appliance's start for seconds
+ib_uverbs
+rdma_ucm
+"""
+
 FSTAB = "/dev/vda / ext4 rw,relatime 0 1\n"
 
 
@@ -175,7 +226,11 @@ udp = "0.0.0.0:{CLIENT_PORT}"
 
 [mgmt]
 listen = "0.0.0.0:{MGMT_PORT}"
-"""
+""" + (f"""
+# MQTT devices connect here (docs/edge.md); each logs in as a P&M identity with a password
+[mqtt]
+listen = "0.0.0.0:{MQTT_PORT}"
+""" if role == "edge" else "")
 
 
 def files(role: str) -> list[tuple[str, int, str]]:
@@ -183,6 +238,8 @@ def files(role: str) -> list[tuple[str, int, str]]:
     return [
         ("/usr/local/sbin/topicwire-config", 0o755, CONFIG_SCRIPT),
         ("/usr/local/sbin/topicwire-rxe", 0o755, RXE_SCRIPT),
+        ("/usr/local/sbin/topicwire-wait", 0o755, WAIT_SCRIPT),
+        ("/etc/rdma/modules/rdma.conf", 0o644, RDMA_MODULES),
         ("/etc/systemd/system/topicwire-config.service", 0o644, CONFIG_UNIT),
         ("/etc/systemd/system/topicwire-rxe.service", 0o644, RXE_UNIT),
         ("/etc/systemd/system/topicwire.service", 0o644, APPLIANCE_UNIT),

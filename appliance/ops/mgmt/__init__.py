@@ -9,6 +9,6 @@ Prometheus collector over the status snapshot, ``logs`` the structured (JSON lin
 of ``[log]``. ``topicwire status`` (appliance/ops/cli/status_cmd.py) is the API's client.
 """
 
-from appliance.ops.mgmt.server import MgmtServer, serve
+from appliance.ops.mgmt.server import MgmtServer, launch, serve
 
-__all__ = ["MgmtServer", "serve"]
+__all__ = ["MgmtServer", "launch", "serve"]

@@ -197,18 +197,20 @@ def main() -> int:
     # Ctrl-C and SIGHUP are the appliance's to handle: it ends this process by closing the feed
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # the imports first: the appliance starts this process early (ProcessServer.launch) and
+    # sends the setup once its channels and agents run, so they overlap with its own start
+    from appliance.ops.mgmt.logs import configure
+    from appliance.ops.mgmt.server import MgmtServer
+
     feed = os.fdopen(sys.stdin.fileno(), "rb", buffering=0)
     setup = read_frame(feed)
     if setup is None:
         return 0
     _die_with_parent(setup["pid"])
-    from appliance.ops.mgmt.logs import configure
-
     configure(setup["log"], setup["log"].get("node"))
     first = read_frame(feed)
     if first is None:
         return 0
-    from appliance.ops.mgmt.server import MgmtServer
 
     link = socket.socket(fileno=setup["link_fd"])
     sock = socket.socket(fileno=setup["listen_fd"])

@@ -56,7 +56,7 @@ from appliance.ops.mgmt.metrics import appliance_channel_samples
 
 log = logging.getLogger("topicwire.mgmt")
 
-FORWARDED = frozenset({"set_route", "clear_route", "disconnect_client"})
+FORWARDED = frozenset({"set_route", "clear_route", "disconnect_client", "shutdown"})
 """The commands the API's process may forward (the API's POST and DELETE endpoints)."""
 MAX_BACKOFF_S = 60.0
 """Longest wait between starts of an API process that keeps ending at once."""
@@ -64,6 +64,13 @@ SHORT_LIFE_S = 10.0
 """An API process that ended within this long of starting doubles the wait before the next."""
 ROOT = Path(__file__).resolve().parents[3]
 """The directory that holds the ``appliance`` package (on the process's PYTHONPATH)."""
+
+
+def close_at_fork(fd: int, close: bool = True) -> None:
+    """appliance/dataplane/process.py's ``close_at_fork`` (imported when first needed)."""
+    from appliance.dataplane.process import close_at_fork as at_fork
+
+    at_fork(fd, close)
 
 
 class ProcessServer:
@@ -121,12 +128,27 @@ class ProcessServer:
         return self._proc.pid if self._proc is not None else None
 
     # --- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> ProcessServer:
+    def launch(self) -> ProcessServer:
+        """Start the API's process now, before the appliance's channels and agents: its
+        interpreter starts and imports while the appliance starts (seconds at an appliance
+        image's boot under TCG); ``start`` then gives it the listening socket's setup and the
+        first snapshot and waits until it serves."""
         try:
-            self._spawn()
+            self._launch()
         except BaseException:
             self._end_process()
-            self._sock.close()
+            self._close_sock()
+            raise
+        return self
+
+    def start(self) -> ProcessServer:
+        try:
+            if self._proc is None:
+                self._launch()
+            self._handshake()
+        except BaseException:
+            self._end_process()
+            self._close_sock()
             raise
         self._feeder = threading.Thread(target=self._feed_loop, name="mgmt-feed", daemon=True)
         self._feeder.start()
@@ -142,6 +164,10 @@ class ProcessServer:
             if self._feeder.is_alive() and self._proc is not None:  # stuck writing the feed
                 self._proc.kill()
         self._end_process()
+        self._close_sock()
+
+    def _close_sock(self) -> None:
+        close_at_fork(self._sock.fileno(), close=False)
         self._sock.close()
 
     def _end_process(self) -> None:
@@ -149,6 +175,7 @@ class ProcessServer:
         if proc is not None:
             try:
                 if proc.stdin is not None:
+                    close_at_fork(proc.stdin.fileno(), close=False)
                     proc.stdin.close()  # the end of the feed: the process closes and exits
             except OSError:
                 pass
@@ -161,6 +188,7 @@ class ProcessServer:
                 proc.wait()
         link, self._link = self._link, None
         if link is not None:
+            close_at_fork(link.fileno(), close=False)
             try:
                 link.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -173,9 +201,14 @@ class ProcessServer:
     def _spawn(self) -> None:
         """Start the API's process and wait until it serves (``MGMT_START_TIMEOUT_S``); a
         ``ConfigError`` saying why when it does not."""
+        self._launch()
+        self._handshake()
+
+    def _launch(self) -> None:
+        """Start the API's process (it imports, then waits for its setup on the feed)."""
         ours, theirs = socket.socketpair()
         self._link = ours
-        their_fd = theirs.fileno()  # the same number in the process (pass_fds)
+        self._their_fd = theirs.fileno()  # the same number there (pass_fds)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]]
                                                           if env.get("PYTHONPATH") else []))
@@ -197,10 +230,18 @@ class ProcessServer:
         except OSError as exc:
             log.warning("mgmt.process: cannot lower the management API process's priority "
                         "(%s); it competes with the data path for the CPU", exc)
+        assert self._proc.stdin is not None
+        for fd in (self._sock.fileno(), ours.fileno(), self._proc.stdin.fileno()):
+            close_at_fork(fd)  # a data path forked later must not hold them
+
+    def _handshake(self) -> None:
+        """Send the launched process its setup and the first snapshot; wait until it serves."""
+        assert self._proc is not None and self._link is not None
+        ours = self._link
         ready = None
         try:
             self._send({**self._setup, "listen_fd": self._sock.fileno(),
-                        "link_fd": their_fd})
+                        "link_fd": self._their_fd})
             self._send(self._snapshot(self.appliance.status()))
             ours.settimeout(MGMT_START_TIMEOUT_S)
             reader = ours.makefile("rb")

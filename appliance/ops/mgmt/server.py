@@ -18,6 +18,7 @@ Endpoints (docs/appliance.md, "Management API"):
     POST   /routes                 {"source", "destination", "path"}: set a route override
     DELETE /routes                 {"source", "destination"} (or ?source=&destination=): clear it
     DELETE /clients/<session>      end a client session (the client is told)
+    POST   /shutdown               {"reason"?}: drain and stop the appliance as on SIGTERM
 
 Commands need ``Authorization: Bearer <token>`` (``mgmt.token`` or ``mgmt.token_file``):
 no header or a wrong token is 401, and with no token configured every command is refused
@@ -99,6 +100,7 @@ ENDPOINTS = (
     ("POST", "/routes", "set a route override {source, destination, path} (token)"),
     ("DELETE", "/routes", "clear a route override {source, destination} (token)"),
     ("DELETE", "/clients/<session>", "end a client session (token)"),
+    ("POST", "/shutdown", "drain and stop the appliance as on SIGTERM {reason?} (token)"),
 )
 """What ``GET /`` lists: (method, path, what)."""
 
@@ -446,6 +448,14 @@ class MgmtServer:
                 raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: {_clip(text, 40)!r} is not a "
                                  "session number; GET /clients lists them")
             return self._submit("disconnect_client", {"session": int(text)})
+        if path == "/shutdown" and method == "POST":
+            unknown = sorted(set(body) - {"reason"})
+            reason = body.get("reason", "")
+            if unknown or not isinstance(reason, str):
+                raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: POST /shutdown takes an empty "
+                                 "body or {\"reason\": \"<text>\"}"
+                                 + (f", not {', '.join(map(repr, unknown))}" if unknown else ""))
+            return self._submit("shutdown", {"reason": reason} if reason else {})
         raise AssertionError((method, path))
 
     def _submit(self, command: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -489,6 +499,8 @@ def _route(method: str, path: str) -> tuple[str, set[str]]:
         return ("metrics" if method == "GET" else ""), {"GET"}
     if path in ("/healthz", "/readyz"):
         return ("health" if method == "GET" else ""), {"GET"}
+    if path == "/shutdown":
+        return ("command" if method == "POST" else ""), {"POST"}
     if path.startswith("/clients/") and path.count("/") == 2:
         return ("command" if method == "DELETE" else ""), {"DELETE"}
     known = ", ".join(f"{m} {p}" for m, p, _ in ENDPOINTS)
@@ -904,10 +916,24 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("mgmt: %s %s", self.peer, _clip(format % args), extra={"peer": self.peer})
 
 
-def serve(appliance: Any, config: ApplianceConfig) -> Any:
+def launch(appliance: Any, config: ApplianceConfig) -> Any:
+    """The API's process, started at the beginning of ``Appliance.start`` (the listening
+    socket bound, the process importing while the appliance starts); None with
+    ``mgmt.process = false``. ``serve(..., launched=)`` completes it; ``close()`` ends it."""
+    if not config.mgmt.get("process", True):
+        return None
+    from appliance.ops.mgmt.process import ProcessServer
+
+    host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True,
+                               ipv6=True)
+    return ProcessServer(appliance, config, host, port, read_token(config)).launch()
+
+
+def serve(appliance: Any, config: ApplianceConfig, launched: Any = None) -> Any:
     """Start the API on ``mgmt.listen`` (the management hook ``Appliance.start`` calls): in a
-    process of its own (``ProcessServer``, appliance/ops/mgmt/process.py) unless
-    ``mgmt.process = false``, then on a thread of this process (``MgmtServer``)."""
+    process of its own (``ProcessServer``, appliance/ops/mgmt/process.py; ``launched``: the
+    one ``launch`` started) unless ``mgmt.process = false``, then on a thread of this process
+    (``MgmtServer``)."""
     host, port = parse_address(config.mgmt["listen"], "mgmt.listen", allow_zero_port=True,
                                ipv6=True)
     token = read_token(config)
@@ -920,8 +946,8 @@ def serve(appliance: Any, config: ApplianceConfig) -> Any:
     if config.mgmt.get("process", True):
         from appliance.ops.mgmt.process import ProcessServer
 
-        server: MgmtServer | ProcessServer = ProcessServer(appliance, config, host, port,
-                                                           token).start()
+        server: MgmtServer | ProcessServer = (
+            launched or ProcessServer(appliance, config, host, port, token)).start()
     else:
         server = MgmtServer(appliance, host, port, token, tls).start()
     if not ipaddress.ip_address(host).is_loopback:

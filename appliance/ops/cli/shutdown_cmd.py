@@ -1,0 +1,104 @@
+"""``topicwire shutdown [--mgmt URL] [--token T] [--reason TEXT]``: drain and stop an appliance.
+
+Sends ``POST /shutdown`` to the appliance's management API (``mgmt.listen``; default
+``http://127.0.0.1:8470``, or ``$TOPICWIRE_MGMT``) with the token (``--token``, ``--token-file``
+or ``$TOPICWIRE_MGMT_TOKEN``, as ``topicwire status`` takes it): the appliance drains as on
+SIGTERM (logins refused, clients and neighbours logged out, queued frames sent) and its
+``topicwire run`` exits (with ``--shutdown-exit-code``; an appliance image then powers off:
+docs/images.md, "Shutdown"). It prints the appliance's answer and returns once the appliance
+accepted the command, not when it has stopped.
+
+Exit codes: 0 the appliance is stopping; 2 the command line is wrong or the token refused
+(no token configured at the appliance: commands are off); 1 the appliance could not be
+reached or refused (already stopping: 503).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from appliance.ops.mgmt.config import STATUS_HTTP_TIMEOUT_S
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``shutdown``."""
+    from appliance.ops.cli.status_cmd import DEFAULT_URL, _timeout
+
+    parser = subparsers.add_parser("shutdown", help="drain and stop an appliance through its "
+                                   "management API (POST /shutdown)")
+    parser.add_argument("--mgmt", metavar="URL", default=None,
+                        help=f"the management API (default $TOPICWIRE_MGMT or {DEFAULT_URL})")
+    parser.add_argument("--token", default=None,
+                        help="the appliance's mgmt.token (default $TOPICWIRE_MGMT_TOKEN)")
+    parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
+                        help="read the bearer token from FILE")
+    parser.add_argument("--reason", default="", help="why (goes into the appliance's drain "
+                        "log line)")
+    parser.add_argument("--ca-file", type=Path, default=None, metavar="FILE",
+                        help="for https: the CA certificates that signed the API's certificate")
+    parser.add_argument("--cert-file", type=Path, default=None, metavar="FILE",
+                        help="for https: this client's certificate (PEM)")
+    parser.add_argument("--key-file", type=Path, default=None, metavar="FILE",
+                        help="the private key of --cert-file (PEM; default: in it)")
+    parser.add_argument("--timeout", type=_timeout, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
+                        help=f"seconds to wait for the answer (default {STATUS_HTTP_TIMEOUT_S})")
+    parser.set_defaults(handler=run)
+
+
+def post_shutdown(url: str, token: str | None, reason: str, timeout_s: float,
+                  tls: Any = None) -> dict[str, Any]:
+    """``POST url/shutdown``; the answer's JSON. StatusUsageError (token refused) /
+    StatusUnreachable (not reached, refused, not a topicwire API) when it fails."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    from appliance.ops.cli.status_cmd import _error_text
+    from appliance.ops.mgmt.errors import StatusUnreachable, StatusUsageError
+
+    body = json.dumps({"reason": reason} if reason else {}).encode()
+    request = urllib.request.Request(url + "/shutdown", data=body, method="POST", headers={
+        "Accept": "application/json", "Content-Type": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=tls) as answer:
+            raw = answer.read()
+    except urllib.error.HTTPError as exc:
+        detail = _error_text(exc)
+        if exc.code in (401, 403):
+            raise StatusUsageError(f"{url} refused the command ({exc.code}): "
+                                   f"{detail}", component="shutdown") from None
+        raise StatusUnreachable(f"{url}/shutdown answered {exc.code}: {detail}",
+                                component="shutdown") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason_text = getattr(exc, "reason", exc)
+        raise StatusUnreachable(f"cannot reach the management API at {url} "
+                                f"({reason_text}); is the appliance running with mgmt.listen "
+                                "there? Point --mgmt at it", component="shutdown") from None
+    except http.client.HTTPException as exc:
+        raise StatusUnreachable(f"{url}/shutdown did not answer HTTP "
+                                f"({type(exc).__name__}); is this a topicwire management "
+                                "API?", component="shutdown") from None
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        doc = None
+    if not isinstance(doc, dict) or not doc.get("ok"):
+        raise StatusUnreachable(f"{url}/shutdown did not answer like a topicwire "
+                                "management API", component="shutdown")
+    return doc
+
+
+def run(args: argparse.Namespace) -> int:
+    from appliance.ops.cli.status_cmd import _tls, _token, base_url
+
+    url = base_url(args.mgmt)
+    answer = post_shutdown(url, _token(args), args.reason, args.timeout, _tls(args, url))
+    print(f"{url}: the appliance is stopping ({answer.get('reason', '')})",
+          file=sys.stderr)
+    return 0
