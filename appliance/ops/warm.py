@@ -208,13 +208,40 @@ def _traffic(appliances: dict[str, Any], configs: dict[str, dict], deadline: flo
 
             _until(lambda rnd=rnd, got=got, counts=counts, want=want, gwant=gwant,
                    sselected=sselected: f"round {rnd}'s messages did not all arrive (got "
-                   f"{got}, {counts}; wanted {want}, {gwant} guaranteed, {sselected} selected)",
-                   drained, deadline)
+                   f"{got}, {counts}; wanted {want}, {gwant} guaranteed, {sselected} selected"
+                   f"; {_losses(subs, appliances)})", drained, deadline)
             delivered += sum(got.values()) + sum(counts.values())
         return delivered
     finally:
         for c in clients:
             c.close()
+
+
+def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
+    """Where messages were dropped, for a round that fell short: each UDP subscriber's socket
+    (the kernel's ``drops`` in /proc/net/udp: its buffer was full) and each appliance's
+    non-zero drop counters."""
+    out = []
+    try:
+        with open("/proc/net/udp") as f:
+            rows = {parts[1]: int(parts[12]) for parts in map(str.split, f)
+                    if len(parts) > 12 and parts[12].isdigit()}
+    except OSError:
+        rows = {}
+    for name, client in clients.items():
+        address = getattr(client.channel, "local_address", None)
+        if address and rows:
+            local = f"0100007F:{address[1]:04X}"
+            out.append(f"{name} socket drops {rows.get(local, '?')}")
+    for name, appliance in appliances.items():
+        status = appliance.status()
+        counters = {**status.get("counters", {}), **{
+            k: v for k, v in status.get("offload", {}).items() if isinstance(v, int)}}
+        dropped = {k: v for k, v in counters.items() if v and any(
+            w in k for w in ("drop", "parked_expired", "unroutable", "no_port", "full",
+                             "backpressure", "lost"))}
+        out.append(f"{name}: {dropped or 'no drops counted'}")
+    return "; ".join(out)
 
 
 def run_warm(force: bool = False, say: Callable[[str], None] = print) -> dict[str, Any]:
