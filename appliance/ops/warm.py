@@ -233,12 +233,19 @@ def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
         if address and rows:
             local = f"0100007F:{address[1]:04X}"
             out.append(f"{name} socket drops {rows.get(local, '?')}")
+        refused = {k: v for k, v in client.refused_by_reason.items() if v}
+        if refused:
+            out.append(f"{name} refused frames {refused}")
+        pending = sum(map(len, list(client._pending.values())))
+        if pending:  # messages of topic keys it could not name yet (asked with RESOLVE)
+            out.append(f"{name} holds {pending} messages of {len(client._pending)} unnamed "
+                       "topic keys")
     for name, appliance in appliances.items():
         status = appliance.status()
         counters = {**status.get("counters", {}), **{
             k: v for k, v in status.get("offload", {}).items() if isinstance(v, int)}}
         dropped = {k: v for k, v in counters.items() if v and any(
-            w in k for w in ("drop", "parked_expired", "unroutable", "no_port", "full",
+            w in k for w in ("drop", "parked_expired", "unroutable", "no_port", "full", "selector",
                              "backpressure", "lost"))}
         out.append(f"{name}: {dropped or 'no drops counted'}")
     return "; ".join(out)
