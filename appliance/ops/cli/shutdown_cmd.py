@@ -16,12 +16,11 @@ reached or refused (already stopping: 503).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from appliance.ops.mgmt.config import STATUS_HTTP_TIMEOUT_S
+from appliance.ops.mgmt.requests import post_shutdown
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,51 +46,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=_timeout, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
                         help=f"seconds to wait for the answer (default {STATUS_HTTP_TIMEOUT_S})")
     parser.set_defaults(handler=run)
-
-
-def post_shutdown(url: str, token: str | None, reason: str, timeout_s: float,
-                  tls: Any = None) -> dict[str, Any]:
-    """``POST url/shutdown``; the answer's JSON. StatusUsageError (token refused) /
-    StatusUnreachable (not reached, refused, not a topicwire API) when it fails."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    from appliance.ops.cli.status_cmd import _error_text
-    from appliance.ops.mgmt.errors import StatusUnreachable, StatusUsageError
-
-    body = json.dumps({"reason": reason} if reason else {}).encode()
-    request = urllib.request.Request(url + "/shutdown", data=body, method="POST", headers={
-        "Accept": "application/json", "Content-Type": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=tls) as answer:
-            raw = answer.read()
-    except urllib.error.HTTPError as exc:
-        detail = _error_text(exc)
-        if exc.code in (401, 403):
-            raise StatusUsageError(f"{url} refused the command ({exc.code}): "
-                                   f"{detail}", component="shutdown") from None
-        raise StatusUnreachable(f"{url}/shutdown answered {exc.code}: {detail}",
-                                component="shutdown") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason_text = getattr(exc, "reason", exc)
-        raise StatusUnreachable(f"cannot reach the management API at {url} "
-                                f"({reason_text}); is the appliance running with mgmt.listen "
-                                "there? Point --mgmt at it", component="shutdown") from None
-    except http.client.HTTPException as exc:
-        raise StatusUnreachable(f"{url}/shutdown did not answer HTTP "
-                                f"({type(exc).__name__}); is this a topicwire management "
-                                "API?", component="shutdown") from None
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        doc = None
-    if not isinstance(doc, dict) or not doc.get("ok"):
-        raise StatusUnreachable(f"{url}/shutdown did not answer like a topicwire "
-                                "management API", component="shutdown")
-    return doc
 
 
 def run(args: argparse.Namespace) -> int:

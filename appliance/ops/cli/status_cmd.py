@@ -33,6 +33,7 @@ from appliance.ops.mgmt.config import (
     STATUS_HTTP_TIMEOUT_S,
     STATUS_MAX_TIMEOUT_S,
 )
+from appliance.ops.mgmt.requests import error_text
 
 DEFAULT_URL = f"http://{MGMT_DEFAULT_HOST}:{MGMT_DEFAULT_PORT}"
 """Where ``topicwire status`` looks without ``--mgmt`` or ``$TOPICWIRE_MGMT``."""
@@ -144,7 +145,7 @@ def fetch(url: str, path: str, token: str | None, timeout_s: float, tls: Any = N
         with urllib.request.urlopen(request, timeout=timeout_s, context=tls) as answer:
             body = answer.read()
     except urllib.error.HTTPError as exc:
-        detail = _error_text(exc)
+        detail = error_text(exc)
         if exc.code in (401, 403):
             raise StatusUsageError(f"{url} refused the request ({exc.code}): {detail}; pass "
                                    "the appliance's mgmt.token with --token") from None
@@ -163,13 +164,6 @@ def fetch(url: str, path: str, token: str | None, timeout_s: float, tls: Any = N
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise StatusUnreachable(f"{url}{path} did not answer JSON; is this a topicwire "
                                 "management API?") from None
-
-
-def _error_text(exc: Any) -> str:
-    try:
-        return str(json.loads(exc.read()).get("error", exc.reason))
-    except Exception:
-        return str(exc.reason)
 
 
 def run(args: argparse.Namespace) -> int:

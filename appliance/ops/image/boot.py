@@ -217,7 +217,7 @@ class Guest:
         """The management API's ``POST /shutdown`` through the forwarded port: the appliance
         drains and exits, and its unit powers the guest off. (The answer, the seconds until
         QEMU ended); raises BootFailure when the API refused or the guest stayed up."""
-        from appliance.ops.cli.shutdown_cmd import post_shutdown
+        from appliance.ops.mgmt.requests import post_shutdown
 
         started = time.monotonic()
         try:
