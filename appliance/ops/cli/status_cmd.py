@@ -33,7 +33,7 @@ from appliance.ops.mgmt.config import (
     STATUS_HTTP_TIMEOUT_S,
     STATUS_MAX_TIMEOUT_S,
 )
-from appliance.ops.mgmt.requests import error_text
+from appliance.ops.mgmt.requests import request_json
 
 DEFAULT_URL = f"http://{MGMT_DEFAULT_HOST}:{MGMT_DEFAULT_PORT}"
 """Where ``topicwire status`` looks without ``--mgmt`` or ``$TOPICWIRE_MGMT``."""
@@ -129,48 +129,11 @@ def _token(args: argparse.Namespace) -> str | None:
     return args.token or os.environ.get("TOPICWIRE_MGMT_TOKEN") or None
 
 
-def fetch(url: str, path: str, token: str | None, timeout_s: float, tls: Any = None) -> Any:
-    """GET ``url + path`` as JSON (``tls``: the context of an https URL); StatusUsageError /
-    StatusUnreachable when it fails."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    from appliance.ops.mgmt.errors import StatusUnreachable, StatusUsageError
-
-    request = urllib.request.Request(url + path, headers={"Accept": "application/json"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=tls) as answer:
-            body = answer.read()
-    except urllib.error.HTTPError as exc:
-        detail = error_text(exc)
-        if exc.code in (401, 403):
-            raise StatusUsageError(f"{url} refused the request ({exc.code}): {detail}; pass "
-                                   "the appliance's mgmt.token with --token") from None
-        raise StatusUnreachable(f"{url}{path} answered {exc.code}: {detail}; is this a "
-                                "topicwire management API?") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise StatusUnreachable(f"cannot reach the management API at {url} ({reason}); is "
-                                "the appliance running with mgmt.listen set to that address? "
-                                "Point --mgmt at it") from None
-    except http.client.HTTPException as exc:  # not HTTP at all, or cut short
-        raise StatusUnreachable(f"{url}{path} did not answer HTTP ({type(exc).__name__}); is "
-                                "this a topicwire management API?") from None
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise StatusUnreachable(f"{url}{path} did not answer JSON; is this a topicwire "
-                                "management API?") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from appliance.ops.mgmt.errors import StatusUnreachable
 
     url = base_url(args.mgmt)
-    status = fetch(url, "/status", _token(args), args.timeout, _tls(args, url))
+    status = request_json(url, "/status", _token(args), args.timeout, _tls(args, url))
     if not isinstance(status, dict) or "node" not in status:
         raise StatusUnreachable(f"{url}/status is not an appliance status snapshot")
     if args.json:
