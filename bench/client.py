@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,12 @@ def _subscriber(spec: dict[str, Any]) -> None:
 
     stats = SubStats()
     times: list[int] = []
-    measured = [0]
+    """Monotonic time of the first measured message, then of the last."""
+    probed = threading.Event()
 
     def on_message(msg: Any) -> None:
         if msg.payload[:1] == b"p":  # a probe: counted apart
-            measured[0] = -1 if measured[0] == 0 else measured[0]
+            probed.set()
             return
         stats.on_message(msg)
         if len(times) < 2:
@@ -101,13 +103,13 @@ def _subscriber(spec: dict[str, Any]) -> None:
         client.subscribe(TOPIC, callback=on_message)
         print("READY", flush=True)
         deadline = time.monotonic() + RESULT_TIMEOUT_S
-        seen, quiet_since = 0, time.monotonic()
+        seen, quiet_since, told = 0, time.monotonic(), False
         while stats.received < spec["expect"] and time.monotonic() < deadline:
             ready, _, _ = select.select([sys.stdin], [], [], 0.05)
             if ready and sys.stdin.readline().strip() == "STOP":
                 break
-            if measured[0] == -1:
-                measured[0] = 1
+            if probed.is_set() and not told:
+                told = True
                 print("PROBED", flush=True)
             if stats.received != seen:
                 seen, quiet_since = stats.received, time.monotonic()
