@@ -75,12 +75,13 @@ soak: setup
 	$(PY) tests/soak.py
 
 # Hostile input (tests/fuzz): mutated frames at a live appliance's client and fabric ports,
-# FUZZ_SECONDS at each, then mutated inputs through every decoder for FUZZ_SECONDS; both run,
-# and it fails if either found a crash or an unaccounted frame (saved in tests/fuzz/corpus).
+# FUZZ_SECONDS at each, after mutated inputs through every decoder for FUZZ_SECONDS. Both run,
+# the live one last (its one-line verdict ends the output), and it fails if either found a
+# crash or an unaccounted frame (saved in tests/fuzz/corpus).
 fuzz: setup
 	@status=0; \
-	$(PY) -m tests.fuzz live --seconds $(FUZZ_SECONDS) || status=1; \
 	$(PY) -m tests.fuzz decoders --seconds $(FUZZ_SECONDS) || status=1; \
+	$(PY) -m tests.fuzz live --seconds $(FUZZ_SECONDS) || status=1; \
 	exit $$status
 
 # RDMA hardware tests: here if this machine has an RDMA device, else in a soft-RoCE QEMU guest

@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_decoders(args.seconds, seed, targets)
     text = json.dumps(summary, indent=None if args.json else 1)
     print(text)
+    if args.command == "live":
+        from tests.fuzz.live import verdict
+
+        print(verdict(summary), file=sys.stderr, flush=True)
     return 0 if summary["ok"] else 1
 
 

@@ -610,6 +610,30 @@ def run_live(seconds: float, ports: list[str], seed: int, triage: bool = True,
     return summary
 
 
+def verdict(summary: dict[str, Any]) -> str:
+    """One line saying whether the run passed and, if not, what failed where (printed last,
+    so a log cut short by its length still says it)."""
+    if summary["ok"]:
+        return f"fuzz live: seed {summary['seed']}: passed"
+    problems = []
+    if not summary.get("appliance_running", False):
+        problems.append("the appliance stopped")
+    for port, r in summary["ports"].items():
+        if r["crashes"]:
+            problems.append(f"{port} port: {len(r['crashes'])} crash(es): {r['crashes'][0]}")
+        if r["unaccounted"] or r["lost_between_send_and_channel"]:
+            problems.append(
+                f"{port} port: {r['unaccounted']} frame(s) received but under no counter, "
+                f"{r['lost_between_send_and_channel']} sent but neither received nor dropped "
+                f"by the kernel (settled: {r['settled']})")
+    if summary.get("round_trip") != "ok":
+        problems.append(f"the client round trip after fuzzing: {summary.get('round_trip')}")
+    if summary.get("saved_to_corpus"):
+        problems.append(f"saved to the corpus: {', '.join(summary['saved_to_corpus'])}")
+    return (f"fuzz live: seed {summary['seed']}: FAILED: " + "; ".join(problems or ["see above"])
+            + f" (repeat with --seed {summary['seed']})")
+
+
 # --- triage and replay ------------------------------------------------------------------------
 REPLAY_LINGER_S = 2.5
 """How long a replay watches an idle appliance after its last frame: timers that act on what
