@@ -28,8 +28,8 @@ requires_tshark = pytest.mark.skipif(
     TSHARK is None, reason="tshark is not installed (`make setup` installs Debian's tshark)")
 
 _BYTES_FIELDS = {"payload", "mac", "app_payload", "value_bytes"}
-_TEXT_FIELDS = {"topic", "name", "pattern", "client_id", "successor_id", "document", "key",
-                "value"}
+_TEXT_FIELDS = {"topic", "name", "pattern", "selector", "client_id", "successor_id", "document",
+                "key", "value"}
 _GENERATED_TEXT_FIELDS = {"topic_name"}
 """Texts the dissector adds from what it saw before (no bytes of their own)."""
 

@@ -49,7 +49,7 @@ local ENUMS = {
   state = {[0] = "OFF", [1] = "ON"},
   policy = {[0] = "THROTTLE", [1] = "DROP_OLDEST", [2] = "CONFLATE"},
   op = {[1] = "SET_SUCCESSOR", [2] = "NOTIFY_ANCESTOR", [3] = "SUBSCRIBE_SUCCESSORS", [4] = "SUCCESSOR_DATA"},
-  kind = {[1] = "LSA", [2] = "INTEREST", [3] = "PM_UPDATE", [4] = "LOGIN", [5] = "LOGIN_RESULT", [6] = "REQUEST_RESULT", [7] = "RESOLVE", [8] = "LOGOUT", [9] = "ECHO", [10] = "REPLAY", [11] = "REPLAY_RESULT"},
+  kind = {[1] = "LSA", [2] = "INTEREST", [3] = "PM_UPDATE", [4] = "LOGIN", [5] = "LOGIN_RESULT", [6] = "REQUEST_RESULT", [7] = "RESOLVE", [8] = "LOGOUT", [9] = "ECHO", [10] = "REPLAY", [11] = "REPLAY_RESULT", [12] = "INTEREST_SELECTORS"},
   value_kind = {[0] = "TEXT", [1] = "BYTES"},
 }
 
@@ -115,8 +115,8 @@ local ADMIN_LAYOUTS = {
 [4] = { -- SUBSCRIBE
   entry = "subscription",
   fixed_bytes = 16,
-  fields = {{name = "sub_id", offset = 0, width = 4}, {name = "namespace_id", offset = 4, width = 4}, {name = "pattern_len", offset = 8, width = 2}, {name = "qos", offset = 10, width = 1}, {name = "flags", offset = 11, width = 1, hex = true}, {name = "reserved", offset = 12, width = 4}},
-  texts = {"pattern"},
+  fields = {{name = "sub_id", offset = 0, width = 4}, {name = "namespace_id", offset = 4, width = 4}, {name = "pattern_len", offset = 8, width = 2}, {name = "qos", offset = 10, width = 1}, {name = "flags", offset = 11, width = 1, hex = true}, {name = "selector_len", offset = 12, width = 4}},
+  texts = {"pattern", "selector"},
   text_limit_bytes = 1024,
   body_name = "subscribe",
   body_bytes = 0,
@@ -126,8 +126,8 @@ local ADMIN_LAYOUTS = {
 [5] = { -- UNSUBSCRIBE
   entry = "subscription",
   fixed_bytes = 16,
-  fields = {{name = "sub_id", offset = 0, width = 4}, {name = "namespace_id", offset = 4, width = 4}, {name = "pattern_len", offset = 8, width = 2}, {name = "qos", offset = 10, width = 1}, {name = "flags", offset = 11, width = 1, hex = true}, {name = "reserved", offset = 12, width = 4}},
-  texts = {"pattern"},
+  fields = {{name = "sub_id", offset = 0, width = 4}, {name = "namespace_id", offset = 4, width = 4}, {name = "pattern_len", offset = 8, width = 2}, {name = "qos", offset = 10, width = 1}, {name = "flags", offset = 11, width = 1, hex = true}, {name = "selector_len", offset = 12, width = 4}},
+  texts = {"pattern", "selector"},
   text_limit_bytes = 1024,
   body_name = "unsubscribe",
   body_bytes = 0,
