@@ -91,6 +91,9 @@ the CPU port, nic_offload.model)."""
 APPLIANCE_EGRESS_PORTS = 64
 """Egress ports kept for destination appliances (two per remote appliance with interest:
 best-effort and guaranteed); clients never take the last ones."""
+MAX_SELECTORS_PER_SESSION = 256
+"""Best-effort subscriptions with a selector one client session may hold (each is a rule the
+appliance evaluates per message of its topics; docs/selectors.md, "In the fabric")."""
 DENIALS_KEPT = 128
 """Rows of the denial table ((identity, action, pattern) -> count); denials of a new row
 beyond are counted (``control_denials_dropped``), not kept."""

@@ -27,8 +27,8 @@ subscriptions again (docs/appliance.md, "Connection states").
 Every error the API raises is a ``TopicwireError`` (exported here): ``ClientError`` for a
 refused operation (``LoginError``, ``EntitlementError``, ``ConnectionLostError``,
 ``NoAnswerError`` (the appliance did not answer: not running or unreachable),
-``UnacknowledgedError``, ``PublishFailedError``), the channels' and the protocol's errors for
-what the transport reports.
+``UnacknowledgedError``, ``PublishFailedError``, ``SelectorRefusedError``), the channels'
+and the protocol's errors for what the transport reports.
 """
 
 from appliance.client.api import (
@@ -47,6 +47,7 @@ from appliance.client.errors import (
     ConnectionLostError,
     NoAnswerError,
     PublishFailedError,
+    SelectorRefusedError,
     UnacknowledgedError,
 )
 from appliance.client.outcomes import Outcome
@@ -61,6 +62,7 @@ __all__ = [
     "NoAnswerError",
     "Outcome",
     "PublishFailedError",
+    "SelectorRefusedError",
     "STATES",
     "StateChange",
     "UnacknowledgedError",

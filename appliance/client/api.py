@@ -69,6 +69,7 @@ from appliance.client.errors import (
     EntitlementError,
     LoginError,
     NoAnswerError,
+    SelectorRefusedError,
     UnacknowledgedError,
 )
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
@@ -213,6 +214,11 @@ class Subscription:
         self.closed = False
         self.durable: str | None = None
         """The durable subscription's name (``subscribe(..., durable=)``)."""
+        self.selector_filtered = False
+        """The appliance evaluates ``selector`` before it sends (its answer said so, at the
+        subscribe and again after a reconnection): the client does not evaluate it again on
+        a message only this subscription takes (it does when several of the client's
+        subscriptions match the topic, and on a message reassembled from segments)."""
         self.duplicates = 0
         """Messages not handed over because they were handed over already (after a move
         or a reconnection, the replay from the cache and the live stream overlap)."""
@@ -992,14 +998,21 @@ class Client(GuaranteedSide, ConnectionSide):
         if selector:
             from nic_offload.selectors import compile_selector
 
+            if len(selector.encode("utf-8")) > al.MAX_SELECTOR_BYTES:
+                raise ClientError(f"the selector has {len(selector.encode('utf-8'))} UTF-8 "
+                                  f"bytes, at most {al.MAX_SELECTOR_BYTES}; shorten it")
             compiled = compile_selector(selector)
         sub_id = next(self._sub_ids)
         result = self._request(("subscribe", sub_id), lambda: self._admin(
-            fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], 0, pattern)]))
+            fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], 0, pattern,
+                                                     selector or "")]))
         if not result.get("accepted"):
-            raise EntitlementError(f"subscription to {pattern!r} refused: "
-                                   f"{result.get('reason')}")
+            reason = str(result.get("reason"))
+            error = SelectorRefusedError if selector and reason.startswith("selectors:") \
+                else EntitlementError
+            raise error(f"subscription to {pattern!r} refused: {reason}")
         sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback, on_loss)
+        sub.selector_filtered = bool(result.get("selector_filtered"))
         with self._lock:
             self._lists.setdefault(namespace, SubscriptionList()).subscribe(pattern)
             self._subs.append(sub)
@@ -1200,8 +1213,10 @@ class Client(GuaranteedSide, ConnectionSide):
         if known is not None and known[0] != msg.namespace:  # the key names the namespace,
             msg = replace(msg, namespace=known[0])           # not the publisher's header
         event = None
-        for sub in self._targets(msg.namespace, msg.topic, msg.guaranteed):
-            if sub.selector is not None:
+        targets = self._targets(msg.namespace, msg.topic, msg.guaranteed)
+        alone = len(targets) == 1 and msg.segments == 1  # the appliance's check was its own
+        for sub in targets:
+            if sub.selector is not None and not (alone and sub.selector_filtered):
                 if event is None:
                     event = self._event(msg)
                 if not sub.selector.evaluate(event):

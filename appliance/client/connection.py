@@ -438,18 +438,37 @@ class ConnectionSide:
                 for qos in sorted(qoses or {0}):
                     plan.append((True, ns, entry.pattern, qos))
         for subscribe, ns, pattern, qos in plan:
-            sub_id = next(self._sub_ids)
-            ftype = fl.FrameType.SUBSCRIBE if subscribe else fl.FrameType.UNSUBSCRIBE
-            request = "subscribe" if subscribe else "unsubscribe"
-            result = self._request((request, sub_id), lambda f=ftype, i=sub_id, n=ns,
-                                   p=pattern, q=qos: self._admin(
-                f, [al.Subscription(i, n, q, 0, p)]), timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
-            if not result.get("accepted"):
-                log.warning("client %s: %s %r refused on reconnection: %s", self.identity,
-                            request, pattern, result.get("reason"))
-                if subscribe:
-                    for sub in [s for s in subs if s.namespace == ns and s.pattern == pattern]:
-                        sub._close()
+            # the selectors go again too (docs/selectors.md, "In the fabric"): a plain entry
+            # when a subscription of it has none (or none was made with exactly it), one
+            # entry per distinct selector text
+            same = [s for s in subs if subscribe and s.namespace == ns
+                    and s.pattern == pattern and QOS[s.qos] == qos]
+            texts = sorted({s.selector.text for s in same if s.selector is not None})
+            plain = not same or any(s.selector is None for s in same)
+            for text in ([""] if plain else []) + texts:
+                self._make_again(subscribe, ns, pattern, qos, text, subs, same)
+
+    def _make_again(self: Client, subscribe: bool, ns: int, pattern: str, qos: int,
+                    text: str, subs: list, same: list) -> None:
+        """One (un)subscribe of ``_subscribe_again``; a subscription whose selector the
+        appliance filters again is told so, one refused is closed."""
+        sub_id = next(self._sub_ids)
+        ftype = fl.FrameType.SUBSCRIBE if subscribe else fl.FrameType.UNSUBSCRIBE
+        request = "subscribe" if subscribe else "unsubscribe"
+        result = self._request((request, sub_id), lambda: self._admin(
+            ftype, [al.Subscription(sub_id, ns, qos, 0, pattern, text)]),
+            timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
+        mine = [s for s in same if s.selector is not None and s.selector.text == text]
+        if result.get("accepted"):
+            for sub in mine:
+                sub.selector_filtered = bool(result.get("selector_filtered"))
+            return
+        log.warning("client %s: %s %r refused on reconnection: %s", self.identity, request,
+                    pattern, result.get("reason"))
+        if subscribe:
+            for sub in mine if text else [s for s in subs
+                                          if s.namespace == ns and s.pattern == pattern]:
+                sub._close()
 
     # --- reporting --------------------------------------------------------------------------------
     def connection_counters(self: Client) -> dict[str, Any]:

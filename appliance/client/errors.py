@@ -19,6 +19,12 @@ class EntitlementError(ClientError):
     """P&M's entitlements refused a subscription or a publish."""
 
 
+class SelectorRefusedError(ClientError):
+    """The appliance refused a subscription's selector: it does not parse, or names a field
+    the appliance cannot evaluate, or the session holds too many selectors (the reason says
+    which; docs/selectors.md, "In the fabric")."""
+
+
 class NoAnswerError(ClientError):
     """The appliance did not answer a request in time, or its channel is gone: it is not
     running, not reachable, or overloaded (a runtime failure, not a refusal)."""

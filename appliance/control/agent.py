@@ -28,7 +28,7 @@ from appliance.config import (
     STATUS_REFRESH_NS,
     ApplianceConfig,
 )
-from appliance.control import acl_apply, route_apply
+from appliance.control import acl_apply, route_apply, selector_apply
 from appliance.control import auth as auth_mod
 from appliance.control import pm as pmod
 from appliance.control.auth import FabricAuth, epoch_of, group_link_id, hello_link_id
@@ -151,6 +151,14 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._topology_dirty = True
         self._interest_dirty = True
         self._tables_dirty = True
+        self._selectors_dirty = False
+        self._selectors_synced: tuple = ()
+        self._selectors_sent = False
+        self.advertised_selective: dict = {}
+        """This appliance's selective interest (control/selector_apply.py)."""
+        self.interest_selectors: dict = {}
+        """Origin -> ((epoch, seq) of its interest, {(ns, pattern): selector texts})."""
+        """Selector guards handed to the data path (control/selector_apply.py)."""
         self._installed_tables: Any = None
         """The forwarding tables last given to the data path (an equal set is not sent)."""
         self._tables_at_ns = 0
@@ -417,6 +425,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
             self._refresh_at = now_ns + cfg.lsa_refresh_ms * 1_000_000
             self._lsa_due = True
             self._flood(al.ControlKind.INTEREST, self._interest_doc())
+            if self.advertised_selective:
+                self._flood(al.ControlKind.INTEREST_SELECTORS,
+                            selector_apply.selective_doc(self))
             if cfg.pm_mode == "embedded" and self.pm_doc is not None:
                 self._flood(al.ControlKind.PM_UPDATE, self.pm_doc)
             max_age = LSA_MAX_AGE_REFRESHES * cfg.lsa_refresh_ms * 1_000_000
@@ -428,6 +439,7 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                     if self._hold_guaranteed_interest(origin):
                         continue
                     self.interest.pop(origin, None)
+                    self.interest_selectors.pop(origin, None)
                     if all(nb.node_id != origin for nb in self.neighbours.values()):
                         self.names.pop(origin, None)
             work += 1

@@ -19,7 +19,7 @@ from appliance.config import (
     LOGIN_CHALLENGE_TTL_NS,
     LOGIN_CHALLENGES_KEPT,
 )
-from appliance.control import acl_apply
+from appliance.control import acl_apply, selector_apply
 from appliance.control import pm as pmod
 from appliance.control.credentials import (
     NONCE_BYTES,
@@ -353,6 +353,7 @@ class ClientSide:
             self._retired[session.gport] = ("gclient", session.session_id)
         sid = session.session_id
         self.dp.command("remove_session", sid)
+        self._selectors_dirty = self._selectors_dirty or bool(session.rules)
         self._interest_dirty = True
         self._tables_dirty = True
         log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
@@ -391,6 +392,8 @@ class ClientSide:
         sid = session.session_id
         try:
             refused = self._subscribe_refused(session, entry, add)
+            if refused is None and add and entry.selector:
+                refused = selector_apply.selector_refusal(self, session, entry)
             if refused is not None:
                 result.update(accepted=False, reason=refused)
             elif add:
@@ -416,6 +419,9 @@ class ClientSide:
         except (TopicError, OffloadError) as exc:
             result.update(accepted=False, reason=str(exc))
         if result["accepted"]:
+            filtered = selector_apply.record(self, session, entry, add)
+            if add and entry.selector:  # (only then: an older client knows no such key)
+                result["selector_filtered"] = filtered
             if add:
                 session.qos[(ns, pattern)] = QOS_NAMES.get(entry.qos, "best-effort")
             session.patterns = self._positive(f"c:{sid}")

@@ -273,6 +273,7 @@ TEXT = Str(MAX_TOPIC_BYTES)
 """A topic or pattern echoed back (not necessarily valid: it may be the one refused)."""
 REASON = Str(MAX_REASON_CHARS)
 PATTERNS = List(Row((NAMESPACE, PATTERN)), MAX_LIST_ITEMS)
+SELECTOR = Str(MAX_TOPIC_BYTES, 1)
 """``[[namespace, pattern], ...]``"""
 ROUTES = List(Row((NODE_ID, NODE_ID, List(NODE_ID, 256, 2))), MAX_LIST_ITEMS)
 """``[[source, destination, [node, ...]], ...]``"""
@@ -344,6 +345,10 @@ KINDS: dict[ControlKind, Kind] = {
                                "links": List(Row((NODE_ID, COST)), MAX_LIST_ITEMS)})),
     ControlKind.INTEREST: Kind(Obj({"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ,
                                     "patterns": PATTERNS}, {"guaranteed": PATTERNS})),
+    ControlKind.INTEREST_SELECTORS: Kind(Obj(
+        {"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ,
+         "selective": List(Row((NAMESPACE, PATTERN, List(SELECTOR, MAX_LIST_ITEMS))),
+                           MAX_LIST_ITEMS)})),
     ControlKind.PM_UPDATE: Kind(Obj(
         {"pm": NAME, "version": Int(0, MAX_U63),
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
@@ -371,7 +376,7 @@ KINDS: dict[ControlKind, Kind] = {
         {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
          "accepted": Bool()},
         {"sub_id": Int(0, MAX_U32), "pattern": TEXT, "topic": TEXT, "namespace": NAMESPACE,
-         "reason": REASON}, _request_result_rule)),
+         "reason": REASON, "selector_filtered": Bool()}, _request_result_rule)),
     ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
     ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON}), 16_384),
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
@@ -396,6 +401,7 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
     "client": frozenset({ControlKind.LOGIN, ControlKind.RESOLVE, ControlKind.LOGOUT,
                          ControlKind.REPLAY}),
     "neighbour": frozenset({ControlKind.LSA, ControlKind.INTEREST, ControlKind.PM_UPDATE,
+                            ControlKind.INTEREST_SELECTORS,
                             ControlKind.LOGOUT, ControlKind.ECHO}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
                             ControlKind.LOGOUT, ControlKind.REPLAY_RESULT}),

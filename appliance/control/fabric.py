@@ -10,7 +10,7 @@ from appliance.config import (
     FABRIC_MAX_ORIGINS,
     NEIGHBOUR_ECHO_NS,
 )
-from appliance.control import acl_apply
+from appliance.control import acl_apply, selector_apply
 from appliance.control import pm as pmod
 from appliance.control.auth import EPOCH_MASK, group_link_id, hello_link_id
 from appliance.control.documents import DocumentError, validate
@@ -204,6 +204,13 @@ class FabricSide:
                 gpatterns = frozenset((ns, p) for ns, p in doc.get("guaranteed", []))
                 self.interest[origin] = (*version, patterns, gpatterns)
                 self._tables_dirty = True
+                self._selectors_dirty = True  # its selectors are of the old one now
+                self._flood(kind, doc, skip=nb)
+        elif kind is al.ControlKind.INTEREST_SELECTORS:
+            origin = doc["origin"]
+            if origin != self.node_id and origin in self.interest and \
+                    selector_apply.on_selective(self, doc):
+                self._tables_dirty = True
                 self._flood(kind, doc, skip=nb)
         elif kind is al.ControlKind.PM_UPDATE:
             if self.cfg.pm_mode == "remote" and pmod.is_newer(doc, self.pm_doc):
@@ -289,11 +296,19 @@ class FabricSide:
         for lsa in self.lsdb.values():
             entries.append(self._control(al.ControlKind.LSA, _lsa_to_doc(lsa)))
         entries.append(self._control(al.ControlKind.INTEREST, self._interest_doc()))
+        if self.advertised_selective:
+            entries.append(self._control(al.ControlKind.INTEREST_SELECTORS,
+                                         selector_apply.selective_doc(self)))
         for origin, (epoch, seq, patterns, gpatterns) in self.interest.items():
             entries.append(self._control(al.ControlKind.INTEREST, {
                 "origin": origin, "epoch": epoch, "seq": seq,
                 "patterns": sorted([ns, p] for ns, p in patterns),
                 "guaranteed": sorted([ns, p] for ns, p in gpatterns)}))
+            held = self.interest_selectors.get(origin)
+            if held is not None and held[0] == (epoch, seq) and held[1]:
+                entries.append(self._control(al.ControlKind.INTEREST_SELECTORS, {
+                    "origin": origin, "epoch": epoch, "seq": seq,
+                    "selective": [[ns, p, list(t)] for (ns, p), t in sorted(held[1].items())]}))
         if self.pm_doc is not None:
             entries.append(self._control(al.ControlKind.PM_UPDATE, self.pm_doc))
         for entry in entries:  # one per frame: documents may be large
@@ -438,6 +453,7 @@ class FabricSide:
     def _build_snapshot(self) -> None:
         self._tables_dirty = False
         self._synced_registry = self.registry.version
+        selector_apply.sync(self)  # the guards reach the data path before the keys do
         self._install_tables()
         try:
             self._pending_snapshot = self.compiler.build()
@@ -449,8 +465,17 @@ class FabricSide:
         self._interest_dirty = False
         advertised = _minimal(p for s in self.sessions.values() for p in s.patterns)
         gadvertised = _minimal(p for s in self.sessions.values() for p in s.gpatterns)
-        if advertised != self.advertised or gadvertised != self.gadvertised:
+        old = self.advertised
+        self.advertised = advertised
+        selective = selector_apply.selective_interest(self)
+        self.advertised = old
+        if advertised != self.advertised or gadvertised != self.gadvertised or (
+                selective != self.advertised_selective):
             self.advertised = advertised
             self.gadvertised = gadvertised
+            self.advertised_selective = selective
             self.interest_seq += 1
             self._flood(al.ControlKind.INTEREST, self._interest_doc())
+            if selective:  # its own frame: an older neighbour drops only this one
+                self._flood(al.ControlKind.INTEREST_SELECTORS,
+                            selector_apply.selective_doc(self))

@@ -72,6 +72,11 @@ class Session:
     """Topic keys this session registered (at most ``clients.max_registrations``)."""
     pending: int = 0
     """Its answers waiting for the tables to be live (``clients.max_pending_requests``)."""
+    rules: list = field(default_factory=list)
+    """(namespace, pattern, selector text) of its best-effort subscriptions with a selector
+    (at most MAX_SELECTORS_PER_SESSION; control/selector_apply.py)."""
+    plain: set = field(default_factory=set)
+    """(namespace, pattern) of its best-effort subscriptions without selector."""
 
 
 def _minimal(patterns: Any) -> frozenset[tuple[int, str]]:

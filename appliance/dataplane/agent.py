@@ -84,6 +84,7 @@ from appliance.dataplane.state import (
     _PROBE,
     _RETX,
     _U32,
+    ALL_SELECTORS,
     UNKNOWN_KEYS_KEPT,
     DpSession,
     ForwardingTables,
@@ -169,6 +170,18 @@ class DataPlaneAgent(Delivery, Output):
         self.express = _express.Express(self, (CLIENT_UDP, FABRIC, CLIENT_SHM))
         self._load_general_kernels()
         self.acl_classes: dict[int, tuple[str, Any]] = {}
+        self.selector_index: Any = None
+        """One ``SelectorIndex`` over (session id, selector text) of every session with
+        selector guards (``set_selectors``, changed incrementally), None before the first."""
+        self.selector_schemas: dict[int, Any] = {}
+        """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
+        self._selector_texts: dict = {}
+        """Session id, or ("n", destination node), -> its selector texts in
+        ``selector_index``."""
+        self.node_selectors: dict[int, dict[int, tuple[str, ...]]] = {}
+        """Destination appliance -> topic key -> the selectors behind its interest
+        (``set_selectors``): a message none of them takes is not sent towards it."""
+        """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
         """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
         self._acl_log_at = 0
         self._acl_log_lines = 0
@@ -364,6 +377,58 @@ class DataPlaneAgent(Delivery, Output):
         if session is not None:
             session.allowed.update(keys)
             self.allowed_version += 1
+
+    def set_selectors(self, guards: dict[int, dict[int, tuple[str, ...]]],
+                      schemas: list[dict],
+                      nodes: dict[int, dict[int, tuple[str, ...]]] | None = None) -> None:
+        """Selector guards from the control agent (control/selector_apply.py): session id ->
+        topic key -> the selector texts of which one must be TRUE for a message with that key
+        to be delivered to the session; ``schemas``: P&M's schema documents. Sessions not
+        named have no guard. ``nodes``: the same per destination appliance (the selectors
+        behind its interest): a message none of them takes is not sent towards it. Guarded
+        egresses leave the express path for the general loop."""
+        from nic_offload.schema import Schema
+        from nic_offload.selectors import SelectorIndex
+
+        index = self.selector_index
+        if index is None:
+            index = self.selector_index = SelectorIndex()
+        nodes = {dest: g for dest, g in (nodes or {}).items() if g}
+        if set(nodes) != set(self.node_selectors):
+            self.sessions_version += 1  # the express plan changes those destinations' kind
+        wanted: dict = {sid: g for sid, g in guards.items() if g and sid in self.sessions}
+        wanted.update({("n", dest): g for dest, g in nodes.items()})
+        held = self._selector_texts
+        for sub in [sub for sub in held if sub not in wanted]:
+            for text in held.pop(sub):
+                index.remove((sub, text))
+        for sub, guard in wanted.items():
+            old = held.get(sub, set())
+            new = {t for texts in guard.values() for t in texts}
+            for text in old - new:  # only the changes: the index recompiles nothing else
+                index.remove((sub, text))
+            for text in new - old:
+                index.add((sub, text), text)
+            held[sub] = new
+            # a key guarded by all of them (the usual: one pattern) is checked by the
+            # subscriber alone, not by each of its selectors
+            wanted[sub] = {key: ALL_SELECTORS if len(texts) == len(new) else texts
+                           for key, texts in guard.items()}
+        self.node_selectors = {dest: wanted[("n", dest)] for dest in nodes}
+        for sid, session in self.sessions.items():
+            guard = wanted.get(sid)
+            if (session.selectors is None) != (guard is None):
+                self.sessions_version += 1  # the express plan changes the session's kind
+            session.selectors = guard
+        self.selector_schemas = {}
+        for doc in schemas:
+            try:
+                schema = Schema.from_dict(doc)
+            except Exception as exc:  # checked by P&M's loader already
+                log.warning("data path: schema %r unusable for selectors (%s)",
+                            doc.get("name"), exc)
+                continue
+            self.selector_schemas[schema.schema_id] = schema
 
     def set_acl_classes(self, classes: dict[int, tuple[str, Any]]) -> None:
         """The content ACL classes of P&M's document: id -> (name, ``AclClass``); the tables

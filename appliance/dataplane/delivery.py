@@ -30,7 +30,10 @@ from appliance.dataplane.state import (
 from channels.base import FrameBatch
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError
+from datapath.protocol.extensions import split as split_extensions
 from nic_offload.model import AclAction
+from nic_offload.selectors import HEADER_PROPERTIES, message_event
 from nic_offload.softnic import ingress_acl
 
 _ACL_ACCEPT, _ACL_LOG = int(AclAction.ACCEPT), int(AclAction.LOG)
@@ -38,6 +41,11 @@ _ACL_OUTCOME = {_ACL_ACCEPT: "accepted", int(AclAction.REJECT): "rejected", _ACL
                 ingress_acl.SHORT_PAYLOAD: "short_payload"}
 """Ingress verdicts -> the outcome in their counters' names (``content_acl_<outcome>``,
 ``content_acl_<outcome>_class_<name>``)."""
+
+
+_UNEVALUATED = object()
+"""A message the appliance cannot evaluate selectors on (a segment): it passes."""
+_NOTHING: tuple = (frozenset(), frozenset())
 
 
 class Delivery:
@@ -86,6 +94,8 @@ class Delivery:
         me = self.node_id
         counters = self.counters
         checked: dict[int, bool] = {}
+        matched: dict[int, Any] = {}
+        node_selectors = self.node_selectors
         if result.descriptors:
             for off, length, target, kind, index in nic.descriptors[
                     : result.descriptors].tolist():
@@ -116,6 +126,13 @@ class Delivery:
                             continue
                         client = self.sessions.get(what[1])
                         if client is not None:
+                            if client.selectors is not None:
+                                texts = client.selectors.get(keys[index])
+                                if texts is not None and not self._selected(
+                                        client.session_id, texts, buf, index, matched):
+                                    client.selector_filtered += 1
+                                    counters["selector_filtered"] += 1
+                                    continue
                             self._out[client.channel].add_message(
                                 client.dest, origin, client.session_id, stream, buf, off, length)
                             client.delivered += 1
@@ -130,6 +147,13 @@ class Delivery:
                         if ingress:
                             gp.to_node(what[1], stream, buf, off, now_ns)
                     elif ingress:
+                        guard = node_selectors.get(what[1]) if node_selectors else None
+                        if guard is not None:
+                            texts = guard.get(keys[index])
+                            if texts is not None and not self._selected(
+                                    ("n", what[1]), texts, buf, index, matched):
+                                counters["selector_filtered_link"] += 1
+                                continue
                         via = group_direct.get(what[1]) if group_direct else None
                         if via is not None:  # once per message and group, to every member
                             if (index, via) not in grouped:
@@ -153,6 +177,48 @@ class Delivery:
                 m <= _FEW and _UNKNOWN not in verdicts.tolist()):
             return
         self._park_unknown(buf, m, ctxs, now_ns)
+
+    def _selected(self, sid: Any, texts: tuple[str, ...], buf: np.ndarray, index: int,
+                  matched: dict[int, Any]) -> bool:
+        """Whether one of ``texts`` (the selectors of session ``sid``, or of destination
+        ``("n", node)``, guarding this key) is TRUE for message ``index`` of the NIC's last
+        burst: its event is built and matched once against every session's and
+        destination's selectors (``matched`` keeps the answer per message)."""
+        found = matched.get(index)
+        if found is None:
+            found = matched[index] = self._selector_match(buf, index)
+        if found is _UNEVALUATED:
+            return True
+        if not texts:  # ALL_SELECTORS: whichever of its selectors
+            return sid in found[1]
+        return any((sid, t) in found[0] for t in texts)
+
+    def _selector_match(self, buf: np.ndarray, index: int) -> Any:
+        """The (subscriber, selector) pairs TRUE for message ``index`` and their
+        subscribers; ``_UNEVALUATED`` for a segment (evaluated by the client once whole)."""
+        index_ = self.selector_index
+        if index_ is None:
+            return _UNEVALUATED
+        rec = self.nic.batch[index]
+        offset = int(rec["payload_offset"])
+        payload = bytes(buf[offset:offset + int(rec["payload_len"])])
+        flags = int(rec["flags"])
+        if flags & EXTENSION_FLAGS:
+            try:
+                payload, _, seg = split_extensions(payload, flags)
+            except ExtensionError:
+                return _NOTHING  # the client drops it as malformed too
+            if seg is not None:
+                self.counters["selector_unevaluated_segments"] += 1
+                return _UNEVALUATED
+        header = {name: int(rec[name]) for name in HEADER_PROPERTIES}
+        schema = self.selector_schemas.get(header["schema_id"])
+        try:
+            event = message_event(payload, schema, header)
+        except Exception:  # a schema field hiding a header property: nothing to match
+            return _NOTHING
+        found = index_.match(event)
+        return found, {sub for sub, _ in found}
 
     def _content_acl(self, session: DpSession, buf: np.ndarray, index: int, key: int) -> bool:
         """Whether message ``index`` of the NIC's last burst, published by ``session`` (whose

@@ -159,6 +159,8 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
             session = dp.sessions.get(arg)
             if session is None:
                 row[0] = row[P_LOCAL] = K_SKIP
+            elif session.selectors is not None:  # the general loop applies its selectors
+                row[0] = row[P_LOCAL] = K_GENERAL
             elif session.channel != queues[FABRIC_Q] and session.channel in queues:
                 row[:] = (K_DELIVER, queues.index(session.channel), session.dest,
                           session.session_id, K_DELIVER)
@@ -167,7 +169,9 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
                 row[0] = row[P_LOCAL] = K_GENERAL
         elif what == "node" and not tables.group_direct.get(arg):
             hop = tables.next_hop.get(arg)
-            if hop is None:
+            if arg in dp.node_selectors:  # the general loop applies its selectors
+                row[0] = K_GENERAL
+            elif hop is None:
                 row[0] = K_UNROUTABLE
             else:
                 row[:4] = (K_DELIVER, FABRIC_Q, hop, arg)

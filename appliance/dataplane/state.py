@@ -75,6 +75,10 @@ class ForwardingTables:
     """Topic keys sent on both the current and the backup path (duplication mode)."""
 
 
+ALL_SELECTORS: tuple[str, ...] = ()
+"""A guard of every selector its session (or destination) holds: any one TRUE passes."""
+
+
 @dataclass
 class DpSession:
     """A client session as the data path sees it."""
@@ -107,6 +111,12 @@ class DpSession:
     topics: dict[int, str] = field(default_factory=dict)
     """Topic of each key it may publish, kept for sessions with a class only (the audit
     line of a LOG names the topic)."""
+    selectors: dict[int, tuple[str, ...]] | None = None
+    """Topic key -> selector texts guarding its delivery here (one must be TRUE), for keys
+    only its selector subscriptions match (``ALL_SELECTORS``: all it holds); None: no guard
+    (``set_selectors``)."""
+    selector_filtered: int = 0
+    """Messages not delivered to it because no guarding selector was TRUE."""
 
 
 class _OutQueue:

@@ -8,9 +8,9 @@ lengths given in the fixed part) and zero padding to a multiple of 8.
     HELLO/HEARTBEAT  -                   node_id u64, epoch u32, interval_ms u32,  name
                                          role u8, name_len u8, reserved u16,
                                          load_permille u32                 (24 B)
-    SUBSCRIBE/       -                   sub_id u32, namespace_id u32,             pattern
-    UNSUBSCRIBE                          pattern_len u16, qos u8, flags u8,
-                                         reserved u32                      (16 B)
+    SUBSCRIBE/       -                   sub_id u32, namespace_id u32,             pattern,
+    UNSUBSCRIBE                          pattern_len u16, qos u8, flags u8,        selector
+                                         selector_len u32                  (16 B)
     REGISTRY_UPDATE  version u64 (8 B)   topic_key u64, namespace_id u32,          topic
                                          topic_len u16, reserved u16       (16 B)
     NAK, LOSS        -                   first_seq u64, last_seq u64       (16 B)
@@ -103,6 +103,10 @@ class ControlKind(IntEnum):
     """A client asks for one page of the messages its appliance's cache keeps (a pattern,
     from a cache sequence or a publish time)."""
     REPLAY_RESULT = 11
+    INTEREST_SELECTORS = 12
+    """The selectors behind an origin's interest (of the INTEREST of the same epoch and
+    seq): patterns every subscription of which holds a selector, with those selectors. Sent
+    in a frame of its own (an older appliance drops the unknown kind, not the INTEREST)."""
     """The answer to REPLAY: one bounded page of stored messages and where the next begins,
     or the refusal."""
 
@@ -111,6 +115,9 @@ MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES
 """Largest CONTROL document: one entry filling an authenticated frame."""
 
 SUBSCRIPTION_FLAG_NONE = 0
+
+MAX_SELECTOR_BYTES = MAX_TOPIC_BYTES
+"""Longest selector text in a SUBSCRIBE entry (UTF-8 bytes; the entry's text limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +137,9 @@ class Subscription:
     qos: int
     flags: int
     pattern: str
+    selector: str = ""
+    """JMS selector text (docs/selectors.md); empty: none. Its length was a reserved u32,
+    written as zero before selectors travelled, so old frames decode with no selector."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +216,8 @@ _HELLO = AdminLayout(
 )
 _SUBSCRIPTION = AdminLayout(
     Subscription, struct.Struct(">IIHBBI"),
-    ("sub_id", "namespace_id", "pattern_len", "qos", "flags", "_r"),
-    texts=("pattern",),
+    ("sub_id", "namespace_id", "pattern_len", "qos", "flags", "selector_len"),
+    texts=("pattern", "selector"),
 )
 _RANGE = AdminLayout(SeqRange, struct.Struct(">QQ"), ("first_seq", "last_seq"))
 

@@ -36,6 +36,8 @@ GOOD = {  # documents as the appliance and the client library write them
     K.LSA: _lsa_to_doc(Lsa(5, "core-1", 4_000_000_000, 12, ((6, 1), (7, 65_535)))),
     K.INTEREST: {"origin": 5, "epoch": 3, "seq": 9, "patterns": [[0, "a/#"], [2, "+/b"]],
                  "guaranteed": [[0, "g/#"]]},
+    K.INTEREST_SELECTORS: {"origin": 5, "epoch": 3, "seq": 9,
+                           "selective": [[0, "a/#", ["price > 100", "symbol = 'IBM'"]]]},
     K.PM_UPDATE: _pm_doc(),
     K.LOGIN: {"identity": "feed", "ring": "client-1-abcd", "token": 2**63 - 1},
     K.LOGIN_RESULT: {"accepted": True, "session": 77, "node": "core-1", "node_id": 5,

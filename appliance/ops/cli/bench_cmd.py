@@ -15,6 +15,7 @@ BENCHMARKS = (
     "bench.topics",
     "bench.channel",
     "bench.selectors",
+    "bench.selectors_fabric",
     "bench.content_routing",
     "bench.fabric_bench",
     "bench.client",

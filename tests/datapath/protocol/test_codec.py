@@ -147,3 +147,16 @@ def test_auth_trailer_is_parsed_and_the_mac_covers_everything_before_it():
 def test_errors_name_the_component_and_what_happens():
     with pytest.raises(ProtocolError, match=r"^protocol: malformed frame \(bad_magic at byte 0\)"):
         decode_frame(bytes(32))
+
+
+def test_a_subscribe_entry_carries_its_selector_and_old_entries_have_none():
+    sub = al.Subscription(3, 1, 0, 0, "quotes/#", "price > 100 AND symbol = 'IBM'")
+    frame = bytes(encode_admin(fl.FrameType.SUBSCRIBE, [sub]))
+    assert decode_frame(frame).admin()[1] == [sub]
+    # an entry from before selectors: the selector_len u32 was reserved, written as zero
+    old = bytes(encode_admin(fl.FrameType.SUBSCRIBE, [al.Subscription(3, 1, 0, 0, "a/#")]))
+    fixed = fl.FRAME_HEADER_BYTES
+    assert old[fixed + 12 : fixed + 16] == bytes(4)
+    assert decode_frame(old).admin()[1][0].selector == ""
+    with pytest.raises(ValueError, match="1024"):
+        encode_admin(fl.FrameType.SUBSCRIBE, [al.Subscription(3, 1, 0, 0, "a/#", "x" * 1025)])
