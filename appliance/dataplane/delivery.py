@@ -213,6 +213,12 @@ class Delivery:
                 return _UNEVALUATED
         header = {name: int(rec[name]) for name in HEADER_PROPERTIES}
         schema = self.selector_schemas.get(header["schema_id"])
+        if schema is None and header["schema_id"]:
+            # a schema this appliance does not know (yet: P&M's document may arrive after
+            # the guards): it cannot judge, so it does not filter; the client (or the
+            # delivering appliance, which checked the selector's fields) does
+            self.counters["selector_unevaluated_schema"] += 1
+            return _UNEVALUATED
         try:
             event = message_event(payload, schema, header)
         except Exception:  # a schema field hiding a header property: nothing to match
