@@ -172,7 +172,8 @@ class ManagementSide:
         offload.setdefault("malformed", {})
         offload["keys"] = len(self.registry)
         for k in ("off_path", "unknown_peer", "transit_frames", "unroutable", "parked_expired",
-                  "publish_denied", "no_port", "selector_filtered", "selector_filtered_link"):
+                  "publish_denied", "no_port", "selector_filtered", "selector_filtered_link",
+                  "selector_unknown_schema"):
             offload[k] = int(dp_counters.get(k, 0))
         subs = []
         local: Counter = Counter()

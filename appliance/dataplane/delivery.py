@@ -5,6 +5,7 @@ messages parked on a key the tables do not know yet (rerun on a new snapshot, ex
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from typing import Any
@@ -33,7 +34,8 @@ from datapath.protocol import message_layout as ml
 from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError
 from datapath.protocol.extensions import split as split_extensions
 from nic_offload.model import AclAction
-from nic_offload.selectors import HEADER_PROPERTIES, message_event
+from nic_offload.selectors import HEADER_PROPERTIES, compile_selector, message_event
+from nic_offload.selectors.events import HEADER_PREFIX
 from nic_offload.softnic import ingress_acl
 
 _ACL_ACCEPT, _ACL_LOG = int(AclAction.ACCEPT), int(AclAction.LOG)
@@ -46,6 +48,14 @@ _ACL_OUTCOME = {_ACL_ACCEPT: "accepted", int(AclAction.REJECT): "rejected", _ACL
 _UNEVALUATED = object()
 """A message the appliance cannot evaluate selectors on (a segment): it passes."""
 _NOTHING: tuple = (frozenset(), frozenset())
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads_fields(text: str) -> bool:
+    """Whether selector ``text`` reads an identifier other than a header property (a
+    schema field or an application property)."""
+    return any(not name.startswith(HEADER_PREFIX)
+               for name in compile_selector(text).identifiers)
 
 
 class Delivery:
@@ -189,6 +199,9 @@ class Delivery:
             found = matched[index] = self._selector_match(buf, index)
         if found is _UNEVALUATED:
             return True
+        if len(found) == 3 and isinstance(sid, tuple) and any(
+                _reads_fields(t) for t in texts or self._selector_texts.get(sid, ())):
+            return True  # judged without the schema a selector reads: a link passes it
         if not texts:  # ALL_SELECTORS: whichever of its selectors
             return sid in found[1]
         return any((sid, t) in found[0] for t in texts)
@@ -213,17 +226,18 @@ class Delivery:
                 return _UNEVALUATED
         header = {name: int(rec[name]) for name in HEADER_PROPERTIES}
         schema = self.selector_schemas.get(header["schema_id"])
-        if schema is None and header["schema_id"]:
-            # a schema this appliance does not know (yet: P&M's document may arrive after
-            # the guards): it cannot judge, so it does not filter; the client (or the
-            # delivering appliance, which checked the selector's fields) does
-            self.counters["selector_unevaluated_schema"] += 1
-            return _UNEVALUATED
         try:
             event = message_event(payload, schema, header)
         except Exception:  # a schema field hiding a header property: nothing to match
             return _NOTHING
         found = index_.match(event)
+        if schema is None and header["schema_id"]:
+            # a schema this appliance does not know (yet: P&M's document may arrive after a
+            # neighbour's selectors): judged on the header alone, which is final for this
+            # appliance's own sessions (a subscribe naming its fields needs the schema here)
+            # but not for a link, whose far appliance may know the fields (``_selected``)
+            self.counters["selector_unknown_schema"] += 1
+            return found, {sub for sub, _ in found}, True
         return found, {sub for sub, _ in found}
 
     def _content_acl(self, session: DpSession, buf: np.ndarray, index: int, key: int) -> bool:

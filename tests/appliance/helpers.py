@@ -139,10 +139,10 @@ def wait_for(predicate, timeout_s: float = 20.0, interval_s: float = 0.05, what:
 
 @contextlib.contextmanager
 def appliance_pair(identities: dict, *, dataplane: str = "thread",
-                   namespaces: tuple[int, ...] = (0,)):
+                   namespaces: tuple[int, ...] = (0,), schemas: dict | None = None):
     """Two appliances in this process, neighbours over UDP on loopback, A with the embedded
-    P&M (``identities``, no passwords, ``namespaces`` declared), B asking it; yields (a, b,
-    url of A's clients, url of B's) once they have met."""
+    P&M (``identities``, no passwords, ``namespaces`` declared, ``schemas``), B asking it;
+    yields (a, b, url of A's clients, url of B's) once they have met."""
     from appliance.config import parse_config
     from appliance.node import Appliance
 
@@ -153,7 +153,8 @@ def appliance_pair(identities: dict, *, dataplane: str = "thread",
         "fabric": {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY},
         "neighbours": [{"name": f"pb{fb}", "address": f"127.0.0.1:{fb}"}],
         "clients": {"udp": f"127.0.0.1:{ca}"},
-        "pm": {"require_passwords": False, "identities": identities}})).start()
+        "pm": {"require_passwords": False, "identities": identities,
+               **({"schemas": schemas} if schemas else {})}})).start()
     b = Appliance(parse_config({
         "appliance": {"name": f"pb{fb}", **common},
         "fabric": {"listen": f"127.0.0.1:{fb}", "key": FABRIC_KEY},

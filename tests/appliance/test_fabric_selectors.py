@@ -185,6 +185,33 @@ def test_the_link_carries_only_messages_a_selector_behind_it_takes():
                 assert _link_filtered(a) - link_before == 2
 
 
+def test_a_link_passes_what_it_cannot_judge_without_the_schema_and_the_far_side_filters():
+    """An appliance that does not know a message's schema (P&M's document may reach it after
+    a neighbour's selectors) cannot judge a selector on that schema's fields: it sends the
+    message across the link, and the appliance that holds the subscription filters it. A
+    selector on header properties alone is still judged at the link (the test above)."""
+    idents = {"feed": {"publish": ["#"], "subscribe": ["#"]}}
+    with appliance_pair(idents, schemas={"quote": QUOTE}) as (a, b, url_a, url_b):
+        dp = a.dataplane
+        set_selectors = dp.set_selectors
+        # A's data path is handed its guards but never P&M's schemas
+        dp.set_selectors = lambda guards, schemas, nodes=None: set_selectors(guards, [], nodes)
+        dp.selector_schemas = {}
+        with connect(url_a, "feed") as pub, connect(url_b, "feed") as sub_c:
+            sub = sub_c.subscribe("quotes/#", selector="price > 100")
+            wait_for(lambda: _selective_at(a, b) == {(0, "quotes/#"): ("price > 100",)},
+                     what="B's selectors to reach A")
+            link_before, b_before = _link_filtered(a), _filtered(b)
+            for price in (50, 150, 60, 999):
+                pub.publish("quotes/x", SCHEMA.encode({"price": price, "symbol": "A"}),
+                            schema_id=7)
+            pub.flush()
+            assert [p for p, _ in _quotes(sub)] == [150, 999]
+            wait_for(lambda: _filtered(b) - b_before == 2, what="B's filter")
+            assert _link_filtered(a) == link_before
+            assert a.status()["offload"].get("selector_unknown_schema", 0) >= 4
+
+
 def test_a_client_reconnected_to_a_restarted_appliance_sends_its_selectors_again():
     port = free_port()
     config = {"appliance": {"name": f"fr{port}"}, "clients": {"udp": f"127.0.0.1:{port}"},
