@@ -414,6 +414,11 @@ class Express:
             return None
         snap, state = dp.nic.burst_state()
         if rerun and dp.rerun_parked_before(snap.version, now_ns):
+            if q0._open or q1._open or q2._open:
+                # the rerun left frames open (a guarded or guaranteed egress, delivered by
+                # the general loop): the kernel must not send or renumber the queue under
+                # them, or those messages were counted delivered and never sent
+                return None
             snap, state = dp.nic.burst_state()
             if dp._parked and snap.version != dp._parked_version:
                 return None  # another snapshot meanwhile: the general loop sees to it
