@@ -382,19 +382,6 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
             self._on_client(channel, peer, data, now_ns)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
     def _timers(self, now_ns: int) -> int:
         work = 0
         cfg = self.cfg
@@ -449,35 +436,5 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
             self._flood(al.ControlKind.LSA, self._lsa_doc())
             work += 1
         return work
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 

@@ -28,7 +28,6 @@ INBOX_PER_CYCLE = 512
 """Admin frames the control agent handles per duty cycle."""
 
 
-
 @dataclass
 class Neighbour:
     config: NeighbourConfig

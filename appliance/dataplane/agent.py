@@ -181,7 +181,6 @@ class DataPlaneAgent(Delivery, Output):
         self.node_selectors: dict[int, dict[int, tuple[str, ...]]] = {}
         """Destination appliance -> topic key -> the selectors behind its interest
         (``set_selectors``): a message none of them takes is not sent towards it."""
-        """schema_id -> ``Schema`` of P&M's document, to build a message's selector event."""
         """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
         self._acl_log_at = 0
         self._acl_log_lines = 0
@@ -533,7 +532,6 @@ class DataPlaneAgent(Delivery, Output):
         return False
 
 
-
     # --- classification -----------------------------------------------------------------------
     def _on_batch(self, name: str, batch: FrameBatch, now_ns: int, express: bool = True) -> None:
         """Run a received burst: through the forwarding pipeline (``express``: may it try;
@@ -788,21 +786,6 @@ class DataPlaneAgent(Delivery, Output):
             self._run(scratch, list(range(scratch.count)), ctxs, now_ns)
         if gates:
             gp.routing_done()
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
     def drain(self) -> None:

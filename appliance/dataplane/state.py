@@ -24,7 +24,6 @@ from nic_offload.softnic.layout import DescriptorKind, MessageVerdict
 log = logging.getLogger("topicwire.appliance")
 
 
-
 _DATA = int(fl.FrameType.DATA)
 _RETX = int(fl.FrameType.RETRANSMISSION)
 _HEADER = fl.FRAME_HEADER_STRUCT
