@@ -170,6 +170,7 @@ class DataPlaneAgent(Delivery, Output):
         self.express = _express.Express(self, (CLIENT_UDP, FABRIC, CLIENT_SHM))
         self._load_general_kernels()
         self.acl_classes: dict[int, tuple[str, Any]] = {}
+        """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
         self.selector_index: Any = None
         """One ``SelectorIndex`` over (session id, selector text) of every session with
         selector guards (``set_selectors``, changed incrementally), None before the first."""
@@ -181,7 +182,6 @@ class DataPlaneAgent(Delivery, Output):
         self.node_selectors: dict[int, dict[int, tuple[str, ...]]] = {}
         """Destination appliance -> topic key -> the selectors behind its interest
         (``set_selectors``): a message none of them takes is not sent towards it."""
-        """Content ACL classes by id: (name, ``AclClass``) (``set_acl_classes``)."""
         self._acl_log_at = 0
         self._acl_log_lines = 0
         self.digests: Counter[str] = Counter()
