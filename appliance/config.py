@@ -358,7 +358,7 @@ class IdentityConfig:
 
 @dataclass(frozen=True)
 class MqttConfig:
-    """``[mqtt]``: the MQTT server of an edge appliance (docs/edge.md)."""
+    """``[mqtt]``: the MQTT server of an edge appliance (docs/mqtt.md)."""
 
     listen: Address
     max_connections: int = MQTT_MAX_CONNECTIONS
@@ -662,7 +662,7 @@ def _namespaces(value: object, key: str) -> tuple[int, ...]:
 def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
           max_sessions: int, max_subscriptions: int, base: Path,
           identities: dict[str, IdentityConfig] | None = None) -> MqttConfig | None:
-    """``[mqtt]``: an edge's MQTT server (docs/edge.md)."""
+    """``[mqtt]``: an edge's MQTT server (docs/mqtt.md)."""
     if "mqtt" not in doc:
         return None
     mq = _table(doc, "mqtt", {"listen", "max_connections", "max_packet_bytes",

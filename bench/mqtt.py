@@ -18,7 +18,7 @@ built here with ``cc -O2 ... -lmosquitto`` into ``$XDG_CACHE_HOME/topicwire/benc
 source version, as bench/c/udp_relay.c is: one process for the publishers, one for the
 subscribers (conns: one process whose clients do both). Brokers, each started by the bench
 on a free loopback port: ``topicwire`` is ``topicwire run`` of an edge appliance (an
-``[mqtt]`` listener, anonymous clients, docs/edge.md), ``mosquitto`` is Debian's mosquitto
+``[mqtt]`` listener, anonymous clients, docs/mqtt.md), ``mosquitto`` is Debian's mosquitto
 with persistence off. MQTT 3.1.1, ``--payload-bytes`` payloads carrying the publish time.
 
 Per broker and repeat, two runs of ``--duration-s`` each (the same publishers, subscribers

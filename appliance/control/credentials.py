@@ -8,7 +8,7 @@ An identity's ``password`` in ``pm.identities`` is never the password itself but
 16..64 bytes and a 32-byte derived key). ``hash_password`` makes one;
 ``python -m appliance.control.credentials`` reads a password on standard input and prints
 its line for the config. ``verify_password`` compares in constant time. The MQTT edge
-checks CONNECT's username/password with it (docs/edge.md).
+checks CONNECT's username/password with it (docs/mqtt.md).
 
 Native clients never send the password: they prove they know it (SCRAM's exchange, RFC
 5802 section 3, with scrypt for the salted password and keyed BLAKE2b-256 for HMAC and H):

@@ -5,7 +5,7 @@
 then the MQTT server when ``[mqtt]`` is configured (a port in use stops the start with a
 ``ConfigError`` naming ``mqtt.listen``, and the appliance is stopped again); ``stop`` closes
 the MQTT server first (its connections' native sessions log out while the appliance still
-runs), then the appliance. ``status()`` adds the ``mqtt`` section (docs/edge.md).
+runs), then the appliance. ``status()`` adds the ``mqtt`` section (docs/mqtt.md).
 (The edge wraps ``appliance.node`` rather than being started by it: the MQTT server is a
 client of the appliance, and ``appliance.client`` depends on ``appliance.node``.)
 """

@@ -3,7 +3,7 @@ network on 127.0.0.1 (TCP between the two QEMU processes; nothing leaves the hos
 publisher at the core and a subscriber at the edge; at the edge's MQTT listener a paho-mqtt
 subscriber receives the core's native messages and a paho-mqtt publisher reaches a native
 subscriber at the core (anonymous MQTT: an edge with a remote P&M checks no passwords,
-docs/edge.md; the core's P&M gives the identity ``anonymous`` its entitlements).
+docs/mqtt.md; the core's P&M gives the identity ``anonymous`` its entitlements).
 
 Client traffic cannot come through QEMU's user network here: with ``restrict=on`` libslirp
 drops every UDP datagram the guest sends (its replies to a forwarded port included), and

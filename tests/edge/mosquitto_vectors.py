@@ -14,7 +14,7 @@ expects and publishes (through a helper client) what the vector says, then check
 server closed the connection or, for ``expect_disconnect: false``, that it still answers a
 PINGREQ. The helpers ``gen_connect``/``gen_connack``/``gen_publish``... are mosquitto's own
 ``test/mosq_test.py`` from the package. Two points differ from mosquitto's runner, both because
-it assumes a mosquitto with its default configuration on port 1888 (docs/edge.md):
+it assumes a mosquitto with its default configuration on port 1888 (docs/mqtt.md):
 
 * a CONNACK is compared as a packet, not as bytes: same flags, same reason code, every property
   mosquitto sends present with the same value; a server may add the properties in

@@ -1,4 +1,4 @@
-"""Bridges from the edge to a real mosquitto (``[[mqtt.bridges]]``, docs/edge.md): messages in
+"""Bridges from the edge to a real mosquitto (``[[mqtt.bridges]]``, docs/mqtt.md): messages in
 and out at QoS 0 and 1, the remote's Receive Maximum and a pipelined window, mosquitto
 killed and started again, the edge restarted with a backlog, a full backlog, mirrored topics
 without loops, retained messages without echoes."""

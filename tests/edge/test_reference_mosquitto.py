@@ -1,5 +1,5 @@
 """The same MQTT scenarios against the edge and against mosquitto, the reference: what a
-client sees must agree, except the differences docs/edge.md names as deliberate (each is
+client sees must agree, except the differences docs/mqtt.md names as deliberate (each is
 asserted here per broker, so a change on either side shows)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def broker(request, tmp_path) -> Iterator[Any]:
 @pytest.mark.parametrize("version", [4, 5], ids=["3.1.1", "5.0"])
 def test_delivered_qos_for_each_publish_and_subscription_qos(broker, version):
     # MQTT: min(publish, granted), on both (the edge carries the publish QoS in the native
-    # message's headers, docs/edge.md "QoS")
+    # message's headers, docs/mqtt.md "QoS")
     with Peer(broker, "r-sub", version=version) as sub, \
             Peer(broker, "r-pub", version=version) as pub:
         for sub_qos in (0, 1, 2):

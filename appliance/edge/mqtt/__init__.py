@@ -1,4 +1,4 @@
-"""The MQTT 3.1.1/5.0 server of an edge appliance (docs/edge.md).
+"""The MQTT 3.1.1/5.0 server of an edge appliance (docs/mqtt.md).
 
 ``codec.py`` the packets; ``topics.py`` MQTT's topic rules; ``server.py`` the listeners and
 event loop; ``transports.py`` TLS and WebSocket; ``connection.py`` one connection;

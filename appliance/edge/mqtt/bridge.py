@@ -1,4 +1,4 @@
-"""A bridge from the edge to an external MQTT broker (``[[mqtt.bridges]]``, docs/edge.md).
+"""A bridge from the edge to an external MQTT broker (``[[mqtt.bridges]]``, docs/mqtt.md).
 
 Each bridge is a native client session of the edge, logged in as its configured P&M identity
 (its entitlements apply both ways), and an MQTT client of the remote broker (paho-mqtt, one

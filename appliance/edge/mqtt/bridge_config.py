@@ -1,4 +1,4 @@
-"""``[[mqtt.bridges]]``: bridges from an edge appliance to external MQTT brokers (docs/edge.md,
+"""``[[mqtt.bridges]]``: bridges from an edge appliance to external MQTT brokers (docs/mqtt.md,
 "Bridges to external brokers").
 
 ```toml

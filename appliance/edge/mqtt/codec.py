@@ -3,7 +3,7 @@ and encode.
 
 Why hand-written: no codec on PyPI is broker-side and covers both 3.1.1 and 5.0 (paho-mqtt,
 gmqtt and aiomqtt are clients; amqtt is a 3.1.1 broker; ``mqtt5`` is 5.0 only), see
-docs/edge.md. This one is plain Python: the edge's first slice decodes packet by packet.
+docs/mqtt.md. This one is plain Python: the edge's first slice decodes packet by packet.
 
 Every MQTT control packet::
 

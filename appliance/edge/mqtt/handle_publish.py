@@ -8,7 +8,7 @@ publish left for the appliance, QoS 2 with PUBREC (published once; a repeat of t
 before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0 travels as a native
 best-effort message, QoS 1 and 2 as guaranteed ones (the connection's reliable stream,
 recovered hop by hop); the acknowledgement says the edge took the message, not that
-subscribers got it (docs/edge.md, "QoS"). 5.0: a Topic Alias sets or names the topic (at
+subscribers got it (docs/mqtt.md, "QoS"). 5.0: a Topic Alias sets or names the topic (at
 most ``mqtt.topic_alias_maximum``: 0x94 beyond, 0x82 for an unknown one). The message's
 MQTT metadata (publish QoS, retain flag, 5.0 properties and expiry) travels as headers of
 the native message (meta.py), read back by whichever edge delivers it; a message whose

@@ -1,7 +1,7 @@
 """MQTT-only metadata of messages: 5.0 message properties (payload format, content type,
 response topic, correlation data, user properties), the message expiry deadline, the retain
 flag and the publish QoS, carried through the fabric as native **headers** under the
-reserved prefix ``mqtt.`` (docs/edge.md, "Translation"; the header block:
+reserved prefix ``mqtt.`` (docs/mqtt.md, "Translation"; the header block:
 ``datapath/protocol/extension_layout.py``).
 
 The edge that takes an MQTT PUBLISH (or will) into the fabric gives the native message these

@@ -1,6 +1,6 @@
 """The edge's retained messages: the last retained PUBLISH per topic, bounded in count and
 bytes (``mqtt.max_retained``, ``mqtt.max_retained_bytes``). Held in memory by the MQTT
-server's event-loop thread only, not shared with other edges (docs/edge.md). With
+server's event-loop thread only, not shared with other edges (docs/mqtt.md). With
 ``mqtt.state_dir`` every change (set, replaced, cleared) is also recorded in the state store
 (``on_change``, store.py) and the store is filled again from it at start; without, an edge
 restart loses them.

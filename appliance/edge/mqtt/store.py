@@ -1,7 +1,7 @@
 """The edge's MQTT state on disk (``mqtt.state_dir``): persistent sessions, their QoS 1/2
 deliveries, the QoS 2 packet ids awaiting PUBREL, the retained messages and the QoS 1/2
 publishes not yet known to have reached the fabric, so that an edge restart or a ``kill -9``
-loses none of them (docs/edge.md, "Persistence").
+loses none of them (docs/mqtt.md, "Persistence").
 
 One journal ``mqtt-state.log`` in the directory (journal.py: CRC-32 records, a writer thread,
 group commit with one ``fdatasync`` per batch, torn tail cut, compaction), magic

@@ -1,6 +1,6 @@
 """Successor delivery (seed 004): a client names a successor; when it disconnects improperly
 (its socket dropped, its keep-alive expired: no DISCONNECT), the messages that would have gone
-to it go to the successor until it returns, then back to it (docs/edge.md, "Successor
+to it go to the successor until it returns, then back to it (docs/mqtt.md, "Successor
 delivery").
 
 The exchange is four PUBLISHes of the client to reserved ``$successor/`` topics, taken by

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         wake.set()
 
     sys.setswitchinterval(config.switch_interval_us / 1e6)  # a process of its own
-    if config.role == "edge":  # an edge runs its protocol servers too (docs/edge.md)
+    if config.role == "edge":  # an edge runs its protocol servers too (docs/mqtt.md)
         from appliance.edge.node import EdgeAppliance
 
         appliance = EdgeAppliance(config)

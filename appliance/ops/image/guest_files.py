@@ -227,7 +227,7 @@ udp = "0.0.0.0:{CLIENT_PORT}"
 [mgmt]
 listen = "0.0.0.0:{MGMT_PORT}"
 """ + (f"""
-# MQTT devices connect here (docs/edge.md); each logs in as a P&M identity with a password
+# MQTT devices connect here (docs/mqtt.md); each logs in as a P&M identity with a password
 [mqtt]
 listen = "0.0.0.0:{MQTT_PORT}"
 """ if role == "edge" else "")

@@ -218,7 +218,7 @@ def families(status: dict[str, Any]) -> Iterator[Metric]:
             events.add_metric((str(name),), _num(n))
     yield events
 
-    mqtt = status.get("mqtt")  # an edge's MQTT server (docs/edge.md)
+    mqtt = status.get("mqtt")  # an edge's MQTT server (docs/mqtt.md)
     if mqtt:
         yield GaugeMetricFamily(PREFIX + "mqtt_connections", "Open MQTT connections",
                                 value=_num(mqtt.get("connections")))
