@@ -219,7 +219,8 @@ def _traffic(appliances: dict[str, Any], configs: dict[str, dict], deadline: flo
 
 def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
     """Where messages were dropped, for a round that fell short: each UDP subscriber's socket
-    (the kernel's ``drops`` in /proc/net/udp: its buffer was full) and each appliance's
+    (the kernel's ``drops`` in /proc/net/udp: its buffer was full), each subscriber's messages
+    received against those its appliance counted delivered to it, and each appliance's
     non-zero drop counters."""
     out = []
     try:
@@ -240,6 +241,12 @@ def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
         if pending:  # messages of topic keys it could not name yet (asked with RESOLVE)
             out.append(f"{name} holds {pending} messages of {len(client._pending)} unnamed "
                        "topic keys")
+    delivered = {c["session"]: c.get("delivered", 0) for appliance in appliances.values()
+                 for c in appliance.status().get("clients", ())}
+    for name, client in clients.items():  # sent by an appliance, not received: lost between
+        if client.session in delivered:
+            out.append(f"{name} received {client.received} of the {delivered[client.session]} "
+                       "its appliance delivered")
     for name, appliance in appliances.items():
         status = appliance.status()
         counters = {**status.get("counters", {}), **{
