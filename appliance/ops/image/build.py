@@ -45,7 +45,7 @@ PACKAGES = ("linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmo
 """dbus: systemd-logind, which powers the guest off on ACPI's power button (QEMU's
 ``system_powerdown``), needs it. python3-pyverbs: the RDMA channel's verbs (Debian's, built
 against its libibverbs; the venv loads that one package from dist-packages)."""
-INITRAMFS_CONF = """# the image's: only the modules listed in modules.d/topicwire (QEMU's virtio disk, ext4),
+INITRAMFS_CONF = """# the image's: only the modules in modules.d/topicwire (the virtio disk, ext4),
 # not Debian's MODULES=most (every storage driver: an initrd three times the size, loaded
 # through fw_cfg and unpacked under TCG at each boot)
 MODULES=list
