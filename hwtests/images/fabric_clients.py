@@ -8,7 +8,9 @@ neighbour up, then, at once and until each has ``count`` messages or the deadlin
   subscriber at the core.
 
 Prints one JSON line ``{"sent", "received", "mqtt_received", "mqtt_sent",
-"core_received_from_mqtt", "seconds"}``; exit 0 when every stream got its ``count``."""
+"core_received_from_mqtt", "seconds", "fabric"}`` (``fabric``: per appliance, its fabric
+channel rows and ``rdma_*`` counters from ``/status`` after the exchange, which show whether
+the neighbour link was RDMA); exit 0 when every stream got its ``count``."""
 
 from __future__ import annotations
 
@@ -27,13 +29,27 @@ NATIVE_TOPIC = "img/ticks"
 MQTT_TOPIC = "img/fromedge/ticks"
 
 
-def _neighbours_up(mgmt: str) -> bool:
+def _status(mgmt: str) -> dict:
     try:
         with urllib.request.urlopen(f"http://{mgmt}/status", timeout=5) as answer:
-            status = json.loads(answer.read())
+            return json.loads(answer.read())
     except (OSError, ValueError):
-        return False
-    return any(n.get("state") == "up" for n in status.get("neighbours", []))
+        return {}
+
+
+def _neighbours_up(mgmt: str) -> bool:
+    return any(n.get("state") == "up" for n in _status(mgmt).get("neighbours", []))
+
+
+def _fabric(mgmt: str) -> dict:
+    """The fabric's channel rows (``fabric``, ``fabric-rdma:NAME``) and ``rdma_*`` counters."""
+    status = _status(mgmt)
+    return {"channels": {row["name"]: {k: row.get(k) for k in ("kind", "frames_in",
+                                                                "frames_out")}
+                         for row in status.get("channels", [])
+                         if row.get("name", "").startswith("fabric")},
+            "counters": {k: v for k, v in status.get("counters", {}).items()
+                         if k.startswith("rdma_")}}
 
 
 class MqttPeer:
@@ -106,7 +122,9 @@ def main(core: str, edge: str, count: int, deadline_s: float) -> int:
             closing.close()
     print(json.dumps({"sent": sent, "received": len(got), "mqtt_received": len(mqtt_sub.got),
                       "mqtt_sent": mqtt_sent, "core_received_from_mqtt": len(from_mqtt),
-                      "seconds": round(time.monotonic() - started, 1)}), flush=True)
+                      "seconds": round(time.monotonic() - started, 1),
+                      "fabric": {"core": _fabric(f"{core}:8470"),
+                                 "edge": _fabric(f"{edge}:8470")}}), flush=True)
     return 0 if done() else 1
 
 

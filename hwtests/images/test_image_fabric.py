@@ -10,6 +10,12 @@ drops every UDP datagram the guest sends (its replies to a forwarded port includ
 without it the guest could reach the outside. So both QEMUs run in a network namespace the
 test makes (``ip netns``), each with a tap NIC on a bridge there, and the clients run in that
 namespace too (``fabric_clients.py``); the namespace has no route anywhere else.
+
+The second test makes the same two appliances RDMA neighbours (``transport = "rdma"``,
+docs/rdma.md): each image's ``topicwire-rxe`` puts soft-RoCE (rxe0) on the NIC carrying its
+fabric address, the socket netdev's, and the neighbour link is an RC queue pair between the
+two guests; the fabric's UDP socket then carries nothing between them. Where the guest cannot
+(no rdma_rxe, no GID on the fabric NIC) it skips with the appliance's own reason.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.ops.image.boot import Guest, free_port
+from appliance.ops.image.boot import BootFailure, Guest, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_DEADLINE_S = 300.0
@@ -62,7 +68,10 @@ def netns():
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-def _files(tmp: Path, name: str, key: str) -> tuple[Path, list[Path]]:
+RDMA_PORT = 47490
+
+
+def _files(tmp: Path, name: str, key: str, rdma: bool = False) -> tuple[Path, list[Path]]:
     other = "edge1" if name == "core1" else "core1"
     fabric, fabric_mac, client, client_mac = NODES[name]
     pm = ("""
@@ -102,6 +111,7 @@ def _files(tmp: Path, name: str, key: str) -> tuple[Path, list[Path]]:
         [[neighbours]]
         name = "{other}"
         address = "{NODES[other][0]}:47470"
+        {f'transport = "rdma"{chr(10)}        rdma_port = {RDMA_PORT}' if rdma else ""}
 
         [clients]
         udp = "0.0.0.0:47471"
@@ -130,44 +140,94 @@ def _wait_listening(netns: str, port: int, deadline_s: float) -> None:
         time.sleep(0.05)
 
 
-def test_core_and_edge_images_carry_messages(image: Path, tmp_path: Path, netns: str) -> None:
-    key = secrets.token_hex(32)
+def _boot(image: Path, tmp_path: Path, netns: str, key: str, rdma: bool
+          ) -> dict[str, Guest]:
+    """Both guests started (the core's QEMU first: its socket netdev listens), not waited
+    for; the caller kills them."""
     link = free_port()
     guests: dict[str, Guest] = {}
+    for i, name in enumerate(NODES):
+        work = tmp_path / name
+        work.mkdir()
+        config, networks = _files(work, name, key, rdma)
+        side = f"listen=127.0.0.1:{link}" if name == "core1" else f"connect=127.0.0.1:{link}"
+        guests[name] = Guest(
+            image, work, config, extra_files=networks, name=name,
+            wrap=["ip", "netns", "exec", netns],
+            netdevs=[f"-netdev socket,id=fab,{side}",
+                     f"-device virtio-net-pci,netdev=fab,mac={NODES[name][1]}",
+                     f"-netdev tap,id=cl,ifname=tap{i},script=no,downscript=no",
+                     f"-device virtio-net-pci,netdev=cl,mac={NODES[name][3]}"]).start()
+        if name == "core1":  # its socket netdev listens before the edge's connects
+            _wait_listening(netns, link, READY_DEADLINE_S)
+    return guests
+
+
+def _exchange(netns: str, guests: dict[str, Guest], started: float) -> dict:
+    """fabric_clients in the namespace: native and MQTT streams through both appliances."""
+    done = subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-m",
+         "hwtests.images.fabric_clients", NODES["core1"][2], NODES["edge1"][2],
+         str(MESSAGES), str(EXCHANGE_DEADLINE_S)],
+        cwd=ROOT, capture_output=True, text=True, timeout=EXCHANGE_DEADLINE_S + 60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = done.stdout.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else {}
+    print(f"fabric: {result} ({time.monotonic() - started:.0f} s from the first QEMU "
+          "start)")
+    assert done.returncode == 0, (result, done.stderr[-2000:], guests["core1"].tail(),
+                                  guests["edge1"].tail())
+    assert result["received"] >= MESSAGES and result["mqtt_received"] >= MESSAGES
+    assert result["core_received_from_mqtt"] >= MESSAGES
+    return result
+
+
+def test_core_and_edge_images_carry_messages(image: Path, tmp_path: Path, netns: str) -> None:
     started = time.monotonic()
+    guests = _boot(image, tmp_path, netns, secrets.token_hex(32), rdma=False)
     try:
-        for i, name in enumerate(NODES):
-            work = tmp_path / name
-            work.mkdir()
-            config, networks = _files(work, name, key)
-            side = f"listen=127.0.0.1:{link}" if name == "core1" else f"connect=127.0.0.1:{link}"
-            guests[name] = Guest(
-                image, work, config, extra_files=networks, name=name,
-                wrap=["ip", "netns", "exec", netns],
-                netdevs=[f"-netdev socket,id=fab,{side}",
-                         f"-device virtio-net-pci,netdev=fab,mac={NODES[name][1]}",
-                         f"-netdev tap,id=cl,ifname=tap{i},script=no,downscript=no",
-                         f"-device virtio-net-pci,netdev=cl,mac={NODES[name][3]}"]).start()
-            if name == "core1":  # its socket netdev listens before the edge's connects
-                _wait_listening(netns, link, READY_DEADLINE_S)
         for name, guest in guests.items():
             ready = guest.wait_ready(READY_DEADLINE_S)
             print(f"{name}: boot-to-ready {ready['ready_s']} s (two guests at once, host load "
                   f"{os.getloadavg()[0]:.1f})")
-        done = subprocess.run(
-            ["ip", "netns", "exec", netns, sys.executable, "-m",
-             "hwtests.images.fabric_clients", NODES["core1"][2], NODES["edge1"][2],
-             str(MESSAGES), str(EXCHANGE_DEADLINE_S)],
-            cwd=ROOT, capture_output=True, text=True, timeout=EXCHANGE_DEADLINE_S + 60,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        lines = done.stdout.strip().splitlines()
-        result = json.loads(lines[-1]) if lines else {}
-        print(f"fabric: {result} ({time.monotonic() - started:.0f} s from the first QEMU "
-              "start)")
-        assert done.returncode == 0, (result, done.stderr[-2000:], guests["core1"].tail(),
-                                      guests["edge1"].tail())
-        assert result["received"] >= MESSAGES and result["mqtt_received"] >= MESSAGES
-        assert result["core_received_from_mqtt"] >= MESSAGES
+        _exchange(netns, guests, started)
+        for guest in guests.values():
+            guest.powerdown()
+    finally:
+        for guest in guests.values():
+            guest.kill()
+
+
+def _rxe_line(guest: Guest) -> str:
+    return next((line for line in guest.lines if "topicwire-rxe:" in line),
+                "(no topicwire-rxe line on the console)")
+
+
+def test_core_and_edge_images_are_rdma_neighbours(image: Path, tmp_path: Path,
+                                                  netns: str) -> None:
+    started = time.monotonic()
+    guests = _boot(image, tmp_path, netns, secrets.token_hex(32), rdma=True)
+    try:
+        for name, guest in guests.items():
+            try:
+                ready = guest.wait_ready(READY_DEADLINE_S)
+            except BootFailure as exc:
+                if exc.config_error and "rdma" in exc.config_error:
+                    pytest.skip(f"soft-RoCE between the two guests: {name} refused its RDMA "
+                                f"neighbour: {exc.config_error} ({_rxe_line(guest)})")
+                raise
+            print(f"{name}: boot-to-ready {ready['ready_s']} s with an RDMA neighbour "
+                  f"({_rxe_line(guest)}; host load {os.getloadavg()[0]:.1f})")
+            assert "rxe0 on eth1 (the fabric address" in _rxe_line(guest), guest.tail()
+        result = _exchange(netns, guests, started)
+        for side, other in (("core", "edge1"), ("edge", "core1")):
+            fabric = result["fabric"][side]
+            link = fabric["channels"].get(f"fabric-rdma:{other}")
+            assert link is not None and link["kind"] == "rdma", fabric
+            assert link["frames_out"] > 0 and link["frames_in"] > 0, fabric
+            # everything between the two went over RDMA: the fabric's UDP socket sent nothing
+            assert fabric["channels"]["fabric"]["frames_out"] == 0, fabric
+            assert fabric["counters"].get("rdma_link_failures", 0) == 0, fabric
         for guest in guests.values():
             guest.powerdown()
     finally:

@@ -41,9 +41,23 @@ SUITE = "bookworm"
 APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
 PACKAGES = ("linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod",
             "e2fsprogs", "python3", "python3-venv", "iproute2", "rdma-core",
-            "ibverbs-providers", "ibverbs-utils", "dbus")
+            "ibverbs-providers", "ibverbs-utils", "python3-pyverbs", "dbus")
 """dbus: systemd-logind, which powers the guest off on ACPI's power button (QEMU's
-``system_powerdown``), needs it."""
+``system_powerdown``), needs it. python3-pyverbs: the RDMA channel's verbs (Debian's, built
+against its libibverbs; the venv loads that one package from dist-packages)."""
+INITRAMFS_CONF = """# the image's: only the modules in modules.d/topicwire (the virtio disk, ext4),
+# not Debian's MODULES=most (every storage driver: an initrd three times the size, loaded
+# through fw_cfg and unpacked under TCG at each boot)
+MODULES=list
+"""
+INITRAMFS_MODULES = """# the root disk (virtio-blk on virtio-pci) and its filesystem
+virtio_pci
+virtio_blk
+ext4
+crc32c_generic
+"""
+"""Written by mmdebstrap's setup hook, before the kernel's package makes its initramfs: a
+list, not ``MODULES=dep`` (that one reads the build machine's devices, not the guest's)."""
 MASKED_UNITS = ("e2scrub_reap.service", "e2scrub_all.timer", "apt-daily.timer",
                 "apt-daily-upgrade.timer", "dpkg-db-backup.timer", "fstrim.timer")
 """Debian's periodic and boot-time housekeeping that an appliance (root filesystem rebuilt by
@@ -94,7 +108,8 @@ def inputs_digest() -> str:
     h = hashlib.sha256()
     for path in _source_files():
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(repr((PACKAGES, EXCLUDES, SUITE, sys.version_info[:2])).encode())
+    h.update(repr((PACKAGES, EXCLUDES, SUITE, INITRAMFS_CONF, INITRAMFS_MODULES,
+                   sys.version_info[:2])).encode())
     h.update(APT_SOURCES.read_bytes())
     return h.hexdigest()[:16]
 
@@ -191,6 +206,15 @@ def bootstrap(work: Path, digest: str) -> Path:
     overlay = work / "overlay"
     shutil.rmtree(overlay, ignore_errors=True)
     _write_files(overlay, "core")
+    initramfs = work / "initramfs"
+    shutil.rmtree(initramfs, ignore_errors=True)
+    (initramfs / "conf.d").mkdir(parents=True)
+    (initramfs / "modules.d").mkdir()
+    (initramfs / "conf.d" / "topicwire.conf").write_text(INITRAMFS_CONF)
+    (initramfs / "modules.d" / "topicwire").write_text(INITRAMFS_MODULES)
+    setup_hook = (f'mkdir -p "$1/etc/initramfs-tools" "$1/usr/share/initramfs-tools" && '
+                  f'cp -r {initramfs}/conf.d "$1/etc/initramfs-tools/" && '
+                  f'cp -r {initramfs}/modules.d "$1/usr/share/initramfs-tools/"')
     hook = work / "customize.sh"
     hook.write_text(_hook_script(overlay, wheels))
     hook.chmod(0o755)
@@ -199,7 +223,8 @@ def bootstrap(work: Path, digest: str) -> Path:
     cmd = ["mmdebstrap", "--mode=root", "--variant=minbase", "--verbose",
            "--include=" + ",".join(PACKAGES),
            *[f"--dpkgopt=path-exclude={p}" for p in EXCLUDES],
-           f"--customize-hook={hook} \"$1\"", SUITE, str(tmp), str(APT_SOURCES)]
+           f"--setup-hook={setup_hook}", f"--customize-hook={hook} \"$1\"",
+           SUITE, str(tmp), str(APT_SOURCES)]
     env = {}
     epoch = _source_date_epoch()
     if epoch:

@@ -67,26 +67,49 @@ echo "topicwire-config: config from $src"
 """
 
 RXE_SCRIPT = r"""#!/bin/sh
-# topicwire-rxe: soft-RoCE (rdma_rxe) on the first Ethernet interface when this machine has
-# no RDMA device of its own; an RDMA neighbour (docs/rdma.md) then works over any NIC.
+# topicwire-rxe: soft-RoCE (rdma_rxe) when this machine has no RDMA device of its own, on the
+# NIC that carries the config's fabric address (an RDMA neighbour's `rdma_local`, else
+# `fabric.listen`: docs/rdma.md), waiting (at most ADDRESS_WAIT_S s) for systemd-networkd
+# to set it; on the first NIC when the config names no specific fabric address.
 if [ -n "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
     echo "topicwire-rxe: RDMA device present: $(ls /sys/class/infiniband | tr '\n' ' ')"
     exit 0
 fi
-dev=""
-for n in /sys/class/net/*; do
-    n=${n##*/}
-    [ "$n" = lo ] && continue
-    [ -e "/sys/class/net/$n/device" ] && { dev=$n; break; }
-done
+config=/run/topicwire/config/topicwire.toml
 modprobe rdma_rxe || { echo "topicwire-rxe: modprobe rdma_rxe failed"; exit 0; }
+# rdma_local = "IP" in any table before [fabric]'s listen = "IP:PORT"
+want=$(awk '
+    /^[[:space:]]*\[/ { sec = $0; gsub(/[[:space:]]|\[|\]/, "", sec) }
+    /^[[:space:]]*rdma_local[[:space:]]*=/ && match($0, /"[0-9.]+"/) {
+        print 1, substr($0, RSTART + 1, RLENGTH - 2) }
+    sec == "fabric" && /^[[:space:]]*listen[[:space:]]*=/ && match($0, /"[0-9.]+:/) {
+        print 2, substr($0, RSTART + 1, RLENGTH - 2) }' "$config" 2>/dev/null |
+    sort -s -k 1,1n | awk '$2 != "0.0.0.0" && $2 !~ /^127\./ { print $2; exit }')
+dev=""
+if [ -n "$want" ]; then
+    deadline=$(( $(date +%s) + ADDRESS_WAIT_S ))
+    until dev=$(ip -o -4 addr show to "$want/32" | awk '{ print $2; exit }'); [ -n "$dev" ]; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            echo "topicwire-rxe: no NIC has the fabric address $want after ADDRESS_WAIT_S s"
+            exit 0
+        fi
+        sleep 0.2
+    done
+else
+    for n in /sys/class/net/*; do
+        n=${n##*/}
+        [ "$n" = lo ] && continue
+        [ -e "/sys/class/net/$n/device" ] && { dev=$n; break; }
+    done
+fi
 if [ -z "$dev" ]; then
     echo "topicwire-rxe: rdma_rxe loaded; no NIC to put it on"
     exit 0
 fi
-rdma link add rxe0 type rxe netdev "$dev" && echo "topicwire-rxe: rxe0 on $dev"
+rdma link add rxe0 type rxe netdev "$dev" &&
+    echo "topicwire-rxe: rxe0 on $dev${want:+ (the fabric address $want)}"
 exit 0
-"""
+""".replace("ADDRESS_WAIT_S", str(ADDRESS_WAIT_S))
 
 WAIT_SCRIPT = r"""#!/bin/sh
 # topicwire-wait: before `topicwire run`, wait (at most ADDRESS_WAIT_S s) for what its config
@@ -135,8 +158,9 @@ StandardError=journal+console
 
 RXE_UNIT = """[Unit]
 Description=topicwire: soft-RoCE (rdma_rxe) when there is no RDMA device
-# the appliance does not wait for it unless its config names rdma (topicwire-wait)
-After=systemd-networkd.service
+# the appliance does not wait for it unless its config names rdma (topicwire-wait); it reads
+# the config for the fabric address, whose NIC it puts rxe0 on
+After=topicwire-config.service systemd-networkd.service
 
 [Service]
 Type=oneshot

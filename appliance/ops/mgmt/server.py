@@ -76,12 +76,6 @@ from appliance.ops.mgmt.config import (
     MGMT_RETRY_AFTER_S,
     MGMT_SHUTDOWN_POLL_S,
 )
-from appliance.ops.mgmt.metrics import (
-    ApiCollector,
-    appliance_channel_samples,
-    exposition,
-    registry_of,
-)
 
 log = logging.getLogger("topicwire.mgmt")
 
@@ -326,15 +320,36 @@ class MgmtServer:
             raise ConfigError(f"mgmt.listen: cannot listen on {format_host_port(host, port)} "
                               f"({exc.strerror}); pick another port or stop its owner") from None
         self.httpd.mgmt = self
-        if channels is None:
-            def channels() -> list[dict[str, Any]]:
-                return appliance_channel_samples(appliance)
-        self.registry = registry_of(appliance.status, ApiCollector(self.errors, self.connections),
-                                    channels, pid=pid, gc_stats=gc_stats)
+        self._metrics_inputs = (channels, pid, gc_stats)
+        self._registry: Any = None
+        self._registry_lock = threading.Lock()
         self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         kwargs={"poll_interval": MGMT_SHUTDOWN_POLL_S},
                                         name="mgmt", daemon=True)
         self._closed = False
+
+    @property
+    def registry(self) -> Any:
+        """prometheus_client's registry behind /metrics, made at the first scrape: numpy and
+        prometheus_client (appliance/ops/mgmt/metrics.py) load then, not while the API's own
+        process starts beside the appliance (seconds of a boot under emulation)."""
+        with self._registry_lock:
+            if self._registry is None:
+                from appliance.ops.mgmt.metrics import (
+                    ApiCollector,
+                    appliance_channel_samples,
+                    registry_of,
+                )
+
+                channels, pid, gc_stats = self._metrics_inputs
+                appliance = self.appliance
+                if channels is None:
+                    def channels() -> list[dict[str, Any]]:
+                        return appliance_channel_samples(appliance)
+                self._registry = registry_of(appliance.status,
+                                             ApiCollector(self.errors, self.connections),
+                                             channels, pid=pid, gc_stats=gc_stats)
+            return self._registry
 
     @property
     def address(self) -> tuple[str, int]:
@@ -807,6 +822,8 @@ class _Handler(BaseHTTPRequestHandler):
             if mgmt.reads_need_token:
                 mgmt.check_token(self.headers.get("Authorization"), f"GET {path}")
             if kind == "metrics":
+                from appliance.ops.mgmt.metrics import exposition
+
                 body, content_type = exposition(mgmt.registry, self.headers.get("Accept"))
                 self._send(HTTPStatus.OK, body, content_type)
             else:
