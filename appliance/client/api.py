@@ -87,6 +87,8 @@ from appliance.client.replay import take_frame
 from appliance.client.settings import (
     CLOSE_ACK_TIMEOUT_S,
     LOGIN_ROUNDS,
+    POLL_LIMIT,
+    POLL_LIMIT_MAX,
     RECONNECT_LOGIN_TIMEOUT_S,
     RECONNECT_MAX_S,
     RECONNECT_S,
@@ -94,8 +96,6 @@ from appliance.client.settings import (
     SESSION_TIMEOUT_MAX_S,
     SESSION_TIMEOUT_MIN_S,
     SESSION_TIMEOUT_S,
-    POLL_LIMIT,
-    POLL_LIMIT_MAX,
     SHM_RX_RING_BYTES,
 )
 from appliance.config import (
