@@ -43,6 +43,7 @@ from appliance.client.settings import (
     POLL_STAGING_BYTES,
     POLL_UNRESOLVED_GIVE_UP_NS,
 )
+from datapath.agent import yield_cpu
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from datapath.protocol.batch import decode_frames, new_message_batch
@@ -237,6 +238,9 @@ class PollQueue:
         frames = self.frames
         if not frames:
             return False
+        # let the client thread have the interpreter once a chunk (it fills the queue; a
+        # polling loop would otherwise keep it waiting a whole switch interval, 5 ms)
+        yield_cpu()
         staging = self._staging
         offsets, lengths = self._offsets, self._lengths
         heads: list[tuple[int, int, int]] = []
