@@ -14,10 +14,10 @@ so it holds the appliance's share alone; the difference is the client API's.
 - throughput (``msgs_per_s``): ``--messages`` messages published as fast as the publisher
   can with ``publish_batch`` (``--batch`` messages a call, rows of one numpy array), received
   by a poll subscription (``Client.poll``, ``POLL_LIMIT`` messages a call, a handler that
-  checks every message's sequence); the subscriber's rate from its first poll that handed
-  over messages to its last. Every message is accounted for: ``received``, ``lost`` (never
-  arrived: sequence gaps plus what never came) and, of those lost, what was dropped and
-  reported on the way (``dropped_at_send`` by the publishing client,
+  checks every message's sequence); the subscriber's rate from the start of its first poll
+  that handed over messages to the end of its last. Every message is accounted for:
+  ``received``, ``lost`` (never arrived: sequence gaps plus what never came) and, of those
+  lost, what was dropped and reported on the way (``dropped_at_send`` by the publishing client,
   ``appliance_dropped_frames``: the appliance's back-pressure drop counters, which count
   frames, each ``frame_messages`` messages of the publisher's frames, ``poll_dropped`` by the
   subscribing client, ``udp_rcvbuf_errors``: the host's UDP receive-buffer overflows (of
@@ -185,16 +185,19 @@ def _poll_subscriber(spec: dict[str, Any]) -> None:
         print("READY", flush=True)
         deadline = time.monotonic() + RESULT_TIMEOUT_S
         first_ns = last_ns = 0
-        first_count = 0
         told = False
         poll = client.poll
+        clock = time.monotonic_ns
+        wait_s = 0.0
         while tally.received < spec["expect"]:
-            got = poll(handler, POLL_LIMIT)
-            if got:
-                last_ns = time.monotonic_ns()
-                if not first_ns:
-                    first_ns, first_count = last_ns, tally.received
+            started = clock()
+            if poll(handler, POLL_LIMIT, timeout_s=wait_s):
+                last_ns = clock()
+                if not first_ns:  # (from the start of the first poll that handed any over)
+                    first_ns = started
+                wait_s = 0.0
                 continue
+            wait_s = 0.001  # nothing: the next poll waits for a frame (up to 1 ms)
             now = time.monotonic()
             if now > deadline:
                 break
@@ -206,12 +209,11 @@ def _poll_subscriber(spec: dict[str, Any]) -> None:
                 print("PROBED", flush=True)
             if first_ns and now - last_ns / 1e9 > QUIET_S:
                 break  # the rest never comes: what is missing is counted lost
-            poll(handler, POLL_LIMIT, timeout_s=0.001)
         span_ns = last_ns - first_ns
         counters = client.poll_counters()
         print(json.dumps({
             "received": tally.received, "gaps": tally.gaps, "duplicates": tally.duplicates,
-            "msgs_per_s": (tally.received - first_count) * 1e9 / span_ns if span_ns else 0.0,
+            "msgs_per_s": tally.received * 1e9 / span_ns if span_ns else 0.0,
             "poll_dropped": counters["dropped_messages"] + counters["unresolved"]}),
             flush=True)
 
