@@ -38,6 +38,8 @@ def _arena(payloads: Any, room: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
                               f"message per row), not {payloads.ndim}-D {payloads.dtype}")
         count, width = payloads.shape
         arena = np.ascontiguousarray(payloads).reshape(-1)
+        if not arena.flags.writeable:  # the kernel is compiled for writable arrays only
+            arena = arena.copy()
         offsets = np.arange(count, dtype=np.int64) * width
         lengths = np.full(count, width, np.int64)
         biggest = width if count else 0
@@ -55,7 +57,7 @@ def _arena(payloads: Any, room: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
             hint = " (encode text first)" if isinstance(bad, str) else ""
             raise ClientError(f"publish_batch: a payload is bytes, bytearray or memoryview, "
                               f"not {type(bad).__name__}{hint}") from None
-        arena = np.frombuffer(joined, np.uint8)
+        arena = np.frombuffer(bytearray(joined), np.uint8)  # (writable: one kernel type)
         lengths = np.fromiter(map(len, payloads), np.int64, count)
         offsets = np.zeros(count, np.int64)
         if count > 1:
