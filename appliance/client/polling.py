@@ -107,7 +107,10 @@ class PollView:
 
     @property
     def sequence(self) -> int:
-        return self._q.column("sequence")[self._at()]
+        i = self._i  # (the most read field: no call but the property's)
+        if i < 0:
+            raise ClientError(_STALE)
+        return self._q.seqs[i]
 
     @property
     def publish_ts_ns(self) -> int:
@@ -200,6 +203,7 @@ class PollQueue:
         self.n = 0
         self.i = 0
         self.keys: list[int] = []
+        self.seqs: list[int] = []
         self.offs: list[int] = []
         self.lens: list[int] = []
         self.fidx: list[int] = []
@@ -270,6 +274,7 @@ class PollQueue:
         self.heads = heads
         self._cols = {}
         self.keys = msgs["topic_key"][:n].tolist()
+        self.seqs = msgs["sequence"][:n].tolist()
         self.offs = msgs["payload_offset"][:n].tolist()
         self.lens = msgs["payload_len"][:n].tolist()
         self.fidx = msgs["frame_index"][:n].tolist()
