@@ -150,3 +150,17 @@ def test_bad_poll_and_batch_arguments_are_refused_clearly(appliance):
         with pytest.raises(ClientError, match="does not fit one frame"):
             c.publish_batch("bad/x", [bytes(70_000)])
         assert c.publish_batch("bad/x", []) == 0
+
+
+def test_a_publish_without_flush_wakes_the_client_thread_for_its_budget(appliance):
+    with connect(appliance["shm"], "poller") as sub, connect(appliance["shm"], "feed") as pub:
+        sub.subscribe("budget/x", poll=True)
+        idle = pub._runner.idle
+        woken = idle.wakes_command
+        pub.publish("budget/x", b"left open")  # no flush: the client thread sends it
+        got = []
+        _poll_until(sub, 1, lambda v: got.append(bytes(v.payload)))
+        assert got == [b"left open"]
+        # the publish signalled the thread (a park ends at once; one in progress or a spin
+        # sees the signal at its next park)
+        wait_for(lambda: idle.wakes_command > woken, what="the publish's wakeup")
