@@ -5,7 +5,9 @@ A ``Client`` owns one channel and one background thread (an ``AgentRunner`` with
 delivers messages to subscriptions, heartbeats the appliance and sends the open publish
 frame when its latency budget (``CLIENT_BATCH_BUDGET_NS``) is spent. ``publish`` packs
 messages into that frame (batching): a frame leaves when full, when the budget is spent,
-or on ``flush()``.
+or on ``flush()``; ``publish_batch`` packs many at once (appliance/client/batching.py).
+Publishing holds ``_pub_lock``, not the lock the client thread receives under. Poll
+subscriptions' frames go to ``Client.poll`` undecoded (appliance/client/polling.py).
 
 Guaranteed QoS (appliance/dataplane/guaranteed.py): ``publish(..., qos="guaranteed")`` goes through
 this client's reliable sender (a stream of its own, recovered by NAK and retransmission up to
