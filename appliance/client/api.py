@@ -158,6 +158,8 @@ CLIENT_DECODE_MESSAGES = 65_536
 """Messages one batch decode of received frames can hold."""
 _DATA_TYPE = int(fl.FrameType.DATA)
 _DATA_FRAME = fl.FrameType.DATA
+_SEND_RECEIVE_APART = ("udp", "shm")
+"""Channel kinds whose send and receive may run on two threads at once."""
 _RETX_TYPE = int(fl.FrameType.RETRANSMISSION)
 _LOSS_TYPE = int(fl.FrameType.LOSS)
 _TO_SENDER_TYPES = (int(fl.FrameType.NAK), int(fl.FrameType.ACK),
@@ -1477,6 +1479,12 @@ class _ClientAgent:
         with client._lock:  # a channel is used by one thread at a time (docs/channels.md)
             if client.channel.closed:  # (asked under the lock: whoever closes it holds it)
                 return 0
+            # UDP and shared memory send and receive on two threads at once (their scratch
+            # state is apart); another channel (RDMA: one completion queue) receives under
+            # the publishing lock too (order: _lock, then _pub_lock)
+            apart = client.channel.kind in _SEND_RECEIVE_APART
+            if not apart:
+                client._pub_lock.acquire()
             try:
                 n = client.channel.receive(self.batch, 0)
             except ChannelDeviceError as exc:
@@ -1489,6 +1497,9 @@ class _ClientAgent:
                 failure = None
                 if n:  # (under the lock: a login installs the key)
                     n, unverified = self._check(n)
+            finally:
+                if not apart:
+                    client._pub_lock.release()
         if failure is not None:
             client._lost(f"the connection failed ({failure})")
             return 0
