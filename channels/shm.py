@@ -408,6 +408,10 @@ class ShmChannel(Channel):
         self._tx: _RingFile | None = None
         self._rx_path: str | None = None
         self._out = np.zeros(4, dtype=np.int64)
+        """The receive kernel's results; the send kernel's go to ``_out_tx``: a send and a
+        receive may run on two threads at once (a client's publisher and its own thread),
+        and the kernels release the interpreter."""
+        self._out_tx = np.zeros(4, dtype=np.int64)
         self._next_ring = 0
         self._bell = -1
         """The rx ring's doorbell (consumer's end)."""
@@ -508,7 +512,7 @@ class ShmChannel(Channel):
         head = int(ring.counters[self._tx_head_idx])
         if head > self._tail or self._tail - head > ring.ring_bytes:
             self._fail(f"tx ring {ring.path}: head {head} vs tail {self._tail}")
-        out = self._out
+        out = self._out_tx
         _ring_write(ring.data, ring.words, self._tx_base, ring.ring_bytes, head, self._tail,
                     arrays.buf, arrays.offsets, arrays.lengths, n, ring.max_frame_bytes, out)
         taken, tail, oversized = int(out[0]), int(out[1]), int(out[2])

@@ -8,6 +8,11 @@
         for msg in sub:
             print(msg.topic, msg.payload, msg.latency_ns)
 
+For throughput: ``subscribe(pattern, poll=True)`` and ``client.poll(handler, limit)`` hand
+messages over as one reused ``PollView`` (no object, no payload copy per message; valid only
+during the handler call), and ``client.publish_batch(topic, payloads)`` packs many messages
+into few frames (appliance/client/polling.py, batching.py).
+
 ``connect`` accepts ``shm://RING`` (the appliance's shared-memory bus, same host),
 ``udp://HOST:PORT`` (the appliance's client UDP endpoint), ``rdma://HOST:PORT`` (its RDMA
 client endpoint, appliance/client/rdma.py) and ``embedded:`` (an appliance in
@@ -51,6 +56,7 @@ from appliance.client.errors import (
     UnacknowledgedError,
 )
 from appliance.client.outcomes import Outcome
+from appliance.client.polling import PollView
 from datapath.errors import TopicwireError
 
 __all__ = [
@@ -61,6 +67,7 @@ __all__ = [
     "ConnectionLostError",
     "NoAnswerError",
     "Outcome",
+    "PollView",
     "PublishFailedError",
     "SelectorRefusedError",
     "STATES",

@@ -5,7 +5,9 @@ A ``Client`` owns one channel and one background thread (an ``AgentRunner`` with
 delivers messages to subscriptions, heartbeats the appliance and sends the open publish
 frame when its latency budget (``CLIENT_BATCH_BUDGET_NS``) is spent. ``publish`` packs
 messages into that frame (batching): a frame leaves when full, when the budget is spent,
-or on ``flush()``.
+or on ``flush()``; ``publish_batch`` packs many at once (appliance/client/batching.py).
+Publishing holds ``_pub_lock``, not the lock the client thread receives under. Poll
+subscriptions' frames go to ``Client.poll`` undecoded (appliance/client/polling.py).
 
 Guaranteed QoS (appliance/dataplane/guaranteed.py): ``publish(..., qos="guaranteed")`` goes through
 this client's reliable sender (a stream of its own, recovered by NAK and retransmission up to
@@ -82,11 +84,14 @@ from appliance.client.messages import (
     Message,
 )
 from appliance.client.outcomes import REASON_CLOSED, Outcome, OutcomeTracker
+from appliance.client.polling import PollQueue, PollView
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
 from appliance.client.replay import take_frame
 from appliance.client.settings import (
     CLOSE_ACK_TIMEOUT_S,
     LOGIN_ROUNDS,
+    POLL_LIMIT,
+    POLL_LIMIT_MAX,
     RECONNECT_LOGIN_TIMEOUT_S,
     RECONNECT_MAX_S,
     RECONNECT_S,
@@ -108,6 +113,7 @@ from channels.errors import ChannelDeviceError
 from datapath import jit
 from datapath.agent import (
     AgentRunner,
+    AgentWakeup,
     BackoffIdle,
     BusySpinIdle,
     PollingIdle,
@@ -152,6 +158,9 @@ counted; last-value subscriptions keep one per topic instead."""
 CLIENT_DECODE_MESSAGES = 65_536
 """Messages one batch decode of received frames can hold."""
 _DATA_TYPE = int(fl.FrameType.DATA)
+_DATA_FRAME = fl.FrameType.DATA
+_SEND_RECEIVE_APART = ("udp", "shm")
+"""Channel kinds whose send and receive may run on two threads at once."""
 _RETX_TYPE = int(fl.FrameType.RETRANSMISSION)
 _LOSS_TYPE = int(fl.FrameType.LOSS)
 _TO_SENDER_TYPES = (int(fl.FrameType.NAK), int(fl.FrameType.ACK),
@@ -193,8 +202,11 @@ class Subscription:
 
     def __init__(self, client: Client, sub_id: int, pattern: str, namespace: int,
                  selector: Any, qos: str, callback: Callable[[Message], None] | None,
-                 on_loss: Callable[[Loss], None] | None = None) -> None:
+                 on_loss: Callable[[Loss], None] | None = None, poll: bool = False) -> None:
         self.client = client
+        self.poll_mode = poll
+        """A poll subscription (``subscribe(..., poll=True)``): its messages are handed over
+        by ``Client.poll``, not as ``Message`` objects."""
         self.sub_id = sub_id
         self.pattern = pattern
         self.namespace = namespace
@@ -336,6 +348,9 @@ class Subscription:
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message; None on timeout or when the subscription is closed and empty."""
+        if self.poll_mode:
+            raise ClientError(f"the subscription to {self.pattern!r} is a poll subscription: "
+                              "its messages come from client.poll(handler, limit)")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -355,6 +370,9 @@ class Subscription:
                 self._cond.wait(left)
 
     def __iter__(self) -> Iterator[Message]:
+        if self.poll_mode:
+            raise ClientError(f"the subscription to {self.pattern!r} is a poll subscription: "
+                              "its messages come from client.poll(handler, limit)")
         while True:
             msg = self.get()
             if msg is None:
@@ -491,6 +509,22 @@ class Client(GuaranteedSide, ConnectionSide):
         self.close_failures: dict[str, int] = {}
         """Those by reason."""
         self._lock = threading.RLock()
+        self._pub_lock = threading.RLock()
+        """The publish frame, the per-topic sequences and every send on the channel (signed
+        under it): apart from ``_lock``, which the client thread holds while it receives, so
+        that thread never holds up a publish. Order: ``_lock`` before ``_pub_lock``."""
+        self._wakeup = AgentWakeup()
+        """Ends the client thread's park when a publish opens a frame (its batching budget
+        runs from then, not from the end of a park of up to ``CLIENT_MAX_PARK_NS``)."""
+        self._batch_records: np.ndarray | None = None
+        self._packed = (0, 0)
+        self._pollq: PollQueue | None = None
+        """Frames for ``poll`` (made with the first poll subscription)."""
+        self._poll_unknown: dict[int, int] = {}
+        """Topic keys ``poll`` met and the client does not know -> when first met."""
+        self._subs_version = 0
+        self._has_push = False
+        """A live subscription is not a poll one: received messages are decoded for it."""
         self._waiters: dict[tuple, _Waiter] = {}
         self._keys: dict[tuple[int, str], int] = {}
         self._topics: dict[int, tuple[int, str]] = {}
@@ -583,7 +617,7 @@ class Client(GuaranteedSide, ConnectionSide):
     # --- sending -------------------------------------------------------------------------------
     def _send(self, frame: bytes | bytearray) -> None:
         buf = np.frombuffer(bytearray(frame) + bytes(fl.AUTH_TRAILER_BYTES), dtype=np.uint8)
-        with self._lock:
+        with self._pub_lock:
             self._one[0] = self._sign(buf, len(frame))
             sent = self._channel_send((buf, np.zeros(1, np.int64), self._one.copy(), 1))
         if sent != 1:
@@ -591,8 +625,8 @@ class Client(GuaranteedSide, ConnectionSide):
 
     def _sign(self, buf: np.ndarray, length: int) -> int:
         """The length of the frame at ``buf[:length]`` once the session's MAC trailer is
-        appended (``buf`` has room; a session without a key: as it is). Under the lock: the
-        sequence counts up once per frame."""
+        appended (``buf`` has room; a session without a key: as it is). Under ``_pub_lock``:
+        the sequence counts up once per frame."""
         mac = self._mac
         if mac is None:
             return length
@@ -602,7 +636,7 @@ class Client(GuaranteedSide, ConnectionSide):
         return int(self._sign_len[0])
 
     def _channel_send(self, frames: tuple) -> int:
-        """``channel.send`` (the caller holds the lock); a channel whose connection is gone
+        """``channel.send`` (the caller holds ``_pub_lock``); a channel whose connection is gone
         for good (``Channel.failure``: an RDMA appliance went away) is the caller's
         ``ClientError`` saying so, not the channel's device error; so is a channel the client
         thread closed when the session ended."""
@@ -785,7 +819,8 @@ class Client(GuaranteedSide, ConnectionSide):
                 fds = self.channel.wait_fds()
                 return WaitSet(fds or (), fds is not None)
 
-            return PollingIdle(wait_set, spin_ns=CLIENT_SPIN_NS, max_park_ns=CLIENT_MAX_PARK_NS)
+            return PollingIdle(wait_set, self._wakeup, spin_ns=CLIENT_SPIN_NS,
+                               max_park_ns=CLIENT_MAX_PARK_NS)
         return {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle}[idle]()
 
     def publish(self, topic: str, payload: bytes | bytearray | memoryview = b"", *,
@@ -846,28 +881,55 @@ class Client(GuaranteedSide, ConnectionSide):
         if len(payload) > self._writer_room:
             return self._publish_segments_best_effort(key, payload, block, now, QOS[qos],
                                                       namespace, schema_id, flush)
-        with self._lock:
+        qos_value = QOS[qos]
+        with self._pub_lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             writer = self._writer
-            args = dict(namespace_id=namespace, schema_id=schema_id, qos=QOS[qos], flags=flags)
+            opened = False
             if self._open_since_ns == 0:
-                writer.begin(fl.FrameType.DATA, source_session=self.session,
-                             stream_id=self.session)
+                writer.begin(_DATA_FRAME, source_session=self.session, stream_id=self.session)
                 self._open_since_ns = time.monotonic_ns()
-            if not writer.append(key, seq, now, payload, **args):
+                opened = True
+            if not writer.append(key, seq, now, payload, namespace_id=namespace,
+                                 schema_id=schema_id, qos=qos_value, flags=flags):
                 self._flush_locked()
-                writer.begin(fl.FrameType.DATA, source_session=self.session,
-                             stream_id=self.session)
+                writer.begin(_DATA_FRAME, source_session=self.session, stream_id=self.session)
                 self._open_since_ns = time.monotonic_ns()
-                if not writer.append(key, seq, now, payload, **args):
+                opened = True
+                if not writer.append(key, seq, now, payload, namespace_id=namespace,
+                                     schema_id=schema_id, qos=qos_value, flags=flags):
                     raise ClientError(f"a payload of {len(payload)} bytes does not fit one "
                                       f"frame (at most {writer.remaining_bytes - 40} bytes "
                                       "with its headers); send smaller messages")
             self.published += 1
             if flush:
                 self._flush_locked()
+            elif opened:  # the client thread sends it when the budget is spent: wake it
+                self._wakeup.signal()
         return seq
+
+    def publish_batch(self, topic: str, payloads: Any, *, qos: str = "best-effort",
+                      namespace: int = 0, schema_id: int = 0) -> int:
+        """Publish many messages to one topic in one call: ``payloads`` is a sequence of
+        bytes-like objects, or a 2-D ``numpy.uint8`` array (one message per row, used in
+        place). They are packed into as few frames as fit (~600 messages of 64 B a frame)
+        with no per-message allocation, numbered with the topic's next sequences and one
+        publish time, and sent before the call returns (no batching budget: what ``publish``
+        left open goes first). Returns the last message's sequence. Best-effort or
+        last-value; a payload must fit one frame (``publish`` segments larger ones).
+        appliance/client/batching.py."""
+        from appliance.client.batching import publish_batch
+
+        return publish_batch(self, topic, payloads, qos=qos, namespace=namespace,
+                             schema_id=schema_id)
+
+    def _send_packed(self, length: int, messages: int) -> None:
+        """Send the frame ``publish_batch`` packed at the start of the publish buffer (under
+        ``_pub_lock``, no frame open): as ``_flush_locked`` sends an open one."""
+        self._packed = (length, messages)
+        self._open_since_ns = -1
+        self._flush_locked()
 
 
     def _publish_segments_best_effort(self, key: int, region: Any, block: bytes, now: int,
@@ -876,7 +938,7 @@ class Client(GuaranteedSide, ConnectionSide):
         """A message too large for one frame, as segment messages that share its sequence
         (``datapath/protocol/segments.py``); the subscriber's client puts it back together."""
         payload = memoryview(region)[: len(region) - len(block)]
-        with self._lock:
+        with self._pub_lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             segment_id = next(self._segment_ids) & 0xFFFFFFFF
@@ -908,8 +970,9 @@ class Client(GuaranteedSide, ConnectionSide):
                 timeout, (int, float)) or not timeout >= 0):
             raise ClientError(f"flush(timeout=) takes seconds (a number >= 0), not {timeout!r}")
         if self.state == CONNECTED and not self.closed:
-            with self._lock:
+            with self._pub_lock:
                 self._flush_locked()
+            with self._lock:
                 if self._gsender is not None:
                     self._gsender.flush(time.monotonic_ns())
         pending = 0
@@ -942,8 +1005,11 @@ class Client(GuaranteedSide, ConnectionSide):
         ``messages_dropped_at_send``)."""
         if self._open_since_ns == 0:
             return
-        messages = self._writer.message_count
-        length = self._writer.finish()
+        if self._open_since_ns < 0:  # a frame publish_batch packed
+            length, messages = self._packed
+        else:
+            messages = self._writer.message_count
+            length = self._writer.finish()
         self._open_since_ns = 0
         if not length:
             return
@@ -970,16 +1036,27 @@ class Client(GuaranteedSide, ConnectionSide):
     def subscribe(self, pattern: str, selector: str | None = None, *, qos: str = "best-effort",
                   namespace: int = 0, callback: Callable[[Message], None] | None = None,
                   on_loss: Callable[[Loss], None] | None = None,
-                  durable: str | None = None) -> Subscription:
+                  durable: str | None = None, poll: bool = False) -> Subscription:
         """Subscribe to ``pattern``; EntitlementError when P&M refuses it. ``on_loss`` is
         called with each ``Loss`` event of a guaranteed subscription (also kept in
         ``Subscription.losses``). ``durable``: a name under which the appliance keeps this
         subscription's place while it is away; its messages come from the appliance's
         cache, from where the last subscription of that name left off, in the order kept
         (appliance/client/durable.py; the pattern must lie within one of the appliance's
-        ``cache.patterns``; no selector, QoS or other namespace than the kept one)."""
+        ``cache.patterns``; no selector, QoS or other namespace than the kept one).
+        ``poll``: a poll subscription: its messages are handed over by ``poll(handler,
+        limit)`` as a flyweight, with no object per message (best-effort, no selector,
+        callback nor durable name; appliance/client/polling.py)."""
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
+        if not isinstance(poll, bool):
+            raise ClientError(f"poll is True or False, not {poll!r}")
+        if poll and (qos != "best-effort" or selector or callback is not None or durable
+                     is not None or on_loss is not None):
+            raise ClientError("subscribe(poll=True) makes a best-effort subscription whose "
+                              "messages client.poll(handler) hands over: it takes no qos other "
+                              "than best-effort, no selector, callback, on_loss nor durable "
+                              "name (subscribe without poll=True for those)")
         self._check_usable()
         check_pattern(pattern)
         check_int("namespace", namespace, MAX_NAMESPACE)
@@ -1011,13 +1088,62 @@ class Client(GuaranteedSide, ConnectionSide):
             error = SelectorRefusedError if selector and reason.startswith("selectors:") \
                 else EntitlementError
             raise error(f"subscription to {pattern!r} refused: {reason}")
-        sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback, on_loss)
+        sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback, on_loss,
+                           poll=poll)
         sub.selector_filtered = bool(result.get("selector_filtered"))
         with self._lock:
+            if poll and self._pollq is None:
+                self._pollq = PollQueue(self)
             self._lists.setdefault(namespace, SubscriptionList()).subscribe(pattern)
             self._subs.append(sub)
-            self._route_cache = {}
+            self._subs_changed()
         return sub
+
+    def _subs_changed(self) -> None:
+        """The live subscriptions changed (under ``_lock``): routes are computed afresh."""
+        self._route_cache = {}
+        self._subs_version += 1
+        self._has_push = any(not sub.poll_mode for sub in self._subs)
+
+    def poll(self, handler: Callable[[PollView], Any], limit: int = POLL_LIMIT, *,
+             timeout_s: float = 0.0) -> int:
+        """Hand up to ``limit`` received messages of this client's poll subscriptions
+        (``subscribe(..., poll=True)``) to ``handler``, in the order received, each once
+        (one matching several poll subscriptions too), and return how many. ``handler(view)``
+        gets the same ``PollView`` each time, pointed at the next message: no object and no
+        payload copy per message. The view (and its ``payload`` memoryview) is valid only
+        during that call: copy what you keep. ``timeout_s``: with nothing received, wait up
+        to that long for a frame (0: return 0 at once, as Aeron's poll does). An exception
+        from ``handler`` propagates; the message it was given counts as handed over.
+        appliance/client/polling.py."""
+        if not callable(handler):
+            raise ClientError(f"poll takes a handler (a callable taking a PollView), not "
+                              f"{type(handler).__name__}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not \
+                1 <= limit <= POLL_LIMIT_MAX:
+            raise ClientError(f"poll: limit is a number of messages from 1 to "
+                              f"{POLL_LIMIT_MAX}, not {limit!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not \
+                0 <= timeout_s <= SESSION_TIMEOUT_MAX_S:
+            raise ClientError(f"poll: timeout_s is seconds from 0 to {SESSION_TIMEOUT_MAX_S:g}, "
+                              f"not {timeout_s!r}")
+        queue = self._pollq
+        if queue is None:
+            raise ClientError("poll: this client has no poll subscription; make one with "
+                              "subscribe(pattern, poll=True)")
+        if self.closed and not queue.frames and queue.i >= queue.n:
+            raise ClientError("poll on a closed client with nothing left to hand over")
+        return queue.poll(handler, limit, float(timeout_s))
+
+    def poll_counters(self) -> dict[str, int]:
+        """What ``poll`` handed over and what it could not: ``polled``, ``queued_frames``,
+        ``queued_bytes``, ``dropped_frames``/``dropped_messages`` (the queue was full),
+        ``unresolved`` (topic key never resolved), ``malformed``."""
+        queue = self._pollq
+        if queue is None:
+            return {"polled": 0, "queued_frames": 0, "queued_bytes": 0, "dropped_frames": 0,
+                    "dropped_messages": 0, "unresolved": 0, "malformed": 0}
+        return queue.counters()
 
     def replay(self, pattern: str, *, from_time_ns: int | None = None,
                from_sequence: int | None = None, namespace: int = 0,
@@ -1076,7 +1202,7 @@ class Client(GuaranteedSide, ConnectionSide):
                 else:
                     keep.append(sub)
             self._subs = keep
-            self._route_cache = {}
+            self._subs_changed()
 
     # --- receiving (the client thread) ---------------------------------------------------------
     def _on_frame(self, data: memoryview, now_ns: int, login_only: bool = False) -> None:
@@ -1147,16 +1273,11 @@ class Client(GuaranteedSide, ConnectionSide):
         elif h.frame_type is fl.FrameType.REGISTRY_UPDATE:
             for entry in entries:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
+                self._poll_unknown.pop(entry.topic_key, None)
                 for msg in self._pending.pop(entry.topic_key, []):
                     self._dispatch(replace(msg, topic=entry.topic))
             if self._held:
                 self._release_held()
-
-
-
-
-
-
 
 
     def _split_extensions(self, region: Any, flags: int, stream: Any, schema_id: int
@@ -1189,11 +1310,12 @@ class Client(GuaranteedSide, ConnectionSide):
         waiter.event.set()
         return True
 
-    def _targets(self, namespace: int, topic: str, guaranteed: bool = False
-                 ) -> list[Subscription]:
+    def _targets(self, namespace: int, topic: str, guaranteed: bool = False,
+                 poll: bool = False) -> list[Subscription]:
         """The subscriptions a topic goes to (cached until the subscriptions change): of the
-        guaranteed ones for a message from a guaranteed stream, else of the others."""
-        key = (namespace, topic, guaranteed)
+        guaranteed ones for a message from a guaranteed stream, else of the others; of the
+        poll subscriptions with ``poll``, else of the others."""
+        key = (namespace, topic, guaranteed, poll)
         subs = self._route_cache.get(key)
         if subs is not None:
             return subs
@@ -1202,7 +1324,7 @@ class Client(GuaranteedSide, ConnectionSide):
             subs = [] if lst is None or not lst.decides(topic) else [
                 sub for sub in self._subs
                 if sub.namespace == namespace and (sub.qos == "guaranteed") == guaranteed
-                and matches(sub.pattern, topic)]
+                and sub.poll_mode == poll and matches(sub.pattern, topic)]
             if len(self._route_cache) >= ROUTE_CACHE_TOPICS:
                 self._route_cache.clear()
             self._route_cache[key] = subs
@@ -1233,10 +1355,16 @@ class Client(GuaranteedSide, ConnectionSide):
 
     def _housekeeping(self, now_ns: int) -> int:
         work = 0
+        if self._poll_unknown:  # keys poll met and waits for (it stops at their messages)
+            for key in list(self._poll_unknown):
+                if key in self._topics:
+                    self._poll_unknown.pop(key, None)
+                else:
+                    self._pending.setdefault(key, [])
         if self._pending:
             keys = [k for k, msgs in list(self._pending.items())
                     if now_ns - self._asked.get(k, 0) > RESOLVE_RETRY_NS
-                    and (msgs or self._held)]
+                    and (msgs or self._held or k in self._poll_unknown)]
             if keys:
                 for k in keys:
                     self._asked[k] = now_ns
@@ -1247,8 +1375,11 @@ class Client(GuaranteedSide, ConnectionSide):
                 work += 1
         if self.reassembly.messages_in_progress:
             self.reassembly.expire(time.monotonic_ns())
-        with self._lock:
-            if self._open_since_ns and time.monotonic_ns() - self._open_since_ns >= \
+        if self._open_since_ns > 0:
+            # a frame waits for its budget: keep looking (spinning) until it is spent
+            self._runner.idle.reset()
+        with self._pub_lock:
+            if self._open_since_ns > 0 and time.monotonic_ns() - self._open_since_ns >= \
                     CLIENT_BATCH_BUDGET_NS:
                 try:
                     self._flush_locked()
@@ -1280,8 +1411,9 @@ class Client(GuaranteedSide, ConnectionSide):
             reconnector.join(RECONNECT_LOGIN_TIMEOUT_S * 4)
         try:
             if self.session and self.state == CONNECTED and not self.channel.closed:
-                with self._lock:
+                with self._pub_lock:
                     self._flush_locked()
+                with self._lock:
                     if self._gsender is not None:
                         self._gsender.flush(time.monotonic_ns())
                 self._outcomes.wait_all(CLOSE_ACK_TIMEOUT_S)
@@ -1303,8 +1435,9 @@ class Client(GuaranteedSide, ConnectionSide):
         finally:
             for sub in self._subs:
                 sub._close()
-            with self._lock:
+            with self._lock, self._pub_lock:
                 self.channel.close()
+            self._wakeup.close()
             if self._owned is not None:
                 self._owned.stop()
             if self.state != CLOSED:
@@ -1324,10 +1457,6 @@ def matches_or_includes(live: str, pattern: str) -> bool:
     from datapath.topics.algebra import includes
 
     return includes(live, pattern) or includes(pattern, live)
-
-
-
-
 
 
 class _ClientAgent:
@@ -1355,6 +1484,12 @@ class _ClientAgent:
         with client._lock:  # a channel is used by one thread at a time (docs/channels.md)
             if client.channel.closed:  # (asked under the lock: whoever closes it holds it)
                 return 0
+            # UDP and shared memory send and receive on two threads at once (their scratch
+            # state is apart); another channel (RDMA: one completion queue) receives under
+            # the publishing lock too (order: _lock, then _pub_lock)
+            apart = client.channel.kind in _SEND_RECEIVE_APART
+            if not apart:
+                client._pub_lock.acquire()
             try:
                 n = client.channel.receive(self.batch, 0)
             except ChannelDeviceError as exc:
@@ -1367,6 +1502,9 @@ class _ClientAgent:
                 failure = None
                 if n:  # (under the lock: a login installs the key)
                     n, unverified = self._check(n)
+            finally:
+                if not apart:
+                    client._pub_lock.release()
         if failure is not None:
             client._lost(f"the connection failed ({failure})")
             return 0
@@ -1431,6 +1569,7 @@ class _ClientAgent:
                                    self.messages, self.status, self.types)
             frames = max(result.frames, 1)
             reliable: set[int] = set()
+            pollq = client._pollq
             for i in range(frames):
                 ftype = int(self.types[i])
                 if self.status[i] != 0:
@@ -1446,6 +1585,10 @@ class _ClientAgent:
                         reliable.add(i)
                         if client._greceiver is not None:
                             client._greceiver.on_frame(frame, now_ns, validated=True)
+                    elif pollq is not None:  # whole, for poll: no decode, no object
+                        pollq.push(frame, wall)
+                        if not client._has_push:
+                            reliable.add(i)  # (nothing to decode it for here)
                 elif ftype in _TO_SENDER_TYPES:
                     client._on_sender_frame(frame, now_ns)
                 elif ftype == _LOSS_TYPE:

@@ -193,7 +193,8 @@ class ConnectionSide:
             self._loss_notice = f"the connection to the appliance was lost: {reason}"
             self._gsender = None
             self._greceiver = None
-            self._open_since_ns = 0  # an open best-effort frame goes with the session
+            with self._pub_lock:
+                self._open_since_ns = 0  # an open best-effort frame goes with the session
         if self.resend and reconnect and self.reconnect_s > 0:
             with self._lock:  # sent again, in order, once the client is connected again
                 self._to_resend.extend(self._outcomes.detach_pending())
@@ -299,7 +300,7 @@ class ConnectionSide:
         moved = index != self.target_index
         if target is not None and (target.reopen or moved):
             channel, ring = target.open()
-            with self._lock:
+            with self._lock, self._pub_lock:
                 old, self.channel = self.channel, channel
                 self._ring = ring
             old.close()

@@ -207,7 +207,7 @@ class GuaranteedSide:
     def _send_raw(self, frame: memoryview | bytes | bytearray) -> None:
         """A frame of the reliable transport (NAK, ACK, DATA, RETRANSMISSION) to the appliance."""
         buf = np.frombuffer(bytearray(frame) + bytes(fl.AUTH_TRAILER_BYTES), dtype=np.uint8)
-        with self._lock:
+        with self._lock, self._pub_lock:  # (the signature's sequence: _pub_lock)
             if self.channel.closed or self.channel.failure is not None:
                 return  # the session is gone with the connection (the client thread says so)
             sent = self.channel.send((buf, np.zeros(1, np.int64),

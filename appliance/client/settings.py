@@ -49,3 +49,19 @@ SEND_WAIT_S = 1.0
 a full socket buffer, an RDMA peer out of receive credits) to take it before the frame is
 dropped and counted (``send_drops``, ``messages_dropped_at_send``): a publisher faster than
 its path is slowed down, not silently thinned out."""
+POLL_LIMIT = 4_096
+"""Messages one ``Client.poll`` call hands over at most by default (``limit=``)."""
+POLL_LIMIT_MAX = 1 << 30
+"""Bound of ``limit``."""
+POLL_QUEUE_BYTES = 64 * 1024 * 1024
+"""Received frames a client holds for ``poll`` before it drops further ones (counted in
+``poll_counters()``: ``dropped_frames``, ``dropped_messages``)."""
+POLL_CHUNK_FRAMES = 64
+"""Frames one decode of ``poll`` takes from the queue at most..."""
+POLL_STAGING_BYTES = 4 * 1024 * 1024
+"""...and bytes (the staging buffer the payload memoryviews point into)."""
+POLL_UNRESOLVED_GIVE_UP_NS = 5_000_000_000
+"""A message whose topic key the appliance has not resolved for this long is dropped by
+``poll`` and counted (``unresolved``); until then ``poll`` stops at it (order is kept)."""
+PUBLISH_BATCH_MESSAGES = 65_536
+"""Messages ``publish_batch`` packs per kernel call (a longer batch takes several)."""

@@ -237,3 +237,48 @@ def test_a_ring_gives_its_doorbell_to_whoever_blocks_on_it(ring):
     finally:
         producer.close()
         consumer.close()
+
+
+def test_one_end_sends_on_one_thread_while_it_receives_on_another(ring):
+    # a client publishes from the application's thread while its own thread receives: the
+    # send and receive kernels release the interpreter, so they must not share scratch state
+    back = f"{ring}-back"
+    count = 3_000
+    with ShmChannel(rx=ring, ring_bytes=1 << 16) as far, ShmChannel(rx=back) as near:
+        near.connect(ring)
+        far.connect(back)
+        received: dict[str, list[bytes]] = {"near": [], "far": []}
+        errors: list[BaseException] = []
+
+        def send(channel, key):
+            try:
+                for i in range(count):
+                    one = FrameBatch(1, 512)
+                    one.append(make_frame(key, i))
+                    deadline = time.monotonic() + 20
+                    while channel.send(one) != 1:  # a full ring: the reader catches up
+                        assert time.monotonic() < deadline, "the ring stayed full"
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        def receive(channel, name):
+            got = FrameBatch(64, 512)
+            deadline = time.monotonic() + 30
+            try:
+                while len(received[name]) < count and time.monotonic() < deadline:
+                    for i in range(channel.receive(got, 1_000_000)):
+                        received[name].append(without_ts(bytes(got.frame(i))))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=send, args=(near, 7)),      # near: sends ...
+                   threading.Thread(target=receive, args=(near, "near")),  # ... and receives
+                   threading.Thread(target=send, args=(far, 9)),
+                   threading.Thread(target=receive, args=(far, "far"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert received["far"] == [without_ts(make_frame(7, i)) for i in range(count)]
+        assert received["near"] == [without_ts(make_frame(9, i)) for i in range(count)]
