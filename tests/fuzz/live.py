@@ -71,6 +71,9 @@ PACE_INBOX = 3_000
 """The sender is held while the appliance's inbox of admin frames holds more than this (and
 the replay waits): frames go in as fast as the control agent takes them."""
 SETTLE_TIMEOUT_S = 60.0
+STATUS_REBUILD_S = 0.6
+"""Longer than the control agent takes to rebuild the status from the data path's newest
+publish (every 250 ms)."""
 SENDER_START_TIMEOUT_S = 60.0
 
 
@@ -231,7 +234,8 @@ class Harness:
     def settle(self, timeout_s: float = SETTLE_TIMEOUT_S) -> dict[str, int]:
         """The counters once the appliance has handled everything sent: both sockets empty,
         its inbox empty, and the counters the accounting reads the same in two status
-        snapshots in a row (``settled`` says whether that happened within ``timeout_s``)."""
+        snapshots in a row with a publish of the data path between them (``settled`` says
+        whether that happened within ``timeout_s``)."""
         deadline = time.monotonic() + timeout_s
         last = None
         self.settled = False
@@ -248,7 +252,16 @@ class Harness:
                 self.settled = True
                 return snap
             last = now
-            time.sleep(0.6)
+            # the data path's counters (its channels' frames in among them) are what it last
+            # published, up to a second old when idle, while the control agent's (the
+            # authentication's) are live: the next snapshot is taken after a publish of the
+            # data path that came after this one, and after the status was rebuilt from it,
+            # or frames the control agent counted may be missing from the channel's count
+            published = self.app.dataplane.published
+            until = time.monotonic() + 3.0
+            while self.app.dataplane.published is published and time.monotonic() < until:
+                time.sleep(0.05)
+            time.sleep(STATUS_REBUILD_S)
         return self.snapshot()
 
     def round_trip(self, topic: str = "rt/x") -> str | None:
