@@ -71,9 +71,9 @@ PACE_INBOX = 3_000
 """The sender is held while the appliance's inbox of admin frames holds more than this (and
 the replay waits): frames go in as fast as the control agent takes them."""
 SETTLE_TIMEOUT_S = 60.0
-STATUS_REBUILD_S = 0.6
-"""Longer than the control agent takes to rebuild the status from the data path's newest
-publish (every 250 ms)."""
+STATUS_AFTER_TIMEOUT_S = 5.0
+"""How long settling waits for a status built from a newer publish of the data path (it
+publishes every second when idle, the control agent rebuilds the status every 250 ms)."""
 SENDER_START_TIMEOUT_S = 60.0
 
 
@@ -257,12 +257,24 @@ class Harness:
             # authentication's) are live: the next snapshot is taken after a publish of the
             # data path that came after this one, and after the status was rebuilt from it,
             # or frames the control agent counted may be missing from the channel's count
-            published = self.app.dataplane.published
-            until = time.monotonic() + 3.0
-            while self.app.dataplane.published is published and time.monotonic() < until:
-                time.sleep(0.05)
-            time.sleep(STATUS_REBUILD_S)
+            self._status_after(self.app.dataplane.published)
         return self.snapshot()
+
+    def _status_after(self, old: dict, timeout_s: float = STATUS_AFTER_TIMEOUT_S) -> None:
+        """Until the status was rebuilt from a publish of the data path newer than ``old``
+        (its ``published``), or ``timeout_s``: the data path publishes a new dict each time
+        and the control agent's status carries the channel rows it made from one of them."""
+        newer: list[dict] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            current = self.app.dataplane.published
+            if current is not old and not any(current is p for p in newer):
+                newer.append(current)
+            rows = self.app.control._rows_cache
+            if (rows is not None and any(rows[0] is p for p in newer)
+                    and self.app.status().get("channels") is rows[1]):
+                return
+            time.sleep(0.05)
 
     def round_trip(self, topic: str = "rt/x") -> str | None:
         """None when a real client's publish reaches a real client's subscription, else why
