@@ -33,6 +33,7 @@ from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
 from datapath.protocol.extensions import EXTENSION_FLAGS, ExtensionError
 from datapath.protocol.extensions import split as split_extensions
+from nic_offload.errors import OffloadUserError
 from nic_offload.model import AclAction
 from nic_offload.selectors import HEADER_PROPERTIES, compile_selector, message_event
 from nic_offload.selectors.events import HEADER_PREFIX
@@ -228,7 +229,8 @@ class Delivery:
         schema = self.selector_schemas.get(header["schema_id"])
         try:
             event = message_event(payload, schema, header)
-        except Exception:  # a schema field hiding a header property: nothing to match
+        except OffloadUserError:  # a schema field hiding a header property: nothing to match
+            self.counters["selector_event_refused"] += 1
             return _NOTHING
         found = index_.match(event)
         if schema is None and header["schema_id"]:
