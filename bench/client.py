@@ -101,10 +101,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # --- the children: one subscriber, one publisher, each a client API process -------------------
 
+class _Driver:
+    """A subscriber process's lines with the bench: STOP on its stdin ends it; PROBED is
+    printed once, when its first probe has come (``probed``)."""
+
+    def __init__(self, probed: threading.Event) -> None:
+        self.probed = probed
+        self.told = False
+
+    def stopped(self, wait_s: float) -> bool:
+        """Whether the bench said STOP (waiting up to ``wait_s`` for a line); says PROBED."""
+        import select
+
+        ready, _, _ = select.select([sys.stdin], [], [], wait_s)
+        if ready and sys.stdin.readline().strip() == "STOP":
+            return True
+        if self.probed.is_set() and not self.told:
+            self.told = True
+            print("PROBED", flush=True)
+        return False
+
+
 def _subscriber(spec: dict[str, Any]) -> None:
     """Subscribe, say READY, count and time every message until ``expect`` arrived or STOP
     (on stdin) comes; print the figures as one JSON line."""
-    import select
 
     from appliance.client import connect
     from appliance.client.stats import SubStats
@@ -128,14 +148,11 @@ def _subscriber(spec: dict[str, Any]) -> None:
         client.subscribe(TOPIC, callback=on_message)
         print("READY", flush=True)
         deadline = time.monotonic() + RESULT_TIMEOUT_S
-        seen, quiet_since, told = 0, time.monotonic(), False
+        seen, quiet_since = 0, time.monotonic()
+        driver = _Driver(probed)
         while stats.received < spec["expect"] and time.monotonic() < deadline:
-            ready, _, _ = select.select([sys.stdin], [], [], 0.05)
-            if ready and sys.stdin.readline().strip() == "STOP":
+            if driver.stopped(0.05):
                 break
-            if probed.is_set() and not told:
-                told = True
-                print("PROBED", flush=True)
             if stats.received != seen:
                 seen, quiet_since = stats.received, time.monotonic()
             elif seen and time.monotonic() - quiet_since > QUIET_S:
@@ -176,7 +193,6 @@ class _Tally:
 def _poll_subscriber(spec: dict[str, Any]) -> None:
     """The throughput run's subscriber: a poll subscription to the measured topic (and a
     callback one to the probes'); polls until ``expect`` arrived, STOP, or a quiet spell."""
-    import select
 
     from appliance.client import connect
     from appliance.client.settings import POLL_LIMIT
@@ -190,7 +206,7 @@ def _poll_subscriber(spec: dict[str, Any]) -> None:
         print("READY", flush=True)
         deadline = time.monotonic() + RESULT_TIMEOUT_S
         first_ns = last_ns = 0
-        told = False
+        driver = _Driver(probed)
         poll = client.poll
         clock = time.monotonic_ns
         wait_s = 0.0
@@ -206,12 +222,8 @@ def _poll_subscriber(spec: dict[str, Any]) -> None:
             now = time.monotonic()
             if now > deadline:
                 break
-            ready, _, _ = select.select([sys.stdin], [], [], 0)
-            if ready and sys.stdin.readline().strip() == "STOP":
+            if driver.stopped(0):
                 break
-            if probed.is_set() and not told:
-                told = True
-                print("PROBED", flush=True)
             if first_ns and now - last_ns / 1e9 > QUIET_S:
                 break  # the rest never comes: what is missing is counted lost
         span_ns = last_ns - first_ns

@@ -129,20 +129,22 @@ class PollView:
     def flags(self) -> int:
         return self._q.column("flags")[self._at()]
 
+    def _head(self) -> tuple:
+        """(origin, stream, received_ns) of the frame the current message came in."""
+        q = self._q
+        return q.heads[q.fidx[self._at()]]
+
     @property
     def origin(self) -> int:
-        q = self._q
-        return q.heads[q.fidx[self._at()]][0]
+        return self._head()[0]
 
     @property
     def stream(self) -> int:
-        q = self._q
-        return q.heads[q.fidx[self._at()]][1]
+        return self._head()[1]
 
     @property
     def received_ns(self) -> int:
-        q = self._q
-        return q.heads[q.fidx[self._at()]][2]
+        return self._head()[2]
 
     @property
     def latency_ns(self) -> int:
