@@ -229,7 +229,13 @@ def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
                     if len(parts) > 12 and parts[12].isdigit()}
     except OSError:
         rows = {}
+    statuses = {name: appliance.status() for name, appliance in appliances.items()}
+    delivered = {c["session"]: c.get("delivered", 0) for status in statuses.values()
+                 for c in status.get("clients", ())}
     for name, client in clients.items():
+        if client.session in delivered:  # sent by its appliance, not received: lost between
+            out.append(f"{name} received {client.received} of the {delivered[client.session]} "
+                       "its appliance delivered")
         address = getattr(client.channel, "local_address", None)
         if address and rows:
             local = f"0100007F:{address[1]:04X}"
@@ -241,14 +247,7 @@ def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
         if pending:  # messages of topic keys it could not name yet (asked with RESOLVE)
             out.append(f"{name} holds {pending} messages of {len(client._pending)} unnamed "
                        "topic keys")
-    delivered = {c["session"]: c.get("delivered", 0) for appliance in appliances.values()
-                 for c in appliance.status().get("clients", ())}
-    for name, client in clients.items():  # sent by an appliance, not received: lost between
-        if client.session in delivered:
-            out.append(f"{name} received {client.received} of the {delivered[client.session]} "
-                       "its appliance delivered")
-    for name, appliance in appliances.items():
-        status = appliance.status()
+    for name, status in statuses.items():
         counters = {**status.get("counters", {}), **{
             k: v for k, v in status.get("offload", {}).items() if isinstance(v, int)}}
         dropped = {k: v for k, v in counters.items() if v and any(
