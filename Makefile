@@ -67,8 +67,9 @@ demo-cold: $(PIP_STAMP) $(PYVERBS_STAMP)
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# The 30 slowest tests are listed at the end (where the suite's time goes).
 unit: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 
 # `make unit` 5 times, then twice with both cores busy (stress-ng): the suite must not flake.
 soak: setup
