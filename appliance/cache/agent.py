@@ -63,7 +63,7 @@ from appliance.cache.settings import (
     STORE_RETRY_INTERVAL_NS,
     CacheSettings,
 )
-from appliance.cache.store import CacheStore, ReplayPage
+from appliance.cache.store import DISK_LIMIT, RETENTION, CacheStore, ReplayPage
 from appliance.client.connection import SESSION_LOST
 from appliance.client.messages import QOS
 from appliance.config import (
@@ -95,6 +95,9 @@ GAP_TOPICS = 64
 durable subscription of its log is told)."""
 PAGE_LOSSES = 16
 """Loss markers one durable page names at most (the page ends before one more)."""
+PAGE_DELETED_RANGES = 16
+"""Deleted ranges of different reasons one durable page names at most (the rest are named
+as one more range, ``RETENTION`` unless ``max_disk_bytes`` deleted some of them)."""
 QUEUE_FULL = "CACHE_QUEUE_FULL"
 TOO_LARGE = "CACHE_TOO_LARGE"
 MISSED = "CACHE_MISSED"
@@ -732,9 +735,13 @@ class CacheAgent:
         first = self.store.first(kept)
         losses: list[dict] = []
         if start < first:  # retention or max_disk_bytes deleted what it had not read
+            ranges = self.store.deleted_ranges(kept, start, first - 1)
+            if len(ranges) > PAGE_DELETED_RANGES:
+                rest = ranges[PAGE_DELETED_RANGES - 1:]
+                why = DISK_LIMIT if any(r[2] == DISK_LIMIT for r in rest) else RETENTION
+                ranges[PAGE_DELETED_RANGES - 1:] = [(rest[0][0], rest[-1][1], why)]
             losses.extend({"at": a, "reason": why, "messages": b - a + 1, "topic": kept,
-                           "first_seq": a, "last_seq": b}
-                          for a, b, why in self.store.deleted_ranges(kept, start, first - 1))
+                           "first_seq": a, "last_seq": b} for a, b, why in ranges)
             out["lost"] = [start, first - 1]  # (what clients before "losses" read)
             self.counters["durables_lost_records"] += first - start
             self.book.move(entry, first, now_ns)
