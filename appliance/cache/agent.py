@@ -114,7 +114,7 @@ class _Gap:
     known, e.g. a reliable stream's loss)."""
 
     __slots__ = ("reason", "messages", "origin", "stream", "first_seq", "last_seq", "topics",
-                 "sealed")
+                 "sealed", "sequences")
 
     def __init__(self, reason: str, messages: int, origin: int, stream: int, first_seq: int,
                  last_seq: int, topics: dict[str, int] | None) -> None:
@@ -127,14 +127,27 @@ class _Gap:
         self.topics = topics
         self.sealed = False
         """Taken by the agent: the session's thread adds no more to it."""
+        self.sequences: dict[tuple[int, int, int], int] = {}
+        """(origin, stream, topic key) -> the highest sequence of the best-effort messages
+        it stands for (at most ``GAP_TOPICS``): the agent's count of the gaps in each
+        publisher's sequence (``cache_missed``) does not name them a second time."""
 
     @classmethod
     def of(cls, reason: str, msg: Any) -> _Gap:
-        return cls(reason, 1, msg.origin, msg.stream, msg.sequence, msg.sequence,
-                   {msg.topic: 1})
+        gap = cls(reason, 1, msg.origin, msg.stream, msg.sequence, msg.sequence,
+                  {msg.topic: 1})
+        gap._note(msg)
+        return gap
+
+    def _note(self, msg: Any) -> None:
+        if msg.qos != QOS_GUARANTEED:
+            key = (msg.origin, msg.stream, msg.topic_key)
+            if key in self.sequences or len(self.sequences) < GAP_TOPICS:
+                self.sequences[key] = max(self.sequences.get(key, 0), msg.sequence)
 
     def add(self, msg: Any) -> None:
         """One more message of the same reason (a run of them is one marker)."""
+        self._note(msg)
         self.messages += 1
         if (msg.origin, msg.stream) != (self.origin, self.stream):
             self.origin = self.stream = 0
@@ -578,6 +591,10 @@ class CacheAgent:
         topics (every log when they are not known), counting only those topics; buffered
         with the appends around it (raises as an append does)."""
         ts_ns = time.time_ns() if ts_ns is None else ts_ns
+        last_seq = self._last_seq
+        for key, seq in gap.sequences.items():  # named here, not again as missed
+            if seq > last_seq.get(key, 0):
+                last_seq[key] = seq
         for pattern in self.store.logs:
             topics = gap.topics
             if topics is not None:

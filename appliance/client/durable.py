@@ -128,6 +128,8 @@ class DurableFetcher:
             losses = [{"at": first, "reason": "RETENTION", "messages": last - first + 1,
                        "first_seq": first, "last_seq": last}]
         messages = page.messages
+        if "position" in result and not self.handed:
+            self.handed = result["position"]
         if page.complete:
             end = result["next_seq"]
         elif messages:  # a frame missing: asked again after the last message received
@@ -156,8 +158,6 @@ class DurableFetcher:
             self._hand(msg)
         if end is not None:
             self.next_seq = end
-        if "position" in result and not self.handed:
-            self.handed = result["position"]
 
     def _hand(self, msg: Any) -> None:
         sub = self.sub
