@@ -124,18 +124,28 @@ def test_what_a_full_disk_made_the_cache_drop_is_a_loss_event_with_its_range(
     try:
         with connect(url, "viewer") as client:
             client.subscribe("orders/eu/#", durable="audit").unsubscribe()
-        count = 4_000  # ~3.7 MB into 2 MiB
+        count = 0  # until the disk is full and the queue drops (~2,300 fill 2 MiB)
         with connect(url, "feed") as client:
-            for i in range(count):
-                client.publish("orders/eu/x", f"{i}:".encode() + bytes(900))
-                if i % 50 == 49:
-                    client.flush()
-                    time.sleep(0.002)  # paced: the hop to the cache's session is best-effort
-        wait_for(lambda: app.status()["cache"]["storage"].startswith("failing"), 30,
-                 what="the cache to report its failing storage")
-        wait_for(lambda: app.cache.dropped_queue_full > 0, 30, what="messages dropped")
+            while count < 20_000 and (app.cache.failing is None
+                                      or app.cache.dropped_queue_full < 200):
+                for _ in range(50):
+                    client.publish("orders/eu/x", f"{count}:".encode() + bytes(900))
+                    count += 1
+                client.flush()
+                time.sleep(0.002)  # paced: the hop to the cache's session is best-effort
+        wait_for(lambda: app.status()["cache"]["storage"].startswith("failing"), 10,
+                 what="the status to say the storage fails")
+        assert app.cache.dropped_queue_full >= 200
         subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
         wait_for(lambda: app.status()["cache"]["storage"] == "ok", 30, what="the disk back")
+        with connect(url, "feed") as client:  # the last one: every one before it accounted
+            client.publish("orders/eu/x", f"{count}:end".encode(), qos="guaranteed")
+            client.flush(timeout=10)
+        count += 1
+        cache = app.cache
+        wait_for(lambda: cache.counters["received"] + cache.dropped_queue_full
+                 + cache.counters["missed"] == count and not cache._inbox, 30,
+                 what=f"each of the {count} messages kept, dropped or missed")
         dropped = app.cache.dropped_queue_full
         missed = app.cache.counters["missed"]
         seen = _Recorder()
