@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 import time
 from collections import Counter, deque
+from pathlib import Path
 from typing import Any
 
 from appliance.cache.durables import DurableBook, DurableError
@@ -102,8 +104,17 @@ QUEUE_FULL = "CACHE_QUEUE_FULL"
 TOO_LARGE = "CACHE_TOO_LARGE"
 MISSED = "CACHE_MISSED"
 LOST = "CACHE_LOST"
+SESSION_GONE = "CACHE_SESSION_LOST"
+RESTART = "CACHE_RESTART"
 """The reasons of the loss events a durable subscriber gets for messages the cache did not
-keep (docs/fault-tolerance.md, "Durable subscriptions")."""
+keep (docs/fault-tolerance.md, "Durable subscriptions"). The last two do not know how many:
+the cache's own session lost its appliance and logged in again; the appliance stopped
+without closing its cache (killed, or its disk still failed), so what it had received and
+not yet written is gone."""
+CLEAN_STOP_FILE = "clean-stop"
+"""Written in ``cache.dir`` when the cache closed with everything it received written;
+removed at start. A start without it (and with records kept) puts a ``CACHE_RESTART`` loss
+marker at the end of every log."""
 
 
 class _Gap:
@@ -188,6 +199,14 @@ class _RegistryTopics(dict):
         return self.get(key) is not None
 
 
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _marker_loss(seq: int, mark: dict, pattern: str, kept: str) -> dict | None:
     """What a loss marker (cache sequence ``seq``) of the log of ``kept`` tells a durable
     subscription to ``pattern``: None when none of its topics match the pattern; the topic
@@ -232,6 +251,11 @@ class CacheAgent:
         except DurableError as exc:
             self.store.close()
             raise ConfigError(str(exc)) from None
+        try:
+            self._mark_unclean_stop()
+        except (TopicwireError, OSError) as exc:
+            self.store.close()
+            raise ConfigError(f"cache.dir: cannot write in {settings.dir}: {exc}") from None
         self._parked: dict[str, dict[tuple[int, str, str], tuple[tuple, int]]] = {}
         """Log -> (session, identity, durable name) -> (request, deadline): durable requests
         waiting for their log to take a record."""
@@ -284,6 +308,32 @@ class CacheAgent:
         self._page_ids = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
+    def _mark_unclean_stop(self) -> None:
+        """The last stop did not close the cache with everything written: a loss marker
+        (how many not known) at the end of every log that holds records, for the durable
+        subscriptions reading past it."""
+        clean = Path(self.settings.dir) / CLEAN_STOP_FILE
+        self.restart_marked = False
+        if not clean.exists() and any(log.last_seq for log in self.store.logs.values()):
+            for pattern in self.store.logs:
+                self.store.append_marker(pattern, time.time_ns(), 0, 0, {
+                    "reason": RESTART, "messages": 0, "origin": 0, "stream": 0,
+                    "first_seq": 0, "last_seq": 0, "topics": None})
+            self.store.commit()
+            self.restart_marked = True
+            log.warning("%s: cache: the last stop did not close the cache (killed, or its "
+                        "disk failed): what it had received and not written then is lost; "
+                        "durable subscribers get a loss event (CACHE_RESTART)", self.config.name)
+        clean.unlink(missing_ok=True)
+        _sync_dir(clean.parent)
+
+    def _mark_clean_stop(self) -> None:
+        clean = Path(self.settings.dir) / CLEAN_STOP_FILE
+        with open(clean, "w") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        _sync_dir(clean.parent)
+
     def start(self) -> CacheAgent:
         """Start the agent's thread and the cache's session (logged in in the background:
         ``ready`` says when it is subscribed)."""
@@ -358,7 +408,10 @@ class CacheAgent:
         except OSError as exc:
             self._store_error("durables", exc)
         try:
+            closing = bool(self.store.logs)  # (not a second close)
             self.store.close()
+            if closing and not self._inbox and self.failing is None:  # all received written
+                self._mark_clean_stop()
         except (TopicwireError, OSError) as exc:
             self._store_error("close", exc)
 
@@ -390,7 +443,7 @@ class CacheAgent:
     def _on_loss(self, loss: Any) -> None:
         self.lost_guaranteed += loss.messages
         # in the lost messages' place: which topics they had is not known (every log)
-        reason = SESSION_LOST if loss.reason == SESSION_LOST else LOST
+        reason = SESSION_GONE if loss.reason == SESSION_LOST else LOST
         with self._lock:
             self._inbox.append(_Gap(reason, loss.messages, loss.origin, loss.stream,
                                     loss.first_seq, loss.last_seq, None))

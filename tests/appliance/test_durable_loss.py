@@ -221,3 +221,62 @@ def test_the_disk_bound_deletes_the_oldest_and_a_durable_subscriber_is_told(tmp_
             assert seen.ordered() == [("loss", loss)] + [("msg", p) for p in rest]
     finally:
         app.stop()
+
+
+def test_a_kill_of_the_caching_appliance_is_a_loss_event_of_unknown_count(tmp_path):
+    """``topicwire run`` killed with SIGKILL: what its cache had received and not written is
+    gone, how much is not known, so the next start puts a ``CACHE_RESTART`` marker at the end
+    of its log; ``topicwire sub --durable`` reading past it says so, between the messages
+    kept before the kill and those after. A clean stop (SIGTERM) leaves no such marker."""
+    from tests.appliance.helpers import run_appliance, stop
+
+    port = free_port()
+    config = tmp_path / "a.toml"
+    config.write_text("\n".join([
+        "[appliance]", f'name = "kill{port}"', "[clients]", f'udp = "127.0.0.1:{port}"',
+        "[pm]", "require_passwords = false",
+        "[pm.identities.feed]", 'publish = ["orders/#"]', 'subscribe = ["#"]',
+        "[cache]", f'dir = "{tmp_path / "cache"}"', 'patterns = ["orders/#"]',
+        'acknowledge = "persisted"']) + "\n")  # ready once the cache's session subscribed
+    url = f"udp://127.0.0.1:{port}"
+    address = url.removeprefix("udp://")
+
+    def durable(count: int) -> subprocess.CompletedProcess:
+        return subprocess.run([*CLI, "sub", "orders/eu/#", "--appliance", address,
+                               "--identity", "feed", "--durable", "d", "--count", str(count),
+                               "--seconds", "60"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+
+    def publish(prefix: str) -> list[str]:
+        with connect(url, "feed") as client:
+            for i in range(5):
+                client.publish("orders/eu/x", f"{prefix}{i}".encode(), qos="guaranteed")
+            client.flush(timeout=30)  # acknowledged: on the cache's disk
+        return [f"{prefix}{i}" for i in range(5)]
+
+    proc = run_appliance(config)
+    try:
+        made = subprocess.run([*CLI, "sub", "orders/eu/#", "--appliance", address,
+                               "--identity", "feed", "--durable", "d", "--count", "1",
+                               "--seconds", "2"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert made.returncode == 0, made.stderr
+        before = publish("a")
+        proc.kill()  # SIGKILL
+        proc.wait(30)
+        proc = run_appliance(config)
+        after = publish("b")
+        run = durable(10)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split()[1::2] == before + after, run.stdout
+        assert ("durable 'd': lost an unknown number of messages on orders/# (CACHE_RESTART"
+                in run.stderr), run.stderr
+        stop(proc)  # a clean stop: nothing to report after it
+        proc = run_appliance(config)
+        again = publish("c")
+        run = durable(5)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split()[1::2] == again, run.stdout
+        assert "lost" not in run.stderr, run.stderr
+    finally:
+        stop(proc)

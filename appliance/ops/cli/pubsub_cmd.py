@@ -346,7 +346,8 @@ def _durable_loss(name: str, loss) -> str:  # noqa: ANN001 - appliance.client.Lo
                  f"{loss.first_seq}..{loss.last_seq}, not kept")
     else:
         where = "not kept"
-    return (f"durable {name!r}: lost {loss.messages} messages on {loss.topic or '?'} "
+    count = loss.messages or "an unknown number of"  # CACHE_RESTART, CACHE_SESSION_LOST
+    return (f"durable {name!r}: lost {count} messages on {loss.topic or '?'} "
             f"({loss.reason}: {where} by the appliance's cache)")
 
 
