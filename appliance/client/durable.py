@@ -148,10 +148,16 @@ class DurableFetcher:
             if not self._drained(can_wait):
                 self.next_seq = at  # read again from the loss on
                 return
-            sub._loss(Loss(int(doc.get("origin") or node), int(doc.get("stream", 0)),
-                           int(doc.get("first_seq", 0)), int(doc.get("last_seq", 0)),
-                           int(doc.get("messages", 0)), str(doc.get("reason", "")), node,
-                           time.time_ns(), str(doc.get("topic", ""))))
+            loss = Loss(int(doc.get("origin") or node), int(doc.get("stream", 0)),
+                        int(doc.get("first_seq", 0)), int(doc.get("last_seq", 0)),
+                        int(doc.get("messages", 0)), str(doc.get("reason", "")), node,
+                        time.time_ns(), str(doc.get("topic", "")))
+            try:
+                sub._loss(loss)
+            except Exception:  # an application's on_loss must not end the subscription
+                self.callback_errors += 1
+                log.exception("client %s: durable subscription %r: on_loss raised",
+                              sub.client.identity, self.name)
             # every message before it was handed over: acknowledged past it
             self.handed = max(self.handed, (int(doc["last_seq"]) if deleted else at) + 1)
         for msg in messages[i:]:
