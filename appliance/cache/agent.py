@@ -31,16 +31,25 @@ what retention deleted before the subscriber read it (``lost``), and holds a req
 finds nothing new (``wait_ms``) until its log takes a record or the wait ends: a long poll,
 so a durable subscriber follows the live messages without asking again and again. Held
 requests are bounded by the book (one per durable subscription and session).
+
+Nothing a durable subscription's pattern matches goes missing without a word: where the cache
+does not keep messages (its queue was full, a message too large, the hop to its session lost
+some) it appends a loss marker to each log concerned in their place (``_Gap``,
+``_write_gap``), and a durable page that reads past a marker, or past records retention or
+``max_disk_bytes`` deleted, names them in its answer (``losses``), which the client turns
+into ``Loss`` events in their place.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 import time
 from collections import Counter, deque
+from pathlib import Path
 from typing import Any
 
 from appliance.cache.durables import DurableBook, DurableError
@@ -56,7 +65,8 @@ from appliance.cache.settings import (
     STORE_RETRY_INTERVAL_NS,
     CacheSettings,
 )
-from appliance.cache.store import CacheStore, ReplayPage
+from appliance.cache.store import DISK_LIMIT, RETENTION, CacheStore, ReplayPage
+from appliance.client.connection import SESSION_LOST
 from appliance.client.messages import QOS
 from appliance.config import (
     CLIENT_MAX_FRAME_BYTES,
@@ -68,6 +78,7 @@ from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from datapath.errors import TopicwireError
 from datapath.protocol.extensions import HEADERS_FLAG, encode_headers
 from datapath.protocol.frame_layout import AUTH_TRAILER_BYTES
+from datapath.topics.algebra import matches
 
 log = logging.getLogger("topicwire.appliance")
 QOS_GUARANTEED = QOS["guaranteed"]
@@ -81,6 +92,87 @@ REPLAYS_PER_CYCLE = 4
 STATUS_INTERVAL_NS = 250_000_000
 INTERNAL_SCRYPT_N = 1 << 10
 """The internal password is 32 random bytes: a cheap hash is enough."""
+GAP_TOPICS = 64
+"""Topics a loss marker counts one by one; past them its topics are not known (every
+durable subscription of its log is told)."""
+PAGE_LOSSES = 16
+"""Loss markers one durable page names at most (the page ends before one more)."""
+PAGE_DELETED_RANGES = 16
+"""Deleted ranges of different reasons one durable page names at most (the rest are named
+as one more range, ``RETENTION`` unless ``max_disk_bytes`` deleted some of them)."""
+QUEUE_FULL = "CACHE_QUEUE_FULL"
+TOO_LARGE = "CACHE_TOO_LARGE"
+MISSED = "CACHE_MISSED"
+LOST = "CACHE_LOST"
+SESSION_GONE = "CACHE_SESSION_LOST"
+RESTART = "CACHE_RESTART"
+"""The reasons of the loss events a durable subscriber gets for messages the cache did not
+keep (docs/fault-tolerance.md, "Durable subscriptions"). The last two do not know how many:
+the cache's own session lost its appliance and logged in again; the appliance stopped
+without closing its cache (killed, or its disk still failed), so what it had received and
+not yet written is gone."""
+CLEAN_STOP_FILE = "clean-stop"
+"""Written in ``cache.dir`` when the cache closed with everything it received written;
+removed at start. A start without it (and with records kept) puts a ``CACHE_RESTART`` loss
+marker at the end of every log."""
+
+
+class _Gap:
+    """Messages the cache will not keep, in its queue in their place (a loss marker is
+    appended for them when the queue reaches it): the reason, how many, and, where one
+    publisher and topic had them all, its (origin, stream) and the range of its sequences
+    (of the hop's stream for ``CACHE_LOST``). ``topics`` counts them per topic (None: not
+    known, e.g. a reliable stream's loss)."""
+
+    __slots__ = ("reason", "messages", "origin", "stream", "first_seq", "last_seq", "topics",
+                 "sealed", "sequences")
+
+    def __init__(self, reason: str, messages: int, origin: int, stream: int, first_seq: int,
+                 last_seq: int, topics: dict[str, int] | None) -> None:
+        self.reason = reason
+        self.messages = messages
+        self.origin = origin
+        self.stream = stream
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.topics = topics
+        self.sealed = False
+        """Taken by the agent: the session's thread adds no more to it."""
+        self.sequences: dict[tuple[int, int, int], int] = {}
+        """(origin, stream, topic key) -> the highest sequence of the best-effort messages
+        it stands for (at most ``GAP_TOPICS``): the agent's count of the gaps in each
+        publisher's sequence (``cache_missed``) does not name them a second time."""
+
+    @classmethod
+    def of(cls, reason: str, msg: Any) -> _Gap:
+        gap = cls(reason, 1, msg.origin, msg.stream, msg.sequence, msg.sequence,
+                  {msg.topic: 1})
+        gap._note(msg)
+        return gap
+
+    def _note(self, msg: Any) -> None:
+        if msg.qos != QOS_GUARANTEED:
+            key = (msg.origin, msg.stream, msg.topic_key)
+            if key in self.sequences or len(self.sequences) < GAP_TOPICS:
+                self.sequences[key] = max(self.sequences.get(key, 0), msg.sequence)
+
+    def add(self, msg: Any) -> None:
+        """One more message of the same reason (a run of them is one marker)."""
+        self._note(msg)
+        self.messages += 1
+        if (msg.origin, msg.stream) != (self.origin, self.stream):
+            self.origin = self.stream = 0
+        topics = self.topics
+        if topics is not None:
+            if msg.topic in topics or len(topics) < GAP_TOPICS:
+                topics[msg.topic] = topics.get(msg.topic, 0) + 1
+            else:
+                self.topics = None
+        if self.origin and self.topics is not None and len(self.topics) == 1:
+            self.first_seq = min(self.first_seq, msg.sequence)
+            self.last_seq = max(self.last_seq, msg.sequence)
+        else:
+            self.first_seq = self.last_seq = 0
 
 
 class _RegistryTopics(dict):
@@ -105,6 +197,33 @@ class _RegistryTopics(dict):
 
     def __contains__(self, key: object) -> bool:
         return self.get(key) is not None
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _marker_loss(seq: int, mark: dict, pattern: str, kept: str) -> dict | None:
+    """What a loss marker (cache sequence ``seq``) of the log of ``kept`` tells a durable
+    subscription to ``pattern``: None when none of its topics match the pattern; the topic
+    when one does, else the pattern (the log's when the topics are not known)."""
+    topics = mark.get("topics")
+    if isinstance(topics, dict):
+        mine = {t: n for t, n in topics.items() if matches(pattern, t)}
+        if not mine:
+            return None
+        messages = sum(mine.values())
+        topic = next(iter(mine)) if len(mine) == 1 else pattern
+    else:
+        messages, topic = int(mark.get("messages", 0)), kept
+    return {"at": seq, "reason": str(mark.get("reason", "")), "messages": messages,
+            "topic": topic, "origin": int(mark.get("origin", 0)),
+            "stream": int(mark.get("stream", 0)), "first_seq": int(mark.get("first_seq", 0)),
+            "last_seq": int(mark.get("last_seq", 0))}
 
 
 class CacheAgent:
@@ -132,6 +251,11 @@ class CacheAgent:
         except DurableError as exc:
             self.store.close()
             raise ConfigError(str(exc)) from None
+        try:
+            self._mark_unclean_stop()
+        except (TopicwireError, OSError) as exc:
+            self.store.close()
+            raise ConfigError(f"cache.dir: cannot write in {settings.dir}: {exc}") from None
         self._parked: dict[str, dict[tuple[int, str, str], tuple[tuple, int]]] = {}
         """Log -> (session, identity, durable name) -> (request, deadline): durable requests
         waiting for their log to take a record."""
@@ -184,6 +308,32 @@ class CacheAgent:
         self._page_ids = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
+    def _mark_unclean_stop(self) -> None:
+        """The last stop did not close the cache with everything written: a loss marker
+        (how many not known) at the end of every log that holds records, for the durable
+        subscriptions reading past it."""
+        clean = Path(self.settings.dir) / CLEAN_STOP_FILE
+        self.restart_marked = False
+        if not clean.exists() and any(log.last_seq for log in self.store.logs.values()):
+            for pattern in self.store.logs:
+                self.store.append_marker(pattern, time.time_ns(), 0, 0, {
+                    "reason": RESTART, "messages": 0, "origin": 0, "stream": 0,
+                    "first_seq": 0, "last_seq": 0, "topics": None})
+            self.store.commit()
+            self.restart_marked = True
+            log.warning("%s: cache: the last stop did not close the cache (killed, or its "
+                        "disk failed): what it had received and not written then is lost; "
+                        "durable subscribers get a loss event (CACHE_RESTART)", self.config.name)
+        clean.unlink(missing_ok=True)
+        _sync_dir(clean.parent)
+
+    def _mark_clean_stop(self) -> None:
+        clean = Path(self.settings.dir) / CLEAN_STOP_FILE
+        with open(clean, "w") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        _sync_dir(clean.parent)
+
     def start(self) -> CacheAgent:
         """Start the agent's thread and the cache's session (logged in in the background:
         ``ready`` says when it is subscribed)."""
@@ -258,7 +408,10 @@ class CacheAgent:
         except OSError as exc:
             self._store_error("durables", exc)
         try:
+            closing = bool(self.store.logs)  # (not a second close)
             self.store.close()
+            if closing and not self._inbox and self.failing is None:  # all received written
+                self._mark_clean_stop()
         except (TopicwireError, OSError) as exc:
             self._store_error("close", exc)
 
@@ -289,6 +442,12 @@ class CacheAgent:
 
     def _on_loss(self, loss: Any) -> None:
         self.lost_guaranteed += loss.messages
+        # in the lost messages' place: which topics they had is not known (every log)
+        reason = SESSION_GONE if loss.reason == SESSION_LOST else LOST
+        with self._lock:
+            self._inbox.append(_Gap(reason, loss.messages, loss.origin, loss.stream,
+                                    loss.first_seq, loss.last_seq, None))
+        self.wakeup.set()
         if self.persisted_acks and loss.origin == self.config.node_id and loss.at == 0:
             # lost on the hop from this appliance's data path: sequences of that stream
             self._unkept.append((loss.stream & ~RELIABLE_STREAM_BIT, loss.first_seq,
@@ -301,12 +460,21 @@ class CacheAgent:
                       self.config.name, loss.messages, loss.origin, loss.stream, loss.reason)
 
     def _take(self, msg: Any) -> None:
-        if len(self._inbox) >= CACHE_QUEUE_MESSAGES:
+        inbox = self._inbox
+        if len(inbox) >= CACHE_QUEUE_MESSAGES:
             self.dropped_queue_full += 1
             self._not_kept(msg, f"the cache's queue was full ({CACHE_QUEUE_MESSAGES} "
                                 "messages waiting for its disk)")
+            if msg.namespace == 0:  # a marker in its place (one per run of drops)
+                with self._lock:
+                    last = inbox[-1] if inbox else None
+                    if (isinstance(last, _Gap) and not last.sealed
+                            and last.reason == QUEUE_FULL):
+                        last.add(msg)
+                    else:  # past the bound by one gap per run of messages queued
+                        inbox.append(_Gap.of(QUEUE_FULL, msg))
             return
-        self._inbox.append(msg)
+        inbox.append(msg)
         self.wakeup.set()
 
     def _not_kept(self, msg: Any, why: str) -> None:
@@ -385,6 +553,8 @@ class CacheAgent:
                 self.counters["segments_deleted"] += self.store.enforce_retention()
             except (TopicwireError, OSError) as exc:
                 self._store_error("retention", exc)
+            if self.settings.max_disk_bytes:
+                self._enforce_disk_limit()
         if now_ns >= self._status_at:
             self._status_at = now_ns + STATUS_INTERVAL_NS
             self.status_snapshot = self._status()
@@ -403,7 +573,13 @@ class CacheAgent:
             if self.failing is not None:  # what the logs still buffer goes first
                 committed = self.store.commit()
             while inbox and n < CACHE_APPEND_BATCH_MESSAGES:
-                self._keep(inbox[0])
+                item = inbox[0]
+                if isinstance(item, _Gap):
+                    with self._lock:  # the session's thread adds no more to it
+                        item.sealed = True
+                    self._write_gap(item)
+                else:
+                    self._keep(item)
                 inbox.popleft()
                 n += 1
             committed |= self.store.commit()
@@ -417,6 +593,8 @@ class CacheAgent:
             self.failing = None
         if self._unpersisted:
             self._report_persisted()
+        if committed and self.settings.max_disk_bytes:
+            self._enforce_disk_limit()
         for kept in committed:  # the durable subscribers waiting for these logs go on
             parked = self._parked.pop(kept, None)
             if parked:
@@ -430,7 +608,12 @@ class CacheAgent:
             key = (msg.origin, msg.stream, msg.topic_key)
             last = self._last_seq.get(key)
             if last is not None and msg.sequence > last + 1:
-                counters["missed"] += msg.sequence - last - 1
+                missed = msg.sequence - last - 1
+                counters["missed"] += missed
+                if msg.namespace == 0:  # a marker in their place
+                    self._write_gap(_Gap(MISSED, missed, msg.origin, msg.stream, last + 1,
+                                         msg.sequence - 1, {msg.topic: missed}),
+                                    msg.publish_ts_ns)
             if last is None and len(self._last_seq) >= SEQUENCES_KEPT:
                 self._last_seq.clear()
                 counters["gap_table_resets"] += 1
@@ -442,6 +625,8 @@ class CacheAgent:
             counters["too_large"] += 1
             self._not_kept(msg, f"larger than the cache keeps ({CACHE_MAX_PAYLOAD_BYTES} "
                                 "bytes with its headers)")
+            if msg.namespace == 0:
+                self._write_gap(_Gap.of(TOO_LARGE, msg), msg.publish_ts_ns)
             return
         taken = self.store.append(msg.topic, msg.namespace, msg.sequence, msg.topic_key,
                                   msg.origin, msg.stream, msg.schema_id, msg.qos,
@@ -453,6 +638,44 @@ class CacheAgent:
                 # (publisher, its sequence on the data path's stream to this session)
                 self._unpersisted.append(((msg.stream & ~RELIABLE_STREAM_BIT, msg.sequence),
                                           taken))
+
+    def _write_gap(self, gap: _Gap, ts_ns: int | None = None) -> None:
+        """A loss marker for ``gap`` in the log of each pattern that matches one of its
+        topics (every log when they are not known), counting only those topics; buffered
+        with the appends around it (raises as an append does)."""
+        ts_ns = time.time_ns() if ts_ns is None else ts_ns
+        last_seq = self._last_seq
+        for key, seq in gap.sequences.items():  # named here, not again as missed
+            if seq > last_seq.get(key, 0):
+                last_seq[key] = seq
+        for pattern in self.store.logs:
+            topics = gap.topics
+            if topics is not None:
+                topics = {t: n for t, n in topics.items() if matches(pattern, t)}
+                if not topics:
+                    continue
+            doc = {"reason": gap.reason, "messages": (sum(topics.values()) if topics
+                                                      else gap.messages),
+                   "origin": gap.origin, "stream": gap.stream, "first_seq": gap.first_seq,
+                   "last_seq": gap.last_seq, "topics": topics}
+            self.store.append_marker(pattern, ts_ns, gap.origin, gap.stream, doc)
+            self.counters["loss_markers"] += 1
+        self.counters[f"gaps_{gap.reason.lower()}"] += 1
+
+    def _enforce_disk_limit(self) -> None:
+        """``max_disk_bytes``: the oldest segments of any log go (counted, said once)."""
+        try:
+            deleted = self.store.enforce_disk_limit()
+        except (TopicwireError, OSError) as exc:
+            self._store_error("disk_limit", exc)
+            return
+        if deleted and not self.counters["disk_limit_segments_deleted"]:
+            log.warning("%s: cache: its logs in %s reached cache.max_disk_bytes (%d bytes): "
+                        "the oldest segments of any log are deleted (counted "
+                        "cache_disk_limit_segments_deleted; durable subscribers that had not "
+                        "read them get a loss event, CACHE_DISK_LIMIT)", self.config.name,
+                        self.settings.dir, self.settings.max_disk_bytes)
+        self.counters["disk_limit_segments_deleted"] += deleted
 
     def _report_persisted(self) -> None:
         """Tell the data path which local guaranteed messages are on disk now (in the order
@@ -526,14 +749,16 @@ class CacheAgent:
         self._send(channel, dest, session_id, out, page is not None)
 
     def _page(self, kept: str, pattern: str, from_seq: int | None, from_time_ns: int | None,
-              out: dict, request_id: int) -> tuple[int, bool] | None:
+              out: dict, request_id: int, markers: list | None = None
+              ) -> tuple[int, bool] | None:
         """``CacheStore.page`` into ``_page_buf``; None when the log cannot be read (counted,
         logged, and ``out`` made the refusal)."""
         buf = self._page_buf
         self._page_ids = self._page_ids % 0xFFFF_FFFF + 1
         buf.request_id, buf.page_id = request_id, self._page_ids
         try:
-            return self.store.page(kept, pattern, from_seq, from_time_ns, buf)
+            return self.store.page(kept, pattern, from_seq, from_time_ns, buf, markers,
+                                   PAGE_LOSSES)
         except (TopicwireError, OSError) as exc:
             self._store_error("replay", exc)
             out.update(accepted=False, why="storage", reason=f"cache: cannot read the log of "
@@ -578,21 +803,38 @@ class CacheAgent:
             self.book.move(entry, doc["ack"], now_ns)
         start = doc.get("from_seq", entry.position)
         first = self.store.first(kept)
-        if first and start < first:  # retention deleted what it had not read
-            out["lost"] = [start, first - 1]
+        losses: list[dict] = []
+        if start < first:  # retention or max_disk_bytes deleted what it had not read
+            ranges = self.store.deleted_ranges(kept, start, first - 1)
+            if len(ranges) > PAGE_DELETED_RANGES:
+                rest = ranges[PAGE_DELETED_RANGES - 1:]
+                why = DISK_LIMIT if any(r[2] == DISK_LIMIT for r in rest) else RETENTION
+                ranges[PAGE_DELETED_RANGES - 1:] = [(rest[0][0], rest[-1][1], why)]
+            losses.extend({"at": a, "reason": why, "messages": b - a + 1, "topic": kept,
+                           "first_seq": a, "last_seq": b} for a, b, why in ranges)
+            out["lost"] = [start, first - 1]  # (what clients before "losses" read)
             self.counters["durables_lost_records"] += first - start
             self.book.move(entry, first, now_ns)
             start = first
-        page = self._page(kept, pattern, start, None, out, doc["id"])
+        markers: list[tuple[int, dict]] = []
+        page = self._page(kept, pattern, start, None, out, doc["id"], markers)
         if page is None:
             self._send(channel, dest, session_id, out)
             return
         next_seq, done = page
         count = self._page_buf.count
-        if not count and entry.position >= start:  # only other topics' records: passed
-            self.book.move(entry, next_seq, now_ns)
+        named = [loss for loss in (_marker_loss(seq, mark, pattern, kept)
+                                   for seq, mark in markers) if loss is not None]
+        if not count and entry.position >= start:  # only other topics' records: passed,
+            # up to the first loss named (the position passes it once the client has it)
+            self.book.move(entry, named[0]["at"] if named else next_seq, now_ns)
+        losses.extend(named)
+        if losses:
+            out["losses"] = losses
+            self.counters["durables_loss_events"] += len(losses)
+            self.counters["durables_lost_messages"] += sum(x["messages"] for x in losses)
         wait_ns = doc.get("wait_ms", 0) * 1_000_000
-        if not count and done and wait_ns and "lost" not in out:
+        if not count and done and wait_ns and not losses:
             parked = self._parked.setdefault(kept, {})
             parked.pop((session_id, identity, name), None)  # a newer request replaces it
             parked[(session_id, identity, name)] = (request, now_ns + wait_ns)
@@ -659,7 +901,11 @@ class CacheAgent:
         counters["cache_lost"] = self.lost_guaranteed
         counters["cache_store_failing"] = int(self.failing is not None)
         counters["cache_awaiting_persist"] = len(self._unpersisted)
+        disk = self.store.disk_status()
+        counters["cache_disk_bytes"] = disk["bytes"]
+        counters["cache_disk_limit_records_deleted"] = disk["records_deleted"]
         return {"dir": str(self.settings.dir), "fsync": self.settings.fsync,
+                "disk": disk,
                 "acknowledge": self.settings.acknowledge,
                 "storage": "ok" if self.failing is None else f"failing: {self.failing}",
                 "session": "subscribed" if self.ready.is_set() else "connecting",

@@ -8,6 +8,8 @@ fsync = "batch"                    # "batch": fdatasync per batch appended; "int
 fsync_interval_ms = 10             #   fsync_interval_ms at most after the first unsynced one
 retention_bytes = 0                # per pattern log; 0: no size limit
 retention_hours = 0                # 0: no age limit
+max_disk_bytes = 0                 # all the logs together; 0: no limit (else >= 4 MiB per
+                                   #   pattern): the oldest segments of any log go first
 acknowledge = "received"           # "persisted": a local client's guaranteed message on
                                    #   the patterns is acknowledged once on disk
 ```
@@ -81,15 +83,23 @@ class CacheSettings:
     retention_bytes: int = 0
     retention_hours: int = 0
     acknowledge: str = "received"
+    max_disk_bytes: int = 0
+    """The bound on all the logs' segments together (0: none); past it the cache deletes the
+    oldest sealed segments of any log (``CacheStore.enforce_disk_limit``)."""
 
     def log_config(self) -> LogConfig:
         """How each pattern's log writes, syncs and retains. A size limit needs several
-        segments (the newest is never deleted): segments are then a quarter of it."""
+        segments (the newest is never deleted): segments are then a quarter of it, and with
+        ``max_disk_bytes`` at most a quarter of its share per pattern, so the newest
+        segments of every log together stay well under the bound."""
         from appliance.cache.layout import record_payload_bytes
 
         segment = SEGMENT_BYTES
         if self.retention_bytes:
             segment = max(MIN_SEGMENT_BYTES, min(SEGMENT_BYTES, self.retention_bytes // 4))
+        if self.max_disk_bytes:
+            share = self.max_disk_bytes // (4 * len(self.patterns))
+            segment = max(MIN_SEGMENT_BYTES, min(segment, share))
         return LogConfig(fsync=self.fsync, fsync_interval_ms=self.fsync_interval_ms,
                          segment_bytes=segment,
                          max_payload_bytes=record_payload_bytes(CACHE_MAX_PAYLOAD_BYTES),
@@ -114,7 +124,7 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
     if not isinstance(table, dict):
         raise _error("cache", "must be a table ([cache])")
     _known(table, {"dir", "patterns", "fsync", "fsync_interval_ms", "retention_bytes",
-                   "retention_hours", "acknowledge"}, p)
+                   "retention_hours", "acknowledge", "max_disk_bytes"}, p)
     directory = table.get("dir")
     if not isinstance(directory, str) or not directory:
         raise _error(p + "dir", "required: the directory the cache's logs are kept in")
@@ -142,6 +152,12 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
         raise _error(p + "retention_bytes", f"must be 0 (no limit) or at least "
                      f"{4 * MIN_SEGMENT_BYTES} (four segments of 1 MiB), not {size}")
     hours = _int(table, "retention_hours", p, 0, 0, 24 * 365 * 100)
+    disk = _int(table, "max_disk_bytes", p, 0, 0, 2**62)
+    least = 4 * MIN_SEGMENT_BYTES * len(patterns)
+    if 0 < disk < least:
+        raise _error(p + "max_disk_bytes", f"must be 0 (no limit) or at least {least} (four "
+                     f"segments of 1 MiB for each of the {len(patterns)} patterns), not "
+                     f"{disk}")
     acknowledge = table.get("acknowledge", "received")
     if acknowledge not in ACKNOWLEDGE_POLICIES:
         raise _error(p + "acknowledge", f"must be one of "
@@ -149,4 +165,5 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
     if not has_client_endpoint:
         raise _error("cache", "needs clients.udp or clients.shm: the cache receives what it "
                      "keeps through a client session of the appliance's own")
-    return CacheSettings(path, tuple(patterns), fsync, interval, size, hours, acknowledge)
+    return CacheSettings(path, tuple(patterns), fsync, interval, size, hours, acknowledge,
+                         disk)

@@ -35,6 +35,13 @@ REPLAY_BATCH_RECORDS = 8_192
 VERDICTS_KEPT = 65_536
 """Topic keys whose match against a replayed pattern is remembered (per pattern; cleared when
 full)."""
+DELETED_RANGES_KEPT = 256
+"""Per log, the ranges of cache sequences deleted since the start whose reason is remembered
+(the oldest forgotten first: they are then reported as ``RETENTION``)."""
+RETENTION = "RETENTION"
+"""A deletion by ``retention_bytes`` or ``retention_hours`` (the log's own limits)."""
+DISK_LIMIT = "CACHE_DISK_LIMIT"
+"""A deletion by ``max_disk_bytes`` (all the logs together)."""
 
 
 class ReplayPage:
@@ -106,6 +113,11 @@ class CacheStore:
         self.logs: dict[str, StreamLog] = {}
         self._dirty: set[str] = set()
         self._verdicts: dict[str, dict[int, bool]] = {}
+        self.deleted: dict[str, list[tuple[int, int, str]]] = {}
+        """Per log, (first, last, reason) of the cache sequences deleted since the start
+        (at most ``DELETED_RANGES_KEPT``, adjacent ones of one reason merged)."""
+        self.disk_limit_deleted = [0, 0]
+        """Segments and records ``enforce_disk_limit`` deleted."""
         config = settings.log_config()
         try:
             for pattern in settings.patterns:
@@ -139,6 +151,16 @@ class CacheStore:
                 taken.append((pattern, seq))
         return taken
 
+    def append_marker(self, pattern: str, ts_ns: int, origin: int, stream: int,
+                      loss: dict) -> int:
+        """Append a loss marker (appliance/cache/layout.py) to ``pattern``'s log; buffered
+        until ``commit``. Returns its cache sequence."""
+        log = self.logs[pattern]
+        seq = log.last_seq + 1
+        log.append(seq, ts_ns, layout.encode_marker(origin, stream, loss))
+        self._dirty.add(pattern)
+        return seq
+
     def durable(self, positions: list[tuple[str, int]]) -> bool:
         """Whether every (pattern, cache sequence) is on disk (per ``cache.fsync``)."""
         logs = self.logs
@@ -159,8 +181,9 @@ class CacheStore:
         return self.logs[kept].last_seq + 1
 
     def first(self, kept: str) -> int:
-        """The oldest cache sequence ``kept``'s log holds (0: none)."""
-        return self.logs[kept].first_seq()
+        """The oldest cache sequence ``kept``'s log holds, or the next one when it holds
+        none (everything before it was deleted, or nothing was kept yet)."""
+        return _first(self.logs[kept])
 
     def do_work(self, now_ns: int) -> int:
         """The ``interval`` policy's syncs once due."""
@@ -171,14 +194,87 @@ class CacheStore:
         return min(due) if due else None
 
     def enforce_retention(self) -> int:
-        return sum(log.enforce_retention() for log in self.logs.values())
+        """Each log's own limits (age, size): the segments deleted."""
+        deleted = 0
+        for pattern, log in self.logs.items():
+            before = _first(log)
+            n = log.enforce_retention()
+            if n:
+                self._deleted(pattern, before, _first(log) - 1, RETENTION)
+                deleted += n
+        return deleted
+
+    def disk_bytes(self) -> int:
+        """What the logs' segments hold together (with what is buffered to be written)."""
+        return sum(log.size_bytes() for log in self.logs.values())
+
+    def enforce_disk_limit(self) -> int:
+        """``max_disk_bytes``: while the logs together are over it, delete the oldest sealed
+        segment of any log (the one whose newest record is oldest); the newest segment of
+        each log stays. Returns the segments deleted."""
+        limit = self.settings.max_disk_bytes
+        if not limit:
+            return 0
+        total = self.disk_bytes()
+        deleted = 0
+        while total > limit:
+            candidates = [(log.segments[0].max_ts, pattern) for pattern, log in
+                          self.logs.items() if len(log.segments) > 1]
+            if not candidates:
+                break  # only each log's newest segment is left: a quarter of the bound at most
+            _, pattern = min(candidates)
+            log = self.logs[pattern]
+            before, size, records = _first(log), log.segments[0].size, log.segments[0].records
+            if log.delete_oldest() is None:
+                break
+            self._deleted(pattern, before, _first(log) - 1, DISK_LIMIT)
+            total -= size
+            deleted += 1
+            self.disk_limit_deleted[0] += 1
+            self.disk_limit_deleted[1] += records
+        return deleted
+
+    def _deleted(self, pattern: str, first: int, last: int, reason: str) -> None:
+        if last < first:
+            return
+        ranges = self.deleted.setdefault(pattern, [])
+        if ranges and ranges[-1][2] == reason and ranges[-1][1] + 1 >= first:
+            ranges[-1] = (ranges[-1][0], last, reason)
+        else:
+            ranges.append((first, last, reason))
+            if len(ranges) > DELETED_RANGES_KEPT:
+                del ranges[0]
+
+    def deleted_ranges(self, kept: str, start: int, end: int) -> list[tuple[int, int, str]]:
+        """The cache sequences ``start``..``end`` of ``kept``'s log (deleted) as (first,
+        last, reason) ranges covering them in order; what no remembered deletion names (it
+        was before the start) is ``RETENTION``."""
+        out: list[tuple[int, int, str]] = []
+        at = start
+        for first, last, reason in self.deleted.get(kept, ()):
+            if last < at or first > end:
+                continue
+            if first > at:
+                out.append((at, first - 1, RETENTION))
+            out.append((max(first, at), min(last, end), reason))
+            at = min(last, end) + 1
+        if at <= end:
+            out.append((at, end, RETENTION))
+        merged: list[tuple[int, int, str]] = []
+        for first, last, reason in out:
+            if merged and merged[-1][2] == reason and merged[-1][1] + 1 == first:
+                merged[-1] = (merged[-1][0], last, reason)
+            else:
+                merged.append((first, last, reason))
+        return merged
 
     def log_of(self, pattern: str) -> str | None:
         """The first configured pattern whose log holds every topic ``pattern`` denotes."""
         return next((p for p in self.logs if includes(p, pattern)), None)
 
     def page(self, kept: str, pattern: str, from_seq: int | None, from_time_ns: int | None,
-             page: ReplayPage) -> tuple[int, bool]:
+             page: ReplayPage, markers: list[tuple[int, dict]] | None = None,
+             max_markers: int = 0) -> tuple[int, bool]:
         """One page of the log of ``kept`` into ``page`` (its frames, ``page.count``
         messages): the stored messages matching ``pattern`` from cache sequence
         ``from_seq`` or publish time ``from_time_ns`` (or the start), as native message
@@ -186,7 +282,11 @@ class CacheStore:
         sequence the next page begins at and whether the log has nothing after this page.
         Bounded by ``page``'s frames, bytes and messages and by ``REPLAY_SCAN_RECORDS`` (the
         records looked at, matching or not). The log is read in batches; the pattern is
-        matched once per distinct topic key of a batch; no Python runs per record."""
+        matched once per distinct topic key of a batch; no Python runs per record.
+
+        ``markers`` (a durable subscription's page): the loss markers among the records the
+        page covers are added to it as (cache sequence, document), at most ``max_markers``
+        (the page ends before one more)."""
         log = self.logs[kept]
         page.reset()
         scanned = 0
@@ -201,6 +301,20 @@ class CacheStore:
                     n = REPLAY_SCAN_RECORDS - scanned
                 keys = page.keys[:n]
                 k._record_keys(batch.buf, batch.offsets[:n], batch.lengths[:n], keys)
+                found: list[tuple[int, dict]] = []
+                if markers is not None:
+                    for i in np.flatnonzero(keys == 0).tolist():
+                        doc = layout.decode_marker(batch.payload(i))
+                        if doc is None:
+                            continue  # not an envelope: skipped, as a replay skips it
+                        if len(markers) + len(found) >= max_markers:
+                            n = i  # the page ends before this marker
+                            keys = keys[:n]
+                            break
+                        found.append((i, doc))
+                    if n == 0:
+                        page.finish()
+                        return int(batch.seqs[0]), False
                 take = np.flatnonzero(self._matching(pattern, keys, batch, n))
                 stopped = k._encode(batch.buf, batch.offsets, batch.lengths, batch.seqs,
                                     batch.stamps, take, 0, page.out, page.frame_offsets,
@@ -209,8 +323,14 @@ class CacheStore:
                                     page.max_messages, page.max_bytes, page.request_id,
                                     page.page_id)
                 if stopped < len(take):  # the page is full
+                    cut = int(take[stopped])
+                    if markers is not None:
+                        markers.extend((int(batch.seqs[i]), doc) for i, doc in found
+                                       if i < cut)
                     page.finish()
-                    return int(batch.seqs[take[stopped]]), False
+                    return int(batch.seqs[cut]), False
+                if markers is not None:
+                    markers.extend((int(batch.seqs[i]), doc) for i, doc in found)
                 scanned += n
                 next_seq = int(batch.seqs[n - 1]) + 1
                 if n < len(batch):
@@ -245,6 +365,11 @@ class CacheStore:
                  "durable_seq": log.durable_seq, "bytes": log.size_bytes(),
                  "segments": len(log.segments)} for p, log in self.logs.items()]
 
+    def disk_status(self) -> dict:
+        return {"bytes": self.disk_bytes(), "max_bytes": self.settings.max_disk_bytes,
+                "segments_deleted": self.disk_limit_deleted[0],
+                "records_deleted": self.disk_limit_deleted[1]}
+
     def close(self) -> None:
         """Sync and close every log (twice is fine)."""
         logs, self.logs = self.logs, {}
@@ -256,6 +381,11 @@ class CacheStore:
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+
+def _first(log: StreamLog) -> int:
+    """The oldest cache sequence a log holds, or the next one when it holds none."""
+    return log.first_seq() or log.last_seq + 1
 
 
 def warm_up() -> None:

@@ -13,9 +13,11 @@ the same name. A request that finds nothing new is held by the appliance up to
 subscription follows the live messages with the delay of one append (and its fsync).
 
 Flow control is the pull itself: no page is asked for while ``DURABLE_QUEUE_MESSAGES`` wait
-in the queue, so a slow subscriber never loses a message; what the cache's retention deleted
-before the subscriber read it arrives as a ``Loss`` (reason ``RETENTION``, the range in cache
-sequences) in its place. Guarantee: each message kept by the cache is handed over in the
+in the queue, so a slow subscriber never loses a message; what the cache's retention or
+``max_disk_bytes`` deleted before the subscriber read it, and what the cache did not keep
+(its loss markers), arrive as ``Loss`` events in their place (``losses`` in the answer,
+each at its cache sequence), handed over once the application has taken every message
+before them. Guarantee: each message kept by the cache is handed over in the
 order it was kept, once per subscriber process; after a crash of the subscriber's process
 (or the appliance's), the messages after the last acknowledgement that reached the disk are
 handed over again (at least once).
@@ -101,7 +103,7 @@ class DurableFetcher:
         """The first page, on the subscribing thread: a refusal raises there."""
         page = self.request(0, self.sub.client.timeout_s)
         self._check(page.doc)
-        self._take(page)
+        self._take(page, can_wait=False)
 
     def _check(self, result: dict) -> None:
         if result.get("accepted"):
@@ -112,29 +114,78 @@ class DurableFetcher:
             raise EntitlementError(text)
         raise ClientError(text)
 
-    def _take(self, page: Page) -> None:
+    def _take(self, page: Page, can_wait: bool = True) -> None:
+        """Hand a page's messages over, and its losses in their places: a loss once every
+        message before it was handed over (a queue's consumer took them; ``can_wait``
+        false, on the subscribing thread: the page is taken up to the loss and the rest is
+        asked for again by the subscription's thread)."""
         result = page.doc
-        lost = result.get("lost")
         sub = self.sub
-        if lost:
-            first, last = lost
-            sub._loss(Loss(sub.client.node_id, 0, first, last, last - first + 1, "RETENTION",
-                           sub.client.node_id, time.time_ns()))
-        for msg in page.messages:
-            try:
-                sub._put(msg)
-            except Exception:  # an application's callback must not end the subscription
-                self.callback_errors += 1
-                log.exception("client %s: durable subscription %r: the callback raised",
-                              sub.client.identity, self.name)
-            if sub.callback is not None:  # handed over once the callback returned
-                self.handed = msg.cache_seq + 1
-        if page.complete:
-            self.next_seq = result["next_seq"]
-        elif page.messages:  # a frame missing: asked again after the last message received
-            self.next_seq = page.messages[-1].cache_seq + 1
+        node = sub.client.node_id
+        losses = result.get("losses")
+        if losses is None and result.get("lost"):  # an appliance before "losses"
+            first, last = result["lost"]
+            losses = [{"at": first, "reason": "RETENTION", "messages": last - first + 1,
+                       "first_seq": first, "last_seq": last}]
+        messages = page.messages
         if "position" in result and not self.handed:
             self.handed = result["position"]
+        if page.complete:
+            end = result["next_seq"]
+        elif messages:  # a frame missing: asked again after the last message received
+            end = messages[-1].cache_seq + 1
+        else:
+            end = None
+        i = 0
+        for doc in losses or ():
+            at = int(doc["at"])
+            deleted = doc.get("reason") in ("RETENTION", "CACHE_DISK_LIMIT")
+            if not deleted and (end is None or at >= end):
+                break  # after a missing frame: read again
+            while i < len(messages) and messages[i].cache_seq < at:
+                self._hand(messages[i])
+                i += 1
+            if not self._drained(can_wait):
+                self.next_seq = at  # read again from the loss on
+                return
+            loss = Loss(int(doc.get("origin") or node), int(doc.get("stream", 0)),
+                        int(doc.get("first_seq", 0)), int(doc.get("last_seq", 0)),
+                        int(doc.get("messages", 0)), str(doc.get("reason", "")), node,
+                        time.time_ns(), str(doc.get("topic", "")))
+            try:
+                sub._loss(loss)
+            except Exception:  # an application's on_loss must not end the subscription
+                self.callback_errors += 1
+                log.exception("client %s: durable subscription %r: on_loss raised",
+                              sub.client.identity, self.name)
+            # every message before it was handed over: acknowledged past it
+            self.handed = max(self.handed, (int(doc["last_seq"]) if deleted else at) + 1)
+        for msg in messages[i:]:
+            self._hand(msg)
+        if end is not None:
+            self.next_seq = end
+
+    def _hand(self, msg: Any) -> None:
+        sub = self.sub
+        try:
+            sub._put(msg)
+        except Exception:  # an application's callback must not end the subscription
+            self.callback_errors += 1
+            log.exception("client %s: durable subscription %r: the callback raised",
+                          sub.client.identity, self.name)
+        if sub.callback is not None:  # handed over once the callback returned
+            self.handed = msg.cache_seq + 1
+
+    def _drained(self, can_wait: bool) -> bool:
+        """Whether the application has taken every message queued (waits for it when
+        ``can_wait``, until the subscription stops)."""
+        sub = self.sub
+        if sub.callback is not None:
+            return True
+        with sub._cond:
+            while sub._queue and can_wait and not self.stop.is_set():
+                sub._cond.wait(0.1)
+            return not sub._queue
 
     def _run(self) -> None:
         sub = self.sub

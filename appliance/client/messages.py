@@ -93,7 +93,14 @@ class Loss:
     messages: int
     reason: str
     """``RECOVERY_TIMEOUT`` (NAKs unanswered within the recovery bound), ``SENDER_LOSS`` (no
-    longer in the sender's retransmission buffer) or ``RESYNC``."""
+    longer in the sender's retransmission buffer) or ``RESYNC``; for a durable subscription,
+    what its appliance's cache did not keep or deleted: ``RETENTION``, ``CACHE_DISK_LIMIT``
+    (``first_seq``..``last_seq`` in cache sequences), ``CACHE_QUEUE_FULL``,
+    ``CACHE_TOO_LARGE``, ``CACHE_MISSED``, ``CACHE_LOST`` (docs/fault-tolerance.md,
+    "Durable subscriptions")."""
     at: int
     """Node id of the appliance that saw the loss; 0: this client's own hop."""
     received_ns: int
+    topic: str = ""
+    """A durable subscription's loss: the topic of the lost messages when they had one, else
+    the pattern they matched ("" for other losses: the topics are not known)."""

@@ -302,6 +302,15 @@ MAX_DURABLE_WAIT_MS = 10_000
 """The longest a durable subscription's request may be held for new messages."""
 
 
+MAX_REPLAY_LOSSES = 32
+"""A durable page's answer names at most this many losses (appliance/cache/agent.py: 16 loss
+markers and 16 deleted ranges at most)."""
+REPLAY_LOSS = Obj({"at": SEQ, "reason": Str(32, 1), "messages": Int(0, MAX_U63)},
+                  {"topic": TEXT, "origin": Int(0, MAX_NODE_ID), "stream": Int(0, MAX_U32),
+                   "first_seq": Int(0, MAX_U64), "last_seq": Int(0, MAX_U64)})
+"""One loss a durable page names in its place (cache sequence ``at``)."""
+
+
 def _replay_rule(doc: dict) -> str | None:
     if "from_seq" in doc and "from_time_ns" in doc:
         return "give from_seq or from_time_ns, not both"
@@ -391,6 +400,7 @@ KINDS: dict[ControlKind, Kind] = {
         {"count": Int(0, MAX_REPLAY_MESSAGES), "page": Int(0, MAX_U32),
          "frames": Int(0, MAX_PAGE_FRAMES), "next_seq": SEQ, "done": Bool(),
          "position": SEQ, "lost": Row((SEQ, SEQ)), "deleted": Bool(),
+         "losses": List(REPLAY_LOSS, MAX_REPLAY_LOSSES),
          "reason": REASON, "why": Str(16, choices=frozenset(
              {"no_cache", "entitlement", "pattern", "busy", "storage", "durable"}))},
         _replay_result_rule)),

@@ -336,13 +336,24 @@ class StreamLog:
             if not (too_old or too_big):
                 break
             total -= oldest.size
-            records = oldest.records
-            oldest.delete()
-            self.segments.pop(0)
-            self.counters.segments_deleted += 1
-            self.counters.records_deleted += records
+            self.delete_oldest()
             deleted += 1
         return deleted
+
+    def delete_oldest(self) -> tuple[int, int] | None:
+        """Delete the oldest segment if it is sealed (the newest never is deleted): the
+        (first, last) sequence it held (0, 0 when empty), or None when nothing was
+        deleted. A bound over several logs (the cache's ``max_disk_bytes``) uses it."""
+        if len(self.segments) <= 1:
+            return None
+        oldest = self.segments[0]
+        held = (oldest.first_seq, oldest.last_seq)
+        records = oldest.records
+        oldest.delete()
+        self.segments.pop(0)
+        self.counters.segments_deleted += 1
+        self.counters.records_deleted += records
+        return held
 
     def first_seq(self) -> int:
         """The oldest sequence the log still holds (0: none)."""

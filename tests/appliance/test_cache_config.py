@@ -35,6 +35,10 @@ def _cfg(tmp_path, cache, clients=True):
     ({"size": 1}, "cache.size"),
     ({"acknowledge": "synced"}, "cache.acknowledge"),
     ({"acknowledge": True}, "cache.acknowledge"),
+    ({"max_disk_bytes": -1}, "cache.max_disk_bytes"),
+    ({"max_disk_bytes": "8G"}, "cache.max_disk_bytes"),
+    ({"max_disk_bytes": 1 << 20}, "cache.max_disk_bytes"),  # below 4 MiB per pattern
+    ({"patterns": ["a/#", "b/#"], "max_disk_bytes": 6 << 20}, "cache.max_disk_bytes"),
 ])
 def test_a_bad_cache_value_is_refused_naming_its_key(tmp_path, cache, key):
     with pytest.raises(ConfigError) as info:
@@ -60,3 +64,26 @@ def test_a_good_cache_table_gives_the_log_settings(tmp_path):
     assert cfg.cache.acknowledge == "received"
     assert _cfg(tmp_path, {"acknowledge": "persisted"}).cache.acknowledge == "persisted"
     assert parse_config(HEAD).cache is None
+
+
+def test_the_disk_bound_sizes_the_segments_so_the_newest_ones_stay_under_it(tmp_path):
+    cfg = _cfg(tmp_path, {"patterns": ["a/#", "b/#"], "max_disk_bytes": 64 << 20})
+    assert cfg.cache.max_disk_bytes == 64 << 20
+    assert cfg.cache.log_config().segment_bytes == 8 << 20  # a quarter of each one's share
+    assert _cfg(tmp_path, {}).cache.max_disk_bytes == 0
+
+
+def test_topicwire_run_refuses_a_bad_disk_bound_in_one_line_with_exit_2(tmp_path):
+    import subprocess
+
+    from tests.appliance.helpers import CLI, ROOT
+
+    config = tmp_path / "bad.toml"
+    config.write_text(f"""[appliance]\nname = "c1"\n[clients]\nudp = "127.0.0.1:47999"\n
+[cache]\ndir = "{tmp_path / 'c'}"\npatterns = ["orders/#"]\nmax_disk_bytes = 1000\n""")
+    run = subprocess.run([*CLI, "run", "--config", str(config)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cache.max_disk_bytes: must be 0 (no limit) or at least" in \
+        lines[0], run.stderr

@@ -62,6 +62,10 @@ OTHER_GOOD = [
     (K.REPLAY_RESULT, {"id": 1, "accepted": False, "why": "no_cache", "reason": "no"}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": True, "count": 0, "next_seq": 1,
                        "done": True}),
+    (K.REPLAY_RESULT, {"id": 1, "accepted": True, "count": 0, "next_seq": 9, "done": True,
+                       "losses": [{"at": 3, "reason": "CACHE_QUEUE_FULL", "messages": 4,
+                                   "topic": "a/b", "origin": 5, "stream": 2**31 + 7,
+                                   "first_seq": 10, "last_seq": 13}]}),
 ]
 
 

@@ -86,8 +86,51 @@ def test_a_page_goes_out_as_a_replay_result_and_what_is_not_kept_is_counted(tmp_
         assert (header.stream_id, header.dest_session) == (REPLAY_STREAM_ID, 4)
         messages = decode_page([page[2]], "orders/#")
         assert [m.sequence for m in messages] == [2, 5, 7]
-        assert [m.cache_seq for m in messages] == [2, 3, 4]
+        # a loss marker in the place of 3 and 4 (missed) and of 6 (too large): never replayed
+        assert [m.cache_seq for m in messages] == [2, 4, 6]
+        assert agent.counters["loss_markers"] == 2
         assert {(m.origin, m.stream, m.topic) for m in messages} == {(5, 6, "orders/a")}
-        assert doc["next_seq"] == 5
+        assert doc["next_seq"] == 7 and "losses" not in doc  # a replay names none
+    finally:
+        agent.close()
+
+
+def _durable(agent, out, rid: int, pattern: str, **more) -> dict:
+    assert agent.submit(4, "clients-udp", 9, {"id": rid, "pattern": pattern,
+                                              "durable": "d" + pattern[-1], **more},
+                        "viewer") is None
+    agent.do_work(0)
+    return json.loads(decode_frame(out.frames[-1][2]).admin()[1][0].document)
+
+
+def test_a_durable_page_names_what_the_cache_did_not_keep_in_its_place(tmp_path):
+    agent, out = _agent(tmp_path)
+    try:
+        assert _durable(agent, out, 1, "orders/a")["accepted"]  # made at the log's end: 1
+        assert _durable(agent, out, 2, "orders/b")["accepted"]
+        for msg in (_msg(1), _msg(2), _msg(5), _msg(6, bytes(CACHE_MAX_PAYLOAD_BYTES + 1)),
+                    _msg(7)):
+            agent._on_message(msg)
+        agent.do_work(0)
+        doc = _durable(agent, out, 3, "orders/a", from_seq=1)
+        assert doc["count"] == 4 and doc["next_seq"] == 7
+        assert doc["losses"] == [
+            {"at": 3, "reason": "CACHE_MISSED", "messages": 2, "topic": "orders/a",
+             "origin": 5, "stream": 6, "first_seq": 3, "last_seq": 4},
+            {"at": 5, "reason": "CACHE_TOO_LARGE", "messages": 1, "topic": "orders/a",
+             "origin": 5, "stream": 6, "first_seq": 6, "last_seq": 6}]
+        # another topic's durable subscription is told nothing: none of it was lost
+        doc = _durable(agent, out, 4, "orders/b", from_seq=1)
+        assert doc["count"] == 0 and "losses" not in doc
+        assert agent.counters["durables_loss_events"] == 2
+        assert agent.counters["durables_lost_messages"] == 3
+        # a stream's loss at the cache's session (topics not known): every durable is told
+        from appliance.client.messages import Loss
+
+        agent._on_loss(Loss(5, 0x8000_0001, 40, 49, 10, "RECOVERY_TIMEOUT", 0, 0))
+        agent.do_work(0)
+        doc = _durable(agent, out, 5, "orders/b", from_seq=7)
+        assert [(x["at"], x["reason"], x["messages"], x["topic"], x["first_seq"])
+                for x in doc["losses"]] == [(7, "CACHE_LOST", 10, "orders/#", 40)]
     finally:
         agent.close()

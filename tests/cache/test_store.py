@@ -93,3 +93,68 @@ def test_retention_by_size_deletes_the_oldest_segments(tmp_path):
         assert rows[0].cache_seq == log.first_seq() and rows[-1].cache_seq == 6_000
     finally:
         store.close()
+
+
+def test_the_disk_bound_deletes_the_oldest_segments_of_any_log_and_names_the_ranges(tmp_path):
+    """Two logs under ``max_disk_bytes``: the older log's segments go first (by their newest
+    record's time), the total ends at or under the bound, and the deleted ranges are named
+    ``CACHE_DISK_LIMIT`` (retention's ``RETENTION``) for the durable subscriptions."""
+    bound = 8 << 20  # four segments of 1 MiB per pattern
+    settings = CacheSettings(tmp_path, ("orders/#", "quotes/#"), max_disk_bytes=bound)
+    assert settings.log_config().segment_bytes == 1 << 20
+    store = CacheStore(settings)
+    try:
+        for i in range(5_000):  # ~5 MB into orders/# first: under the bound
+            store.append("orders/a", 0, i + 1, 1, 2, 3, 0, 0, i, bytes(1_000))
+            if i % 100 == 99:
+                store.commit()
+        store.commit()
+        assert store.enforce_disk_limit() == 0 and store.disk_bytes() <= bound
+        for i in range(5_000):  # then ~5 MB of newer quotes: over it
+            store.append("quotes/b", 0, i + 1, 1, 2, 3, 0, 0, 10_000 + i, bytes(1_000))
+            if i % 100 == 99:
+                store.commit()
+        store.commit()
+        assert store.disk_bytes() > bound
+        deleted = store.enforce_disk_limit()
+        assert deleted > 0 and store.disk_bytes() <= bound
+        orders, quotes = store.logs["orders/#"], store.logs["quotes/#"]
+        assert orders.first_seq() > 1 and quotes.first_seq() == 1  # the oldest went first
+        assert store.disk_status()["segments_deleted"] == deleted
+        assert store.disk_status()["records_deleted"] == orders.first_seq() - 1
+        first = store.first("orders/#")
+        assert store.deleted_ranges("orders/#", 1, first - 1) == [
+            (1, first - 1, "CACHE_DISK_LIMIT")]
+        # a range partly before what this run deleted: that part is RETENTION (not known)
+        store.deleted["orders/#"] = [(10, first - 1, "CACHE_DISK_LIMIT")]
+        assert store.deleted_ranges("orders/#", 1, first - 1) == [
+            (1, 9, "RETENTION"), (10, first - 1, "CACHE_DISK_LIMIT")]
+    finally:
+        store.close()
+
+
+def test_a_durable_page_finds_the_loss_markers_it_covers_and_a_replay_skips_them(tmp_path):
+    store = CacheStore(CacheSettings(tmp_path, ("orders/#",)))
+    try:
+        for i in range(300):
+            if i % 10 == 5:
+                store.append_marker("orders/#", 1_000 + i, 2, 3,
+                                    {"reason": "CACHE_TOO_LARGE", "messages": 1, "i": i})
+            else:
+                store.append("orders/a", 0, i + 1, 1, 2, 3, 0, 0, 1_000 + i, b"m%d" % i)
+        store.commit()
+        rows = [m for page in _pages(store, "orders/#") for m in page]
+        assert len(rows) == 270 and all(m.payload != b"" for m in rows)  # no marker in them
+        page = ReplayPage(FRAME_BYTES)
+        markers: list = []
+        next_seq, done = store.page("orders/#", "orders/#", 1, None, page, markers, 16)
+        assert [seq for seq, _ in markers] == [6 + 10 * j for j in range(16)]
+        assert [doc["i"] for _, doc in markers] == [5 + 10 * j for j in range(16)]
+        # the page ends before the 17th marker, with every message before it
+        assert (next_seq, done) == (166, False) and page.count == 165 - 16
+        markers = []
+        next_seq, done = store.page("orders/#", "orders/#", next_seq, None, page, markers, 16)
+        assert [seq for seq, _ in markers] == [166 + 10 * j for j in range(14)]
+        assert done and next_seq == 301 and page.count == 300 - 165 - 14
+    finally:
+        store.close()

@@ -337,6 +337,20 @@ def _reasons(failed: dict[str, int]) -> str:
                                                                key=lambda kv: -kv[1]))
 
 
+def _durable_loss(name: str, loss) -> str:  # noqa: ANN001 - appliance.client.Loss
+    """The line ``sub --durable`` prints for a loss event of its durable subscription."""
+    if loss.reason in ("RETENTION", "CACHE_DISK_LIMIT"):
+        where = f"cache sequences {loss.first_seq}..{loss.last_seq}, deleted"
+    elif loss.first_seq:
+        where = (f"origin {loss.origin} stream {loss.stream} sequences "
+                 f"{loss.first_seq}..{loss.last_seq}, not kept")
+    else:
+        where = "not kept"
+    count = loss.messages or "an unknown number of"  # CACHE_RESTART, CACHE_SESSION_LOST
+    return (f"durable {name!r}: lost {count} messages on {loss.topic or '?'} "
+            f"({loss.reason}: {where} by the appliance's cache)")
+
+
 def _format(msg, as_json: bool) -> str:  # noqa: ANN001 - appliance.client.Message
     try:
         text = msg.payload.decode("utf-8")
@@ -374,6 +388,9 @@ def run_sub(args: argparse.Namespace) -> int:
             if loss.reason == "SESSION_LOST":  # the connection: how many is not known
                 print("topicwire: sub: guaranteed messages published while the connection was "
                       "lost are missing (how many is not known)", file=sys.stderr, flush=True)
+            elif args.durable is not None:  # what the cache did not keep, or deleted
+                print(f"topicwire: sub: {_durable_loss(args.durable, loss)}", file=sys.stderr,
+                      flush=True)
             elif not args.stats:
                 print(f"topicwire: lost {loss.messages} messages of origin {loss.origin} "
                       f"stream {loss.stream} ({loss.reason})", file=sys.stderr, flush=True)
