@@ -11,10 +11,12 @@ extra, and what they require in turn, linked from the environment running the te
 extra holds, is not there, as after ``pip install``. ``TOPICWIRE_WHEEL_TEST_PIP=1`` installs
 them with pip instead (from its cache or the index).
 
-Each run makes a new venv. Only numba's compile cache is kept between runs (in
-``.venv/numba-cache-wheel``, with the installed sources' mtimes set to one fixed time, since
-numba's cache is keyed on the source file's path and mtime): a first run compiles every kernel
-the commands use (minutes), later ones load them.
+Each run makes a new venv, and numba's compile cache for it is copied from the one
+``topicwire warm`` filled for this tree (``make setup``): numba keys a cache entry by the
+directory of its source file (a folder named after it), the source's mtime and size, the
+function's bytecode and the CPU, so the files are copied to the folders of the installed
+sources and those get the tree's mtimes. Without it every kernel compiles again in the wheel's
+venv (minutes); a kernel the warm-up did not compile still compiles there, as for a user.
 """
 
 from __future__ import annotations
@@ -41,10 +43,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 VENV = ROOT / ".venv" / "wheel-test"
-NUMBA_CACHE = ROOT / ".venv" / "numba-cache-wheel"
 PACKAGES = ("appliance", "bench", "channels", "datapath", "nic_offload")
-SOURCE_MTIME = 1_700_000_000
-"""The mtime every installed source gets (numba's cache index checks it)."""
 STEP_TIMEOUT_S = 240
 
 
@@ -90,13 +89,53 @@ def installed(tmp_path_factory):
                      env, cwd=tmp).strip())
     if not with_pip:
         _link_core_dependencies(wheel, site, tmp / "core-deps")
-    for package in PACKAGES:
-        for path in (site / package).rglob("*"):
-            os.utime(path, (SOURCE_MTIME, SOURCE_MTIME))
-    env.update(NUMBA_CACHE_DIR=str(NUMBA_CACHE), XDG_CACHE_HOME=str(tmp / "cache"),
+    numba_cache = tmp / "numba"
+    _seed_numba_cache(site, numba_cache, env)
+    env.update(NUMBA_CACHE_DIR=str(numba_cache), XDG_CACHE_HOME=str(tmp / "cache"),
                PYTHONUNBUFFERED="1")
     yield VENV / "bin", env, tmp
     shutil.rmtree(VENV, ignore_errors=True)
+
+
+def _numba_folder(directory: Path) -> str:
+    """The folder numba's cache keeps the kernels of the sources in ``directory`` in (with
+    ``NUMBA_CACHE_DIR`` set: numba.core.caching's user-provided locator)."""
+    import hashlib
+
+    path = os.path.abspath(directory)
+    return f"{os.path.basename(path)}_{hashlib.sha1(path.encode()).hexdigest()}"
+
+
+def _seed_numba_cache(site: Path, cache_root: Path, env: dict) -> None:
+    """Copy the tree's warmed kernels into ``cache_root`` for the sources installed under
+    ``site``, and give those sources the tree's mtimes (module docstring)."""
+    tree_cache = Path(_run([sys.executable, "-c", "from datapath import jit; "
+                            "print(jit.cache_dir())"], env, cwd=ROOT).strip())
+    folders = {}
+    for package in PACKAGES:
+        for directory in [ROOT / package, *(p for p in (ROOT / package).rglob("*")
+                                            if p.is_dir() and p.name != "__pycache__")]:
+            folders[_numba_folder(directory)] = directory
+    copied = 0
+    if tree_cache.is_dir():
+        for folder in tree_cache.iterdir():
+            source_dir = folders.get(folder.name)
+            if source_dir is None:
+                continue
+            installed = site / source_dir.relative_to(ROOT)
+            target = cache_root / tree_cache.name / _numba_folder(installed)
+            target.mkdir(parents=True, exist_ok=True)
+            for entry in folder.iterdir():
+                shutil.copy2(entry, target / entry.name)
+                copied += 1
+    for package in PACKAGES:
+        for path in (site / package).rglob("*.py"):
+            tree_file = ROOT / path.relative_to(site)
+            if tree_file.exists():
+                mtime = tree_file.stat().st_mtime
+                os.utime(path, (mtime, mtime))
+    print(f"numba cache: {copied} files from {tree_cache} (0: the tree is not warm; the "
+          "wheel's commands compile their kernels)")
 
 
 def _link_core_dependencies(wheel, site, links):
