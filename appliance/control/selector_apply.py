@@ -211,6 +211,8 @@ def sync(agent: Any) -> None:
             for g in (guards(s, records),) if g}
     nodes = {o: g for o in dests if o in agent.interest_selectors
              for g in (node_guards(agent, o, records),) if g}
-    if maps or nodes or agent._selectors_sent:
-        agent.dp.command("set_selectors", maps, list(schemas), nodes)
-        agent._selectors_sent = bool(maps or nodes)
+    routes = (agent.rdv.data_path_routes(dests, records) if agent.rdv is not None else {})
+    if maps or nodes or routes or agent._selectors_sent:
+        extra = (routes,) if agent.rdv is not None else ()  # rendezvous mode only
+        agent.dp.command("set_selectors", maps, list(schemas), nodes, *extra)
+        agent._selectors_sent = bool(maps or nodes or routes)
