@@ -37,6 +37,7 @@ from nic_offload.errors import OffloadUserError
 from nic_offload.model import AclAction
 from nic_offload.selectors import HEADER_PROPERTIES, compile_selector, message_event
 from nic_offload.selectors.events import HEADER_PREFIX
+from nic_offload.selectors.values import normalize
 from nic_offload.softnic import ingress_acl
 
 _ACL_ACCEPT, _ACL_LOG = int(AclAction.ACCEPT), int(AclAction.LOG)
@@ -195,6 +196,7 @@ class Delivery:
                             if (index, via) not in grouped:
                                 grouped.add((index, via))
                                 self._out[via].add_message(0, me, 0, stream, buf, off, length)
+                                counters["messages_to_appliances"] += 1
                             continue
                         hop = tables.next_hop.get(what[1])
                         if hop is None:
@@ -206,8 +208,10 @@ class Delivery:
                             out_fabric.add_message(tables.alt_next_hop[what[1]], me, dup,
                                                    stream, buf, off, length)
                             counters["duplicated_messages"] += 1
+                            counters["messages_to_appliances"] += 1
                         else:
                             out_fabric.add_message(hop, me, what[1], stream, buf, off, length)
+                            counters["messages_to_appliances"] += 1
         verdicts = nic.verdicts[:m]
         if m > _FEW and not (verdicts == _UNKNOWN).any() or (
                 m <= _FEW and _UNKNOWN not in verdicts.tolist()):
@@ -258,12 +262,14 @@ class Delivery:
             if (index, via) not in grouped:
                 grouped.add((index, via))
                 self._out[via].add_message(0, self.node_id, 0, stream, buf, off, length)
+                self.counters["messages_to_appliances"] += 1
             return
         hop = tables.next_hop.get(dest)
         if hop is None:
             self.counters["unroutable"] += 1
         else:
             self._out[FABRIC].add_message(hop, self.node_id, dest, stream, buf, off, length)
+            self.counters["messages_to_appliances"] += 1
 
     def _selected(self, sid: Any, texts: tuple[str, ...], buf: np.ndarray, index: int,
                   matched: dict[int, Any]) -> bool:
@@ -310,7 +316,8 @@ class Delivery:
             return _NOTHING
         if self._counting and self.tables.rendezvous:  # popularity: events published here
             self.attribute_counts.observe(
-                [n for n, v in event.items() if v is not None and not n.startswith(HEADER_PREFIX)])
+                [n for n, v in event.items()
+                 if not n.startswith(HEADER_PREFIX) and normalize(v) is not None])
         found = index_.match(event)
         if schema is None and header["schema_id"]:
             # a schema this appliance does not know (yet: P&M's document may arrive after a

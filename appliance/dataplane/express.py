@@ -389,9 +389,12 @@ class Express:
         delivered = self.port_delivered
         if self.plan is not None and delivered.any():
             owners = self.plan.owners
+            rows = self.plan.ports
             for port in np.flatnonzero(delivered).tolist():
                 if owners[port] is not None:
                     owners[port].delivered += int(delivered[port])
+                elif rows[port, 1] == FABRIC_Q:  # a destination appliance's port
+                    self.dp.counters["messages_to_appliances"] += int(delivered[port])
         delivered[:] = 0
         totals = self.totals
         if totals.any():
