@@ -10,7 +10,8 @@ interval_s} (publish in the background until ``end_stream``; ``streamed`` {clien
 published so far), ``received`` {client} (what arrived since the last call: per-topic
 counts and duplicates), ``publish_events`` {client, events: [[topic, payload hex]], schema_id},
 ``log`` {client} (arrivals since the last call, in order: [pattern,
-topic, payload, origin, stream, payload hex], and loss events), ``status``, ``submit`` {command, args},
+topic, payload, origin, stream, payload hex], and loss events), ``status``,
+``submit`` {command, args},
 ``quit``. The
 appliance runs in this process (the same ``Appliance`` that ``topicwire run`` runs), so the
 test can read its status; neighbours are other processes in other namespaces.
