@@ -487,9 +487,9 @@ class FabricSide:
     def _advertise_interest(self) -> None:
         self._interest_dirty = False
         if self.rdv is not None:  # registered rules go to their rendezvous cores instead
+            self.rdv.register()
             advertised = _minimal(p for s in self.sessions.values()
                                   for p in self.rdv.advertised_patterns(s))
-            self.rdv.register()
         else:
             advertised = _minimal(p for s in self.sessions.values() for p in s.patterns)
         gadvertised = _minimal(p for s in self.sessions.values() for p in s.gpatterns)

@@ -41,6 +41,10 @@ from datapath.topics.algebra import TopicError, matches
 from nic_offload.selectors import HEADER_PREFIX, SelectorError, compile_selector
 from nic_offload.selectors.required import required_attributes
 
+REGISTRATION_BYTES = 32_768
+"""Selector and pattern text one registration document (one target core) carries at most,
+so that it fits one CONTROL entry; the rules beyond are flooded as in flood mode."""
+
 
 @functools.lru_cache(maxsize=16_384)
 def required_of(text: str) -> frozenset[str]:
@@ -90,11 +94,15 @@ class Rendezvous:
         self._share_at = 0
         self._refresh_at = 0
         self.counters: Counter[str] = Counter()
+        self.unplaced: frozenset[tuple[int, str, str]] = frozenset()
+        """Rules beyond ``REGISTRATION_BYTES`` of their target's document: advertised and
+        flooded as in flood mode instead (counted ``rendezvous_rules_flooded``)."""
 
     # --- what this appliance advertises -------------------------------------------------------
     def registered(self, ns: int, pattern: str, selector: str) -> bool:
-        """Whether a rule is registered at a rendezvous core (it requires an attribute)."""
-        return bool(required_of(selector))
+        """Whether a rule is registered at a rendezvous core: it requires an attribute and
+        its target's document had room for it (else it is advertised as in flood mode)."""
+        return bool(required_of(selector)) and (ns, pattern, selector) not in self.unplaced
 
     def advertised_patterns(self, session: Any) -> list[tuple[int, str]]:
         """The session's patterns this appliance advertises in its INTEREST: all but those
@@ -199,6 +207,21 @@ class Rendezvous:
                 target = by_name.get(self.ring.core_of(key))
                 if target is not None:
                     wanted.setdefault(target, []).append([ns, pattern, selector, key])
+        unplaced = set()
+        for target, rules_at in wanted.items():
+            budget, kept = REGISTRATION_BYTES, []
+            for rule in sorted(rules_at):
+                cost = len(rule[1].encode()) + len(rule[2].encode()) + len(rule[3]) + 16
+                if cost > budget:
+                    unplaced.add(tuple(rule[:3]))
+                    continue
+                budget -= cost
+                kept.append(rule)
+            wanted[target] = kept
+        if frozenset(unplaced) != self.unplaced:
+            self.unplaced = frozenset(unplaced)
+            self.counters["rendezvous_rules_flooded"] = len(unplaced)
+            agent._interest_dirty = True  # they go into the interest instead
         targets = set(wanted) | {t for t, rules in self.sent.items() if rules}
         for target in targets:
             rules = tuple(sorted({tuple(r) for r in wanted.get(target, [])}))

@@ -154,3 +154,18 @@ def test_later_copies_of_a_message_are_dropped_and_the_oldest_is_forgotten_first
     assert dedup.first((1, 2, 4, 5)) and dedup.first((1, 2, 5, 6))
     assert dedup.first((1, 2, 3, 4))  # forgotten: the set holds the last two
     assert dedup.dropped == 1
+
+
+def test_rules_beyond_a_documents_room_are_advertised_as_in_flood_mode(monkeypatch):
+    monkeypatch.setattr(rdv_mod, "REGISTRATION_BYTES", 200)
+    agent = Agent(1, {1: "n1"})  # one core: every rule's target is itself
+    rules = [(0, f"topic{i}/#", f"price > {i} AND symbol = 'S{i:04d}'") for i in range(10)]
+    agent.sessions[7] = _session(rules)
+    rdv = Rendezvous(agent)
+    rdv.do_work(1)
+    held = rdv.held[1][1]
+    assert 0 < len(held) < 10 and len(rdv.unplaced) == 10 - len(held)
+    assert rdv.counters["rendezvous_rules_flooded"] == len(rdv.unplaced)
+    advertised = set(rdv.advertised_patterns(agent.sessions[7]))
+    assert advertised == {(ns, p) for ns, p, _ in rdv.unplaced}
+    assert agent._interest_dirty
