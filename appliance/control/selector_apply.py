@@ -131,12 +131,14 @@ def selective_interest(agent: Any) -> dict[tuple[int, str], tuple[str, ...]]:
     every subscription within it, for the patterns no subscription without selector
     overlaps (a session's pattern counts as without selector unless it is exactly one of its
     selector rules' and no plain subscription's: what is not known passes). At most
-    INTEREST_SELECTOR_BYTES of text; the patterns beyond are left out."""
+    INTEREST_SELECTOR_BYTES of text; the patterns beyond are left out. In rendezvous mode
+    the rules registered at rendezvous cores are left out (they are matched there)."""
     rules: list[tuple[int, str, str]] = []
     plain: set[tuple[int, str]] = set()
+    rdv = getattr(agent, "rdv", None)  # rendezvous mode: registered rules are matched there
     for s in agent.sessions.values():
         ruled = {(n, p) for n, p, _ in s.rules}
-        rules.extend(s.rules)
+        rules.extend(r for r in s.rules if rdv is None or not rdv.registered(*r))
         plain.update(k for k in s.patterns if k in s.plain or k not in ruled)
     out: dict[tuple[int, str], tuple[str, ...]] = {}
     if not rules:

@@ -226,19 +226,25 @@ class Delivery:
         rendezvous core; counted ``rendezvous_sent``), when ``dest``'s own interest takes
         it (the flood-mode guard), or when a selector ``dest`` registered here is TRUE
         (counted ``rendezvous_matched``). Elsewhere (the first copy to arrive here): only
-        the last, never back to the appliance it came from (``rendezvous_forwarded``)."""
+        the last (``rendezvous_forwarded``), never back to the appliance it came from, nor to
+        a rendezvous core of the event's keys: the ingress sent it one already
+        (``rendezvous_forward_spared``)."""
         counters = self.counters
         regs = rdv_regs.get(dest)
         reg = regs.get(key) if regs else None
+        routing = rdv_keys.get(dest)
+        texts = routing.get(key) if routing else None
+        carried = texts is not None and self._selected(("k", dest), texts, buf, index, matched)
         if not ingress:
             if reg is None or dest == origin or not self._selected(("r", dest), reg, buf,
                                                                    index, matched):
                 return False
+            if carried:  # its ingress sent it there (a rendezvous core of the event's keys)
+                counters["rendezvous_forward_spared"] += 1
+                return False
             counters["rendezvous_forwarded"] += 1
             return True
-        routing = rdv_keys.get(dest)
-        texts = routing.get(key) if routing else None
-        if texts is not None and self._selected(("k", dest), texts, buf, index, matched):
+        if carried:
             counters["rendezvous_sent"] += 1
             return True
         if key not in uncovered.get(dest, ()):
