@@ -19,9 +19,9 @@ The control agent's part (``Rendezvous``, ``agent.rdv``; None in flood mode):
 - **Tables.** For each destination appliance D and topic key the data path gets
   ``(interest, rdv_texts, reg_texts)``: whether D's own interest covers the key (then the
   flood-mode guard applies), the ``ATTR IS NOT NULL`` texts of D's routing keys (an event
-  carrying one goes to D as its rendezvous core, marked ``RDV_DEST_BIT``), and the
-  selectors D registered here (this core matches them: at ingress, and for the marked copies
-  it receives, forwarding one copy to D).
+  carrying one goes to D, its rendezvous core), and the selectors D registered here (this
+  core matches them for the events published here and for the first copy of an event it
+  receives, and sends D one copy; appliance/dataplane/delivery.py ``_rdv_wanted``).
 """
 
 from __future__ import annotations
@@ -162,9 +162,10 @@ class Rendezvous:
 
     def _flood_counts(self) -> None:
         self.seq += 1
-        self.agent._flood(al.ControlKind.RENDEZVOUS_COUNTS, self.counts_doc())
+        doc = self.counts_doc()
+        self.agent._flood(al.ControlKind.RENDEZVOUS_COUNTS, doc)
         self.counters["rendezvous_counts_sent"] += 1
-        mine = {(ns, p): tuple(keys) for ns, p, keys in self.counts_doc()["routes"]}
+        mine = {(ns, p): tuple(keys) for ns, p, keys in doc["routes"]}
         if self.routes.get(self.agent.node_id) != mine:
             self.routes[self.agent.node_id] = mine
             self.agent._tables_dirty = True

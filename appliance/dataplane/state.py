@@ -73,9 +73,9 @@ class ForwardingTables:
     dup_keys: frozenset[int] = frozenset()
     """Topic keys sent on both the current and the backup path (duplication mode)."""
     rendezvous: bool = False
-    """Rendezvous content routing (``routing.content``): copies marked ``RDV_DEST_BIT``
-    are matched against the registrations held here, later copies of a message delivered
-    here are dropped, and the express path is off (appliance/control/rendezvous.py)."""
+    """Rendezvous content routing (``routing.content``): messages go to rendezvous cores,
+    a core matches the registrations it holds and forwards, later copies of a message are
+    dropped, and the express path is off (appliance/control/rendezvous.py)."""
 
 
 ALL_SELECTORS: tuple[str, ...] = ()
