@@ -91,6 +91,18 @@ the CPU port, nic_offload.model)."""
 APPLIANCE_EGRESS_PORTS = 64
 """Egress ports kept for destination appliances (two per remote appliance with interest:
 best-effort and guaranteed); clients never take the last ones."""
+ROUTING_CONTENT_MODES = ("flood", "rendezvous")
+"""``routing.content``: how content (selector) subscriptions are routed between cores
+(docs/routing.md, "Content routing by attribute popularity"); flood is the default."""
+RENDEZVOUS_COUNTS_INTERVAL_MS = 1_000
+"""Rendezvous mode: a core shares its attribute counts this often
+(``routing.counts_interval_ms``)."""
+RENDEZVOUS_MAX_COUNTED_ATTRIBUTES = 256
+"""Rendezvous mode: attributes a core's shared counts name at most (its most frequent)."""
+RENDEZVOUS_MAX_REGISTRATIONS = 65_536
+"""Rendezvous mode: registrations a rendezvous core holds at most (counted beyond)."""
+RENDEZVOUS_DEDUP_MESSAGES = 65_536
+"""Rendezvous mode: message identities a subscriber core remembers to drop later copies."""
 MAX_SELECTORS_PER_SESSION = 256
 """Best-effort subscriptions with a selector one client session may hold (each is a rule the
 appliance evaluates per message of its topics; docs/selectors.md, "In the fabric")."""
@@ -459,6 +471,12 @@ class ApplianceConfig:
     """``[mqtt]`` (role ``edge`` only), None when absent."""
     cache: Any = None
     """``[cache]`` (appliance/cache/settings.py), None when absent."""
+    routing_content: str = "flood"
+    """``routing.content``: ``"flood"`` or ``"rendezvous"`` (one value per fabric)."""
+    popular_share: float = 0.5
+    """``routing.popular_share``: seed 001's k (an attribute carried by more than this share
+    of events is popular)."""
+    counts_interval_ms: int = RENDEZVOUS_COUNTS_INTERVAL_MS
 
 
 # --- checking ----------------------------------------------------------------------------------
@@ -1128,7 +1146,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _check_tree(doc)
     base = source.parent if source else Path.cwd()
     _known(doc, {"appliance", "fabric", "neighbours", "clients", "pm", "mgmt", "log",
-                 "telemetry", "routes", "mqtt", "cache"}, "")
+                 "telemetry", "routes", "mqtt", "cache", "routing"}, "")
     app = _table(doc, "appliance", {"name", "id", "role", "namespaces", "dataplane", "idle",
                                     "idle_spin_us",
                                     "priority", "dataplane_cpus", "switch_interval_us",
@@ -1297,6 +1315,14 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         if "registry" in pm:
             registry = existing_file(pm["registry"], p + "registry", base)
 
+    routing = _table(doc, "routing", {"content", "popular_share", "counts_interval_ms"}, "")
+    content = _str(routing, "content", "routing.", "flood", ROUTING_CONTENT_MODES)
+    share = routing.get("popular_share", 0.5)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise _fail("routing.popular_share", f"must be a number between 0 and 1 (exclusive), "
+                    f"not {show(share)}")
+    counts_ms = _int(routing, "counts_interval_ms", "routing.", RENDEZVOUS_COUNTS_INTERVAL_MS,
+                     10, 3_600_000)
     mqtt = _mqtt(doc, role, clients_udp, shm, max_sessions, max_subscriptions, base,
                  identities if mode == "embedded" else None)
     mgmt = _mgmt(doc, base)
@@ -1322,7 +1348,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         schemas=schemas, acl_classes=acl_classes, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
-        cache=parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None))
+        cache=parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None),
+        routing_content=content, popular_share=float(share), counts_interval_ms=counts_ms)
     if mode == "embedded":
         import json
 

@@ -59,6 +59,8 @@ RESTART = {
     "max_pending_requests": "clients.max_pending_requests",
     "pm_mode": "pm.mode", "pm_registry": "pm.registry",
     "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt", "cache": "cache",
+    "routing_content": "routing.content", "popular_share": "routing.popular_share",
+    "counts_interval_ms": "routing.counts_interval_ms",
 }
 """Fields that need a restart -> their config key (``mgmt`` is reported per key). A field in
 neither table (one added later) needs a restart and is reported by its field name."""

@@ -28,7 +28,7 @@ from appliance.config import (
     STATUS_REFRESH_NS,
     ApplianceConfig,
 )
-from appliance.control import acl_apply, route_apply, selector_apply
+from appliance.control import acl_apply, rendezvous, route_apply, selector_apply
 from appliance.control import auth as auth_mod
 from appliance.control import pm as pmod
 from appliance.control.auth import FabricAuth, epoch_of, group_link_id, hello_link_id
@@ -199,6 +199,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self.acl_ids: dict[str, int] = {}
         """Content ACL class name -> its id in the tables (control/acl_apply.py)."""
         acl_apply.apply_acl(self, self.pm_doc)
+        self.rdv = (rendezvous.Rendezvous(self) if config.routing_content == "rendezvous"
+                    else None)
+        """Rendezvous content routing (control/rendezvous.py); None in flood mode."""
         self.routes_ext = route_apply.RouteExtension(self)
         """Route tables from P&M, path-switch drain, duplication (control/route_apply.py)."""
         self._build_status(time.monotonic_ns())
@@ -220,6 +223,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         work += requests + self._timers(now_ns)
         routed = self.routes_ext.do_work(now_ns)
         work += routed
+        if self.rdv is not None:
+            work += self.rdv.do_work(now_ns)
         if requests or routed or self._topology_dirty or self._tables_dirty \
                 or self.dp.published is not self._status_published:
             self._status_news(now_ns)
@@ -427,6 +432,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                         continue
                     self.interest.pop(origin, None)
                     self.interest_selectors.pop(origin, None)
+                    if self.rdv is not None:
+                        self.rdv.forget(origin)
                     if all(nb.node_id != origin for nb in self.neighbours.values()):
                         self.names.pop(origin, None)
             work += 1

@@ -128,3 +128,28 @@ def event_keys(attributes: Iterable[str], keys: frozenset[str]) -> frozenset[str
     """The routing keys an event carries (the attributes under which subscriptions are
     registered): it is sent to their rendezvous cores."""
     return frozenset(a for a in attributes if a in keys)
+
+
+class MessageDedup:
+    """Rendezvous mode, at a subscriber core: copies of one event arrive from several
+    rendezvous cores (and the ingress); the first is delivered, later ones are dropped.
+    A message is known by (stream, topic key, sequence, publish time): the stream is the
+    publisher's session at its ingress, which the copies keep. Remembers the last
+    ``limit`` messages (the oldest is forgotten first). The ingress records the messages
+    published at it too, so a copy a rendezvous core sends back is dropped there."""
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self.limit = limit
+        self._seen: dict[tuple[int, int, int, int], None] = {}
+        self.dropped = 0
+
+    def first(self, ident: tuple[int, int, int, int]) -> bool:
+        """Whether this is the first copy of the message (it is remembered)."""
+        seen = self._seen
+        if ident in seen:
+            self.dropped += 1
+            return False
+        if len(seen) >= self.limit:
+            del seen[next(iter(seen))]
+        seen[ident] = None
+        return True

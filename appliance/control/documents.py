@@ -358,6 +358,14 @@ KINDS: dict[ControlKind, Kind] = {
         {"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ,
          "selective": List(Row((NAMESPACE, PATTERN, List(SELECTOR, MAX_LIST_ITEMS))),
                            MAX_LIST_ITEMS)})),
+    ControlKind.RENDEZVOUS_COUNTS: Kind(Obj(
+        {"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ, "events": Int(0, MAX_U63),
+         "counts": List(Row((Str(255, 1), Int(0, MAX_U63))), 256),
+         "routes": List(Row((NAMESPACE, PATTERN, List(Str(255, 1), MAX_LIST_ITEMS))),
+                        MAX_LIST_ITEMS)})),
+    ControlKind.RENDEZVOUS_REGISTER: Kind(Obj(
+        {"origin": NODE_ID, "epoch": EPOCH, "seq": SEQ, "target": NODE_ID,
+         "rules": List(Row((NAMESPACE, PATTERN, SELECTOR, Str(255, 1))), MAX_LIST_ITEMS)})),
     ControlKind.PM_UPDATE: Kind(Obj(
         {"pm": NAME, "version": Int(0, MAX_U63),
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
@@ -412,6 +420,7 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
                          ControlKind.REPLAY}),
     "neighbour": frozenset({ControlKind.LSA, ControlKind.INTEREST, ControlKind.PM_UPDATE,
                             ControlKind.INTEREST_SELECTORS,
+                            ControlKind.RENDEZVOUS_COUNTS, ControlKind.RENDEZVOUS_REGISTER,
                             ControlKind.LOGOUT, ControlKind.ECHO}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
                             ControlKind.LOGOUT, ControlKind.REPLAY_RESULT}),

@@ -212,6 +212,18 @@ class FabricSide:
                     selector_apply.on_selective(self, doc):
                 self._tables_dirty = True
                 self._flood(kind, doc, skip=nb)
+        elif kind is al.ControlKind.RENDEZVOUS_COUNTS:
+            if self.rdv is None or self._new_origin_refused(doc["origin"], self.rdv.counts):
+                self.counters["rendezvous_documents_ignored"] += self.rdv is None
+                return
+            if self.rdv.on_counts(doc):
+                self._flood(kind, doc, skip=nb)
+        elif kind is al.ControlKind.RENDEZVOUS_REGISTER:
+            if self.rdv is None or self._new_origin_refused(doc["origin"], self.rdv.held):
+                self.counters["rendezvous_documents_ignored"] += self.rdv is None
+                return
+            if self.rdv.on_register(doc):
+                self._flood(kind, doc, skip=nb)
         elif kind is al.ControlKind.PM_UPDATE:
             if self.cfg.pm_mode == "remote" and pmod.is_newer(doc, self.pm_doc):
                 self.pm_doc = doc
@@ -309,6 +321,8 @@ class FabricSide:
                 entries.append(self._control(al.ControlKind.INTEREST_SELECTORS, {
                     "origin": origin, "epoch": epoch, "seq": seq,
                     "selective": [[ns, p, list(t)] for (ns, p), t in sorted(held[1].items())]}))
+        if self.rdv is not None:
+            entries.extend(self._control(k, d) for k, d in self.rdv.full_state())
         if self.pm_doc is not None:
             entries.append(self._control(al.ControlKind.PM_UPDATE, self.pm_doc))
         for entry in entries:  # one per frame: documents may be large
@@ -380,7 +394,8 @@ class FabricSide:
             if found is not None and found[1] == (self.node_id, node):
                 group_direct[node] = GROUP_TX + str(up[node].config.group)
         tables = ForwardingTables(self.node_id, ports, dict(next_hop), dict(transit),
-                                  dict(peer_node), group_direct, group_peers, epochs)
+                                  dict(peer_node), group_direct, group_peers, epochs,
+                                  rendezvous=self.rdv is not None)
         tables = self.routes_ext.extend(tables)
         if tables != self._installed_tables:  # (a new subscription seldom changes them)
             self._installed_tables = tables
@@ -395,7 +410,15 @@ class FabricSide:
         buffer has let them go)."""
         reachable = {dst for (src, dst) in self.paths if src == self.node_id}
         wanted = {}
-        for origin, (_, _, patterns, gpatterns) in self.interest.items():
+        rdv = self.rdv
+        origins = set(self.interest)
+        if rdv is not None:  # rendezvous cores' routes, rules registered here
+            origins |= (set(rdv.routes) | set(rdv.held)) - {self.node_id}
+        for origin in origins:
+            _, _, patterns, gpatterns = self.interest.get(origin, (0, 0, frozenset(),
+                                                                   frozenset()))
+            if rdv is not None:
+                patterns = patterns | rdv.extra_patterns(origin)
             if patterns and origin in reachable:
                 wanted[("n", origin)] = patterns
             if gpatterns:
@@ -463,7 +486,12 @@ class FabricSide:
 
     def _advertise_interest(self) -> None:
         self._interest_dirty = False
-        advertised = _minimal(p for s in self.sessions.values() for p in s.patterns)
+        if self.rdv is not None:  # registered rules go to their rendezvous cores instead
+            self.rdv.register()
+            advertised = _minimal(p for s in self.sessions.values()
+                                  for p in self.rdv.advertised_patterns(s))
+        else:
+            advertised = _minimal(p for s in self.sessions.values() for p in s.patterns)
         gadvertised = _minimal(p for s in self.sessions.values() for p in s.gpatterns)
         old = self.advertised
         self.advertised = advertised

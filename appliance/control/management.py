@@ -231,7 +231,20 @@ class ManagementSide:
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
                          **{f"control_{k}": int(v) for k, v in self.counters.items()}},
             "jit": self._jit_status(),
+            "routing": self._routing_status(dp_counters),
         }
+
+    def _routing_status(self, dp_counters: dict) -> dict:
+        """``routing``: the content routing mode and, in rendezvous mode, its ring, popular
+        set, registrations and counters (docs/routing.md)."""
+        out: dict = {"content": self.cfg.routing_content}
+        if self.rdv is not None:
+            out.update(self.rdv.status())
+            out.update({k: int(v) for k, v in self.rdv.counters.items()})
+            for k in ("rendezvous_sent", "rendezvous_matched", "rendezvous_forwarded",
+                      "rendezvous_duplicates_dropped"):
+                out[k] = int(dp_counters.get(k, 0))
+        return out
 
     def _channel_rows(self, published: dict) -> list:
         """The channel rows of the status: their percentiles are worked out once per publish

@@ -131,12 +131,14 @@ def selective_interest(agent: Any) -> dict[tuple[int, str], tuple[str, ...]]:
     every subscription within it, for the patterns no subscription without selector
     overlaps (a session's pattern counts as without selector unless it is exactly one of its
     selector rules' and no plain subscription's: what is not known passes). At most
-    INTEREST_SELECTOR_BYTES of text; the patterns beyond are left out."""
+    INTEREST_SELECTOR_BYTES of text; the patterns beyond are left out. In rendezvous mode
+    the rules registered at rendezvous cores are left out (they are matched there)."""
     rules: list[tuple[int, str, str]] = []
     plain: set[tuple[int, str]] = set()
+    rdv = getattr(agent, "rdv", None)  # rendezvous mode: registered rules are matched there
     for s in agent.sessions.values():
         ruled = {(n, p) for n, p, _ in s.rules}
-        rules.extend(s.rules)
+        rules.extend(r for r in s.rules if rdv is None or not rdv.registered(*r))
         plain.update(k for k in s.patterns if k in s.plain or k not in ruled)
     out: dict[tuple[int, str], tuple[str, ...]] = {}
     if not rules:
@@ -211,6 +213,8 @@ def sync(agent: Any) -> None:
             for g in (guards(s, records),) if g}
     nodes = {o: g for o in dests if o in agent.interest_selectors
              for g in (node_guards(agent, o, records),) if g}
-    if maps or nodes or agent._selectors_sent:
-        agent.dp.command("set_selectors", maps, list(schemas), nodes)
-        agent._selectors_sent = bool(maps or nodes)
+    routes = (agent.rdv.data_path_routes(dests, records) if agent.rdv is not None else {})
+    if maps or nodes or routes or agent._selectors_sent:
+        extra = (routes,) if agent.rdv is not None else ()  # rendezvous mode only
+        agent.dp.command("set_selectors", maps, list(schemas), nodes, *extra)
+        agent._selectors_sent = bool(maps or nodes or routes)

@@ -63,9 +63,11 @@ from appliance.config import (
     INBOX_FRAMES,
     OUTBOX_FRAMES,
     PARKED_MESSAGE_TTL_NS,
+    RENDEZVOUS_DEDUP_MESSAGES,
     STATUS_REFRESH_NS,
 )
 from appliance.control import route_apply
+from appliance.control.content_routing import AttributeCounts, MessageDedup
 from appliance.dataplane import express as _express
 from appliance.dataplane.delivery import Delivery
 from appliance.dataplane.frame_auth import DataAuth, SessionAuth, warm_frame_auth
@@ -179,6 +181,20 @@ class DataPlaneAgent(Delivery, Output):
         self._selector_texts: dict = {}
         """Session id, or ("n", destination node), -> its selector texts in
         ``selector_index``."""
+        self.rdv_keys: dict[int, dict[int, tuple[str, ...]]] = {}
+        """Rendezvous mode: destination core -> topic key -> its routing-key texts (an
+        event one of which is TRUE for goes to it, its rendezvous core)."""
+        self.rdv_regs: dict[int, dict[int, tuple[str, ...]]] = {}
+        """Rendezvous mode: destination -> topic key -> the selectors it registered here."""
+        self.rdv_uncovered: dict[int, frozenset[int]] = {}
+        """Rendezvous mode: destination -> keys its own interest does not cover (sent only
+        for its routing keys or its registrations here)."""
+        self._counting = False
+        self.rdv_dedup = MessageDedup(RENDEZVOUS_DEDUP_MESSAGES)
+        """Rendezvous mode: later copies of a message already delivered here are dropped."""
+        self.attribute_counts = AttributeCounts()
+        """Rendezvous mode: the attributes of the events published here (their selector
+        events), shared by the control agent."""
         self.node_selectors: dict[int, dict[int, tuple[str, ...]]] = {}
         """Destination appliance -> topic key -> the selectors behind its interest
         (``set_selectors``): a message none of them takes is not sent towards it."""
@@ -379,13 +395,16 @@ class DataPlaneAgent(Delivery, Output):
 
     def set_selectors(self, guards: dict[int, dict[int, tuple[str, ...]]],
                       schemas: list[dict],
-                      nodes: dict[int, dict[int, tuple[str, ...]]] | None = None) -> None:
+                      nodes: dict[int, dict[int, tuple[str, ...]]] | None = None,
+                      routes: dict[int, dict[int, tuple]] | None = None) -> None:
         """Selector guards from the control agent (control/selector_apply.py): session id ->
         topic key -> the selector texts of which one must be TRUE for a message with that key
         to be delivered to the session; ``schemas``: P&M's schema documents. Sessions not
         named have no guard. ``nodes``: the same per destination appliance (the selectors
         behind its interest): a message none of them takes is not sent towards it. Guarded
-        egresses leave the express path for the general loop."""
+        egresses leave the express path for the general loop. ``routes`` (rendezvous mode,
+        control/rendezvous.py): destination -> topic key -> (its interest covers the key,
+        its routing-key texts, the selectors it registered here)."""
         from nic_offload.schema import Schema
         from nic_offload.selectors import SelectorIndex
 
@@ -397,6 +416,12 @@ class DataPlaneAgent(Delivery, Output):
             self.sessions_version += 1  # the express plan changes those destinations' kind
         wanted: dict = {sid: g for sid, g in guards.items() if g and sid in self.sessions}
         wanted.update({("n", dest): g for dest, g in nodes.items()})
+        routes = routes or {}
+        for dest, per in routes.items():
+            for tag, at in (("k", 1), ("r", 2)):
+                g = {key: entry[at] for key, entry in per.items() if entry[at]}
+                if g:
+                    wanted[(tag, dest)] = g
         held = self._selector_texts
         for sub in [sub for sub in held if sub not in wanted]:
             for text in held.pop(sub):
@@ -414,6 +439,10 @@ class DataPlaneAgent(Delivery, Output):
             wanted[sub] = {key: ALL_SELECTORS if len(texts) == len(new) else texts
                            for key, texts in guard.items()}
         self.node_selectors = {dest: wanted[("n", dest)] for dest in nodes}
+        self.rdv_keys = {dest: wanted[("k", dest)] for dest in routes if ("k", dest) in wanted}
+        self.rdv_regs = {dest: wanted[("r", dest)] for dest in routes if ("r", dest) in wanted}
+        self.rdv_uncovered = {dest: frozenset(k for k, e in per.items() if not e[0])
+                              for dest, per in routes.items()}
         for sid, session in self.sessions.items():
             guard = wanted.get(sid)
             if (session.selectors is None) != (guard is None):

@@ -37,6 +37,7 @@ from nic_offload.errors import OffloadUserError
 from nic_offload.model import AclAction
 from nic_offload.selectors import HEADER_PROPERTIES, compile_selector, message_event
 from nic_offload.selectors.events import HEADER_PREFIX
+from nic_offload.selectors.values import normalize
 from nic_offload.softnic import ingress_acl
 
 _ACL_ACCEPT, _ACL_LOG = int(AclAction.ACCEPT), int(AclAction.LOG)
@@ -107,10 +108,28 @@ class Delivery:
         checked: dict[int, bool] = {}
         matched: dict[int, Any] = {}
         node_selectors = self.node_selectors
+        rdv_on = tables.rendezvous
+        if rdv_on:
+            firsts: dict[int, bool] = {}
+            seqs = msgs["sequence"][:m].tolist()
+            stamps = msgs["publish_ts_ns"][:m].tolist()
+            rdv_keys, rdv_regs, uncovered = self.rdv_keys, self.rdv_regs, self.rdv_uncovered
         if result.descriptors:
             for off, length, target, kind, index in nic.descriptors[
                     : result.descriptors].tolist():
                 ingress, origin, stream, session, _, cls = ctxs[frame_index[index]]
+                if rdv_on and not cls:
+                    # rendezvous mode: a message is handled here once, whichever copy
+                    # (from its ingress or a rendezvous core) comes first
+                    first = firsts.get(index)
+                    if first is None:
+                        first = firsts[index] = self.rdv_dedup.first(
+                            (stream, keys[index], seqs[index], stamps[index]))
+                        if not first:
+                            counters["rendezvous_duplicates_dropped"] += 1
+                    if not first:
+                        continue
+                    self._counting = ingress
                 if ingress:
                     ok = checked.get(index)
                     if ok is None:
@@ -157,6 +176,13 @@ class Delivery:
                     elif what[0] == "gnode":
                         if ingress:
                             gp.to_node(what[1], stream, buf, off, now_ns)
+                    elif rdv_on and not cls:
+                        if not self._rdv_wanted(what[1], keys[index], ingress, origin, buf,
+                                                index, matched, rdv_keys, rdv_regs,
+                                                uncovered):
+                            continue
+                        self._to_node(what[1], keys[index], index, stream, buf, off, length,
+                                      grouped)
                     elif ingress:
                         guard = node_selectors.get(what[1]) if node_selectors else None
                         if guard is not None:
@@ -170,6 +196,7 @@ class Delivery:
                             if (index, via) not in grouped:
                                 grouped.add((index, via))
                                 self._out[via].add_message(0, me, 0, stream, buf, off, length)
+                                counters["messages_to_appliances"] += 1
                             continue
                         hop = tables.next_hop.get(what[1])
                         if hop is None:
@@ -181,13 +208,74 @@ class Delivery:
                             out_fabric.add_message(tables.alt_next_hop[what[1]], me, dup,
                                                    stream, buf, off, length)
                             counters["duplicated_messages"] += 1
+                            counters["messages_to_appliances"] += 1
                         else:
                             out_fabric.add_message(hop, me, what[1], stream, buf, off, length)
+                            counters["messages_to_appliances"] += 1
         verdicts = nic.verdicts[:m]
         if m > _FEW and not (verdicts == _UNKNOWN).any() or (
                 m <= _FEW and _UNKNOWN not in verdicts.tolist()):
             return
         self._park_unknown(buf, m, ctxs, now_ns)
+
+    def _rdv_wanted(self, dest: int, key: int, ingress: bool, origin: int, buf: np.ndarray,
+                    index: int, matched: dict, rdv_keys: dict, rdv_regs: dict,
+                    uncovered: dict) -> bool:
+        """Rendezvous mode: whether message ``index`` goes to appliance ``dest``. From its
+        ingress: when it carries one of ``dest``'s routing keys (``dest`` is their
+        rendezvous core; counted ``rendezvous_sent``), when ``dest``'s own interest takes
+        it (the flood-mode guard), or when a selector ``dest`` registered here is TRUE
+        (counted ``rendezvous_matched``). Elsewhere (the first copy to arrive here): only
+        the last (``rendezvous_forwarded``), never back to the appliance it came from, nor to
+        a rendezvous core of the event's keys: the ingress sent it one already
+        (``rendezvous_forward_spared``)."""
+        counters = self.counters
+        regs = rdv_regs.get(dest)
+        reg = regs.get(key) if regs else None
+        routing = rdv_keys.get(dest)
+        texts = routing.get(key) if routing else None
+        carried = texts is not None and self._selected(("k", dest), texts, buf, index, matched)
+        if not ingress:
+            if reg is None or dest == origin or not self._selected(("r", dest), reg, buf,
+                                                                   index, matched):
+                return False
+            if carried:  # its ingress sent it there (a rendezvous core of the event's keys)
+                counters["rendezvous_forward_spared"] += 1
+                return False
+            counters["rendezvous_forwarded"] += 1
+            return True
+        if carried:
+            counters["rendezvous_sent"] += 1
+            return True
+        if key not in uncovered.get(dest, ()):
+            guard = self.node_selectors.get(dest) if self.node_selectors else None
+            texts = guard.get(key) if guard is not None else None
+            if texts is None or self._selected(("n", dest), texts, buf, index, matched):
+                return True
+        if reg is not None and self._selected(("r", dest), reg, buf, index, matched):
+            counters["rendezvous_matched"] += 1
+            return True
+        counters["selector_filtered_link"] += 1
+        return False
+
+    def _to_node(self, dest: int, key: int, index: int, stream: int, buf: np.ndarray,
+                 off: int, length: int, grouped: set) -> None:
+        """One copy of a message towards appliance ``dest`` (over a fabric group when it is
+        a direct member, else its next hop)."""
+        tables = self.tables
+        via = tables.group_direct.get(dest) if tables.group_direct else None
+        if via is not None:  # once per message and group, to every member
+            if (index, via) not in grouped:
+                grouped.add((index, via))
+                self._out[via].add_message(0, self.node_id, 0, stream, buf, off, length)
+                self.counters["messages_to_appliances"] += 1
+            return
+        hop = tables.next_hop.get(dest)
+        if hop is None:
+            self.counters["unroutable"] += 1
+        else:
+            self._out[FABRIC].add_message(hop, self.node_id, dest, stream, buf, off, length)
+            self.counters["messages_to_appliances"] += 1
 
     def _selected(self, sid: Any, texts: tuple[str, ...], buf: np.ndarray, index: int,
                   matched: dict[int, Any]) -> bool:
@@ -232,6 +320,10 @@ class Delivery:
         except OffloadUserError:  # a schema field hiding a header property: nothing to match
             self.counters["selector_event_refused"] += 1
             return _NOTHING
+        if self._counting and self.tables.rendezvous:  # popularity: events published here
+            self.attribute_counts.observe(
+                [n for n, v in event.items()
+                 if not n.startswith(HEADER_PREFIX) and normalize(v) is not None])
         found = index_.match(event)
         if schema is None and header["schema_id"]:
             # a schema this appliance does not know (yet: P&M's document may arrive after a

@@ -147,7 +147,7 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
     (``queues``: the out queues' names by the kernel's index), or None when the kernel may
     not run at all (duplication mode: the general loop sends those messages on two paths)."""
     tables = dp.tables
-    if tables.dup_keys:
+    if tables.dup_keys or tables.rendezvous:  # rendezvous: matched and deduplicated per message
         return None
     ports = np.zeros((PORTS, PORT_WORDS), np.int64)  # kinds K_NONE
     owners: list = [None] * PORTS
@@ -389,9 +389,12 @@ class Express:
         delivered = self.port_delivered
         if self.plan is not None and delivered.any():
             owners = self.plan.owners
+            rows = self.plan.ports
             for port in np.flatnonzero(delivered).tolist():
                 if owners[port] is not None:
                     owners[port].delivered += int(delivered[port])
+                elif rows[port, 1] == FABRIC_Q:  # a destination appliance's port
+                    self.dp.counters["messages_to_appliances"] += int(delivered[port])
         delivered[:] = 0
         totals = self.totals
         if totals.any():

@@ -114,6 +114,7 @@ class Output:
             "counters": {**self.counters, **self.digests, **self.guaranteed.snapshot(),
                          **self._channel_counters(),
                          "duplicates_dropped": self.dedup.dropped,
+                         "rendezvous_duplicates_dropped": self.rdv_dedup.dropped,
                          **self.data_auth.counters(), **self.session_auth.counters(),
                          **(self.telemetry.counters() if self.telemetry is not None else {}),
                          "frames_too_large": sum(q.too_large for q in self._out.values())},
@@ -124,6 +125,9 @@ class Output:
             "sessions": {sid: {"published": s.published, "delivered": s.delivered,
                                "denied": s.denied} for sid, s in self.sessions.items()},
             "persist_failed": dict(self.guaranteed.persist_failed),
+            "attribute_counts": ({"events": self.attribute_counts.events,
+                                  "counts": dict(self.attribute_counts.counts)}
+                                 if self.tables.rendezvous else None),
         }
 
     def _status_channels(self) -> list[tuple[str, Any]]:

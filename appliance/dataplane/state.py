@@ -72,6 +72,10 @@ class ForwardingTables:
     """Destination -> fabric peer of the first hop of this node's backup path to it."""
     dup_keys: frozenset[int] = frozenset()
     """Topic keys sent on both the current and the backup path (duplication mode)."""
+    rendezvous: bool = False
+    """Rendezvous content routing (``routing.content``): messages go to rendezvous cores,
+    a core matches the registrations it holds and forwards, later copies of a message are
+    dropped, and the express path is off (appliance/control/rendezvous.py)."""
 
 
 ALL_SELECTORS: tuple[str, ...] = ()

@@ -107,6 +107,12 @@ class ControlKind(IntEnum):
     """The selectors behind an origin's interest (of the INTEREST of the same epoch and
     seq): patterns every subscription of which holds a selector, with those selectors. Sent
     in a frame of its own (an older appliance drops the unknown kind, not the INTEREST)."""
+    RENDEZVOUS_COUNTS = 14
+    """Rendezvous content routing: an origin's attribute counts of the events published at
+    it, and its routes (the patterns and routing keys it holds registrations under)."""
+    RENDEZVOUS_REGISTER = 15
+    """Rendezvous content routing: the selector rules an origin registers at one target
+    core (flooded; only the target keeps them; an empty list withdraws)."""
     """The answer to REPLAY: one bounded page of stored messages and where the next begins,
     or the refusal."""
 

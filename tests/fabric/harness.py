@@ -89,9 +89,13 @@ class Mesh:
 
     def __init__(self, n: int, links: list[tuple[int, int]], tmp: Path, *,
                  heartbeat_ms: int = 50, dead_ms: int = 400,
-                 group_links: tuple[tuple[int, int], ...] = ()) -> None:
+                 group_links: tuple[tuple[int, int], ...] = (), extra: str = "",
+                 pm_extra: str = "") -> None:
         """``group_links``: links (of ``links``) whose ends are neighbours on the fabric
-        group (UDP multicast GROUP:GROUP_PORT on each host's veth, TTL 1)."""
+        group (UDP multicast GROUP:GROUP_PORT on each host's veth, TTL 1). ``extra``: TOML
+        tables every node's config ends with; ``pm_extra``: tables after n1's ``[pm]``
+        (e.g. ``[pm.schemas.NAME]``)."""
+        self.extra, self.pm_extra = extra, pm_extra
         self.fabric = Fabric()
         self.links = links
         self.group_links = {frozenset(link) for link in group_links}
@@ -124,8 +128,9 @@ class Mesh:
                 group = 'group = "fab"\n' if frozenset((a, b)) in self.group_links else ""
                 lines.append(f'[[neighbours]]\nname = "n{other}"\n'
                              f'address = "10.77.0.{other}:{FABRIC_PORT}"\n{group}')
-        lines.append('[pm]\nmode = "embedded"\nrequire_passwords = false' + IDENTITIES if i == 1
-                     else '[pm]\nmode = "remote"')
+        lines.append('[pm]\nmode = "embedded"\nrequire_passwords = false' + IDENTITIES
+                     + self.pm_extra if i == 1 else '[pm]\nmode = "remote"')
+        lines.append(self.extra)
         return "\n".join(lines) + "\n"
 
     def node(self, i: int) -> NodeProcess:

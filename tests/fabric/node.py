@@ -4,12 +4,14 @@ JSON lines on standard input (one answer line each on standard output).
     python -m tests.fabric.node CONFIG.toml
 
 Commands: ``connect`` {client, identity}, ``subscribe``/``unsubscribe`` {client, pattern,
-qos}, ``publish`` {client, topics, rounds, qos, numbered, payload} (``numbered``: payloads
+qos, selector}, ``publish`` {client, topics, rounds, qos, numbered, payload} (``numbered``: payloads
 count 0, 1, ... per client; else ``payload``, else the topic), ``stream`` {client, topics,
 interval_s} (publish in the background until ``end_stream``; ``streamed`` {client}: rounds
 published so far), ``received`` {client} (what arrived since the last call: per-topic
-counts and duplicates), ``log`` {client} (arrivals since the last call, in order: [pattern,
-topic, payload, origin, stream], and loss events), ``status``, ``submit`` {command, args},
+counts and duplicates), ``publish_events`` {client, events: [[topic, payload hex]], schema_id},
+``log`` {client} (arrivals since the last call, in order: [pattern,
+topic, payload, origin, stream, payload hex], and loss events), ``status``,
+``submit`` {command, args},
 ``quit``. The
 appliance runs in this process (the same ``Appliance`` that ``topicwire run`` runs), so the
 test can read its status; neighbours are other processes in other namespaces.
@@ -57,7 +59,7 @@ class Node:
                     return
                 self.seen[name].add((pattern, ident))
                 self.log[name].append([pattern, msg.topic, msg.payload.decode(errors="replace"),
-                                       msg.origin, msg.stream])
+                                       msg.origin, msg.stream, msg.payload.hex()])
                 if ident not in self.seen[name]:
                     self.seen[name].add(ident)
                     self.inbox[name].append(msg.topic)
@@ -80,6 +82,7 @@ class Node:
                     self.losses[name].append([pattern, loss.messages, loss.reason, loss.at])
             try:
                 client.subscribe(cmd["pattern"], qos=cmd.get("qos", "best-effort"),
+                                 selector=cmd.get("selector"),
                                  callback=self._record(name, cmd["pattern"]), on_loss=on_loss)
             except ClientError as exc:
                 return {"ok": False, "error": str(exc)}
@@ -106,6 +109,11 @@ class Node:
             except ClientError as exc:
                 return {"ok": False, "error": str(exc), "sent": sent}
             return {"ok": True, "sent": sent}
+        if op == "publish_events":  # [[topic, payload hex], ...] with schema_id
+            for topic, payload in cmd["events"]:
+                client.publish(topic, bytes.fromhex(payload), schema_id=cmd["schema_id"])
+            client.flush()
+            return {"ok": True, "sent": len(cmd["events"])}
         if op == "stream":
             stop, counts, rounds = threading.Event(), Counter(), [0]
 
