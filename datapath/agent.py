@@ -288,6 +288,8 @@ class PollingIdle:
     def park(self) -> None:
         """One park: a bounded sleep or one poll (see the class docstring)."""
         fds, complete = self.wait_set()
+        if any(fd < 0 for fd in fds):  # a channel closed under us (a client reconnecting)
+            fds = tuple(fd for fd in fds if fd >= 0)
         if not complete and self._park_ns < self.max_park_ns:
             time.sleep(self._park_ns / 1e9)
             self._park_ns = min(self._park_ns * 2, self.max_park_ns)

@@ -187,3 +187,13 @@ def test_the_spin_and_yield_phases_never_sleep(monkeypatch):
     for _ in range(7):
         backoff.idle(0)
     assert len(yields) == 10 + 10 + 5 and spinning.polls == 0
+
+
+def test_a_channel_closed_under_the_wait_set_is_left_out_not_a_crash():
+    """A client reconnecting closes its old channel while its thread may be asking for the
+    wait set: a closed descriptor reads -1 (a shared-memory channel's doorbell, seen in a
+    test run under load), which poll(2) refuses; the park goes on
+    with the others (here: none, so it times out)."""
+    idle = PollingIdle(lambda: WaitSet((-1,), True), max_park_ns=1_000_000)
+    idle.park()
+    assert (idle.polls, idle.timeouts) == (1, 1)
