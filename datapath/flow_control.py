@@ -53,6 +53,28 @@ class FlowControlError(UserError):
     component = "flow-control"
 
 
+POLICY_NAMES: dict[str, FlowPolicy] = {"throttle": FlowPolicy.THROTTLE,
+                                       "drop-oldest": FlowPolicy.DROP_OLDEST,
+                                       "conflate": FlowPolicy.CONFLATE}
+"""The policies by the name configs, P&M, the client API and the CLI give them."""
+NAME_OF_POLICY = {policy: name for name, policy in POLICY_NAMES.items()}
+
+
+def policy_from_name(name: object, where: str = "flow_policy") -> FlowPolicy:
+    """The policy named ``name``; FlowControlError naming ``where`` and the choices if none."""
+    policy = POLICY_NAMES.get(name) if isinstance(name, str) else None
+    if policy is None:
+        raise FlowControlError(f"{where} {name!r} is not a flow-control policy; use one of "
+                               f"{', '.join(POLICY_NAMES)}")
+    return policy
+
+
+def strictest(policies: object) -> FlowPolicy | None:
+    """The strictest of ``policies`` (throttle, then conflate, then drop-oldest); None when
+    there are none."""
+    return max(policies, key=_STRICTNESS.__getitem__, default=None)  # type: ignore[arg-type]
+
+
 _STRICTNESS = {FlowPolicy.THROTTLE: 2, FlowPolicy.CONFLATE: 1, FlowPolicy.DROP_OLDEST: 0}
 
 
