@@ -139,8 +139,8 @@ class PolicyQueue:
     full until it is drained. Single-threaded: use it from one agent.
     """
 
-    __slots__ = ("_by_key", "_queue", "capacity", "conflated", "dropped", "max_depth", "policy",
-                 "refused")
+    __slots__ = ("_by_key", "_queue", "capacity", "conflated", "dropped", "last_evicted",
+                 "max_depth", "policy", "refused")
 
     def __init__(self, capacity: int, policy: FlowPolicy = FlowPolicy.THROTTLE) -> None:
         if capacity < 1:
@@ -153,6 +153,8 @@ class PolicyQueue:
         self.dropped = 0
         self.refused = 0
         self.max_depth = 0
+        self.last_evicted: int | None = None
+        """The key of the item the latest eviction dropped (set by each eviction)."""
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -205,6 +207,7 @@ class PolicyQueue:
         if self._by_key.get(old[0]) is old:
             del self._by_key[old[0]]
         self.dropped += 1
+        self.last_evicted = old[0]
 
     def push_marker(self, item: object) -> None:
         """Append ``item`` as a marker: past capacity if full, never conflated, never evicted."""
