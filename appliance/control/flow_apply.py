@@ -1,0 +1,48 @@
+"""Each client session's flow-control policy, from its subscriptions, its identity and P&M.
+
+Most specific wins: the policy a subscription asks for (``Client.subscribe(...,
+flow_policy=)``, the SUBSCRIBE entry's ``SUBSCRIPTION_FLAG_POLICY_MASK`` bits), else its
+identity's ``flow_policy`` in P&M's document, else the document's ``flow_policy``, else the
+QoS's default (``policy_for_qos``: best-effort drops the oldest, last-value conflates). The
+data path holds one queue per session, so a session whose subscriptions have different
+policies gets the strictest of them (throttle, then conflate, then drop-oldest).
+Guaranteed subscriptions travel on the reliable transport, whose own flow control
+throttles (datapath/reliability); they are not counted here. docs/flow-control.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datapath.flow_control import POLICY_NAMES, policy_for_qos, strictest
+from datapath.protocol import admin_layout as al
+from datapath.protocol.admin_layout import FlowPolicy
+from datapath.protocol.message_layout import Qos
+
+
+def subscription_policy(session: Any, entry: al.Subscription) -> FlowPolicy:
+    """The policy of one subscription (most specific wins)."""
+    asked = entry.flags & al.SUBSCRIPTION_FLAG_POLICY_MASK
+    if asked:
+        return FlowPolicy(asked - 1)
+    named = POLICY_NAMES.get(getattr(session.ents, "flow_policy", None) or "")
+    if named is not None:
+        return named
+    return policy_for_qos(entry.qos)
+
+
+def record(agent: Any, session: Any, entry: al.Subscription, add: bool) -> None:
+    """After an accepted (un)subscribe of ``session``: keep its subscription's policy and
+    tell the data path when the session's policy changes."""
+    if entry.qos == Qos.GUARANTEED:
+        return
+    key = (entry.namespace_id, entry.pattern)
+    if add:
+        session.flow_policies[key] = subscription_policy(session, entry)
+    else:
+        session.flow_policies.pop(key, None)
+    policy = strictest(session.flow_policies.values())
+    if policy is not None and int(policy) != session.flow_policy:
+        session.flow_policy = int(policy)
+        agent.dp.command("set_flow_policy", session.session_id, int(policy))
+        agent.counters[f"flow_policy_{policy.name.lower()}"] += 1
