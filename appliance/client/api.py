@@ -1569,6 +1569,9 @@ class _ClientAgent:
             return 0
         if n:
             client._heard_ns = now_ns
+            if client._subs:  # before the burst is handed over (which may take long): the
+                # appliance hears "on" while what it sent still fits this client's socket
+                client._rflow.do_work(now_ns, n, self._burst_messages(n))
             self._on_batch(n, time.time_ns(), now_ns, unverified)
         if self._moved:
             self.batch.offsets[:] = self._slots
@@ -1588,6 +1591,13 @@ class _ClientAgent:
             except ClientError:
                 pass
         return work
+
+    def _burst_messages(self, n: int) -> int:
+        """Messages in the ``n`` frames just received (their headers' counts)."""
+        buf = self.batch.buf
+        at = fl.MSG_COUNT_OFFSET
+        return sum(int(buf[o + at]) << 8 | int(buf[o + at + 1])
+                   for o in self.batch.offsets[:n].tolist())
 
     def _check(self, n: int) -> tuple[int, set[int]]:
         """Check the ``n`` frames received (``check_down_frames``, one call): the refused

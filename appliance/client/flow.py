@@ -7,7 +7,8 @@ Above ``CLIENT_FLOW_HIGH_MESSAGES`` it sends its appliance FLOW_CONTROL "on" (st
 ``SESSION_FLOW_STREAM``), refreshed every ``FLOW_CONTROL_REFRESH_INTERVAL_NS`` while it
 lasts; below ``CLIENT_FLOW_LOW_MESSAGES`` "off", with its depth: the appliance sends at most
 ``high - depth`` queued messages per signal, and the client refreshes "off" for
-``CLIENT_FLOW_LINGER_NS`` after its last "on" so the appliance's queue drains. Between the
+``CLIENT_FLOW_LINGER_NS`` after its last "on" (or after the last frame that came within
+that time) so the appliance's queue drains. Between the
 two watermarks nothing changes (hysteresis). What the appliance then does with the session's
 messages is its policy (throttle, drop-oldest, conflate).
 
@@ -83,20 +84,21 @@ class ReceiveFlow:
         sock = getattr(client.channel, "_sock", None)
         return queued + socket_backlog_bytes(sock) // SOCKET_BYTES_PER_MESSAGE
 
-    def do_work(self, now_ns: int, received: int) -> int:
-        """After a receive of ``received`` frames: signal a change, or refresh."""
+    def do_work(self, now_ns: int, received: int, arriving: int = 0) -> int:
+        """After a receive of ``received`` frames: signal a change, or refresh.
+        ``arriving``: messages received and not yet queued (counted in the depth)."""
         client = self.client
         gate = self.gate
         if not received and not gate.on and now_ns < self._next_ns:
             return 0
         if not client._subs or not client.session:
             return 0
-        depth = self.depth()
+        depth = self.depth() + arriving
         if depth > self.max_depth:
             self.max_depth = depth
         changed = gate.update(depth)
-        if gate.on:
-            self._last_on_ns = now_ns
+        if gate.on or (received and now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS):
+            self._last_on_ns = now_ns  # held off lately, and what was held still comes
         due = now_ns >= self._next_ns and (
             gate.on or now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS)
         if changed is None and not due:

@@ -14,10 +14,11 @@ policy while the client holds it off:
   ``FLOW_THROTTLE_QUEUE_MESSAGES`` (publishers on other appliances, which this does not
   reach) drops what does not fit, counted ``flow_dropped_throttle`` and reported.
 - ``DROP_OLDEST``: at most ``FLOW_QUEUE_MESSAGES`` queued; the oldest goes first.
-- ``CONFLATE``: a message whose topic key is queued replaces it in place; a full queue drops
-  its oldest.
+- ``CONFLATE``: a message whose topic key is queued replaces it in place (the one replaced
+  counts as ``conflate``); a full queue drops its oldest (counted as ``drop-oldest``).
 
-Every message dropped or conflated is counted per reason (``flow_dropped_<policy>``) and
+Every message dropped or conflated is counted per reason (``flow_dropped_drop_oldest``,
+``flow_dropped_conflate``, ``flow_dropped_throttle``) and
 reported to the session in a CONTROL ``POLICY_DROPS`` frame (topic key, policy, count),
 sent in order with its messages, so the subscriber's statistics account for every message.
 """
@@ -52,7 +53,8 @@ FLOW_THROTTLE_HIGH_MESSAGES = 16_384
 FLOW_THROTTLE_LOW_MESSAGES = 4_096
 """... until it is shallower than this."""
 FLOW_DEFAULT_CREDIT_MESSAGES = 8_192
-"""Messages sent from a queue after an "on" expired (the client went quiet) per refresh."""
+"""Messages sent from a queue when the client's "on" expired, or when it has said nothing
+for ``FLOW_CONTROL_ON_EXPIRY_NS`` while messages wait (then again each such period)."""
 FLOW_IDLE_NS = 2_000_000_000
 """A session whose client sent no flow signal for this long, with nothing queued, goes back
 to the forwarding pipeline."""
@@ -149,8 +151,8 @@ class SessionFlows:
         policy_name = NAME_OF_POLICY[flow.policy]
         if queue.conflated != before:
             self._dropped(flow, key, policy_name)
-        if queue.last_evicted is not None:
-            self._dropped(flow, queue.last_evicted, policy_name)
+        if queue.last_evicted is not None:  # a full queue (drop-oldest, conflate)
+            self._dropped(flow, queue.last_evicted, "drop-oldest")
         if flow.policy is FlowPolicy.THROTTLE and origin == agent.node_id:
             flow.publishers.add(stream)  # a local publish: its stream is its session id
             if flow.gate.update(len(queue)) is FlowState.ON:
@@ -205,6 +207,13 @@ class SessionFlows:
                 flow.credit = FLOW_DEFAULT_CREDIT_MESSAGES
                 flow.heard_ns = now_ns
                 agent.counters["flow_control_expired"] += 1
+            if (not flow.on and not flow.credit and len(queue)
+                    and now_ns - flow.heard_ns > FLOW_CONTROL_ON_EXPIRY_NS):
+                # no word from the client for a while (it stopped repeating its "off"):
+                # a measured amount goes on, so a queue never waits for ever
+                flow.credit = FLOW_DEFAULT_CREDIT_MESSAGES
+                flow.heard_ns = now_ns
+                agent.counters["flow_credit_assumed"] += 1
             if not flow.on and flow.credit and len(queue):
                 n = min(flow.credit, len(queue))
                 out = agent._out[session.channel]
