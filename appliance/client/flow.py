@@ -1,7 +1,8 @@
 """Flow control between a client and its appliance: the client's side (docs/flow-control.md).
 
 ``ReceiveFlow`` watches what the client has received and not yet handed to the application:
-its subscription queues (messages not yet taken with ``get``/iteration) plus what waits in
+its subscription queues (messages not yet taken with ``get``/iteration), the messages waiting
+for their topic's name (``resolve``), the burst being handed over, plus what waits in
 its UDP socket (the kernel's receive memory, as messages of ``SOCKET_BYTES_PER_MESSAGE``).
 Above ``CLIENT_FLOW_HIGH_MESSAGES`` it sends its appliance FLOW_CONTROL "on" (stream
 ``SESSION_FLOW_STREAM``), refreshed every ``FLOW_CONTROL_REFRESH_INTERVAL_NS`` while it
@@ -81,6 +82,9 @@ class ReceiveFlow:
         for sub in client._subs:
             if sub.callback is None:
                 queued += len(sub._queue) + len(sub._latest)
+        pending = client._pending  # messages whose topic the client is resolving
+        if pending:
+            queued += sum(len(msgs) for msgs in list(pending.values()))
         sock = getattr(client.channel, "_sock", None)
         return queued + socket_backlog_bytes(sock) // SOCKET_BYTES_PER_MESSAGE
 
