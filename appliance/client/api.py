@@ -158,6 +158,9 @@ from datapath.topics.sublist import SubscriptionList
 SUBSCRIPTION_QUEUE_MESSAGES = 1_000_000
 """Messages a subscription queue holds before the oldest are dropped (best-effort) and
 counted; last-value subscriptions keep one per topic instead."""
+CLIENT_DISPATCH_FRAMES = 8
+"""Frames of a received burst decoded and handed over at a time; between two such steps
+the client tells its appliance its receive queue's state (flow control)."""
 CLIENT_DECODE_MESSAGES = 65_536
 """Messages one batch decode of received frames can hold."""
 _DATA_TYPE = int(fl.FrameType.DATA)
@@ -1592,12 +1595,13 @@ class _ClientAgent:
                 pass
         return work
 
-    def _burst_messages(self, n: int) -> int:
-        """Messages in the ``n`` frames just received (their headers' counts)."""
+    def _burst_messages(self, n: int, first: int = 0) -> int:
+        """Messages in frames ``first`` to ``n`` of the burst just received (their headers'
+        counts)."""
         buf = self.batch.buf
         at = fl.MSG_COUNT_OFFSET
         return sum(int(buf[o + at]) << 8 | int(buf[o + at + 1])
-                   for o in self.batch.offsets[:n].tolist())
+                   for o in self.batch.offsets[first:n].tolist())
 
     def _check(self, n: int) -> tuple[int, set[int]]:
         """Check the ``n`` frames received (``check_down_frames``, one call): the refused
@@ -1634,7 +1638,8 @@ class _ClientAgent:
         client = self.client
         done = 0
         while done < n:
-            result = decode_frames(batch.buf, batch.offsets[done:n], batch.lengths[done:n],
+            end = min(n, done + CLIENT_DISPATCH_FRAMES)
+            result = decode_frames(batch.buf, batch.offsets[done:end], batch.lengths[done:end],
                                    self.messages, self.status, self.types)
             frames = max(result.frames, 1)
             reliable: set[int] = set()
@@ -1668,6 +1673,8 @@ class _ClientAgent:
             if result.messages:
                 self._deliver(done, result.messages, wall, reliable)
             done += frames
+            if done < n and client._subs:  # a long burst: the appliance hears in between
+                client._rflow.do_work(time.monotonic_ns(), 1, self._burst_messages(n, done))
 
     def _deliver(self, first: int, count: int, wall: int, skip: set[int]) -> None:
         m = self.messages[:count]

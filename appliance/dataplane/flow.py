@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from datapath.flow_control import (
-    FLOW_CONTROL_ON_EXPIRY_NS,
     FLOW_CONTROL_REFRESH_INTERVAL_NS,
     NAME_OF_POLICY,
     PolicyQueue,
@@ -44,6 +43,12 @@ from datapath.protocol import frame_layout as fl
 from datapath.protocol.admin_layout import FlowControl, FlowPolicy, FlowState
 from datapath.protocol.codec import ProtocolError, decode_frame, encode_admin
 
+CLIENT_FLOW_ON_EXPIRY_NS = 5_000_000_000
+"""A client's "on" not refreshed for this long is taken as off (its thread may be busy
+handing a long burst to its application for a while; a dead client's session ends anyway)."""
+FLOW_QUIET_NS = 1_000_000_000
+"""A client that said nothing for this long while its messages wait (not held off) gets
+``FLOW_DEFAULT_CREDIT_MESSAGES`` more of them."""
 FLOW_QUEUE_MESSAGES = 16_384
 """Messages a drop-oldest or conflate session queue holds while its client holds it off."""
 FLOW_THROTTLE_QUEUE_MESSAGES = 262_144
@@ -54,7 +59,7 @@ FLOW_THROTTLE_LOW_MESSAGES = 4_096
 """... until it is shallower than this."""
 FLOW_DEFAULT_CREDIT_MESSAGES = 8_192
 """Messages sent from a queue when the client's "on" expired, or when it has said nothing
-for ``FLOW_CONTROL_ON_EXPIRY_NS`` while messages wait (then again each such period)."""
+for ``FLOW_QUIET_NS`` while messages wait (then again each such period)."""
 FLOW_IDLE_NS = 2_000_000_000
 """A session whose client sent no flow signal for this long, with nothing queued, goes back
 to the forwarding pipeline."""
@@ -129,7 +134,7 @@ class SessionFlows:
             if not flow.on:
                 counters["flow_control_on"] += 1
             flow.on = True
-            flow.on_until_ns = now_ns + FLOW_CONTROL_ON_EXPIRY_NS
+            flow.on_until_ns = now_ns + CLIENT_FLOW_ON_EXPIRY_NS
             flow.credit = 0
         else:
             flow.on = False
@@ -208,7 +213,7 @@ class SessionFlows:
                 flow.heard_ns = now_ns
                 agent.counters["flow_control_expired"] += 1
             if (not flow.on and not flow.credit and len(queue)
-                    and now_ns - flow.heard_ns > FLOW_CONTROL_ON_EXPIRY_NS):
+                    and now_ns - flow.heard_ns > FLOW_QUIET_NS):
                 # no word from the client for a while (it stopped repeating its "off"):
                 # a measured amount goes on, so a queue never waits for ever
                 flow.credit = FLOW_DEFAULT_CREDIT_MESSAGES

@@ -152,7 +152,8 @@ def _held_run(served: Served, identity: str, flow_policy: str | None, topic: str
     """HELD_MESSAGES published at full rate to a subscriber of this process that reads
     nothing until the publisher is done, or (throttle) until the appliance holds the
     publisher off: (messages delivered, the subscription's policy drops, pub's summary)."""
-    with connect(f"udp://{served.address}", identity) as client:
+    # (timeout_s: this process may compile the client's kernels first, with bounds checks)
+    with connect(f"udp://{served.address}", identity, timeout_s=120) as client:
         sub = client.subscribe("fc/#", flow_policy=flow_policy)
         pub = _pub(served, topic, HELD_MESSAGES)
         if flow_policy == "throttle":
@@ -213,6 +214,6 @@ def test_a_bad_policy_name_is_refused_with_one_line_naming_its_place(served, tmp
         assert run.stderr.strip() == (f"topicwire: config: {key}: 'fastest' is not a "
                                       "flow-control policy; use one of throttle, "
                                       "drop-oldest, conflate")
-    with connect(f"udp://{served.address}", "viewer") as client, \
+    with connect(f"udp://{served.address}", "viewer", timeout_s=120) as client, \
             pytest.raises(ClientError, match="flow_policy 'fastest' is not a flow-control"):
         client.subscribe("fc/#", flow_policy="fastest")
