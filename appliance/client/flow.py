@@ -7,9 +7,9 @@ its UDP socket (the kernel's receive memory, as messages of ``SOCKET_BYTES_PER_M
 Above ``CLIENT_FLOW_HIGH_MESSAGES`` it sends its appliance FLOW_CONTROL "on" (stream
 ``SESSION_FLOW_STREAM``), refreshed every ``FLOW_CONTROL_REFRESH_INTERVAL_NS`` while it
 lasts; below ``CLIENT_FLOW_LOW_MESSAGES`` "off", with its depth: the appliance sends at most
-``high - depth`` queued messages per signal, and the client refreshes "off" for
-``CLIENT_FLOW_LINGER_NS`` after its last "on" (or after the last frame that came within
-that time) so the appliance's queue drains. Between the
+``high - depth`` queued messages per signal (its credit), so the client refreshes "off"
+while frames come and for ``CLIENT_FLOW_LINGER_NS`` after its last "on", at most every
+``FLOW_CONTROL_REFRESH_INTERVAL_NS``. Between the
 two watermarks nothing changes (hysteresis). What the appliance then does with the session's
 messages is its policy (throttle, drop-oldest, conflate).
 
@@ -104,7 +104,7 @@ class ReceiveFlow:
         if gate.on or (received and now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS):
             self._last_on_ns = now_ns  # held off lately, and what was held still comes
         due = now_ns >= self._next_ns and (
-            gate.on or now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS)
+            gate.on or received or now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS)
         if changed is None and not due:
             return 0
         self._next_ns = now_ns + FLOW_CONTROL_REFRESH_INTERVAL_NS

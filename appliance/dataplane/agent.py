@@ -435,16 +435,20 @@ class DataPlaneAgent(Delivery, Output):
                 continue
             self.selector_schemas[schema.schema_id] = schema
 
-    def set_flow_policy(self, session_id: int, policy: int) -> None:
+    def set_flow_policy(self, session_id: int, policy: int, engage: bool = False) -> None:
         """The session's flow-control policy from now on (``FlowPolicy``; the control agent
-        resolves it from the subscription, the identity and P&M: docs/flow-control.md)."""
+        resolves it from the subscription, the identity and P&M: docs/flow-control.md);
+        ``engage``: it was configured, so the session is under flow control from now on."""
         session = self.sessions.get(session_id)
-        if session is None or session.flow_policy == policy:
+        if session is None:
             return
-        session.flow_policy = policy
-        if session.flow is not None:  # a queue under the old policy: drained as it is
-            session.flow.policy = FlowPolicy(policy)
-            session.flow.queue.set_policy(FlowPolicy(policy))
+        if session.flow_policy != policy:
+            session.flow_policy = policy
+            if session.flow is not None:  # its queue applies the new policy from now on
+                session.flow.policy = FlowPolicy(policy)
+                session.flow.queue.set_policy(FlowPolicy(policy))
+        if engage:
+            self.flows.engage(session, self.cycle_ns)
 
     def set_acl_classes(self, classes: dict[int, tuple[str, Any]]) -> None:
         """The content ACL classes of P&M's document: id -> (name, ``AclClass``); the tables

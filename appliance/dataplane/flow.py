@@ -73,9 +73,12 @@ class SessionFlow:
     """One client session's flow-control state at its appliance."""
 
     __slots__ = ("credit", "drops", "gate", "heard_ns", "on", "on_until_ns", "policy",
-                 "publishers", "queue", "refresh_at_ns", "report_at_ns")
+                 "publishers", "queue", "refresh_at_ns", "report_at_ns", "sticky")
 
-    def __init__(self, policy: FlowPolicy) -> None:
+    def __init__(self, policy: FlowPolicy, sticky: bool = False) -> None:
+        self.sticky = sticky
+        """Engaged from the session's first subscription (its policy was configured): kept
+        while the session lives, so no message ever goes to it beyond its credit."""
         self.policy = FlowPolicy(policy)
         throttle = self.policy is FlowPolicy.THROTTLE
         self.queue = PolicyQueue(FLOW_THROTTLE_QUEUE_MESSAGES if throttle
@@ -139,6 +142,20 @@ class SessionFlows:
         else:
             flow.on = False
             flow.credit = max(int(entry.high_watermark) - int(entry.queue_depth), 0)
+
+    def engage(self, session: Any, now_ns: int) -> None:
+        """Put ``session`` under flow control now, before its client ever signals (its
+        policy was configured): every message to it goes through its queue and its credit,
+        starting with ``FLOW_DEFAULT_CREDIT_MESSAGES``."""
+        if session.flow is not None:
+            session.flow.sticky = True
+            return
+        flow = session.flow = self.flows[session.session_id] = SessionFlow(
+            FlowPolicy(session.flow_policy), sticky=True)
+        flow.credit = FLOW_DEFAULT_CREDIT_MESSAGES
+        flow.heard_ns = now_ns
+        self.agent.sessions_version += 1
+        self.agent.counters["flow_sessions_engaged"] += 1
 
     # --- from the forwarding (general loop) ---------------------------------------------------
     def offer(self, session: Any, key: int, origin: int, stream: int, buf: np.ndarray,
@@ -239,7 +256,7 @@ class SessionFlows:
             if flow.drops and (now_ns >= flow.report_at_ns or not len(queue)):
                 self._report(session, flow, now_ns)
                 work += 1
-            if (not flow.on and not len(queue) and not flow.drops
+            if (not flow.on and not len(queue) and not flow.drops and not flow.sticky
                     and now_ns - flow.heard_ns > FLOW_IDLE_NS):
                 self.forget(sid)  # back to the forwarding pipeline
         return work
