@@ -13,6 +13,10 @@ policy while the client holds it off:
   ``FLOW_THROTTLE_LOW_MESSAGES``): their ``publish`` waits. A queue that still reaches
   ``FLOW_THROTTLE_QUEUE_MESSAGES`` (publishers on other appliances, which this does not
   reach) drops what does not fit, counted ``flow_dropped_throttle`` and reported.
+
+Whatever the policy, the local publishers whose messages go to sessions under flow control
+are held off the same way while the clients' UDP socket fills faster than the data path
+reads it (``FLOW_INGRESS_HIGH_BYTES``): the kernel would drop what they publish unseen.
 - ``DROP_OLDEST``: at most ``FLOW_QUEUE_MESSAGES`` queued; the oldest goes first.
 - ``CONFLATE``: a message whose topic key is queued replaces it in place (the one replaced
   counts as ``conflate``); a full queue drops its oldest (counted as ``drop-oldest``).
@@ -63,6 +67,13 @@ for ``FLOW_QUIET_NS`` while messages wait (then again each such period)."""
 FLOW_IDLE_NS = 2_000_000_000
 """A session whose client sent no flow signal for this long, with nothing queued, goes back
 to the forwarding pipeline."""
+FLOW_INGRESS_HIGH_BYTES = 1 << 20
+"""Bytes waiting in the clients' UDP socket above which throttle sessions hold their
+publishers off (the socket holds 4 MiB; beyond, the kernel drops what they publish)."""
+FLOW_INGRESS_LOW_BYTES = 256 << 10
+"""... until fewer than this wait."""
+FLOW_INGRESS_CHECK_NS = 1_000_000
+"""How often the socket's backlog is looked at while a throttle session exists."""
 FLOW_REPORT_INTERVAL_NS = 50_000_000
 """Drops are reported to the session at most this often (and when its queue empties)."""
 FLOW_REPORT_ROWS = 256
@@ -72,8 +83,8 @@ FLOW_REPORT_ROWS = 256
 class SessionFlow:
     """One client session's flow-control state at its appliance."""
 
-    __slots__ = ("credit", "drops", "gate", "heard_ns", "on", "on_until_ns", "policy",
-                 "publishers", "queue", "refresh_at_ns", "report_at_ns", "sticky")
+    __slots__ = ("credit", "drops", "gate", "heard_ns", "holding", "on", "on_until_ns",
+                 "policy", "publishers", "queue", "refresh_at_ns", "report_at_ns", "sticky")
 
     def __init__(self, policy: FlowPolicy, sticky: bool = False) -> None:
         self.sticky = sticky
@@ -94,6 +105,8 @@ class SessionFlow:
         self.publishers: set[int] = set()
         """Throttle: session ids of the local publishers whose messages were queued."""
         self.refresh_at_ns = 0
+        self.holding = False
+        """Throttle: its publishers are being held off."""
 
 
 class SessionFlows:
@@ -104,6 +117,11 @@ class SessionFlows:
         self.flows: dict[int, SessionFlow] = {}
         self.holding: dict[int, set[int]] = {}
         """Publisher session id -> the sessions whose throttle queues hold it off."""
+        self.ingress_full = False
+        """The clients' UDP socket holds more than ``FLOW_INGRESS_HIGH_BYTES`` not yet read
+        (until less than ``FLOW_INGRESS_LOW_BYTES``): throttle sessions hold their
+        publishers off, or the kernel would drop what they publish before it is read."""
+        self._ingress_check_ns = 0
 
     @property
     def active(self) -> bool:
@@ -175,10 +193,12 @@ class SessionFlows:
             self._dropped(flow, key, policy_name)
         if queue.last_evicted is not None:  # a full queue (drop-oldest, conflate)
             self._dropped(flow, queue.last_evicted, "drop-oldest")
-        if flow.policy is FlowPolicy.THROTTLE and origin == agent.node_id:
+        if origin == agent.node_id:
             flow.publishers.add(stream)  # a local publish: its stream is its session id
-            if flow.gate.update(len(queue)) is FlowState.ON:
+            if flow.policy is FlowPolicy.THROTTLE and \
+                    flow.gate.update(len(queue)) is FlowState.ON:
                 self._hold(session.session_id, flow, agent.cycle_ns)
+                flow.holding = True
 
     def _dropped(self, flow: SessionFlow, key: int, policy_name: str) -> None:
         flow.drops[(key, policy_name)] += 1
@@ -215,9 +235,26 @@ class SessionFlows:
         agent.counters["flow_publisher_signals"] += 1
 
     # --- the duty cycle -----------------------------------------------------------------------
+    def _check_ingress(self, now_ns: int) -> None:
+        """Whether the clients' UDP socket is filling faster than the data path reads it."""
+        self._ingress_check_ns = now_ns + FLOW_INGRESS_CHECK_NS
+        from appliance.client.flow import socket_backlog_bytes
+        from appliance.dataplane.names import CLIENT_UDP
+
+        backlog = socket_backlog_bytes(getattr(self.agent.channels.get(CLIENT_UDP), "_sock",
+                                               None))
+        if backlog > FLOW_INGRESS_HIGH_BYTES:
+            if not self.ingress_full:
+                self.agent.counters["flow_ingress_full"] += 1
+            self.ingress_full = True
+        elif backlog < FLOW_INGRESS_LOW_BYTES:
+            self.ingress_full = False
+
     def do_work(self, now_ns: int) -> int:
         work = 0
         agent = self.agent
+        if now_ns >= self._ingress_check_ns:
+            self._check_ingress(now_ns)
         for sid, flow in list(self.flows.items()):
             session = agent.sessions.get(sid)
             if session is None:
@@ -247,12 +284,18 @@ class SessionFlows:
                 session.delivered += n
                 flow.credit -= n
                 work += n
-            if flow.policy is FlowPolicy.THROTTLE:
-                changed = flow.gate.update(len(queue))
-                if changed is FlowState.OFF:
-                    self._release(sid, flow)
-                elif flow.gate.on and now_ns >= flow.refresh_at_ns:
-                    self._hold(sid, flow, now_ns)
+            throttle = flow.policy is FlowPolicy.THROTTLE
+            if throttle:
+                flow.gate.update(len(queue))
+            want = (throttle and flow.gate.on) or self.ingress_full
+            if want and flow.publishers and (not flow.holding or now_ns >= flow.refresh_at_ns):
+                self._hold(sid, flow, now_ns)
+                flow.holding = True
+            elif not want and flow.holding:
+                self._release(sid, flow)
+                flow.holding = False
+            elif not want and not throttle and len(flow.publishers) > 4_096:
+                flow.publishers.clear()  # (bounded: only a hold needs them)
             if flow.drops and (now_ns >= flow.report_at_ns or not len(queue)):
                 self._report(session, flow, now_ns)
                 work += 1
