@@ -569,6 +569,8 @@ class Client(GuaranteedSide, ConnectionSide):
         throttling subscriber is full: docs/flow-control.md) before ``BackPressureError``."""
         self._rflow = ReceiveFlow(self)
         self._hold = PublishHold()
+        self._unnamed_drops: dict[int, Counter[str]] = {}
+        """Policy drops of keys whose topic the client is still asking for."""
         self.policy_drops: Counter[str] = Counter()
         """Messages the appliance's flow-control policy dropped instead of delivering to
         this client, by policy (``drop-oldest``, ``conflate``, ``throttle``: the latter
@@ -1322,6 +1324,9 @@ class Client(GuaranteedSide, ConnectionSide):
         elif h.frame_type is fl.FrameType.REGISTRY_UPDATE:
             for entry in entries:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
+                drops = self._unnamed_drops.pop(entry.topic_key, None)
+                if drops:
+                    self._count_drops((entry.namespace_id, entry.topic), drops)
                 self._poll_unknown.pop(entry.topic_key, None)
                 for msg in self._pending.pop(entry.topic_key, []):
                     self._dispatch(replace(msg, topic=entry.topic))
@@ -1385,12 +1390,18 @@ class Client(GuaranteedSide, ConnectionSide):
         for key, policy, count in doc["drops"]:
             self.policy_drops[policy] += count
             known = self._topics.get(key)
-            if known is None:  # a key never delivered here: no subscription to name
+            if known is None:  # counted on its subscriptions once its topic is known
+                if key in self._unnamed_drops or len(self._unnamed_drops) < ROUTE_CACHE_TOPICS:
+                    self._unnamed_drops.setdefault(key, Counter())[policy] += count
+                    self._pending.setdefault(key, [])
                 continue
-            for sub in self._targets(known[0], known[1]):
-                with sub._cond:
-                    sub.policy_drops[policy] += count
-                    sub._cond.notify_all()
+            self._count_drops(known, {policy: count})
+
+    def _count_drops(self, known: tuple[int, str], drops: Mapping[str, int]) -> None:
+        for sub in self._targets(known[0], known[1]):
+            with sub._cond:
+                sub.policy_drops.update(drops)
+                sub._cond.notify_all()
 
     def _dispatch(self, msg: Message) -> None:
         known = self._topics.get(msg.topic_key)
@@ -1426,7 +1437,8 @@ class Client(GuaranteedSide, ConnectionSide):
         if self._pending:
             keys = [k for k, msgs in list(self._pending.items())
                     if now_ns - self._asked.get(k, 0) > RESOLVE_RETRY_NS
-                    and (msgs or self._held or k in self._poll_unknown)]
+                    and (msgs or self._held or k in self._poll_unknown
+                         or k in self._unnamed_drops)]
             if keys:
                 for k in keys:
                     self._asked[k] = now_ns
