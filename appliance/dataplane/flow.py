@@ -337,7 +337,9 @@ class SessionFlows:
                 del self.holding[publisher]
 
     def counts(self) -> dict[str, int]:
-        """Figures for the status: sessions held, messages queued."""
-        return {"flow_sessions": len(self.flows),
-                "flow_queued": sum(len(f.queue) for f in self.flows.values()),
-                "flow_publishers_held": len(self.holding)}
+        """Levels for the status (gauges, not counts: ``GAUGE_COUNTERS`` in
+        ops/mgmt/metrics.py): sessions under flow control, messages queued, publishers held
+        off."""
+        return {"flow_level_sessions": len(self.flows),
+                "flow_level_queued": sum(len(f.queue) for f in self.flows.values()),
+                "flow_level_publishers_held": len(self.holding)}

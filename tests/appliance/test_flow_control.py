@@ -157,7 +157,7 @@ def _held_run(served: Served, identity: str, flow_policy: str | None, topic: str
         sub = client.subscribe("fc/#", flow_policy=flow_policy)
         pub = _pub(served, topic, HELD_MESSAGES)
         if flow_policy == "throttle":
-            wait_for(lambda: served.counters().get("flow_publishers_held", 0) >= 1,
+            wait_for(lambda: served.counters().get("flow_level_publishers_held", 0) >= 1,
                      DEADLINE_S, what="the appliance to hold the publisher off")
         else:
             pub.wait(DEADLINE_S)
