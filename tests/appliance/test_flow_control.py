@@ -139,7 +139,9 @@ def test_a_dropping_policy_at_full_rate_accounts_for_every_message(served, polic
     dropped = sum(stats["dropped_by_policy"].values())
     assert stats["delivered"] + dropped == MAX_RATE_MESSAGES, stats
     assert stats["accounted"] == MAX_RATE_MESSAGES and stats["lost"] == 0, stats
-    assert stats["gaps"] == dropped, stats  # each gap is one the appliance reported
+    # each gap is one the appliance reported (what it dropped before the first message
+    # delivered, or after the last, shows as no gap)
+    assert stats["gaps"] <= dropped, stats
     assert set(stats["dropped_by_policy"]) <= {policy, "drop-oldest"}  # a full conflate
     assert stats["conflated"] == stats["dropped_by_policy"].get("conflate", 0)  # queue
     assert {k: v for k, v in delta.items() if v} == {  # evicts its oldest
