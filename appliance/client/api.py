@@ -228,6 +228,9 @@ class Subscription:
         self.delivered = 0
         self.flow_flags = 0
         """The policy this subscription asked for, as its SUBSCRIBE entry's flag bits."""
+        self.flow_policy: str | None = None
+        """Its flow-control policy when one was configured (asked for, or P&M's identity or
+        global policy: the appliance's answer says); None: the QoS's default."""
         self.policy_drops: Counter[str] = Counter()
         """Messages of its topics the appliance's flow-control policy dropped, by policy
         (POLICY_DROPS reports; a message several subscriptions match counts in each)."""
@@ -1140,6 +1143,7 @@ class Client(GuaranteedSide, ConnectionSide):
                            poll=poll)
         sub.selector_filtered = bool(result.get("selector_filtered"))
         sub.flow_flags = flow_flags
+        sub.flow_policy = result.get("flow_policy")
         with self._lock:
             if poll and self._pollq is None:
                 self._pollq = PollQueue(self)

@@ -462,6 +462,8 @@ class ConnectionSide:
             timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
         mine = [s for s in same if s.selector is not None and s.selector.text == text]
         if result.get("accepted"):
+            for sub in same:
+                sub.flow_policy = result.get("flow_policy")
             for sub in mine:
                 sub.selector_filtered = bool(result.get("selector_filtered"))
             return

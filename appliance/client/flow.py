@@ -1,8 +1,10 @@
 """Flow control between a client and its appliance: the client's side (docs/flow-control.md).
 
 ``ReceiveFlow`` watches what the client has received and not yet handed to the application:
-its subscription queues (messages not yet taken with ``get``/iteration), the messages waiting
-for their topic's name (``resolve``), the burst being handed over, plus what waits in
+the queues of its subscriptions with a configured policy (messages not yet taken with
+``get``/iteration; a subscription with the QoS's default keeps up to 1,000,000 in its own
+queue, as before), the messages waiting for their topic's name (``resolve``), the burst
+being handed over, plus what waits in
 its UDP socket (the kernel's receive memory, as messages of ``SOCKET_BYTES_PER_MESSAGE``).
 Above ``CLIENT_FLOW_HIGH_MESSAGES`` it sends its appliance FLOW_CONTROL "on" (stream
 ``SESSION_FLOW_STREAM``), refreshed every ``FLOW_CONTROL_REFRESH_INTERVAL_NS`` while it
@@ -79,8 +81,8 @@ class ReceiveFlow:
     def depth(self) -> int:
         client = self.client
         queued = 0
-        for sub in client._subs:
-            if sub.callback is None:
+        for sub in client._subs:  # (a default-policy subscription's own queue absorbs)
+            if sub.callback is None and sub.flow_policy is not None:
                 queued += len(sub._queue) + len(sub._latest)
         pending = client._pending  # messages whose topic the client is resolving
         if pending:

@@ -419,7 +419,9 @@ class ClientSide:
         except (TopicError, OffloadError) as exc:
             result.update(accepted=False, reason=str(exc))
         if result["accepted"]:
-            flow_apply.record(self, session, entry, add)
+            configured = flow_apply.record(self, session, entry, add)
+            if configured is not None:  # (only then: an older client knows no such key)
+                result["flow_policy"] = configured
             filtered = selector_apply.record(self, session, entry, add)
             if add and entry.selector:  # (only then: an older client knows no such key)
                 result["selector_filtered"] = filtered

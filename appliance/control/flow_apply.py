@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from datapath.flow_control import POLICY_NAMES, policy_for_qos, strictest
+from datapath.flow_control import NAME_OF_POLICY, POLICY_NAMES, policy_for_qos, strictest
 from datapath.protocol import admin_layout as al
 from datapath.protocol.admin_layout import FlowPolicy
 from datapath.protocol.message_layout import Qos
@@ -37,11 +37,13 @@ def subscription_policy(session: Any, entry: al.Subscription) -> tuple[FlowPolic
     return policy_for_qos(entry.qos), False
 
 
-def record(agent: Any, session: Any, entry: al.Subscription, add: bool) -> None:
+def record(agent: Any, session: Any, entry: al.Subscription, add: bool) -> str | None:
     """After an accepted (un)subscribe of ``session``: keep its subscription's policy and
-    tell the data path when the session's policy changes."""
+    tell the data path when the session's policy changes. Returns the policy's name when
+    it was configured (the answer tells the client: its queue then counts in its flow
+    control), else None."""
     if entry.qos == Qos.GUARANTEED:
-        return
+        return None
     key = (entry.namespace_id, entry.pattern)
     engage = False
     if add:
@@ -53,3 +55,4 @@ def record(agent: Any, session: Any, entry: al.Subscription, add: bool) -> None:
         session.flow_policy = int(policy)
         agent.dp.command("set_flow_policy", session.session_id, int(policy), engage)
         agent.counters[f"flow_policy_{policy.name.lower()}"] += 1
+    return NAME_OF_POLICY[session.flow_policies[key]] if add and engage else None
