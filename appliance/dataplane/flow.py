@@ -53,8 +53,9 @@ handing a long burst to its application for a while; a dead client's session end
 FLOW_QUIET_NS = 1_000_000_000
 """A client that said nothing for this long while its messages wait (not held off) gets
 ``FLOW_DEFAULT_CREDIT_MESSAGES`` more of them."""
-FLOW_QUEUE_MESSAGES = 16_384
-"""Messages a drop-oldest or conflate session queue holds while its client holds it off."""
+FLOW_QUEUE_MESSAGES = 65_536
+"""Messages a drop-oldest or conflate session queue holds while its client holds it off
+(more than the client's socket held before flow control: a burst it absorbed still fits)."""
 FLOW_THROTTLE_QUEUE_MESSAGES = 262_144
 """Messages a throttle session queue holds at most (beyond: dropped, counted, reported)."""
 FLOW_THROTTLE_HIGH_MESSAGES = 16_384

@@ -33,7 +33,7 @@ from tests.appliance.helpers import (
 
 MAX_RATE_MESSAGES = 200_000
 """Messages of the max-rate runs (``pub --rate 0``)."""
-HELD_MESSAGES = 50_000
+HELD_MESSAGES = 100_000
 """Messages of the runs with a subscriber that does not read while they are published."""
 DEADLINE_S = 240.0
 """How long a run may take at most on a loaded 2-core machine (a shortfall fails there)."""
