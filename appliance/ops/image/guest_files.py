@@ -144,8 +144,10 @@ exit 0
 CONFIG_UNIT = """[Unit]
 Description=topicwire: the appliance's config (APPCFG disk, kernel command line, or default)
 DefaultDependencies=no
-# the config disk is a virtio disk like the root: probed before the root was mounted
-After=local-fs.target
+# the config disk is a virtio disk like the root: probed (its /dev node made) by the initramfs
+# before the root was mounted, which the kernel mounts read-write (`rw`): nothing else to wait
+# for, so the config is there early and the appliance can start beside the rest of the boot
+After=systemd-remount-fs.service systemd-journald.socket
 Before=systemd-networkd.service topicwire.service
 
 [Service]
@@ -175,8 +177,15 @@ WantedBy=multi-user.target
 APPLIANCE_UNIT = f"""[Unit]
 Description=topicwire appliance (config: {RUN_DIR}/topicwire.toml)
 Requires=topicwire-config.service
-# not after the network as a whole: topicwire-wait waits for the addresses the config names
-After=topicwire-config.service
+# not after sysinit.target and basic.target (the early units of a Debian boot take tens of
+# seconds under TCG, and Python's start-up is most of the boot): started once its config is
+# there, beside them; not after the network as a whole: topicwire-wait waits for the
+# addresses the config names
+DefaultDependencies=no
+After=topicwire-config.service systemd-journald.socket
+# what the default dependencies gave for stopping: stopped (drained) before the power-off
+Conflicts=shutdown.target
+Before=shutdown.target
 # its lines (ready, a refused config) reach the serial console before a login prompt does
 Before=getty.target serial-getty@ttyS0.service
 
