@@ -206,6 +206,12 @@ def shape(scenario: str, clients: int) -> Shape:
     return Shape(clients, clients, "bench/conns/%d", "bench/conns/%d", clients, 1, echo=True)
 
 
+EDGE_MAX_QUEUED = 1_000_000
+"""The edge's ``mqtt.max_queued`` here (its largest): QoS 1 messages waiting for a
+subscriber's inflight slot are kept as mosquitto's are with ``max_queued_messages 0``, not
+dropped past the default 1,000 when a subscriber falls behind (fan-out on a loaded host)."""
+
+
 def edge_max_connections(qos: int) -> int:
     """The most MQTT connections the bench's edge holds: each is a client session
     (``clients.max_sessions`` <= 400); at QoS 1 each subscriber also takes a guaranteed
@@ -319,6 +325,7 @@ class Edge(Broker):
             f"session_dead_ms = {EDGE_SESSION_DEAD_MS}\n"
             '[pm.identities.anonymous]\npublish = ["bench/#"]\nsubscribe = ["bench/#"]\n'
             f'[mqtt]\nlisten = "{LOOPBACK}:{self.port}"\nmax_connections = {sessions}\n'
+            f"max_queued = {EDGE_MAX_QUEUED}\n"
             'allow_anonymous = true\n[log]\nlevel = "warning"\n'
             f'[mgmt]\nlisten = "{LOOPBACK}:{self.mgmt_port}"\n')
         code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
