@@ -1,0 +1,166 @@
+"""NAKs served from the cache end to end (docs/reliability.md, "NAKs served from the cache"):
+a real appliance (its data path in a process of its own) with a small retransmission buffer
+(``appliance.retransmit_buffer_messages = 16``) sends a guaranteed subscriber its stream
+through a lossy UDP relay. The relay loses a few of its DATA frames and, meanwhile, every
+datagram from the subscriber (its NAKs and ACKs) while hundreds more messages go out; then
+lets the NAKs through. The sender's buffer no longer holds what they ask for: with ``[cache]``
+keeping the topic, it is resent from the cache and every message arrives once, in order,
+with no loss event (``nak_served_from_cache`` counts them); without a cache, the same run
+ends in a ``SENDER_LOSS`` loss event."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+
+import pytest
+
+from appliance.cache.node import CachingAppliance
+from appliance.client import connect
+from appliance.config import parse_config
+from datapath.protocol.frame_layout import TYPE_OFFSET, FrameType
+from tests.appliance.helpers import free_port, wait_for
+
+TOPIC = "orders/eu/x"
+BEFORE = 50
+"""Messages delivered before the loss."""
+DURING = 400
+"""Messages published while the relay loses frames and the subscriber's NAKs."""
+AFTER = 50
+
+
+class LossyRelay:
+    """A UDP relay between one client and its appliance: ``lose(data_frames)`` drops that
+    many of the next DATA frames towards the client and every datagram from it until
+    ``heal()``; the rest passes unchanged."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.down = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.down.bind(("127.0.0.1", 0))
+        self.address = self.down.getsockname()
+        self.up = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.up.bind(("127.0.0.1", 0))
+        self.client: tuple[str, int] | None = None
+        self._lose_data = 0
+        self._blocked = False
+        self.dropped_data = 0
+        self.dropped_up = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="lossy-relay")
+        self._thread.start()
+
+    def lose(self, data_frames: int) -> None:
+        with self._lock:
+            self._lose_data = data_frames
+            self._blocked = True
+
+    def heal(self) -> None:
+        with self._lock:
+            self._blocked = False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.down, self.up], [], [], 0.05)
+            for sock in ready:
+                data, peer = sock.recvfrom(65_536)
+                with self._lock:
+                    if sock is self.down:
+                        self.client = peer
+                        if self._blocked:
+                            self.dropped_up += 1
+                            continue
+                        self.up.sendto(data, self.upstream)
+                        continue
+                    if (self._lose_data and len(data) > TYPE_OFFSET
+                            and data[TYPE_OFFSET] == FrameType.DATA):
+                        self._lose_data -= 1
+                        self.dropped_data += 1
+                        continue
+                if self.client is not None:
+                    self.down.sendto(data, self.client)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.down.close()
+        self.up.close()
+
+
+def _start(port: int, cache_dir) -> CachingAppliance:
+    doc = {"appliance": {"name": f"naks{port}", "retransmit_buffer_messages": 16},
+           "clients": {"udp": f"127.0.0.1:{port}"},
+           "pm": {"anonymous": True, "require_passwords": False}}
+    if cache_dir is not None:
+        doc["cache"] = {"dir": str(cache_dir), "patterns": ["orders/#"]}
+    app = CachingAppliance(parse_config(doc)).start()
+    if app.cache is not None:
+        assert app.cache.ready.wait(60), "the cache's session did not subscribe"
+    return app
+
+
+def _publish(pub, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        pub.publish(TOPIC, b"%d" % i, qos="guaranteed")
+    pub.flush(timeout=30)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache", "no-cache"])
+def test_a_nak_past_the_senders_buffer_is_served_from_the_cache(tmp_path, cached):
+    port = free_port()
+    app = _start(port, tmp_path / "cache" if cached else None)
+    relay = LossyRelay(("127.0.0.1", port))
+    got: list[int] = []
+    try:
+        host, rport = relay.address
+        with connect(f"udp://{host}:{rport}", "sub") as sub_client, \
+                connect(f"udp://127.0.0.1:{port}", "pub") as pub:
+            sub = sub_client.subscribe("orders/#", qos="guaranteed")
+            _publish(pub, 0, BEFORE)
+            got += [int(sub.get(timeout=10).payload) for _ in range(BEFORE)]
+            sent_before = app.status()["counters"].get("guaranteed_sent", 0)
+            relay.lose(3)
+            _publish(pub, BEFORE, DURING)
+            # every message of the burst has left towards the subscriber (and the cache),
+            # so the lost frames are far past the sender's 16-message buffer
+            senders = 2 if cached else 1
+            assert wait_for(lambda: app.status()["counters"].get("guaranteed_sent", 0)
+                            >= sent_before + senders * DURING, timeout_s=10)
+            assert relay.dropped_data == 3
+            relay.heal()
+            _publish(pub, BEFORE + DURING, AFTER)
+            total = BEFORE + DURING + AFTER
+
+            def settled() -> bool:
+                while True:
+                    m = sub.get(timeout=0)
+                    if m is None:
+                        break
+                    got.append(int(m.payload))
+                return len(got) + sub.lost_messages >= total and (
+                    not got or got[-1] == total - 1)
+            wait_for(settled, timeout_s=30, what="every message delivered or named lost")
+            losses = list(sub.losses)
+            lost = sub.lost_messages
+        counters = {}
+
+        def counted() -> bool:
+            counters.update(app.status()["counters"])
+            return not cached or counters.get("nak_served_from_cache", 0) > 0
+        wait_for(counted, timeout_s=10)
+    finally:
+        relay.close()
+        app.stop()
+    assert got == sorted(got) and len(set(got)) == len(got)  # in order, once
+    assert relay.dropped_up > 0  # NAKs were lost while the buffer moved on
+    if cached:
+        assert got == list(range(total)) and lost == 0 and not losses
+        assert counters["nak_served_from_cache"] > 0
+        assert counters.get("cache_nak_records_read", 0) >= counters["nak_served_from_cache"]
+        assert counters.get("guaranteed_loss_frames_out", 0) == 0
+    else:
+        assert lost > 0 and {loss.reason for loss in losses} == {"SENDER_LOSS"}
+        assert len(got) + lost == total
+        assert counters.get("nak_served_from_cache", 0) == 0
