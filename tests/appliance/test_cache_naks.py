@@ -17,10 +17,10 @@ import threading
 import pytest
 
 from appliance.cache.node import CachingAppliance
-from appliance.client import connect
+from appliance.client import LoginError, connect
 from appliance.config import parse_config
 from datapath.protocol.frame_layout import TYPE_OFFSET, FrameType
-from tests.appliance.helpers import free_port, wait_for
+from tests.appliance.helpers import FABRIC_KEY, free_port, wait_for
 
 TOPIC = "orders/eu/x"
 BEFORE = 50
@@ -170,3 +170,150 @@ def test_a_nak_past_the_senders_buffer_is_served_from_the_cache(tmp_path, cached
         assert len(got) + lost == total
         assert counters.get("nak_served_from_cache", 0) == 0
         assert counters["guaranteed_loss_frames_out"] > 0  # the sender announced the loss
+
+
+class FabricRelay:
+    """Stands between two appliances as each one's address of the other (127.0.0.2 is
+    ``b`` to ``a``, 127.0.0.3 is ``a`` to ``b``), so each sees the other's frames come from
+    the address it has for it. ``lose(data_frames)`` drops that many of the next DATA frames
+    from ``a`` to ``b`` and every datagram from ``b`` to ``a`` until ``heal()``."""
+
+    def __init__(self, a: tuple[str, int], b: tuple[str, int]) -> None:
+        self.a, self.b = a, b
+        self.as_b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.as_b.bind(("127.0.0.2", 0))
+        self.as_a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.as_a.bind(("127.0.0.3", 0))
+        self._lose_data = 0
+        self._blocked = False
+        self.dropped_data = 0
+        self.dropped_up = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="fabric-relay")
+        self._thread.start()
+
+    lose = LossyRelay.lose
+    heal = LossyRelay.heal
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.as_b, self.as_a], [], [], 0.05)
+            for sock in ready:
+                data, _ = sock.recvfrom(65_536)
+                with self._lock:
+                    if sock is self.as_b:  # from a, for b
+                        if (self._lose_data and len(data) > TYPE_OFFSET
+                                and data[TYPE_OFFSET] == FrameType.DATA):
+                            self._lose_data -= 1
+                            self.dropped_data += 1
+                            continue
+                        self.as_a.sendto(data, self.b)
+                    else:  # from b, for a
+                        if self._blocked:
+                            self.dropped_up += 1
+                            continue
+                        self.as_b.sendto(data, self.a)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.as_b.close()
+        self.as_a.close()
+
+
+def _interest_at(app, qos: str = "guaranteed") -> bool:
+    return any(s["pattern"] == "orders/#" and s["qos"] == qos
+               for s in app.status()["subscriptions"] if s["origin"] != app.config.name)
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache", "no-cache"])
+def test_a_nak_from_a_neighbour_past_the_senders_buffer_is_served_from_the_cache(
+        tmp_path, cached):
+    """The same across the fabric: publisher and cache at ``a``, subscriber at ``b``; the
+    relay loses DATA frames of ``a``'s stream to ``b`` and, meanwhile, ``b``'s NAKs and ACKs;
+    ``a``'s sender towards ``b`` answers from ``a``'s cache."""
+    fa, fb = free_port(), free_port()
+    relay = FabricRelay(("127.0.0.1", fa), ("127.0.0.1", fb))
+    b_to_a, a_to_b = relay.as_b.getsockname(), relay.as_a.getsockname()
+    common = {"retransmit_buffer_messages": 16, "heartbeat_interval_ms": 200,
+              "neighbour_dead_ms": 5_000, "lsa_refresh_ms": 500}
+    pm = {"anonymous": True, "require_passwords": False}
+    doc_a = {"appliance": {"name": f"na{fa}", **common},
+             "fabric": {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY},
+             "neighbours": [{"name": f"nb{fb}", "address": f"{b_to_a[0]}:{b_to_a[1]}"}],
+             "clients": {"udp": f"127.0.0.1:{free_port()}"}, "pm": pm}
+    if cached:
+        doc_a["cache"] = {"dir": str(tmp_path / "cache"), "patterns": ["orders/#"]}
+    doc_b = {"appliance": {"name": f"nb{fb}", **common},
+             "fabric": {"listen": f"127.0.0.1:{fb}", "key": FABRIC_KEY},
+             "neighbours": [{"name": f"na{fa}", "address": f"{a_to_b[0]}:{a_to_b[1]}"}],
+             "clients": {"udp": f"127.0.0.1:{free_port()}"}, "pm": {"mode": "remote"}}
+    a = b = None
+    got: list[int] = []
+    try:
+        a = CachingAppliance(parse_config(doc_a)).start()
+        b = CachingAppliance(parse_config(doc_b)).start()
+        if a.cache is not None:
+            assert a.cache.ready.wait(60), "the cache's session did not subscribe"
+        url_a = "udp://{}:{}".format(*a.config.clients_udp)
+        url_b = "udp://{}:{}".format(*b.config.clients_udp)
+
+        def logged_in():
+            try:
+                return connect(url_b, "sub")
+            except LoginError:  # b has no P&M document from a yet
+                return None
+        with wait_for(logged_in, 30, what="a login at b") as sub_client:
+            sub = sub_client.subscribe("orders/#", qos="guaranteed")
+            wait_for(lambda: _interest_at(a), 30,
+                     what="the subscriber's interest at a")
+            with connect(url_a, "pub") as pub:
+                _publish(pub, 0, BEFORE)
+                got += [int(sub.get(timeout=10).payload) for _ in range(BEFORE)]
+                sent_before = a.status()["counters"].get("guaranteed_sent", 0)
+                relay.lose(LOST_FRAMES)
+                _publish(pub, BEFORE, DURING)
+                senders = 2 if cached else 1
+                wait_for(lambda: a.status()["counters"].get("guaranteed_sent", 0)
+                         >= sent_before + senders * DURING, timeout_s=10,
+                         what="the burst sent from a")
+                assert relay.dropped_data == LOST_FRAMES
+                relay.heal()
+                _publish(pub, BEFORE + DURING, AFTER)
+            total = BEFORE + DURING + AFTER
+
+            def settled() -> bool:
+                while True:
+                    m = sub.get(timeout=0)
+                    if m is None:
+                        break
+                    got.append(int(m.payload))
+                return len(got) + sub.lost_messages >= total and (
+                    not got or got[-1] == total - 1)
+            wait_for(settled, timeout_s=30, what="every message delivered or named lost")
+            losses = list(sub.losses)
+            lost = sub.lost_messages
+        counters = {}
+
+        def counted() -> bool:
+            counters.update(a.status()["counters"])
+            if not cached:
+                return counters.get("guaranteed_loss_frames_out", 0) > 0
+            return (counters.get("nak_served_from_cache", 0) > 0
+                    and counters.get("cache_nak_records_read", 0) > 0)
+        wait_for(counted, timeout_s=10, what="a's counters")
+    finally:
+        relay.close()
+        for app in (b, a):
+            if app is not None:
+                app.stop()
+    assert got == sorted(got) and len(set(got)) == len(got)  # in order, once
+    assert relay.dropped_up > 0
+    if cached:
+        assert got == list(range(total)) and lost == 0 and not losses
+        assert counters["nak_served_from_cache"] > 0
+        assert counters.get("guaranteed_loss_frames_out", 0) == 0
+    else:
+        assert lost > 0 and {loss.reason for loss in losses} == {"SENDER_LOSS"}
+        assert len(got) + lost == total
