@@ -38,6 +38,9 @@ from appliance.cache.settings import (
 )
 from datapath.errors import TopicwireError
 
+COUNTERS = ("nak_requests", "nak_records_read", "nak_bytes_read", "nak_not_kept", "nak_refused",
+            "nak_requests_malformed", "nak_read_errors")
+"""The counters (``cache_<name>`` in the status)."""
 _PATTERN_SHIFT = 48
 _STREAM_MASK = 0x7FFF_FFFF
 
@@ -96,7 +99,9 @@ class NakServer:
         self.store = store
         self.dp = dp
         self.index = NakIndex(list(store.logs))
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter(dict.fromkeys(COUNTERS, 0))
+        """(Every key made here: the control thread adds to it while the cache's thread
+        reads it for the status.)"""
         self._queue: deque[tuple[dict, int]] = deque()
         self._tokens = float(CACHE_NAK_READ_BYTES_PER_S)
         self._tokens_ns = 0
@@ -117,7 +122,10 @@ class NakServer:
             return False
         if len(self._queue) >= CACHE_NAK_QUEUE:
             self.counters["nak_refused"] += len(seqs)
-            self.dp.command("cache_nak_answer", rid, [False] * len(seqs))
+            try:
+                self.dp.command("cache_nak_answer", rid, [False] * len(seqs))
+            except OSError:  # the data path is stopping
+                pass
             return False
         self._queue.append((doc, time.monotonic_ns()))
         return True

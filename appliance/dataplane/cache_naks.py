@@ -139,6 +139,10 @@ class CacheNaks:
         self._ids = 0
         self._tokens = float(CACHE_NAK_MESSAGES_PER_S)
         self._tokens_ns = 0
+        self._nak: tuple[int, int] = (0, -1)
+        self._nak_room = 0
+        """What the NAK being answered may still ask for: its ranges come one call each,
+        with the same sender and time (``request``)."""
 
     def use(self, identity: str) -> None:
         self.identity = identity
@@ -207,7 +211,10 @@ class CacheNaks:
         asked: list[tuple[int, int]] = []
         refused = 0
         pending = cmap.pending
-        room = CACHE_NAK_MESSAGES_PER_NAK
+        if self._nak != (id(cmap), now_ns):  # a new NAK (the ranges of one share its room)
+            self._nak = (id(cmap), now_ns)
+            self._nak_room = CACHE_NAK_MESSAGES_PER_NAK
+        room = self._nak_room
         for a, b, c0 in cmap.lookup(first, last):
             if c0 is None:
                 lost.append(SeqRange(a, b))
@@ -222,6 +229,7 @@ class CacheNaks:
                     break
                 asked.append((s, c0 + s - a))
                 room -= 1
+        self._nak_room = room
         if asked and (self.identity is None or len(self._requests) >= CACHE_NAK_REQUESTS):
             refused += len(asked)
             asked = []

@@ -11,8 +11,9 @@ from appliance.cache.agent import CacheAgent
 from appliance.cache.layout import decode
 from appliance.cache.settings import CACHE_NAK_QUEUE, CACHE_NAK_WAIT_NS
 from appliance.client.messages import Message
-from appliance.config import parse_config
-from appliance.dataplane.cache_naks import SenderCacheMap
+from appliance.config import CACHE_NAK_MESSAGES_PER_NAK, parse_config
+from appliance.dataplane.cache_naks import CacheNaks, SenderCacheMap
+from datapath.protocol.admin_layout import SeqRange
 from datapath.topics.registry import KeyRegistry
 
 ORIGIN, STREAM = 5, 6 | 0x8000_0000
@@ -108,3 +109,38 @@ def test_a_senders_map_finds_runs_and_names_what_it_does_not_hold():
     assert cmap.lookup(1, 10) == [(1, 3, 10), (4, 4, None), (5, 6, 13), (7, 8, None),
                                   (9, 9, 20), (10, 10, None)]
     assert cmap.lookup(2, 2) == [(2, 2, 11)]
+
+
+class _Plane:
+    """The guaranteed plane and data path as ``CacheNaks`` sees them."""
+
+    node_id = 1
+
+    def __init__(self) -> None:
+        self.dp = self
+        self.sessions: dict = {}
+        self.inbox: list[dict] = []
+
+    def to_inbox(self, channel: str, data: bytes) -> bool:
+        self.inbox.append(json.loads(data))
+        return True
+
+
+def test_what_one_nak_asks_of_the_cache_is_bounded_and_asked_once():
+    plane = _Plane()
+    service = CacheNaks(plane)
+    service.use("$cache")
+    cmap = SenderCacheMap(service, None, ORIGIN, STREAM)
+    for s in range(1, 3001):
+        cmap.add(s, s + 100)
+    # one NAK of three ranges (the sender calls once per range, at one time)
+    lost = [r for first, last in ((1, 1500), (1501, 3000), (3001, 3010))
+            for r in cmap.request(None, first, last, 5)]
+    assert lost == [SeqRange(3001, 3010)]  # not mapped: announced lost at once
+    asked = [c for doc in plane.inbox for c in doc["seqs"]]
+    assert asked == list(range(101, 101 + CACHE_NAK_MESSAGES_PER_NAK))
+    assert service.counters["nak_cache_refused"] == 3000 - CACHE_NAK_MESSAGES_PER_NAK
+    assert service.counters["nak_cache_misses"] == 10
+    # the receiver's next NAK: what is asked already is not asked again, the rest is
+    assert cmap.request(None, 1, 1100, 6) == []
+    assert plane.inbox[-1]["seqs"] == list(range(101 + 1024, 101 + 1100))
