@@ -144,3 +144,35 @@ def test_what_one_nak_asks_of_the_cache_is_bounded_and_asked_once():
     # the receiver's next NAK: what is asked already is not asked again, the rest is
     assert cmap.request(None, 1, 1100, 6) == []
     assert plane.inbox[-1]["seqs"] == list(range(101 + 1024, 101 + 1100))
+
+
+def test_asks_beyond_the_rate_and_reads_beyond_the_bytes_are_refused(tmp_path, monkeypatch):
+    plane = _Plane()
+    service = CacheNaks(plane)
+    service.use("$cache")
+    cmap = SenderCacheMap(service, None, ORIGIN, STREAM)
+    for s in range(1, 501):
+        cmap.add(s, s)
+    service._tokens, service._tokens_ns = 100.0, 5  # what is left of this second
+    assert cmap.request(None, 1, 500, 5) == []
+    assert len(plane.inbox[-1]["seqs"]) == 100
+    assert service.counters["nak_cache_refused"] == 400
+    # the cache reads at most CACHE_NAK_READ_BYTES per request: the rest is refused (False)
+    import appliance.cache.naks as naks
+
+    agent, dp = _agent(tmp_path)
+    try:
+        for seq in range(1, 11):
+            agent._on_guaranteed(_guaranteed(seq))
+        agent.do_work(0)
+        one = agent.naks.index.find(ORIGIN, STREAM, 1)
+        assert one is not None and one is not False
+        monkeypatch.setattr(naks, "CACHE_NAK_READ_BYTES", 3 * 60)  # about three records
+        _ask(agent, 9, list(range(1, 11)))
+        agent.do_work(1)
+        records = dp.commands[-1][2]
+        read = [r for r in records if r]
+        assert 0 < len(read) < 10 and records[len(read):] == [False] * (10 - len(read))
+        assert agent.naks.counters["nak_refused"] == 10 - len(read)
+    finally:
+        agent.close()
