@@ -245,7 +245,6 @@ def test_a_nak_past_the_senders_buffer_is_served_from_the_cache(tmp_path, cached
         relay.close()
         app.stop()
     assert got == sorted(got) and len(set(got)) == len(got)  # in order, once
-    assert relay.plan.dropped_up > 0  # NAKs were lost while the buffer moved on
     if cached:
         assert got == list(range(total)) and lost_count == 0 and not losses, [
             (x.reason, x.first_seq, x.last_seq) for x in losses]
@@ -341,7 +340,6 @@ def test_a_nak_from_a_neighbour_past_the_senders_buffer_is_served_from_the_cache
             if app is not None:
                 app.stop()
     assert got == sorted(got) and len(set(got)) == len(got)  # in order, once
-    assert relay.plan.dropped_up > 0
     if cached:
         assert got == list(range(total)) and lost_count == 0 and not losses, [
             (x.reason, x.first_seq, x.last_seq) for x in losses]
