@@ -103,17 +103,27 @@ class LossPlan:
         return True
 
 
+def _udp(host: str) -> socket.socket:
+    """A UDP socket on ``host`` with a large receive buffer: the relay itself must not lose
+    what it is not told to (a burst of retransmissions while the machine is busy)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 8 << 20)
+    except OSError:  # not privileged: as large as the system allows
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    sock.bind((host, 0))
+    return sock
+
+
 class LossyRelay:
     """A UDP relay between one client and its appliance, losing what its ``plan`` says."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.plan = LossPlan()
-        self.down = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.down.bind(("127.0.0.1", 0))
+        self.down = _udp("127.0.0.1")
         self.address = self.down.getsockname()
-        self.up = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.up.bind(("127.0.0.1", 0))
+        self.up = _udp("127.0.0.1")
         self.client: tuple[str, int] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="lossy-relay")
@@ -147,10 +157,8 @@ class FabricRelay:
     def __init__(self, a: tuple[str, int], b: tuple[str, int]) -> None:
         self.a, self.b = a, b
         self.plan = LossPlan()
-        self.as_b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.as_b.bind(("127.0.0.2", 0))
-        self.as_a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.as_a.bind(("127.0.0.3", 0))
+        self.as_b = _udp("127.0.0.2")
+        self.as_a = _udp("127.0.0.3")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="fabric-relay")
         self._thread.start()
