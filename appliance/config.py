@@ -203,6 +203,9 @@ CACHE_NAK_REQUESTS = 64
 CACHE_NAK_ANSWER_NS = 1_000_000_000
 """A request the cache has not answered within this is forgotten (its messages can be asked
 for again); half the receivers' recovery bound."""
+CACHE_NAK_LINGER_NS = 100_000_000
+"""A message resent from the cache is not asked of it again for this long: the receiver's
+NAK retries (every 20 .. 200 ms) sent before the retransmission reached it."""
 CACHE_NAK_MAP_RUNS = 4_096
 """Per guaranteed sender: runs of its sequences mapped to the cache's (a run is a stretch of
 consecutive messages both took); the oldest go first."""

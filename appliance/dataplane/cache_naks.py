@@ -22,7 +22,9 @@ answers that it does not keep it. Bounds: ``CACHE_NAK_MESSAGES_PER_NAK`` per NAK
 requests waiting for the cache; what they refuse is neither resent nor announced lost
 (counted ``nak_cache_refused``): the receiver's next NAK asks again, and its recovery bound
 (2 s) ends the wait with a loss event of its own. A request the cache does not answer within
-``CACHE_NAK_ANSWER_NS`` is forgotten (its sequences may be asked for again).
+``CACHE_NAK_ANSWER_NS`` is forgotten (its sequences may be asked for again); sequences
+resent from the cache are not asked for again within ``CACHE_NAK_LINGER_NS`` (the
+receiver's retries sent before the retransmissions reached it).
 
 Only messages with no flag but HEADERS are mapped (the cache keeps a large message whole,
 not its segments, and does not keep the PARTIAL flag): the others are answered with LOSS as
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.config import (
     CACHE_NAK_ANSWER_NS,
+    CACHE_NAK_LINGER_NS,
     CACHE_NAK_MAP_RUNS,
     CACHE_NAK_MESSAGES_PER_NAK,
     CACHE_NAK_MESSAGES_PER_S,
@@ -281,6 +284,7 @@ class CacheNaks:
         if sender.evicted_source is not cmap:  # the sender was dropped meanwhile
             return
         out: list[bytes] = []
+        served: list[int] = []
         lost: list[SeqRange] = []
         c = self.counters
         for (s, _), rec in zip(asked, records, strict=False):
@@ -296,15 +300,26 @@ class CacheNaks:
                     lost.append(SeqRange(s, s))
                 continue
             out.append(message)
+            served.append(s)
         if out:
-            c["nak_served_from_cache"] += sender.retransmit_stored(out, now_ns)
+            sent = sender.retransmit_stored(out, now_ns)
+            c["nak_served_from_cache"] += sent
+            # the receiver's retries sent before these arrive do not ask the cache again
+            linger = now_ns + CACHE_NAK_LINGER_NS
+            for s in served[:sent]:
+                cmap.pending[s] = linger
         sender.declare_lost(lost)
 
     def expire(self, now_ns: int) -> None:
-        """Forget the requests the cache did not answer in time."""
+        """Forget the requests the cache did not answer in time, and the sequences served
+        whose linger is over."""
         for rid in [r for r, (_, _, until) in self._requests.items() if until <= now_ns]:
             self._forget(rid)
             self.counters["nak_cache_unanswered"] += 1
+        for held in self.plane.senders.values():
+            cmap = held.cache_map
+            if cmap is not None and cmap.pending:
+                cmap.pending = {s: t for s, t in cmap.pending.items() if t > now_ns}
 
 
 def _message(seq: int, rec: Any, envelope: Any, envelope_bytes: int) -> bytes | None:
