@@ -122,8 +122,6 @@ class DataPlaneAgent(Delivery, Output):
                  parked_ttl_ns: int = PARKED_MESSAGE_TTL_NS,
                  retransmit_buffer_messages: int = GUARANTEED_RETRANSMIT_BUFFER_MESSAGES) -> None:
         self.node_id = node_id
-        self.retransmit_buffer_messages = retransmit_buffer_messages
-        """Messages each guaranteed sender keeps (``appliance.retransmit_buffer_messages``)."""
         self.parked_ttl_ns = parked_ttl_ns
         """How long a message whose key the tables do not know yet waits (parked)."""
         self.nic = nic
@@ -208,7 +206,8 @@ class DataPlaneAgent(Delivery, Output):
         """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
         """The topic keys of the latest UNKNOWN_KEY digests (status: offload.last_unknown_keys)."""
-        self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
+        self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes,
+                                          retransmit_buffer_messages)
         self.cycle_ns = time.monotonic_ns()
         """When the current (or last) duty cycle started (the control agent's stall check)."""
         self.data_cycle = False

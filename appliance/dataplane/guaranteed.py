@@ -69,6 +69,7 @@ from appliance.config import (
     GUARANTEED_NAK_ANSWER_BURST_BYTES,
     GUARANTEED_NAK_ANSWER_BYTES_PER_S,
     GUARANTEED_RETRANSMIT_BUFFER_BYTES,
+    GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
     GUARANTEED_SENDER_LINGER_NS,
     GUARANTEED_SWEEP_INTERVAL_NS,
     GUARANTEED_TIMER_INTERVAL_NS,
@@ -185,8 +186,12 @@ class _Sender:
 class GuaranteedPlane:
     """The data path's reliable senders and receivers (module docstring)."""
 
-    def __init__(self, dp: DataPlaneAgent, fabric_max_frame_bytes: int) -> None:
+    def __init__(self, dp: DataPlaneAgent, fabric_max_frame_bytes: int,
+                 retransmit_buffer_messages: int = GUARANTEED_RETRANSMIT_BUFFER_MESSAGES
+                 ) -> None:
         self.dp = dp
+        self.retransmit_buffer_messages = retransmit_buffer_messages
+        """Messages each sender keeps (``appliance.retransmit_buffer_messages``)."""
         self.node_id = dp.node_id
         self.fabric_frame_bytes = fabric_max_frame_bytes
         self.delivered: list[tuple[str, StreamKey, bytes]] = []
@@ -447,7 +452,7 @@ class GuaranteedPlane:
             config = SenderConfig(dest_session=node,
                                   max_frame_bytes=self.fabric_frame_bytes - fl.AUTH_TRAILER_BYTES,
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
-                                  retransmit_buffer_messages=self.dp.retransmit_buffer_messages)
+                                  retransmit_buffer_messages=self.retransmit_buffer_messages)
             def to_node(frame: memoryview, dest: Any, bind: int = epoch) -> None:
                 self._to_node(frame, dest, bind)  # bound to the destination's epoch
 
@@ -478,7 +483,7 @@ class GuaranteedPlane:
                 size -= fl.AUTH_TRAILER_BYTES
             config = SenderConfig(dest_session=session_id, max_frame_bytes=size,
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
-                                  retransmit_buffer_messages=self.dp.retransmit_buffer_messages)
+                                  retransmit_buffer_messages=self.retransmit_buffer_messages)
             sender = ReliableSender(_Sink(self._to_session), session_id=origin, stream_id=stream,
                                     dest=session_id, config=config,
                                     answer_budget=self._budget(("c", session_id)))
