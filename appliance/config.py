@@ -189,7 +189,26 @@ GUARANTEED_RETRANSMIT_BUFFER_BYTES = 4 * 1024 * 1024
 """Message bytes each guaranteed stream's sender keeps for retransmission (one sender per
 destination appliance or client and publishing session); older ranges are answered with LOSS."""
 GUARANTEED_RETRANSMIT_BUFFER_MESSAGES = 1 << 16
-"""Messages each guaranteed stream's sender keeps for retransmission (a power of two)."""
+"""Messages each guaranteed stream's sender keeps for retransmission (a power of two); the
+default of ``appliance.retransmit_buffer_messages``."""
+CACHE_NAK_MESSAGES_PER_NAK = 1_024
+"""NAKed messages a guaranteed sender asks its appliance's cache for per NAK (those its
+retransmission buffer no longer holds); the rest wait for the receiver's next NAK
+(docs/reliability.md, "NAKs served from the cache")."""
+CACHE_NAK_MESSAGES_PER_S = 65_536
+"""NAKed messages the data path asks the cache for per second, all senders together (a token
+bucket of one second's worth); what is over it is counted ``nak_cache_refused``."""
+CACHE_NAK_REQUESTS = 64
+"""Requests to the cache waiting for its answer at most; one more is refused."""
+CACHE_NAK_ANSWER_NS = 1_000_000_000
+"""A request the cache has not answered within this is forgotten (its messages can be asked
+for again); half the receivers' recovery bound."""
+CACHE_NAK_LINGER_NS = 100_000_000
+"""A message resent from the cache is not asked of it again for this long: the receiver's
+NAK retries (every 20 .. 200 ms) sent before the retransmission reached it."""
+CACHE_NAK_MAP_RUNS = 4_096
+"""Per guaranteed sender: runs of its sequences mapped to the cache's (a run is a stretch of
+consecutive messages both took); the oldest go first."""
 GUARANTEED_UDP_FRAME_BYTES = 1_472
 """Frames of guaranteed streams towards UDP clients: one datagram on an Ethernet MTU, so a
 lost packet costs one small frame (shared-memory clients get CLIENT_MAX_FRAME_BYTES)."""
@@ -432,6 +451,7 @@ class ApplianceConfig:
     switch_interval_us: int = SWITCH_INTERVAL_US
     drain_timeout_ms: int = DRAIN_TIMEOUT_MS
     parked_ttl_ms: int = PARKED_MESSAGE_TTL_NS // 1_000_000
+    retransmit_buffer_messages: int = GUARANTEED_RETRANSMIT_BUFFER_MESSAGES
     heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS
     neighbour_dead_ms: int = HEARTBEAT_INTERVAL_MS * NEIGHBOUR_DEAD_INTERVALS
     lsa_refresh_ms: int = LSA_REFRESH_MS
@@ -1171,7 +1191,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                                     "idle_spin_us",
                                     "priority", "dataplane_cpus", "switch_interval_us",
                                     "drain_timeout_ms",
-                                    "parked_ttl_ms", "heartbeat_interval_ms",
+                                    "parked_ttl_ms", "retransmit_buffer_messages",
+                                    "heartbeat_interval_ms",
                                     "neighbour_dead_ms", "lsa_refresh_ms"}, "")
     p = "appliance."
     name = app.get("name")
@@ -1197,6 +1218,11 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     lsa = _int(app, "lsa_refresh_ms", p, LSA_REFRESH_MS, 10, 600_000)
     drain = _int(app, "drain_timeout_ms", p, DRAIN_TIMEOUT_MS, 0, 60_000)
     parked_ttl = _int(app, "parked_ttl_ms", p, PARKED_MESSAGE_TTL_NS // 1_000_000, 1, 600_000)
+    retransmit_messages = _int(app, "retransmit_buffer_messages", p,
+                               GUARANTEED_RETRANSMIT_BUFFER_MESSAGES, 16, 1 << 20)
+    if retransmit_messages & (retransmit_messages - 1):
+        raise _fail(p + "retransmit_buffer_messages", "must be a power of two (16 .. 1048576), "
+                    f"not {retransmit_messages}")
 
     fab = _table(doc, "fabric", {"listen", "key", "key_file", "key_id", "max_frame_bytes",
                                  "groups"}, "")
@@ -1356,7 +1382,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         dataplane=dataplane, idle_spin_us=idle_spin_us, priority=priority,
         dataplane_cpus=tuple(cpus),
         switch_interval_us=switch_us,
-        drain_timeout_ms=drain, parked_ttl_ms=parked_ttl, heartbeat_interval_ms=heartbeat,
+        drain_timeout_ms=drain, parked_ttl_ms=parked_ttl,
+        retransmit_buffer_messages=retransmit_messages, heartbeat_interval_ms=heartbeat,
         neighbour_dead_ms=dead,
         lsa_refresh_ms=lsa, fabric_listen=listen, fabric_key=key, fabric_key_id=key_id,
         fabric_max_frame_bytes=max_frame, neighbours=tuple(neighbours), groups=groups,

@@ -46,6 +46,7 @@ RESTART = {
     "priority": "appliance.priority", "switch_interval_us": "appliance.switch_interval_us",
     "drain_timeout_ms": "appliance.drain_timeout_ms",
     "parked_ttl_ms": "appliance.parked_ttl_ms",
+    "retransmit_buffer_messages": "appliance.retransmit_buffer_messages",
     "heartbeat_interval_ms": "appliance.heartbeat_interval_ms",
     "neighbour_dead_ms": "appliance.neighbour_dead_ms",
     "lsa_refresh_ms": "appliance.lsa_refresh_ms",

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from appliance.cache.durables import DurableBook, DurableError
+from appliance.cache.naks import NakServer
 from appliance.cache.settings import (
     CACHE_APPEND_BATCH_MESSAGES,
     CACHE_IDENTITY,
@@ -306,6 +307,8 @@ class CacheAgent:
         self._page_buf = ReplayPage(CLIENT_MAX_FRAME_BYTES - AUTH_TRAILER_BYTES)
         """The page being answered (one at a time, on the agent's thread)."""
         self._page_ids = 0
+        self.naks = NakServer(self.store, dp)
+        """Reads back what the data path's senders no longer hold (appliance/cache/naks.py)."""
 
     # --- lifecycle ----------------------------------------------------------------------------
     def _mark_unclean_stop(self) -> None:
@@ -486,6 +489,12 @@ class CacheAgent:
                                  msg.sequence, why))
             self.wakeup.set()
 
+    def on_nak_request(self, data: bytes) -> None:
+        """The data path asks for guaranteed messages its senders no longer hold (the
+        control thread hands it over; appliance/cache/naks.py)."""
+        if self.naks.on_request(data):
+            self.wakeup.set()
+
     # --- in: replay requests (the control thread) ---------------------------------------------
     def submit(self, session_id: int, channel: str, dest: int, doc: dict, identity: str = ""
                ) -> tuple[str, str] | None:
@@ -518,12 +527,17 @@ class CacheAgent:
                    for _, deadline in parked.values())
         if self.failing is not None:
             due.append(self._retry_at)
+        nak_due = self.naks.wake_at_ns()
+        if nak_due is not None:
+            due.append(nak_due)
         return min(self._retention_at, self._status_at, *due)
 
     def do_work(self, now_ns: int) -> int:
         work = self._append(now_ns) if self._inbox or self.failing is not None else 0
         if self._unkept:
             work += self._report_unkept()
+        if self.naks.waiting:  # after the appends: what was just kept is found
+            work += self.naks.do_work(now_ns)
         if self.failing is None:
             try:
                 synced = self.store.do_work(now_ns)
@@ -633,6 +647,9 @@ class CacheAgent:
                                   msg.publish_ts_ns, region, flags)
         if taken:
             counters["kept"] += 1
+            if msg.qos == QOS_GUARANTEED:  # its sequence on the stream to this session
+                pattern, cache_seq = taken[0]
+                self.naks.index.add(msg.origin, msg.stream, msg.sequence, pattern, cache_seq)
             if (self.persisted_acks and msg.qos == QOS_GUARANTEED
                     and msg.origin == self.config.node_id):
                 # (publisher, its sequence on the data path's stream to this session)
@@ -898,6 +915,7 @@ class CacheAgent:
     def _status(self) -> dict[str, Any]:
         counters = {f"cache_{k}": int(v) for k, v in self.counters.items()}
         counters["cache_dropped_queue_full"] = self.dropped_queue_full
+        counters.update({f"cache_{k}": int(v) for k, v in self.naks.counters.items()})
         counters["cache_lost"] = self.lost_guaranteed
         counters["cache_store_failing"] = int(self.failing is not None)
         counters["cache_awaiting_persist"] = len(self._unpersisted)

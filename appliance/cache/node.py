@@ -45,6 +45,8 @@ class CachingAppliance(Appliance):
 
             self.dataplane.command("persist_acks", CACHE_IDENTITY, CACHE_MAX_PAYLOAD_BYTES)
         self.cache = CacheAgent(cfg, cfg.cache, self.dataplane, registry)
+        # NAKs the data path's senders can no longer answer are asked of the cache
+        self.dataplane.command("cache_naks", CACHE_IDENTITY)
         self.control.internal_logins[CACHE_IDENTITY] = (self.cache.verifier,
                                                         self.cache.entitlements)
         self.control.cache = self.cache

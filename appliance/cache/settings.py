@@ -72,6 +72,24 @@ ACKNOWLEDGE_POLICIES = ("received", "persisted")
 acknowledged (docs/fault-tolerance.md, "Acknowledged once persisted")."""
 STORE_RETRY_INTERVAL_NS = 1_000_000_000
 """A failed write or sync of the logs is tried again this often (with what it held)."""
+CACHE_NAK_INDEX_MESSAGES = 1 << 17
+"""Per (origin, publishing session): the last guaranteed messages kept whose place in the
+logs NAKs served from the cache can find (appliance/cache/naks.py; a power of two, 2 MiB of
+index per stream)."""
+CACHE_NAK_INDEX_STREAMS = 64
+"""Streams indexed at most (the oldest made goes first)."""
+CACHE_NAK_QUEUE = 64
+"""Requests of the data path waiting for the cache's thread; one more is refused."""
+CACHE_NAK_SEQS_PER_REQUEST = 4_096
+"""Messages one request may ask for (the data path asks for at most
+``CACHE_NAK_MESSAGES_PER_NAK``)."""
+CACHE_NAK_READ_BYTES = 1 << 20
+"""Record bytes one request reads at most; the rest is refused (asked again)."""
+CACHE_NAK_READ_BYTES_PER_S = 32 << 20
+"""Record bytes all requests read per second at most (a token bucket of one second's worth)."""
+CACHE_NAK_WAIT_NS = 200_000_000
+"""A message asked for that the cache has not kept yet (above the highest of its stream) is
+waited for this long (it may still be on its way), then answered as not kept."""
 
 
 @dataclass(frozen=True)

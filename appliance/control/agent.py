@@ -51,7 +51,7 @@ from appliance.dataplane.agent import (
     DataPlaneAgent,
 )
 from appliance.dataplane.frame_auth import DataAuth
-from appliance.dataplane.names import GROUP_TX
+from appliance.dataplane.names import CACHE_NAK_CHANNEL, GROUP_TX
 from channels.udp import peer_id_of
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
@@ -213,6 +213,10 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         while inbox and work < INBOX_PER_CYCLE:
             channel, peer, data = inbox.popleft()
             work += 1
+            if channel == CACHE_NAK_CHANNEL:  # the data path's request (not a frame)
+                if self.cache is not None:
+                    self.cache.on_nak_request(data)
+                continue
             if len(data) <= fl.TYPE_OFFSET or data[fl.TYPE_OFFSET] not in _HEARTBEAT_TYPES:
                 self._status_news(now_ns)
             try:

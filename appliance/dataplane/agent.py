@@ -60,6 +60,7 @@ from appliance.config import (
     CLIENT_MAX_FRAME_BYTES,
     DATAPATH_RECEIVE_FRAMES,
     GUARANTEED_HELD_RETRY_NS,
+    GUARANTEED_RETRANSMIT_BUFFER_MESSAGES,
     INBOX_FRAMES,
     OUTBOX_FRAMES,
     PARKED_MESSAGE_TTL_NS,
@@ -121,7 +122,8 @@ class DataPlaneAgent(Delivery, Output):
 
     def __init__(self, node_id: int, nic: SoftNic, channels: dict[str, Any], *,
                  fabric_max_frame_bytes: int,
-                 parked_ttl_ns: int = PARKED_MESSAGE_TTL_NS) -> None:
+                 parked_ttl_ns: int = PARKED_MESSAGE_TTL_NS,
+                 retransmit_buffer_messages: int = GUARANTEED_RETRANSMIT_BUFFER_MESSAGES) -> None:
         self.node_id = node_id
         self.parked_ttl_ns = parked_ttl_ns
         """How long a message whose key the tables do not know yet waits (parked)."""
@@ -209,7 +211,8 @@ class DataPlaneAgent(Delivery, Output):
         """The software NIC's digests taken off its queue, by reason (``_drain_digests``)."""
         self.unknown_keys: deque[int] = deque(maxlen=UNKNOWN_KEYS_KEPT)
         """The topic keys of the latest UNKNOWN_KEY digests (status: offload.last_unknown_keys)."""
-        self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes)
+        self.guaranteed = GuaranteedPlane(self, fabric_max_frame_bytes,
+                                          retransmit_buffer_messages)
         self.cycle_ns = time.monotonic_ns()
         """When the current (or last) duty cycle started (the control agent's stall check)."""
         self.data_cycle = False
@@ -267,6 +270,25 @@ class DataPlaneAgent(Delivery, Output):
         """The cache will never have these local guaranteed messages on disk (dropped or
         lost before it): their publishers' sessions end (``GuaranteedPlane``)."""
         self.guaranteed.take_unpersisted(ranges)
+
+    # --- NAKs served from the cache (appliance/dataplane/cache_naks.py) ------------------------
+    def cache_naks(self, identity: str) -> None:
+        """Ask the cache whose session logs in as ``identity`` for what senders' buffers no
+        longer hold."""
+        self.guaranteed.cache_naks.use(identity)
+
+    def cache_nak_answer(self, request_id: int, records: list) -> None:
+        """The cache's answer to a request of ``cache_naks``."""
+        self.guaranteed.cache_naks.answer(request_id, records, time.monotonic_ns())
+
+    def to_inbox(self, channel: str, data: bytes) -> bool:
+        """Hand ``data`` to the control agent as from ``channel`` (False: the inbox is full)."""
+        if len(self.inbox) >= INBOX_FRAMES:
+            self.counters["inbox_full"] += 1
+            return False
+        self.inbox.append((channel, 0, data))
+        self.control_wakeup.set()
+        return True
 
     def publish_soon(self) -> None:
         """Publish the counters and state at the next cycle, not at the refresh interval."""

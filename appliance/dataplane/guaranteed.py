@@ -75,6 +75,7 @@ from appliance.config import (
     GUARANTEED_TIMER_INTERVAL_NS,
     GUARANTEED_UDP_FRAME_BYTES,
 )
+from appliance.dataplane.cache_naks import CacheNaks
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
 from appliance.dataplane.state import log
 from datapath.protocol import extension_layout as xl
@@ -178,13 +179,19 @@ class _Sender:
     epoch: int = 0
     """For a sender towards an appliance: that appliance's epoch when it was made."""
     last_offer_ns: int = 0
+    cache_map: Any = None
+    """Its sequences -> the cache's (``SenderCacheMap``), once a message both took."""
 
 
 class GuaranteedPlane:
     """The data path's reliable senders and receivers (module docstring)."""
 
-    def __init__(self, dp: DataPlaneAgent, fabric_max_frame_bytes: int) -> None:
+    def __init__(self, dp: DataPlaneAgent, fabric_max_frame_bytes: int,
+                 retransmit_buffer_messages: int = GUARANTEED_RETRANSMIT_BUFFER_MESSAGES
+                 ) -> None:
         self.dp = dp
+        self.retransmit_buffer_messages = retransmit_buffer_messages
+        """Messages each sender keeps (``appliance.retransmit_buffer_messages``)."""
         self.node_id = dp.node_id
         self.fabric_frame_bytes = fabric_max_frame_bytes
         self.delivered: list[tuple[str, StreamKey, bytes]] = []
@@ -222,6 +229,9 @@ class GuaranteedPlane:
         """(session, topic key, per-topic sequence) -> stream sequence, during one
         ``_run_guaranteed`` (the messages being routed)."""
         self._cache_session: int | None = None
+        self.cache_naks = CacheNaks(self)
+        """NAKs the senders' buffers no longer answer, served from the cache
+        (appliance/dataplane/cache_naks.py)."""
 
     def persist_acks(self, identity: str, max_payload_bytes: int) -> None:
         """Acknowledge a local publisher's guaranteed messages that reach the session of
@@ -442,7 +452,7 @@ class GuaranteedPlane:
             config = SenderConfig(dest_session=node,
                                   max_frame_bytes=self.fabric_frame_bytes - fl.AUTH_TRAILER_BYTES,
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
-                                  retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
+                                  retransmit_buffer_messages=self.retransmit_buffer_messages)
             def to_node(frame: memoryview, dest: Any, bind: int = epoch) -> None:
                 self._to_node(frame, dest, bind)  # bound to the destination's epoch
 
@@ -473,7 +483,7 @@ class GuaranteedPlane:
                 size -= fl.AUTH_TRAILER_BYTES
             config = SenderConfig(dest_session=session_id, max_frame_bytes=size,
                                   retransmit_buffer_bytes=GUARANTEED_RETRANSMIT_BUFFER_BYTES,
-                                  retransmit_buffer_messages=GUARANTEED_RETRANSMIT_BUFFER_MESSAGES)
+                                  retransmit_buffer_messages=self.retransmit_buffer_messages)
             sender = ReliableSender(_Sink(self._to_session), session_id=origin, stream_id=stream,
                                     dest=session_id, config=config,
                                     answer_budget=self._budget(("c", session_id)))
@@ -487,6 +497,8 @@ class GuaranteedPlane:
         topic_key, _, ts, ns, schema, qos, flags, plen, _, _ = _MSG.unpack_from(message, off)
         start = off + ml.MESSAGE_HEADER_BYTES
         payload = memoryview(message[start : start + plen])
+        seq = 0 if held.sender.pending else held.sender.next_seq  # what it takes (else: not
+        # known yet, and not mapped to the cache's sequence)
         try:
             accepted = held.sender.offer(topic_key, payload, now_ns, publish_ts_ns=ts,
                                          namespace_id=ns, schema_id=schema, qos=qos,
@@ -504,6 +516,8 @@ class GuaranteedPlane:
             return
         self.active[key] = held.sender
         self.counters["guaranteed_offered"] += 1
+        if seq and self.cache_naks.identity is not None:
+            self.cache_naks.offered(key, held, message, off, seq)
 
     def to_node(self, node: int, stream: int, message: Any, off: int, now_ns: int) -> None:
         """A message for destination appliance ``node`` from publishing session ``stream``."""
@@ -590,6 +604,7 @@ class GuaranteedPlane:
             if now_ns >= self._sweep_at:
                 self._sweep_at = now_ns + GUARANTEED_SWEEP_INTERVAL_NS
                 self._sweep(now_ns)
+                self.cache_naks.expire(now_ns)
         elif self._busy:
             for where in self._busy:
                 work += self.receivers[where].do_work(now_ns)
@@ -601,6 +616,7 @@ class GuaranteedPlane:
         for sender in self.active.values():
             sender.flush(now_ns)
         self.active.clear()
+        self.cache_naks.end_cycle()
 
     # --- lifetimes ----------------------------------------------------------------------------
     def on_tables(self, tables: Any) -> None:
@@ -630,6 +646,7 @@ class GuaranteedPlane:
             del self.topic_seq[key]
         self.gates.pop(session_id, None)
         self.persist_failed.pop(session_id, None)
+        self.cache_naks.session_removed(session_id)
         if self._cache_session == session_id:
             self._cache_session = None
             for session, gate in self.gates.items():  # what it was handed is gone with it
@@ -666,6 +683,7 @@ class GuaranteedPlane:
     def snapshot(self) -> dict[str, int]:
         """Counters for the status snapshot (``guaranteed_*``)."""
         out = {k: int(v) for k, v in self.counters.items()}
+        out.update({k: int(v) for k, v in self.cache_naks.counters.items()})
         rx = Counter()
         for r in self.receivers.values():
             c = r.counters

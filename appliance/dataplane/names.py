@@ -11,3 +11,7 @@ GROUP_RX = "group:"
 """Prefix of a fabric group's receiving channel (``group:NAME``)."""
 GROUP_TX = "group-tx:"
 """Prefix of a fabric group's send-only channel (``group-tx:NAME``)."""
+CACHE_NAK_CHANNEL = "cache-nak"
+"""Not a channel: the name under which the data path puts its requests to the cache (NAKs
+its senders' buffers no longer answer) in the inbox; the control agent hands them to the
+cache (appliance/dataplane/cache_naks.py)."""

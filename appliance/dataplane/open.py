@@ -135,7 +135,8 @@ def build_dataplane(cfg: ApplianceConfig, channels: dict[str, Any], switch: Any
 
     dp = DataPlaneAgent(cfg.node_id, SoftNic(switch), channels,
                         fabric_max_frame_bytes=cfg.fabric_max_frame_bytes,
-                        parked_ttl_ns=cfg.parked_ttl_ms * 1_000_000)
+                        parked_ttl_ns=cfg.parked_ttl_ms * 1_000_000,
+                        retransmit_buffer_messages=cfg.retransmit_buffer_messages)
     if getattr(cfg, "telemetry", None) is None:  # pyarrow (the store) is imported only then
         return dp
     from appliance.ops.telemetry.probe import attach  # [telemetry]: docs/routing.md

@@ -9,6 +9,12 @@ the sender resends its last message as a tail-loss probe, backing off to a maxim
 FLOW_CONTROL "on" from any receiver pauses new data: offers then wait in a pending queue under
 the receivers' policy (seed 002). Time is always passed in (``now_ns``).
 
+A sender may have an ``evicted_source`` (``EvictedSource``): something else that may still
+hold what its buffer no longer does (an appliance's cache). A NAK for such sequences is
+then handed to it instead of being answered with LOSS at once; it answers later through
+``retransmit_stored`` (RETRANSMISSION frames, as for the buffer's messages) and
+``declare_lost`` (LOSS for what neither holds), or not at all (the receiver asks again).
+
 A message the stream should carry but cannot take (``offer`` refused it: the pending queue is
 full under THROTTLE) is not lost silently when the caller ``skip``s it: it gets a sequence
 number in its place, is never sent, and is announced as lost (a LOSS frame at once, the tail
@@ -19,6 +25,7 @@ probe while it ends the stream, LOSS in answer to any NAK), so every receiver re
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from datapath.batching import LATENCY_BUDGET_NS, AdaptiveBatcher
 from datapath.flow_control import PolicyQueue, SenderFlowControl
@@ -38,6 +45,17 @@ _ADMIN_FOR_SENDER = frozenset({FrameType.NAK, FrameType.ACK, FrameType.FLOW_CONT
 _APP_FLAGS = ml.APP_MESSAGE_FLAGS
 MAX_ACKING_RECEIVERS = 1_024
 """Receivers whose ACK position a sender remembers."""
+
+
+class EvictedSource(Protocol):
+    """Where a sender looks for NAKed messages its retransmission buffer no longer holds."""
+
+    def request(self, sender: ReliableSender, first: int, last: int,
+                now_ns: int) -> list[SeqRange]:
+        """Sequences ``first``..``last`` were NAKed and are gone from ``sender``'s buffer:
+        returns the parts to announce lost now; the rest it answers later (or refuses, and
+        the receiver asks again)."""
+        ...
 
 
 class _Skipped:
@@ -72,6 +90,8 @@ class ReliableSender:
         """Bounds what NAKs make this sender resend (shared by the streams to one requester);
         None: only the per-NAK cap bounds it."""
         self.pending = PolicyQueue(config.pending_messages, FlowPolicy.THROTTLE)
+        self.evicted_source: EvictedSource | None = None
+        """Asked for NAKed sequences the buffer no longer holds (None: LOSS at once)."""
         self.acks: dict[int, int] = {}
         """Receiver session -> highest cumulative ACK seen from it."""
         self._acked_ns: dict[int, int] = {}
@@ -392,9 +412,14 @@ class ReliableSender:
                 last = highest
             if first < low:
                 gone = min(last, low - 1)
-                lost.append(SeqRange(first, gone))
-                c.loss_messages += gone - first + 1
+                source = self.evicted_source
+                for r2 in ([SeqRange(first, gone)] if source is None
+                           else source.request(self, first, gone, now_ns)):
+                    lost.append(r2)
+                    c.loss_messages += r2.last_seq - r2.first_seq + 1
                 first = gone + 1
+                if first > last:
+                    continue
             for a, b in buffer.skipped_in(first, last, budget):
                 lost.append(SeqRange(a, b))  # skipped: never sent, answered like evicted ones
                 c.loss_messages += b - a + 1
@@ -419,6 +444,34 @@ class ReliableSender:
         if limited:
             c.nak_answers_limited += 1
         if lost:
+            self._announce_loss(lost)
+
+    def retransmit_stored(self, messages: list[memoryview | bytes], now_ns: int) -> int:
+        """Resend messages the buffer no longer held, read back by the ``evicted_source``
+        (wire bytes, each with its sequence on this stream): RETRANSMISSION frames as for
+        any NAK answer, drawn from the same ``answer_budget``. Returns how many were sent;
+        the others wait for the receiver's next NAK (counted ``retransmits_limited``)."""
+        c = self.counters
+        budget = self.answer_budget
+        builder = self._builder(FrameType.RETRANSMISSION)
+        sent = 0
+        for message in messages:
+            if budget is not None and not budget.take(len(message), now_ns):
+                c.retransmits_limited += len(messages) - sent
+                c.nak_answers_limited += 1
+                break
+            builder.add(memoryview(message))
+            sent += 1
+            c.retransmitted += 1
+            c.retransmitted_bytes += len(message)
+        builder.flush()
+        c.retransmit_frames += builder.frames
+        return sent
+
+    def declare_lost(self, lost: list[SeqRange]) -> None:
+        """LOSS for NAKed sequences neither the buffer nor the ``evicted_source`` holds."""
+        if lost:
+            self.counters.loss_messages += sum(r.last_seq - r.first_seq + 1 for r in lost)
             self._announce_loss(lost)
 
     def on_close(self) -> None:

@@ -3,7 +3,7 @@ what left it), ignores what it never sent, probes an idle tail and obeys flow co
 
 import pytest
 
-from datapath.protocol.admin_layout import Ack, FlowControl, FlowPolicy, FlowState
+from datapath.protocol.admin_layout import Ack, FlowControl, FlowPolicy, FlowState, SeqRange
 from datapath.protocol.codec import decode_frame, encode_admin
 from datapath.protocol.frame_layout import FrameType
 from datapath.reliability import ReliabilityError, ReliableSender, SenderConfig
@@ -78,6 +78,44 @@ def test_a_nak_for_messages_that_left_the_buffer_is_answered_with_loss():
     assert [s for f, _ in out if f[3] == FrameType.RETRANSMISSION
             for s in message_seqs(f)] == [7, 8]
     assert tx.counters.loss_messages == 5
+
+
+class _Source:
+    """An evicted_source that keeps every other sequence (even ones) and answers later."""
+
+    def __init__(self):
+        self.asked = []
+
+    def request(self, sender, first, last, now_ns):
+        self.asked.append((first, last))
+        return [SeqRange(s, s) for s in range(first, last + 1) if s % 2]
+
+
+def test_a_nak_past_the_buffer_goes_to_the_evicted_source_which_answers_later():
+    tx, sink = make_sender(retransmit_buffer_messages=4)
+    tx.evicted_source = source = _Source()
+    publish(tx, 10)  # 1..6 evicted, 7..10 held
+    old = {}
+    for f, _ in sink.take():
+        for s in message_seqs(f):
+            old[s] = bytes(f[32:])  # one message per frame: its wire bytes
+    tx.on_frame(nak([(2, 8)], from_session=RECEIVER), MS)
+    out = sink.take()
+    assert source.asked == [(2, 6)]
+    losses = [admin(f)[1] for f, _ in out if f[3] == FrameType.LOSS]
+    assert [[(e.first_seq, e.last_seq) for e in entries] for entries in losses] == [
+        [(3, 3), (5, 5)]]  # what the source does not hold, at once
+    assert [s for f, _ in out if f[3] == FrameType.RETRANSMISSION
+            for s in message_seqs(f)] == [7, 8]
+    # later: the source's answer goes out on the same retransmission path, and LOSS for a miss
+    assert tx.retransmit_stored([old[2], old[4]], 2 * MS) == 2
+    tx.declare_lost([SeqRange(6, 6)])
+    out = sink.take()
+    assert [s for f, _ in out if f[3] == FrameType.RETRANSMISSION
+            for s in message_seqs(f)] == [2, 4]
+    assert [[(e.first_seq, e.last_seq) for e in admin(f)[1]] for f, _ in out
+            if f[3] == FrameType.LOSS] == [[(6, 6)]]
+    assert tx.counters.retransmitted == 4 and tx.counters.loss_messages == 3
 
 
 def test_naks_for_ranges_never_sent_or_impossible_are_counted_and_ignored():
