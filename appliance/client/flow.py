@@ -11,13 +11,7 @@ Above ``CLIENT_FLOW_HIGH_MESSAGES`` it sends its appliance FLOW_CONTROL "on" (st
 lasts; below ``CLIENT_FLOW_LOW_MESSAGES`` "off", with its depth: the appliance sends at most
 ``high - depth`` queued messages per signal (its credit), so the client refreshes "off"
 while frames come and for ``CLIENT_FLOW_LINGER_NS`` after its last "on", at most every
-``FLOW_CONTROL_REFRESH_INTERVAL_NS``. Over UDP the credit is also at most half the room left
-in the client's socket (its receive memory, ``SO_RCVBUF``, less what waits in it, as
-messages of ``SOCKET_BYTES_PER_MESSAGE``): a credit the socket cannot hold would be lost in
-the kernel, under no policy. Such a credit is small where the kernel caps the socket
-(Linux's default ``net.core.rmem_max``), so the client then gives the next one as soon as
-its socket has drained below a quarter of that memory (at most every
-``CLIENT_FLOW_DRAINED_INTERVAL_NS``) instead of waiting out the refresh interval. Between the
+``FLOW_CONTROL_REFRESH_INTERVAL_NS``. Between the
 two watermarks nothing changes (hysteresis). What the appliance then does with the session's
 messages is its policy (throttle, drop-oldest, conflate).
 
@@ -52,8 +46,6 @@ CLIENT_FLOW_LOW_MESSAGES = 2_048
 """... below which it lets them come again (off)."""
 CLIENT_FLOW_LINGER_NS = 5_000_000_000
 """After its last "on", the client repeats "off" (with its depth) this long."""
-CLIENT_FLOW_DRAINED_INTERVAL_NS = 1_000_000
-"""The shortest time between two "off" signals given because the socket drained."""
 SOCKET_BYTES_PER_MESSAGE = 128
 """Kernel receive memory counted as one message (a 64-byte message takes ~100 bytes in a
 frame, plus the socket buffer's overhead)."""
@@ -63,17 +55,6 @@ FLOW_WAIT_S = 10.0
 _SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)
 """Linux's ``getsockopt(SOL_SOCKET, SO_MEMINFO)``: the socket's memory, receive first."""
 _MEMINFO = struct.Struct("=I")
-
-
-def socket_receive_bytes(sock: socket.socket | None) -> int:
-    """``sock``'s receive memory (``SO_RCVBUF``, in the kernel's accounting; 0 where not
-    known)."""
-    if sock is None:
-        return 0
-    try:
-        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-    except OSError:
-        return 0
 
 
 def socket_backlog_bytes(sock: socket.socket | None) -> int:
@@ -96,21 +77,6 @@ class ReceiveFlow:
         self._last_on_ns = -CLIENT_FLOW_LINGER_NS
         self.signals_sent = 0
         self.max_depth = 0
-        self._rcvbuf: tuple[Any, int] = (None, 0)
-        """(the socket, its receive memory): read once per channel."""
-        self._received_ns = -FLOW_CONTROL_REFRESH_INTERVAL_NS
-        self._signal_ns = -CLIENT_FLOW_DRAINED_INTERVAL_NS
-        self._limited = False
-        """The last signal's credit was cut to the socket's room."""
-
-    def _socket(self) -> tuple[Any, int, int]:
-        """(the channel's UDP socket or None, its receive memory, bytes waiting in it)."""
-        sock = getattr(self.client.channel, "_sock", None)
-        if sock is None:
-            return None, 0, 0
-        if self._rcvbuf[0] is not sock:
-            self._rcvbuf = (sock, socket_receive_bytes(sock))
-        return sock, self._rcvbuf[1], socket_backlog_bytes(sock)
 
     def depth(self) -> int:
         client = self.client
@@ -121,18 +87,15 @@ class ReceiveFlow:
         pending = client._pending  # messages whose topic the client is resolving
         if pending:
             queued += sum(len(msgs) for msgs in list(pending.values()))
-        return queued + self._socket()[2] // SOCKET_BYTES_PER_MESSAGE
+        sock = getattr(client.channel, "_sock", None)
+        return queued + socket_backlog_bytes(sock) // SOCKET_BYTES_PER_MESSAGE
 
     def do_work(self, now_ns: int, received: int, arriving: int = 0) -> int:
         """After a receive of ``received`` frames: signal a change, or refresh.
         ``arriving``: messages received and not yet queued (counted in the depth)."""
         client = self.client
         gate = self.gate
-        if received:
-            self._received_ns = now_ns
-        # a small credit was given lately and frames came since: look whether it is used up
-        owed = self._limited and now_ns - self._received_ns < FLOW_CONTROL_REFRESH_INTERVAL_NS
-        if not received and not gate.on and now_ns < self._next_ns and not owed:
+        if not received and not gate.on and now_ns < self._next_ns:
             return 0
         if not client._subs or not client.session:
             return 0
@@ -144,27 +107,12 @@ class ReceiveFlow:
             self._last_on_ns = now_ns  # held off lately, and what was held still comes
         due = now_ns >= self._next_ns and (
             gate.on or received or now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS)
-        advertised = depth
-        limited = False
-        sock, rcvbuf, backlog = self._socket()
-        if sock is not None and rcvbuf:
-            room = max(rcvbuf - backlog, 0) // SOCKET_BYTES_PER_MESSAGE // 2
-            if gate.high - depth > room:  # the credit is what the socket can still hold
-                advertised = gate.high - room
-                limited = True
-            if ((limited or self._limited) and not due and not gate.on
-                    and backlog < rcvbuf // 4
-                    and now_ns - self._signal_ns >= CLIENT_FLOW_DRAINED_INTERVAL_NS):
-                due = True  # drained: the next credit now, not at the refresh
         if changed is None and not due:
             return 0
         self._next_ns = now_ns + FLOW_CONTROL_REFRESH_INTERVAL_NS
-        self._signal_ns = now_ns
-        self._limited = limited
         try:
             client._send(_encode(client.session, FlowControl(
-                gate.state, FlowPolicy.THROTTLE, min(advertised, 2**32 - 1), gate.high,
-                gate.low)))
+                gate.state, FlowPolicy.THROTTLE, min(depth, 2**32 - 1), gate.high, gate.low)))
         except Exception:  # the connection is gone: the client's liveness says so
             return 0
         self.signals_sent += 1

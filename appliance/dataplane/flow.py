@@ -62,12 +62,9 @@ FLOW_THROTTLE_HIGH_MESSAGES = 16_384
 """A throttle queue deeper than this holds its local publishers off."""
 FLOW_THROTTLE_LOW_MESSAGES = 4_096
 """... until it is shallower than this."""
-FLOW_DEFAULT_CREDIT_MESSAGES = 1_024
-"""Messages sent from a queue before the client's first word, when its "on" expired, or when
-it has said nothing for ``FLOW_QUIET_NS`` while messages wait (then again each such period):
-what a client's UDP socket holds with Linux's default receive memory (``net.core.rmem_max``
-212,992 bytes: ~1,600 small messages), so a client that is not reading yet loses none of
-them in its kernel; its own "off" signals then give the credit its socket has room for."""
+FLOW_DEFAULT_CREDIT_MESSAGES = 8_192
+"""Messages sent from a queue when the client's "on" expired, or when it has said nothing
+for ``FLOW_QUIET_NS`` while messages wait (then again each such period)."""
 FLOW_IDLE_NS = 2_000_000_000
 """A session whose client sent no flow signal for this long, with nothing queued, goes back
 to the forwarding pipeline."""
