@@ -103,21 +103,21 @@ class ControlKind(IntEnum):
     """A client asks for one page of the messages its appliance's cache keeps (a pattern,
     from a cache sequence or a publish time)."""
     REPLAY_RESULT = 11
-    """The answer to REPLAY: one bounded page of stored messages and where the next begins,
-    or the refusal."""
     INTEREST_SELECTORS = 12
     """The selectors behind an origin's interest (of the INTEREST of the same epoch and
     seq): patterns every subscription of which holds a selector, with those selectors. Sent
     in a frame of its own (an older appliance drops the unknown kind, not the INTEREST)."""
-    POLICY_DROPS = 13
-    """An appliance tells a client session how many messages of which topic keys its
-    flow-control policy dropped or conflated since the last report (docs/flow-control.md)."""
     RENDEZVOUS_COUNTS = 14
     """Rendezvous content routing: an origin's attribute counts of the events published at
     it, and its routes (the patterns and routing keys it holds registrations under)."""
     RENDEZVOUS_REGISTER = 15
     """Rendezvous content routing: the selector rules an origin registers at one target
     core (flooded; only the target keeps them; an empty list withdraws)."""
+    """The answer to REPLAY: one bounded page of stored messages and where the next begins,
+    or the refusal."""
+    POLICY_DROPS = 13
+    """An appliance tells a client session how many messages of which topic keys its
+    flow-control policy dropped or conflated since the last report (docs/flow-control.md)."""
 
 
 MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES
