@@ -49,7 +49,6 @@ from appliance.client.api import (
 )
 from appliance.client.connection import STATES, StateChange
 from appliance.client.errors import (
-    BackPressureError,
     ConnectionLostError,
     NoAnswerError,
     PublishFailedError,
@@ -62,7 +61,6 @@ from datapath.errors import TopicwireError
 
 __all__ = [
     "QOS",
-    "BackPressureError",
     "TopicwireError",
     "Client",
     "ClientError",

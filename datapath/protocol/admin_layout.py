@@ -115,24 +115,12 @@ class ControlKind(IntEnum):
     core (flooded; only the target keeps them; an empty list withdraws)."""
     """The answer to REPLAY: one bounded page of stored messages and where the next begins,
     or the refusal."""
-    POLICY_DROPS = 13
-    """An appliance tells a client session how many messages of which topic keys its
-    flow-control policy dropped or conflated since the last report (docs/flow-control.md)."""
 
 
 MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES
 """Largest CONTROL document: one entry filling an authenticated frame."""
 
 SUBSCRIPTION_FLAG_NONE = 0
-SUBSCRIPTION_FLAG_POLICY_MASK = 0x03
-"""The low two bits of a SUBSCRIBE entry's ``flags``: the flow-control policy the subscriber
-asked for, as ``FlowPolicy + 1`` (0: none asked; P&M's identity or global policy applies, then
-the QoS's default: docs/flow-control.md)."""
-
-SESSION_FLOW_STREAM = 0
-"""The ``stream_id`` of a FLOW_CONTROL frame between a client and its appliance about the
-session's plain (best-effort, last-value) delivery, not a reliable stream: from a subscriber
-its receive queue's state, from the appliance "hold your publishes" (throttle)."""
 
 MAX_SELECTOR_BYTES = MAX_TOPIC_BYTES
 """Longest selector text in a SUBSCRIBE entry (UTF-8 bytes; the entry's text limit)."""
