@@ -385,6 +385,9 @@ class IdentityConfig:
     pass; None: none."""
     namespaces: tuple[int, ...] = (0,)
     """The namespaces it may use (each one P&M's ``appliance.namespaces`` declares)."""
+    flow_policy: str | None = None
+    """The flow-control policy of its subscriptions that do not ask for one
+    (docs/flow-control.md); None: P&M's ``pm.flow_policy``, then the QoS's default."""
 
 
 @dataclass(frozen=True)
@@ -471,6 +474,9 @@ class ApplianceConfig:
     pm_mode: str = "embedded"
     pm_registry: Path | None = None
     pm_anonymous: bool = False
+    pm_flow_policy: str | None = None
+    """``pm.flow_policy``: the flow-control policy of subscriptions that neither ask for one
+    nor belong to an identity with one (docs/flow-control.md); None: the QoS's default."""
     pm_require_passwords: bool = True
     """Native logins of identities without a password are refused (the default); false is
     the anonymous mode for demos and tests: such identities log in without proof."""
@@ -663,8 +669,8 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         where = f"{key}.{identity}"
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
-        _known(spec, {"publish", "subscribe", "password", "acl_class", "namespaces"},
-               where + ".")
+        _known(spec, {"publish", "subscribe", "password", "acl_class", "namespaces",
+                      "flow_policy"}, where + ".")
         acl_class = spec.get("acl_class")
         if acl_class is not None and not isinstance(acl_class, str):
             raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
@@ -681,8 +687,22 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"),
                                        password, acl_class,
                                        _namespaces(spec.get("namespaces", [0]),
-                                                   where + ".namespaces"))
+                                                   where + ".namespaces"),
+                                       _flow_policy(spec, where + ".flow_policy"))
     return out
+
+
+def _flow_policy(table: dict, key: str) -> str | None:
+    """A ``flow_policy`` key: one of the policies' names, or absent (None)."""
+    from datapath.flow_control import POLICY_NAMES
+
+    name = table.get("flow_policy")
+    if name is None:
+        return None
+    if not isinstance(name, str) or name not in POLICY_NAMES:
+        raise _fail(key, f"{show(name)} is not a flow-control policy; use one of "
+                    f"{', '.join(POLICY_NAMES)}")
+    return name
 
 
 def _namespaces(value: object, key: str) -> tuple[int, ...]:
@@ -1301,7 +1321,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     max_pending = _int(cl, "max_pending_requests", p, CLIENT_MAX_PENDING_REQUESTS, 1, 65_536)
 
     pm = _table(doc, "pm", {"mode", "entitlements", "registry", "anonymous", "identities",
-                            "schemas", "require_passwords", "acl_classes"}, "")
+                            "schemas", "require_passwords", "acl_classes", "flow_policy"}, "")
     p = "pm."
     mode = _str(pm, "mode", p, "embedded", ("embedded", "remote"))
     identities: dict[str, IdentityConfig] = {}
@@ -1316,10 +1336,11 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         raise _fail(p + "anonymous", "logs in identities P&M does not list, which have no "
                     "password: set pm.require_passwords = false with it (demos)")
     schemas = _schemas(pm.get("schemas", {}), p + "schemas")
+    pm_flow_policy = _flow_policy(pm, p + "flow_policy")
     acl_classes: tuple[dict[str, Any], ...] = ()
     if mode == "remote":
         for k in ("entitlements", "registry", "identities", "anonymous", "schemas",
-                  "require_passwords", "acl_classes"):
+                  "require_passwords", "acl_classes", "flow_policy"):
             if k in pm:
                 raise _fail(p + k, "only for pm.mode = \"embedded\" (the P&M appliance)")
     else:
@@ -1372,6 +1393,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         max_pending_requests=max_pending, session_dead_ms=session_dead, pm_mode=mode,
         pm_registry=registry,
         pm_anonymous=anonymous, pm_require_passwords=require_passwords, identities=identities,
+        pm_flow_policy=pm_flow_policy,
         schemas=schemas, acl_classes=acl_classes, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,

@@ -27,6 +27,7 @@ RUN_TIME = {
     "pm_require_passwords": "pm.require_passwords",
     "schemas": "pm.schemas",
     "acl_classes": "pm.acl_classes",
+    "pm_flow_policy": "pm.flow_policy",
     "log": "log",
     "routes": "routes",
 }
@@ -34,7 +35,7 @@ RUN_TIME = {
 are reported per key)."""
 
 CONTROL_FIELDS = ("namespaces", "identities", "pm_anonymous", "pm_require_passwords", "schemas",
-                  "acl_classes", "routes")
+                  "acl_classes", "pm_flow_policy", "routes")
 """Run-time fields the control agent applies (its ``reload`` command); ``log`` is the
 process's (``topicwire run``)."""
 
@@ -75,7 +76,7 @@ ROUTE_KEYS = {"switch_grace_ns": "routes.switch_grace_ms",
 """``RouteSettings`` fields -> their config key."""
 
 PM_FIELDS = ("namespaces", "identities", "pm_anonymous", "pm_require_passwords", "schemas",
-             "acl_classes")
+             "acl_classes", "pm_flow_policy")
 """The P&M document's inputs: when ``pm.mode`` changed they need the restart too."""
 
 LOG_DEFAULTS = {"format": "text", "level": "info"}

@@ -53,6 +53,28 @@ class FlowControlError(UserError):
     component = "flow-control"
 
 
+POLICY_NAMES: dict[str, FlowPolicy] = {"throttle": FlowPolicy.THROTTLE,
+                                       "drop-oldest": FlowPolicy.DROP_OLDEST,
+                                       "conflate": FlowPolicy.CONFLATE}
+"""The policies by the name configs, P&M, the client API and the CLI give them."""
+NAME_OF_POLICY = {policy: name for name, policy in POLICY_NAMES.items()}
+
+
+def policy_from_name(name: object, where: str = "flow_policy") -> FlowPolicy:
+    """The policy named ``name``; FlowControlError naming ``where`` and the choices if none."""
+    policy = POLICY_NAMES.get(name) if isinstance(name, str) else None
+    if policy is None:
+        raise FlowControlError(f"{where} {name!r} is not a flow-control policy; use one of "
+                               f"{', '.join(POLICY_NAMES)}")
+    return policy
+
+
+def strictest(policies: object) -> FlowPolicy | None:
+    """The strictest of ``policies`` (throttle, then conflate, then drop-oldest); None when
+    there are none."""
+    return max(policies, key=_STRICTNESS.__getitem__, default=None)  # type: ignore[arg-type]
+
+
 _STRICTNESS = {FlowPolicy.THROTTLE: 2, FlowPolicy.CONFLATE: 1, FlowPolicy.DROP_OLDEST: 0}
 
 
@@ -117,8 +139,8 @@ class PolicyQueue:
     full until it is drained. Single-threaded: use it from one agent.
     """
 
-    __slots__ = ("_by_key", "_queue", "capacity", "conflated", "dropped", "max_depth", "policy",
-                 "refused")
+    __slots__ = ("_by_key", "_queue", "capacity", "conflated", "dropped", "last_evicted",
+                 "max_depth", "policy", "refused")
 
     def __init__(self, capacity: int, policy: FlowPolicy = FlowPolicy.THROTTLE) -> None:
         if capacity < 1:
@@ -131,6 +153,8 @@ class PolicyQueue:
         self.dropped = 0
         self.refused = 0
         self.max_depth = 0
+        self.last_evicted: int | None = None
+        """The key of the item the latest eviction dropped (set by each eviction)."""
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -183,6 +207,7 @@ class PolicyQueue:
         if self._by_key.get(old[0]) is old:
             del self._by_key[old[0]]
         self.dropped += 1
+        self.last_evicted = old[0]
 
     def push_marker(self, item: object) -> None:
         """Append ``item`` as a marker: past capacity if full, never conflated, never evicted."""

@@ -49,6 +49,7 @@ from appliance.client.api import (
 )
 from appliance.client.connection import STATES, StateChange
 from appliance.client.errors import (
+    BackPressureError,
     ConnectionLostError,
     NoAnswerError,
     PublishFailedError,
@@ -61,6 +62,7 @@ from datapath.errors import TopicwireError
 
 __all__ = [
     "QOS",
+    "BackPressureError",
     "TopicwireError",
     "Client",
     "ClientError",

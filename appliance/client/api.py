@@ -42,7 +42,7 @@ import struct
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -67,6 +67,7 @@ from appliance.client.connection import (
     unacknowledged_text,
 )
 from appliance.client.errors import (
+    BackPressureError,
     ClientError,
     EntitlementError,
     LoginError,
@@ -74,6 +75,7 @@ from appliance.client.errors import (
     SelectorRefusedError,
     UnacknowledgedError,
 )
+from appliance.client.flow import FLOW_WAIT_S, PublishHold, ReceiveFlow
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
 from appliance.client.messages import (
     GUARANTEED_QUEUE_MESSAGES,
@@ -122,6 +124,7 @@ from datapath.agent import (
 )
 from datapath.config import MAX_FRAME_BYTES
 from datapath.errors import TopicwireError
+from datapath.flow_control import FlowControlError, policy_from_name
 from datapath.protocol import admin_layout as al
 from datapath.protocol import extension_layout as xl
 from datapath.protocol import frame_layout as fl
@@ -155,6 +158,9 @@ from datapath.topics.sublist import SubscriptionList
 SUBSCRIPTION_QUEUE_MESSAGES = 1_000_000
 """Messages a subscription queue holds before the oldest are dropped (best-effort) and
 counted; last-value subscriptions keep one per topic instead."""
+CLIENT_DISPATCH_FRAMES = 8
+"""Frames of a received burst decoded and handed over at a time; between two such steps
+the client tells its appliance its receive queue's state (flow control)."""
 CLIENT_DECODE_MESSAGES = 65_536
 """Messages one batch decode of received frames can hold."""
 _DATA_TYPE = int(fl.FrameType.DATA)
@@ -220,6 +226,14 @@ class Subscription:
         """Messages named by loss events so far."""
         self.dropped = 0
         self.delivered = 0
+        self.flow_flags = 0
+        """The policy this subscription asked for, as its SUBSCRIBE entry's flag bits."""
+        self.flow_policy: str | None = None
+        """Its flow-control policy when one was configured (asked for, or P&M's identity or
+        global policy: the appliance's answer says); None: the QoS's default."""
+        self.policy_drops: Counter[str] = Counter()
+        """Messages of its topics the appliance's flow-control policy dropped, by policy
+        (POLICY_DROPS reports; a message several subscriptions match counts in each)."""
         self._queue: deque[Message] = deque()
         self._latest: OrderedDict[int, Message] = OrderedDict()
         self._cond = threading.Condition()
@@ -553,6 +567,17 @@ class Client(GuaranteedSide, ConnectionSide):
         """Times a publish frame waited for the channel to take it (backpressure)."""
         self.send_wait_s = SEND_WAIT_S
         """How long a publish frame waits for a channel that pushes back (settable)."""
+        self.flow_wait_s = FLOW_WAIT_S
+        """How long a publish waits while the appliance holds this publisher off (a
+        throttling subscriber is full: docs/flow-control.md) before ``BackPressureError``."""
+        self._rflow = ReceiveFlow(self)
+        self._hold = PublishHold()
+        self._unnamed_drops: dict[int, Counter[str]] = {}
+        """Policy drops of keys whose topic the client is still asking for."""
+        self.policy_drops: Counter[str] = Counter()
+        """Messages the appliance's flow-control policy dropped instead of delivering to
+        this client, by policy (``drop-oldest``, ``conflate``, ``throttle``: the latter
+        only when a throttle queue overflowed), as its POLICY_DROPS reports said."""
         self.received = 0
         self.malformed_extensions = 0
         """Messages dropped: their header block or segment descriptor did not parse."""
@@ -878,6 +903,8 @@ class Client(GuaranteedSide, ConnectionSide):
                                             flush, on_outcome, flags=flags)
         if block:
             payload = b"".join((payload, block))
+        if self._hold.held:
+            self._wait_for_release()
         if len(payload) > self._writer_room:
             return self._publish_segments_best_effort(key, payload, block, now, QOS[qos],
                                                       namespace, schema_id, flush)
@@ -909,6 +936,18 @@ class Client(GuaranteedSide, ConnectionSide):
                 self._wakeup.signal()
         return seq
 
+    def _wait_for_release(self) -> None:
+        """The appliance holds this publisher off (throttle): send what is open, then wait
+        up to ``flow_wait_s`` for the release; ``BackPressureError`` if it does not come."""
+        with self._pub_lock:
+            if self._open_since_ns > 0:
+                self._flush_locked()
+        if not self._hold.wait(self.flow_wait_s):
+            raise BackPressureError(
+                f"the appliance held this publisher off for {self.flow_wait_s:g} s (a "
+                "subscriber with the throttle flow-control policy is not keeping up); "
+                "nothing was sent: publish again later")
+
     def publish_batch(self, topic: str, payloads: Any, *, qos: str = "best-effort",
                       namespace: int = 0, schema_id: int = 0) -> int:
         """Publish many messages to one topic in one call: ``payloads`` is a sequence of
@@ -921,6 +960,8 @@ class Client(GuaranteedSide, ConnectionSide):
         appliance/client/batching.py."""
         from appliance.client.batching import publish_batch
 
+        if self._hold.held:
+            self._wait_for_release()
         return publish_batch(self, topic, payloads, qos=qos, namespace=namespace,
                              schema_id=schema_id)
 
@@ -1036,7 +1077,8 @@ class Client(GuaranteedSide, ConnectionSide):
     def subscribe(self, pattern: str, selector: str | None = None, *, qos: str = "best-effort",
                   namespace: int = 0, callback: Callable[[Message], None] | None = None,
                   on_loss: Callable[[Loss], None] | None = None,
-                  durable: str | None = None, poll: bool = False) -> Subscription:
+                  durable: str | None = None, poll: bool = False,
+                  flow_policy: str | None = None) -> Subscription:
         """Subscribe to ``pattern``; EntitlementError when P&M refuses it. ``on_loss`` is
         called with each ``Loss`` event of a guaranteed subscription (also kept in
         ``Subscription.losses``). ``durable``: a name under which the appliance keeps this
@@ -1046,7 +1088,10 @@ class Client(GuaranteedSide, ConnectionSide):
         ``cache.patterns``; no selector, QoS or other namespace than the kept one).
         ``poll``: a poll subscription: its messages are handed over by ``poll(handler,
         limit)`` as a flyweight, with no object per message (best-effort, no selector,
-        callback nor durable name; appliance/client/polling.py)."""
+        callback nor durable name; appliance/client/polling.py). ``flow_policy``: what the
+        appliance does with this subscription's messages while this client holds them off
+        (``"throttle"``, ``"drop-oldest"``, ``"conflate"``; default: the identity's or
+        P&M's policy, else the QoS's: docs/flow-control.md)."""
         if qos not in QOS:
             raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
         if not isinstance(poll, bool):
@@ -1057,6 +1102,12 @@ class Client(GuaranteedSide, ConnectionSide):
                               "messages client.poll(handler) hands over: it takes no qos other "
                               "than best-effort, no selector, callback, on_loss nor durable "
                               "name (subscribe without poll=True for those)")
+        flow_flags = 0
+        if flow_policy is not None:
+            try:
+                flow_flags = int(policy_from_name(flow_policy, "flow_policy")) + 1
+            except FlowControlError as exc:
+                raise ClientError(str(exc)) from None
         self._check_usable()
         check_pattern(pattern)
         check_int("namespace", namespace, MAX_NAMESPACE)
@@ -1081,8 +1132,8 @@ class Client(GuaranteedSide, ConnectionSide):
             compiled = compile_selector(selector)
         sub_id = next(self._sub_ids)
         result = self._request(("subscribe", sub_id), lambda: self._admin(
-            fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], 0, pattern,
-                                                     selector or "")]))
+            fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], flow_flags,
+                                                     pattern, selector or "")]))
         if not result.get("accepted"):
             reason = str(result.get("reason"))
             error = SelectorRefusedError if selector and reason.startswith("selectors:") \
@@ -1091,6 +1142,8 @@ class Client(GuaranteedSide, ConnectionSide):
         sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback, on_loss,
                            poll=poll)
         sub.selector_filtered = bool(result.get("selector_filtered"))
+        sub.flow_flags = flow_flags
+        sub.flow_policy = result.get("flow_policy")
         with self._lock:
             if poll and self._pollq is None:
                 self._pollq = PollQueue(self)
@@ -1270,9 +1323,14 @@ class Client(GuaranteedSide, ConnectionSide):
                     self._on_logout(str(doc.get("reason", "logged out")))
                 elif entry.kind is al.ControlKind.REPLAY_RESULT:
                     self._answer(("replay", doc["id"]), doc)
+                elif entry.kind is al.ControlKind.POLICY_DROPS:
+                    self._on_policy_drops(doc)
         elif h.frame_type is fl.FrameType.REGISTRY_UPDATE:
             for entry in entries:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
+                drops = self._unnamed_drops.pop(entry.topic_key, None)
+                if drops:
+                    self._count_drops((entry.namespace_id, entry.topic), drops)
                 self._poll_unknown.pop(entry.topic_key, None)
                 for msg in self._pending.pop(entry.topic_key, []):
                     self._dispatch(replace(msg, topic=entry.topic))
@@ -1330,6 +1388,25 @@ class Client(GuaranteedSide, ConnectionSide):
             self._route_cache[key] = subs
         return subs
 
+    def _on_policy_drops(self, doc: dict) -> None:
+        """The appliance's report of messages its flow-control policy dropped: counted per
+        policy, on the client and on each subscription matching the key's topic."""
+        for key, policy, count in doc["drops"]:
+            self.policy_drops[policy] += count
+            known = self._topics.get(key)
+            if known is None:  # counted on its subscriptions once its topic is known
+                if key in self._unnamed_drops or len(self._unnamed_drops) < ROUTE_CACHE_TOPICS:
+                    self._unnamed_drops.setdefault(key, Counter())[policy] += count
+                    self._pending.setdefault(key, [])
+                continue
+            self._count_drops(known, {policy: count})
+
+    def _count_drops(self, known: tuple[int, str], drops: Mapping[str, int]) -> None:
+        for sub in self._targets(known[0], known[1]):
+            with sub._cond:
+                sub.policy_drops.update(drops)
+                sub._cond.notify_all()
+
     def _dispatch(self, msg: Message) -> None:
         known = self._topics.get(msg.topic_key)
         if known is not None and known[0] != msg.namespace:  # the key names the namespace,
@@ -1364,7 +1441,8 @@ class Client(GuaranteedSide, ConnectionSide):
         if self._pending:
             keys = [k for k, msgs in list(self._pending.items())
                     if now_ns - self._asked.get(k, 0) > RESOLVE_RETRY_NS
-                    and (msgs or self._held or k in self._poll_unknown)]
+                    and (msgs or self._held or k in self._poll_unknown
+                         or k in self._unnamed_drops)]
             if keys:
                 for k in keys:
                     self._asked[k] = now_ns
@@ -1510,11 +1588,14 @@ class _ClientAgent:
             return 0
         if n:
             client._heard_ns = now_ns
+            if client._subs:  # before the burst is handed over (which may take long): the
+                # appliance hears "on" while what it sent still fits this client's socket
+                client._rflow.do_work(now_ns, n, self._burst_messages(n))
             self._on_batch(n, time.time_ns(), now_ns, unverified)
         if self._moved:
             self.batch.offsets[:] = self._slots
             self._moved = False
-        work = n + client._housekeeping(now_ns)
+        work = n + client._housekeeping(now_ns) + client._rflow.do_work(now_ns, n)
         if client._greceiver is not None or client._gsender is not None:
             work += client._guaranteed_timers(now_ns)
         work += client._liveness(now_ns)
@@ -1529,6 +1610,14 @@ class _ClientAgent:
             except ClientError:
                 pass
         return work
+
+    def _burst_messages(self, n: int, first: int = 0) -> int:
+        """Messages in frames ``first`` to ``n`` of the burst just received (their headers'
+        counts)."""
+        buf = self.batch.buf
+        at = fl.MSG_COUNT_OFFSET
+        return sum(int(buf[o + at]) << 8 | int(buf[o + at + 1])
+                   for o in self.batch.offsets[first:n].tolist())
 
     def _check(self, n: int) -> tuple[int, set[int]]:
         """Check the ``n`` frames received (``check_down_frames``, one call): the refused
@@ -1565,7 +1654,8 @@ class _ClientAgent:
         client = self.client
         done = 0
         while done < n:
-            result = decode_frames(batch.buf, batch.offsets[done:n], batch.lengths[done:n],
+            end = min(n, done + CLIENT_DISPATCH_FRAMES)
+            result = decode_frames(batch.buf, batch.offsets[done:end], batch.lengths[done:end],
                                    self.messages, self.status, self.types)
             frames = max(result.frames, 1)
             reliable: set[int] = set()
@@ -1599,6 +1689,8 @@ class _ClientAgent:
             if result.messages:
                 self._deliver(done, result.messages, wall, reliable)
             done += frames
+            if done < n and client._subs:  # a long burst: the appliance hears in between
+                client._rflow.do_work(time.monotonic_ns(), 1, self._burst_messages(n, done))
 
     def _deliver(self, first: int, count: int, wall: int, skip: set[int]) -> None:
         m = self.messages[:count]

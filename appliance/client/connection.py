@@ -456,11 +456,14 @@ class ConnectionSide:
         sub_id = next(self._sub_ids)
         ftype = fl.FrameType.SUBSCRIBE if subscribe else fl.FrameType.UNSUBSCRIBE
         request = "subscribe" if subscribe else "unsubscribe"
+        flags = max((s.flow_flags for s in same), default=0)  # (the policy asked for)
         result = self._request((request, sub_id), lambda: self._admin(
-            ftype, [al.Subscription(sub_id, ns, qos, 0, pattern, text)]),
+            ftype, [al.Subscription(sub_id, ns, qos, flags, pattern, text)]),
             timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
         mine = [s for s in same if s.selector is not None and s.selector.text == text]
         if result.get("accepted"):
+            for sub in same:
+                sub.flow_policy = result.get("flow_policy")
             for sub in mine:
                 sub.selector_filtered = bool(result.get("selector_filtered"))
             return

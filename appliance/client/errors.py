@@ -64,3 +64,9 @@ class PublishFailedError(ClientError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class BackPressureError(ClientError):
+    """A publish waited ``Client.flow_wait_s`` while the appliance held the publisher off
+    (a throttling subscriber's queue is full: docs/flow-control.md); nothing was sent.
+    Publish it again later."""

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from appliance.client.api import Client
 
 _MSG = ml.MESSAGE_HEADER_STRUCT
+_FLOW_TYPE = int(fl.FrameType.FLOW_CONTROL)
 
 
 class _GuaranteedHandler:
@@ -193,7 +194,10 @@ class GuaranteedSide:
 
     def _on_sender_frame(self, frame: memoryview, now_ns: int) -> None:
         """A NAK, ACK or FLOW_CONTROL frame for this client's sender (the client thread):
-        an ACK resolves the outcomes up to it."""
+        an ACK resolves the outcomes up to it. A FLOW_CONTROL frame of the session's own
+        stream holds or releases this client's publishes (appliance/client/flow.py)."""
+        if frame[fl.TYPE_OFFSET] == _FLOW_TYPE and self._hold.on_frame(frame):
+            return
         with self._lock:
             sender = self._gsender
             if sender is None:

@@ -18,7 +18,8 @@ class SubStats:
         self.received = 0
         self.duplicates = 0
         self.lost = 0
-        """Messages named by loss events (guaranteed subscriptions)."""
+        """Messages named by loss events (guaranteed subscriptions); ``summary`` adds the
+        gaps no flow-control report explains."""
         self._highest: dict[tuple[int, int, int], int] = {}
         self._missing: dict[tuple[int, int, int], set[int]] = {}
         self.latency = HdrHistogram(1, STATS_LATENCY_HIGHEST_NS, 3)
@@ -50,13 +51,22 @@ class SubStats:
     def gaps(self) -> int:
         return sum(len(m) for m in self._missing.values())
 
-    def summary(self) -> dict:
+    def summary(self, policy_drops: dict[str, int] | None = None) -> dict:
+        """The figures; ``policy_drops``: what the appliance's flow-control policy dropped
+        (``Subscription.policy_drops``): a gap those explain is not lost, one they do not
+        explain is (``lost`` never hides a gap)."""
         count = self.latency.get_total_count()
 
         def at(p: float) -> float:
             return round(self.latency.get_value_at_percentile(p) / 1e3, 3) if count else 0.0
-        return {"received": self.received, "gaps": self.gaps, "duplicates": self.duplicates,
-                "lost": self.lost,
+        drops = {k: v for k, v in sorted((policy_drops or {}).items()) if v}
+        dropped = sum(drops.values())
+        gaps = self.gaps
+        return {"received": self.received, "delivered": self.received, "gaps": gaps,
+                "duplicates": self.duplicates,
+                "dropped_by_policy": drops, "conflated": drops.get("conflate", 0),
+                "accounted": self.received + dropped,
+                "lost": self.lost + max(gaps - dropped, 0),
                 "streams": len(self._highest), "latency_p50_us": at(50),
                 "latency_p99_us": at(99), "latency_max_us": round(
                     self.latency.get_max_value() / 1e3, 3) if count else 0.0}

@@ -19,7 +19,7 @@ from appliance.config import (
     LOGIN_CHALLENGE_TTL_NS,
     LOGIN_CHALLENGES_KEPT,
 )
-from appliance.control import acl_apply, selector_apply
+from appliance.control import acl_apply, flow_apply, selector_apply
 from appliance.control import pm as pmod
 from appliance.control.credentials import (
     NONCE_BYTES,
@@ -419,6 +419,9 @@ class ClientSide:
         except (TopicError, OffloadError) as exc:
             result.update(accepted=False, reason=str(exc))
         if result["accepted"]:
+            configured = flow_apply.record(self, session, entry, add)
+            if configured is not None:  # (only then: an older client knows no such key)
+                result["flow_policy"] = configured
             filtered = selector_apply.record(self, session, entry, add)
             if add and entry.selector:  # (only then: an older client knows no such key)
                 result["selector_filtered"] = filtered

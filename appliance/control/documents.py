@@ -349,6 +349,9 @@ class Kind:
     max_bytes: int = MAX_CONTROL_DOCUMENT_BYTES
 
 
+FLOW_POLICY = Str(16, 1, frozenset({"throttle", "drop-oldest", "conflate"}))
+"""A flow-control policy's name (datapath/flow_control.py ``POLICY_NAMES``)."""
+
 KINDS: dict[ControlKind, Kind] = {
     ControlKind.LSA: Kind(Obj({"origin": NODE_ID, "name": NAME, "epoch": EPOCH, "seq": SEQ,
                                "links": List(Row((NODE_ID, COST)), MAX_LIST_ITEMS)})),
@@ -371,12 +374,16 @@ KINDS: dict[ControlKind, Kind] = {
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
                                           "subscribe": List(PATTERN, MAX_LIST_ITEMS)},
                                          {"verifier": VERIFIER, "acl_class": ACL_NAME,
-                                          "namespaces": List(NAMESPACE, 4_096)}),
+                                          "namespaces": List(NAMESPACE, 4_096),
+                                          "flow_policy": FLOW_POLICY}),
                            MAX_LIST_ITEMS),
          "anonymous": Bool(), "namespaces": List(NAMESPACE, 4_096),
          "schemas": List(SCHEMA, 1_024), "routes": ROUTES},
         {"backups": ROUTES, "duplicate": PATTERNS, "require_passwords": Bool(),
-         "acl_classes": List(ACL_CLASS, 256)})),
+         "acl_classes": List(ACL_CLASS, 256), "flow_policy": FLOW_POLICY})),
+    ControlKind.POLICY_DROPS: Kind(Obj(
+        {"drops": List(Row((Int(0, 2**64 - 1), FLOW_POLICY, Int(1, MAX_U63))),
+                       MAX_LIST_ITEMS)})),
     ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
@@ -393,7 +400,8 @@ KINDS: dict[ControlKind, Kind] = {
         {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
          "accepted": Bool()},
         {"sub_id": Int(0, MAX_U32), "pattern": TEXT, "topic": TEXT, "namespace": NAMESPACE,
-         "reason": REASON, "selector_filtered": Bool()}, _request_result_rule)),
+         "reason": REASON, "selector_filtered": Bool(), "flow_policy": FLOW_POLICY},
+        _request_result_rule)),
     ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
     ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON}), 16_384),
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
@@ -423,7 +431,8 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
                             ControlKind.RENDEZVOUS_COUNTS, ControlKind.RENDEZVOUS_REGISTER,
                             ControlKind.LOGOUT, ControlKind.ECHO}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
-                            ControlKind.LOGOUT, ControlKind.REPLAY_RESULT}),
+                            ControlKind.LOGOUT, ControlKind.REPLAY_RESULT,
+                            ControlKind.POLICY_DROPS}),
 }
 """The kinds each sender may send: a client to its appliance, a neighbour to an appliance
 (fabric groups carry no CONTROL frames), an appliance to its clients."""

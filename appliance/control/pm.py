@@ -32,6 +32,7 @@ def embedded_document(config: ApplianceConfig) -> dict[str, Any]:
         "schemas": list(config.schemas),
         "acl_classes": [dict(c) for c in config.acl_classes],
         "routes": [],
+        **({"flow_policy": config.pm_flow_policy} if config.pm_flow_policy else {}),
     }
 
 
@@ -42,6 +43,8 @@ def _identity(ident: Any) -> dict[str, Any]:
                            "namespaces": list(ident.namespaces)}
     if ident.acl_class is not None:
         out["acl_class"] = ident.acl_class
+    if ident.flow_policy is not None:
+        out["flow_policy"] = ident.flow_policy
     if ident.password is not None:
         from appliance.control.credentials import verifier_of
 
@@ -70,6 +73,10 @@ class Entitlements:
     namespaces: frozenset[int] | None = None
     """The namespaces it may register, publish, subscribe, replay and resolve in (its own
     ``namespaces`` that the document declares); None: any (the appliance's own sessions)."""
+    flow_policy: str | None = None
+    """The flow-control policy of its subscriptions that ask for none (its own
+    ``flow_policy`` in the document, else the document's ``flow_policy``); None: the QoS's
+    default (docs/flow-control.md)."""
 
     def may_use(self, namespace: int) -> bool:
         return self.namespaces is None or namespace in self.namespaces
@@ -91,12 +98,14 @@ def entitlements_of(document: dict[str, Any] | None, identity: str) -> Entitleme
         return None
     declared = frozenset(document.get("namespaces", (0,)))
     spec = document.get("identities", {}).get(identity)
+    flow = document.get("flow_policy")
     if spec is None:  # anonymous: every namespace P&M declares
-        return Entitlements(("#",), ("#",), namespaces=declared) \
+        return Entitlements(("#",), ("#",), namespaces=declared, flow_policy=flow) \
             if document.get("anonymous") else None
     return Entitlements(tuple(spec.get("publish", ())), tuple(spec.get("subscribe", ())),
                         spec.get("acl_class"),
-                        frozenset(spec.get("namespaces", (0,))) & declared)
+                        frozenset(spec.get("namespaces", (0,))) & declared,
+                        spec.get("flow_policy", flow))
 
 
 def namespace_refusal(ents: Entitlements, identity: str, namespace: int) -> str | None:

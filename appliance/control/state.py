@@ -76,6 +76,12 @@ class Session:
     (at most MAX_SELECTORS_PER_SESSION; control/selector_apply.py)."""
     plain: set = field(default_factory=set)
     """(namespace, pattern) of its best-effort subscriptions without selector."""
+    flow_policies: dict = field(default_factory=dict)
+    """(namespace, pattern) -> the flow-control policy of each of its best-effort and
+    last-value subscriptions (control/flow_apply.py)."""
+    flow_policy: int = -1
+    """The policy the data path applies to it (the strictest of ``flow_policies``; -1: not
+    told yet)."""
 
 
 def _minimal(patterns: Any) -> frozenset[tuple[int, str]]:

@@ -71,6 +71,7 @@ from appliance.control import route_apply
 from appliance.control.content_routing import AttributeCounts, MessageDedup
 from appliance.dataplane import express as _express
 from appliance.dataplane.delivery import Delivery
+from appliance.dataplane.flow import SessionFlows
 from appliance.dataplane.frame_auth import DataAuth, SessionAuth, warm_frame_auth
 from appliance.dataplane.guaranteed import (
     LOSS_NOTICE_KEY,
@@ -99,10 +100,12 @@ from channels.udp import DatagramChannel, peer_id_of
 from datapath.agent import POLL_MAX_PARK_NS, AgentWakeup, CommandQueue, WaitSet
 from datapath.protocol import frame_layout as fl
 from datapath.protocol import message_layout as ml
+from datapath.protocol.admin_layout import SESSION_FLOW_STREAM, FlowPolicy
 from nic_offload.model import MAX_EGRESS_PORT
 from nic_offload.softnic import SoftNic
 
 _MESSAGE_TYPES = (_DATA, _RETX)
+_FLOW = int(fl.FrameType.FLOW_CONTROL)
 
 __all__ = ["CLIENT_SHM", "CLIENT_UDP", "FABRIC", "GROUP_RX", "GROUP_TX", "DataPlaneAgent",
            "DpSession", "ForwardingTables"]
@@ -143,6 +146,8 @@ class DataPlaneAgent(Delivery, Output):
         """Changes whenever a session's publishable keys grow (the express path's session
         table follows it)."""
         self.counters: Counter[str] = Counter()
+        self.flows = SessionFlows(self)
+        """Client sessions under flow control (appliance/dataplane/flow.py)."""
         self._rx = {name: FrameBatch(DATAPATH_RECEIVE_FRAMES) for name in channels
                     if not name.startswith(GROUP_TX)}
         self.data_auth = DataAuth(None, 0, 0, node_id, 0)
@@ -334,7 +339,7 @@ class DataPlaneAgent(Delivery, Output):
         (guaranteed streams, parked messages, telemetry, digests, frames being filled), else
         at the next status publish (an idle data path costs next to nothing)."""
         gp = self.guaranteed
-        if (gp.receivers or gp.senders or gp.held or self._parked
+        if (gp.receivers or gp.senders or gp.held or self._parked or self.flows.flows
                 or self.telemetry is not None or self.nic.pending_digests()
                 or any(out.batch.count or out._open for out in self._out_list)):
             return now_ns + POLL_MAX_PARK_NS
@@ -370,6 +375,7 @@ class DataPlaneAgent(Delivery, Output):
         self.sessions_version += 1
 
     def remove_session(self, session_id: int) -> None:
+        self.flows.forget(session_id)
         session = self.sessions.pop(session_id, None)
         if session is None:
             return
@@ -480,6 +486,21 @@ class DataPlaneAgent(Delivery, Output):
                 continue
             self.selector_schemas[schema.schema_id] = schema
 
+    def set_flow_policy(self, session_id: int, policy: int, engage: bool = False) -> None:
+        """The session's flow-control policy from now on (``FlowPolicy``; the control agent
+        resolves it from the subscription, the identity and P&M: docs/flow-control.md);
+        ``engage``: it was configured, so the session is under flow control from now on."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return
+        if session.flow_policy != policy:
+            session.flow_policy = policy
+            if session.flow is not None:  # its queue applies the new policy from now on
+                session.flow.policy = FlowPolicy(policy)
+                session.flow.queue.set_policy(FlowPolicy(policy))
+        if engage:
+            self.flows.engage(session, self.cycle_ns)
+
     def set_acl_classes(self, classes: dict[int, tuple[str, Any]]) -> None:
         """The content ACL classes of P&M's document: id -> (name, ``AclClass``); the tables
         (the snapshot) hold their compiled form, these name them and their rules in the
@@ -546,6 +567,8 @@ class DataPlaneAgent(Delivery, Output):
                     telemetry.on_batch(name, batch)
         if telemetry is not None:
             work += telemetry.do_work(now_ns, self.queue_frame, self.tables.peer_node.__contains__)
+        if self.flows.flows:
+            work += self.flows.do_work(now_ns)
         gp = self.guaranteed
         if gp.receivers or gp.senders:
             work += gp.run_timers(now_ns)
@@ -706,6 +729,9 @@ class DataPlaneAgent(Delivery, Output):
                 session = self._by_peer.get((name, peer))
                 if session is None or src != session.session_id:
                     self.counters["unknown_client_frames"] += 1
+                    continue
+                if ftype == _FLOW and stream == SESSION_FLOW_STREAM:
+                    self.flows.on_frame(session, buf[off : off + length].tobytes(), now_ns)
                     continue
                 if reliable:
                     self.counters["guaranteed_frames_in"] += 1

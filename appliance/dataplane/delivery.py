@@ -163,6 +163,10 @@ class Delivery:
                                     client.selector_filtered += 1
                                     counters["selector_filtered"] += 1
                                     continue
+                            if client.flow is not None:  # its client holds it off
+                                self.flows.offer(client, keys[index], origin, stream, buf,
+                                                 off, length)
+                                continue
                             self._out[client.channel].add_message(
                                 client.dest, origin, client.session_id, stream, buf, off, length)
                             client.delivered += 1

@@ -159,7 +159,8 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
             session = dp.sessions.get(arg)
             if session is None:
                 row[0] = row[P_LOCAL] = K_SKIP
-            elif session.selectors is not None:  # the general loop applies its selectors
+            elif session.selectors is not None or session.flow is not None:
+                # the general loop applies its selectors, or its flow control
                 row[0] = row[P_LOCAL] = K_GENERAL
             elif session.channel != queues[FABRIC_Q] and session.channel in queues:
                 row[:] = (K_DELIVER, queues.index(session.channel), session.dest,

@@ -112,7 +112,7 @@ class Output:
         self.published = {  # channel samples: the control thread computes their percentiles
             "channels": [sample_channel(name, ch) for name, ch in self._status_channels()],
             "counters": {**self.counters, **self.digests, **self.guaranteed.snapshot(),
-                         **self._channel_counters(),
+                         **self._channel_counters(), **self.flows.counts(),
                          "duplicates_dropped": self.dedup.dropped,
                          "rendezvous_duplicates_dropped": self.rdv_dedup.dropped,
                          **self.data_auth.counters(), **self.session_auth.counters(),

@@ -120,6 +120,12 @@ class DpSession:
     (``set_selectors``)."""
     selector_filtered: int = 0
     """Messages not delivered to it because no guarding selector was TRUE."""
+    flow_policy: int = 1
+    """Its flow-control policy (``FlowPolicy``; the control agent's ``set_flow_policy``,
+    docs/flow-control.md); drop-oldest until told."""
+    flow: Any = None
+    """Its ``SessionFlow`` while its client holds it off or its queue drains (its messages
+    take the general loop then); None: none."""
 
 
 class _OutQueue:

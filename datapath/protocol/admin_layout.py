@@ -103,24 +103,36 @@ class ControlKind(IntEnum):
     """A client asks for one page of the messages its appliance's cache keeps (a pattern,
     from a cache sequence or a publish time)."""
     REPLAY_RESULT = 11
+    """The answer to REPLAY: one bounded page of stored messages and where the next begins,
+    or the refusal."""
     INTEREST_SELECTORS = 12
     """The selectors behind an origin's interest (of the INTEREST of the same epoch and
     seq): patterns every subscription of which holds a selector, with those selectors. Sent
     in a frame of its own (an older appliance drops the unknown kind, not the INTEREST)."""
+    POLICY_DROPS = 13
+    """An appliance tells a client session how many messages of which topic keys its
+    flow-control policy dropped or conflated since the last report (docs/flow-control.md)."""
     RENDEZVOUS_COUNTS = 14
     """Rendezvous content routing: an origin's attribute counts of the events published at
     it, and its routes (the patterns and routing keys it holds registrations under)."""
     RENDEZVOUS_REGISTER = 15
     """Rendezvous content routing: the selector rules an origin registers at one target
     core (flooded; only the target keeps them; an empty list withdraws)."""
-    """The answer to REPLAY: one bounded page of stored messages and where the next begins,
-    or the refusal."""
 
 
 MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES
 """Largest CONTROL document: one entry filling an authenticated frame."""
 
 SUBSCRIPTION_FLAG_NONE = 0
+SUBSCRIPTION_FLAG_POLICY_MASK = 0x03
+"""The low two bits of a SUBSCRIBE entry's ``flags``: the flow-control policy the subscriber
+asked for, as ``FlowPolicy + 1`` (0: none asked; P&M's identity or global policy applies, then
+the QoS's default: docs/flow-control.md)."""
+
+SESSION_FLOW_STREAM = 0
+"""The ``stream_id`` of a FLOW_CONTROL frame between a client and its appliance about the
+session's plain (best-effort, last-value) delivery, not a reliable stream: from a subscriber
+its receive queue's state, from the appliance "hold your publishes" (throttle)."""
 
 MAX_SELECTOR_BYTES = MAX_TOPIC_BYTES
 """Longest selector text in a SUBSCRIBE entry (UTF-8 bytes; the entry's text limit)."""

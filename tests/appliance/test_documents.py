@@ -55,6 +55,7 @@ GOOD = {  # documents as the appliance and the client library write them
     K.REPLAY: {"id": 4, "pattern": "orders/#", "namespace": 0, "from_seq": 17},
     K.REPLAY_RESULT: {"id": 4, "accepted": True, "next_seq": 19, "done": False, "count": 2,
                       "page": 2**32 - 1, "frames": 1},
+    K.POLICY_DROPS: {"drops": [[2**64 - 1, "drop-oldest", 12], [7, "conflate", 1]]},
 }
 OTHER_GOOD = [
     (K.LOGIN, {"identity": "anonymous", "ring": None}),  # bench/fabric.py's login

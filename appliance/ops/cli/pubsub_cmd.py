@@ -6,8 +6,12 @@
 (mosquitto_pub/sub and ``nats pub/sub`` are the models.) ``--appliance`` takes the client
 API's URLs (``udp://HOST:PORT``, ``shm://RING``, ``embedded:``; a bare ``HOST:PORT`` means
 UDP). ``sub`` prints one line per message (``--json``: one JSON object per line), or with
-``--stats`` one JSON object when it ends: received, gaps and duplicates (per publisher stream
-and topic, from the message sequence numbers), latency p50/p99 (publish to receive).
+``--stats`` one JSON object when it ends: received (``delivered``), gaps and duplicates (per
+publisher stream and topic, from the message sequence numbers), what the appliance's
+flow-control policy dropped (``dropped_by_policy``, per policy, ``conflated``; reported by
+the appliance), ``lost`` (loss events, and gaps that no report explains), latency p50/p99
+(publish to receive). ``--flow-policy`` sets the subscription's flow-control policy
+(docs/flow-control.md); ``--count`` counts the messages delivered and dropped by it.
 It ends after ``--count`` messages, ``--seconds`` or SIGINT/SIGTERM (and says which).
 
 Both say on stderr what happens to their connection: lost (no answer from the appliance for
@@ -86,6 +90,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="a durable subscription: the appliance's cache keeps its place "
                           "while it is away; the next sub with this name goes on from there")
     sub.add_argument("--namespace", type=int, default=0)
+    sub.add_argument("--flow-policy", metavar="POLICY", default=None,
+                     help="what the appliance does with this subscription's messages while "
+                          "this subscriber cannot keep up: throttle (hold the publishers), "
+                          "drop-oldest, conflate (keep the newest per topic); default: the "
+                          "identity's or P&M's policy, else the QoS's")
     _connection_args(sub)
     sub.set_defaults(handler=run_sub)
 
@@ -207,6 +216,13 @@ def _check(args: argparse.Namespace) -> None:
         else:
             check_pattern(args.pattern)
             check_seconds("--seconds", args.seconds)
+            if args.flow_policy is not None:
+                from datapath.flow_control import FlowControlError, policy_from_name
+
+                try:
+                    policy_from_name(args.flow_policy, "--flow-policy")
+                except FlowControlError as exc:
+                    raise ClientError(str(exc).removeprefix("flow-control: ")) from None
             if args.durable is not None:
                 from appliance.cache.durables import NAME_RE
 
@@ -240,7 +256,7 @@ def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN20
 
 
 def run_pub(args: argparse.Namespace) -> int:
-    from appliance.client import ConnectionLostError, UnacknowledgedError
+    from appliance.client import BackPressureError, ConnectionLostError, UnacknowledgedError
     from datapath.protocol.extension_layout import MAX_MESSAGE_BYTES
 
     if not 0 <= args.size <= MAX_MESSAGE_BYTES:
@@ -258,6 +274,7 @@ def run_pub(args: argparse.Namespace) -> int:
     sent = 0
     failed: dict[str, int] = {}
     pending = 0
+    held_off = 0
 
     def count(exc: UnacknowledgedError) -> None:
         nonlocal pending
@@ -279,6 +296,9 @@ def run_pub(args: argparse.Namespace) -> int:
                 client.publish(args.topic, payload, qos=args.qos, namespace=args.namespace)
             except UnacknowledgedError as exc:
                 count(exc)
+                continue
+            except BackPressureError:
+                held_off += 1  # a throttling subscriber still holds us: offer it again
                 continue
             except ConnectionLostError:
                 # wait until the client is connected again (or gives up), then go on
@@ -309,7 +329,8 @@ def run_pub(args: argparse.Namespace) -> int:
     summary = {"sent": sent, "seconds": round(elapsed, 6),
                "msgs_per_s": round(sent / elapsed, 1) if elapsed > 0 else 0.0,
                "connection_losses": report.losses, "reconnects": client.reconnects,
-               "dropped_at_send": client.messages_dropped_at_send}
+               "dropped_at_send": client.messages_dropped_at_send,
+               "flow_waits": client._hold.waits, "back_pressure_errors": held_off}
     if guaranteed:
         summary.update(acknowledged=client.connection_counters()["acknowledged"],
                        unacknowledged=unacknowledged, failed_reasons=failed)
@@ -382,6 +403,7 @@ def run_sub(args: argparse.Namespace) -> int:
     report = ConnectionReport("sub", args.appliance or "", args.pattern)
     client = _connect(args, report)
     why = None
+    sub = None
     try:
         def on_loss(loss) -> None:  # noqa: ANN001 - appliance.client.Loss
             stats.lost += loss.messages
@@ -396,7 +418,8 @@ def run_sub(args: argparse.Namespace) -> int:
                       f"stream {loss.stream} ({loss.reason})", file=sys.stderr, flush=True)
 
         sub = client.subscribe(args.pattern, args.selector, qos=args.qos, on_loss=on_loss,
-                               namespace=args.namespace, durable=args.durable)
+                               namespace=args.namespace, durable=args.durable,
+                               flow_policy=args.flow_policy)
         durable = f" (durable {args.durable!r})" if args.durable else ""
         print(f"topicwire: subscribed to {args.pattern}{durable} at {client.node}",
               file=sys.stderr, flush=True)
@@ -404,8 +427,8 @@ def run_sub(args: argparse.Namespace) -> int:
         while not stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            if args.count and stats.received >= args.count:
-                break
+            if args.count and stats.received + sum(sub.policy_drops.values()) >= args.count:
+                break  # every message accounted for: delivered, or dropped by the policy
             if report.gave_up is not None:
                 break
             msg = sub.get(timeout=SUB_POLL_S)
@@ -426,7 +449,7 @@ def run_sub(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if args.stats:
-        summary = stats.summary()
+        summary = stats.summary(sub.policy_drops if sub is not None else None)
         summary.update(connection_losses=report.losses, reconnects=client.reconnects)
         if report.gave_up is not None:
             summary["gave_up"] = report.gave_up

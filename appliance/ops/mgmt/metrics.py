@@ -66,7 +66,7 @@ DROPPED_FRAMES = ("off_path", "unknown_peer")
 DROPPED_MESSAGES = ("unroutable", "parked_expired", "publish_denied", "no_port")
 """Messages the data path dropped, by reason (snapshot ``offload``)."""
 DENIAL_ACTIONS = ("login", "publish", "subscribe")
-GAUGE_COUNTERS = ("rdma_links_up", "rdma_link_up_", "guaranteed_streams_")
+GAUGE_COUNTERS = ("rdma_links_up", "rdma_link_up_", "guaranteed_streams_", "flow_level_")
 """Entries (or prefixes) of the snapshot's ``counters`` that are levels, not counts: gauges of
 their own (``_levels``), not in ``topicwire_events_total``."""
 
@@ -111,6 +111,7 @@ METRIC_NAMES = (
     "topicwire_guaranteed_streams",
     "topicwire_rdma_links_up",
     "topicwire_rdma_link_up",
+    "topicwire_flow_control",
     "topicwire_events_total",
     "topicwire_mqtt_connections",
     "topicwire_mqtt_sessions",
@@ -252,6 +253,13 @@ def _levels(counters: dict[str, Any]) -> Iterator[Metric]:
         if str(name).startswith("rdma_link_up_"):
             up.add_metric((str(name).removeprefix("rdma_link_up_"),), _num(n))
     yield up
+    flow = GaugeMetricFamily(PREFIX + "flow_control", "Flow control towards clients: sessions "
+                             "under it, messages queued for them, publishers held off",
+                             labels=("level",))
+    for name, n in sorted(counters.items()):
+        if str(name).startswith("flow_level_"):
+            flow.add_metric((str(name).removeprefix("flow_level_"),), _num(n))
+    yield flow
 
 
 def _denials(rows: list[dict[str, Any]], counters: dict[str, Any]) -> Metric:
