@@ -339,7 +339,7 @@ class DataPlaneAgent(Delivery, Output):
         (guaranteed streams, parked messages, telemetry, digests, frames being filled), else
         at the next status publish (an idle data path costs next to nothing)."""
         gp = self.guaranteed
-        if (gp.receivers or gp.senders or gp.held or self._parked or self.flows.flows
+        if (gp.receivers or gp.senders or gp.held or self._parked or self.flows.active
                 or self.telemetry is not None or self.nic.pending_digests()
                 or any(out.batch.count or out._open for out in self._out_list)):
             return now_ns + POLL_MAX_PARK_NS
@@ -376,6 +376,7 @@ class DataPlaneAgent(Delivery, Output):
 
     def remove_session(self, session_id: int) -> None:
         self.flows.forget(session_id)
+        self.flows.forget_publisher(session_id)
         session = self.sessions.pop(session_id, None)
         if session is None:
             return
@@ -567,7 +568,7 @@ class DataPlaneAgent(Delivery, Output):
                     telemetry.on_batch(name, batch)
         if telemetry is not None:
             work += telemetry.do_work(now_ns, self.queue_frame, self.tables.peer_node.__contains__)
-        if self.flows.flows:
+        if self.flows.active:
             work += self.flows.do_work(now_ns)
         gp = self.guaranteed
         if gp.receivers or gp.senders:
@@ -708,6 +709,11 @@ class DataPlaneAgent(Delivery, Output):
                 if route[1] is not None:
                     self._out[FABRIC].add_frame(route[1], buf[off : off + length])
                     self.counters["transit_frames"] += 1
+                    continue
+                if ftype == _FLOW and not stream & RELIABLE_STREAM_BIT:
+                    # another appliance's throttle hold on a publisher of ours
+                    self.flows.on_node_frame(memoryview(buf[off : off + length]), src, dst,
+                                             stream, now_ns)
                     continue
                 if reliable:
                     self.counters["guaranteed_frames_in"] += 1

@@ -8,15 +8,23 @@ general loop (``express.build_plan``: a session with ``flow`` set is ``K_GENERAL
 puts them in the session's ``SessionFlow`` queue, and the queue applies the session's
 policy while the client holds it off:
 
-- ``THROTTLE``: nothing is dropped. Above ``FLOW_THROTTLE_HIGH_MESSAGES`` queued, the local
-  publishers whose messages are queued get FLOW_CONTROL "on" (refreshed; "off" below
-  ``FLOW_THROTTLE_LOW_MESSAGES``): their ``publish`` waits. A queue that still reaches
-  ``FLOW_THROTTLE_QUEUE_MESSAGES`` (publishers on other appliances, which this does not
-  reach) drops what does not fit, counted ``flow_dropped_throttle`` and reported.
+- ``THROTTLE``: nothing is dropped. Above ``FLOW_THROTTLE_HIGH_MESSAGES`` queued, the
+  publishers whose messages are queued are held off (FLOW_CONTROL "on", refreshed; "off"
+  below ``FLOW_THROTTLE_LOW_MESSAGES``): their ``publish`` waits. A local publisher gets the
+  signal from this appliance; a publisher on another appliance through its appliance: this
+  one sends the publisher's appliance (the message's origin) a FLOW_CONTROL frame on the
+  fabric, addressed to that node, its ``stream_id`` the publisher's session id there,
+  signed with the fabric key like the reliable streams' frames, and carried by transit
+  appliances like them (``on_node_frame`` at the far end, which holds its publisher off
+  for as long as the hold is refreshed: ``NODE_HOLD_EXPIRY_NS``). A queue that still
+  reaches ``FLOW_THROTTLE_QUEUE_MESSAGES`` (what was in flight, or a fabric without a key)
+  drops what does not fit, counted ``flow_dropped_throttle`` and reported.
 
-Whatever the policy, the local publishers whose messages go to sessions under flow control
-are held off the same way while the clients' UDP socket fills faster than the data path
-reads it (``FLOW_INGRESS_HIGH_BYTES``): the kernel would drop what they publish unseen.
+Whatever the policy, the publishers whose messages go to sessions under flow control are
+held off the same way while the appliance's clients' or fabric UDP socket fills faster than
+the data path reads it (``FLOW_INGRESS_HIGH_BYTES``): the kernel would drop what they
+publish unseen. This is the appliance as a receiver: its own ingress queue's watermarks
+hold the senders off, local or remote, as a client's do.
 - ``DROP_OLDEST``: at most ``FLOW_QUEUE_MESSAGES`` queued; the oldest goes first.
 - ``CONFLATE``: a message whose topic key is queued replaces it in place (the one replaced
   counts as ``conflate``); a full queue drops its oldest (counted as ``drop-oldest``).
@@ -36,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from appliance.dataplane.names import CLIENT_UDP, FABRIC
 from datapath.flow_control import (
     FLOW_CONTROL_REFRESH_INTERVAL_NS,
     NAME_OF_POLICY,
@@ -82,13 +91,22 @@ FLOW_REPORT_INTERVAL_NS = 50_000_000
 """Drops are reported to the session at most this often (and when its queue empties)."""
 FLOW_REPORT_ROWS = 256
 """(key, policy, count) rows in one POLICY_DROPS document."""
+NODE_HOLD_EXPIRY_NS = 1_000_000_000
+"""A hold from another appliance not refreshed for this long ends by itself (that appliance
+died, or its "off" was lost)."""
+MAX_NODE_HOLDS = 65_536
+"""Holds from other appliances kept at once (beyond: refused, counted
+``flow_node_holds_refused``): a neighbour cannot grow this appliance's state without bound."""
+MAX_REMOTE_PUBLISHERS = 4_096
+"""(appliance, publisher) pairs one throttle session remembers to hold off."""
 
 
 class SessionFlow:
     """One client session's flow-control state at its appliance."""
 
     __slots__ = ("credit", "drops", "gate", "heard_ns", "holding", "on", "on_until_ns",
-                 "policy", "publishers", "queue", "refresh_at_ns", "report_at_ns", "sticky")
+                 "policy", "publishers", "queue", "refresh_at_ns", "remote", "report_at_ns",
+                 "sticky")
 
     def __init__(self, policy: FlowPolicy, sticky: bool = False) -> None:
         self.sticky = sticky
@@ -108,6 +126,9 @@ class SessionFlow:
         """Throttle: whether this queue holds its local publishers off."""
         self.publishers: set[int] = set()
         """Throttle: session ids of the local publishers whose messages were queued."""
+        self.remote: set[tuple[int, int]] = set()
+        """Throttle: (appliance, session id there) of the other appliances' publishers
+        whose messages were queued (at most ``MAX_REMOTE_PUBLISHERS``)."""
         self.refresh_at_ns = 0
         self.holding = False
         """Throttle: its publishers are being held off."""
@@ -119,8 +140,13 @@ class SessionFlows:
     def __init__(self, agent: Any) -> None:
         self.agent = agent
         self.flows: dict[int, SessionFlow] = {}
-        self.holding: dict[int, set[int]] = {}
-        """Publisher session id -> the sessions whose throttle queues hold it off."""
+        self.holding: dict[int, set[Any]] = {}
+        """Publisher session id -> what holds it off: the sessions whose throttle queues do,
+        and ``("n", node)`` for another appliance's hold (``on_node_frame``)."""
+        self.node_holds: dict[tuple[int, int], int] = {}
+        """(appliance, local publisher) -> when that appliance's hold expires."""
+        self.remote_holding: dict[tuple[int, int], set[int]] = {}
+        """(appliance, publisher there) -> the sessions here whose queues hold it off."""
         self.ingress_full = False
         """The clients' UDP socket holds more than ``FLOW_INGRESS_HIGH_BYTES`` not yet read
         (until less than ``FLOW_INGRESS_LOW_BYTES``): throttle sessions hold their
@@ -129,7 +155,8 @@ class SessionFlows:
 
     @property
     def active(self) -> bool:
-        return bool(self.flows)
+        """Whether the duty cycle has flow-control work (sessions, or holds to expire)."""
+        return bool(self.flows or self.node_holds)
 
     # --- from the client ----------------------------------------------------------------------
     def on_frame(self, session: Any, frame: bytes, now_ns: int) -> None:
@@ -199,10 +226,12 @@ class SessionFlows:
             self._dropped(flow, queue.last_evicted, "drop-oldest")
         if origin == agent.node_id:
             flow.publishers.add(stream)  # a local publish: its stream is its session id
-            if flow.policy is FlowPolicy.THROTTLE and \
-                    flow.gate.update(len(queue)) is FlowState.ON:
-                self._hold(session.session_id, flow, agent.cycle_ns)
-                flow.holding = True
+        elif len(flow.remote) < MAX_REMOTE_PUBLISHERS:
+            flow.remote.add((origin, stream))  # its session id at its appliance
+        if flow.policy is FlowPolicy.THROTTLE and \
+                flow.gate.update(len(queue)) is FlowState.ON:
+            self._hold(session.session_id, flow, agent.cycle_ns)
+            flow.holding = True
 
     def _dropped(self, flow: SessionFlow, key: int, policy_name: str) -> None:
         flow.drops[(key, policy_name)] += 1
@@ -210,13 +239,20 @@ class SessionFlows:
 
     # --- throttling local publishers ----------------------------------------------------------
     def _hold(self, holder: int, flow: SessionFlow, now_ns: int) -> None:
+        """Hold ``flow``'s publishers off (again: the refresh)."""
         flow.refresh_at_ns = now_ns + FLOW_CONTROL_REFRESH_INTERVAL_NS
         for publisher in flow.publishers:
             self.holding.setdefault(publisher, set()).add(holder)
             self._signal_publisher(publisher, FlowState.ON)
+        for remote in flow.remote:
+            self.remote_holding.setdefault(remote, set()).add(holder)
+            self._signal_node(remote, FlowState.ON)
 
-    def _release(self, holder: int, flow: SessionFlow) -> None:
-        for publisher in flow.publishers:
+    def _release(self, holder: Any, flow: SessionFlow | None,
+                 publishers: Any = ()) -> None:
+        """``holder`` no longer holds ``flow``'s publishers (or ``publishers``) off; those
+        nothing else holds get "off"."""
+        for publisher in (flow.publishers if flow is not None else publishers):
             held = self.holding.get(publisher)
             if held is None:
                 continue
@@ -224,7 +260,81 @@ class SessionFlows:
             if not held:
                 del self.holding[publisher]
                 self._signal_publisher(publisher, FlowState.OFF)
+        if flow is None:
+            return
         flow.publishers.clear()
+        for remote in flow.remote:
+            held = self.remote_holding.get(remote)
+            if held is None:
+                continue
+            held.discard(holder)
+            if not held:
+                del self.remote_holding[remote]
+                self._signal_node(remote, FlowState.OFF)
+        flow.remote.clear()
+
+    def _signal_node(self, remote: tuple[int, int], state: FlowState) -> None:
+        """Tell appliance ``remote[0]`` to hold its publisher ``remote[1]`` off, or to let it
+        go: a FLOW_CONTROL frame to that node, signed with the fabric key, towards its next
+        hop (transit appliances carry it as a reliable stream's frame)."""
+        agent = self.agent
+        node, publisher = remote
+        auth = agent.guaranteed.auth
+        hop = agent.tables.next_hop.get(node)
+        if auth is None or auth.key is None or hop is None:
+            agent.counters["flow_node_signals_unroutable"] += 1
+            return
+        frame = encode_admin(fl.FrameType.FLOW_CONTROL, [FlowControl(
+            state, FlowPolicy.THROTTLE, 0, FLOW_THROTTLE_HIGH_MESSAGES,
+            FLOW_THROTTLE_LOW_MESSAGES)], stream_id=publisher, source_session=agent.node_id,
+            dest_session=node, send_ts_ns=time.time_ns())
+        agent.queue_frame(FABRIC, hop, auth.signed_copy(frame))
+        agent.counters["flow_node_signals_sent"] += 1
+
+    # --- from other appliances ----------------------------------------------------------------
+    def on_node_frame(self, frame: memoryview, src: int, dst: int, publisher: int,
+                      now_ns: int) -> None:
+        """A FLOW_CONTROL frame on the fabric from appliance ``src`` about this appliance's
+        publisher ``publisher`` (its session id): its MAC checked first, then the publisher
+        is held off (refreshed) or let go."""
+        agent = self.agent
+        counters = agent.counters
+        auth = agent.guaranteed.auth
+        reason = "no_key" if auth is None else auth.check_bytes(frame, src, dst,
+                                                                agent.node_id)
+        if reason is not None:
+            counters["flow_node_signals_refused"] += 1
+            counters[f"flow_node_signals_refused_{reason}"] += 1
+            return
+        try:
+            _, entries = decode_frame(bytes(frame)).admin()
+        except ProtocolError:
+            counters["flow_signals_malformed"] += 1
+            return
+        counters["flow_node_signals_received"] += 1
+        key = (src, publisher)
+        for entry in entries:
+            if entry.state is FlowState.ON:
+                if agent.sessions.get(publisher) is None:
+                    counters["flow_node_holds_unknown"] += 1  # gone, or not a session here
+                    continue
+                if key not in self.node_holds and len(self.node_holds) >= MAX_NODE_HOLDS:
+                    counters["flow_node_holds_refused"] += 1
+                    continue
+                if key not in self.node_holds:
+                    counters["flow_node_holds"] += 1
+                self.node_holds[key] = now_ns + NODE_HOLD_EXPIRY_NS
+                self.holding.setdefault(publisher, set()).add(("n", src))
+                self._signal_publisher(publisher, FlowState.ON)
+            elif self.node_holds.pop(key, None) is not None:
+                self._release(("n", src), None, (publisher,))
+
+    def _expire_node_holds(self, now_ns: int) -> None:
+        for key, until in list(self.node_holds.items()):
+            if now_ns >= until:
+                del self.node_holds[key]
+                self.agent.counters["flow_node_holds_expired"] += 1
+                self._release(("n", key[0]), None, (key[1],))
 
     def _signal_publisher(self, publisher: int, state: FlowState) -> None:
         agent = self.agent
@@ -240,13 +350,14 @@ class SessionFlows:
 
     # --- the duty cycle -----------------------------------------------------------------------
     def _check_ingress(self, now_ns: int) -> None:
-        """Whether the clients' UDP socket is filling faster than the data path reads it."""
+        """Whether the clients' or the fabric's UDP socket is filling faster than the data
+        path reads it."""
         self._ingress_check_ns = now_ns + FLOW_INGRESS_CHECK_NS
         from appliance.client.flow import socket_backlog_bytes
-        from appliance.dataplane.names import CLIENT_UDP
 
-        backlog = socket_backlog_bytes(getattr(self.agent.channels.get(CLIENT_UDP), "_sock",
-                                               None))
+        channels = self.agent.channels
+        backlog = max(socket_backlog_bytes(getattr(channels.get(name), "_sock", None))
+                      for name in (CLIENT_UDP, FABRIC))
         if backlog > FLOW_INGRESS_HIGH_BYTES:
             if not self.ingress_full:
                 self.agent.counters["flow_ingress_full"] += 1
@@ -259,6 +370,8 @@ class SessionFlows:
         agent = self.agent
         if now_ns >= self._ingress_check_ns:
             self._check_ingress(now_ns)
+        if self.node_holds:
+            self._expire_node_holds(now_ns)
         for sid, flow in list(self.flows.items()):
             session = agent.sessions.get(sid)
             if session is None:
@@ -292,7 +405,8 @@ class SessionFlows:
             if throttle:
                 flow.gate.update(len(queue))
             want = (throttle and flow.gate.on) or self.ingress_full
-            if want and flow.publishers and (not flow.holding or now_ns >= flow.refresh_at_ns):
+            if want and (flow.publishers or flow.remote) and (
+                    not flow.holding or now_ns >= flow.refresh_at_ns):
                 self._hold(sid, flow, now_ns)
                 flow.holding = True
             elif not want and flow.holding:
@@ -300,6 +414,7 @@ class SessionFlows:
                 flow.holding = False
             elif not want and not throttle and len(flow.publishers) > 4_096:
                 flow.publishers.clear()  # (bounded: only a hold needs them)
+                flow.remote.clear()
             if flow.drops and (now_ns >= flow.report_at_ns or not len(queue)):
                 self._report(session, flow, now_ns)
                 work += 1
@@ -329,7 +444,7 @@ class SessionFlows:
         flow = self.flows.pop(session_id, None)
         if flow is None:
             return
-        if flow.publishers:
+        if flow.publishers or flow.remote:
             self._release(session_id, flow)
         session = self.agent.sessions.get(session_id)
         if session is not None:
@@ -340,10 +455,18 @@ class SessionFlows:
             if not self.holding[publisher]:
                 del self.holding[publisher]
 
+    def forget_publisher(self, session_id: int) -> None:
+        """A local session ended: what held it off is dropped with it."""
+        self.holding.pop(session_id, None)
+        for key in [k for k in self.node_holds if k[1] == session_id]:
+            del self.node_holds[key]
+
     def counts(self) -> dict[str, int]:
         """Levels for the status (gauges, not counts: ``GAUGE_COUNTERS`` in
         ops/mgmt/metrics.py): sessions under flow control, messages queued, publishers held
         off."""
         return {"flow_level_sessions": len(self.flows),
                 "flow_level_queued": sum(len(f.queue) for f in self.flows.values()),
-                "flow_level_publishers_held": len(self.holding)}
+                "flow_level_publishers_held": len(self.holding),
+                "flow_level_remote_publishers_held": len(self.remote_holding),
+                "flow_level_node_holds": len(self.node_holds)}

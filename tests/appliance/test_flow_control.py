@@ -23,6 +23,7 @@ from appliance.client import ClientError, connect
 from tests.appliance.helpers import (
     CLI,
     ROOT,
+    appliance_pair,
     free_port,
     production_env,
     run_appliance,
@@ -35,6 +36,8 @@ MAX_RATE_MESSAGES = 200_000
 """Messages of the max-rate runs (``pub --rate 0``)."""
 HELD_MESSAGES = 100_000
 """Messages of the runs with a subscriber that does not read while they are published."""
+REMOTE_RATE = 20_000
+"""Messages a second of the publisher on another appliance than its throttled subscriber."""
 DEADLINE_S = 240.0
 """How long a run may take at most on a loaded 2-core machine (a shortfall fails there)."""
 
@@ -91,9 +94,11 @@ def _sub(served: Served, identity: str, *args: str) -> subprocess.Popen:
     raise AssertionError("sub did not subscribe")
 
 
-def _pub(served: Served, topic: str, count: int) -> subprocess.Popen:
-    return subprocess.Popen([*CLI, "pub", "--appliance", served.address, "--identity", "feed",
-                             "--topic", topic, "--count", str(count), "--rate", "0", "--json"],
+def _pub(served: Served | str, topic: str, count: int, rate: int = 0) -> subprocess.Popen:
+    address = served if isinstance(served, str) else served.address
+    return subprocess.Popen([*CLI, "pub", "--appliance", address, "--identity", "feed",
+                             "--topic", topic, "--count", str(count), "--rate", str(rate),
+                             "--json"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=production_env())
 
@@ -219,3 +224,37 @@ def test_a_bad_policy_name_is_refused_with_one_line_naming_its_place(served, tmp
     with connect(f"udp://{served.address}", "viewer", timeout_s=120) as client, \
             pytest.raises(ClientError, match="flow_policy 'fastest' is not a flow-control"):
         client.subscribe("fc/#", flow_policy="fastest")
+
+
+def test_throttle_holds_a_publisher_on_another_appliance_and_loses_nothing():
+    """Publisher at A, throttling subscriber at B that reads nothing until A holds the
+    publisher off: B's queue sends A a hold over the fabric (signed), A holds its publisher,
+    and every message arrives once the subscriber reads. The publisher runs at
+    REMOTE_RATE, which B's data path (a thread of this process) keeps up with: at full
+    rate what is in flight when the hold is sent can overflow B's fabric socket, which the
+    subscriber sees as ``lost`` (docs/flow-control.md, Limits)."""
+    identities = {"feed": {"publish": ["fc/#"]}, "viewer": {"subscribe": ["fc/#"]}}
+    with appliance_pair(identities) as (a, b, url_a, url_b):
+        with connect(url_b, "viewer", timeout_s=120) as client:
+            sub = client.subscribe("fc/#", flow_policy="throttle")
+            wait_for(lambda: any(s["pattern"] == "fc/#" and s["origin"] != a.config.name
+                                 for s in a.status()["subscriptions"]), 30,
+                     what="A to know B's subscription")
+            pub = _pub(url_a.removeprefix("udp://"), "fc/remote", HELD_MESSAGES, REMOTE_RATE)
+            wait_for(lambda: a.status()["counters"].get("flow_level_publishers_held", 0) >= 1,
+                     DEADLINE_S, what="A to hold its publisher off for B's subscriber")
+            wait_for(lambda: b.status()["counters"].get("flow_node_signals_sent", 0) >= 1,
+                     30, what="B's count of the holds it sent A")  # (published lazily)
+            delivered = 0
+            deadline = time.monotonic() + DEADLINE_S
+            while delivered < HELD_MESSAGES:
+                assert time.monotonic() < deadline, (delivered, dict(sub.policy_drops))
+                if sub.get(timeout=1.0) is not None:
+                    delivered += 1
+            out, err = pub.communicate(timeout=DEADLINE_S)
+            assert pub.returncode == 0, err
+            assert json.loads(out)["flow_waits"] >= 1
+            assert dict(sub.policy_drops) == {} and delivered == HELD_MESSAGES
+            counters_a = wait_for(lambda: (lambda c: c if c.get("flow_node_holds", 0) else None)(
+                a.status()["counters"]), 30, what="A's count of the holds it took")
+            assert counters_a.get("flow_node_signals_refused", 0) == 0, counters_a
