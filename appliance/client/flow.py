@@ -10,8 +10,10 @@ Above ``CLIENT_FLOW_HIGH_MESSAGES`` it sends its appliance FLOW_CONTROL "on" (st
 ``SESSION_FLOW_STREAM``), refreshed every ``FLOW_CONTROL_REFRESH_INTERVAL_NS`` while it
 lasts; below ``CLIENT_FLOW_LOW_MESSAGES`` "off", with its depth: the appliance sends at most
 ``high - depth`` queued messages per signal (its credit), so the client refreshes "off"
-while frames come and for ``CLIENT_FLOW_LINGER_NS`` after its last "on", at most every
-``FLOW_CONTROL_REFRESH_INTERVAL_NS``. Over UDP the credit is also at most half the room left
+while frames come (when a subscription's policy was configured: only then does the
+appliance wait for credit from the start) and for ``CLIENT_FLOW_LINGER_NS`` after its last
+"on", at most every ``FLOW_CONTROL_REFRESH_INTERVAL_NS``; an idle client, or one taking
+uncontrolled traffic in its stride, sends nothing. Over UDP the credit is also at most half the room left
 in the client's socket (its receive memory, ``SO_RCVBUF``, less what waits in it, as
 messages of ``SOCKET_BYTES_PER_MESSAGE``): a credit the socket cannot hold would be lost in
 the kernel, under no policy. Such a credit is small where the kernel caps the socket
@@ -112,6 +114,13 @@ class ReceiveFlow:
             self._rcvbuf = (sock, socket_receive_bytes(sock))
         return sock, self._rcvbuf[1], socket_backlog_bytes(sock)
 
+    def _configured(self) -> bool:
+        """Whether a subscription's policy was configured: its appliance then holds the
+        session under flow control from the start and sends only what each "off" allows.
+        Otherwise the appliance forwards freely until the client first says "on", and a
+        refresh would tell it nothing."""
+        return any(sub.flow_policy is not None for sub in self.client._subs)
+
     def depth(self) -> int:
         client = self.client
         queued = 0
@@ -143,7 +152,8 @@ class ReceiveFlow:
         if gate.on or (received and now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS):
             self._last_on_ns = now_ns  # held off lately, and what was held still comes
         due = now_ns >= self._next_ns and (
-            gate.on or received or now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS)
+            gate.on or now_ns - self._last_on_ns <= CLIENT_FLOW_LINGER_NS
+            or (received and self._configured()))
         advertised = depth
         limited = False
         sock, rcvbuf, backlog = self._socket()

@@ -258,3 +258,23 @@ def test_throttle_holds_a_publisher_on_another_appliance_and_loses_nothing():
             counters_a = wait_for(lambda: (lambda c: c if c.get("flow_node_holds", 0) else None)(
                 a.status()["counters"]), 30, what="A's count of the holds it took")
             assert counters_a.get("flow_node_signals_refused", 0) == 0, counters_a
+
+
+def test_a_subscriber_without_a_configured_policy_sends_no_flow_signals_while_it_keeps_up():
+    """No policy configured anywhere: the appliance forwards freely until the client first
+    says "on", so a client that keeps up has nothing to tell it (no "off" refresh per
+    50 ms while frames come)."""
+    identities = {"feed": {"publish": ["fc/#"]}, "viewer": {"subscribe": ["fc/#"]}}
+    with appliance_pair(identities) as (a, _, url_a, _), \
+            connect(url_a, "viewer", timeout_s=120) as viewer, \
+            connect(url_a, "feed", timeout_s=120) as feed:
+        sub = viewer.subscribe("fc/#")
+        assert sub.flow_policy is None
+        for i in range(2_000):
+            feed.publish("fc/quiet", b"%d" % i)
+            if i % 100 == 99:
+                time.sleep(0.02)  # ~5,000 msgs/s over ~0.4 s: several refresh intervals
+        feed.flush()
+        for i in range(2_000):
+            assert sub.get(timeout=30) is not None, i
+        assert viewer._rflow.signals_sent == 0
