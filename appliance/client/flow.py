@@ -13,8 +13,8 @@ lasts; below ``CLIENT_FLOW_LOW_MESSAGES`` "off", with its depth: the appliance s
 while frames come (when a subscription's policy was configured: only then does the
 appliance wait for credit from the start) and for ``CLIENT_FLOW_LINGER_NS`` after its last
 "on", at most every ``FLOW_CONTROL_REFRESH_INTERVAL_NS``; an idle client, or one taking
-uncontrolled traffic in its stride, sends nothing. Over UDP the credit is also at most half the room left
-in the client's socket (its receive memory, ``SO_RCVBUF``, less what waits in it, as
+uncontrolled traffic in its stride, sends nothing. Over UDP the credit is also at most half
+the room left in the client's socket (its receive memory, ``SO_RCVBUF``, less what waits in it, as
 messages of ``SOCKET_BYTES_PER_MESSAGE``): a credit the socket cannot hold would be lost in
 the kernel, under no policy. Such a credit is small where the kernel caps the socket
 (Linux's default ``net.core.rmem_max``), so the client then gives the next one as soon as
