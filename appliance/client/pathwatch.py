@@ -19,7 +19,7 @@ Latency and jitter are taken over the probes sent in the last ``window_s`` and a
 A bound counts as exceeded only once the window has been measured whole (``window_s`` since
 the measurement began, plus ``lost_after_ns`` for loss, and at least ``MIN_SAMPLES`` samples
 in it: one slow answer is not a move), and not within ``hold_down_s`` of the session's
-last move (or its connection): a session does not flap between the two appliances faster
+last move (or reconnection): a session does not flap between the two appliances faster
 than that. The state is bounded: at most ``MAX_SAMPLES`` samples and ``MAX_OUTSTANDING``
 unanswered probes.
 
@@ -80,7 +80,7 @@ class MoveBounds:
     probe_interval_ms: float = 100.0
     """One probe this often while the bounds are watched."""
     hold_down_s: float = 30.0
-    """No move for a bound within this long of the session's last move or connection."""
+    """No move for a bound within this long of the session's last move (or reconnection)."""
 
     def __post_init__(self) -> None:
         if self.latency_ms is None and self.jitter_ms is None and self.loss_ratio is None:
@@ -140,7 +140,7 @@ class PathMonitor:
         self._next = 1
         self._next_at = 0
         self._began = now_ns
-        self._moved_at = now_ns
+        self._moved_at = now_ns - self.hold_down_ns  # no hold-down at the first connection
         self.sent = 0
         self.answered = 0
         self.lost = 0

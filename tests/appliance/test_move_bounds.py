@@ -99,9 +99,8 @@ def test_an_answer_slower_than_the_latency_bound_is_latency_not_loss():
 def test_hold_down_after_a_move_and_measurement_begins_anew():
     bounds = MoveBounds(latency_ms=100, window_s=1, probe_interval_ms=50, hold_down_s=10)
     monitor = PathMonitor(bounds, 0)
-    assert _run(monitor, 0, 9 * S, lambda n: 300 * MS) is None  # held down since connecting
-    at, (kind, _) = _run(monitor, 9 * S, 20 * S, lambda n: 300 * MS)
-    assert kind == "latency" and at >= 10 * S
+    at, (kind, _) = _run(monitor, 0, 20 * S, lambda n: 300 * MS)  # no hold-down at first
+    assert kind == "latency" and 1 * S <= at < 2 * S
     monitor.restart(at)  # the session moved
     assert monitor.figures(at).samples == 0
     again = _run(monitor, at, at + 30 * S, lambda n: 300 * MS)
