@@ -58,13 +58,17 @@ from tests.netns import Fabric, requires_netns
 
 pytestmark = [requires_netns, pytest.mark.slow]
 
-DELAY_MS = 300
+DELAY_MS = 500
 RELAY_PORT = 47481
-BOUNDS = ["latency_ms=150", "loss_ratio=0.3", "window_s=1", "probe_interval_ms=50",
-          "hold_down_s=120", "session_timeout_s=10"]
-"""Both subscribers' bounds. The session timeout is long: the move must come from a bound
-(loss is judged after the window and the 1 s loss timeout of its last probes), never from
-silence."""
+COMMON = ["probe_interval_ms=50", "hold_down_s=120", "session_timeout_s=10"]
+"""Both subscribers' settings besides the bound a test watches. The session timeout is
+long: the move must come from the bound (loss is judged after the window and the 1 s loss
+timeout of its last probes), never from silence."""
+LOSS_BOUNDS = ["loss_ratio=0.3", "window_s=2", *COMMON]
+LATENCY_BOUNDS = ["latency_ms=250", "window_s=3", *COMMON]
+"""Wide of the healthy path: on the loaded 2-core host a first run with a 150 ms bound over
+1 s saw the untouched subscriber's median reach 514 ms (its appliance's control agent, which
+answers the probes, stalled) and move it too."""
 
 
 def _drop_from_port(host, source: str, port: int, percent: int) -> None:
@@ -110,7 +114,8 @@ def _delay_to(host, address: str, delay_ms: int) -> None:
         host.run(*cmd)
 
 
-def _moved(tmp_path: Path, spoil, bound: str, relay: bool = False) -> dict:
+def _moved(tmp_path: Path, spoil, bound: str, bounds: list[str], relay: bool = False
+           ) -> dict:
     with Fabric() as fabric:
         hosts = {name: fabric.add_host() for name in ("p", "s", "mover", "stayer")}
         nodes = {}
@@ -141,7 +146,7 @@ def _moved(tmp_path: Path, spoil, bound: str, relay: bool = False) -> dict:
                 primary["mover"] = f"udp://127.0.0.1:{RELAY_PORT}"
             for name in ("mover", "stayer"):
                 subs[name] = _client(hosts[name], ["sub", primary[name], "g/#", _url(2),
-                                                   *BOUNDS], tmp_path / f"{name}.log", name)
+                                                   *bounds], tmp_path / f"{name}.log", name)
                 clients.append(subs[name])
             pub = _client(hosts["s"], ["pub", _url(2), TOPIC, str(MESSAGES), str(RATE)],
                           tmp_path / "publisher.log", "publisher")
@@ -195,7 +200,7 @@ def test_a_session_whose_packets_to_its_appliance_are_dropped_moves_on_loss(tmp_
     def spoil(hosts, port: int, relay) -> None:
         _drop_from_port(hosts["p"], "10.77.0.3", port, 100)
 
-    _moved(tmp_path, spoil, "loss")
+    _moved(tmp_path, spoil, "loss", LOSS_BOUNDS)
 
 
 def test_a_session_whose_path_is_delayed_moves_on_latency(tmp_path: Path):
@@ -205,13 +210,13 @@ def test_a_session_whose_path_is_delayed_moves_on_latency(tmp_path: Path):
         else:  # this kernel has no netem (or no prio qdisc): the relay delays the path
             relay.tell(f"delay {DELAY_MS}")
 
-    figures = _moved(tmp_path, spoil, "latency", relay=not _netem(None))
+    figures = _moved(tmp_path, spoil, "latency", LATENCY_BOUNDS, relay=not _netem(None))
     measured = int(figures["reason"].split("latency ", 1)[1].split(" ms")[0])
-    assert measured >= DELAY_MS, figures
+    assert measured > 250, figures  # the window's median: the delay began inside it
 
 
 def test_a_session_losing_half_its_packets_moves_on_loss(tmp_path: Path):
     def spoil(hosts, port: int, relay) -> None:
         _drop_from_port(hosts["p"], "10.77.0.3", port, 50)
 
-    _moved(tmp_path, spoil, "loss")
+    _moved(tmp_path, spoil, "loss", LOSS_BOUNDS)
