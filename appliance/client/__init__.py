@@ -57,6 +57,7 @@ from appliance.client.errors import (
     UnacknowledgedError,
 )
 from appliance.client.outcomes import Outcome
+from appliance.client.pathwatch import MoveBounds
 from appliance.client.polling import PollView
 from datapath.errors import TopicwireError
 
@@ -79,6 +80,7 @@ __all__ = [
     "LoginError",
     "Loss",
     "Message",
+    "MoveBounds",
     "Subscription",
     "connect",
 ]

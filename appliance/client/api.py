@@ -86,6 +86,7 @@ from appliance.client.messages import (
     Message,
 )
 from appliance.client.outcomes import REASON_CLOSED, Outcome, OutcomeTracker
+from appliance.client.pathwatch import MoveBounds, PathMonitor
 from appliance.client.polling import PollQueue, PollView
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
 from appliance.client.replay import take_frame
@@ -449,7 +450,7 @@ class Client(GuaranteedSide, ConnectionSide):
                  session_timeout_s: float = SESSION_TIMEOUT_S,
                  reconnect_s: float = RECONNECT_S,
                  resend: bool = False, password: str | bytes | None = None,
-                 trusted: str | None = None) -> None:
+                 trusted: str | None = None, move_on: MoveBounds | None = None) -> None:
         if idle not in IDLE_STRATEGIES:
             raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
         if on_state is not None and not callable(on_state):
@@ -468,6 +469,15 @@ class Client(GuaranteedSide, ConnectionSide):
         self.url = self.targets[target_index].url if self.targets else ""
         self.moves = 0
         """Times the session moved to the other appliance (the standby, or back)."""
+        self.moves_by_reason: dict[str, int] = {}
+        """``moves`` by what made the session leave: ``silence`` (the session timeout or a
+        failed channel), ``logout``, ``refused`` (the appliance no longer knows it), or the
+        bound of ``move_on`` exceeded (``latency``, ``jitter``, ``loss``)."""
+        self._lost_why = self._move_why = "silence"
+        self._path = PathMonitor(move_on, time.monotonic_ns()) if move_on is not None \
+            else None
+        """The path's measurement and its bounds (``connect(..., move_on=)``): pathwatch.py.
+        """
         self.filled = 0
         """Messages handed over from a cache's replay after a move (the gap it filled)."""
         self.fill_polls = 0
@@ -1745,7 +1755,7 @@ def connect(url: str, identity: str = "anonymous", *,
             session_timeout_s: float = SESSION_TIMEOUT_S,
             reconnect_s: float = RECONNECT_S, resend: bool = False,
             password: str | bytes | None = None, standby: str | None = None,
-            _trusted: str | None = None) -> Client:
+            move_on: MoveBounds | None = None, _trusted: str | None = None) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
     ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
@@ -1764,7 +1774,13 @@ def connect(url: str, identity: str = "anonymous", *,
     standby when the primary does not take the login); when the connection is lost it
     tries the other one first, then alternates, and moves its session there: logs in,
     registers its topics and makes its subscriptions again (docs/fault-tolerance.md,
-    "Session failover")."""
+    "Session failover").
+
+    ``move_on``: a ``MoveBounds`` (needs ``standby``): the session also moves when its
+    measured round trip to its appliance (latency, jitter) or the share of its probes left
+    unanswered (loss) stays above a bound over a window, e.g.
+    ``MoveBounds(latency_ms=100, window_s=5)``; without it only silence, a logout or a
+    refusal moves it (appliance/client/pathwatch.py)."""
 
     if not isinstance(url, str):
         raise ClientError(f"connect takes the appliance's address as a string (shm://RING, "
@@ -1779,6 +1795,13 @@ def connect(url: str, identity: str = "anonymous", *,
     _seconds("session_timeout_s", session_timeout_s, SESSION_TIMEOUT_MIN_S,
              SESSION_TIMEOUT_MAX_S)
     _seconds("reconnect_s", reconnect_s, SESSION_TIMEOUT_MIN_S, RECONNECT_MAX_S, zero=True)
+    if move_on is not None:
+        if not isinstance(move_on, MoveBounds):
+            raise ClientError(f"move_on takes a MoveBounds(latency_ms=..., jitter_ms=..., "
+                              f"loss_ratio=..., window_s=...), not {type(move_on).__name__}")
+        if standby is None:
+            raise ClientError("move_on needs a standby: the session moves there when a "
+                              "bound is exceeded")
     if standby is not None:
         if not isinstance(standby, str) or not standby:
             raise ClientError(f"standby: an appliance address as a string, not {standby!r}")
@@ -1792,7 +1815,7 @@ def connect(url: str, identity: str = "anonymous", *,
                               "appliance")
     session = dict(timeout_s=timeout_s, idle=idle, on_state=on_state,
                    session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
-                   resend=resend, password=password, trusted=_trusted)
+                   resend=resend, password=password, trusted=_trusted, move_on=move_on)
     if not url.startswith("embedded:"):
         rdma = dict(device=rdma_device, gid_index=rdma_gid_index, bind=rdma_bind,
                     timeout_s=timeout_s)

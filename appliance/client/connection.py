@@ -152,6 +152,21 @@ class ConnectionSide:
         if silent_ns > timeout_ns:
             self._lost(f"no answer from the appliance for {self.session_timeout_s:g} s")
             return 1
+        path = self._path
+        if path is not None:
+            number = path.probe_due(now_ns)
+            if number:
+                try:
+                    self._send_login(self._token, {"probe": number})
+                except ClientError:
+                    pass  # the channel is gone: the timeout (or the channel's failure) says so
+            verdict = path.verdict(now_ns)
+            if verdict is not None:
+                self._lost_why = verdict[0]
+                self._lost(verdict[1])
+                return 1
+            if number:
+                return 1
         if silent_ns >= interval and now_ns >= self._probe_at_ns:
             self._probe_at_ns = now_ns + interval
             self.probes += 1
@@ -166,13 +181,18 @@ class ConnectionSide:
         """A LOGIN_RESULT nobody waits for: the answer to a liveness probe."""
         if self.state != CONNECTED or not self.session:
             return
+        if self._path is not None and "probe" in doc:
+            self._path.on_answer(int(doc["probe"]), time.monotonic_ns())
         if not doc.get("accepted"):
+            self._lost_why = "refused"
             self._lost(f"the appliance refused this session ({doc.get('reason')})")
         elif int(doc.get("session", 0)) != self.session:
+            self._lost_why = "refused"
             self._lost("the appliance no longer knows this session (it restarted)")
 
     def _on_logout(self: Client, reason: str) -> None:
         self.logged_out_reason = reason
+        self._lost_why = "logout"
         if reason == _KICKED or self.reconnect_s <= 0:
             self._lost(f"logged out by the appliance: {reason}", reconnect=False)
         else:
@@ -186,6 +206,7 @@ class ConnectionSide:
                 return
             self.state = LOST
             self._lost_session = (self.session, self.node_id)
+            self._move_why, self._lost_why = self._lost_why, "silence"
             self.session = 0
             if not self.logged_out_reason:
                 self.logged_out_reason = f"connection lost: {reason}"
@@ -266,8 +287,12 @@ class ConnectionSide:
                 with self._lock:
                     self._heard_ns = time.monotonic_ns()
                     self.logged_out_reason = None
+                    if self._path is not None:  # measured anew; no move for a hold-down
+                        self._path.restart(self._heard_ns)
                     self.state = CONNECTED
                 if moved:
+                    why = self._move_why
+                    self.moves_by_reason[why] = self.moves_by_reason.get(why, 0) + 1
                     log.warning("client %s: session moved to %s, session %d (attempt %d; "
                                 "%s)", self.identity, self.url, self.session, attempt, reason)
                     self._emit(RECONNECTED, f"moved to {self.url}: {reason}", attempt)
@@ -305,8 +330,8 @@ class ConnectionSide:
                 self._ring = ring
             old.close()
         session, node_id = getattr(self, "_lost_session", (0, 0))
-        self._moved_from = {"node_id": node_id, "session": session} if (
-            moved and session and node_id) else None
+        self._moved_from = {"node_id": node_id, "session": session,
+                            "why": self._move_why} if (moved and session and node_id) else None
         try:
             self._login(self._ring, timeout_s=min(self.timeout_s, RECONNECT_LOGIN_TIMEOUT_S))
         finally:
@@ -475,6 +500,19 @@ class ConnectionSide:
                 sub._close()
 
     # --- reporting --------------------------------------------------------------------------------
+    def path_counters(self: Client) -> dict[str, Any] | None:
+        """With ``move_on``: the path's figures over the current window (``latency_ms``
+        median, ``jitter_ms``, ``loss_ratio``, ``samples``) and the probes (``sent``,
+        ``answered``, ``lost``, ``late``); else None."""
+        path = self._path
+        if path is None:
+            return None
+        fig = path.figures(time.monotonic_ns())
+        return {"latency_ms": fig.latency_ms, "jitter_ms": fig.jitter_ms,
+                "loss_ratio": fig.loss_ratio, "samples": fig.samples,
+                "window_s": path.bounds.window_s, "sent": path.sent,
+                "answered": path.answered, "lost": path.lost, "late": path.late}
+
     def connection_counters(self: Client) -> dict[str, Any]:
         """The client's connection state and counters (``state``, ``losses``,
         ``reconnects``, ``probes``, guaranteed outcomes, and the publish frames that waited for
@@ -482,6 +520,7 @@ class ConnectionSide:
         return {"state": self.state, "session": self.session, "losses": self.losses_of_connection,
                 "reconnects": self.reconnects, "probes": self.probes,
                 "appliance": self.url, "moves": self.moves,
+                "moves_by_reason": dict(self.moves_by_reason), "path": self.path_counters(),
                 "acknowledged": self._outcomes.acknowledged, "failed": self._outcomes.failed,
                 "unacknowledged": self._outcomes.unacknowledged(),
                 "send_waits": self.send_waits, "send_drops": self.send_drops,

@@ -180,7 +180,11 @@ class ClientSide:
             if (self.accepting and isinstance(token, int) and token == session.login_token
                     and session.identity == identity):
                 self.counters["login_repeats"] += 1
-                self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
+                answer = self._login_result(session)
+                if "probe" in doc:  # a client measuring its path: the number back
+                    answer["probe"] = doc["probe"]
+                    self.counters["login_probes"] += 1
+                self._reply(session, al.ControlKind.LOGIN_RESULT, answer)
                 return
         else:
             old = None
@@ -244,16 +248,20 @@ class ClientSide:
         self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
         moved = doc.get("moved_from")
         if moved is not None:
-            self._moved_in(session, moved["node_id"], moved["session"])
+            self._moved_in(session, moved["node_id"], moved["session"],
+                           moved.get("why", "silence"))
 
-    def _moved_in(self, session: Session, node_id: int, old_session: int) -> None:
+    def _moved_in(self, session: Session, node_id: int, old_session: int,
+                  why: str = "silence") -> None:
         """A client's session moved here from appliance ``node_id`` (its session there,
-        ``old_session``): logged, counted, and that appliance told (SESSION_MOVE) when it is
-        an up neighbour, so it ends the old session at once instead of when it expires."""
+        ``old_session``; ``why``: what made the client leave, documents.MOVE_WHY): logged,
+        counted (also by ``why``), and that appliance told (SESSION_MOVE) when it is an up
+        neighbour, so it ends the old session at once instead of when it expires."""
         self.counters["sessions_moved_in"] += 1
+        self.counters[f"sessions_moved_in_{why}"] += 1
         name = self.names.get(node_id, f"node {node_id}")
-        log.warning("%s: client %r moved its session here from %s (session %d there), now "
-                    "session %d", self.cfg.name, session.identity, name, old_session,
+        log.warning("%s: client %r moved its session here from %s (session %d there, %s), "
+                    "now session %d", self.cfg.name, session.identity, name, old_session, why,
                     session.session_id)
         nb = next((n for n in self.neighbours.values() if n.up and n.node_id == node_id), None)
         if nb is None:

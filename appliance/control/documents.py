@@ -352,6 +352,10 @@ class Kind:
 FLOW_POLICY = Str(16, 1, frozenset({"throttle", "drop-oldest", "conflate"}))
 """A flow-control policy's name (datapath/flow_control.py ``POLICY_NAMES``)."""
 
+MOVE_WHY = Str(16, 1, frozenset({"silence", "logout", "refused", "latency", "jitter",
+                                  "loss"}))
+"""Why a client's session moved (``LOGIN.moved_from.why``; ``Client.moves_by_reason``)."""
+
 KINDS: dict[ControlKind, Kind] = {
     ControlKind.LSA: Kind(Obj({"origin": NODE_ID, "name": NAME, "epoch": EPOCH, "seq": SEQ,
                                "links": List(Row((NODE_ID, COST)), MAX_LIST_ITEMS)})),
@@ -388,14 +392,15 @@ KINDS: dict[ControlKind, Kind] = {
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
                                  "server_nonce": NONCE, "proof": KEY_HEX,
-                                 "trusted": KEY_HEX,
+                                 "trusted": KEY_HEX, "probe": Int(0, MAX_U63),
                                  "moved_from": Obj({"node_id": NODE_ID,
-                                                    "session": Int(1, MAX_U32)})}), 4_096),
+                                                    "session": Int(1, MAX_U32)},
+                                                   {"why": MOVE_WHY})}), 4_096),
     ControlKind.LOGIN_RESULT: Kind(Obj(
         {"accepted": Bool()},
         {"session": Int(1, MAX_NODE_ID), "node": NAME, "node_id": NODE_ID,
          "schemas": List(SCHEMA, 1_024), "reason": REASON, "challenge": CHALLENGE,
-         "server_signature": KEY_HEX}, _login_result_rule)),
+         "server_signature": KEY_HEX, "probe": Int(0, MAX_U63)}, _login_result_rule)),
     ControlKind.REQUEST_RESULT: Kind(Obj(
         {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
          "accepted": Bool()},

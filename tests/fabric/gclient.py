@@ -2,7 +2,7 @@
 restart appliances under traffic (run inside a namespace, next to its appliance).
 
     python -m tests.fabric.gclient pub URL TOPIC COUNT RATE
-    python -m tests.fabric.gclient sub URL PATTERN [STANDBY]
+    python -m tests.fabric.gclient sub URL PATTERN [STANDBY [BOUND=VALUE ...]]
 
 Both speak JSON lines. ``pub`` logs in, then publishes guaranteed warm-up messages (payload
 ``w``, one every 50 ms) until a line ``go`` arrives on standard input; then COUNT messages
@@ -13,8 +13,11 @@ stays logged in (its ingress appliance may still hold messages for it) until ``q
 per message ``{"m": payload}`` and per loss event ``{"loss": {...}}``, in arrival order, until
 its standard input closes or says ``quit``. With STANDBY (an appliance's URL) the subscriber
 connects with ``standby=`` and a 1 s session timeout, and also prints each change of its
-connection ``{"state": ..., "appliance": ...}`` and each message's arrival time (``t``,
-monotonic seconds).
+connection ``{"state": ..., "appliance": ..., "reason": ...}`` and each message's arrival
+time (``t``, monotonic seconds); its ``ready`` line names the client's UDP source port
+(``port``). ``BOUND=VALUE`` arguments are ``MoveBounds`` fields (``latency_ms=150``): the
+session also moves when its path exceeds them; at the end (``quit``) it prints
+``{"counters": connection_counters()}``; ``session_timeout_s=S`` sets the session timeout.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def publish(url: str, topic: str, count: int, rate: float) -> int:
     return 0
 
 
-def subscribe(url: str, pattern: str, standby: str | None = None) -> int:
+def subscribe(url: str, pattern: str, standby: str | None = None,
+              bounds: dict[str, float] | None = None) -> int:
     lock = threading.Lock()
 
     def on_message(msg) -> None:  # an appliance.client.Message
@@ -77,22 +81,33 @@ def subscribe(url: str, pattern: str, standby: str | None = None) -> int:
 
     def on_state(change) -> None:  # an appliance.client.StateChange
         with lock:
-            _say({"state": change.state, "appliance": change.appliance})
+            _say({"state": change.state, "appliance": change.appliance,
+                  "reason": change.reason, "t": time.monotonic()})
 
-    extra = {"standby": standby, "session_timeout_s": 1.0, "on_state": on_state} \
+    bounds = dict(bounds or {})
+    timeout_s = bounds.pop("session_timeout_s", 1.0)
+    extra = {"standby": standby, "session_timeout_s": timeout_s, "on_state": on_state} \
         if standby else {}
+    if bounds:
+        from appliance.client import MoveBounds
+
+        extra["move_on"] = MoveBounds(**bounds)
     with connect(url, "feed", **extra) as client:
         client.subscribe(pattern, qos="guaranteed", callback=on_message, on_loss=on_loss)
-        _say({"ready": True})
+        port = getattr(client.channel, "local_address", ("", 0))[1]
+        _say({"ready": True, "port": port})
         while _line_ready(1.0) not in ("quit", ""):
             pass
+        with lock:
+            _say({"counters": client.connection_counters()})
     return 0
 
 
 def main(argv: list[str]) -> int:
     if argv[0] == "pub":
         return publish(argv[1], argv[2], int(argv[3]), float(argv[4]))
-    return subscribe(argv[1], argv[2], argv[3] if len(argv) > 3 else None)
+    bounds = {key: float(value) for key, value in (a.split("=", 1) for a in argv[4:])}
+    return subscribe(argv[1], argv[2], argv[3] if len(argv) > 3 else None, bounds)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ It ends after ``--count`` messages, ``--seconds`` or SIGINT/SIGTERM (and says wh
 Both say on stderr what happens to their connection: lost (no answer from the appliance for
 ``--session-timeout`` seconds, or it restarted), each reconnection attempt, reconnected (``sub``
 has subscribed again), or given up after ``--reconnect`` seconds: then they exit with 1.
+With ``--standby ADDR`` the session moves to ADDR when its appliance is lost, and also, with
+``--move-latency-ms N``, ``--move-loss PCT`` or ``--move-jitter-ms N``, when its measured
+path stays above such a bound over ``--move-window`` seconds (``connect(..., move_on=)``).
 ``pub --qos guaranteed`` waits up to ``PUB_ACK_TIMEOUT_S`` at the end for the appliance to
 acknowledge every message, and exits with 1 when some were not, saying how many (with
 ``--json`` in ``unacknowledged``, by reason in ``failed_reasons``).
@@ -112,6 +115,20 @@ def _connection_args(parser: argparse.ArgumentParser) -> None:
                         help="a standby appliance: the session moves there when the "
                         "appliance is lost (and a guaranteed subscription gets what it "
                         "missed from the standby's cache)")
+    parser.add_argument("--move-latency-ms", type=float, default=None, metavar="N",
+                        help="with --standby: move the session also when its median round "
+                        "trip to its appliance stays above N ms over --move-window")
+    parser.add_argument("--move-loss", type=float, default=None, metavar="PCT",
+                        help="with --standby: move when more than PCT %% of the session's "
+                        "probes go unanswered over --move-window")
+    parser.add_argument("--move-jitter-ms", type=float, default=None, metavar="N",
+                        help="with --standby: move when the mean difference of consecutive "
+                        "round trips stays above N ms over --move-window")
+    parser.add_argument("--move-window", type=float, default=None, metavar="S",
+                        help="the window the move bounds are judged over (default 5)")
+    parser.add_argument("--move-hold-down", type=float, default=None, metavar="S",
+                        help="no move for a bound within S seconds of the last move "
+                        "(default 30)")
     parser.add_argument("--password-file", metavar="FILE", default=None,
                         help="the identity's password, on the first line of FILE (for an "
                         "identity P&M gives a password; never sent: the login proves it)")
@@ -174,8 +191,9 @@ class ConnectionReport:
             again = f"; subscribed to {self.pattern} again" if self.pattern else ""
             if change.appliance and change.appliance != _url(self.address):
                 self.address = change.appliance
-                self._say(f"session moved to {change.appliance} (attempt {change.attempt})"
-                          f"{again}")
+                why = change.reason.partition(": ")[2]
+                self._say(f"session moved to {change.appliance} (attempt {change.attempt}"
+                          f"{'; ' + why if why else ''}){again}")
             else:
                 self._say(f"reconnected to {self.address} (attempt {change.attempt}){again}")
         elif change.state == "closed" and change.reason != "client closed":
@@ -237,16 +255,55 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(str(exc).removeprefix("client: "), component=name) from None
 
 
+_MOVE_OPTIONS = {"latency_ms": "--move-latency-ms", "jitter_ms": "--move-jitter-ms",
+                 "window_s": "--move-window", "hold_down_s": "--move-hold-down"}
+
+
+def _move_bounds(args: argparse.Namespace):  # noqa: ANN202 - a MoveBounds or None
+    """The ``--move-*`` options as ``connect``'s ``move_on`` (None when none is given); a bad
+    value is a ``UserError`` of one line naming the option."""
+    from appliance.client import ClientError, MoveBounds
+
+    name = args.command_name
+    given = {"latency_ms": args.move_latency_ms, "jitter_ms": args.move_jitter_ms,
+             "window_s": args.move_window, "hold_down_s": args.move_hold_down}
+    if all(v is None for v in given.values()) and args.move_loss is None:
+        return None
+    if not args.standby:
+        raise UserError("--move-latency-ms, --move-loss and --move-jitter-ms need --standby "
+                        "(the appliance the session moves to)", component=name)
+    loss = args.move_loss
+    if loss is not None and not (math.isfinite(loss) and 0 < loss < 100):
+        raise UserError(f"--move-loss is a percentage above 0 and below 100, not {loss:g}",
+                        component=name)
+    bounds = {k: v for k, v in given.items() if v is not None}
+    if loss is not None:
+        bounds["loss_ratio"] = loss / 100
+    try:
+        return MoveBounds(**bounds)
+    except ClientError as exc:
+        text = str(exc).removeprefix("client: ").removeprefix("move_on: ")
+        for key, option in _MOVE_OPTIONS.items():
+            text = text.replace(key, option)
+        text = text.replace("give at least one of --move-latency-ms, --move-jitter-ms, "
+                            "loss_ratio", "give at least one of --move-latency-ms, "
+                            "--move-loss, --move-jitter-ms with --move-window or "
+                            "--move-hold-down")
+        raise UserError(text, component=name) from None
+
+
 def _connect(args: argparse.Namespace, report: ConnectionReport):  # noqa: ANN202 - a Client
     from appliance.client import ClientError, connect
 
     _check(args)
+    move_on = _move_bounds(args)
     password = _password(args.password_file, args.command_name)
     try:
         return connect(_url(args.appliance), args.identity, on_state=report,
                        session_timeout_s=args.session_timeout, reconnect_s=args.reconnect,
                        password=password,
-                       standby=_url(args.standby) if args.standby else None)
+                       standby=_url(args.standby) if args.standby else None,
+                       move_on=move_on)
     except ClientError as exc:
         if "session_timeout_s" in str(exc) or "reconnect_s" in str(exc):
             raise UserError(str(exc).removeprefix("client: ").replace(
