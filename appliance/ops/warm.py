@@ -35,6 +35,8 @@ WARM_ROUNDS = 3
 """Rounds of traffic: each registers new topics (parked at first) and repeats the old ones."""
 BURST_MESSAGES = 64
 """Messages a publisher sends before one flush (a full burst)."""
+BATCH_MESSAGES = 100
+"""Messages of one ``publish_batch`` call per publisher and round."""
 TICK_SCHEMA_ID = 9
 TICK_FIELDS = [["price", 0, "u32"], ["size", 4, "u32"]]
 
@@ -146,6 +148,8 @@ def _traffic(appliances: dict[str, Any], configs: dict[str, dict], deadline: flo
     """Every kind of traffic through the fabric; returns the messages delivered."""
     import struct
 
+    import numpy as np
+
     from appliance.client import connect
 
     def udp(name: str) -> str:
@@ -169,6 +173,9 @@ def _traffic(appliances: dict[str, Any], configs: dict[str, dict], deadline: flo
         guaranteed = _retrying(subs["c-udp"].subscribe, deadline, "g/#", qos="guaranteed")
         gshm = _retrying(subs["c-shm"].subscribe, deadline, "g/#", qos="guaranteed")
         selected = _retrying(subs["c-udp"].subscribe, deadline, "s/#", selector="price > 10")
+        pollers = [client(udp("c")), client(shm("c"))]  # Client.poll's decoding
+        for poller in pollers:
+            _retrying(poller.subscribe, deadline, "w/#", poll=True)
         pubs = [client(udp("b")), client(udp("b")), client(udp("b")), client(shm("b")),
                 client(udp("pm"))]
         tick = struct.Struct(">II")
@@ -188,33 +195,50 @@ def _traffic(appliances: dict[str, Any], configs: dict[str, dict], deadline: flo
                     _retrying(pub.publish, deadline, f"g/{i}/{rnd}", b"g%d" % k,
                               qos="guaranteed", flush=True)
                     gwant += 1
+                # publish_batch's packing, with a list and with a 2-D array of payloads
+                rows = np.full((BATCH_MESSAGES, 16), i, np.uint8) if i % 2 else [
+                    b"b" * (k % 40) for k in range(BATCH_MESSAGES)]
+                _retrying(pub.publish_batch, deadline, f"w/{i}/batch", rows)
+                for n in want:
+                    want[n] += BATCH_MESSAGES
                 for price in (5, 50):
                     _retrying(pub.publish, deadline, f"s/{i}", tick.pack(price, 1),
                               schema_id=TICK_SCHEMA_ID, flush=True)
                 sselected += 1
             got = {n: 0 for n in best}
             counts = {"g": 0, "gshm": 0, "s": 0}
+            polled = [0] * len(pollers)
 
             def drained(got: dict = got, counts: dict = counts, want: dict = want,
-                        gwant: int = gwant, sselected: int = sselected) -> bool:
+                        gwant: int = gwant, sselected: int = sselected,
+                        polled: list = polled) -> bool:
                 for n, sub in best.items():
                     while sub.get(timeout=0) is not None:
                         got[n] += 1
+                for j, poller in enumerate(pollers):
+                    polled[j] += poller.poll(_read_view)
                 for name, sub in (("g", guaranteed), ("gshm", gshm), ("s", selected)):
                     while sub.get(timeout=0) is not None:
                         counts[name] += 1
                 return (all(got[n] >= want[n] for n in want) and counts["g"] >= gwant
-                        and counts["gshm"] >= gwant and counts["s"] >= sselected)
+                        and counts["gshm"] >= gwant and counts["s"] >= sselected
+                        and all(p >= want["c-udp"] for p in polled))
 
             _until(lambda rnd=rnd, got=got, counts=counts, want=want, gwant=gwant,
-                   sselected=sselected: f"round {rnd}'s messages did not all arrive (got "
-                   f"{got}, {counts}; wanted {want}, {gwant} guaranteed, {sselected} selected"
-                   f"; {_losses(subs, appliances)})", drained, deadline)
-            delivered += sum(got.values()) + sum(counts.values())
+                   sselected=sselected, polled=polled: f"round {rnd}'s messages did not all "
+                   f"arrive (got {got}, {counts}, polled {polled}; wanted {want}, {gwant} "
+                   f"guaranteed, {sselected} selected; {_losses(subs, appliances)})", drained,
+                   deadline)
+            delivered += sum(got.values()) + sum(counts.values()) + sum(polled)
         return delivered
     finally:
         for c in clients:
             c.close()
+
+
+def _read_view(view: Any) -> None:
+    """A poll handler that reads what an application would (the view's fields)."""
+    view.sequence, view.topic, view.latency_ns, len(view.payload)
 
 
 def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
