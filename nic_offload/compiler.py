@@ -51,6 +51,10 @@ INITIAL_ROWS = 1_024
 """Initial capacity of the working row arrays, in rows (they double as keys register)."""
 
 
+def _uncached_index() -> TopicIndex[str]:
+    return TopicIndex(cache_entries=0)
+
+
 @dataclass
 class Egress:
     """An egress channel: its port in the tables, its ACL class, its subscription lists."""
@@ -99,7 +103,9 @@ class OffloadCompiler:
         self._classes: dict[int, AclClass] = {}
         self._class_entries: dict[int, tuple[model.TableEntry, ...]] = {}
         self._catalogs: dict[int, TopicCatalog] = defaultdict(TopicCatalog)
-        self._index: dict[int, TopicIndex[str]] = defaultdict(TopicIndex)
+        # no match cache: rows are decided once per change, and a cache costs a pass over
+        # its topics at every pattern added or removed
+        self._index: dict[int, TopicIndex[str]] = defaultdict(_uncached_index)
         self._row_of: dict[int, int] = {}
         self._names: list[tuple[int, str]] = []
         self._keys = np.zeros(INITIAL_ROWS, np.uint64)
@@ -195,11 +201,25 @@ class OffloadCompiler:
         self._acl_dirty = True
 
     # --- decisions -----------------------------------------------------------------------------
-    def decide(self, namespace: int, topic: str) -> Decision:
-        """The decision of (namespace, topic) under the current control state."""
+    def decide(self, namespace: int, topic: str,
+               negatives: dict[tuple[str, int], bool] | None = None) -> Decision:
+        """The decision of (namespace, topic) under the current control state.
+
+        The index gives the egresses with a positive pattern matching the topic; only those
+        whose list holds negative entries need their list to decide (``negatives``: a cache of
+        ``has_negatives`` over one batch of rows)."""
         candidates = self._index[namespace].match(topic) if namespace in self._index else ()
-        return self._decision([self._egresses[name] for name in candidates
-                               if self._egresses[name].delivers(namespace, topic)])
+        if negatives is None:
+            negatives = {}
+        receivers = []
+        for name in candidates:
+            egress = self._egresses[name]
+            negative = negatives.get((name, namespace))
+            if negative is None:
+                negative = negatives[(name, namespace)] = egress.has_negatives(namespace)
+            if not negative or egress.delivers(namespace, topic):
+                receivers.append(egress)
+        return self._decision(receivers)
 
     def _decision(self, receivers: list[Egress]) -> Decision:
         if not receivers:
@@ -348,10 +368,17 @@ class OffloadCompiler:
             setattr(self, name, new)
 
     def _decide_rows(self, rows: np.ndarray) -> list[Decision]:
-        if len(rows) > BULK_DIRTY_FRACTION * max(1, len(self._names)):
+        """Decisions of ``rows``: in bulk (every positive pattern of every egress walks its
+        matching topics) when most rows are dirty and the patterns are fewer than the dirty
+        rows, else row by row from the index; the bulk walk costs the number of
+        (subscription, matching key) pairs of the whole appliance, whatever few rows changed
+        (a subscribe of 100,000 keys with 25,000 subscriptions held cost 2.3 s that way)."""
+        if (len(rows) > BULK_DIRTY_FRACTION * max(1, len(self._names))
+                and sum(len(index) for index in self._index.values()) <= len(rows)):
             return self._decide_bulk(rows)
         names = self._names
-        return [self.decide(*names[row]) for row in rows.tolist()]
+        negatives: dict[tuple[str, int], bool] = {}
+        return [self.decide(*names[row], negatives) for row in rows.tolist()]
 
     def _decide_bulk(self, rows: np.ndarray) -> list[Decision]:
         """Decisions of ``rows`` from the patterns' matching topics (see the module doc)."""

@@ -18,6 +18,7 @@ from appliance.control.routing import Lsa, all_paths, graph_of
 from appliance.control.state import (
     ADMIN_FRAME_OVERHEAD_BYTES,
     ROLE,
+    InterestSets,
     Neighbour,
     _lsa_to_doc,
     _minimal,
@@ -491,8 +492,13 @@ class FabricSide:
             advertised = _minimal(p for s in self.sessions.values()
                                   for p in self.rdv.advertised_patterns(s))
         else:
-            advertised = _minimal(p for s in self.sessions.values() for p in s.patterns)
-        gadvertised = _minimal(p for s in self.sessions.values() for p in s.gpatterns)
+            advertised = None
+        sets = self.__dict__.get("_interest_sets")
+        if sets is None:
+            sets = self._interest_sets = InterestSets()
+        best_effort, gadvertised = sets.update(self.sessions)
+        if advertised is None:
+            advertised = best_effort
         old = self.advertised
         self.advertised = advertised
         selective = selector_apply.selective_interest(self)
