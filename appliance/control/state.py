@@ -19,6 +19,9 @@ log = logging.getLogger("topicwire.appliance")
 ROLE = {"core": al.NodeRole.CORE, "edge": al.NodeRole.EDGE}
 QOS_NAMES = {0: "best-effort", 1: "last-value", 2: "guaranteed"}
 QOS_GUARANTEED = 2
+REPLY_FRAME_BYTES = 16_000
+"""Answers to one client packed into one CONTROL frame up to about this many bytes of
+documents (``ControlAgent._reply_many``)."""
 REGISTRY_FRAME_BYTES = 60_000
 """Registry entries per REGISTRY_UPDATE frame are packed up to about this many bytes."""
 ADMIN_FRAME_OVERHEAD_BYTES = 256
