@@ -487,6 +487,7 @@ class FabricSide:
 
     def _advertise_interest(self) -> None:
         self._interest_dirty = False
+        self._interest_runs = self.__dict__.get("_interest_runs", 0) + 1  # (status)
         if self.rdv is not None:  # registered rules go to their rendezvous cores instead
             self.rdv.register()
             advertised = _minimal(p for s in self.sessions.values()
