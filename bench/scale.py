@@ -17,8 +17,9 @@ answers through one epoll; no client API objects, no threads per client. Phases,
   answer, ``--repeats`` times (each a new pattern); the median and p90 (ms);
 - ``subscribe_100k``: one subscribe of a pattern touching up to 100,000 keys (``scale/0/#``),
   then its unsubscribe; median over ``--big-repeats``;
-- ``register``: ``--register`` new topics in one batched request (every frame sent before the
-  first answer is read), ``register_s`` until the registry and the tables hold them all.
+- ``register``: ``--register`` new topics in one batched request (frames of
+  ``REGISTER_FRAME_ENTRIES`` sent back to back, at most ``REGISTER_WINDOW_FRAMES`` of them
+  unanswered), ``register_s`` until the registry and the tables hold them all.
 
 Topic ``i`` is ``scale/{i // 100000}/{(i // 10) % 10000}/{i % 10}``: ``scale/A/B/+`` touches
 10 keys, ``scale/A/#`` up to 100,000. Session ``s``'s ``k``-th subscription is the 10-key
@@ -63,7 +64,12 @@ LOGIN_WINDOW = 256
 """Logins outstanding at once."""
 REGISTER_FRAME_ENTRIES = 1_000
 """Registry entries per REGISTRY_UPDATE frame (about 40 KiB: under the clients' 65,504)."""
+REGISTER_WINDOW_FRAMES = 4
+"""Registration frames sent and not answered yet, at most (about 160 KB: the appliance's
+socket buffer holds them)."""
 SUBSCRIBE_FRAME_ENTRIES = 200
+SUBSCRIBE_WINDOW_SESSIONS = 32
+"""Sessions whose subscriptions are sent and not all answered yet, at most."""
 """Subscription entries per SUBSCRIBE frame."""
 PHASE_TIMEOUT_S = 1_800.0
 """A phase not done in this long fails the run (it names the phase)."""
@@ -239,6 +245,18 @@ def _wait(what: str, done: Any, deadline: float, clients: Clients | None = None,
                 on_answer(*answer)
 
 
+def _send_paced(clients: Clients, index: int, frames: list, answered: dict, count: Any,
+                deadline: float) -> None:
+    """Send registration ``frames`` back to back, at most REGISTER_WINDOW_FRAMES of them
+    unanswered: all at once overflowed the appliance's socket at 900 frames (UDP drops what
+    does not fit, and the bench waited for topics that never came)."""
+    for k, frame in enumerate(frames):
+        floor = (k - REGISTER_WINDOW_FRAMES) * REGISTER_FRAME_ENTRIES
+        _wait("a registration frame's answers", lambda f=floor: answered.get(index, 0) >= f,
+              deadline, clients, count)
+        clients.send(index, frame)
+
+
 def _start_appliance(sessions: int, topics: int, subscriptions: int) -> Any:
     from appliance.config import parse_config
     from appliance.node import Appliance
@@ -333,10 +351,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress(NAME, f"preload: registering {preload:,} topics")
         control = app.control
         start = time.perf_counter()
-        for frame in _register_frames(clients.sessions[reg], 0, preload):
-            clients.send(reg, frame)
-            for answer in clients.poll(0):
-                count(*answer)
+        _send_paced(clients, reg, _register_frames(clients.sessions[reg], 0, preload),
+                    answered, count, deadline)
         _wait("the preload", lambda: answered.get(reg, 0) >= preload
               or len(control.registry) >= preload, deadline, clients, count)
         phases["preload_s"] = time.perf_counter() - start
@@ -364,6 +380,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         answered.clear()
         for n, index in enumerate(indexes):
+            floor = (n - SUBSCRIBE_WINDOW_SESSIONS) * subs  # (the appliance's socket)
+            _wait("the subscriptions' answers", lambda f=floor: sum(answered.values()) >= f,
+                  deadline, clients, count)
             wanted = [(k + 1, group_pattern((n * subs + k) % groups)) for k in range(subs)]
             for at in range(0, len(wanted), SUBSCRIBE_FRAME_ENTRIES):
                 clients.send(index, _subscribe_frame(clients.sessions[index],
@@ -407,8 +426,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         answered.clear()
         deadline = time.monotonic() + PHASE_TIMEOUT_S
         start = time.perf_counter()
-        for frame in frames:
-            clients.send(reg, frame)
+        _send_paced(clients, reg, frames, answered, count, deadline)
         _wait("the batched registration", lambda: answered.get(reg, 0) >= batch
               or len(control.registry) >= topics, deadline, clients, count)
         _wait("the registration's tables",
