@@ -510,6 +510,9 @@ class FabricSide:
             self.gadvertised = gadvertised
             self.advertised_selective = selective
             self.interest_seq += 1
+            if not any(nb.up for nb in self.neighbours.values()):
+                return  # nobody to tell (the document sorts every pattern): a neighbour
+                # coming up gets the interest in its full state (_send_full_state)
             self._flood(al.ControlKind.INTEREST, self._interest_doc())
             if selective:  # its own frame: an older neighbour drops only this one
                 self._flood(al.ControlKind.INTEREST_SELECTORS,
