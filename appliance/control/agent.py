@@ -40,6 +40,7 @@ from appliance.control.replay import ReplaySide
 from appliance.control.routing import Lsa
 from appliance.control.state import (
     INBOX_PER_CYCLE,
+    REPLY_FRAME_BYTES,
     Neighbour,
     Session,
     log,
@@ -342,6 +343,26 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         dest = session.session_id if session.channel == CLIENT_SHM else session.peer
         self._to_client((session.channel, dest), FrameType.CONTROL, [self._control(kind, doc)],
                         dest_session=session.session_id)
+
+    def _reply_many(self, session: Session, kind: al.ControlKind, docs: list[dict]) -> None:
+        """``_reply`` of each of ``docs``, packed into CONTROL frames of up to
+        REPLY_FRAME_BYTES (a client takes every entry of a frame): a registration of
+        100,000 topics is answered in about 700 frames, not 100,000."""
+        dest = session.session_id if session.channel == CLIENT_SHM else session.peer
+        chunk: list = []
+        size = 0
+        for doc in docs:
+            entry = self._control(kind, doc)
+            cost = len(entry.document) + 16
+            if chunk and size + cost > REPLY_FRAME_BYTES:
+                self._to_client((session.channel, dest), FrameType.CONTROL, chunk,
+                                dest_session=session.session_id)
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += cost
+        if chunk:
+            self._to_client((session.channel, dest), FrameType.CONTROL, chunk,
+                            dest_session=session.session_id)
 
     # --- admin frames in ----------------------------------------------------------------------
     def _log_once(self, channel: str, peer: int, text: str, now_ns: int,

@@ -551,8 +551,7 @@ class ClientSide:
                 self.dp.command("set_session_acl", sid, acl_class, {
                     key: self.registry.lookup(key)[1] for key in granted
                     if self.registry.lookup(key) is not None})
-        for result in results:
-            self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+        self._reply_many(session, al.ControlKind.REQUEST_RESULT, results)
 
     def _resolve(self, session: Session, keys: list) -> None:
         records = []

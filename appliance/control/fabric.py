@@ -18,6 +18,7 @@ from appliance.control.routing import Lsa, all_paths, graph_of
 from appliance.control.state import (
     ADMIN_FRAME_OVERHEAD_BYTES,
     ROLE,
+    InterestSets,
     Neighbour,
     _lsa_to_doc,
     _minimal,
@@ -486,13 +487,19 @@ class FabricSide:
 
     def _advertise_interest(self) -> None:
         self._interest_dirty = False
+        self._interest_runs = self.__dict__.get("_interest_runs", 0) + 1  # (status)
         if self.rdv is not None:  # registered rules go to their rendezvous cores instead
             self.rdv.register()
             advertised = _minimal(p for s in self.sessions.values()
                                   for p in self.rdv.advertised_patterns(s))
         else:
-            advertised = _minimal(p for s in self.sessions.values() for p in s.patterns)
-        gadvertised = _minimal(p for s in self.sessions.values() for p in s.gpatterns)
+            advertised = None
+        sets = self.__dict__.get("_interest_sets")
+        if sets is None:
+            sets = self._interest_sets = InterestSets()
+        best_effort, gadvertised = sets.update(self.sessions)
+        if advertised is None:
+            advertised = best_effort
         old = self.advertised
         self.advertised = advertised
         selective = selector_apply.selective_interest(self)
@@ -503,6 +510,9 @@ class FabricSide:
             self.gadvertised = gadvertised
             self.advertised_selective = selective
             self.interest_seq += 1
+            if not any(nb.up for nb in self.neighbours.values()):
+                return  # nobody to tell (the document sorts every pattern): a neighbour
+                # coming up gets the interest in its full state (_send_full_state)
             self._flood(al.ControlKind.INTEREST, self._interest_doc())
             if selective:  # its own frame: an older neighbour drops only this one
                 self._flood(al.ControlKind.INTEREST_SELECTORS,

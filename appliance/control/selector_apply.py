@@ -137,12 +137,14 @@ def selective_interest(agent: Any) -> dict[tuple[int, str], tuple[str, ...]]:
     plain: set[tuple[int, str]] = set()
     rdv = getattr(agent, "rdv", None)  # rendezvous mode: registered rules are matched there
     for s in agent.sessions.values():
-        ruled = {(n, p) for n, p, _ in s.rules}
-        rules.extend(r for r in s.rules if rdv is None or not rdv.registered(*r))
-        plain.update(k for k in s.patterns if k in s.plain or k not in ruled)
+        if s.rules:
+            rules.extend(r for r in s.rules if rdv is None or not rdv.registered(*r))
     out: dict[tuple[int, str], tuple[str, ...]] = {}
-    if not rules:
+    if not rules:  # the usual case: no pass over every session's patterns
         return out
+    for s in agent.sessions.values():
+        ruled = {(n, p) for n, p, _ in s.rules}
+        plain.update(k for k in s.patterns if k in s.plain or k not in ruled)
     budget = INTEREST_SELECTOR_BYTES
     for ns, pattern in sorted(agent.advertised):
         if any(n == ns and _overlap(pattern, q) for n, q in plain):

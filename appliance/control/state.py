@@ -19,6 +19,9 @@ log = logging.getLogger("topicwire.appliance")
 ROLE = {"core": al.NodeRole.CORE, "edge": al.NodeRole.EDGE}
 QOS_NAMES = {0: "best-effort", 1: "last-value", 2: "guaranteed"}
 QOS_GUARANTEED = 2
+REPLY_FRAME_BYTES = 16_000
+"""Answers to one client packed into one CONTROL frame up to about this many bytes of
+documents (``ControlAgent._reply_many``)."""
 REGISTRY_FRAME_BYTES = 60_000
 """Registry entries per REGISTRY_UPDATE frame are packed up to about this many bytes."""
 ADMIN_FRAME_OVERHEAD_BYTES = 256
@@ -90,6 +93,74 @@ def _minimal(patterns: Any) -> frozenset[tuple[int, str]]:
     for ns, pattern in patterns:
         by_ns.setdefault(ns, []).append(pattern)
     return frozenset((ns, p) for ns, found in by_ns.items() for p in minimal_patterns(found))
+
+
+class InterestSets:
+    """The minimal (namespace, pattern) sets of all sessions' best-effort and guaranteed
+    lists, kept across interest changes (``ControlAgent._advertise_interest``).
+
+    A session's ``patterns``/``gpatterns`` Counter is replaced, never edited, when its lists
+    change (control/clients.py), so ``update`` re-reads only the sessions whose Counter is
+    another object than last time (and forgets the ended ones): the cost of one interest
+    change is one pass over the sessions plus that session's patterns, not a pass over every
+    pattern of every session. ``minimal_patterns`` runs on a namespace only when the set of
+    distinct patterns in it changed."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Any, Any]] = {}
+        self._counts: tuple[Counter, Counter] = (Counter(), Counter())
+        self._changed: tuple[set[int], set[int]] = (set(), set())
+        self._minimal: tuple[dict[int, frozenset], dict[int, frozenset]] = ({}, {})
+        self._union: list[frozenset] = [frozenset(), frozenset()]
+
+    def update(self, sessions: dict[int, Session]) -> tuple[frozenset, frozenset]:
+        """(best-effort, guaranteed) minimal sets of ``sessions`` now."""
+        seen = self._seen
+        for sid in [sid for sid in seen if sid not in sessions]:
+            self._apply(seen.pop(sid), (Counter(), Counter()))
+        for sid, session in sessions.items():
+            held = seen.get(sid)
+            now = (session.patterns, session.gpatterns)
+            if held is None:
+                self._apply((Counter(), Counter()), now)
+            elif held[0] is not now[0] or held[1] is not now[1]:
+                self._apply(held, now)
+            else:
+                continue
+            seen[sid] = now
+        return self._result(0), self._result(1)
+
+    def _apply(self, old: tuple[Any, Any], new: tuple[Any, Any]) -> None:
+        for kind in (0, 1):
+            counts, changed = self._counts[kind], self._changed[kind]
+            before, after = old[kind], new[kind]
+            for key in before:
+                if key not in after:
+                    counts[key] -= 1
+                    if counts[key] <= 0:
+                        del counts[key]
+                        changed.add(key[0])
+            for key in after:
+                if key not in before:
+                    counts[key] += 1
+                    if counts[key] == 1:
+                        changed.add(key[0])
+
+    def _result(self, kind: int) -> frozenset[tuple[int, str]]:
+        minimal, changed = self._minimal[kind], self._changed[kind]
+        if changed:
+            by_ns: dict[int, list[str]] = {ns: [] for ns in changed}
+            for ns, pattern in self._counts[kind]:
+                if ns in by_ns:
+                    by_ns[ns].append(pattern)
+            for ns, found in by_ns.items():
+                if found:
+                    minimal[ns] = frozenset((ns, p) for p in minimal_patterns(found))
+                else:
+                    minimal.pop(ns, None)
+            changed.clear()
+            self._union[kind] = frozenset().union(*minimal.values())
+        return self._union[kind]
 
 
 def _lsa_to_doc(lsa: Lsa) -> dict:

@@ -201,6 +201,15 @@ def _step(levels: Levels, closures: tuple[frozenset[int], ...], states: frozense
 @lru_cache(maxsize=ALGEBRA_CACHE_ENTRIES)
 def matches_levels(p: Levels, t: Levels) -> bool:
     """``matches`` on validated level tuples."""
+    if MULTI not in p:  # one level per level: no automaton needed
+        return len(p) == len(t) and all(a == SINGLE or a == b for a, b in zip(p, t))
+    if p[-1] == MULTI and MULTI not in p[:-1]:  # a prefix, then any number of levels
+        return len(t) >= len(p) - 1 and all(a == SINGLE or a == b for a, b in zip(p[:-1], t))
+    return _matches_automaton(p, t)
+
+
+def _matches_automaton(p: Levels, t: Levels) -> bool:
+    """``matches_levels`` by the pattern's automaton (any pattern)."""
     closures = _closures(p)
     states = closures[0]
     for level in t:
@@ -228,6 +237,8 @@ def includes_levels(x: Levels, y: Levels) -> bool:
     """``includes`` on validated level tuples: L(y) is a subset of L(x)."""
     if x == y:
         return True
+    if MULTI not in y and MULTI not in x:  # same length, and x's literals are y's
+        return len(x) == len(y) and all(a == SINGLE or a == b for a, b in zip(x, y))
     if MULTI not in y:
         # L(y) is y with any name at each '+'. If x matches y with a fresh name at every '+',
         # x consumes those levels with wildcards, so it matches every other choice too.
@@ -321,6 +332,9 @@ def _witness(x: Levels, y: Levels) -> tuple[Symbol, ...] | None:
 @lru_cache(maxsize=ALGEBRA_CACHE_ENTRIES)
 def overlaps_levels(x: Levels, y: Levels) -> bool:
     """``overlaps`` on validated level tuples."""
+    if MULTI not in x and MULTI not in y:  # same length, and the literals agree
+        return len(x) == len(y) and all(a == b or a == SINGLE or b == SINGLE
+                                        for a, b in zip(x, y))
     return _witness(x, y) is not None
 
 

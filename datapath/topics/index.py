@@ -180,6 +180,11 @@ class TopicIndex(Generic[S]):
                 cache.popitem(last=False)
         return result
 
+    def match_levels(self, levels: tuple[str, ...]) -> set[S]:
+        """``match`` of a topic already split (not checked, not cached): a topic any level
+        names may hold, such as a pattern's witness (control/routing.py)."""
+        return self._match_levels(levels)
+
     def _match_levels(self, levels: tuple[str, ...]) -> set[S]:
         result: set[S] = set()
         sticky: list[_Node] = []  # '#' nodes with children: active at every later level

@@ -255,3 +255,37 @@ def test_an_unsubscribe_touches_only_the_key_table_words_of_the_keys_its_pattern
         action = (KeyAction.DROP if not ports else KeyAction.FORWARD if len(ports) == 1
                   else KeyAction.FORWARD_GROUP)
         assert decisions[(0, topic)][:2] == (action, ports), topic
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_subscribes_between_builds_with_egresses_removed_and_added_agree_with_a_fresh_compile(
+        seed):
+    """Subscribes add their egress to their rows' decisions at the next build (no decision
+    from the lists); removing and re-adding an egress before that build must still win."""
+    rng = random.Random(100 + seed)
+    registry, compiler, oracle = _setup(rng)
+    compiler.build()
+    for _ in range(12):
+        for _ in range(rng.randint(1, 6)):
+            name, ns = rng.choice(sorted(oracle.ports)), rng.choice([0, 1])
+            roll = rng.random()
+            if roll < 0.6:
+                compiler.subscribe(name, rng.choice(PATTERNS), ns)
+            elif roll < 0.8:
+                compiler.unsubscribe(name, rng.choice(PATTERNS), ns)
+            else:
+                compiler.remove_egress(name)
+                compiler.add_egress(name, rng.choice([1, 2, 3, 5, 6]), oracle.classes[name])
+        compiler.build()
+        fresh = OffloadCompiler(registry)
+        fresh.define_schema(QUOTE)
+        fresh.define_acl_class(1, "quote", ["(price < 10, ACCEPT, REJECT)"])
+        fresh.define_acl_class(2, "quote", ["(symbol == 'IBM', LOG, ACCEPT)"])
+        for name, egress in compiler.egresses.items():
+            fresh.add_egress(name, egress.port, egress.acl_class)
+            for ns, sublist in egress.lists.items():
+                for entry in sublist.entries:
+                    (fresh.subscribe if entry.positive else fresh.unsubscribe)(
+                        name, entry.pattern, ns)
+        fresh.build()
+        assert table_decisions(compiler, registry) == table_decisions(fresh, registry)

@@ -28,6 +28,7 @@ BENCHMARKS = (
     "bench.ack_persisted",
     "bench.mqtt",
     "bench.failover",
+    "bench.scale",
 )
 
 
