@@ -51,7 +51,7 @@ from appliance.dataplane.agent import (
     DataPlaneAgent,
 )
 from appliance.dataplane.frame_auth import DataAuth
-from appliance.dataplane.names import CACHE_NAK_CHANNEL, GROUP_TX
+from appliance.dataplane.names import CACHE_NAK_CHANNEL, GROUP_TX, PERSISTED_CHANNEL
 from channels.udp import peer_id_of
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
@@ -217,6 +217,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                 if self.cache is not None:
                     self.cache.on_nak_request(data)
                 continue
+            if channel == PERSISTED_CHANNEL:  # the data path's report for a neighbour
+                self._send_persisted(data)
+                continue
             if len(data) <= fl.TYPE_OFFSET or data[fl.TYPE_OFFSET] not in _HEARTBEAT_TYPES:
                 self._status_news(now_ns)
             try:
@@ -320,6 +323,20 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                       nb.config.name, exc)
             return
         self.dp.offer_admin(FABRIC, nb.peer, frame)
+
+    def _send_persisted(self, data: bytes) -> None:
+        """What this appliance's cache persisted of a neighbour's publishers (the data
+        path's report, appliance/dataplane/remote_persist.py) to that neighbour, as a
+        signed CONTROL ``PERSISTED`` entry; a node that is not an up neighbour is counted."""
+        doc = json.loads(data)
+        node = doc["to"]
+        for nb in self.neighbours.values():
+            if nb.up and nb.node_id == node:
+                self._to_neighbour(nb, FrameType.CONTROL, [self._control(
+                    al.ControlKind.PERSISTED, {"streams": doc["streams"]})])
+                self.counters["persisted_reports_sent"] += 1
+                return
+        self.counters["persisted_reports_unroutable"] += 1
 
     def _control(self, kind: al.ControlKind, doc: dict) -> al.Control:
         return al.Control(kind, json.dumps(doc, separators=(",", ":")))
