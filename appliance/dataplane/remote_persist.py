@@ -15,7 +15,8 @@ tells A, per stream, is ``[stream, first, settled, failed, why]``: every positio
 was not for the cache; ``failed`` (0: none) will never be. The control agent sends the
 entries to A as a CONTROL ``PERSISTED`` document, signed like every admin frame on the link;
 they are cumulative, so a lost one is made good by the next, and each stream's entry is sent
-again every ``RESEND_NS`` while it changed in the last ``RESEND_FOR_NS``.
+again every ``RESEND_NS`` while it changed in the last ``RESEND_FOR_NS`` and every
+``REPEAT_NS`` while it changed in the last ``REPEAT_FOR_NS``.
 
 ``Waiter`` (at the publisher's appliance A, ``[cache] remote = "B"``): a local publisher's
 guaranteed message that goes to B waits in its stream's gate (the one persisted
@@ -50,7 +51,12 @@ ENTRIES_PER_DOCUMENT = 32
 RESEND_NS = 200_000_000
 """A stream's entry is sent again this often ..."""
 RESEND_FOR_NS = 3_000_000_000
-"""... while it changed within this long (or something of it still waits)."""
+"""... while it changed within this long (or something of it still waits); and ..."""
+REPEAT_NS = 1_000_000_000
+"""... every this often while it changed within ``REPEAT_FOR_NS``: a report lost while
+the link was down (a partition) is made good once it is back."""
+REPEAT_FOR_NS = 60_000_000_000
+"""(``STREAM_IDLE_TIMEOUT_NS``: a longer outage is not covered anyway, reliability.md.)"""
 MAX_WHY_CHARS = 512
 RELIABLE = 0x8000_0000
 """``RELIABLE_STREAM_BIT`` (guaranteed.py imports this module)."""
@@ -89,6 +95,7 @@ class Reporter:
         self.streams: dict[tuple[int, int], _Stream] = {}
         self.dirty: set[tuple[int, int]] = set()
         self._resend_at = 0
+        self._repeat_at = 0
 
     def _stream(self, origin: int, stream: int, pos: int) -> _Stream | None:
         key = (origin, stream)
@@ -188,8 +195,12 @@ class Reporter:
         keys = self.dirty
         if now_ns >= self._resend_at:
             self._resend_at = now_ns + RESEND_NS
+            within = RESEND_FOR_NS
+            if now_ns >= self._repeat_at:
+                self._repeat_at = now_ns + REPEAT_NS
+                within = REPEAT_FOR_NS
             keys = keys | {k for k, st in self.streams.items()
-                           if st.waiting or now_ns - st.changed_ns < RESEND_FOR_NS}
+                           if st.waiting or now_ns - st.changed_ns < within}
         if not keys:
             return
         by_origin: dict[int, list] = {}

@@ -25,10 +25,10 @@ from tests.appliance.test_cache_ack import PATTERN, _durable_seq, _log_rows
 IDENTITIES = {"feed": {"publish": ["#"], "subscribe": ["#"]}}
 
 
-def _pair(cache_dir, remote: bool = True, **cache):
+def _pair(cache_dir, remote: bool = True, dataplane: str = "process", **cache):
     """(a, b): a without a cache, its acknowledgements held for b's; b with the cache."""
     fa, fb = free_port(), free_port()
-    common = {"heartbeat_interval_ms": 50, "lsa_refresh_ms": 500}
+    common = {"heartbeat_interval_ms": 50, "lsa_refresh_ms": 500, "dataplane": dataplane}
     name_a, name_b = f"ra{fa}", f"rb{fb}"
     b = CachingAppliance(parse_config({
         "appliance": {"name": name_b, **common},
@@ -67,12 +67,13 @@ def _counter(app, name: str) -> int:
     return int(app.status()["counters"].get(name, 0))
 
 
-@pytest.mark.parametrize("remote", [True, False])
-def test_acknowledged_once_the_neighbours_cache_has_it_on_disk(tmp_path, remote):
+@pytest.mark.parametrize("remote, dataplane", [(True, "process"), (False, "process"),
+                                               (True, "thread")])
+def test_acknowledged_once_the_neighbours_cache_has_it_on_disk(tmp_path, remote, dataplane):
     """fsync every 1.5 s at b: flush at a returns only once b's log covers every message
     (without ``cache.remote`` at a it returns before b's sync: the test sees the
     difference)."""
-    a, b = _pair(tmp_path / "cache", remote, fsync="interval",
+    a, b = _pair(tmp_path / "cache", remote, dataplane, fsync="interval",
                  fsync_interval_ms=1_500 if remote else 60_000)
     try:
         with connect(_url(a), "feed") as client:
