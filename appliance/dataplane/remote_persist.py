@@ -144,7 +144,11 @@ class Reporter:
         if st is None or not st.waiting:
             counters["persist_remote_untracked"] += 1
             return
-        if st.waiting[0][1] == cache_seq:
+        head = st.waiting[0][1]
+        if cache_seq < head:  # handed to the cache before this stream was followed
+            counters["persist_remote_untracked"] += 1
+            return
+        if cache_seq == head:
             st.waiting.popleft()
             counters["persist_remote_persisted"] += 1
         else:  # the head was skipped: it will never be reported

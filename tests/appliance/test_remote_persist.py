@@ -98,6 +98,9 @@ def test_the_caching_side_reports_what_went_to_the_cache_once_persisted():
     rep.to_cache(1, SESSION | R, 2, 40)  # position 2 went to the cache as its 40
     rep.emit(0)
     assert out[-1] == {"to": 1, "streams": [[SESSION | R, 1, 1, 0, ""]]}
+    rep.persisted(1, SESSION, 39)  # one from before the stream was followed: not ours
+    assert plane.counters["persist_remote_untracked"] == 1
+    assert rep.streams[(1, SESSION | R)].failed == 0
     rep.persisted(1, SESSION, 40)  # (the cache's stream id, without the bit)
     rep.emit(1)
     assert out[-1]["streams"] == [[SESSION | R, 1, 3, 0, ""]]
