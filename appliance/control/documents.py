@@ -61,6 +61,8 @@ MAX_LIST_ITEMS = 16_384
 """Bound of the long lists (links, interest patterns, routes): more than a frame can hold."""
 MAX_PERSISTED_STREAMS = 64
 """Publishing streams one ``PERSISTED`` document names at most (a frame holds fewer)."""
+MAX_CACHE_PATTERNS = 64
+"""Patterns a ``PERSISTED`` beacon names at most (``cache.patterns`` holds no more)."""
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -388,7 +390,8 @@ KINDS: dict[ControlKind, Kind] = {
                        MAX_LIST_ITEMS)})),
     ControlKind.PERSISTED: Kind(Obj(
         {"streams": List(Row((Int(0, MAX_U32), SEQ, SEQ, SEQ, REASON)),
-                         MAX_PERSISTED_STREAMS)})),
+                         MAX_PERSISTED_STREAMS)},
+        {"patterns": List(PATTERN, MAX_CACHE_PATTERNS)})),
     ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,

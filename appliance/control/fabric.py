@@ -161,6 +161,8 @@ class FabricSide:
             log.info("%s: neighbour %s (id %d) is up", self.cfg.name, hello.name, hello.node_id)
             if hello.name == self.cfg.persist_remote:  # its cache's reports hold our ACKs
                 self.dp.command("persist_remote", hello.node_id, hello.name)
+                self._remote_ready = False  # told again once its interest is known
+                self.dp.command("remote_ready", False)
             self._lsa_due = True
             self._topology_dirty = True
             self._send_hello(nb, FrameType.HELLO)
@@ -244,7 +246,10 @@ class FabricSide:
                 self.counters["persisted_reports_refused"] += 1
                 return
             self.counters["persisted_reports_received"] += 1
-            self.dp.command("remote_persisted", doc["streams"])
+            if "patterns" in doc:  # its beacon: the patterns its cache keeps
+                self._remote_patterns = frozenset((0, p) for p in doc["patterns"])
+            if doc["streams"]:
+                self.dp.command("remote_persisted", doc["streams"])
         elif kind is al.ControlKind.ECHO:
             sent = doc["ts"]
             if sent:

@@ -271,6 +271,12 @@ class DataPlaneAgent(Delivery, Output):
         cache's reports (the control agent, once it knows the neighbour's node id)."""
         self.guaranteed.persist_remote(node, name)
 
+    def remote_ready(self, ready: bool) -> None:
+        """That neighbour's cache can take our publishers' messages, or no longer can
+        (the control agent: up, and its cache's guaranteed interest known here)."""
+        if self.guaranteed.waiter is not None:
+            self.guaranteed.waiter.ready = ready
+
     def remote_gone(self, why: str) -> None:
         """That neighbour stopped: what waited for its reports will not be reported."""
         if self.guaranteed.waiter is not None:

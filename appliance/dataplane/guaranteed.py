@@ -156,7 +156,7 @@ class _Sink:
 class _Gate:
     """One publishing client's stream under persisted acknowledgements (module docstring)."""
 
-    __slots__ = ("unrouted", "waiting", "where")
+    __slots__ = ("failed_at", "unrouted", "waiting", "where")
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -165,8 +165,13 @@ class _Gate:
         self.waiting: deque[tuple[int, int]] = deque()
         """(stream sequence, its sequence on the stream to the cache's session) handed to
         the cache and not yet reported persisted, in stream order."""
+        self.failed_at = 0
+        """The first stream sequence that will never be persisted (``_persist_failed``):
+        nothing from it on is acknowledged (0: none)."""
 
     def limit(self, upto: int) -> int:
+        if self.failed_at:
+            upto = min(upto, self.failed_at - 1)
         if self.unrouted:
             upto = min(upto, self.unrouted[0] - 1)
         if self.waiting:
@@ -254,7 +259,9 @@ class GuaranteedPlane:
         """Acknowledge a local publisher's guaranteed messages that go to appliance ``node``
         (``name``, the neighbour ``[cache] remote`` names) only once its cache reports them
         persisted (appliance/dataplane/remote_persist.py)."""
-        if self.waiter is not None and self.waiter.node != node:
+        if self.waiter is not None and self.waiter.node == node:
+            return
+        if self.waiter is not None:
             for session, gate in self.gates.items():  # a new node id: nothing will come
                 if gate.waiting:
                     self._persist_failed(session, gate.waiting[0][0], f"{name} changed its "
@@ -315,10 +322,10 @@ class GuaranteedPlane:
         if session in self.gates:
             self._routing[(session, topic_key, topic_seq)] = seq
             waiter = self.waiter
-            if waiter is not None and waiter.node not in self.dp.tables.epochs:
-                waiter.unreachable(session, seq, "has not been heard from (its guaranteed "
-                                   "interest is not known here), so its cache cannot "
-                                   "persist it")
+            if waiter is not None and not waiter.ready:
+                waiter.unreachable(session, seq, "is not ready (down, not heard from yet, or "
+                                   "its cache's guaranteed interest not known here), so its "
+                                   "cache cannot persist it")
 
     def routing_done(self) -> None:
         self._routing.clear()
@@ -415,6 +422,9 @@ class GuaranteedPlane:
         acknowledgement (and every later one) stays held, and the control agent ends the
         publisher's session saying why (``persist_failed`` in the data path's published
         state), so the client fails or resends what was not acknowledged (docs)."""
+        gate = self.gates.get(session)
+        if gate is not None and (not gate.failed_at or seq < gate.failed_at):
+            gate.failed_at = seq  # held from it on, whatever is routed after it
         if session in self.persist_failed:
             return
         self.counters["guaranteed_persist_failed"] += 1
@@ -805,6 +815,8 @@ class GuaranteedPlane:
                                                      for g in self.gates.values())
         if self.reporter is not None:
             out.update(self.reporter.count())
+        if self.waiter is not None:
+            out["persist_remote_ready"] = int(self.waiter.ready)
         out["guaranteed_streams_in"] = sum(len(r.streams) for r in self.receivers.values())
         return out
 

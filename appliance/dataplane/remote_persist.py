@@ -58,6 +58,9 @@ the link was down (a partition) is made good once it is back."""
 REPEAT_FOR_NS = 60_000_000_000
 """(``STREAM_IDLE_TIMEOUT_NS``: a longer outage is not covered anyway, reliability.md.)"""
 MAX_WHY_CHARS = 512
+PERSISTED_BEACON_NS = 1_000_000_000
+"""A caching appliance tells its up neighbours which patterns its cache keeps this often
+(a PERSISTED document with no streams; control/agent.py ``_persisted_timers``)."""
 RELIABLE = 0x8000_0000
 """``RELIABLE_STREAM_BIT`` (guaranteed.py imports this module)."""
 
@@ -123,8 +126,12 @@ class Reporter:
     def routed(self, origin: int, stream: int, pos: int) -> None:
         """Position ``pos`` of (origin, stream) went through the tables here."""
         stream |= RELIABLE
-        if not self.plane.cache_present():
-            return  # nothing would reach the cache: followed from its next message on
+        if not self.plane.cache_present():  # nothing reaches the cache: a stream followed
+            st = self.streams.get((origin, stream))  # fails here (never settled past it);
+            if st is not None and not st.failed:  # another is followed from its next
+                st.fail(pos, "its cache's session was not logged in")  # message on
+                self._touch((origin, stream), st)
+            return
         st = self._stream(origin, stream, pos)
         if st is not None and pos > st.through:
             st.through = pos
@@ -237,6 +244,9 @@ class Waiter:
         self.plane = plane
         self.node = node
         self.name = name
+        self.ready = False
+        """The neighbour is up and its cache's guaranteed interest is known here (the
+        control agent's ``remote_ready``): publishes are taken only then."""
 
     def take(self, entries: list) -> None:
         """A ``PERSISTED`` document's entries from the caching appliance (its MAC and link

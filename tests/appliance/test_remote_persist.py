@@ -116,6 +116,15 @@ def test_the_caching_side_follows_nothing_while_its_cache_is_not_there():
     rep.routed(1, SESSION | R, 1)
     rep.emit(0)
     assert not rep.streams and not out
+    present = [True]
+    plane.cache_present = lambda: present[0]
+    rep.routed(1, SESSION | R, 2)
+    present[0] = False  # its cache's session ended: a followed stream fails there
+    rep.routed(1, SESSION | R, 3)
+    present[0] = True
+    rep.routed(1, SESSION | R, 4)  # back: never settled past 3
+    rep.emit(1)
+    assert out[-1]["streams"][0][:4] == [SESSION | R, 2, 2, 3]
 
 
 def test_the_followed_streams_are_bounded(monkeypatch):
@@ -201,3 +210,34 @@ def test_the_caching_appliance_sends_a_report_to_that_neighbour_only():
     side.by_peer[101].up = False  # not an up neighbour: counted, not sent
     ControlAgent._send_persisted(side, json.dumps(doc).encode())
     assert len(sent) == 1 and side.counters["persisted_reports_unroutable"] == 1
+
+
+def _beacon_frame(source: int, patterns: list[str]) -> bytes:
+    auth = FabricAuth(KEY, 1, 3_000 + source)
+    frame = encode_admin(FrameType.CONTROL, [al.Control(al.ControlKind.PERSISTED, json.dumps(
+        {"streams": [], "patterns": patterns}))], source_session=source, dest_session=1,
+        send_ts_ns=1, auth=auth.next_auth())
+    return bytes(auth.sign(frame))
+
+
+def test_publishes_are_taken_only_while_the_neighbours_cache_interest_is_known_here():
+    from appliance.control.agent import ControlAgent
+
+    side = _control_side()
+    side.neighbours = {nb.config.name: nb for nb in side.by_peer.values()}
+    side.cache, side._remote_patterns, side._remote_ready = None, None, False
+    side.interest = {2: (1, 1, frozenset(), frozenset({(0, "orders/#"), (0, "fx/#")}))}
+    ControlAgent._persisted_timers(side, 0)
+    assert side.commands == []  # no beacon yet: not ready
+    FabricSide._on_fabric(side, 100, _beacon_frame(2, ["orders/#"]), 0)
+    assert side.commands == []  # a beacon moves no gate
+    ControlAgent._persisted_timers(side, 1)
+    assert side.commands == [("remote_ready", True)]
+    side.interest[2] = (1, 2, frozenset(), frozenset({(0, "fx/#")}))  # withdrawn
+    ControlAgent._persisted_timers(side, 2)
+    assert side.commands[-1] == ("remote_ready", False)
+    side.interest[2] = (1, 3, frozenset(), frozenset({(0, "orders/#")}))
+    ControlAgent._persisted_timers(side, 3)
+    side.by_peer[100].up = False  # the neighbour is down
+    ControlAgent._persisted_timers(side, 4)
+    assert side.commands[-2:] == [("remote_ready", True), ("remote_ready", False)]
