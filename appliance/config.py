@@ -496,7 +496,12 @@ class ApplianceConfig:
     mqtt: MqttConfig | None = None
     """``[mqtt]`` (role ``edge`` only), None when absent."""
     cache: Any = None
-    """``[cache]`` (appliance/cache/settings.py), None when absent."""
+    """``[cache]`` (appliance/cache/settings.py), None when absent (or when it only names
+    a neighbour's cache: ``persist_remote``)."""
+    persist_remote: str | None = None
+    """``cache.remote``: the neighbour whose cache must persist this appliance's publishers'
+    guaranteed messages before they are acknowledged (docs/fault-tolerance.md, "Persisted
+    by a neighbour's cache"), None when not configured."""
     routing_content: str = "flood"
     """``routing.content``: ``"flood"`` or ``"rendezvous"`` (one value per fabric)."""
     popular_share: float = 0.5
@@ -1377,6 +1382,20 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     _str(log, "format", "log.", "text", ("text", "json"))
     _str(log, "level", "log.", "info", ("debug", "info", "warning", "error"))
 
+    from appliance.cache.settings import RemotePersist
+
+    cache = parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None)
+    persist_remote = None
+    if isinstance(cache, RemotePersist):
+        cache, persist_remote = None, cache.remote
+        known = [nb.name for nb in neighbours]
+        if persist_remote not in known:
+            raise _fail("cache.remote", f"must name one of [[neighbours]] "
+                        f"({', '.join(known) or 'none configured'}), not {persist_remote!r}: "
+                        "the caching appliance reports what it persisted over the link "
+                        "between the two")
+        if persist_remote == name:
+            raise _fail("cache.remote", "names this appliance")
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         dataplane=dataplane, idle_spin_us=idle_spin_us, priority=priority,
@@ -1397,7 +1416,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         schemas=schemas, acl_classes=acl_classes, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
-        cache=parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None),
+        cache=cache, persist_remote=persist_remote,
         routing_content=content, popular_share=float(share), counts_interval_ms=counts_ms)
     if mode == "embedded":
         import json

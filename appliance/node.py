@@ -102,6 +102,8 @@ class Appliance:
             jit.warn_if_cold()
             self.control = ControlAgent(cfg, self.dataplane, compiler, registry)
             self._before_threads(registry)
+            if cfg.persist_remote is not None:  # [cache] remote: held until it reports
+                self.dataplane.command("persist_remote", 0, cfg.persist_remote)
             self.control.jit = jit
             if cfg.dataplane != "process":
                 dp = self.dataplane

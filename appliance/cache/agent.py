@@ -451,10 +451,13 @@ class CacheAgent:
             self._inbox.append(_Gap(reason, loss.messages, loss.origin, loss.stream,
                                     loss.first_seq, loss.last_seq, None))
         self.wakeup.set()
-        if self.persisted_acks and loss.origin == self.config.node_id and loss.at == 0:
+        if self.persisted_acks and loss.at == 0:
             # lost on the hop from this appliance's data path: sequences of that stream
-            self._unkept.append((loss.stream & ~RELIABLE_STREAM_BIT, loss.first_seq,
-                                 loss.last_seq, f"lost on the way to the cache: {loss.reason}"))
+            why = f"lost on the way to the cache: {loss.reason}"
+            stream = loss.stream & ~RELIABLE_STREAM_BIT
+            self._unkept.append((stream, loss.first_seq, loss.last_seq, why)
+                                if loss.origin == self.config.node_id else
+                                (loss.origin, loss.stream, loss.first_seq, loss.last_seq, why))
             self.wakeup.set()
         if not self._lost_logged:
             self._lost_logged = True
@@ -483,10 +486,10 @@ class CacheAgent:
     def _not_kept(self, msg: Any, why: str) -> None:
         """A message this cache received and will not keep: when its publisher waits for it
         (a local guaranteed one, persisted acknowledgements), the data path is told."""
-        if (self.persisted_acks and msg.qos == QOS_GUARANTEED
-                and msg.origin == self.config.node_id):
+        if self.persisted_acks and msg.qos == QOS_GUARANTEED:
             self._unkept.append((msg.stream & ~RELIABLE_STREAM_BIT, msg.sequence,
-                                 msg.sequence, why))
+                                 msg.sequence, why) if msg.origin == self.config.node_id else
+                                (msg.origin, msg.stream, msg.sequence, msg.sequence, why))
             self.wakeup.set()
 
     def on_nak_request(self, data: bytes) -> None:
@@ -650,11 +653,13 @@ class CacheAgent:
             if msg.qos == QOS_GUARANTEED:  # its sequence on the stream to this session
                 pattern, cache_seq = taken[0]
                 self.naks.index.add(msg.origin, msg.stream, msg.sequence, pattern, cache_seq)
-            if (self.persisted_acks and msg.qos == QOS_GUARANTEED
-                    and msg.origin == self.config.node_id):
-                # (publisher, its sequence on the data path's stream to this session)
-                self._unpersisted.append(((msg.stream & ~RELIABLE_STREAM_BIT, msg.sequence),
-                                          taken))
+            if self.persisted_acks and msg.qos == QOS_GUARANTEED:
+                # (publisher, its sequence on the data path's stream to this session); a
+                # neighbour's publisher with its origin (reported to that appliance)
+                self._unpersisted.append((
+                    (msg.stream & ~RELIABLE_STREAM_BIT, msg.sequence)
+                    if msg.origin == self.config.node_id else
+                    (msg.origin, msg.stream, msg.sequence), taken))
 
     def _write_gap(self, gap: _Gap, ts_ns: int | None = None) -> None:
         """A loss marker for ``gap`` in the log of each pattern that matches one of its

@@ -14,6 +14,16 @@ acknowledge = "received"           # "persisted": a local client's guaranteed me
                                    #   the patterns is acknowledged once on disk
 ```
 
+or, at an appliance without a cache whose publishers' guaranteed messages must be on a
+neighbour's disk before they are acknowledged (docs/fault-tolerance.md, "Persisted by a
+neighbour's cache"):
+
+```toml
+[cache]
+remote = "NEIGHBOUR"               # a [[neighbours]] name; its [cache] has acknowledge =
+acknowledge = "persisted"          #   "persisted" too (required here)
+```
+
 ``appliance/config.py`` hands the raw table here; every check raises the config's own
 ``ConfigError`` naming the key (exit code 2 from ``topicwire run``).
 """
@@ -93,6 +103,14 @@ waited for this long (it may still be on its way), then answered as not kept."""
 
 
 @dataclass(frozen=True)
+class RemotePersist:
+    """``[cache] remote = "NAME"``: no cache here; the neighbour ``remote``'s cache persists
+    what this appliance's publishers publish before they are acknowledged."""
+
+    remote: str
+
+
+@dataclass(frozen=True)
 class CacheSettings:
     dir: Path
     patterns: tuple[str, ...]
@@ -131,7 +149,29 @@ def _error(key: str, what: str) -> Exception:
     return ConfigError(f"{key}: {what}")
 
 
-def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSettings | None:
+def _parse_remote(table: dict) -> RemotePersist:
+    """``[cache]`` naming a neighbour's cache (``remote``): nothing is kept here, so the
+    keys of a cache of its own are refused rather than ignored."""
+    from appliance.config_files import show
+
+    p = "cache."
+    own = sorted(set(table) - {"remote", "acknowledge"})
+    if own:
+        raise _error(p + own[0], "not with cache.remote: this appliance keeps nothing (the "
+                     "neighbour's [cache] has dir, patterns and the rest)")
+    remote = table["remote"]
+    if not isinstance(remote, str) or not remote:
+        raise _error(p + "remote", f"must be the name of a neighbour (a string), not "
+                     f"{show(remote)}")
+    acknowledge = table.get("acknowledge")
+    if acknowledge != "persisted":
+        raise _error(p + "acknowledge", "must be \"persisted\" with cache.remote (what "
+                     f"else the neighbour's cache would be named for), not {show(acknowledge)}")
+    return RemotePersist(remote)
+
+
+def parse_cache(table: Any, base: Path, has_client_endpoint: bool
+                ) -> CacheSettings | RemotePersist | None:
     """``[cache]``; None when absent."""
     if table is None:
         return None
@@ -141,6 +181,8 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool) -> CacheSetti
     p = "cache."
     if not isinstance(table, dict):
         raise _error("cache", "must be a table ([cache])")
+    if "remote" in table:
+        return _parse_remote(table)
     _known(table, {"dir", "patterns", "fsync", "fsync_interval_ms", "retention_bytes",
                    "retention_hours", "acknowledge", "max_disk_bytes"}, p)
     directory = table.get("dir")

@@ -52,7 +52,8 @@ from appliance.dataplane.agent import (
     DataPlaneAgent,
 )
 from appliance.dataplane.frame_auth import DataAuth
-from appliance.dataplane.names import CACHE_NAK_CHANNEL, GROUP_TX
+from appliance.dataplane.names import CACHE_NAK_CHANNEL, GROUP_TX, PERSISTED_CHANNEL
+from appliance.dataplane.remote_persist import PERSISTED_BEACON_NS
 from channels.udp import peer_id_of
 from datapath.protocol import admin_layout as al
 from datapath.protocol import frame_layout as fl
@@ -196,6 +197,10 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self.jit: Any = None
         """The process's ``datapath.jit.JitWatch`` (set by the appliance once it preloaded)."""
         self.cache = None
+        self._persisted_beacon_at = 0
+        self._remote_patterns: frozenset | None = None
+        """``cache.remote``: the patterns that neighbour's cache keeps (its beacon)."""
+        self._remote_ready = False
         self.internal_logins = {}
         self.acl_ids: dict[str, int] = {}
         """Content ACL class name -> its id in the tables (control/acl_apply.py)."""
@@ -218,6 +223,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                 if self.cache is not None:
                     self.cache.on_nak_request(data)
                 continue
+            if channel == PERSISTED_CHANNEL:  # the data path's report for a neighbour
+                self._send_persisted(data)
+                continue
             if len(data) <= fl.TYPE_OFFSET or data[fl.TYPE_OFFSET] not in _HEARTBEAT_TYPES:
                 self._status_news(now_ns)
             try:
@@ -226,6 +234,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                 self._bad_admin(channel, peer, exc, now_ns)
         requests = self._run_requests()
         work += requests + self._timers(now_ns)
+        if self.cache is not None or self.cfg.persist_remote is not None:
+            self._persisted_timers(now_ns)
         routed = self.routes_ext.do_work(now_ns)
         work += routed
         if self.rdv is not None:
@@ -321,6 +331,55 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                       nb.config.name, exc)
             return
         self.dp.offer_admin(FABRIC, nb.peer, frame)
+
+    def _persisted_timers(self, now_ns: int) -> None:
+        """Persisted acknowledgements across the fabric (docs/fault-tolerance.md,
+        "Persisted by a neighbour's cache"). A caching appliance whose cache has subscribed
+        (``acknowledge = "persisted"``) tells its up neighbours every
+        ``PERSISTED_BEACON_NS`` which patterns it keeps (a PERSISTED document with no
+        streams). At the appliance with ``cache.remote``, the data path takes publishes
+        only while that neighbour is up and its interest here holds those patterns as
+        guaranteed (``remote_ready``): otherwise nothing would be routed to its cache and
+        the messages would be acknowledged on receipt."""
+        cache = self.cache
+        if (cache is not None and cache.persisted_acks and cache.ready.is_set()
+                and now_ns >= self._persisted_beacon_at):
+            self._persisted_beacon_at = now_ns + PERSISTED_BEACON_NS
+            doc = {"streams": [], "patterns": list(cache.settings.patterns)}
+            for nb in self.neighbours.values():
+                if nb.up:
+                    self._to_neighbour(nb, FrameType.CONTROL, [self._control(
+                        al.ControlKind.PERSISTED, doc)])
+        name = self.cfg.persist_remote
+        if name is None:
+            return
+        nb = self.neighbours.get(name)
+        ready = False
+        if (nb is not None and nb.up and nb.node_id is not None
+                and self._remote_patterns is not None):
+            held = self.interest.get(nb.node_id)
+            ready = held is not None and self._remote_patterns <= held[3]
+        if ready != self._remote_ready:
+            self._remote_ready = ready
+            self.counters["persisted_remote_ready_changes"] += 1
+            log.info("%s: the cache of %s is %s for this appliance's publishers", self.cfg.name,
+                     name, "ready" if ready else "not ready (down, or its guaranteed interest "
+                     "not known here): their guaranteed publishes fail until it is")
+            self.dp.command("remote_ready", ready)
+
+    def _send_persisted(self, data: bytes) -> None:
+        """What this appliance's cache persisted of a neighbour's publishers (the data
+        path's report, appliance/dataplane/remote_persist.py) to that neighbour, as a
+        signed CONTROL ``PERSISTED`` entry; a node that is not an up neighbour is counted."""
+        doc = json.loads(data)
+        node = doc["to"]
+        for nb in self.neighbours.values():
+            if nb.up and nb.node_id == node:
+                self._to_neighbour(nb, FrameType.CONTROL, [self._control(
+                    al.ControlKind.PERSISTED, {"streams": doc["streams"]})])
+                self.counters["persisted_reports_sent"] += 1
+                return
+        self.counters["persisted_reports_unroutable"] += 1
 
     def _control(self, kind: al.ControlKind, doc: dict) -> al.Control:
         return al.Control(kind, json.dumps(doc, separators=(",", ":")))

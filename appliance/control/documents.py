@@ -59,6 +59,10 @@ MAX_RESOLVE_KEYS = 4_096
 """Keys one RESOLVE may ask for (the client library sends at most this many)."""
 MAX_LIST_ITEMS = 16_384
 """Bound of the long lists (links, interest patterns, routes): more than a frame can hold."""
+MAX_PERSISTED_STREAMS = 64
+"""Publishing streams one ``PERSISTED`` document names at most (a frame holds fewer)."""
+MAX_CACHE_PATTERNS = 64
+"""Patterns a ``PERSISTED`` beacon names at most (``cache.patterns`` holds no more)."""
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -388,6 +392,10 @@ KINDS: dict[ControlKind, Kind] = {
     ControlKind.POLICY_DROPS: Kind(Obj(
         {"drops": List(Row((Int(0, 2**64 - 1), FLOW_POLICY, Int(1, MAX_U63))),
                        MAX_LIST_ITEMS)})),
+    ControlKind.PERSISTED: Kind(Obj(
+        {"streams": List(Row((Int(0, MAX_U32), SEQ, SEQ, SEQ, REASON)),
+                         MAX_PERSISTED_STREAMS)},
+        {"patterns": List(PATTERN, MAX_CACHE_PATTERNS)})),
     ControlKind.LOGIN: Kind(Obj({"identity": IDENTITY},
                                 {"ring": Nullable(Str(MAX_RING_CHARS, 1)),
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
@@ -434,7 +442,8 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
     "neighbour": frozenset({ControlKind.LSA, ControlKind.INTEREST, ControlKind.PM_UPDATE,
                             ControlKind.INTEREST_SELECTORS,
                             ControlKind.RENDEZVOUS_COUNTS, ControlKind.RENDEZVOUS_REGISTER,
-                            ControlKind.LOGOUT, ControlKind.ECHO}),
+                            ControlKind.LOGOUT, ControlKind.ECHO,
+                            ControlKind.PERSISTED}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
                             ControlKind.LOGOUT, ControlKind.REPLAY_RESULT,
                             ControlKind.POLICY_DROPS}),

@@ -160,6 +160,10 @@ class FabricSide:
             nb.epoch = hello.epoch
             self.names[hello.node_id] = hello.name
             log.info("%s: neighbour %s (id %d) is up", self.cfg.name, hello.name, hello.node_id)
+            if hello.name == self.cfg.persist_remote:  # its cache's reports hold our ACKs
+                self.dp.command("persist_remote", hello.node_id, hello.name)
+                self._remote_ready = False  # told again once its interest is known
+                self.dp.command("remote_ready", False)
             self._lsa_due = True
             self._topology_dirty = True
             self._send_hello(nb, FrameType.HELLO)
@@ -231,11 +235,22 @@ class FabricSide:
                 self._apply_pm(doc)
                 self._flood(kind, doc, skip=nb)
         elif kind is al.ControlKind.LOGOUT:  # the neighbour is shutting down
+            if nb.config.name == self.cfg.persist_remote:  # it comes back a new incarnation
+                self.dp.command("remote_gone", "stopped (it said goodbye)")
             if nb.up:
                 nb.up = False
                 log.info("%s: neighbour %s said goodbye", self.cfg.name, nb.config.name)
                 self._lsa_due = True
                 self._topology_dirty = True
+        elif kind is al.ControlKind.PERSISTED:
+            if nb.config.name != self.cfg.persist_remote:  # not the cache we wait for
+                self.counters["persisted_reports_refused"] += 1
+                return
+            self.counters["persisted_reports_received"] += 1
+            if "patterns" in doc:  # its beacon: the patterns its cache keeps
+                self._remote_patterns = frozenset((0, p) for p in doc["patterns"])
+            if doc["streams"]:
+                self.dp.command("remote_persisted", doc["streams"])
         elif kind is al.ControlKind.ECHO:
             sent = doc["ts"]
             if sent:

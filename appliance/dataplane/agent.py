@@ -266,6 +266,26 @@ class DataPlaneAgent(Delivery, Output):
         """The cache has these local guaranteed messages on disk."""
         self.guaranteed.take_persisted(tokens)
 
+    def persist_remote(self, node: int, name: str) -> None:
+        """``[cache] remote``: local publishers' guaranteed messages to ``node`` wait for its
+        cache's reports (the control agent, once it knows the neighbour's node id)."""
+        self.guaranteed.persist_remote(node, name)
+
+    def remote_ready(self, ready: bool) -> None:
+        """That neighbour's cache can take our publishers' messages, or no longer can
+        (the control agent: up, and its cache's guaranteed interest known here)."""
+        if self.guaranteed.waiter is not None:
+            self.guaranteed.waiter.ready = ready
+
+    def remote_gone(self, why: str) -> None:
+        """That neighbour stopped: what waited for its reports will not be reported."""
+        if self.guaranteed.waiter is not None:
+            self.guaranteed.waiter.gone(why)
+
+    def remote_persisted(self, entries: list) -> None:
+        """A PERSISTED document of that neighbour (checked by the control agent)."""
+        self.guaranteed.take_remote_persisted(entries)
+
     def unpersisted(self, ranges: list[tuple[int, int, int, str]]) -> None:
         """The cache will never have these local guaranteed messages on disk (dropped or
         lost before it): their publishers' sessions end (``GuaranteedPlane``)."""
@@ -791,7 +811,8 @@ class DataPlaneAgent(Delivery, Output):
                      for where, stream, message in gp.take_delivered())
         if not items:
             return
-        gates = gp.persist_identity is not None
+        gates = gp.gating
+        reporter = gp.reporter
         keys = np.fromiter((_KEY.unpack_from(item[2], 0)[0] for item in items), np.uint64,
                            len(items))
         known = snapshot.tables.lookup(keys) != 0
@@ -826,6 +847,10 @@ class DataPlaneAgent(Delivery, Output):
             if gates and where != FABRIC:  # its gate (persisted acknowledgements) moves on
                 in_seq = int(_KEY.unpack_from(message, ml.SEQUENCE_OFFSET)[0])
                 gp.routed(stream, in_seq)
+            elif reporter is not None and topic_key != LOSS_NOTICE_KEY:
+                # another appliance's publisher: its position, for its persisted reports
+                reporter.routed(stream.source_session, stream.stream_id,
+                                int(_KEY.unpack_from(message, ml.SEQUENCE_OFFSET)[0]))
             if topic_key == LOSS_NOTICE_KEY:
                 if where == FABRIC:
                     gp.notify_clients(stream.source_session, stream.stream_id,

@@ -77,6 +77,7 @@ from appliance.config import (
 )
 from appliance.dataplane.cache_naks import CacheNaks
 from appliance.dataplane.names import CLIENT_SHM, CLIENT_UDP, FABRIC
+from appliance.dataplane.remote_persist import Reporter, Waiter
 from appliance.dataplane.state import log
 from datapath.protocol import extension_layout as xl
 from datapath.protocol import frame_layout as fl
@@ -134,7 +135,7 @@ class _Collector:
     def on_message(self, stream: StreamKey, message: memoryview) -> bool:
         plane = self.plane
         plane.delivered.append((self.where, stream, bytes(message)))
-        if plane.persist_identity is not None and self.where != FABRIC:
+        if plane.gating and self.where != FABRIC:
             gate = plane.gates.get(stream.source_session)
             if gate is None:
                 gate = plane.gates[stream.source_session] = _Gate(self.where)
@@ -155,7 +156,7 @@ class _Sink:
 class _Gate:
     """One publishing client's stream under persisted acknowledgements (module docstring)."""
 
-    __slots__ = ("unrouted", "waiting", "where")
+    __slots__ = ("failed_at", "unrouted", "waiting", "where")
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -164,8 +165,13 @@ class _Gate:
         self.waiting: deque[tuple[int, int]] = deque()
         """(stream sequence, its sequence on the stream to the cache's session) handed to
         the cache and not yet reported persisted, in stream order."""
+        self.failed_at = 0
+        """The first stream sequence that will never be persisted (``_persist_failed``):
+        nothing from it on is acknowledged (0: none)."""
 
     def limit(self, upto: int) -> int:
+        if self.failed_at:
+            upto = min(upto, self.failed_at - 1)
         if self.unrouted:
             upto = min(upto, self.unrouted[0] - 1)
         if self.waiting:
@@ -229,6 +235,13 @@ class GuaranteedPlane:
         """(session, topic key, per-topic sequence) -> stream sequence, during one
         ``_run_guaranteed`` (the messages being routed)."""
         self._cache_session: int | None = None
+        self.gating = False
+        """Local publishers' acknowledgements wait (a cache here, or a neighbour's)."""
+        self.reporter: Reporter | None = None
+        """With a cache here: what it persisted of other appliances' publishers, for them
+        (appliance/dataplane/remote_persist.py)."""
+        self.waiter: Waiter | None = None
+        """``[cache] remote``: acknowledgements wait for that neighbour's reports."""
         self.cache_naks = CacheNaks(self)
         """NAKs the senders' buffers no longer answer, served from the cache
         (appliance/dataplane/cache_naks.py)."""
@@ -239,6 +252,40 @@ class GuaranteedPlane:
         ``max_payload_bytes`` (which it does not keep) are not waited for."""
         self.persist_identity = identity
         self.persist_max_payload = max_payload_bytes
+        self.gating = True
+        self.reporter = Reporter(self)
+
+    def persist_remote(self, node: int, name: str) -> None:
+        """Acknowledge a local publisher's guaranteed messages that go to appliance ``node``
+        (``name``, the neighbour ``[cache] remote`` names) only once its cache reports them
+        persisted (appliance/dataplane/remote_persist.py)."""
+        if self.waiter is not None and self.waiter.node == node:
+            return
+        if self.waiter is not None:
+            for session, gate in self.gates.items():  # a new node id: nothing will come
+                if gate.waiting:
+                    self._persist_failed(session, gate.waiting[0][0], f"{name} changed its "
+                                         "node id before it reported it persisted")
+        self.waiter = Waiter(self, node, name)
+        self.gating = True
+
+    def take_remote_persisted(self, entries: list) -> None:
+        """A PERSISTED document of the neighbour ``[cache] remote`` names (the control agent
+        checked where it came from)."""
+        if self.waiter is None:
+            self.counters["persist_remote_entries_unknown"] += len(entries)
+            return
+        self.waiter.take(entries)
+
+    def cache_present(self) -> bool:
+        """Whether the cache's session is logged in (what it subscribes to reaches it)."""
+        if self._cache_session is not None and self._cache_session in self.dp.sessions:
+            return True
+        for sid, session in self.dp.sessions.items():
+            if session.identity == self.persist_identity:
+                self._cache_session = sid
+                return True
+        return False
 
     def use_auth(self, auth: FabricAuth) -> None:
         """Sign and check with ``auth`` from now on (a command from the control agent)."""
@@ -274,6 +321,11 @@ class GuaranteedPlane:
         sequence): if it reaches the cache's session, it waits for the cache."""
         if session in self.gates:
             self._routing[(session, topic_key, topic_seq)] = seq
+            waiter = self.waiter
+            if waiter is not None and not waiter.ready:
+                waiter.unreachable(session, seq, "is not ready (down, not heard from yet, or "
+                                   "its cache's guaranteed interest not known here), so its "
+                                   "cache cannot persist it")
 
     def routing_done(self) -> None:
         self._routing.clear()
@@ -300,6 +352,19 @@ class GuaranteedPlane:
         if gate is not None:
             gate.waiting.append((seq, cache_seq))
 
+    def _remote_to_cache(self, origin: int, stream: int, message: Any, off: int,
+                         cache_seq: int) -> None:
+        """Another appliance's publisher's message (its position on the stream from there in
+        its sequence field) handed to the cache: its report waits for the cache's."""
+        _, pos, _, _, _, _, flags, plen, _, _ = _MSG.unpack_from(message, off)
+        if flags & _SEGMENT_FLAG and plen >= xl.SEGMENT_DESCRIPTOR_BYTES:
+            _, plen, _, index, count = xl.SEGMENT_STRUCT.unpack_from(
+                message, off + ml.MESSAGE_HEADER_BYTES + plen - xl.SEGMENT_DESCRIPTOR_BYTES)
+            if index != count - 1:
+                return
+        if plen <= self.persist_max_payload:
+            self.reporter.to_cache(origin, stream, pos, cache_seq)  # type: ignore[union-attr]
+
     def _is_cache(self, session_id: int) -> bool:
         if self._cache_session == session_id:
             return True
@@ -315,7 +380,12 @@ class GuaranteedPlane:
         the order it received them; a publisher's head pops when it is the one reported.
         One that is not the head means the head was never persisted: the publisher's
         session is ended (``_persist_failed``; docs)."""
-        for session, cache_seq in tokens:
+        for token in tokens:
+            if len(token) == 3:  # (origin, stream, cache seq): a neighbour's publisher
+                if self.reporter is not None:
+                    self.reporter.persisted(*token)
+                continue
+            session, cache_seq = token
             gate = self.gates.get(session)
             if gate is None or not gate.waiting:
                 continue
@@ -333,7 +403,12 @@ class GuaranteedPlane:
         ((publishing session, first and last sequence on the stream to the cache, why):
         dropped from its full queue, or lost on the way): a publisher waiting for one of them
         is failed (``_persist_failed``), never acknowledged and never held for good."""
-        for session, first, last, why in ranges:
+        for entry in ranges:
+            if len(entry) == 5:  # (origin, stream, first, last, why): a neighbour's
+                if self.reporter is not None:
+                    self.reporter.unkept(*entry)
+                continue
+            session, first, last, why = entry
             gate = self.gates.get(session)
             if gate is None:
                 continue
@@ -347,6 +422,9 @@ class GuaranteedPlane:
         acknowledgement (and every later one) stays held, and the control agent ends the
         publisher's session saying why (``persist_failed`` in the data path's published
         state), so the client fails or resends what was not acknowledged (docs)."""
+        gate = self.gates.get(session)
+        if gate is not None and (not gate.failed_at or seq < gate.failed_at):
+            gate.failed_at = seq  # held from it on, whatever is routed after it
         if session in self.persist_failed:
             return
         self.counters["guaranteed_persist_failed"] += 1
@@ -491,9 +569,9 @@ class GuaranteedPlane:
         return held
 
     def _offer(self, key: tuple, held: _Sender | None, message: Any, off: int,
-               now_ns: int) -> None:
+               now_ns: int) -> bool:
         if held is None:
-            return
+            return False
         topic_key, _, ts, ns, schema, qos, flags, plen, _, _ = _MSG.unpack_from(message, off)
         start = off + ml.MESSAGE_HEADER_BYTES
         payload = memoryview(message[start : start + plen])
@@ -513,17 +591,39 @@ class GuaranteedPlane:
             held.sender.skip(now_ns)
             self.counters["guaranteed_too_large" if accepted is None else
                           "guaranteed_refused"] += 1
-            return
+            return False
         self.active[key] = held.sender
         self.counters["guaranteed_offered"] += 1
         if seq and self.cache_naks.identity is not None:
             self.cache_naks.offered(key, held, message, off, seq)
+        return True
 
     def to_node(self, node: int, stream: int, message: Any, off: int, now_ns: int) -> None:
         """A message for destination appliance ``node`` from publishing session ``stream``."""
+        publisher = stream
         stream |= RELIABLE_STREAM_BIT
-        self._offer(("n", node, stream), self._sender_to_node(node, stream), message, off,
-                    now_ns)
+        held = self._sender_to_node(node, stream)
+        waiter = self.waiter
+        if waiter is None or node != waiter.node or publisher not in self.gates:
+            self._offer(("n", node, stream), held, message, off, now_ns)
+            return
+        # [cache] remote: it waits for the neighbour's report of this position
+        topic_key, topic_seq = _MSG.unpack_from(message, off)[:2]
+        seq = self._routing.pop((publisher, topic_key, topic_seq), None)
+        if seq is None:  # routed outside _run_guaranteed (parked for an unknown key)
+            self.counters["guaranteed_persist_untracked"] += 1
+            self._offer(("n", node, stream), held, message, off, now_ns)
+            return
+        if held is None:
+            waiter.unreachable(publisher, seq, "has no reliable stream from here (not "
+                               "reachable)")
+            return
+        pos = held.sender.next_seq + len(held.sender.pending)
+        if self._offer(("n", node, stream), held, message, off, now_ns):
+            self.gates[publisher].waiting.append((seq, pos))
+        else:
+            waiter.unreachable(publisher, seq, "could not be sent it (the stream's window "
+                               "and queue are full)")
 
     def to_client(self, session_id: int, origin: int, stream: int, message: Any, off: int,
                   now_ns: int) -> None:
@@ -531,12 +631,15 @@ class GuaranteedPlane:
         publisher = stream & ~RELIABLE_STREAM_BIT
         stream |= RELIABLE_STREAM_BIT
         held = self._sender_to_client(session_id, origin, stream)
-        if (held is not None and self.persist_identity is not None and origin == self.node_id
+        if (held is not None and self.persist_identity is not None
                 and self._is_cache(session_id)):
             # the sequence this message takes on the stream to the cache (held back behind
             # its pending queue, or skipped as a loss: the cache then never reports it)
-            self._to_cache(publisher, message, off,
-                           held.sender.next_seq + len(held.sender.pending))
+            cache_seq = held.sender.next_seq + len(held.sender.pending)
+            if origin == self.node_id:
+                self._to_cache(publisher, message, off, cache_seq)
+            elif self.reporter is not None:
+                self._remote_to_cache(origin, stream, message, off, cache_seq)
         self._offer(("c", session_id, origin, stream), held, message, off, now_ns)
 
     # --- losses -------------------------------------------------------------------------------
@@ -574,6 +677,8 @@ class GuaranteedPlane:
         self.counters["guaranteed_loss_events"] += 1
         self.counters["guaranteed_lost_messages"] += last - first + 1
         origin, stream = key
+        if where == FABRIC and self.reporter is not None:
+            self.reporter.lost(origin, stream, first, last, reason)
         if where == FABRIC:  # (origin, stream) from another appliance: tell our clients
             payload = loss_notice(origin, stream, first, last, reason, self.node_id)
             self.notify_clients(origin, stream, payload, now_ns)
@@ -616,6 +721,8 @@ class GuaranteedPlane:
         for sender in self.active.values():
             sender.flush(now_ns)
         self.active.clear()
+        if self.reporter is not None:
+            self.reporter.emit(now_ns)
         self.cache_naks.end_cycle()
 
     # --- lifetimes ----------------------------------------------------------------------------
@@ -635,6 +742,8 @@ class GuaranteedPlane:
             if epoch is not None and epoch != held.epoch:
                 self._drop(key)
                 self.counters["guaranteed_streams_restarted"] += 1
+                if self.waiter is not None and key[1] == self.waiter.node:
+                    self.waiter.sender_dropped(key[2], "restarted")
 
     def on_session_removed(self, session_id: int) -> None:
         for key in [k for k in self.senders if k[0] == "c" and k[1] == session_id]:
@@ -649,6 +758,8 @@ class GuaranteedPlane:
         self.cache_naks.session_removed(session_id)
         if self._cache_session == session_id:
             self._cache_session = None
+            if self.reporter is not None:
+                self.reporter.cache_gone()
             for session, gate in self.gates.items():  # what it was handed is gone with it
                 if gate.waiting:
                     self._persist_failed(session, gate.waiting[0][0],
@@ -699,9 +810,13 @@ class GuaranteedPlane:
             out["guaranteed_auth_accepted"] = auth.accepted
         out.update({f"guaranteed_{k}": int(v) for k, v in (rx + tx).items()})
         out["guaranteed_streams_out"] = len(self.senders)
-        if self.persist_identity is not None:
+        if self.gating:
             out["guaranteed_awaiting_persist"] = sum(len(g.waiting)
                                                      for g in self.gates.values())
+        if self.reporter is not None:
+            out.update(self.reporter.count())
+        if self.waiter is not None:
+            out["persist_remote_ready"] = int(self.waiter.ready)
         out["guaranteed_streams_in"] = sum(len(r.streams) for r in self.receivers.values())
         return out
 

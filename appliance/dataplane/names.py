@@ -15,3 +15,7 @@ CACHE_NAK_CHANNEL = "cache-nak"
 """Not a channel: the name under which the data path puts its requests to the cache (NAKs
 its senders' buffers no longer answer) in the inbox; the control agent hands them to the
 cache (appliance/dataplane/cache_naks.py)."""
+PERSISTED_CHANNEL = "persisted"
+"""Not a channel: the name under which the data path puts its persisted reports for a
+neighbour's publishers in the inbox; the control agent sends them to that neighbour as a
+CONTROL ``PERSISTED`` entry (appliance/dataplane/remote_persist.py)."""

@@ -118,6 +118,11 @@ class ControlKind(IntEnum):
     RENDEZVOUS_REGISTER = 15
     """Rendezvous content routing: the selector rules an origin registers at one target
     core (flooded; only the target keeps them; an empty list withdraws)."""
+    PERSISTED = 16
+    """A caching appliance tells its neighbour which guaranteed messages of that
+    neighbour's publishers its cache holds on disk: per publishing stream, the positions on
+    the reliable stream between them (docs/fault-tolerance.md, "Persisted by a neighbour's
+    cache")."""
 
 
 MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES

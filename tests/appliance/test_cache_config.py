@@ -87,3 +87,36 @@ def test_topicwire_run_refuses_a_bad_disk_bound_in_one_line_with_exit_2(tmp_path
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "cache.max_disk_bytes: must be 0 (no limit) or at least" in \
         lines[0], run.stderr
+
+
+def _remote(cache, neighbours=("core2",)):
+    return parse_config(dict(
+        HEAD, fabric={"listen": "127.0.0.1:47998", "key": "ab" * 32},
+        neighbours=[{"name": n, "address": "127.0.0.1:47997"} for n in neighbours],
+        cache=cache))
+
+
+@pytest.mark.parametrize("cache, key, words", [
+    ({"remote": "core2"}, "cache.acknowledge", "must be \"persisted\" with cache.remote"),
+    ({"remote": "core2", "acknowledge": "received"}, "cache.acknowledge", "not 'received'"),
+    ({"remote": "", "acknowledge": "persisted"}, "cache.remote", "the name of a neighbour"),
+    ({"remote": 7, "acknowledge": "persisted"}, "cache.remote", "the name of a neighbour"),
+    ({"remote": "core3", "acknowledge": "persisted"}, "cache.remote",
+     "must name one of [[neighbours]] (core2), not 'core3'"),
+    ({"remote": "core2", "acknowledge": "persisted", "dir": "/tmp/x"}, "cache.dir",
+     "not with cache.remote"),
+    ({"remote": "core2", "acknowledge": "persisted", "patterns": ["a/#"]}, "cache.patterns",
+     "not with cache.remote"),
+])
+def test_a_bad_remote_cache_value_is_refused_naming_its_key(cache, key, words):
+    with pytest.raises(ConfigError) as info:
+        _remote(cache)
+    text = str(info.value)
+    assert text.startswith(f"config: {key}: ") and words in text, text
+    assert "\n" not in text
+
+
+def test_a_remote_cache_runs_without_a_cache_of_its_own():
+    cfg = _remote({"remote": "core2", "acknowledge": "persisted"})
+    assert cfg.cache is None and cfg.persist_remote == "core2"
+    assert parse_config(dict(HEAD)).persist_remote is None

@@ -56,6 +56,9 @@ GOOD = {  # documents as the appliance and the client library write them
     K.REPLAY_RESULT: {"id": 4, "accepted": True, "next_seq": 19, "done": False, "count": 2,
                       "page": 2**32 - 1, "frames": 1},
     K.POLICY_DROPS: {"drops": [[2**64 - 1, "drop-oldest", 12], [7, "conflate", 1]]},
+    K.PERSISTED: {"streams": [[0x8000_0007, 1, 420, 0, ""],
+                              [0x8000_0009, 3, 8, 9, "the cache's queue was full"]],
+                  "patterns": ["orders/#", "fx/+/spot"]},
 }
 OTHER_GOOD = [
     (K.LOGIN, {"identity": "anonymous", "ring": None}),  # bench/fabric.py's login
