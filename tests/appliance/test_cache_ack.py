@@ -6,7 +6,6 @@ local publisher's guaranteed message only once its cache's log holds it on disk;
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -80,20 +79,6 @@ def test_an_acknowledged_message_is_on_disk_when_flush_returns(tmp_path, acknowl
             assert durable < len(sent) and took < 1.5, (durable, took)
     finally:
         app.stop()
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs for the cache's logs (unmounted after the test)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a tmpfs")
-    where = tmp_path / "disk"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_holds_acknowledgements_back_and_loses_nothing(tmp_path, small_disk):

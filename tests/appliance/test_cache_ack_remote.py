@@ -7,8 +7,6 @@ room every one is; a stopped ``b`` fails the publisher's waiting messages with i
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 
@@ -109,20 +107,6 @@ def test_acknowledged_once_the_neighbours_cache_has_it_on_disk(tmp_path, remote,
     finally:
         a.stop()
         b.stop()
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs for b's cache (unmounted after the test)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a tmpfs")
-    where = tmp_path / "disk"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_at_the_neighbour_holds_acknowledgements_back(tmp_path, small_disk):

@@ -7,12 +7,8 @@ before it, is counted at the appliance, and ``topicwire sub --durable`` prints i
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
-
-import pytest
 
 from appliance.client import connect
 from tests.appliance import test_cache_replay
@@ -96,20 +92,6 @@ def test_a_message_too_large_for_the_cache_is_a_loss_event_in_its_place(cached):
     assert run.stdout.split() == ["orders/eu/x", "before", "orders/eu/x", "after"], run.stdout
     assert ("durable 'cli': lost 1 messages on orders/eu/x (CACHE_TOO_LARGE: origin "
             in run.stderr), run.stderr
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs for the cache's logs (unmounted after the test)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a tmpfs")
-    where = tmp_path / "disk"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_what_a_full_disk_made_the_cache_drop_is_a_loss_event_with_its_range(
