@@ -61,6 +61,7 @@ RESTART = {
     "max_pending_requests": "clients.max_pending_requests",
     "pm_mode": "pm.mode", "pm_registry": "pm.registry",
     "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt", "cache": "cache",
+    "persist_remote": "cache.remote",
     "routing_content": "routing.content", "popular_share": "routing.popular_share",
     "counts_interval_ms": "routing.counts_interval_ms",
 }
