@@ -732,6 +732,7 @@ class DataPlaneAgent(Delivery, Output):
                     continue
                 if ftype == _FLOW and not stream & RELIABLE_STREAM_BIT:
                     # another appliance's throttle hold on a publisher of ours
+                    self.counters["flow_frames_in"] += 1
                     self.flows.on_node_frame(memoryview(buf[off : off + length]), src, dst,
                                              stream, now_ns)
                     continue
@@ -757,6 +758,7 @@ class DataPlaneAgent(Delivery, Output):
                     self.counters["unknown_client_frames"] += 1
                     continue
                 if ftype == _FLOW and stream == SESSION_FLOW_STREAM:
+                    self.counters["flow_frames_in"] += 1
                     self.flows.on_frame(session, buf[off : off + length].tobytes(), now_ns)
                     continue
                 if reliable:

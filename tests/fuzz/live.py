@@ -309,7 +309,7 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 COUNTED = {
     "both": ("parked_reruns", "guaranteed_delivery_frames", "inbox_full", "probe_frames",
-             "guaranteed_frames_in"),
+             "guaranteed_frames_in", "flow_frames_in"),
     "client": ("unknown_client_frames", "control_client_malformed",
                "control_client_no_session", "control_login_accepted", "control_login_repeats",
                "control_client_admin_frames", "control_login_challenges"),
