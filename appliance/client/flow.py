@@ -97,6 +97,8 @@ class ReceiveFlow:
         self._next_ns = 0
         self._last_on_ns = -CLIENT_FLOW_LINGER_NS
         self.signals_sent = 0
+        self.send_failures = 0
+        """Signals that could not be sent (the connection was gone)."""
         self.max_depth = 0
         self._rcvbuf: tuple[Any, int] = (None, 0)
         """(the socket, its receive memory): read once per channel."""
@@ -176,6 +178,7 @@ class ReceiveFlow:
                 gate.state, FlowPolicy.THROTTLE, min(advertised, 2**32 - 1), gate.high,
                 gate.low)))
         except Exception:  # the connection is gone: the client's liveness says so
+            self.send_failures += 1
             return 0
         self.signals_sent += 1
         return 1

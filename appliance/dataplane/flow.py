@@ -253,25 +253,34 @@ class SessionFlows:
         """``holder`` no longer holds ``flow``'s publishers (or ``publishers``) off; those
         nothing else holds get "off"."""
         for publisher in (flow.publishers if flow is not None else publishers):
-            held = self.holding.get(publisher)
-            if held is None:
-                continue
-            held.discard(holder)
-            if not held:
-                del self.holding[publisher]
-                self._signal_publisher(publisher, FlowState.OFF)
+            self._let_go(self.holding, publisher, holder, self._signal_publisher)
         if flow is None:
             return
         flow.publishers.clear()
         for remote in flow.remote:
-            held = self.remote_holding.get(remote)
-            if held is None:
-                continue
-            held.discard(holder)
-            if not held:
-                del self.remote_holding[remote]
-                self._signal_node(remote, FlowState.OFF)
+            self._let_go(self.remote_holding, remote, holder, self._signal_node)
         flow.remote.clear()
+
+    @staticmethod
+    def _let_go(holding: dict, publisher: Any, holder: Any, signal: Any) -> None:
+        """``holder`` no longer holds ``publisher`` off (in ``holding``); with nothing else
+        holding it, ``signal(publisher, OFF)``."""
+        held = holding.get(publisher)
+        if held is None:
+            return
+        held.discard(holder)
+        if not held:
+            del holding[publisher]
+            signal(publisher, FlowState.OFF)
+
+    def _hold_frame(self, state: FlowState, stream: int, dest: int) -> bytearray:
+        """A throttle hold ("on") or release ("off") from this appliance: to a local
+        publisher on ``SESSION_FLOW_STREAM``, or to another appliance about its publisher
+        ``stream``."""
+        return encode_admin(fl.FrameType.FLOW_CONTROL, [FlowControl(
+            state, FlowPolicy.THROTTLE, 0, FLOW_THROTTLE_HIGH_MESSAGES,
+            FLOW_THROTTLE_LOW_MESSAGES)], stream_id=stream, source_session=self.agent.node_id,
+            dest_session=dest, send_ts_ns=time.time_ns())
 
     def _signal_node(self, remote: tuple[int, int], state: FlowState) -> None:
         """Tell appliance ``remote[0]`` to hold its publisher ``remote[1]`` off, or to let it
@@ -284,11 +293,8 @@ class SessionFlows:
         if auth is None or auth.key is None or hop is None:
             agent.counters["flow_node_signals_unroutable"] += 1
             return
-        frame = encode_admin(fl.FrameType.FLOW_CONTROL, [FlowControl(
-            state, FlowPolicy.THROTTLE, 0, FLOW_THROTTLE_HIGH_MESSAGES,
-            FLOW_THROTTLE_LOW_MESSAGES)], stream_id=publisher, source_session=agent.node_id,
-            dest_session=node, send_ts_ns=time.time_ns())
-        agent.queue_frame(FABRIC, hop, auth.signed_copy(frame))
+        agent.queue_frame(FABRIC, hop, auth.signed_copy(self._hold_frame(state, publisher,
+                                                                         node)))
         agent.counters["flow_node_signals_sent"] += 1
 
     # --- from other appliances ----------------------------------------------------------------
@@ -341,11 +347,8 @@ class SessionFlows:
         session = agent.sessions.get(publisher)
         if session is None:
             return
-        frame = encode_admin(fl.FrameType.FLOW_CONTROL, [FlowControl(
-            state, FlowPolicy.THROTTLE, 0, FLOW_THROTTLE_HIGH_MESSAGES,
-            FLOW_THROTTLE_LOW_MESSAGES)], stream_id=al.SESSION_FLOW_STREAM,
-            source_session=agent.node_id, dest_session=publisher, send_ts_ns=time.time_ns())
-        agent.queue_frame(session.channel, session.dest, frame)
+        agent.queue_frame(session.channel, session.dest,
+                          self._hold_frame(state, al.SESSION_FLOW_STREAM, publisher))
         agent.counters["flow_publisher_signals"] += 1
 
     # --- the duty cycle -----------------------------------------------------------------------
