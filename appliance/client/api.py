@@ -747,7 +747,8 @@ class Client(GuaranteedSide, ConnectionSide):
         key = None
         nonce = secrets.token_bytes(NONCE_BYTES)
         first = {"nonce": nonce.hex(), **({"trusted": self._trusted} if self._trusted else {}),
-                 **({"moved_from": self._moved_from} if self._moved_from else {})}
+                 **({"moved_from": self._moved_from} if self._moved_from else {}),
+                 **({"standby": True} if len(self.targets) > 1 else {})}
         result = self._request(("login",), lambda: self._send_login(token, first),
                                repeatable=True, timeout_s=timeout_s)
         expected = None
@@ -1330,7 +1331,8 @@ class Client(GuaranteedSide, ConnectionSide):
                     else:
                         self._answer((request, doc.get("sub_id")), doc)
                 elif entry.kind is al.ControlKind.LOGOUT:
-                    self._on_logout(str(doc.get("reason", "logged out")))
+                    self._on_logout(str(doc.get("reason", "logged out")),
+                                    move=bool(doc.get("move")))
                 elif entry.kind is al.ControlKind.REPLAY_RESULT:
                     self._answer(("replay", doc["id"]), doc)
                 elif entry.kind is al.ControlKind.POLICY_DROPS:

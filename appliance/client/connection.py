@@ -190,9 +190,11 @@ class ConnectionSide:
             self._lost_why = "refused"
             self._lost("the appliance no longer knows this session (it restarted)")
 
-    def _on_logout(self: Client, reason: str) -> None:
+    def _on_logout(self: Client, reason: str, move: bool = False) -> None:
+        """A LOGOUT from the appliance. With ``move`` it asks this session to move to the
+        standby (an operator's ``move_clients``: the client said at login it has one)."""
         self.logged_out_reason = reason
-        self._lost_why = "logout"
+        self._lost_why = "asked" if move and len(self.targets) > 1 else "logout"
         if reason == _KICKED or self.reconnect_s <= 0:
             self._lost(f"logged out by the appliance: {reason}", reconnect=False)
         else:

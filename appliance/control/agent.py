@@ -133,6 +133,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self.sessions: dict[int, Session] = {}
         self.session_of_peer: dict[tuple[str, int], int] = {}
         self.denials: Counter[tuple[str, str, str]] = Counter()
+        self.asked_to_move: dict[int, str] = {}
+        """Session -> identity of the sessions asked to move (``move_clients``), until their
+        standby tells of the move (SESSION_MOVE); the newest ASKED_MOVES_KEPT."""
         self.trusted_login_token = os.urandom(32).hex()
         """The proof a login of this appliance's own process gives instead of a password:
         the MQTT edge, which authenticated its client itself (password or certificate)."""

@@ -234,7 +234,7 @@ class ClientSide:
         self.compiler.add_egress(f"c:{sid}", port)
         session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
                           login_token=token if isinstance(token, int) else None,
-                          server_signature=signature)
+                          server_signature=signature, standby=bool(doc.get("standby")))
         self.sessions[sid] = session
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
@@ -274,8 +274,18 @@ class ClientSide:
     def _on_session_move(self, nb: Any, move: al.SessionMove) -> None:
         """A neighbour says a session of ours moved to it: end the session here."""
         session = self.sessions.get(move.session_id)
-        if move.from_node != self.node_id or move.to_node != nb.node_id or session is None:
+        if move.from_node != self.node_id or move.to_node != nb.node_id:
             self.counters["session_moves_unknown"] += 1
+            return
+        if session is None:
+            identity = self.asked_to_move.pop(move.session_id, None)
+            if identity is None:
+                self.counters["session_moves_unknown"] += 1
+                return
+            self.counters["sessions_moved_out"] += 1
+            self.counters["sessions_moved_out_asked"] += 1
+            log.warning("%s: client %r moved its session %d to %s, as asked", self.cfg.name,
+                        identity, move.session_id, nb.config.name)
             return
         self.counters["sessions_moved_out"] += 1
         log.warning("%s: client %r moved its session %d to %s", self.cfg.name,

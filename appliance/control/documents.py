@@ -357,7 +357,7 @@ FLOW_POLICY = Str(16, 1, frozenset({"throttle", "drop-oldest", "conflate"}))
 """A flow-control policy's name (datapath/flow_control.py ``POLICY_NAMES``)."""
 
 MOVE_WHY = Str(16, 1, frozenset({"silence", "logout", "refused", "latency", "jitter",
-                                  "loss"}))
+                                  "loss", "asked"}))
 """Why a client's session moved (``LOGIN.moved_from.why``; ``Client.moves_by_reason``)."""
 
 KINDS: dict[ControlKind, Kind] = {
@@ -401,6 +401,7 @@ KINDS: dict[ControlKind, Kind] = {
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
                                  "server_nonce": NONCE, "proof": KEY_HEX,
                                  "trusted": KEY_HEX, "probe": Int(0, MAX_U63),
+                                 "standby": Bool(),
                                  "moved_from": Obj({"node_id": NODE_ID,
                                                     "session": Int(1, MAX_U32)},
                                                    {"why": MOVE_WHY})}), 4_096),
@@ -416,7 +417,7 @@ KINDS: dict[ControlKind, Kind] = {
          "reason": REASON, "selector_filtered": Bool(), "flow_policy": FLOW_POLICY},
         _request_result_rule)),
     ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
-    ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON}), 16_384),
+    ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON, "move": Bool()}), 16_384),
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
     ControlKind.REPLAY: Kind(Obj({"id": REPLAY_ID, "pattern": PATTERN},
                                  {"namespace": NAMESPACE, "from_seq": SEQ,

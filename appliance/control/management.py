@@ -23,6 +23,10 @@ from appliance.dataplane.status_channels import channel_rows
 from datapath.protocol import admin_layout as al
 
 SHUTDOWN_REASON_MAX_CHARS = 200
+ASKED_MOVES_KEPT = 65_536
+"""Sessions asked to move that the appliance remembers until their standby tells of the move
+(``ControlAgent.asked_to_move``): the oldest is forgotten beyond (only its log line and
+counter change: ``session_moves_unknown`` instead of ``sessions_moved_out``)."""
 """The longest ``reason`` a ``shutdown`` command may give (it goes into the drain's log line)."""
 PM_RELOADED = ("identities", "anonymous", "require_passwords", "namespaces", "schemas",
                "acl_classes")
@@ -80,6 +84,8 @@ class ManagementSide:
             self._reply(session, al.ControlKind.LOGOUT, {"reason": "disconnected by management"})
             self._end_session(session, "disconnected by management")
             return {"ok": True}
+        if command == "move_clients":
+            return self._move_clients(args)
         if command in ("set_route", "clear_route"):
             if self.cfg.pm_mode != "embedded" or self.pm_doc is None:
                 return {"ok": False, "error": f"control: {command} goes to the P&M appliance "
@@ -109,7 +115,62 @@ class ManagementSide:
         if command == "shutdown":
             return self._shutdown(args)
         return {"ok": False, "error": f"control: unknown command {command!r}; known: "
-                "disconnect_client, set_route, clear_route, set_routes, reload, shutdown"}
+                "disconnect_client, move_clients, set_route, clear_route, set_routes, reload, "
+                "shutdown"}
+
+    def _move_clients(self, args: dict) -> dict:
+        """``move_clients {"sessions": [N, ...]} | {"identity": NAME} | {"all": true}`` and
+        an optional ``"reason"``: ask each chosen client session whose client has a standby
+        (``LOGIN.standby``) to move there. It gets a LOGOUT with ``move``, its session ends
+        here at once, and the client logs in at its standby naming this session (the
+        standby then tells this appliance: SESSION_MOVE). Sessions whose client has no
+        standby stay, named in ``not_movable``; this appliance's own sessions (its cache,
+        the MQTT edge's) are never chosen by ``identity`` or ``all``."""
+        unknown = sorted(set(args) - {"sessions", "identity", "all", "reason"})
+        chosen = [k for k in ("sessions", "identity", "all") if k in args]
+        if unknown or len(chosen) != 1:
+            raise ValueError("move_clients takes one of 'sessions' (a list of session "
+                             "numbers), 'identity' (a name) or 'all' (true), and an optional "
+                             "'reason'" + (f", not {', '.join(map(repr, unknown))}"
+                                           if unknown else ""))
+        reason = args.get("reason") or "asked to move by management"
+        if not isinstance(reason, str) or len(reason) > SHUTDOWN_REASON_MAX_CHARS:
+            raise ValueError(f"'reason' must be text of at most {SHUTDOWN_REASON_MAX_CHARS} "
+                             "characters")
+        missing: list[int] = []
+        if "sessions" in args:
+            ids = args["sessions"]
+            if (not isinstance(ids, list) or not ids or len(ids) > self.cfg.max_sessions
+                    or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+                raise ValueError(f"'sessions' must be a list of 1 to {self.cfg.max_sessions} "
+                                 "session numbers (GET /clients lists them)")
+            missing = [i for i in ids if i not in self.sessions]
+            targets = [self.sessions[i] for i in dict.fromkeys(ids) if i in self.sessions]
+        else:
+            identity = args.get("identity")
+            if "all" in args and args["all"] is not True:
+                raise ValueError("'all' must be true")
+            if "identity" in args and (not isinstance(identity, str) or not identity):
+                raise ValueError("'identity' must be an identity's name")
+            targets = [s for s in self.sessions.values()
+                       if s.identity not in self.internal_logins
+                       and (identity is None or s.identity == identity)]
+        asked, stay = [], []
+        for session in targets:
+            if not session.standby:
+                stay.append(session.session_id)
+                continue
+            self._reply(session, al.ControlKind.LOGOUT, {"reason": reason, "move": True})
+            self.asked_to_move[session.session_id] = session.identity
+            while len(self.asked_to_move) > ASKED_MOVES_KEPT:
+                del self.asked_to_move[next(iter(self.asked_to_move))]
+            self._end_session(session, f"asked to move to its standby ({reason})")
+            asked.append(session.session_id)
+        self.counters["sessions_asked_to_move"] += len(asked)
+        self.counters["sessions_not_movable"] += len(stay)
+        log.warning("%s: %d client sessions asked to move to their standby (%s); %d have none "
+                    "and stay", self.cfg.name, len(asked), reason, len(stay))
+        return {"ok": True, "asked": asked, "not_movable": stay, "unknown": missing}
 
     def _shutdown(self, args: dict) -> dict:
         """``shutdown {"reason"?}``: ask the process that runs the appliance to drain and

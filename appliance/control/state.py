@@ -70,6 +70,9 @@ class Session:
     server_signature: str | None = None
     """The appliance's proof to the client (hex) when the login proved a password: sent
     with every answer to the login, repeats included."""
+    standby: bool = False
+    """The client said at login that it has a standby appliance to move to
+    (``LOGIN.standby``): only such a session is asked to move (``move_clients``)."""
     registered: set[int] = field(default_factory=set)
     """Topic keys this session registered (at most ``clients.max_registrations``)."""
     pending: int = 0

@@ -33,6 +33,7 @@ from tests.appliance.helpers import (
 from tests.appliance.test_client_state import States
 
 SESSION_TIMEOUT_S = 1.0
+MGMT_TOKEN = "failover-test-token"
 DEADLINE_S = 60.0
 IDENTITIES = {"feed": {"publish": ["orders/#"], "subscribe": ["#"]},
               "reader": {"subscribe": ["orders/#"]}}
@@ -52,6 +53,7 @@ address = "127.0.0.1:{standby_fabric}"
 udp = "127.0.0.1:{clients}"
 [mgmt]
 listen = "127.0.0.1:{mgmt}"
+token = "{token}"
 [pm]
 mode = "remote"
 """
@@ -78,7 +80,8 @@ class Pair:
         config = tmp_path / "primary.toml"
         config.write_text(PRIMARY.format(
             name=self.primary_name, fabric=ports[0], key=FABRIC_KEY, clients=ports[2],
-            mgmt=ports[4], standby=self.standby_name, standby_fabric=ports[1]))
+            mgmt=ports[4], standby=self.standby_name, standby_fabric=ports[1],
+            token=MGMT_TOKEN))
         self.proc = run_appliance(config)
         assert self.standby.cache.ready.wait(DEADLINE_S), "the standby's cache did not start"
 

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "appliance.ops.cli.replay_cmd",
     "appliance.ops.cli.status_cmd",
     "appliance.ops.cli.shutdown_cmd",
+    "appliance.ops.cli.move_cmd",
     "appliance.ops.cli.routes_cmd",
     "appliance.ops.cli.topic_cmd",
     "appliance.ops.cli.subs_cmd",

@@ -17,34 +17,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from appliance.ops.mgmt.config import STATUS_HTTP_TIMEOUT_S
 from appliance.ops.mgmt.requests import post_shutdown
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``shutdown``."""
-    from appliance.ops.cli.status_cmd import DEFAULT_URL, _timeout
+    from appliance.ops.cli.status_cmd import add_mgmt_options
 
     parser = subparsers.add_parser("shutdown", help="drain and stop an appliance through its "
                                    "management API (POST /shutdown)")
-    parser.add_argument("--mgmt", metavar="URL", default=None,
-                        help=f"the management API (default $TOPICWIRE_MGMT or {DEFAULT_URL})")
-    parser.add_argument("--token", default=None,
-                        help="the appliance's mgmt.token (default $TOPICWIRE_MGMT_TOKEN)")
-    parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
-                        help="read the bearer token from FILE")
+    add_mgmt_options(parser, "the appliance's mgmt.token (default $TOPICWIRE_MGMT_TOKEN)")
     parser.add_argument("--reason", default="", help="why (goes into the appliance's drain "
                         "log line)")
-    parser.add_argument("--ca-file", type=Path, default=None, metavar="FILE",
-                        help="for https: the CA certificates that signed the API's certificate")
-    parser.add_argument("--cert-file", type=Path, default=None, metavar="FILE",
-                        help="for https: this client's certificate (PEM)")
-    parser.add_argument("--key-file", type=Path, default=None, metavar="FILE",
-                        help="the private key of --cert-file (PEM; default: in it)")
-    parser.add_argument("--timeout", type=_timeout, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
-                        help=f"seconds to wait for the answer (default {STATUS_HTTP_TIMEOUT_S})")
     parser.set_defaults(handler=run)
 
 

@@ -45,12 +45,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``status``."""
     parser = subparsers.add_parser("status", help="show an appliance's status (its management "
                                    "API) as tables")
+    parser.add_argument("--json", action="store_true", help="print the status snapshot as JSON")
+    add_mgmt_options(parser, "bearer token (default $TOPICWIRE_MGMT_TOKEN); only needed when "
+                     "the API protects reads")
+    parser.set_defaults(handler=run)
+
+
+def add_mgmt_options(parser: argparse.ArgumentParser, token_help: str) -> None:
+    """The options of a command that talks to a management API: ``--mgmt``, the token
+    (``--token``, ``--token-file``), TLS (``--ca-file``, ``--cert-file``, ``--key-file``) and
+    ``--timeout`` (``status``, ``shutdown``, ``move-clients``)."""
     parser.add_argument("--mgmt", metavar="URL", default=None,
                         help=f"the management API (default $TOPICWIRE_MGMT or {DEFAULT_URL})")
-    parser.add_argument("--json", action="store_true", help="print the status snapshot as JSON")
-    parser.add_argument("--token", default=None,
-                        help="bearer token (default $TOPICWIRE_MGMT_TOKEN); only needed when "
-                             "the API protects reads")
+    parser.add_argument("--token", default=None, help=token_help)
     parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
                         help="read the bearer token from FILE")
     parser.add_argument("--ca-file", type=Path, default=None, metavar="FILE",
@@ -63,7 +70,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the private key of --cert-file (PEM; default: in it)")
     parser.add_argument("--timeout", type=_timeout, default=STATUS_HTTP_TIMEOUT_S, metavar="S",
                         help=f"seconds to wait for the answer (default {STATUS_HTTP_TIMEOUT_S})")
-    parser.set_defaults(handler=run)
 
 
 def _timeout(text: str) -> float:

@@ -56,7 +56,8 @@ from appliance.ops.mgmt.metrics import appliance_channel_samples
 
 log = logging.getLogger("topicwire.mgmt")
 
-FORWARDED = frozenset({"set_route", "clear_route", "disconnect_client", "shutdown"})
+FORWARDED = frozenset({"set_route", "clear_route", "disconnect_client", "move_clients",
+                       "shutdown"})
 """The commands the API's process may forward (the API's POST and DELETE endpoints)."""
 MAX_BACKOFF_S = 60.0
 """Longest wait between starts of an API process that keeps ending at once."""

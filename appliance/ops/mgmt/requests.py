@@ -1,5 +1,6 @@
 """Requests to an appliance's management API (``topicwire status``, ``topicwire shutdown``,
-``topicwire image boot``): one JSON request, and the shutdown command on it."""
+``topicwire move-clients``, ``topicwire image boot``): one JSON request, and the commands
+on it."""
 
 from __future__ import annotations
 
@@ -76,4 +77,19 @@ def post_shutdown(url: str, token: str | None, reason: str, timeout_s: float,
     if not isinstance(doc, dict) or not doc.get("ok"):
         raise StatusUnreachable(f"{url}/shutdown did not answer like a topicwire "
                                 "management API", component="shutdown")
+    return doc
+
+
+def post_move_clients(url: str, token: str | None, body: dict[str, Any], timeout_s: float,
+                      tls: Any = None) -> dict[str, Any]:
+    """``POST url/clients/move`` with ``body`` ({"all": true} | {"identity"} | {"sessions"},
+    and "reason"); the answer's JSON (``asked``, ``not_movable``, ``unknown``). Errors as
+    ``post_shutdown``'s."""
+    from appliance.ops.mgmt.errors import StatusUnreachable
+
+    doc = request_json(url, "/clients/move", token, timeout_s, tls, body=body,
+                       component="move-clients", refused="command")
+    if not isinstance(doc, dict) or not doc.get("ok"):
+        raise StatusUnreachable(f"{url}/clients/move did not answer like a topicwire "
+                                "management API", component="move-clients")
     return doc

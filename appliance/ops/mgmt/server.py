@@ -18,6 +18,8 @@ Endpoints (docs/appliance.md, "Management API"):
     POST   /routes                 {"source", "destination", "path"}: set a route override
     DELETE /routes                 {"source", "destination"} (or ?source=&destination=): clear it
     DELETE /clients/<session>      end a client session (the client is told)
+    POST /clients/<session>/move   ask a client session to move to its standby
+    POST /clients/move             ask {"all": true} | {"identity": N} | {"sessions": [...]}
     POST   /shutdown               {"reason"?}: drain and stop the appliance as on SIGTERM
 
 Commands need ``Authorization: Bearer <token>`` (``mgmt.token`` or ``mgmt.token_file``):
@@ -94,6 +96,10 @@ ENDPOINTS = (
     ("POST", "/routes", "set a route override {source, destination, path} (token)"),
     ("DELETE", "/routes", "clear a route override {source, destination} (token)"),
     ("DELETE", "/clients/<session>", "end a client session (token)"),
+    ("POST", "/clients/<session>/move", "ask a client session to move to its standby "
+     "{reason?} (token)"),
+    ("POST", "/clients/move", "ask client sessions to move to their standby: {all: true} | "
+     "{identity} | {sessions: [...]}, {reason?} (token)"),
     ("POST", "/shutdown", "drain and stop the appliance as on SIGTERM {reason?} (token)"),
 )
 """What ``GET /`` lists: (method, path, what)."""
@@ -457,6 +463,8 @@ class MgmtServer:
             args = {"source": _name(merged, "source"),
                     "destination": _name(merged, "destination")}
             return self._submit("clear_route", args)
+        if path.startswith("/clients/") and path.endswith("/move") and method == "POST":
+            return self._submit("move_clients", _move_args(path, body))
         if path.startswith("/clients/") and method == "DELETE":
             text = path[len("/clients/"):]
             if not _SESSION.fullmatch(text):
@@ -501,6 +509,31 @@ def _path(doc: dict[str, Any]) -> list[str]:
     return value
 
 
+def _move_args(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``move_clients``'s arguments from ``POST /clients/<session>/move`` (the session, and an
+    optional reason in the body) or ``POST /clients/move`` (the body as it is: the appliance
+    checks it and answers 400 with what it takes)."""
+    if path == "/clients/move":
+        unknown = sorted(set(body) - {"all", "identity", "sessions", "reason"})
+        chosen = [k for k in ("all", "identity", "sessions") if k in body]
+        if unknown or len(chosen) != 1:
+            raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: POST /clients/move takes one of "
+                             "{\"all\": true}, {\"identity\": \"<name>\"} or {\"sessions\": "
+                             "[<session>, ...]}, and an optional \"reason\""
+                             + (f"; not {', '.join(map(repr, unknown))}" if unknown else ""))
+        return dict(body)
+    text = path[len("/clients/"):-len("/move")]
+    if not _SESSION.fullmatch(text):
+        raise _HttpError(HTTPStatus.BAD_REQUEST, f"mgmt: {_clip(text, 40)!r} is not a session "
+                         "number; GET /clients lists them")
+    unknown = sorted(set(body) - {"reason"})
+    if unknown:
+        raise _HttpError(HTTPStatus.BAD_REQUEST, "mgmt: POST /clients/<session>/move takes an "
+                         "empty body or {\"reason\": \"<text>\"}, not "
+                         + ", ".join(map(repr, unknown)))
+    return {"sessions": [int(text)], **({"reason": body["reason"]} if "reason" in body else {})}
+
+
 def _route(method: str, path: str) -> tuple[str, set[str]]:
     """("read" | "metrics" | "command", allowed methods) of a known path; 404 otherwise."""
     if path in ("/", "/status") or path[1:] in SECTIONS:
@@ -515,6 +548,9 @@ def _route(method: str, path: str) -> tuple[str, set[str]]:
     if path in ("/healthz", "/readyz"):
         return ("health" if method == "GET" else ""), {"GET"}
     if path == "/shutdown":
+        return ("command" if method == "POST" else ""), {"POST"}
+    if path == "/clients/move" or (path.startswith("/clients/") and path.endswith("/move")
+                                   and path.count("/") == 3):
         return ("command" if method == "POST" else ""), {"POST"}
     if path.startswith("/clients/") and path.count("/") == 2:
         return ("command" if method == "DELETE" else ""), {"DELETE"}
