@@ -388,6 +388,11 @@ class IdentityConfig:
     flow_policy: str | None = None
     """The flow-control policy of its subscriptions that do not ask for one
     (docs/flow-control.md); None: P&M's ``pm.flow_policy``, then the QoS's default."""
+    move_on: tuple[tuple[str, float], ...] | None = None
+    """``move_on = {latency_ms = ..., ...}``: the bounds on loss, latency and jitter beyond
+    which its clients' sessions move to their standby (the fields of
+    appliance/client/pathwatch.py ``MoveBounds``), for clients that give none of their own;
+    None: only the client's."""
 
 
 @dataclass(frozen=True)
@@ -675,7 +680,7 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
         _known(spec, {"publish", "subscribe", "password", "acl_class", "namespaces",
-                      "flow_policy"}, where + ".")
+                      "flow_policy", "move_on"}, where + ".")
         acl_class = spec.get("acl_class")
         if acl_class is not None and not isinstance(acl_class, str):
             raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
@@ -693,8 +698,30 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
                                        password, acl_class,
                                        _namespaces(spec.get("namespaces", [0]),
                                                    where + ".namespaces"),
-                                       _flow_policy(spec, where + ".flow_policy"))
+                                       _flow_policy(spec, where + ".flow_policy"),
+                                       _move_on(spec.get("move_on"), where + ".move_on"))
     return out
+
+
+def _move_on(table: object, key: str) -> tuple[tuple[str, float], ...] | None:
+    """An identity's ``move_on`` table, checked whole as the client API's ``MoveBounds``
+    checks it, as (field, value) pairs; None when absent."""
+    if table is None:
+        return None
+    from dataclasses import fields
+
+    from appliance.client.errors import ClientError
+    from appliance.client.pathwatch import MoveBounds
+
+    names = [f.name for f in fields(MoveBounds)]
+    if not isinstance(table, dict):
+        raise _fail(key, f"must be a table of {', '.join(names)}, not {show(table)}")
+    _known(table, set(names), key + ".")
+    try:
+        MoveBounds(**table)
+    except ClientError as exc:
+        raise _fail(key, str(exc).removeprefix("move_on: ")) from None
+    return tuple((name, float(table[name])) for name in names if name in table)
 
 
 def _flow_policy(table: dict, key: str) -> str | None:

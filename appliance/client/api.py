@@ -476,8 +476,11 @@ class Client(GuaranteedSide, ConnectionSide):
         self._lost_why = self._move_why = "silence"
         self._path = PathMonitor(move_on, time.monotonic_ns()) if move_on is not None \
             else None
-        """The path's measurement and its bounds (``connect(..., move_on=)``): pathwatch.py.
-        """
+        """The path's measurement and its bounds (``connect(..., move_on=)``, or P&M's for
+        the identity: ``_adopt_move_bounds``): pathwatch.py."""
+        self.move_on_source: str | None = "client" if move_on is not None else None
+        """Whose bounds ``_path`` watches: ``client`` (``connect(move_on=)``), ``pm`` (the
+        identity's ``move_on`` in P&M, given at login) or None (no bounds)."""
         self.filled = 0
         """Messages handed over from a cache's replay after a move (the gap it filled)."""
         self.fill_polls = 0
@@ -796,6 +799,25 @@ class Client(GuaranteedSide, ConnectionSide):
         for doc in result.get("schemas", []):
             schema = Schema.from_dict(doc)
             self._schemas[schema.schema_id] = schema
+        self._adopt_move_bounds(result.get("move_on"))
+
+    def _adopt_move_bounds(self, bounds: dict | None) -> None:
+        """P&M's move bounds for this identity (``LOGIN_RESULT.move_on``), watched by a client
+        with a standby that gave none of its own (``connect(move_on=)`` wins). Kept across
+        moves while they stay the same (the hold-down goes on); bounds that the client
+        cannot take are logged and left."""
+        if bounds is None or len(self.targets) < 2 or self.move_on_source == "client":
+            return
+        try:
+            wanted = MoveBounds(**bounds)
+        except (ClientError, TypeError) as exc:
+            log.warning("client %s: P&M's move bounds for this identity are not taken: %s",
+                        self.identity, exc)
+            return
+        path = self._path
+        if path is None or path.bounds != wanted:
+            self._path = PathMonitor(wanted, time.monotonic_ns())
+            self.move_on_source = "pm"
 
     def _down_key(self, key: bytes) -> None:
         """Check the appliance's frames under the session key ``key`` from now on, with a

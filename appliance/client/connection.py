@@ -523,6 +523,7 @@ class ConnectionSide:
                 "reconnects": self.reconnects, "probes": self.probes,
                 "appliance": self.url, "moves": self.moves,
                 "moves_by_reason": dict(self.moves_by_reason), "path": self.path_counters(),
+                "move_on": self.move_on_source,
                 "acknowledged": self._outcomes.acknowledged, "failed": self._outcomes.failed,
                 "unacknowledged": self._outcomes.unacknowledged(),
                 "send_waits": self.send_waits, "send_drops": self.send_drops,

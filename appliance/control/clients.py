@@ -303,6 +303,8 @@ class ClientSide:
                "node_id": self.node_id, "schemas": (self.pm_doc or {}).get("schemas", [])}
         if session.server_signature is not None:
             out["server_signature"] = session.server_signature
+        if session.ents.move_on is not None:  # P&M's bounds for its clients that have none
+            out["move_on"] = dict(session.ents.move_on)
         return out
 
     def _credential(self, channel: str, peer: int, ring: object, identity: str, doc: dict,

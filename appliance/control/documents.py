@@ -31,6 +31,7 @@ surrogates).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -139,6 +140,21 @@ class Int(Node):
             raise _Bad("wrong_type", path, f"an integer expected, got {_type_name(value)}")
         if not self.low <= value <= self.high:
             raise _Bad("out_of_range", path, f"an integer in [{self.low}, {self.high}] "
+                       f"expected, got {value}")
+
+
+@dataclass(frozen=True)
+class Num(Node):
+    """A finite number (an integer or a JSON number with a fraction) in [low, high]."""
+
+    low: float
+    high: float
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) not in (int, float) or value != value or value in (math.inf, -math.inf):
+            raise _Bad("wrong_type", path, f"a number expected, got {_type_name(value)}")
+        if not self.low <= value <= self.high:
+            raise _Bad("out_of_range", path, f"a number in [{self.low:g}, {self.high:g}] "
                        f"expected, got {value}")
 
 
@@ -359,6 +375,11 @@ FLOW_POLICY = Str(16, 1, frozenset({"throttle", "drop-oldest", "conflate"}))
 MOVE_WHY = Str(16, 1, frozenset({"silence", "logout", "refused", "latency", "jitter",
                                   "loss", "asked"}))
 """Why a client's session moved (``LOGIN.moved_from.why``; ``Client.moves_by_reason``)."""
+MOVE_BOUNDS = Obj({}, {"latency_ms": Num(0, 600_000), "jitter_ms": Num(0, 600_000),
+                       "loss_ratio": Num(0, 1), "window_s": Num(0.5, 3_600),
+                       "probe_interval_ms": Num(10, 10_000), "hold_down_s": Num(0, 86_400)})
+"""An identity's move bounds (``pm.identities.NAME.move_on``: appliance/client/pathwatch.py
+``MoveBounds`` checks them whole)."""
 
 KINDS: dict[ControlKind, Kind] = {
     ControlKind.LSA: Kind(Obj({"origin": NODE_ID, "name": NAME, "epoch": EPOCH, "seq": SEQ,
@@ -383,7 +404,8 @@ KINDS: dict[ControlKind, Kind] = {
                                           "subscribe": List(PATTERN, MAX_LIST_ITEMS)},
                                          {"verifier": VERIFIER, "acl_class": ACL_NAME,
                                           "namespaces": List(NAMESPACE, 4_096),
-                                          "flow_policy": FLOW_POLICY}),
+                                          "flow_policy": FLOW_POLICY,
+                                          "move_on": MOVE_BOUNDS}),
                            MAX_LIST_ITEMS),
          "anonymous": Bool(), "namespaces": List(NAMESPACE, 4_096),
          "schemas": List(SCHEMA, 1_024), "routes": ROUTES},
@@ -409,7 +431,8 @@ KINDS: dict[ControlKind, Kind] = {
         {"accepted": Bool()},
         {"session": Int(1, MAX_NODE_ID), "node": NAME, "node_id": NODE_ID,
          "schemas": List(SCHEMA, 1_024), "reason": REASON, "challenge": CHALLENGE,
-         "server_signature": KEY_HEX, "probe": Int(0, MAX_U63)}, _login_result_rule)),
+         "server_signature": KEY_HEX, "probe": Int(0, MAX_U63), "move_on": MOVE_BOUNDS},
+        _login_result_rule)),
     ControlKind.REQUEST_RESULT: Kind(Obj(
         {"request": Str(16, choices=frozenset({"subscribe", "unsubscribe", "register"})),
          "accepted": Bool()},

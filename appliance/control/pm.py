@@ -45,6 +45,8 @@ def _identity(ident: Any) -> dict[str, Any]:
         out["acl_class"] = ident.acl_class
     if ident.flow_policy is not None:
         out["flow_policy"] = ident.flow_policy
+    if ident.move_on is not None:
+        out["move_on"] = dict(ident.move_on)
     if ident.password is not None:
         from appliance.control.credentials import verifier_of
 
@@ -77,6 +79,9 @@ class Entitlements:
     """The flow-control policy of its subscriptions that ask for none (its own
     ``flow_policy`` in the document, else the document's ``flow_policy``); None: the QoS's
     default (docs/flow-control.md)."""
+    move_on: tuple[tuple[str, float], ...] | None = None
+    """Its ``move_on`` bounds in the document as (field, value) pairs (given to its
+    clients at login), or None."""
 
     def may_use(self, namespace: int) -> bool:
         return self.namespaces is None or namespace in self.namespaces
@@ -105,7 +110,8 @@ def entitlements_of(document: dict[str, Any] | None, identity: str) -> Entitleme
     return Entitlements(tuple(spec.get("publish", ())), tuple(spec.get("subscribe", ())),
                         spec.get("acl_class"),
                         frozenset(spec.get("namespaces", (0,))) & declared,
-                        spec.get("flow_policy", flow))
+                        spec.get("flow_policy", flow),
+                        tuple(sorted(spec["move_on"].items())) if "move_on" in spec else None)
 
 
 def namespace_refusal(ents: Entitlements, identity: str, namespace: int) -> str | None:

@@ -62,7 +62,7 @@ mode = "remote"
 class Pair:
     """A primary process and an in-process standby with a cache, neighbours."""
 
-    def __init__(self, tmp_path) -> None:
+    def __init__(self, tmp_path, identities: dict = IDENTITIES) -> None:
         ports = [free_port() for _ in range(5)]
         self.primary_name, self.standby_name = f"pri{ports[0]}", f"sby{ports[1]}"
         self.primary_url = f"udp://127.0.0.1:{ports[2]}"
@@ -74,7 +74,7 @@ class Pair:
             "neighbours": [{"name": self.primary_name, "address": f"127.0.0.1:{ports[0]}"}],
             "clients": {"udp": f"127.0.0.1:{ports[3]}"},
             "cache": {"dir": str(tmp_path / "cache"), "patterns": ["orders/#"]},
-            "pm": {"require_passwords": False, "identities": IDENTITIES}})
+            "pm": {"require_passwords": False, "identities": identities}})
         self.standby = CachingAppliance(standby).start()
         self.standby_url = f"udp://127.0.0.1:{ports[3]}"
         config = tmp_path / "primary.toml"

@@ -1,5 +1,6 @@
-"""Moves asked by the appliance: an operator asks client sessions to move to their standby
-(``topicwire move-clients``, ``POST /clients/move``, ``POST /clients/<session>/move``). A
+"""Moves the appliances decide for a client: an operator asks client sessions to move to their
+standby (``topicwire move-clients``, ``POST /clients/move``, ``POST /clients/<session>/move``),
+or P&M gives an identity's clients their move bounds (``pm.identities.NAME.move_on``). A
 client with a standby moves there and a guaranteed subscriber misses nothing (filled from
 the standby's cache); a client without one stays; the others are not disturbed.
 
@@ -17,11 +18,13 @@ import urllib.request
 
 import pytest
 
-from appliance.client import connect
+from appliance.client import MoveBounds, connect
+from appliance.config import ConfigError, parse_config
 from tests.appliance.helpers import CLI, ROOT, wait_for
 from tests.appliance.test_client_state import States
 from tests.appliance.test_failover import (
     DEADLINE_S,
+    IDENTITIES,
     MGMT_TOKEN,
     SESSION_TIMEOUT_S,
     Pair,
@@ -135,3 +138,58 @@ def test_one_session_moves_and_the_other_stays_and_bad_requests_are_refused(pair
     finally:
         moving.close()
         staying.close()
+
+
+# P&M's bounds: any round trip is above 1 us, so a client that takes them moves once its
+# first window (0.5 s of probes every 20 ms) is measured; the hold-down keeps it there.
+PM_BOUNDS = {"latency_ms": 0.001, "window_s": 0.5, "probe_interval_ms": 20}
+
+
+@pytest.fixture
+def bounded_pair(tmp_path):
+    identities = {**IDENTITIES, "reader": {**IDENTITIES["reader"], "move_on": PM_BOUNDS}}
+    pair = Pair(tmp_path, identities)
+    yield pair
+    pair.close()
+
+
+def test_pm_bounds_of_an_identity_move_its_clients_that_have_none_of_their_own(bounded_pair):
+    pair = bounded_pair
+    states = States()
+    client = pair.client(states)
+    own = connect(pair.primary_url, "reader", standby=pair.standby_url,
+                  session_timeout_s=SESSION_TIMEOUT_S, move_on=MoveBounds(latency_ms=60_000))
+    alone = connect(pair.primary_url, "reader")  # no standby: P&M's bounds are not for it
+    try:
+        moved = states.wait("reconnected")
+        assert "moved to " + pair.standby_url in moved.reason and "latency" in moved.reason
+        assert client.moves_by_reason == {"latency": 1}
+        counters = client.connection_counters()
+        assert counters["move_on"] == "pm" and counters["path"]["sent"] > 0
+        assert own.connection_counters()["move_on"] == "client"  # its own bounds win
+        assert alone.connection_counters()["move_on"] is None
+        wait_for(lambda: pair.standby.status()["counters"].get(
+            "control_sessions_moved_in_latency") == 1, DEADLINE_S, what="the standby's count")
+        assert own.url == pair.primary_url and own.moves == 0
+        assert alone.url == pair.primary_url and alone.state == "connected"
+    finally:
+        client.close()
+        own.close()
+        alone.close()
+
+
+@pytest.mark.parametrize("bounds, says", [
+    ({"window_s": 5}, "give at least one of latency_ms"),
+    ({"latency_ms": -5}, "latency_ms must be milliseconds"),
+    ({"loss_ratio": 1.5}, "loss_ratio must be a ratio"),
+    ({"latency_ms": 10, "window_s": 0.5, "probe_interval_ms": 200}, "must hold at least"),
+    ({"latency_ms": 10, "speed": 3}, "unknown key"),
+    ("fast", "must be a table"),
+])
+def test_bad_pm_move_bounds_are_refused_naming_the_key(bounds, says):
+    doc = {"appliance": {"name": "a"}, "clients": {"udp": "127.0.0.1:47999"},
+           "pm": {"identities": {"reader": {"subscribe": ["#"], "move_on": bounds}}}}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(doc)
+    assert "pm.identities.reader.move_on" in str(caught.value)
+    assert says in str(caught.value)
