@@ -507,6 +507,10 @@ class ApplianceConfig:
     """``cache.remote``: the neighbour whose cache must persist this appliance's publishers'
     guaranteed messages before they are acknowledged (docs/fault-tolerance.md, "Persisted
     by a neighbour's cache"), None when not configured."""
+    mirror_to: str | None = None
+    """``clients.mirror_to``: the neighbour (the clients' standby appliance) this appliance
+    mirrors its client sessions' subscriptions to, for the sessions whose client has a
+    standby (docs/fault-tolerance.md, "The standby's mirror"); None: no mirror."""
     routing_content: str = "flood"
     """``routing.content``: ``"flood"`` or ``"rendezvous"`` (one value per fabric)."""
     popular_share: float = 0.5
@@ -1327,7 +1331,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     cl = _table(doc, "clients", {"udp", "shm", "max_sessions", "session_dead_ms", "rdma",
                                  "rdma_device", "rdma_gid_index", "max_guaranteed_sessions",
                                  "max_subscriptions", "max_registrations",
-                                 "max_pending_requests"}, "")
+                                 "max_pending_requests", "mirror_to"}, "")
     p = "clients."
     clients_udp = parse_address(cl["udp"], p + "udp") if "udp" in cl else None
     clients_rdma = _rdma_clients(cl, clients_udp)
@@ -1423,6 +1427,13 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
                         "between the two")
         if persist_remote == name:
             raise _fail("cache.remote", "names this appliance")
+    mirror_to = cl.get("mirror_to")
+    if mirror_to is not None:
+        known = [nb.name for nb in neighbours]
+        if not isinstance(mirror_to, str) or mirror_to not in known:
+            raise _fail("clients.mirror_to", f"must name one of [[neighbours]] "
+                        f"({', '.join(known) or 'none configured'}), not {show(mirror_to)}: "
+                        "the sessions' subscriptions are mirrored over the link to it")
     config = ApplianceConfig(
         name=name, node_id=node_id, role=role, namespaces=tuple(namespaces), idle=idle,
         dataplane=dataplane, idle_spin_us=idle_spin_us, priority=priority,
@@ -1443,7 +1454,7 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         schemas=schemas, acl_classes=acl_classes, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
-        cache=cache, persist_remote=persist_remote,
+        cache=cache, persist_remote=persist_remote, mirror_to=mirror_to,
         routing_content=content, popular_share=float(share), counts_interval_ms=counts_ms)
     if mode == "embedded":
         import json

@@ -62,6 +62,7 @@ RESTART = {
     "pm_mode": "pm.mode", "pm_registry": "pm.registry",
     "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt", "cache": "cache",
     "persist_remote": "cache.remote",
+    "mirror_to": "clients.mirror_to",
     "routing_content": "routing.content", "popular_share": "routing.popular_share",
     "counts_interval_ms": "routing.counts_interval_ms",
 }

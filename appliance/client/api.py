@@ -483,6 +483,11 @@ class Client(GuaranteedSide, ConnectionSide):
         identity's ``move_on`` in P&M, given at login) or None (no bounds)."""
         self.filled = 0
         """Messages handed over from a cache's replay after a move (the gap it filled)."""
+        self._restored: set[tuple[int, str, int]] = set()
+        """The subscriptions the appliance made at the last login from the standby's mirror
+        (``LOGIN_RESULT.restored``): not made again (connection.py ``_subscribe_again``)."""
+        self.restored_subscriptions = 0
+        """Subscriptions found made by the standby's mirror at moves, in all."""
         self.fill_polls = 0
         """Times a failover's gap fill asked the cache again because it had not yet kept
         the first live message of a publisher (``_fill_gap``)."""
@@ -800,6 +805,7 @@ class Client(GuaranteedSide, ConnectionSide):
             schema = Schema.from_dict(doc)
             self._schemas[schema.schema_id] = schema
         self._adopt_move_bounds(result.get("move_on"))
+        self._restored = {(int(ns), str(p), int(q)) for ns, p, q in result.get("restored", ())}
 
     def _adopt_move_bounds(self, bounds: dict | None) -> None:
         """P&M's move bounds for this identity (``LOGIN_RESULT.move_on``), watched by a client

@@ -465,6 +465,21 @@ class ConnectionSide:
                          if s.namespace == ns and s.pattern == entry.pattern}
                 for qos in sorted(qoses or {0}):
                     plan.append((True, ns, entry.pattern, qos))
+        restored, self._restored = self._restored, set()
+        if restored:  # made by the appliance from the standby's mirror (control/mirror.py)
+            wanted = {(ns, p, q) for add, ns, p, q in plan if add}
+            # what the mirror made that the client no longer has (a change it had not sent):
+            # unsubscribed first (both classes), and its pattern's wanted ones made again
+            extra = sorted({(ns, p) for ns, p, q in restored - wanted})
+            kept = [(add, ns, p, q) for add, ns, p, q in plan
+                    if not (add and (ns, p, q) in restored and (ns, p) not in extra and all(
+                        s.selector is None for s in subs
+                        if s.namespace == ns and s.pattern == p and QOS[s.qos] == q))]
+            found = len(plan) - len(kept)
+            self.restored_subscriptions += found
+            plan = [(False, ns, p, 0) for ns, p in extra] + kept
+            log.info("client %s: %d subscriptions found made at %s (the standby's mirror)",
+                     self.identity, found, self.url)
         for subscribe, ns, pattern, qos in plan:
             # the selectors go again too (docs/selectors.md, "In the fabric"): a plain entry
             # when a subscription of it has none (or none was made with exactly it), one
@@ -522,6 +537,7 @@ class ConnectionSide:
         return {"state": self.state, "session": self.session, "losses": self.losses_of_connection,
                 "reconnects": self.reconnects, "probes": self.probes,
                 "appliance": self.url, "moves": self.moves,
+                "restored_subscriptions": self.restored_subscriptions,
                 "moves_by_reason": dict(self.moves_by_reason), "path": self.path_counters(),
                 "move_on": self.move_on_source,
                 "acknowledged": self._outcomes.acknowledged, "failed": self._outcomes.failed,

@@ -36,6 +36,7 @@ from appliance.control.clients import ClientSide
 from appliance.control.documents import DocumentError
 from appliance.control.fabric import FabricSide
 from appliance.control.management import ManagementSide
+from appliance.control.mirror import Mirror
 from appliance.control.replay import ReplaySide
 from appliance.control.routing import Lsa
 from appliance.control.state import (
@@ -192,6 +193,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         change leaves the tables as they were: nothing is sent then)."""
         self._replies_when_live: list[tuple[Session, al.ControlKind, dict]] = []
         """Replies held until the tables they depend on are live in the data path."""
+        self.mirror = Mirror(config.mirror_to)
+        """The standby's mirror: the sessions sent to ``clients.mirror_to`` and those kept
+        for neighbours (control/mirror.py)."""
         self._synced_registry = registry.version
         self.requests: list[tuple[str, dict, threading.Event, dict]] = []
         self._requests_lock = threading.Lock()
@@ -239,6 +243,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         work += requests + self._timers(now_ns)
         if self.cache is not None or self.cfg.persist_remote is not None:
             self._persisted_timers(now_ns)
+        if self.mirror.target is not None:
+            self.mirror.timers(self, now_ns)
         routed = self.routes_ext.do_work(now_ns)
         work += routed
         if self.rdv is not None:

@@ -245,11 +245,34 @@ class ClientSide:
         self.counters["login_accepted"] += 1
         log.info("%s: client %r logged in (session %d, %s)", self.cfg.name, identity, sid,
                  channel)
-        self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
         moved = doc.get("moved_from")
+        mirrored = None if moved is None else self.mirror.take(
+            moved["node_id"], moved["session"], identity, now_ns)
+        if mirrored is None:
+            self._reply(session, al.ControlKind.LOGIN_RESULT, self._login_result(session))
+        else:  # made before the answer, which goes once the tables with them are live
+            self._restore(session, mirrored)
+            self._replies_when_live.append((session, al.ControlKind.LOGIN_RESULT,
+                                            self._login_result(session)))
         if moved is not None:
             self._moved_in(session, moved["node_id"], moved["session"],
                            moved.get("why", "silence"))
+
+    def _restore(self, session: Session, mirrored: tuple) -> None:
+        """Make a moved session's subscriptions from the standby's mirror (control/mirror.py)
+        as if its client had asked (entitlements and limits applied), without answering each:
+        the login's answer names those made (``restored``)."""
+        restored = []
+        for ns, pattern, qos in mirrored:
+            entry = al.Subscription(0, ns, qos, 0, pattern, "")
+            if self._subscribe(session, entry, True, reply=False):
+                restored.append([ns, pattern, qos])
+        session.restored = restored
+        self.counters["mirror_restores"] += 1
+        self.counters["mirror_subscriptions_restored"] += len(restored)
+        log.info("%s: client %r's session %d: %d of %d subscriptions made from the mirror",
+                 self.cfg.name, session.identity, session.session_id, len(restored),
+                 len(mirrored))
 
     def _moved_in(self, session: Session, node_id: int, old_session: int,
                   why: str = "silence") -> None:
@@ -303,6 +326,8 @@ class ClientSide:
                "node_id": self.node_id, "schemas": (self.pm_doc or {}).get("schemas", [])}
         if session.server_signature is not None:
             out["server_signature"] = session.server_signature
+        if session.restored is not None:
+            out["restored"] = session.restored
         if session.ents.move_on is not None:  # P&M's bounds for its clients that have none
             out["move_on"] = dict(session.ents.move_on)
         return out
@@ -372,6 +397,7 @@ class ClientSide:
             self._quarantine.append(session.gport)
             self._retired[session.gport] = ("gclient", session.session_id)
         sid = session.session_id
+        self.mirror.ended(session)
         self.dp.command("remove_session", sid)
         self._selectors_dirty = self._selectors_dirty or bool(session.rules)
         self._interest_dirty = True
@@ -404,7 +430,10 @@ class ClientSide:
             if now_ns - session.last_heard_ns > dead_ns:
                 self._end_session(session, "silent")
 
-    def _subscribe(self, session: Session, entry: al.Subscription, add: bool) -> None:
+    def _subscribe(self, session: Session, entry: al.Subscription, add: bool,
+                   reply: bool = True) -> bool:
+        """A (un)subscribe of ``session``, answered (REQUEST_RESULT; once the tables with it
+        are live when accepted) unless ``reply`` is false; whether it was accepted."""
         pattern, ns = entry.pattern, entry.namespace_id
         result = {"request": "subscribe" if add else "unsubscribe", "sub_id": entry.sub_id,
                   "pattern": pattern, "accepted": True}
@@ -455,12 +484,16 @@ class ClientSide:
                                if k in session.patterns or k in session.gpatterns}
             self._interest_dirty = True
             self._tables_dirty = True
-            # answered once the tables with it are live: a message published after the
-            # client heard "accepted" reaches it
-            session.pending += 1
-            self._replies_when_live.append((session, al.ControlKind.REQUEST_RESULT, result))
-        else:
+            self.mirror.changed(session)
+            if reply:
+                # answered once the tables with it are live: a message published after the
+                # client heard "accepted" reaches it
+                session.pending += 1
+                self._replies_when_live.append((session, al.ControlKind.REQUEST_RESULT,
+                                                result))
+        elif reply:
             self._reply(session, al.ControlKind.REQUEST_RESULT, result)
+        return bool(result["accepted"])
 
     def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool
                            ) -> str | None:

@@ -375,6 +375,12 @@ FLOW_POLICY = Str(16, 1, frozenset({"throttle", "drop-oldest", "conflate"}))
 MOVE_WHY = Str(16, 1, frozenset({"silence", "logout", "refused", "latency", "jitter",
                                   "loss", "asked"}))
 """Why a client's session moved (``LOGIN.moved_from.why``; ``Client.moves_by_reason``)."""
+MAX_MIRROR_SUBSCRIPTIONS = 1_024
+"""Subscriptions one mirrored session holds at most (a session with more is not mirrored)."""
+MAX_MIRROR_SESSIONS = 4_096
+"""Sessions (and ended sessions) one SESSION_MIRROR document names at most."""
+MIRROR_SUBSCRIPTION = Row((NAMESPACE, PATTERN, Int(0, 2)))
+"""(namespace, pattern, QoS number) of a mirrored or restored subscription."""
 MOVE_BOUNDS = Obj({}, {"latency_ms": Num(0, 600_000), "jitter_ms": Num(0, 600_000),
                        "loss_ratio": Num(0, 1), "window_s": Num(0.5, 3_600),
                        "probe_interval_ms": Num(10, 10_000), "hold_down_s": Num(0, 86_400)})
@@ -427,9 +433,15 @@ KINDS: dict[ControlKind, Kind] = {
                                  "moved_from": Obj({"node_id": NODE_ID,
                                                     "session": Int(1, MAX_U32)},
                                                    {"why": MOVE_WHY})}), 4_096),
+    ControlKind.SESSION_MIRROR: Kind(Obj(
+        {"sessions": List(Row((Int(1, MAX_U32), IDENTITY,
+                               List(MIRROR_SUBSCRIPTION, MAX_MIRROR_SUBSCRIPTIONS))),
+                          MAX_MIRROR_SESSIONS)},
+        {"ended": List(Int(1, MAX_U32), MAX_MIRROR_SESSIONS)})),
     ControlKind.LOGIN_RESULT: Kind(Obj(
         {"accepted": Bool()},
         {"session": Int(1, MAX_NODE_ID), "node": NAME, "node_id": NODE_ID,
+         "restored": List(MIRROR_SUBSCRIPTION, MAX_MIRROR_SUBSCRIPTIONS),
          "schemas": List(SCHEMA, 1_024), "reason": REASON, "challenge": CHALLENGE,
          "server_signature": KEY_HEX, "probe": Int(0, MAX_U63), "move_on": MOVE_BOUNDS},
         _login_result_rule)),
@@ -467,7 +479,7 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
                             ControlKind.INTEREST_SELECTORS,
                             ControlKind.RENDEZVOUS_COUNTS, ControlKind.RENDEZVOUS_REGISTER,
                             ControlKind.LOGOUT, ControlKind.ECHO,
-                            ControlKind.PERSISTED}),
+                            ControlKind.PERSISTED, ControlKind.SESSION_MIRROR}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
                             ControlKind.LOGOUT, ControlKind.REPLAY_RESULT,
                             ControlKind.POLICY_DROPS}),

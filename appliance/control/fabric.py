@@ -251,6 +251,8 @@ class FabricSide:
                 self._remote_patterns = frozenset((0, p) for p in doc["patterns"])
             if doc["streams"]:
                 self.dp.command("remote_persisted", doc["streams"])
+        elif kind is al.ControlKind.SESSION_MIRROR:
+            self.mirror.on_document(self, nb.node_id, doc, now_ns)
         elif kind is al.ControlKind.ECHO:
             sent = doc["ts"]
             if sent:

@@ -70,6 +70,9 @@ class Session:
     server_signature: str | None = None
     """The appliance's proof to the client (hex) when the login proved a password: sent
     with every answer to the login, repeats included."""
+    restored: list | None = None
+    """The subscriptions made from the standby's mirror at its login ([namespace, pattern,
+    QoS number], ``LOGIN_RESULT.restored``; control/mirror.py), or None."""
     standby: bool = False
     """The client said at login that it has a standby appliance to move to
     (``LOGIN.standby``): only such a session is asked to move (``move_clients``)."""

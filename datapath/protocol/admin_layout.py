@@ -123,6 +123,11 @@ class ControlKind(IntEnum):
     neighbour's publishers its cache holds on disk: per publishing stream, the positions on
     the reliable stream between them (docs/fault-tolerance.md, "Persisted by a neighbour's
     cache")."""
+    SESSION_MIRROR = 20
+    """An appliance mirrors to its standby neighbour (``clients.mirror_to``) the
+    subscriptions of its client sessions whose client has a standby, and the sessions that
+    ended, so a session that moves there finds them made at its login
+    (docs/fault-tolerance.md, "The standby's mirror")."""
 
 
 MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES

@@ -59,6 +59,8 @@ GOOD = {  # documents as the appliance and the client library write them
     K.PERSISTED: {"streams": [[0x8000_0007, 1, 420, 0, ""],
                               [0x8000_0009, 3, 8, 9, "the cache's queue was full"]],
                   "patterns": ["orders/#", "fx/+/spot"]},
+    K.SESSION_MIRROR: {"sessions": [[77, "reader", [[0, "orders/#", 2], [0, "fx/+", 0]]],
+                                    [78, "feed", []]], "ended": [12, 2**32 - 1]},
 }
 OTHER_GOOD = [
     (K.LOGIN, {"identity": "anonymous", "ring": None}),  # bench/fabric.py's login
@@ -69,6 +71,10 @@ OTHER_GOOD = [
     (K.RENDEZVOUS_REGISTER, {"origin": 5, "epoch": 3, "seq": 11, "target": 6,
                              "rules": []}),  # a withdrawal
     (K.LOGOUT, {}),
+    (K.LOGOUT, {"reason": "maintenance", "move": True}),
+    (K.LOGIN_RESULT, {"accepted": True, "session": 5, "restored": [[0, "a/#", 1]],
+                      "move_on": {"latency_ms": 0.5, "window_s": 5}}),
+    (K.SESSION_MIRROR, {"sessions": []}),
     (K.REPLAY, {"id": 1, "pattern": "a/#", "from_time_ns": 0}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": False, "why": "no_cache", "reason": "no"}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": True, "count": 0, "next_seq": 1,

@@ -51,6 +51,7 @@ name = "{standby}"
 address = "127.0.0.1:{standby_fabric}"
 [clients]
 udp = "127.0.0.1:{clients}"
+{clients_extra}
 [mgmt]
 listen = "127.0.0.1:{mgmt}"
 token = "{token}"
@@ -62,7 +63,7 @@ mode = "remote"
 class Pair:
     """A primary process and an in-process standby with a cache, neighbours."""
 
-    def __init__(self, tmp_path, identities: dict = IDENTITIES) -> None:
+    def __init__(self, tmp_path, identities: dict = IDENTITIES, mirror: bool = False) -> None:
         ports = [free_port() for _ in range(5)]
         self.primary_name, self.standby_name = f"pri{ports[0]}", f"sby{ports[1]}"
         self.primary_url = f"udp://127.0.0.1:{ports[2]}"
@@ -81,7 +82,8 @@ class Pair:
         config.write_text(PRIMARY.format(
             name=self.primary_name, fabric=ports[0], key=FABRIC_KEY, clients=ports[2],
             mgmt=ports[4], standby=self.standby_name, standby_fabric=ports[1],
-            token=MGMT_TOKEN))
+            token=MGMT_TOKEN,
+            clients_extra=f'mirror_to = "{self.standby_name}"' if mirror else ""))
         self.proc = run_appliance(config)
         assert self.standby.cache.ready.wait(DEADLINE_S), "the standby's cache did not start"
 
