@@ -207,10 +207,12 @@ class Mirror:
              ) -> tuple[tuple[int, str, int], ...] | None:
         """The subscriptions mirrored for session ``session_id`` of neighbour ``node_id``,
         when the same identity logs in here naming it (``moved_from``); None otherwise. The
-        record goes (a second move from there is not made from it)."""
-        record = self._forget((node_id, session_id))
+        record goes (a second move from there is not made from it); a login of another
+        identity naming it leaves it."""
+        record = self.records.get((node_id, session_id))
         if record is None or record.identity != identity:
             return None
+        self._forget((node_id, session_id))
         if now_ns - record.heard_ns > MIRROR_KEEP_NS:
             log.info("mirror: the record of session %d is %.0f s old: not used", session_id,
                      (now_ns - record.heard_ns) / 1e9)
