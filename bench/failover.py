@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the subscriber's session timeout (default 0.2)")
     parser.add_argument("--messages", type=positive_int, default=3_000,
                         help="messages per round (default 3000)")
+    parser.add_argument("--subscriptions", type=int, default=0, metavar="N",
+                        help="best-effort subscriptions the subscriber holds beside its "
+                        "guaranteed one (default 0; made again, or found made, at each move)")
+    parser.add_argument("--mirror", action="store_true",
+                        help="the primaries mirror their sessions to the standby "
+                        "(clients.mirror_to; docs/fault-tolerance.md, \"The standby's mirror\")")
 
 
 def _port() -> int:
@@ -74,7 +80,7 @@ class _Primary:
     """A ``topicwire run`` appliance, the standby's neighbour, with a client endpoint."""
 
     def __init__(self, workdir: Path, name: str, fabric: int, standby: str,
-                 standby_fabric: int, key: str) -> None:
+                 standby_fabric: int, key: str, mirror: bool = False) -> None:
         self.name = name
         self.clients = _port()
         config = workdir / f"{name}.toml"
@@ -84,6 +90,7 @@ class _Primary:
             "[fabric]", f'listen = "{LOOPBACK}:{fabric}"', f'key = "{key}"',
             "[[neighbours]]", f'name = "{standby}"', f'address = "{LOOPBACK}:{standby_fabric}"',
             "[clients]", f'udp = "{LOOPBACK}:{self.clients}"',
+            *([f'mirror_to = "{standby}"'] if mirror else []),
             "[pm]", 'mode = "remote"', "[log]", 'level = "warning"']) + "\n")
         self.proc = subprocess.Popen([sys.executable, "-c", _CLI, "run", "--config",
                                       str(config)], stdout=subprocess.PIPE,
@@ -150,7 +157,8 @@ class _Publisher(threading.Thread):
 
 
 def _round(number: int, primary: _Primary, standby: Any, standby_url: str,
-           publisher: _Publisher, messages: int, session_timeout: float) -> dict[str, float]:
+           publisher: _Publisher, messages: int, session_timeout: float,
+           subscriptions: int = 0, mirror: bool = False) -> dict[str, float]:
     from appliance.client import connect
 
     states: dict[str, int] = {}
@@ -169,9 +177,15 @@ def _round(number: int, primary: _Primary, standby: Any, standby_url: str,
                      on_state=on_state)
     try:
         sub = client.subscribe("bench/#", qos="guaranteed")
+        for i in range(subscriptions):
+            client.subscribe(f"bench/other/{i}")
         _wait(lambda: any(s["pattern"] == "bench/#" and s["origin"] == primary.name
                           for s in standby.status()["subscriptions"]),
               f"the subscription at {primary.name} reaching the standby")
+        if mirror:  # (the earlier rounds' records went with their moves)
+            _wait(lambda: standby.status()["counters"].get(
+                "control_mirror_records_subscriptions", 0) >= subscriptions + 1,
+                f"the session at {primary.name} mirrored to the standby")
         publisher.start_round(number, messages)
         got: list[int] = []
         killed_ns = 0
@@ -201,6 +215,7 @@ def _round(number: int, primary: _Primary, standby: Any, standby_url: str,
             "duplicates": float(len(got) - len(set(got))),
             "out_of_order": float(sum(1 for a, b in zip(got, got[1:]) if b < a)),
             "filled": float(client.filled),
+            "restored": float(client.restored_subscriptions),
         }
     finally:
         client.close()
@@ -214,6 +229,8 @@ def _percentile(values: list[float], q: float) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if not 0.2 <= args.session_timeout <= 10:
         raise UserError("--session-timeout must be in [0.2, 10] seconds", component=_COMPONENT)
+    if not 0 <= args.subscriptions <= 1_000:
+        raise UserError("--subscriptions must be in [0, 1000]", component=_COMPONENT)
     if args.messages <= WARM_MESSAGES:
         raise UserError(f"--messages must be more than {WARM_MESSAGES}", component=_COMPONENT)
     from appliance.cache.node import CachingAppliance
@@ -243,11 +260,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress(NAME, f"kill {i + 1}/{args.kills}")
                 neighbour = standby.config.neighbours[i]
                 primary = _Primary(workdir, neighbour.name, neighbour.address[1], "standby",
-                                   standby_fabric, key)
+                                   standby_fabric, key, args.mirror)
                 try:
                     _wait_up(standby, neighbour.name)
                     rounds.append(_round(i, primary, standby, standby_url, publisher,
-                                         args.messages, args.session_timeout))
+                                         args.messages, args.session_timeout,
+                                         args.subscriptions, args.mirror))
                 finally:
                     primary.kill()
         finally:
@@ -265,11 +283,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "duplicates": sum(r["duplicates"] for r in rounds),
                       "out_of_order": sum(r["out_of_order"] for r in rounds),
                       "moved": sum(r["moved"] for r in rounds),
+                      "restored_subscriptions": sum(r["restored"] for r in rounds),
                       "extra_moves": sum(r["extra_moves"] for r in rounds)},
         "session_timeout": {"failover_p50_ms": timeout_ms, "failover_p99_ms": timeout_ms,
                             "detect_p50_ms": timeout_ms},
     }
     params = {"kills": args.kills, "rate": args.rate, "messages": args.messages,
+              "subscriptions": args.subscriptions, "mirror": args.mirror,
               "session_timeout_s": args.session_timeout, "warm_messages": WARM_MESSAGES,
               "rounds": rounds,
               "goal": "failover_p50_ms < 300, lost 0 (issue 21)"}
