@@ -91,7 +91,11 @@ class Appliance:
             from channels import warm_up
 
             warm_up()  # the channel kernels: clients of this process (edge, cache) use them
-            jit = JitWatch().start(warn=False)  # (said once the channels opened)
+            # (said once the channels opened); a [cache]'s kernels are used later, by the
+            # cache agent, and loaded now with the rest
+            jit = JitWatch().start(warn=False, modules=(
+                "appliance.persistence._kernels", "appliance.cache._kernels")
+                if cfg.cache is not None else ())
             if cfg.dataplane == "process":
                 from appliance.dataplane.process import DataPathProcess
 

@@ -267,8 +267,13 @@ class JitWatch:
         self._base: dict[str, int] = {}
         self.late: dict[str, list[str]] = {}
 
-    def start(self, warn: bool = True) -> JitWatch:
-        """Preload, and (``warn``) log a warning when the cache was not warmed."""
+    def start(self, warn: bool = True, modules: tuple[str, ...] = ()) -> JitWatch:
+        """Import the kernel ``modules`` named (those the process will use later, e.g. a
+        ``[cache]``'s), preload, and (``warn``) log a warning when the cache was not warmed."""
+        import importlib
+
+        for name in modules:
+            importlib.import_module(name)
         self.preloaded = preload()
         if warn:
             self.warn_if_cold()
