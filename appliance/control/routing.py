@@ -126,3 +126,69 @@ def minimal_patterns(patterns: Iterable[str]) -> list[str]:
         if not covered:
             kept.append(p)
     return kept
+
+
+def _covers(q: tuple[str, ...], p: tuple[str, ...], q_text: str, p_text: str) -> bool:
+    """Whether pattern ``q`` makes ``p`` not minimal (``minimal_patterns``'s rule): it
+    includes it, and of two that include each other the smaller text stays."""
+    return includes_levels(q, p) and (q_text < p_text or not includes_levels(p, q))
+
+
+class MinimalSet:
+    """The ``minimal_patterns`` of a changing set of patterns, kept as patterns come and go
+    (the interest of a namespace: control/state.py ``InterestSets``).
+
+    Adding a pattern costs one walk of an index of the minimal ones (is it covered?) and, for
+    a pattern with a wildcard that is not covered, one pass over the minimal ones (which does
+    it cover?); a topic without wildcards covers nothing but itself. Removing a pattern that
+    is not minimal, or one without wildcards, costs nothing more; removing a minimal pattern
+    with a wildcard recomputes from the patterns held (those it covered may be minimal now).
+    Recomputing every time cost an index walk per pattern held at every change: about 10 ms
+    per subscribe for a thousand patterns."""
+
+    def __init__(self) -> None:
+        self.held: set[str] = set()
+        self.minimal: set[str] = set()
+        self._levels: dict[str, tuple[str, ...]] = {}
+        self._index: TopicIndex[str] = TopicIndex(cache_entries=0)
+        self._fresh = _fresh_level()
+        self.recomputes = 0
+
+    def _witness(self, levels: tuple[str, ...]) -> tuple[str, ...]:
+        """A topic ``levels`` matches (its wildcards written as one rare level): every
+        pattern that includes it matches this topic (another may too, and is checked)."""
+        return tuple(self._fresh if level in WILDCARDS else level for level in levels)
+
+    def add(self, pattern: str) -> None:
+        if pattern in self.held:
+            return
+        levels = split_pattern(pattern)
+        self.held.add(pattern)
+        self._levels[pattern] = levels
+        for q in self._index.match_levels(self._witness(levels)):
+            if q != pattern and _covers(self._levels[q], levels, q, pattern):
+                return  # covered by a minimal pattern: the minimal set stays
+        if any(level in WILDCARDS for level in levels):
+            gone = [r for r in self.minimal
+                    if _covers(levels, self._levels[r], pattern, r)]
+            for r in gone:
+                self.minimal.discard(r)
+                self._index.remove(r, r)
+        self.minimal.add(pattern)
+        self._index.add(pattern, pattern)
+
+    def remove(self, pattern: str) -> None:
+        if pattern not in self.held:
+            return
+        self.held.discard(pattern)
+        levels = self._levels.pop(pattern)
+        if pattern not in self.minimal:
+            return
+        self.minimal.discard(pattern)
+        self._index.remove(pattern, pattern)
+        if any(level in WILDCARDS for level in levels):  # what it covered may be minimal now
+            self.recomputes += 1
+            self.minimal = set(minimal_patterns(self.held))
+            self._index = TopicIndex(cache_entries=0)
+            for p in self.minimal:
+                self._index.add(p, p)

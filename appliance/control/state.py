@@ -11,7 +11,7 @@ from appliance.config import (
     NeighbourConfig,
 )
 from appliance.control import pm as pmod
-from appliance.control.routing import Lsa, minimal_patterns
+from appliance.control.routing import Lsa, MinimalSet, minimal_patterns
 from datapath.protocol import admin_layout as al
 
 log = logging.getLogger("topicwire.appliance")
@@ -109,14 +109,14 @@ class InterestSets:
     change (control/clients.py), so ``update`` re-reads only the sessions whose Counter is
     another object than last time (and forgets the ended ones): the cost of one interest
     change is one pass over the sessions plus that session's patterns, not a pass over every
-    pattern of every session. ``minimal_patterns`` runs on a namespace only when the set of
-    distinct patterns in it changed."""
+    pattern of every session. Each namespace's minimal set is a ``MinimalSet`` that follows
+    the patterns as they come and go (a pattern without wildcards costs one index walk)."""
 
     def __init__(self) -> None:
         self._seen: dict[int, tuple[Any, Any]] = {}
         self._counts: tuple[Counter, Counter] = (Counter(), Counter())
-        self._changed: tuple[set[int], set[int]] = (set(), set())
-        self._minimal: tuple[dict[int, frozenset], dict[int, frozenset]] = ({}, {})
+        self._sets: tuple[dict[int, MinimalSet], dict[int, MinimalSet]] = ({}, {})
+        self._changed = [False, False]
         self._union: list[frozenset] = [frozenset(), frozenset()]
 
     def update(self, sessions: dict[int, Session]) -> tuple[frozenset, frozenset]:
@@ -138,34 +138,30 @@ class InterestSets:
 
     def _apply(self, old: tuple[Any, Any], new: tuple[Any, Any]) -> None:
         for kind in (0, 1):
-            counts, changed = self._counts[kind], self._changed[kind]
+            counts, sets = self._counts[kind], self._sets[kind]
             before, after = old[kind], new[kind]
             for key in before:
                 if key not in after:
                     counts[key] -= 1
                     if counts[key] <= 0:
                         del counts[key]
-                        changed.add(key[0])
+                        sets[key[0]].remove(key[1])
+                        self._changed[kind] = True
             for key in after:
                 if key not in before:
                     counts[key] += 1
                     if counts[key] == 1:
-                        changed.add(key[0])
+                        sets.setdefault(key[0], MinimalSet()).add(key[1])
+                        self._changed[kind] = True
 
     def _result(self, kind: int) -> frozenset[tuple[int, str]]:
-        minimal, changed = self._minimal[kind], self._changed[kind]
-        if changed:
-            by_ns: dict[int, list[str]] = {ns: [] for ns in changed}
-            for ns, pattern in self._counts[kind]:
-                if ns in by_ns:
-                    by_ns[ns].append(pattern)
-            for ns, found in by_ns.items():
-                if found:
-                    minimal[ns] = frozenset((ns, p) for p in minimal_patterns(found))
-                else:
-                    minimal.pop(ns, None)
-            changed.clear()
-            self._union[kind] = frozenset().union(*minimal.values())
+        if self._changed[kind]:
+            self._changed[kind] = False
+            sets = self._sets[kind]
+            for ns in [ns for ns, m in sets.items() if not m.held]:
+                del sets[ns]
+            self._union[kind] = frozenset((ns, p) for ns, m in sets.items()
+                                          for p in m.minimal)
         return self._union[kind]
 
 

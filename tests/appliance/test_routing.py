@@ -82,3 +82,22 @@ def _minimal_by_every_pair(patterns):
                 .map("/".join), max_size=12))
 def test_suppression_equals_the_pairwise_definition(patterns):
     assert minimal_patterns(patterns) == _minimal_by_every_pair(patterns)
+
+
+def test_the_minimal_set_followed_pattern_by_pattern_is_minimal_patterns_of_those_held():
+    from appliance.control.routing import MinimalSet
+
+    rnd = random.Random(5)
+    levels = ["a", "b", "c", "+", "#"]
+    for _ in range(300):
+        kept, held = MinimalSet(), set()
+        for _ in range(60):
+            p = "/".join(rnd.choice(levels) for _ in range(rnd.randint(1, 4)))
+            if rnd.random() < 0.6 or not held:
+                kept.add(p)
+                held.add(p)
+            else:
+                q = rnd.choice(sorted(held)) if rnd.random() < 0.8 else p
+                kept.remove(q)
+                held.discard(q)
+            assert sorted(kept.minimal) == minimal_patterns(list(held))

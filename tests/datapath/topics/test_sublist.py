@@ -103,3 +103,26 @@ def test_withdraw_takes_back_one_positive_entry_and_delivers_a_subset():
         assert after <= before, (requests, gone)
         assert gone not in s.positive_patterns()
         assert not s.entries or s.entries[0].positive
+
+
+def test_plain_topics_take_the_short_way_and_decide_as_the_naive_list():
+    """Requests mixing plain topics (the short way: only the wildcard entries and the
+    topic's own are looked at) with patterns decide every topic as the naive list does,
+    and the list's indexes of its entries stay true."""
+    rnd = random.Random(9)
+    levels = ["a", "b", "c", "+", "#"]
+    topics = ["a", "b", "a/b", "a/c", "b/c/a", "c/c", "a/a/a"]
+    for _ in range(1_000):
+        requests: list[str] = []
+        sl = SubscriptionList()
+        for _ in range(25):
+            pool = levels if rnd.random() < 0.4 else levels[:3]
+            pattern = "/".join(rnd.choice(pool) for _ in range(rnd.randint(1, 3)))
+            request = ("+" if rnd.random() < 0.7 else "-") + pattern
+            requests.append(request)
+            sl.apply(request)
+            for topic in topics:
+                assert sl.decides(topic) == naive_decision(requests, topic), (requests, topic)
+            wild = [e for e in sl.entries if "+" in e.levels or "#" in e.levels]
+            assert sl._wild == wild
+            assert sl._plain == {e.pattern: e for e in sl.entries if e not in wild}
