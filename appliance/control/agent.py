@@ -36,6 +36,7 @@ from appliance.control.clients import ClientSide
 from appliance.control.documents import DocumentError
 from appliance.control.fabric import FabricSide
 from appliance.control.management import ManagementSide
+from appliance.control.port_pool import PortPool
 from appliance.control.replay import ReplaySide
 from appliance.control.routing import Lsa
 from appliance.control.state import (
@@ -144,8 +145,7 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         """("n" or "g", node) -> (port, patterns): an appliance's best-effort and guaranteed
         interest as egresses ``n:NODE`` and ``g:NODE``."""
         self.gadvertised: frozenset[tuple[int, str]] = frozenset()
-        self._free_ports = [p for p in range(1, MAX_EGRESS_PORT + 1) if p != CPU_PORT]
-        self._free_ports.reverse()
+        self._free_ports = PortPool(1, MAX_EGRESS_PORT, CPU_PORT)
         self._quarantine: list[int] = []
         self._retired: dict[int, tuple[str, int]] = {}
         """Quarantined ports -> what they led to: the forwarding tables keep them until the

@@ -389,7 +389,10 @@ class DataPlaneAgent(Delivery, Output):
                 self.counters["session_ring_unusable"] += 1
                 log.warning("data path: cannot open the reply ring %r of session %d (%s); "
                             "its messages are dropped", session.ring, session.session_id, exc)
+        grown = self.session_auth.version
         self.session_auth.attach(session)
+        if self.session_auth.version != grown:
+            self.express.reset()  # its kernels' arguments hold the smaller arrays
         self.sessions[session.session_id] = session
         self._by_peer[peer] = session
         self.sessions_version += 1
