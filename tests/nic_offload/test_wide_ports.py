@@ -23,6 +23,8 @@ def test_the_port_space_is_16_bits_and_the_cpu_port_keeps_its_number():
     assert (model.EGRESS_PORT_BITS, model.MAX_EGRESS_PORT) == (16, 65_535)
     assert (model.PHYSICAL_PORT_BITS, model.MAX_PHYSICAL_PORT) == (9, 511)
     assert model.CPU_PORT == 255
+    # the software NIC's slot value word holds a 16-bit target (port or group)
+    assert L.TARGET_MASK >> L.TARGET_SHIFT == model.MAX_EGRESS_PORT == model.MAX_GROUP
 
 
 def test_the_compiler_takes_ports_up_to_65535_and_refuses_wider_ones():
