@@ -330,11 +330,17 @@ class DataPlaneAgent(Delivery, Output):
                                same: list[str]) -> None:
         """``publish_snapshot`` of the snapshot of ``entries`` whose software-NIC arrays are
         ``changed`` and, for the fields named in ``same``, the current snapshot's (what a
-        control plane in another process sends: appliance/dataplane/process.py)."""
+        control plane in another process sends: appliance/dataplane/process.py); an entry
+        set or an array may come as a patch of the current one (``snapshot_patch``)."""
+        from appliance.dataplane.snapshot_patch import EntriesPatch, resolve
         from nic_offload.snapshot import Snapshot
         from nic_offload.softnic.tables import SoftTables
 
-        current = self.nic.switch.current.tables
+        snapshot = self.nic.switch.current
+        current = snapshot.tables
+        if isinstance(entries, EntriesPatch):
+            entries = entries.apply(snapshot.entries)
+        changed = {name: resolve(sent, getattr(current, name)) for name, sent in changed.items()}
         tables = SoftTables(**{name: getattr(current, name) for name in same}, **changed)
         self.nic.switch.publish(Snapshot(entries, tables))
 

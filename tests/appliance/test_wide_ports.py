@@ -74,3 +74,28 @@ def test_a_subscriber_on_a_port_past_511_gets_the_published_message():
                 client.close()
         clients.close()
         app.stop()
+
+
+def test_session_keys_grow_as_sessions_come_and_keep_their_rows():
+    """The data path's session keys and replay windows start small and double up to their
+    bound (one row per egress port at most) instead of holding 65,536 rows (13.6 MB)."""
+    from types import SimpleNamespace
+
+    from appliance.dataplane.frame_auth import SESSION_AUTH_ROW_BYTES, SessionAuth
+
+    assert SESSION_AUTH_ROW_BYTES * (MAX_EGRESS_PORT + 1) > 13_000_000
+    auth = SessionAuth(7, rows=5, initial_rows=2)
+    sessions = [SimpleNamespace(key=bytes([i + 1]) * 32, channel="udp", dest=100 + i,
+                                auth_slot=-1) for i in range(6)]
+    versions = []
+    for s in sessions:
+        auth.attach(s)
+        versions.append(auth.version)
+    assert [s.auth_slot for s in sessions] == [0, 1, 2, 3, 4, -1]  # the sixth: past the bound
+    assert versions == [0, 0, 1, 1, 2, 2] and len(auth.keys) == len(auth.windows) == 5
+    for s in sessions[:5]:  # every key where it was put, after two copies
+        row = auth.keys[s.auth_slot]
+        assert bytes(row[8:8 + row[0]]) == s.key
+    auth.detach(sessions[1])
+    auth.attach(sessions[5])
+    assert sessions[5].auth_slot == 1
