@@ -130,6 +130,9 @@ SHM_BUS_PRODUCERS = 32
 STATUS_REFRESH_NS = 250_000_000
 """How often the control agent rebuilds the status snapshot, and the data path publishes
 its counters while it forwards messages or applies commands."""
+STATUS_COST_SHARE = 10
+"""The control agent's status is rebuilt no sooner than this many times what its last build
+took (at most about a tenth of the control thread: it grows with the sessions)."""
 STATUS_IDLE_REFRESH_NS = 1_000_000_000
 """How often an idle data path (no message, no command since its last publish: heartbeats
 only) publishes its counters; the first message or command brings the next publish back
