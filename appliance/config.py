@@ -85,9 +85,12 @@ CLIENT_MAX_REGISTRATIONS = 16_384
 CLIENT_MAX_PENDING_REQUESTS = 256
 """Requests of one session whose answer waits for the tables to be live
 (``clients.max_pending_requests``)."""
-EGRESS_PORTS = 510
-"""Egress ports of the 9-bit port space that sessions and appliances can use (1..511 without
-the CPU port, nic_offload.model)."""
+EGRESS_PORTS = 65_534
+"""Egress ports of the 16-bit logical port space that sessions and appliances can use
+(1..65,535 without the CPU port, nic_offload.model.MAX_EGRESS_PORT)."""
+CLIENT_SESSIONS_LIMIT = 16_384
+"""The largest ``clients.max_sessions`` (and ``clients.max_guaranteed_sessions``): what the
+scale goal of one appliance needs (10,000 sessions) with room; the port space holds more."""
 APPLIANCE_EGRESS_PORTS = 64
 """Egress ports kept for destination appliances (two per remote appliance with interest:
 best-effort and guaranteed); clients never take the last ones."""
@@ -127,6 +130,9 @@ SHM_BUS_PRODUCERS = 32
 STATUS_REFRESH_NS = 250_000_000
 """How often the control agent rebuilds the status snapshot, and the data path publishes
 its counters while it forwards messages or applies commands."""
+STATUS_COST_SHARE = 10
+"""The control agent's status is rebuilt no sooner than this many times what its last build
+took (at most about a tenth of the control thread: it grows with the sessions)."""
 STATUS_IDLE_REFRESH_NS = 1_000_000_000
 """How often an idle data path (no message, no command since its last publish: heartbeats
 only) publishes its counters; the first message or command brings the next publish back
@@ -1339,12 +1345,12 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     if shm is not None and not NAME_RE.fullmatch(shm):
         raise _fail(p + "shm", f"must be a ring name (letters, digits, '.', '_', '-'), not "
                     f"{shm!r}")
-    max_sessions = _int(cl, "max_sessions", p, CLIENT_MAX_SESSIONS, 1, 400)
+    max_sessions = _int(cl, "max_sessions", p, CLIENT_MAX_SESSIONS, 1, CLIENT_SESSIONS_LIMIT)
     session_dead = _int(cl, "session_dead_ms", p, CLIENT_SESSION_DEAD_MS, 100, 3_600_000)
     client_ports = EGRESS_PORTS - APPLIANCE_EGRESS_PORTS
     max_guaranteed = _int(cl, "max_guaranteed_sessions", p,
                           min(CLIENT_MAX_GUARANTEED_SESSIONS, client_ports - max_sessions), 0,
-                          400)
+                          CLIENT_SESSIONS_LIMIT)
     if max_sessions + max_guaranteed > client_ports:
         raise _fail(p + "max_guaranteed_sessions", f"{max_sessions} sessions and "
                     f"{max_guaranteed} guaranteed ones need {max_sessions + max_guaranteed} "

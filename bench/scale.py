@@ -356,6 +356,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _wait("the preload", lambda: answered.get(reg, 0) >= preload
               or len(control.registry) >= preload, deadline, clients, count)
         phases["preload_s"] = time.perf_counter() - start
+        progress(NAME, f"preload: {phases['preload_s']:.1f} s")
         rss_before = appliance_rss()
         # -- logins -----------------------------------------------------------------------
         progress(NAME, f"login: {sessions:,} sessions")
@@ -372,6 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for answer in clients.poll(0.05):
                 on_login(*answer)
         figures["login_s"] = time.perf_counter() - start
+        progress(NAME, f"login: {figures['login_s']:.2f} s")
         time.sleep(0.5)  # the tables of the new sessions' egresses settle
         rss_logged = appliance_rss()
         # -- the subscriptions of every session -------------------------------------------
@@ -392,6 +394,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         _wait("the subscriptions", lambda: sum(answered.values()) >= sessions * subs,
               deadline, clients, count)
         phases["subscribe_all_s"] = time.perf_counter() - start
+        progress(NAME, f"subscribe_all: {phases['subscribe_all_s']:.1f} s")
         time.sleep(0.5)
         rss_subscribed = appliance_rss()
         # -- one subscribe of 10 keys, timed ----------------------------------------------
@@ -411,6 +414,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         small.sort()
         figures["subscribe_10_keys_median_ms"] = statistics.median(small)
         figures["subscribe_10_keys_p90_ms"] = small[int(0.9 * (len(small) - 1))]
+        progress(NAME, f"subscribe_10: median {figures['subscribe_10_keys_median_ms']:.1f} ms")
         # -- one subscribe of up to 100,000 keys ----------------------------------------
         big_keys = min(preload, 100_000)
         progress(NAME, f"subscribe_100k: {args.big_repeats} subscribes of {big_keys:,} keys")
@@ -420,6 +424,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             big_off.append(timed("scale/0/#", add=False))
         figures["subscribe_100k_keys_median_ms"] = statistics.median(big)
         figures["unsubscribe_100k_keys_median_ms"] = statistics.median(big_off)
+        progress(NAME, f"subscribe_100k: {figures['subscribe_100k_keys_median_ms']:.0f} ms, "
+                 f"unsubscribe {figures['unsubscribe_100k_keys_median_ms']:.0f} ms")
         # -- one batched registration ------------------------------------------------------
         progress(NAME, f"register: {batch:,} topics in one batched request")
         frames = _register_frames(clients.sessions[reg], preload, batch)

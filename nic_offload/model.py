@@ -88,7 +88,12 @@ DIGEST_STRUCT = "topicwire_digest_t"
 
 # --- widths (bits) ---------------------------------------------------------------------------
 TOPIC_KEY_BITS = 64
-EGRESS_PORT_BITS = 9
+EGRESS_PORT_BITS = 16
+"""A logical egress port: what the topic_key table's forward and the multicast groups name
+(65,536 ports: sessions, guaranteed subscribers, destination appliances). The P4 program
+maps it to v1model's 9-bit physical port in its ``port_map`` table (docs/offload.md)."""
+PHYSICAL_PORT_BITS = 9
+"""v1model's ``egress_spec``: a physical port of the switch (the P4 program only)."""
 GROUP_BITS = 16
 ACL_CLASS_BITS = 16
 ACL_STATE_BITS = 16
@@ -99,12 +104,23 @@ ACL_FIELD_WIDTHS_BYTES = (1, 2, 4, 8)
 DEFAULT_ACL_FIELD_BYTES = 4
 
 MAX_EGRESS_PORT = (1 << EGRESS_PORT_BITS) - 1
+MAX_PHYSICAL_PORT = (1 << PHYSICAL_PORT_BITS) - 1
 MAX_GROUP = (1 << GROUP_BITS) - 1
 MAX_ACL_CLASS = (1 << ACL_CLASS_BITS) - 1
 MAX_ACL_STATE = (1 << ACL_STATE_BITS) - 1
 
 CPU_PORT = 255
-"""Egress port of the CPU (BMv2's ``--cpu-port 255``): punts go there. Not a data port."""
+"""Egress port of the CPU (BMv2's ``--cpu-port 255``): punts go there. Not a data port; the
+same number as a logical port and as a physical one."""
+
+PORT_MAP_TABLE = f"{CONTROL}.port_map"
+"""The P4 program's logical -> physical port table (key ``meta.egress_port``): a table of the
+P4 program only, not of the pipeline spec; the software NIC hands logical ports to the host's
+data path itself. A logical port without an entry goes to the CPU port."""
+PORT_MAP_FIELD = "meta.egress_port"
+ACTION_TO_PORT = f"{CONTROL}.to_port"
+ACTION_TO_CPU = f"{CONTROL}.to_cpu"
+PARAM_PORT = "port"
 
 NO_ACL_CLASS = 0
 """``acl_class`` 0: the forward needs no ACL."""
@@ -555,7 +571,8 @@ class KeyRows:
         ports = self.actions == KeyAction.FORWARD
         groups = self.actions == KeyAction.FORWARD_GROUP
         if (self.targets[ports] > MAX_EGRESS_PORT).any():
-            raise ModelError(f"an egress port exceeds {EGRESS_PORT_BITS} bits")
+            raise ModelError(f"an egress port exceeds {EGRESS_PORT_BITS} bits "
+                             f"(0..{MAX_EGRESS_PORT})")
         if ((self.targets[groups] > MAX_GROUP) | (self.targets[groups] == NO_GROUP)).any():
             raise ModelError(f"a multicast group is outside 1..{MAX_GROUP}")
 

@@ -168,6 +168,8 @@ def from_runtime_json(doc: Mapping[str, Any]) -> EntrySet:
     defaults = {e.table: e for e in model.default_entries(spec)}
     key_entries, acl_entries = [], []
     for index, raw in enumerate(doc.get("table_entries", [])):
+        if isinstance(raw, dict) and raw.get("table") == model.PORT_MAP_TABLE:
+            continue  # the P4 program's logical -> physical ports (topicwire p4 entries)
         entry = _parse_entry(spec, raw, index)
         if entry.is_default:
             if entry != defaults[entry.table]:
@@ -178,7 +180,9 @@ def from_runtime_json(doc: Mapping[str, Any]) -> EntrySet:
         else:
             acl_entries.append(entry)
     groups = []
-    for index, raw in enumerate(doc.get("multicast_group_entries", [])):
+    # the P4 export's replicas are physical ports: the logical groups are kept beside them
+    raw_groups = meta.get("logical_groups", doc.get("multicast_group_entries", []))
+    for index, raw in enumerate(raw_groups):
         where = f"multicast_group_entries[{index}]"
         try:
             ports = tuple(sorted({_int(r["egress_port"], where) for r in raw["replicas"]}))

@@ -259,6 +259,28 @@ class ManagementSide:
         self._status_subs = (version, subs)
         return list(subs)
 
+    def _status_clients(self, counts: dict) -> list[dict]:
+        """The status's client rows. A session's sorted subscriptions are kept while its
+        pattern sets are the same objects (a change replaces them): sorting every session's
+        patterns four times a second took 59 ms at 3,000 sessions (a quarter of the control
+        thread during their logins), 0.2 s at 10,000."""
+        cache: dict[int, tuple] = self.__dict__.setdefault("_status_patterns", {})
+        rows = []
+        for s in self.sessions.values():
+            held = cache.get(s.session_id)
+            if held is None or held[0] is not s.patterns or held[1] is not s.gpatterns:
+                held = cache[s.session_id] = (
+                    s.patterns, s.gpatterns,
+                    sorted({p for _, p in s.patterns} | {p for _, p in s.gpatterns}))
+            got = counts.get(s.session_id, {})
+            rows.append({"session": s.session_id, "identity": s.identity, "channel": s.channel,
+                         "subscriptions": list(held[2]), "published": got.get("published", 0),
+                         "delivered": got.get("delivered", 0)})
+        if len(cache) > 2 * len(self.sessions) + 64:  # sessions gone: forget theirs
+            for sid in set(cache) - set(self.sessions):
+                del cache[sid]
+        return rows
+
     def _build_status(self, now_ns: int) -> None:
         self._status_at = now_ns + STATUS_REFRESH_NS
         name = self.names.get
@@ -299,12 +321,7 @@ class ManagementSide:
             "denials": [{"identity": i, "action": a, "pattern": p, "count": n}
                         for (i, a, p), n in sorted(self.denials.items())],
             "auth": {"rejected": dict(self.auth.rejected), "accepted": self.auth.accepted},
-            "clients": [{"session": s.session_id, "identity": s.identity, "channel": s.channel,
-                         "subscriptions": sorted({p for _, p in s.patterns}
-                                                 | {p for _, p in s.gpatterns}),
-                         "published": sessions.get(s.session_id, {}).get("published", 0),
-                         "delivered": sessions.get(s.session_id, {}).get("delivered", 0)}
-                        for s in self.sessions.values()],
+            "clients": self._status_clients(sessions),
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
                          **{f"control_{k}": int(v) for k, v in self.counters.items()}},
             "jit": self._jit_status(),

@@ -330,11 +330,17 @@ class DataPlaneAgent(Delivery, Output):
                                same: list[str]) -> None:
         """``publish_snapshot`` of the snapshot of ``entries`` whose software-NIC arrays are
         ``changed`` and, for the fields named in ``same``, the current snapshot's (what a
-        control plane in another process sends: appliance/dataplane/process.py)."""
+        control plane in another process sends: appliance/dataplane/process.py); an entry
+        set or an array may come as a patch of the current one (``snapshot_patch``)."""
+        from appliance.dataplane.snapshot_patch import EntriesPatch, resolve
         from nic_offload.snapshot import Snapshot
         from nic_offload.softnic.tables import SoftTables
 
-        current = self.nic.switch.current.tables
+        snapshot = self.nic.switch.current
+        current = snapshot.tables
+        if isinstance(entries, EntriesPatch):
+            entries = entries.apply(snapshot.entries)
+        changed = {name: resolve(sent, getattr(current, name)) for name, sent in changed.items()}
         tables = SoftTables(**{name: getattr(current, name) for name in same}, **changed)
         self.nic.switch.publish(Snapshot(entries, tables))
 
@@ -389,7 +395,10 @@ class DataPlaneAgent(Delivery, Output):
                 self.counters["session_ring_unusable"] += 1
                 log.warning("data path: cannot open the reply ring %r of session %d (%s); "
                             "its messages are dropped", session.ring, session.session_id, exc)
+        grown = self.session_auth.version
         self.session_auth.attach(session)
+        if self.session_auth.version != grown:
+            self.express.reset()  # its kernels' arguments hold the smaller arrays
         self.sessions[session.session_id] = session
         self._by_peer[peer] = session
         self.sessions_version += 1

@@ -149,10 +149,13 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
     tables = dp.tables
     if tables.dup_keys or tables.rendezvous:  # rendezvous: matched and deduplicated per message
         return None
-    ports = np.zeros((PORTS, PORT_WORDS), np.int64)  # kinds K_NONE
-    owners: list = [None] * PORTS
+    # rows up to the highest port the tables name (a port beyond is K_NONE to the kernels):
+    # PORTS rows would be 2.6 MB per rebuild for an appliance that uses a few hundred ports
+    rows = min(PORTS, 1 + max((p for p in tables.ports if p >= 0), default=0))
+    ports = np.zeros((rows, PORT_WORDS), np.int64)  # kinds K_NONE
+    owners: list = [None] * rows
     for port, (what, arg) in tables.ports.items():
-        if not 0 <= port < PORTS:
+        if not 0 <= port < rows:
             continue
         row = ports[port]
         if what == "client":
@@ -284,8 +287,9 @@ class Express:
         self._sessions_for: tuple = (dp.sessions_version, dp.allowed_version)
         """(sessions version, allowed keys version) the session table was built for."""
         self.ctl = np.zeros(CTL_WORDS, np.int64)
-        self.port_delivered = np.zeros(PORTS, np.int64)
-        """Messages framed per egress port since the last fold (the plan's owners')."""
+        self.port_delivered = np.zeros(1, np.int64)
+        """Messages framed per egress port since the last fold (the plan's owners'); as
+        many rows as the largest plan's ports (at most PORTS: 512 KiB)."""
         self.totals = np.zeros(TOTAL_WORDS, np.int64)
         self._queues = [dp._out[name] for name in queues]
         self._queue_arrays: list[np.ndarray] = []
@@ -366,6 +370,9 @@ class Express:
             self.fold()
             self.plan = build_plan(dp, snapshot, self.queues)
             self._plan_for = (dp.tables, dp.sessions_version, now_groups)
+            if self.plan is not None and len(self.plan.ports) > len(self.port_delivered):
+                # (folded: all zero) the kernels count per port of the plan
+                self.port_delivered = np.zeros(len(self.plan.ports), np.int64)
         return self.plan
 
     def _current_sessions(self) -> SessionTable:

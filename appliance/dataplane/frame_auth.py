@@ -47,6 +47,10 @@ from datapath.protocol._kernels import (
 )
 
 _EMPTY = np.zeros(0, np.int64)
+SESSION_AUTH_INITIAL_ROWS = 256
+"""Rows a SessionAuth starts with (it doubles up to its bound as sessions with a key come)."""
+SESSION_AUTH_ROW_BYTES = fm.SESSION_KEY_AT + fm.MAX_KEY_BYTES + (1 + fm.WINDOW_WORDS) * 8
+"""A session's key (72 bytes) and replay window (136 bytes)."""
 
 
 class DataAuth:
@@ -148,13 +152,22 @@ class SessionAuth:
     """Keys and replay windows of the client sessions with a key, one row each (see the
     module docstring). Runs on the data-path thread."""
 
-    def __init__(self, node_id: int, rows: int, start_ns: int = 0) -> None:
+    def __init__(self, node_id: int, rows: int, start_ns: int = 0,
+                 initial_rows: int = SESSION_AUTH_INITIAL_ROWS) -> None:
+        """``rows``: the most sessions with a key at once (one per egress port at most);
+        the arrays start at ``initial_rows`` and double as sessions come (a row is
+        ``SESSION_AUTH_ROW_BYTES``: 65,536 rows would be 13.6 MB, 256 are 53 KB)."""
         # scratch, counts, and the sequence of the frames it signs (from ``start_ns``)
         self.abytes, self.actl = fm.new_state(b"\x00", 0, 0, node_id, start_ns)
         self.node_id = node_id
-        self.keys = fm.new_session_keys(rows)
-        self.windows = fm.new_windows(rows)
-        self._free = list(range(rows - 1, -1, -1))
+        self.max_rows = rows
+        first = max(1, min(rows, initial_rows))
+        self.keys = fm.new_session_keys(first)
+        self.windows = fm.new_windows(first)
+        self._free = list(range(first - 1, -1, -1))
+        self.version = 0
+        """Changes when the arrays are replaced by larger ones (the kernels' cached
+        arguments must be made again)."""
         self._dests: dict[str, dict[int, int]] = {}
         """Channel -> the destination (peer id, or session id on shared memory) of each
         session with a key -> its slot."""
@@ -163,8 +176,12 @@ class SessionAuth:
 
     def attach(self, session: Any) -> None:
         """Give a session with a key its row (a session without one keeps -1)."""
-        if session.key is None or not self._free:
+        if session.key is None:
             return
+        if not self._free:
+            self._grow()
+            if not self._free:
+                return
         row = self._free.pop()
         key = session.key
         self.keys[row] = 0
@@ -176,6 +193,19 @@ class SessionAuth:
         session.auth_slot = row
         self._dests.setdefault(session.channel, {})[session.dest] = row
         self._arrays.pop(session.channel, None)
+
+    def _grow(self) -> None:
+        """Double the rows (up to ``max_rows``); the rows given keep their places."""
+        rows = len(self.keys)
+        more = min(self.max_rows, 2 * rows)
+        if more <= rows:
+            return
+        keys, windows = fm.new_session_keys(more), fm.new_windows(more)
+        keys[:rows] = self.keys
+        windows[:rows] = self.windows
+        self.keys, self.windows = keys, windows
+        self._free = list(range(more - 1, rows - 1, -1))
+        self.version += 1
 
     def detach(self, session: Any) -> None:
         row = session.auth_slot

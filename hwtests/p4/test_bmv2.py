@@ -301,7 +301,8 @@ def test_p4c_makes_the_checked_in_p4info(compiled):
 def test_bmv2_sends_every_frame_where_the_software_nic_does(compiled, tmp_path):
     snapshot = tmp_path / "snapshot.json"
     runtime_json.save(entry_set(), snapshot)
-    p4_cmd.write_entries(snapshot, tmp_path / "entries", bmv2_json=compiled / "topicwire.json")
+    p4_cmd.write_entries(snapshot, tmp_path / "entries", bmv2_json=compiled / "topicwire.json",
+                         port_map={p: p for p in DATA_PORTS})  # logical port p: switch port p
     commands = (tmp_path / "entries" / p4_cmd.COMMANDS_FILE).read_text().splitlines()
     all_cases = cases()
     packets = [_packet(c) for c in all_cases]

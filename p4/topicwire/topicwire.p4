@@ -16,7 +16,11 @@
  *     acl_next(state) -> next stage | acl_accept | acl_reject / miss | acl_log (+ digest)
  *     |
  *     v
- *   egress port, or multicast group
+ *   TopicwireIngress.port_map    meta.egress_port exact (a forward's 16-bit logical port: a
+ *     to_port(physical) | to_cpu / miss      session, a guaranteed subscriber, a destination
+ *     |                                      appliance) -> v1model's 9-bit egress_spec; a
+ *     v                                      logical port without an entry goes to the CPU
+ *   physical port, or multicast group        port, where the host's data path delivers it
  *
  * The program decides single-message DATA / RETRANSMISSION frames it can validate; every
  * other frame (several messages, admin frames, an authentication trailer, IPv4 options or
@@ -160,7 +164,7 @@ struct metadata {
     bit<32> field_2;
     bit<32> field_3;
     bit<8>  key_action;
-    bit<9>  egress_port;
+    bit<16> egress_port;
     bit<16> group;
     bit<8>  acl_verdict;
     bit<8>  digest_reason;
@@ -240,7 +244,7 @@ control TopicwireIngress(inout headers hdr, inout metadata meta,
         meta.key_action = KEY_DROP;
     }
 
-    action forward(bit<9> egress_port, bit<16> acl_class) {
+    action forward(bit<16> egress_port, bit<16> acl_class) {
         meta.key_action = KEY_FORWARD;
         meta.egress_port = egress_port;
         meta.acl_class = acl_class;
@@ -269,6 +273,27 @@ control TopicwireIngress(inout headers hdr, inout metadata meta,
         default_action = punt();
         counters = topic_key_counter;
         size = 2097152;
+    }
+
+    /* the logical port -> a physical port (model.PORT_MAP_TABLE: the P4 program's alone) */
+    action to_port(bit<9> port) {
+        standard_metadata.egress_spec = port;
+    }
+
+    action to_cpu() {
+        standard_metadata.egress_spec = CPU_PORT;
+    }
+
+    table port_map {
+        key = {
+            meta.egress_port: exact;
+        }
+        actions = {
+            to_port;
+            to_cpu;
+        }
+        default_action = to_cpu();
+        size = 65536;
     }
 
     action acl_next(bit<16> state) {
@@ -416,7 +441,7 @@ control TopicwireIngress(inout headers hdr, inout metadata meta,
                     if (meta.key_action == KEY_FORWARD_GROUP) {
                         standard_metadata.mcast_grp = meta.group;
                     } else {
-                        standard_metadata.egress_spec = meta.egress_port;
+                        port_map.apply();
                     }
                 }
             }

@@ -491,12 +491,15 @@ def test_the_limits_are_config_keys_that_fit_the_port_space():
     assert (cfg.max_sessions, cfg.max_guaranteed_sessions, cfg.max_subscriptions,
             cfg.max_registrations, cfg.max_pending_requests) == (256, 128, 1_024, 16_384, 256)
     assert cfg.max_sessions + cfg.max_guaranteed_sessions <= EGRESS_PORTS - 64
-    big = parse_config({"appliance": {"name": "limits"}, "clients": {"max_sessions": 400}})
-    assert big.max_guaranteed_sessions == EGRESS_PORTS - 64 - 400  # the default shrinks
-    with pytest.raises(ConfigError, match=r"clients.max_guaranteed_sessions: 400 sessions "
-                                          r"and 100 guaranteed ones need 500 egress ports"):
-        parse_config({"appliance": {"name": "limits"},
-                      "clients": {"max_sessions": 400, "max_guaranteed_sessions": 100}})
+    # the 16-bit logical ports hold both limits at their largest (CLIENT_SESSIONS_LIMIT)
+    big = parse_config({"appliance": {"name": "limits"},
+                        "clients": {"max_sessions": 16_384, "max_guaranteed_sessions": 16_384}})
+    assert (big.max_sessions, big.max_guaranteed_sessions) == (16_384, 16_384)
+    assert big.max_sessions + big.max_guaranteed_sessions <= EGRESS_PORTS - 64
+    for key in ("max_sessions", "max_guaranteed_sessions"):
+        with pytest.raises(ConfigError, match=rf"clients.{key}: must be an integer in "
+                                              r"\[\d, 16384\], not 16385"):
+            parse_config({"appliance": {"name": "limits"}, "clients": {key: 16_385}})
     with pytest.raises(ConfigError, match=r"clients.max_pending_requests"):
         parse_config({"appliance": {"name": "limits"},
                       "clients": {"max_pending_requests": 0}})
@@ -515,7 +518,7 @@ def _try_connect(url: str):
 
 
 def test_egress_ports_running_out_is_a_refusal(monkeypatch):
-    """The 9-bit port space shrunk to 70 ports (64 kept for appliances): six for clients."""
+    """The 16-bit port space shrunk to 70 ports (64 kept for appliances): six for clients."""
     assert EGRESS_PORTS == MAX_EGRESS_PORT - (1 if CPU_PORT <= MAX_EGRESS_PORT else 0)
     monkeypatch.setattr(control_module, "MAX_EGRESS_PORT", 70)
     t = _appliance({"max_sessions": 8, "max_guaranteed_sessions": 4})

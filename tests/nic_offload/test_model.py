@@ -32,7 +32,7 @@ def test_names_are_the_ones_the_p4_program_is_written_against():
         ("hdr.msg.topic_key", MatchKind.EXACT, 64)]
     assert {a.name: [(p.name, p.bits) for p in a.params] for a in key_table.actions} == {
         "TopicwireIngress.drop": [], "TopicwireIngress.punt": [],
-        "TopicwireIngress.forward": [("egress_port", 9), ("acl_class", 16)],
+        "TopicwireIngress.forward": [("egress_port", 16), ("acl_class", 16)],
         "TopicwireIngress.forward_group": [("group", 16), ("acl_class", 16)]}
     acl_2 = model.DEFAULT_SPEC.table("TopicwireIngress.acl_2")
     assert [(k.field, k.kind, k.bits) for k in acl_2.keys] == [
@@ -96,7 +96,7 @@ def _rows(keys, actions=None, targets=None) -> KeyRows:
     (_rows([0, 5]), "key 0 is reserved"),
     (_rows([5, 5]), "a key twice"),
     (_rows([5], [9]), "unknown key action"),
-    (_rows([5], [KeyAction.FORWARD], [512]), "9 bits"),
+    (_rows([5], [KeyAction.FORWARD], [65_536]), r"16 bits \(0\.\.65535\)"),
     (_rows([5], [KeyAction.FORWARD_GROUP], [0]), "1..65535"),
 ])
 def test_key_rows_refuse_what_no_executor_could_run(rows, message):

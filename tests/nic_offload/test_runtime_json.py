@@ -135,8 +135,10 @@ def _reference(doc: dict, key: int, payload: bytes) -> tuple[int, tuple[int, ...
     if action == model.ACTION_FORWARD:
         ports = (params["egress_port"],)
     else:
-        (group,) = [g for g in doc["multicast_group_entries"]
-                    if g["multicast_group_id"] == params["group"]]
+        # logical ports, as the software NIC decides them (the P4 export's replicas are
+        # the switch ports its port_map gives them: tests/p4/test_entries.py)
+        groups = doc["topicwire"].get("logical_groups", doc["multicast_group_entries"])
+        (group,) = [g for g in groups if g["multicast_group_id"] == params["group"]]
         ports = tuple(sorted(r["egress_port"] for r in group["replicas"]))
     acl_class = params["acl_class"]
     if acl_class == 0:

@@ -12,7 +12,7 @@ import pytest
 from appliance.ops.cli import p4_cmd
 from datapath.errors import UserError
 from nic_offload import runtime_json
-from nic_offload.model import AclField, EntrySet, PipelineSpec
+from nic_offload.model import AclField, EntrySet, KeyRows, MulticastGroup, PipelineSpec
 from tests.p4.p4text import P4INFO
 from tests.p4.snapshot import entry_set
 
@@ -56,9 +56,74 @@ def test_runtime_json_uses_the_p4lang_tutorials_layout(tmp_path):
     ranges = [e for e in doc["table_entries"] if e["table"] == "TopicwireIngress.acl_1"
               and not e.get("default_action")]
     assert all(e["priority"] == 1 and len(e["match"]["meta.field_1"]) == 2 for e in ranges)
+    # no port map given: every logical port goes to the CPU port (the host delivers it)
     assert doc["multicast_group_entries"][0] == {
+        "multicast_group_id": 1, "replicas": [{"egress_port": 255, "instance": 1}]}
+    assert doc["topicwire"]["logical_groups"][0] == {
         "multicast_group_id": 1,
         "replicas": [{"egress_port": 2, "instance": 1}, {"egress_port": 3, "instance": 1}]}
+    assert [e for e in doc["table_entries"] if e["table"] == "TopicwireIngress.port_map"] == [
+        {"table": "TopicwireIngress.port_map", "default_action": True,
+         "action_name": "TopicwireIngress.to_cpu", "action_params": {}}]
+
+
+def _wide_snapshot(tmp_path):
+    """The small snapshot with key 0x1001 forwarding to logical port 40,000 and group 1
+    replicating to 2 and 40,001 (ports past the 9 bits of a switch port)."""
+    entries = entry_set()
+    rows = entries.key_rows
+    targets = rows.targets.copy()
+    targets[list(rows.keys).index(0x1001)] = 40_000
+    wide = EntrySet(entries.spec, KeyRows(rows.keys, rows.actions, targets, rows.acl_classes),
+                    entries.acl_entries,
+                    (MulticastGroup(1, (2, 40_001)), *entries.groups[1:]), entries.version)
+    wide.validate()
+    runtime_json.save(wide, tmp_path / "wide.json")
+    return wide, tmp_path / "wide.json"
+
+
+def test_logical_ports_are_16_bits_and_the_port_map_takes_them_to_switch_ports(tmp_path):
+    wide, path = _wide_snapshot(tmp_path)
+    assert cli(["p4", "entries", "--snapshot", str(path), "--out", str(tmp_path / "o"),
+                "--port", "40000=7", "--port", "2=2"]) == 0
+    doc = json.loads((tmp_path / "o" / "runtime.json").read_text())
+    forward = next(e for e in doc["table_entries"]
+                   if e.get("match") == {"hdr.msg.topic_key": 0x1001})
+    assert forward["action_params"] == {"egress_port": 40_000, "acl_class": 0}
+    port_map = [e for e in doc["table_entries"] if e["table"] == "TopicwireIngress.port_map"]
+    assert port_map[1:] == [
+        {"table": "TopicwireIngress.port_map", "match": {"meta.egress_port": p},
+         "action_name": "TopicwireIngress.to_port", "action_params": {"port": q}}
+        for p, q in ((2, 2), (40_000, 7))]
+    groups = {g["multicast_group_id"]: [r["egress_port"] for r in g["replicas"]]
+              for g in doc["multicast_group_entries"]}
+    assert groups == {1: [2, 255], 2: [255]}  # 40,001 has no entry: the CPU port
+    commands = (tmp_path / "o" / "commands.txt").read_text().splitlines()
+    assert "table_add TopicwireIngress.port_map TopicwireIngress.to_port 40000 => 7" in commands
+    assert "mc_node_create 1 2 255" in commands
+    loaded = runtime_json.load(tmp_path / "o" / "runtime.json")  # the software NIC's view
+    assert loaded.groups == wide.groups
+    assert list(loaded.table_entries()) == list(wide.table_entries())
+
+
+@pytest.mark.parametrize("port, message", [
+    ("65536=1", "logical port 65536: 0..65535"), ("255=1", "not the CPU port 255"),
+    ("40000=512", "physical port 512: 0..511"), ("x", "give LOGICAL=PHYSICAL")])
+def test_a_port_map_entry_outside_its_widths_is_refused(tmp_path, capsys, port, message):
+    with pytest.raises(SystemExit):
+        cli(["p4", "entries", "--snapshot", str(SNAPSHOT), "--out", str(tmp_path / "o"),
+             "--port", port])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_p4info_with_9_bit_egress_ports_refuses_a_wide_logical_port(tmp_path):
+    _, path = _wide_snapshot(tmp_path)
+    p4info = _edited_p4info(tmp_path, 'name: "egress_port"\n    bitwidth: 16',
+                            'name: "egress_port"\n    bitwidth: 9')
+    with pytest.raises(p4_cmd.P4Error, match="egress_port\\) = 40000 does not fit the "
+                                             "program's 9 bits"):
+        p4_cmd.write_entries(path, tmp_path / "out", p4info=p4info)
 
 
 def test_a_compiled_program_is_copied_next_to_the_entries(tmp_path):
@@ -84,7 +149,7 @@ def _edited_p4info(tmp_path, old, new, count=1):
      "entry 4 (TopicwireIngress.acl_3): the P4 program has no table 'TopicwireIngress.acl_3'"),
     ('name: "hdr.msg.topic_key"\n    bitwidth: 64', 'name: "hdr.msg.topic_key"\n    bitwidth: 8',
      "hdr.msg.topic_key = 4097 does not fit the program's 8 bits"),
-    ('name: "egress_port"\n    bitwidth: 9', 'name: "egress_port"\n    bitwidth: 9\n  }\n'
+    ('name: "egress_port"\n    bitwidth: 16', 'name: "egress_port"\n    bitwidth: 16\n  }\n'
      '  params {\n    id: 3\n    name: "extra"\n    bitwidth: 8',
      "action TopicwireIngress.forward takes parameters ['egress_port', 'extra', 'acl_class']"),
     ('name: "meta.field_1"\n    bitwidth: 32\n    match_type: RANGE',

@@ -60,7 +60,7 @@ def test_every_program_action_is_in_the_p4info_with_its_parameters():
 
 
 def test_the_p4info_has_the_model_tables_keys_actions_and_sizes():
-    assert set(INFO.tables) == {t.name for t in DEFAULT_SPEC.tables}
+    assert set(INFO.tables) == {t.name for t in DEFAULT_SPEC.tables} | {model.PORT_MAP_TABLE}
     for spec in DEFAULT_SPEC.tables:
         info = INFO.tables[spec.name]
         assert [(f.name, f.bitwidth, f.match_type) for f in info.match_fields] == [
@@ -185,6 +185,23 @@ def test_program_constants_agree_with_the_model():
     assert PROGRAM.tables["topic_key"].size == model.KEY_TABLE_ENTRIES
     assert all(PROGRAM.tables[f"acl_{k}"].size == model.ACL_TABLE_ENTRIES
                for k in range(model.ACL_STAGES))
+
+
+def test_the_port_map_takes_a_logical_port_to_a_physical_one_or_the_cpu():
+    """The forward's logical port (16 bits) is what port_map matches; its action sets
+    v1model's 9-bit egress_spec; a miss goes to the CPU port."""
+    table = INFO.tables[model.PORT_MAP_TABLE]
+    assert [(f.name, f.bitwidth, f.match_type) for f in table.match_fields] == [
+        (model.PORT_MAP_FIELD, model.EGRESS_PORT_BITS, "EXACT")]
+    assert table.size == model.MAX_EGRESS_PORT + 1
+    assert INFO.actions[model.ACTION_TO_PORT].params == (
+        (model.PARAM_PORT, model.PHYSICAL_PORT_BITS),)
+    assert INFO.actions[model.ACTION_TO_CPU].params == ()
+    assert INFO.actions[model.ACTION_FORWARD].params[0] == (model.PARAM_EGRESS_PORT, 16)
+    assert PROGRAM.tables["port_map"].default_action == "to_cpu"
+    assert "port_map.apply();" in PROGRAM.apply_body
+    assert "standard_metadata.egress_spec = meta.egress_port" not in PROGRAM.apply_body
+    assert PROGRAM.consts["CPU_PORT"] == (model.PHYSICAL_PORT_BITS, model.CPU_PORT)
 
 
 @pytest.mark.parametrize("width_name, bits", [

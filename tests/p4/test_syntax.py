@@ -28,8 +28,11 @@ def mutated(old: str, new: str) -> str:
      r"'<=' mixes bit<32> and bit<16> \(cast one\)"),
     ("&& hdr.frame.msg_count == 1", "&& hdr.frame.msg_count == hdr.frame.frame_len",
      r"'==' compares bit<16> with bit<32>"),
-    ("meta.egress_port = egress_port;", "meta.egress_port = meta.group;",
+    ("standard_metadata.egress_spec = port;",
+     "standard_metadata.egress_spec = meta.egress_port;",
      r"assignment: bit<16> where bit<9> is needed"),
+    ("meta.egress_port = egress_port;", "meta.egress_port = meta.acl_verdict;",
+     r"assignment: bit<8> where bit<16> is needed"),
     ("if (meta.acl_class != NO_ACL_CLASS) {", "if (meta.acl_class) {",
      r"an if condition must be bool"),
     ("{meta.digest_reason, hdr.msg.topic_key,", "{hdr.msg.topic_key, meta.digest_reason,",
@@ -69,7 +72,9 @@ def test_a_mistake_put_into_the_program_is_found(old, new, problem):
 
 
 def test_problems_carry_the_line_they_are_on():
-    text = mutated("meta.egress_port = egress_port;", "meta.egress_port = meta.group;")
-    line = text[:text.index("meta.egress_port = meta.group;")].count("\n") + 1
+    text = mutated("standard_metadata.egress_spec = port;",
+                   "standard_metadata.egress_spec = meta.egress_port;")
+    line = text[:text.index("standard_metadata.egress_spec = meta.egress_port;")].count(
+        "\n") + 1
     (problem,) = check(text)
     assert problem.startswith(f"line {line}: ")

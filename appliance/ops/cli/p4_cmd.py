@@ -9,6 +9,14 @@ writes for the software NIC) and writes, for the P4 program in ``p4/topicwire``:
   ``DIR/topicwire.json`` when the compiled program exists (copied);
 - ``DIR/commands.txt``: the same entries as ``simple_switch_CLI`` commands (Thrift).
 
+Egress ports in a snapshot are logical (16 bits, nic_offload.model.EGRESS_PORT_BITS); the
+program's ``port_map`` table takes a forward's logical port to a physical one (v1model's 9-bit
+``egress_spec``) and sends a port it does not name to the CPU port, where the host's data path
+delivers it per session. ``--port LOGICAL=PHYSICAL`` (repeated) writes its entries; the
+multicast groups' replicas are the physical ports of their logical ports (the CPU port once
+for all those without one), and the logical groups stay in runtime.json's ``topicwire`` key
+(``logical_groups``) so the software NIC loads the snapshot back unchanged.
+
 Every entry is checked against the P4Info first: a table, action, match field or parameter
 the program does not have, a value wider than its field, or a table over its size is refused
 with the reason, and nothing is written.
@@ -44,8 +52,6 @@ BMV2_JSON_FILE = "topicwire.json"
 PROGRAM_ACL_FIELDS = ((0, 4), (4, 4), (8, 4), (12, 4))
 """(payload offset, width in bytes) of the ACL fields p4/topicwire/topicwire.p4 parses."""
 
-EGRESS_PORT_BITS = 9
-"""v1model's port width: multicast replicas must fit it."""
 
 
 class P4Error(UserError):
@@ -66,15 +72,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="directory to write runtime.json, commands.txt and the P4Info to")
     entries.add_argument("--p4info", type=Path, default=DEFAULT_P4INFO, metavar="FILE",
                          help="P4Info text of the program (default: p4/topicwire's)")
+    entries.add_argument("--port", action="append", default=[], type=port_pair,
+                         metavar="LOGICAL=PHYSICAL", dest="ports",
+                         help="a port_map entry: logical egress port (0..65535) -> physical "
+                              "switch port (0..511); repeat it; a logical port without one "
+                              "goes to the CPU port (the host delivers it)")
     entries.add_argument("--bmv2-json", type=Path, default=None, metavar="FILE",
                          help="compiled program to copy next to runtime.json (default: "
                               "p4/topicwire/build/topicwire.json when it exists)")
     entries.set_defaults(handler=run)
 
 
+def port_pair(text: str) -> tuple[int, int]:
+    """``LOGICAL=PHYSICAL`` of ``--port``, checked against the model's widths."""
+    from nic_offload.model import CPU_PORT, MAX_EGRESS_PORT, MAX_PHYSICAL_PORT
+
+    try:
+        logical, physical = (int(part, 0) for part in text.split("="))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give LOGICAL=PHYSICAL, e.g. 40000=7"
+                                         ) from None
+    if not 0 <= logical <= MAX_EGRESS_PORT or logical == CPU_PORT:
+        raise argparse.ArgumentTypeError(f"logical port {logical}: 0..{MAX_EGRESS_PORT}, not "
+                                         f"the CPU port {CPU_PORT}")
+    if not 0 <= physical <= MAX_PHYSICAL_PORT:
+        raise argparse.ArgumentTypeError(f"physical port {physical}: 0..{MAX_PHYSICAL_PORT} "
+                                         "(v1model's 9-bit egress_spec)")
+    return logical, physical
+
+
 def run(args: argparse.Namespace) -> int:
     written = write_entries(args.snapshot, args.out, p4info=args.p4info,
-                            bmv2_json=args.bmv2_json)
+                            bmv2_json=args.bmv2_json, port_map=dict(args.ports))
     for path in written:
         print(f"wrote {path}")
     if not any(p.name == BMV2_JSON_FILE for p in written):
@@ -83,19 +112,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_entries(snapshot: Path, out_dir: Path, *, p4info: Path = DEFAULT_P4INFO,
-                  bmv2_json: Path | None = None) -> list[Path]:
-    """Check the snapshot against the P4Info, then write DIR's files; returns their paths."""
+                  bmv2_json: Path | None = None, port_map: dict[int, int] | None = None
+                  ) -> list[Path]:
+    """Check the snapshot against the P4Info, then write DIR's files; returns their paths.
+    ``port_map``: logical egress port -> physical port (the program's port_map entries)."""
     from nic_offload import runtime_json
 
     entries = runtime_json.load(snapshot)
     info = P4Info.parse(_read(p4info), source=str(p4info))
-    check_entries(info, entries)
+    port_map = dict(sorted((port_map or {}).items()))
+    check_entries(info, entries, port_map)
     doc = runtime_json.to_runtime_json(entries, p4info=P4INFO_FILE, bmv2_json=BMV2_JSON_FILE)
+    doc["table_entries"] += [runtime_json.entry_json(e) for e in port_map_entries(port_map)]
+    doc["topicwire"]["logical_groups"] = doc["multicast_group_entries"]
+    doc["multicast_group_entries"] = [
+        {"multicast_group_id": group_id,
+         "replicas": [{"egress_port": p, "instance": runtime_json.REPLICA_INSTANCE}
+                      for p in ports]}
+        for group_id, ports in physical_groups(entries, port_map)]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         written = [out_dir / RUNTIME_FILE, out_dir / COMMANDS_FILE, out_dir / P4INFO_FILE]
         written[0].write_text(json.dumps(doc, indent=1) + "\n")
-        written[1].write_text("\n".join(bmv2_commands(entries)) + "\n")
+        written[1].write_text("\n".join(bmv2_commands(entries, port_map)) + "\n")
         shutil.copyfile(p4info, written[2])
         source = bmv2_json if bmv2_json is not None else DEFAULT_BMV2_JSON
         if bmv2_json is not None and not bmv2_json.is_file():
@@ -107,6 +146,27 @@ def write_entries(snapshot: Path, out_dir: Path, *, p4info: Path = DEFAULT_P4INF
     except OSError as exc:
         raise P4Error(f"cannot write to {out_dir}: {exc}") from None
     return written
+
+
+def port_map_entries(port_map: dict[int, int]) -> list[TableEntry]:
+    """The port_map table's entries: its default (the CPU port), then one per logical port."""
+    from nic_offload import model
+
+    default = model.TableEntry(model.PORT_MAP_TABLE, (), model.ACTION_TO_CPU, (), None, True)
+    return [default, *(model.TableEntry.make(model.PORT_MAP_TABLE,
+                                             {model.PORT_MAP_FIELD: model.Exact(logical)},
+                                             model.ACTION_TO_PORT, {model.PARAM_PORT: physical})
+                       for logical, physical in sorted(port_map.items()))]
+
+
+def physical_groups(entries: EntrySet, port_map: dict[int, int]
+                    ) -> list[tuple[int, tuple[int, ...]]]:
+    """(group id, physical replica ports) of the snapshot's multicast groups: each logical
+    port through ``port_map``, the CPU port (once) for those it does not name."""
+    from nic_offload.model import CPU_PORT
+
+    return [(g.group_id, tuple(sorted({port_map.get(p, CPU_PORT) for p in g.ports})))
+            for g in entries.groups]
 
 
 def _read(path: Path) -> str:
@@ -253,15 +313,18 @@ class P4Info:
 
 
 # --- checking entries against the P4Info --------------------------------------------------------
-def check_entries(info: P4Info, entries: EntrySet) -> None:
-    """Raise P4Error unless every entry and group fits the program ``info`` describes."""
+def check_entries(info: P4Info, entries: EntrySet, port_map: dict[int, int] | None = None
+                  ) -> None:
+    """Raise P4Error unless every entry, port_map entry and group fits the program ``info``
+    describes."""
     spec_fields = tuple((f.offset, f.width) for f in entries.spec.acl_fields)
     if spec_fields != PROGRAM_ACL_FIELDS:
         raise P4Error(f"the snapshot's ACL fields (offset, bytes) are {list(spec_fields)}; "
                       f"the P4 program parses {list(PROGRAM_ACL_FIELDS)}; compile the snapshot "
                       "with the default pipeline spec or change p4/topicwire/topicwire.p4")
     counts: dict[str, int] = {}
-    for index, entry in enumerate(entries.table_entries()):
+    for index, entry in enumerate([*entries.table_entries(),
+                                   *port_map_entries(port_map or {})]):
         _check_entry(info, entry, index)
         if not entry.is_default:
             counts[entry.table] = counts.get(entry.table, 0) + 1
@@ -270,11 +333,13 @@ def check_entries(info: P4Info, entries: EntrySet) -> None:
         if size and count > size:
             raise P4Error(f"{table} gets {count} entries; the program's table holds {size}; "
                           "raise its size in topicwire.p4 or split the snapshot")
-    for group in entries.groups:
-        wide = [p for p in group.ports if not 0 <= p < 1 << EGRESS_PORT_BITS]
+    from nic_offload.model import PHYSICAL_PORT_BITS
+
+    for group_id, ports in physical_groups(entries, port_map or {}):
+        wide = [p for p in ports if not 0 <= p < 1 << PHYSICAL_PORT_BITS]
         if wide:
-            raise P4Error(f"multicast group {group.group_id}: ports {wide} do not fit "
-                          f"{EGRESS_PORT_BITS} bits")
+            raise P4Error(f"multicast group {group_id}: physical ports {wide} do not fit "
+                          f"{PHYSICAL_PORT_BITS} bits")
 
 
 def _check_entry(info: P4Info, entry: TableEntry, index: int) -> None:
@@ -323,12 +388,13 @@ def _fits(what: str, value: int, bits: int) -> None:
 
 
 # --- simple_switch_CLI ---------------------------------------------------------------------------
-def bmv2_commands(entries: EntrySet) -> list[str]:
-    """The entries as ``simple_switch_CLI`` commands (a fresh switch: node handles from 0)."""
+def bmv2_commands(entries: EntrySet, port_map: dict[int, int] | None = None) -> list[str]:
+    """The entries as ``simple_switch_CLI`` commands (a fresh switch: node handles from 0);
+    multicast replicas on physical ports (``physical_groups``)."""
     from nic_offload.model import Range
 
     lines: list[str] = []
-    for entry in entries.table_entries():
+    for entry in [*entries.table_entries(), *port_map_entries(port_map or {})]:
         params = " ".join(str(value) for _, value in entry.params)
         if entry.is_default:
             lines.append(f"table_set_default {entry.table} {entry.action} {params}".rstrip())
@@ -337,10 +403,10 @@ def bmv2_commands(entries: EntrySet) -> list[str]:
                         for _, m in entry.match)
         tail = " ".join(_nonempty([params, str(entry.priority or "")]))
         lines.append(f"table_add {entry.table} {entry.action} {keys} => {tail}".rstrip())
-    for handle, group in enumerate(entries.groups):
-        lines.append(f"mc_mgrp_create {group.group_id}")
-        lines.append(f"mc_node_create {group.group_id} {' '.join(map(str, group.ports))}")
-        lines.append(f"mc_node_associate {group.group_id} {handle}")
+    for handle, (group_id, ports) in enumerate(physical_groups(entries, port_map or {})):
+        lines.append(f"mc_mgrp_create {group_id}")
+        lines.append(f"mc_node_create {group_id} {' '.join(map(str, ports))}")
+        lines.append(f"mc_node_associate {group_id} {handle}")
     return lines
 
 
