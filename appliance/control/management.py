@@ -245,7 +245,10 @@ class ManagementSide:
                          "delivered": sessions.get(s.session_id, {}).get("delivered", 0)}
                         for s in self.sessions.values()],
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
-                         **{f"control_{k}": int(v) for k, v in self.counters.items()}},
+                         **{f"control_{k}": int(v) for k, v in self.counters.items()},
+                         **({"control_replay_forward_pending": len(self.forwarder.pending),
+                             "control_replay_forward_held_bytes": self.forwarder.held}
+                            if self.forwarder is not None else {})},
             "jit": self._jit_status(),
             "routing": self._routing_status(dp_counters),
         }
