@@ -235,7 +235,7 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool
     p = "cache."
     if not isinstance(table, dict):
         raise _error("cache", "must be a table ([cache])")
-    if "remote" in table or set(table) == {SERVE_FROM_KEY}:
+    if "remote" in table or (SERVE_FROM_KEY in table and not {"dir", "patterns"} & set(table)):
         return _parse_remote(table)
     _known(table, {"dir", "patterns", "fsync", "fsync_interval_ms", "retention_bytes",
                    "retention_hours", "acknowledge", "max_disk_bytes", SERVE_FROM_KEY}, p)
