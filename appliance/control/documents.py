@@ -358,6 +358,19 @@ MAX_FRAME_PARTS = 1_024
 least 64)."""
 MAX_PART_CHARS = 65_536
 """A part's base64 text at most (a frame on the link holds less)."""
+MAX_RESULT_PARTS = 64
+"""Parts a REPLAY_RESULT too large for one frame on the link travels in at most."""
+
+
+def _remote_result_rule(doc: dict) -> str | None:
+    if "result" in doc:
+        return None if not {"part", "parts", "text"} & doc.keys() else \
+            "give result, or part, parts and text, not both"
+    if {"part", "parts", "text"} <= doc.keys():
+        return None if doc["part"] < doc["parts"] else "part must be below parts"
+    return "a forwarded replay's result needs key 'result', or 'part', 'parts' and 'text'"
+
+
 _BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
 
 
@@ -456,8 +469,11 @@ KINDS: dict[ControlKind, Kind] = {
     ControlKind.REMOTE_REPLAY: Kind(Obj(
         {"fid": FORWARD_ID, "session": Int(1, MAX_U32), "identity": IDENTITY,
          "request": REPLAY_DOC}), 8_192),
-    ControlKind.REMOTE_REPLAY_RESULT: Kind(Obj({"fid": FORWARD_ID,
-                                                "result": REPLAY_RESULT_DOC})),
+    ControlKind.REMOTE_REPLAY_RESULT: Kind(Obj(
+        {"fid": FORWARD_ID},
+        {"result": REPLAY_RESULT_DOC, "part": Int(0, MAX_RESULT_PARTS - 1),
+         "parts": Int(1, MAX_RESULT_PARTS), "text": Str(MAX_PART_CHARS, 1)},
+        _remote_result_rule)),
     ControlKind.REMOTE_REPLAY_PART: Kind(Obj(
         {"fid": FORWARD_ID, "page": Int(0, MAX_U32), "frame": Int(0, MAX_PAGE_FRAMES - 1),
          "part": Int(0, MAX_FRAME_PARTS - 1), "parts": Int(1, MAX_FRAME_PARTS),

@@ -39,11 +39,12 @@ forwarded request is never forwarded again (no chains, no loops). Counters
 from __future__ import annotations
 
 import base64
+import json
 import time
 from collections import Counter
 from typing import Any
 
-from appliance.cache.settings import RELAY_CHANNEL, REPLAYS_PENDING_PER_SESSION
+from appliance.cache.settings import RELAY_CHANNEL, REPLAY_PAGE_FRAMES, REPLAYS_PENDING_PER_SESSION
 from appliance.control.state import log
 from appliance.dataplane.names import CLIENT_SHM
 from datapath.protocol import admin_layout as al
@@ -74,8 +75,8 @@ def part_bytes(max_frame_bytes: int) -> int:
 
 
 class _Forward:
-    __slots__ = ("deadline_ns", "doc", "fid", "frames", "held", "node", "page", "rid",
-                 "session_id")
+    __slots__ = ("deadline_ns", "doc", "fid", "frames", "held", "node", "page", "result",
+                 "rid", "session_id")
 
     def __init__(self, fid: int, session_id: int, rid: int, node: int, deadline_ns: int,
                  doc: dict) -> None:
@@ -91,6 +92,8 @@ class _Forward:
         """Frame index -> its parts so far (of page ``page`` only: a newer answer replaces
         an older one's, as the client keeps the newest page)."""
         self.held = 0
+        self.result: list[str | None] = []
+        """The parts of a result document too large for one frame on the link."""
 
 
 class Forwarder:
@@ -158,6 +161,13 @@ class Forwarder:
         fid = self._fid
         out = {"fid": fid, "session": session.session_id, "identity": session.identity,
                "request": doc}
+        room = self.agent.cfg.fabric_max_frame_bytes - PART_OVERHEAD_BYTES
+        if len(json.dumps(out, separators=(",", ":")).encode()) > room:
+            return self._refuse("too_large", "remote", (
+                f"cache: this replay request (its pattern and identity) is too long for one "
+                f"frame on the link from {me!r} to {self.name!r} (fabric.max_frame_bytes = "
+                f"{self.agent.cfg.fabric_max_frame_bytes}); ask for a shorter pattern"),
+                now_ns)
         deadline = now_ns + doc.get("wait_ms", 0) * 1_000_000 + FORWARD_ANSWER_NS
         self.pending[fid] = _Forward(fid, session.session_id, doc["id"], nb.node_id,
                                      deadline, out)
@@ -202,6 +212,9 @@ class Forwarder:
         parts = fwd.frames.get(doc["frame"])
         n = doc["parts"]
         if parts is None:
+            if len(fwd.frames) >= REPLAY_PAGE_FRAMES:  # a page has no more frames
+                self.counters["replay_forward_parts_refused"] += 1
+                return
             parts = fwd.frames[doc["frame"]] = [None] * n
         part = doc["part"]
         if len(parts) != n or part >= n:
@@ -252,8 +265,13 @@ class Forwarder:
         fwd = self._mine(nb, doc["fid"], "answers")
         if fwd is None:
             return
+        result = doc.get("result")
+        if result is None:  # in parts: put together, then checked as a REPLAY_RESULT
+            result = self._result_part(fwd, doc)
+            if result is None:
+                return
         self._end(fwd)
-        result = dict(doc["result"], id=fwd.rid)
+        result = dict(result, id=fwd.rid)
         session = self.agent.sessions.get(fwd.session_id)
         if session is None:
             self.counters["replay_forward_session_gone"] += 1
@@ -262,6 +280,24 @@ class Forwarder:
         if not result["accepted"]:
             self.counters["replay_forward_answers_refused"] += 1
         self.agent._reply(session, al.ControlKind.REPLAY_RESULT, result)
+
+    def _result_part(self, fwd: _Forward, doc: dict) -> dict | None:
+        """One part of a result document; the document once every part is there."""
+        from appliance.control.documents import DocumentError, validate
+
+        n = doc["parts"]
+        if len(fwd.result) != n:
+            fwd.result = [None] * n
+        fwd.result[doc["part"]] = doc["text"]
+        if any(p is None for p in fwd.result):
+            return None
+        text = "".join(fwd.result)  # type: ignore[arg-type]
+        fwd.result = []
+        try:
+            return validate(al.ControlKind.REPLAY_RESULT, text, "appliance")
+        except DocumentError:
+            self.counters["replay_forward_answers_malformed"] += 1
+            return None
 
     def expire(self, now_ns: int) -> int:
         """Refuse, to their clients, the forwards not answered in time or whose neighbour
@@ -363,7 +399,19 @@ def answer(agent: Any, nb: Any, fid: int, doc: dict, frames: list[bytes]) -> Non
                 {"fid": fid, "page": doc.get("page", 0), "frame": index, "part": part,
                  "parts": parts, "data": data})])
             agent.counters["replay_served_parts"] += 1
-    agent._to_neighbour(nb, FrameType.CONTROL, [control(
-        al.ControlKind.REMOTE_REPLAY_RESULT, {"fid": fid, "result": doc})])
+    text = json.dumps(doc, separators=(",", ":"))
+    room = agent.cfg.fabric_max_frame_bytes - PART_OVERHEAD_BYTES
+    if len(text.encode()) <= room:
+        agent._to_neighbour(nb, FrameType.CONTROL, [control(
+            al.ControlKind.REMOTE_REPLAY_RESULT, {"fid": fid, "result": doc})])
+    else:  # losses with long topics: the document in parts of text (room / 6 characters
+        # at most each, so that JSON's escapes of any character still fit)
+        step = max(16, room // 6)
+        pieces = [text[i:i + step] for i in range(0, len(text), step)]
+        for i, piece in enumerate(pieces):
+            agent._to_neighbour(nb, FrameType.CONTROL, [control(
+                al.ControlKind.REMOTE_REPLAY_RESULT,
+                {"fid": fid, "part": i, "parts": len(pieces), "text": piece})])
+        agent.counters["replay_served_results_in_parts"] += 1
     agent.counters["replay_served_answers"] += 1
 

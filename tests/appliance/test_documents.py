@@ -79,6 +79,7 @@ OTHER_GOOD = [
     (K.LOGOUT, {}),
     (K.REPLAY, {"id": 1, "pattern": "a/#", "from_time_ns": 0}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": False, "why": "no_cache", "reason": "no"}),
+    (K.REMOTE_REPLAY_RESULT, {"fid": 3, "part": 0, "parts": 2, "text": '{"id":1,'}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": False, "why": "remote",
                        "reason": "the cache of core-c is down"}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": True, "count": 0, "next_seq": 1,

@@ -259,6 +259,29 @@ def test_a_durable_subscriber_that_moves_to_another_appliance_goes_on_where_it_l
              what="s's forwarding counter")
 
 
+def test_loss_events_reach_a_durable_subscriber_through_the_forwarding_appliance(fabric):
+    """Messages too large for c's cache (40,000 bytes) on topics of ~1,000 characters between
+    two small ones: the subscriber at a gets the first, a loss event naming each, then the
+    second; the result documents naming them are larger than a frame on the link and cross
+    it in parts."""
+    long = "orders/" + "l" * 990
+    with connect(fabric.a_url, "reader") as client:
+        sub = client.subscribe("orders/#", durable="lossy")
+        with connect(fabric.c_url, "feed") as pub:
+            pub.publish("orders/l/x", b"1", qos="guaranteed")
+            for i in range(3):
+                pub.publish(f"{long}{i}", bytes(40_000), qos="guaranteed")
+            pub.publish("orders/l/x", b"2", qos="guaranteed")
+            pub.flush(timeout=DEADLINE_S)
+        assert _take(sub, 2, "orders/l/x") == [1, 2]
+        losses = list(sub.losses)
+        assert [(x.reason, x.topic) for x in losses] == [
+            ("CACHE_TOO_LARGE", f"{long}{i}") for i in range(3)], losses
+    wait_for(lambda: fabric.c_status()["counters"].get(
+        "control_replay_served_results_in_parts", 0) >= 1, DEADLINE_S,
+        what="a result sent in parts")
+
+
 def test_a_forward_to_a_cache_that_is_not_up_is_refused_with_a_clear_error(fabric):
     """An appliance whose serve_from names a neighbour that is not up (never started) gives
     its client a clear error at once, for a replay and for a durable subscription."""
