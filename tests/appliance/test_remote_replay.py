@@ -226,7 +226,6 @@ def test_a_replay_at_an_appliance_without_a_cache_comes_from_the_neighbours(fabr
                 if msg.payload.endswith(f":{total - 1}".encode()) or \
                         time.monotonic() > deadline:
                     break
-            stream.subscription.unsubscribe()
     finally:
         publisher.join(DEADLINE_S)
     for topic in topics:  # per topic: each message once, in publish order
