@@ -517,6 +517,11 @@ class ApplianceConfig:
     """``clients.mirror_to``: the neighbour (the clients' standby appliance) this appliance
     mirrors its client sessions' subscriptions to, for the sessions whose client has a
     standby (docs/fault-tolerance.md, "The standby's mirror"); None: no mirror."""
+    cache_serve_from: str | None = None
+    """``cache.serve_from`` (default ``cache.remote``): the neighbour whose cache answers the
+    replay and durable requests of this appliance's clients that no cache here keeps
+    (docs/fault-tolerance.md, "Replay and durable subscriptions from a neighbour's cache"),
+    None when not configured."""
     routing_content: str = "flood"
     """``routing.content``: ``"flood"`` or ``"rendezvous"`` (one value per fabric)."""
     popular_share: float = 0.5
@@ -1422,10 +1427,20 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
     from appliance.cache.settings import RemotePersist
 
     cache = parse_cache(doc.get("cache"), base, clients_udp is not None or shm is not None)
-    persist_remote = None
+    persist_remote = serve_from = None
     if isinstance(cache, RemotePersist):
-        cache, persist_remote = None, cache.remote
-        known = [nb.name for nb in neighbours]
+        cache, persist_remote, serve_from = None, cache.remote, cache.serve_from
+    elif cache is not None:
+        serve_from = cache.serve_from
+    known = [nb.name for nb in neighbours]
+    if serve_from is not None and serve_from != persist_remote:
+        if serve_from not in known:
+            raise _fail("cache.serve_from", f"must name one of [[neighbours]] "
+                        f"({', '.join(known) or 'none configured'}), not {serve_from!r}: "
+                        "requests are forwarded over the link between the two")
+        if serve_from == name:
+            raise _fail("cache.serve_from", "names this appliance")
+    if persist_remote is not None:
         if persist_remote not in known:
             raise _fail("cache.remote", f"must name one of [[neighbours]] "
                         f"({', '.join(known) or 'none configured'}), not {persist_remote!r}: "
@@ -1460,7 +1475,8 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         schemas=schemas, acl_classes=acl_classes, mgmt=mgmt,
         log=dict(log), source=source, telemetry=parse_telemetry(doc.get("telemetry"), base),
         routes=parse_routes(doc.get("routes"), base, mode), mqtt=mqtt,
-        cache=cache, persist_remote=persist_remote, mirror_to=mirror_to,
+        cache=cache, persist_remote=persist_remote, cache_serve_from=serve_from,
+        mirror_to=mirror_to,
         routing_content=content, popular_share=float(share), counts_interval_ms=counts_ms)
     if mode == "embedded":
         import json

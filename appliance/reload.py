@@ -61,7 +61,7 @@ RESTART = {
     "max_pending_requests": "clients.max_pending_requests",
     "pm_mode": "pm.mode", "pm_registry": "pm.registry",
     "mgmt": "mgmt", "telemetry": "telemetry", "mqtt": "mqtt", "cache": "cache",
-    "persist_remote": "cache.remote",
+    "persist_remote": "cache.remote", "cache_serve_from": "cache.serve_from",
     "mirror_to": "clients.mirror_to",
     "routing_content": "routing.content", "popular_share": "routing.popular_share",
     "counts_interval_ms": "routing.counts_interval_ms",

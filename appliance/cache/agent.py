@@ -59,6 +59,11 @@ from appliance.cache.settings import (
     CACHE_IDENTITY,
     CACHE_MAX_PAYLOAD_BYTES,
     CACHE_QUEUE_MESSAGES,
+    FORWARDED_PAGE_BYTES,
+    FORWARDED_PARKED,
+    FORWARDED_PENDING_PER_NEIGHBOUR,
+    RELAY_CHANNEL,
+    RELAY_PAGES_WAITING,
     REPLAY_OUTBOX_FRAMES,
     REPLAYS_PENDING,
     REPLAYS_PENDING_PER_SESSION,
@@ -307,6 +312,18 @@ class CacheAgent:
         self._page_buf = ReplayPage(CLIENT_MAX_FRAME_BYTES - AUTH_TRAILER_BYTES)
         """The page being answered (one at a time, on the agent's thread)."""
         self._page_ids = 0
+        self._relay_buf = ReplayPage(CLIENT_MAX_FRAME_BYTES - AUTH_TRAILER_BYTES,
+                                     max_bytes=FORWARDED_PAGE_BYTES)
+        """The page answering a request a neighbour forwarded (``RELAY_CHANNEL``): smaller,
+        it crosses the link in parts."""
+        self.relay_out: deque[tuple[int, int, dict, list[bytes]]] = deque()
+        """(neighbour node, forward id, REPLAY_RESULT document, page frames) of the answers
+        to forwarded requests, for the control agent to send on the link (at most
+        ``RELAY_PAGES_WAITING`` before no page is built)."""
+        self.relay_wakeup: Any = None
+        """The control agent's wakeup (set by the appliance)."""
+        self._pending_nodes: Counter[int] = Counter()
+        """Forwarded requests waiting, per neighbour node."""
         self.naks = NakServer(self.store, dp)
         """Reads back what the data path's senders no longer hold (appliance/cache/naks.py)."""
 
@@ -499,18 +516,23 @@ class CacheAgent:
             self.wakeup.set()
 
     # --- in: replay requests (the control thread) ---------------------------------------------
-    def submit(self, session_id: int, channel: str, dest: int, doc: dict, identity: str = ""
+    def submit(self, session_id: Any, channel: str, dest: Any, doc: dict, identity: str = ""
                ) -> tuple[str, str] | None:
         """Queue a REPLAY of ``identity``'s session (checked against its entitlements
         already, except a durable subscription's deletion); (why, reason) when it is
-        refused."""
+        refused. A request a neighbour forwarded has ``channel`` ``RELAY_CHANNEL``, ``dest``
+        (its node, forward id) and ``session_id`` ("n", node, its session there)."""
         if not doc.get("delete") and (doc.get("namespace", 0) != 0
                                       or self.store.log_of(doc["pattern"]) is None):
             return "pattern", (f"cache: this appliance keeps {', '.join(self.settings.patterns)}"
                                f" (namespace 0); ask for a pattern within one of them")
+        node = dest[0] if channel == RELAY_CHANNEL else None
         with self._lock:
             if (session_id, doc["id"]) in self._queued:
                 return None  # a repeat of a request still waiting: one answer serves both
+            if node is not None and self._pending_nodes[node] >= FORWARDED_PENDING_PER_NEIGHBOUR:
+                return "busy", (f"cache: {FORWARDED_PENDING_PER_NEIGHBOUR} requests forwarded "
+                                "by that appliance are waiting; retry in a moment")
             if len(self._requests) >= REPLAYS_PENDING:
                 return "busy", (f"cache: {REPLAYS_PENDING} replay requests are waiting; retry "
                                 "in a moment")
@@ -518,6 +540,8 @@ class CacheAgent:
                 return "busy", (f"cache: this session has {REPLAYS_PENDING_PER_SESSION} replay "
                                 "requests waiting for their answer; wait for them")
             self._pending[session_id] += 1
+            if node is not None:
+                self._pending_nodes[node] += 1
             self._queued.add((session_id, doc["id"]))
             self._requests.append((session_id, channel, dest, doc, identity))
         self.wakeup.set()
@@ -753,6 +777,10 @@ class CacheAgent:
             self._pending[session_id] -= 1
             if self._pending[session_id] <= 0:
                 del self._pending[session_id]
+            if channel == RELAY_CHANNEL:
+                self._pending_nodes[dest[0]] -= 1
+                if self._pending_nodes[dest[0]] <= 0:
+                    del self._pending_nodes[dest[0]]
             self._queued.discard((session_id, doc["id"]))
         if "durable" in doc:
             self._answer_durable(request)
@@ -761,21 +789,25 @@ class CacheAgent:
         kept = self.store.log_of(pattern)
         out: dict[str, Any] = {"id": doc["id"]}
         assert kept is not None  # checked by submit; the patterns do not change
+        buf = self._buf(channel)
         page = self._page(kept, pattern, doc.get("from_seq"), doc.get("from_time_ns"), out,
-                          doc["id"])
+                          doc["id"], buf=buf)
         if page is not None:
             next_seq, done = page
             out.update(accepted=True, next_seq=next_seq, done=done)
             self.counters["replay_pages"] += 1
-            self.counters["replayed_messages"] += self._page_buf.count
+            self.counters["replayed_messages"] += buf.count
         self._send(channel, dest, session_id, out, page is not None)
 
+    def _buf(self, channel: str) -> ReplayPage:
+        """The page buffer of an answer on ``channel``."""
+        return self._relay_buf if channel == RELAY_CHANNEL else self._page_buf
+
     def _page(self, kept: str, pattern: str, from_seq: int | None, from_time_ns: int | None,
-              out: dict, request_id: int, markers: list | None = None
-              ) -> tuple[int, bool] | None:
-        """``CacheStore.page`` into ``_page_buf``; None when the log cannot be read (counted,
+              out: dict, request_id: int, markers: list | None = None, *,
+              buf: ReplayPage) -> tuple[int, bool] | None:
+        """``CacheStore.page`` into ``buf``; None when the log cannot be read (counted,
         logged, and ``out`` made the refusal)."""
-        buf = self._page_buf
         self._page_ids = self._page_ids % 0xFFFF_FFFF + 1
         buf.request_id, buf.page_id = request_id, self._page_ids
         try:
@@ -790,7 +822,8 @@ class CacheAgent:
     def _outbox_busy(self) -> bool:
         """Whether ``REPLAY_OUTBOX_FRAMES`` admin frames wait in the data path's outbox (a
         data path in a process of its own takes frames as they are offered)."""
-        return len(getattr(self.dp, "outbox", ())) >= REPLAY_OUTBOX_FRAMES
+        return (len(getattr(self.dp, "outbox", ())) >= REPLAY_OUTBOX_FRAMES
+                or len(self.relay_out) >= RELAY_PAGES_WAITING)
 
     def _answer_durable(self, request: tuple[int, str, int, dict, str]) -> None:
         """A durable subscription's request: acknowledge, page from its position, or hold
@@ -839,12 +872,13 @@ class CacheAgent:
             self.book.move(entry, first, now_ns)
             start = first
         markers: list[tuple[int, dict]] = []
-        page = self._page(kept, pattern, start, None, out, doc["id"], markers)
+        buf = self._buf(channel)
+        page = self._page(kept, pattern, start, None, out, doc["id"], markers, buf=buf)
         if page is None:
             self._send(channel, dest, session_id, out)
             return
         next_seq, done = page
-        count = self._page_buf.count
+        count = buf.count
         named = [loss for loss in (_marker_loss(seq, mark, pattern, kept)
                                    for seq, mark in markers) if loss is not None]
         if not count and entry.position >= start:  # only other topics' records: passed,
@@ -856,7 +890,8 @@ class CacheAgent:
             self.counters["durables_loss_events"] += len(losses)
             self.counters["durables_lost_messages"] += sum(x["messages"] for x in losses)
         wait_ns = doc.get("wait_ms", 0) * 1_000_000
-        if not count and done and wait_ns and not losses:
+        if not count and done and wait_ns and not losses and (
+                channel != RELAY_CHANNEL or self._relayed_parked() < FORWARDED_PARKED):
             parked = self._parked.setdefault(kept, {})
             parked.pop((session_id, identity, name), None)  # a newer request replaces it
             parked[(session_id, identity, name)] = (request, now_ns + wait_ns)
@@ -866,6 +901,11 @@ class CacheAgent:
         self.counters["replay_pages"] += 1
         self.counters["durables_delivered"] += count
         self._send(channel, dest, session_id, out, True)
+
+    def _relayed_parked(self) -> int:
+        """Forwarded durable requests held now (their session key is a tuple)."""
+        return sum(isinstance(key[0], tuple) for parked in self._parked.values()
+                   for key in parked)
 
     def _expire_parked(self, now_ns: int) -> int:
         """Answer the held requests whose wait ended with an empty page."""
@@ -897,6 +937,21 @@ class CacheAgent:
         from datapath.protocol.codec import encode_admin
         from datapath.protocol.frame_layout import FrameType
 
+        if channel == RELAY_CHANNEL:  # to the neighbour that forwarded it, by its control agent
+            frames: list[bytes] = []
+            if with_page:
+                buf = self._relay_buf
+                doc.update(page=buf.page_id, frames=buf.frames, count=buf.count)
+                now = time.time_ns()
+                frames = [bytes(buf.stamp(i, self.config.node_id, 0, now))
+                          for i in range(buf.frames)]
+            else:
+                doc.setdefault("count", 0)
+            self.relay_out.append((dest[0], dest[1], doc, frames))
+            self.counters["relayed_answers"] += 1
+            if self.relay_wakeup is not None:
+                self.relay_wakeup.set()
+            return
         if with_page:
             buf = self._page_buf
             doc.update(page=buf.page_id, frames=buf.frames, count=buf.count)

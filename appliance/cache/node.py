@@ -50,6 +50,7 @@ class CachingAppliance(Appliance):
         self.control.internal_logins[CACHE_IDENTITY] = (self.cache.verifier,
                                                         self.cache.entitlements)
         self.control.cache = self.cache
+        self.cache.relay_wakeup = self.control.wakeup  # answers to a neighbour's forwards
 
     def start(self) -> CachingAppliance:
         try:

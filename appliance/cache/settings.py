@@ -24,6 +24,15 @@ remote = "NEIGHBOUR"               # a [[neighbours]] name; its [cache] has ackn
 acknowledge = "persisted"          #   "persisted" too (required here)
 ```
 
+and, beside either form or alone, the neighbour whose cache serves this appliance's clients'
+replay and durable requests that no cache here keeps (docs/fault-tolerance.md, "Replay and
+durable subscriptions from a neighbour's cache"; default: ``remote``, when given):
+
+```toml
+[cache]
+serve_from = "NEIGHBOUR"           # a [[neighbours]] name with a [cache]
+```
+
 ``appliance/config.py`` hands the raw table here; every check raises the config's own
 ``ConfigError`` naming the key (exit code 2 from ``topicwire run``).
 """
@@ -70,6 +79,23 @@ REPLAYS_PENDING = 256
 """Replay requests waiting for the cache's thread, all sessions; more are refused (busy)."""
 REPLAYS_PENDING_PER_SESSION = 4
 """... per client session."""
+RELAY_CHANNEL = "neighbour"
+"""Not a channel: the answers to requests a neighbour forwarded (``cache.serve_from`` there)
+go to the control agent under this name (``CacheAgent.relay_out``), which sends them on the
+link (appliance/control/remote_replay.py)."""
+FORWARDED_PAGE_BYTES = 64 * 1024
+"""A page answering a forwarded request holds about this many bytes of frames at most (one
+message always): it crosses the link in parts of a frame each."""
+FORWARDED_PENDING_PER_NEIGHBOUR = 64
+"""Forwarded requests of one neighbour waiting for the cache's thread; one more is refused
+(busy). Each of its client sessions has ``REPLAYS_PENDING_PER_SESSION`` at most, and all
+requests together ``REPLAYS_PENDING``."""
+FORWARDED_PARKED = 256
+"""Forwarded durable requests held for new messages (all neighbours); past it a request
+that finds nothing new is answered at once with an empty page (the client asks again)."""
+RELAY_PAGES_WAITING = 8
+"""Answers waiting for the control agent to send them on the link; no page is built while
+this many wait."""
 RETENTION_CHECK_INTERVAL_NS = 10_000_000_000
 """How often the logs' retention is enforced."""
 MIN_SEGMENT_BYTES = 1 << 20
@@ -104,10 +130,18 @@ waited for this long (it may still be on its way), then answered as not kept."""
 
 @dataclass(frozen=True)
 class RemotePersist:
-    """``[cache] remote = "NAME"``: no cache here; the neighbour ``remote``'s cache persists
-    what this appliance's publishers publish before they are acknowledged."""
+    """``[cache] remote = "NAME"`` (no cache here; the neighbour ``remote``'s cache persists
+    what this appliance's publishers publish before they are acknowledged) and/or
+    ``serve_from = "NAME"`` alone (no cache here; replay and durable requests go to that
+    neighbour's cache)."""
 
-    remote: str
+    remote: str | None
+    serve_from: str | None = None
+
+
+SERVE_FROM_KEY = "serve_from"
+"""``cache.serve_from``: the neighbour whose cache answers the replay and durable requests
+this appliance's own cache cannot (none here, or a pattern outside ``cache.patterns``)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +156,8 @@ class CacheSettings:
     max_disk_bytes: int = 0
     """The bound on all the logs' segments together (0: none); past it the cache deletes the
     oldest sealed segments of any log (``CacheStore.enforce_disk_limit``)."""
+    serve_from: str | None = None
+    """``cache.serve_from``: the neighbour whose cache answers what this one does not keep."""
 
     def log_config(self) -> LogConfig:
         """How each pattern's log writes, syncs and retains. A size limit needs several
@@ -155,10 +191,18 @@ def _parse_remote(table: dict) -> RemotePersist:
     from appliance.config_files import show
 
     p = "cache."
-    own = sorted(set(table) - {"remote", "acknowledge"})
+    named = "cache.remote" if "remote" in table else "cache.serve_from alone"
+    own = sorted(set(table) - {"remote", "acknowledge", SERVE_FROM_KEY})
     if own:
-        raise _error(p + own[0], "not with cache.remote: this appliance keeps nothing (the "
+        raise _error(p + own[0], f"not with {named}: this appliance keeps nothing (the "
                      "neighbour's [cache] has dir, patterns and the rest)")
+    serve_from = _serve_from(table)
+    if "remote" not in table:
+        if "acknowledge" in table:
+            raise _error(p + "acknowledge", "not with cache.serve_from alone: this "
+                         "appliance keeps nothing (cache.remote names a neighbour's cache "
+                         "to persist for it)")
+        return RemotePersist(None, serve_from)
     remote = table["remote"]
     if not isinstance(remote, str) or not remote:
         raise _error(p + "remote", f"must be the name of a neighbour (a string), not "
@@ -167,7 +211,17 @@ def _parse_remote(table: dict) -> RemotePersist:
     if acknowledge != "persisted":
         raise _error(p + "acknowledge", "must be \"persisted\" with cache.remote (what "
                      f"else the neighbour's cache would be named for), not {show(acknowledge)}")
-    return RemotePersist(remote)
+    return RemotePersist(remote, serve_from or remote)
+
+
+def _serve_from(table: dict) -> str | None:
+    from appliance.config_files import show
+
+    name = table.get(SERVE_FROM_KEY)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise _error("cache." + SERVE_FROM_KEY, "must be the name of a neighbour with a "
+                     f"[cache] (a string), not {show(name)}")
+    return name
 
 
 def parse_cache(table: Any, base: Path, has_client_endpoint: bool
@@ -181,10 +235,11 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool
     p = "cache."
     if not isinstance(table, dict):
         raise _error("cache", "must be a table ([cache])")
-    if "remote" in table:
+    if "remote" in table or (SERVE_FROM_KEY in table and not {"dir", "patterns"} & set(table)):
         return _parse_remote(table)
     _known(table, {"dir", "patterns", "fsync", "fsync_interval_ms", "retention_bytes",
-                   "retention_hours", "acknowledge", "max_disk_bytes"}, p)
+                   "retention_hours", "acknowledge", "max_disk_bytes", SERVE_FROM_KEY}, p)
+    serve_from = _serve_from(table)
     directory = table.get("dir")
     if not isinstance(directory, str) or not directory:
         raise _error(p + "dir", "required: the directory the cache's logs are kept in")
@@ -226,4 +281,4 @@ def parse_cache(table: Any, base: Path, has_client_endpoint: bool
         raise _error("cache", "needs clients.udp or clients.shm: the cache receives what it "
                      "keeps through a client session of the appliance's own")
     return CacheSettings(path, tuple(patterns), fsync, interval, size, hours, acknowledge,
-                         disk)
+                         disk, serve_from)

@@ -565,6 +565,9 @@ class Client(GuaranteedSide, ConnectionSide):
         self._seq: dict[int, int] = {}
         self._subs: list[Subscription] = []
         self._durables: list[Subscription] = []
+        self.durables_woken = 0
+        """Durable subscriptions' requests given up after a reconnection (asked again of
+        the appliance connected to now)."""
         """Durable subscriptions (paged in from the cache; not in the live lists)."""
         self._route_cache: dict[tuple[int, str, bool], list[Subscription]] = {}
         self._lists: dict[int, SubscriptionList] = {}

@@ -202,8 +202,10 @@ class DurableFetcher:
                     break
                 self.stop.wait(RETRY_S)  # no answer: the connection comes back, or not
                 continue
-            if not result.get("accepted") and result.get("why") == "busy":
-                self.stop.wait(BUSY_RETRY_S)
+            if not result.get("accepted") and result.get("why") in ("busy", "remote"):
+                # busy: asked again soon; remote: the neighbour's cache this appliance
+                # forwards to is down or slow, asked again until it answers
+                self.stop.wait(BUSY_RETRY_S if result.get("why") == "busy" else RETRY_S)
                 continue
             try:
                 self._check(result)

@@ -39,6 +39,7 @@ from appliance.control.fabric import FabricSide
 from appliance.control.management import ManagementSide
 from appliance.control.mirror import Mirror
 from appliance.control.port_pool import PortPool
+from appliance.control.remote_replay import Forwarder, send_answers
 from appliance.control.replay import ReplaySide
 from appliance.control.routing import Lsa
 from appliance.control.state import (
@@ -214,6 +215,10 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         """``cache.remote``: the patterns that neighbour's cache keeps (its beacon)."""
         self._remote_ready = False
         self.internal_logins = {}
+        self.forwarder = (Forwarder(self, config.cache_serve_from)
+                          if config.cache_serve_from is not None else None)
+        """``cache.serve_from``: replay requests no cache here keeps go to that neighbour's
+        cache (control/remote_replay.py)."""
         self.acl_ids: dict[str, int] = {}
         """Content ACL class name -> its id in the tables (control/acl_apply.py)."""
         acl_apply.apply_acl(self, self.pm_doc)
@@ -246,6 +251,10 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                 self._bad_admin(channel, peer, exc, now_ns)
         requests = self._run_requests()
         work += requests + self._timers(now_ns)
+        if self.forwarder is not None:
+            work += self.forwarder.expire(now_ns)
+        if self.cache is not None and self.cache.relay_out:  # answers to forwarded requests
+            work += send_answers(self)
         if self.cache is not None or self.cfg.persist_remote is not None:
             self._persisted_timers(now_ns)
         if self.mirror.target is not None:
@@ -313,10 +322,13 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         (heartbeats, LSA refresh, status, route-table hold and poll)."""
         tables = max(self._tables_at_ns, now_ns) if self._tables_dirty else 1 << 62
         if (self.dp.inbox or self.requests or self._pending_snapshot is not None
-                or self._replies_when_live):
+                or self._replies_when_live
+                or (self.cache is not None and self.cache.relay_out)):
             return min(now_ns + CONTROL_PENDING_POLL_NS, tables)
+        forwards = self.forwarder.wake_at_ns() if self.forwarder is not None else None
         return min(tables, self._heartbeat_at, self._refresh_at, self._status_at,
-                   self.routes_ext.wake_at_ns(now_ns))
+                   self.routes_ext.wake_at_ns(now_ns),
+                   forwards if forwards is not None else 1 << 62)
 
     def on_close(self) -> None:
         return None

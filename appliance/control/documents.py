@@ -348,6 +348,52 @@ def _replay_result_rule(doc: dict) -> str | None:
     return None if "reason" in doc else "a refused replay result needs key 'reason'"
 
 
+REPLAY_DOC = Obj({"id": REPLAY_ID, "pattern": PATTERN},
+                 {"namespace": NAMESPACE, "from_seq": SEQ,
+                  "from_time_ns": Int(0, MAX_U63), "durable": DURABLE_NAME,
+                  "ack": SEQ, "wait_ms": Int(0, MAX_DURABLE_WAIT_MS),
+                  "delete": Bool()},
+                 _replay_rule)
+"""A client's REPLAY (also inside a forwarded one, REMOTE_REPLAY)."""
+REPLAY_WHY = Str(16, choices=frozenset(
+    {"no_cache", "entitlement", "pattern", "busy", "storage", "durable", "remote"}))
+"""Why a replay was refused (``remote``: the neighbour's cache it was forwarded to is down,
+did not answer in time, or the forwarding appliance has no room for it)."""
+REPLAY_RESULT_DOC = Obj(
+    {"id": REPLAY_ID, "accepted": Bool()},
+    {"count": Int(0, MAX_REPLAY_MESSAGES), "page": Int(0, MAX_U32),
+     "frames": Int(0, MAX_PAGE_FRAMES), "next_seq": SEQ, "done": Bool(),
+     "position": SEQ, "lost": Row((SEQ, SEQ)), "deleted": Bool(),
+     "losses": List(REPLAY_LOSS, MAX_REPLAY_LOSSES),
+     "reason": REASON, "why": REPLAY_WHY},
+    _replay_result_rule)
+FORWARD_ID = Int(1, MAX_U32)
+"""A forwarded replay request's id at the forwarding appliance."""
+MAX_FRAME_PARTS = 1_024
+"""Parts one page frame travels in at most between appliances (65,504 bytes in parts of at
+least 64)."""
+MAX_PART_CHARS = 65_536
+"""A part's base64 text at most (a frame on the link holds less)."""
+MAX_RESULT_PARTS = 64
+"""Parts a REPLAY_RESULT too large for one frame on the link travels in at most."""
+
+
+def _remote_result_rule(doc: dict) -> str | None:
+    if "result" in doc:
+        return None if not {"part", "parts", "text"} & doc.keys() else \
+            "give result, or part, parts and text, not both"
+    if {"part", "parts", "text"} <= doc.keys():
+        return None if doc["part"] < doc["parts"] else "part must be below parts"
+    return "a forwarded replay's result needs key 'result', or 'part', 'parts' and 'text'"
+
+
+_BASE64 = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+
+
+def _is_base64(text: str) -> bool:
+    return len(text) % 4 == 0 and _BASE64.issuperset(text)
+
+
 def _login_result_rule(doc: dict) -> str | None:
     if doc["accepted"] and "session" not in doc:
         return "an accepted login needs key 'session'"
@@ -454,21 +500,20 @@ KINDS: dict[ControlKind, Kind] = {
     ControlKind.RESOLVE: Kind(Obj({"keys": List(Int(0, MAX_U64), MAX_RESOLVE_KEYS)})),
     ControlKind.LOGOUT: Kind(Obj({}, {"reason": REASON, "move": Bool()}), 16_384),
     ControlKind.ECHO: Kind(Obj({"ts": Int(0, MAX_U64)}), 256),
-    ControlKind.REPLAY: Kind(Obj({"id": REPLAY_ID, "pattern": PATTERN},
-                                 {"namespace": NAMESPACE, "from_seq": SEQ,
-                                  "from_time_ns": Int(0, MAX_U63), "durable": DURABLE_NAME,
-                                  "ack": SEQ, "wait_ms": Int(0, MAX_DURABLE_WAIT_MS),
-                                  "delete": Bool()},
-                                 _replay_rule), 8_192),
-    ControlKind.REPLAY_RESULT: Kind(Obj(
-        {"id": REPLAY_ID, "accepted": Bool()},
-        {"count": Int(0, MAX_REPLAY_MESSAGES), "page": Int(0, MAX_U32),
-         "frames": Int(0, MAX_PAGE_FRAMES), "next_seq": SEQ, "done": Bool(),
-         "position": SEQ, "lost": Row((SEQ, SEQ)), "deleted": Bool(),
-         "losses": List(REPLAY_LOSS, MAX_REPLAY_LOSSES),
-         "reason": REASON, "why": Str(16, choices=frozenset(
-             {"no_cache", "entitlement", "pattern", "busy", "storage", "durable"}))},
-        _replay_result_rule)),
+    ControlKind.REPLAY: Kind(REPLAY_DOC, 8_192),
+    ControlKind.REPLAY_RESULT: Kind(REPLAY_RESULT_DOC),
+    ControlKind.REMOTE_REPLAY: Kind(Obj(
+        {"fid": FORWARD_ID, "session": Int(1, MAX_U32), "identity": IDENTITY,
+         "request": REPLAY_DOC}), 8_192),
+    ControlKind.REMOTE_REPLAY_RESULT: Kind(Obj(
+        {"fid": FORWARD_ID},
+        {"result": REPLAY_RESULT_DOC, "part": Int(0, MAX_RESULT_PARTS - 1),
+         "parts": Int(1, MAX_RESULT_PARTS), "text": Str(MAX_PART_CHARS, 1)},
+        _remote_result_rule)),
+    ControlKind.REMOTE_REPLAY_PART: Kind(Obj(
+        {"fid": FORWARD_ID, "page": Int(0, MAX_U32), "frame": Int(0, MAX_PAGE_FRAMES - 1),
+         "part": Int(0, MAX_FRAME_PARTS - 1), "parts": Int(1, MAX_FRAME_PARTS),
+         "data": Str(MAX_PART_CHARS, 1, text=_is_base64, what="base64")})),
 }
 """Every kind's schema (docs/appliance.md describes the documents)."""
 
@@ -479,7 +524,9 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
                             ControlKind.INTEREST_SELECTORS,
                             ControlKind.RENDEZVOUS_COUNTS, ControlKind.RENDEZVOUS_REGISTER,
                             ControlKind.LOGOUT, ControlKind.ECHO,
-                            ControlKind.PERSISTED, ControlKind.SESSION_MIRROR}),
+                            ControlKind.PERSISTED, ControlKind.REMOTE_REPLAY,
+                            ControlKind.REMOTE_REPLAY_RESULT,
+                            ControlKind.REMOTE_REPLAY_PART, ControlKind.SESSION_MIRROR}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
                             ControlKind.LOGOUT, ControlKind.REPLAY_RESULT,
                             ControlKind.POLICY_DROPS}),

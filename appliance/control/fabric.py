@@ -10,7 +10,7 @@ from appliance.config import (
     FABRIC_MAX_ORIGINS,
     NEIGHBOUR_ECHO_NS,
 )
-from appliance.control import acl_apply, selector_apply
+from appliance.control import acl_apply, remote_replay, selector_apply
 from appliance.control import pm as pmod
 from appliance.control.auth import EPOCH_MASK, group_link_id, hello_link_id
 from appliance.control.documents import DocumentError, validate
@@ -253,6 +253,18 @@ class FabricSide:
                 self.dp.command("remote_persisted", doc["streams"])
         elif kind is al.ControlKind.SESSION_MIRROR:
             self.mirror.on_document(self, nb.node_id, doc, now_ns)
+        elif kind is al.ControlKind.REMOTE_REPLAY:  # a neighbour's client asks our cache
+            remote_replay.serve(self, nb, doc)
+        elif kind is al.ControlKind.REMOTE_REPLAY_PART:
+            if self.forwarder is None:
+                self.counters["replay_forward_parts_refused"] += 1
+            else:
+                self.forwarder.on_part(nb, doc)
+        elif kind is al.ControlKind.REMOTE_REPLAY_RESULT:
+            if self.forwarder is None:
+                self.counters["replay_forward_answers_refused"] += 1
+            else:
+                self.forwarder.on_result(nb, doc)
         elif kind is al.ControlKind.ECHO:
             sent = doc["ts"]
             if sent:

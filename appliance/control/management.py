@@ -323,7 +323,10 @@ class ManagementSide:
             "auth": {"rejected": dict(self.auth.rejected), "accepted": self.auth.accepted},
             "clients": self._status_clients(sessions),
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
-                         **{f"control_{k}": int(v) for k, v in self.counters.items()}},
+                         **{f"control_{k}": int(v) for k, v in self.counters.items()},
+                         **({"control_replay_forward_pending": len(self.forwarder.pending),
+                             "control_replay_forward_held_bytes": self.forwarder.held}
+                            if self.forwarder is not None else {})},
             "jit": self._jit_status(),
             "routing": self._routing_status(dp_counters),
         }

@@ -123,6 +123,18 @@ class ControlKind(IntEnum):
     neighbour's publishers its cache holds on disk: per publishing stream, the positions on
     the reliable stream between them (docs/fault-tolerance.md, "Persisted by a neighbour's
     cache")."""
+    REMOTE_REPLAY = 17
+    """An appliance forwards a client's REPLAY (a replay page or a durable subscription's
+    request) to the neighbour whose cache serves it (``cache.serve_from``), naming the
+    client's identity and session and a forward id (docs/fault-tolerance.md, "Replay and
+    durable subscriptions from a neighbour's cache")."""
+    REMOTE_REPLAY_RESULT = 18
+    """The serving cache's REPLAY_RESULT to a forwarded request (by its forward id), which
+    the forwarding appliance relays to the client's session."""
+    REMOTE_REPLAY_PART = 19
+    """One part of one page frame of the answer to a forwarded request (base64: a page frame
+    is larger than a frame on the link), put together and relayed by the forwarding
+    appliance."""
     SESSION_MIRROR = 20
     """An appliance mirrors to its standby neighbour (``clients.mirror_to``) the
     subscriptions of its client sessions whose client has a standby, and the sessions that

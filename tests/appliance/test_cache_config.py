@@ -116,6 +116,37 @@ def test_a_bad_remote_cache_value_is_refused_naming_its_key(cache, key, words):
     assert "\n" not in text
 
 
+@pytest.mark.parametrize("cache, key, words", [
+    ({"serve_from": ""}, "cache.serve_from", "the name of a neighbour with a [cache]"),
+    ({"serve_from": 7}, "cache.serve_from", "the name of a neighbour with a [cache]"),
+    ({"serve_from": "core3"}, "cache.serve_from",
+     "must name one of [[neighbours]] (core2), not 'core3'"),
+    ({"serve_from": "core2", "acknowledge": "persisted"}, "cache.acknowledge",
+     "not with cache.serve_from alone"),
+    ({"serve_from": "core2", "fsync": "batch"}, "cache.fsync",
+     "not with cache.serve_from alone"),
+    ({"dir": "/tmp", "patterns": ["a/#"], "serve_from": "core9"}, "cache.serve_from",
+     "must name one of [[neighbours]]"),
+])
+def test_a_bad_serve_from_value_is_refused_naming_its_key(cache, key, words):
+    with pytest.raises(ConfigError) as info:
+        _remote(cache)
+    text = str(info.value)
+    assert text.startswith(f"config: {key}: ") and words in text, text
+    assert "\n" not in text
+
+
+def test_serve_from_alone_beside_remote_or_beside_a_cache_of_its_own(tmp_path):
+    cfg = _remote({"serve_from": "core2"})
+    assert cfg.cache is None and cfg.persist_remote is None
+    assert cfg.cache_serve_from == "core2"
+    cfg = _remote({"remote": "core2", "acknowledge": "persisted"})  # remote implies it
+    assert cfg.cache_serve_from == "core2"
+    cfg = _remote({"dir": str(tmp_path), "patterns": ["a/#"], "serve_from": "core2"})
+    assert cfg.cache is not None and cfg.cache_serve_from == "core2"
+    assert parse_config(dict(HEAD)).cache_serve_from is None
+
+
 def test_a_remote_cache_runs_without_a_cache_of_its_own():
     cfg = _remote({"remote": "core2", "acknowledge": "persisted"})
     assert cfg.cache is None and cfg.persist_remote == "core2"

@@ -61,6 +61,14 @@ GOOD = {  # documents as the appliance and the client library write them
                   "patterns": ["orders/#", "fx/+/spot"]},
     K.SESSION_MIRROR: {"sessions": [[77, "reader", [[0, "orders/#", 2], [0, "fx/+", 0]]],
                                     [78, "feed", []]], "ended": [12, 2**32 - 1]},
+    K.REMOTE_REPLAY: {"fid": 12, "session": 4, "identity": "reader",
+                      "request": {"id": 9, "pattern": "orders/#", "namespace": 0,
+                                  "durable": "audit", "ack": 17, "wait_ms": 1_000}},
+    K.REMOTE_REPLAY_RESULT: {"fid": 12, "result": {"id": 9, "accepted": True, "count": 2,
+                                                   "next_seq": 19, "done": False, "page": 3,
+                                                   "frames": 1, "position": 17}},
+    K.REMOTE_REPLAY_PART: {"fid": 12, "page": 3, "frame": 0, "part": 1, "parts": 40,
+                           "data": "AAECAwQF"},
 }
 OTHER_GOOD = [
     (K.LOGIN, {"identity": "anonymous", "ring": None}),  # bench/fabric.py's login
@@ -77,6 +85,9 @@ OTHER_GOOD = [
     (K.SESSION_MIRROR, {"sessions": []}),
     (K.REPLAY, {"id": 1, "pattern": "a/#", "from_time_ns": 0}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": False, "why": "no_cache", "reason": "no"}),
+    (K.REMOTE_REPLAY_RESULT, {"fid": 3, "part": 0, "parts": 2, "text": '{"id":1,'}),
+    (K.REPLAY_RESULT, {"id": 1, "accepted": False, "why": "remote",
+                       "reason": "the cache of core-c is down"}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": True, "count": 0, "next_seq": 1,
                        "done": True}),
     (K.REPLAY_RESULT, {"id": 1, "accepted": True, "count": 0, "next_seq": 9, "done": True,

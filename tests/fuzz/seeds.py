@@ -58,6 +58,14 @@ def good_documents(origin: int = 5, name: str = "core-1", self_id: int = 7) -> d
         K.RESOLVE: {"keys": [0, 2**64 - 1, _KEYS.key_of("fz/a")]},
         K.LOGOUT: {"reason": "client closed"},
         K.ECHO: {"ts": 1_700_000_000_000_000_000},
+        K.REMOTE_REPLAY: {"fid": 12, "session": 4, "identity": "feed",
+                          "request": {"id": 9, "pattern": "a/#", "durable": "d", "ack": 17,
+                                      "wait_ms": 1_000}},
+        K.REMOTE_REPLAY_RESULT: {"fid": 12, "result": {"id": 9, "accepted": True,
+                                                       "count": 0, "next_seq": 19,
+                                                       "done": True}},
+        K.REMOTE_REPLAY_PART: {"fid": 12, "page": 3, "frame": 0, "part": 0, "parts": 1,
+                               "data": "AAECAwQF"},
     }
 
 

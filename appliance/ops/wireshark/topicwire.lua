@@ -49,7 +49,7 @@ local ENUMS = {
   state = {[0] = "OFF", [1] = "ON"},
   policy = {[0] = "THROTTLE", [1] = "DROP_OLDEST", [2] = "CONFLATE"},
   op = {[1] = "SET_SUCCESSOR", [2] = "NOTIFY_ANCESTOR", [3] = "SUBSCRIBE_SUCCESSORS", [4] = "SUCCESSOR_DATA"},
-  kind = {[1] = "LSA", [2] = "INTEREST", [3] = "PM_UPDATE", [4] = "LOGIN", [5] = "LOGIN_RESULT", [6] = "REQUEST_RESULT", [7] = "RESOLVE", [8] = "LOGOUT", [9] = "ECHO", [10] = "REPLAY", [11] = "REPLAY_RESULT", [12] = "INTEREST_SELECTORS", [13] = "POLICY_DROPS", [14] = "RENDEZVOUS_COUNTS", [15] = "RENDEZVOUS_REGISTER", [16] = "PERSISTED", [20] = "SESSION_MIRROR"},
+  kind = {[1] = "LSA", [2] = "INTEREST", [3] = "PM_UPDATE", [4] = "LOGIN", [5] = "LOGIN_RESULT", [6] = "REQUEST_RESULT", [7] = "RESOLVE", [8] = "LOGOUT", [9] = "ECHO", [10] = "REPLAY", [11] = "REPLAY_RESULT", [12] = "INTEREST_SELECTORS", [13] = "POLICY_DROPS", [14] = "RENDEZVOUS_COUNTS", [15] = "RENDEZVOUS_REGISTER", [16] = "PERSISTED", [17] = "REMOTE_REPLAY", [18] = "REMOTE_REPLAY_RESULT", [19] = "REMOTE_REPLAY_PART", [20] = "SESSION_MIRROR"},
   value_kind = {[0] = "TEXT", [1] = "BYTES"},
 }
 
