@@ -10,13 +10,14 @@ import asyncio
 import queue
 import resource
 import shutil
+import subprocess
 import threading
 
 import pytest
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from appliance.edge.mqtt import codec
-from tests.appliance.helpers import free_port, run_appliance, stop, write_config
+from tests.appliance.helpers import CLI, free_port, run_appliance, stop, write_config
 from tests.appliance.mgmt_fabric import http
 from tests.edge.conftest import (
     counter,
@@ -208,3 +209,26 @@ listen = "127.0.0.1:{mgmt_port}"
         if idle is not None:
             idle.close()
         stop(proc)
+
+
+def test_max_connections_beyond_the_open_file_limit_stops_the_edge_with_one_line(tmp_path):
+    config = write_config(tmp_path / "edge.toml", f"""
+[appliance]
+name = "edge-nofile"
+role = "edge"
+[clients]
+udp = "127.0.0.1:{free_port()}"
+[mqtt]
+listen = "127.0.0.1:{free_port()}"
+max_connections = 5000
+""")
+
+    def low_limit() -> None:  # (in the child: its hard limit cannot be raised again)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2_048, 2_048))
+
+    done = subprocess.run([*CLI, "run", "--config", str(config)], capture_output=True,
+                          text=True, timeout=120, preexec_fn=low_limit)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "topicwire: config: mqtt.max_connections: 5000 connections and 1024 other files need "
+        "more than this process's open-file limit (2048"), done.stderr
