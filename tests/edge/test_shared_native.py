@@ -129,9 +129,18 @@ class IdleConnections:
             self.loop.run_until_complete(self._open())
             self.ready.put(None)
         except BaseException as exc:  # the test fails with it
+            self.loop.run_until_complete(self._close())
+            self.loop.close()
             self.ready.put(exc)
             return
         self.loop.run_forever()
+        self.loop.run_until_complete(self._close())  # (else the sockets outlive the test)
+        self.loop.close()
+
+    async def _close(self) -> None:
+        for w in self.writers:
+            w.close()
+        await asyncio.gather(*(w.wait_closed() for w in self.writers), return_exceptions=True)
 
     async def _one(self, i: int, gate: asyncio.Semaphore) -> None:
         async with gate:
@@ -152,12 +161,9 @@ class IdleConnections:
             raise error
 
     def close(self) -> None:
-        def shut() -> None:
-            for w in self.writers:
-                w.close()
-            self.loop.stop()
-        self.loop.call_soon_threadsafe(shut)
-        self.thread.join(30)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(60)
 
 
 @pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="as test_run_edge.py")

@@ -201,6 +201,7 @@ class IdentitySession:
                 refs.add((state, key))
                 self.lingering.discard(match)
                 self.count("native_subscribes_shared")
+                await self._ended_meanwhile(state, key, match)
                 return
             pending = self._pending.get(match)
             if pending is None:
@@ -221,6 +222,13 @@ class IdentitySession:
             del self._pending[match]
         self._add(match, guaranteed, {(state, key)})
         fut.set_result(None)
+        await self._ended_meanwhile(state, key, match)
+
+    async def _ended_meanwhile(self, state: SessionState, key: str, match: str) -> None:
+        """``state`` ended while its subscribe waited (its end released what it held
+        then): what it took since is released too."""
+        if state.ended:
+            await self.release(state, key, match)
 
     def _add(self, match: str, guaranteed: bool, refs: set[Ref]) -> None:
         self.refs[match] = refs
