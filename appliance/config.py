@@ -245,8 +245,11 @@ RDMA_LINK_BACKLOG_BYTES = 4 * 1024 * 1024
 """Bytes of that backlog at most (as deep as the UDP fabric socket's send buffer)."""
 
 MQTT_MAX_CONNECTIONS = 64
-"""MQTT connections one edge holds (``mqtt.max_connections``); each logs in a client session
-of its own, so at most ``clients.max_sessions``."""
+"""MQTT connections one edge holds (``mqtt.max_connections``); the connections of one P&M
+identity share one client session, so at most ``MQTT_MAX_CONNECTIONS_LIMIT`` and the
+process's open-file limit (checked when the MQTT server starts)."""
+MQTT_MAX_CONNECTIONS_LIMIT = 100_000
+"""The largest ``mqtt.max_connections`` and ``mqtt.max_offline_sessions``."""
 MQTT_MAX_PACKET_BYTES = 65_536
 """Largest MQTT packet the edge accepts (``mqtt.max_packet_bytes``); a larger one is refused
 and its connection closed."""
@@ -271,7 +274,8 @@ MQTT_SEND_BUFFER_BYTES = 1024 * 1024
 counted (``mqtt.send_buffer_bytes``)."""
 MQTT_MAX_OFFLINE_SESSIONS = 64
 """Persistent MQTT sessions kept while their client is away (``mqtt.max_offline_sessions``);
-each keeps its native client session, so at most ``clients.max_sessions``."""
+they hold no client session of their own (their identity's shared one), at most
+``MQTT_MAX_CONNECTIONS_LIMIT``."""
 MQTT_MAX_SESSION_EXPIRY_S = 86_400
 """Longest an offline persistent session is kept (``mqtt.max_session_expiry_s``): the cap of
 a 5.0 Session Expiry Interval, and the expiry of a 3.1.1 persistent session."""
@@ -789,8 +793,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                     "\"127.0.0.1:1883\"")
     listen = parse_address(mq["listen"], p + "listen", allow_zero_port=True)
     if clients_udp is None and shm is None:
-        raise _fail(p + "listen", "needs clients.udp or clients.shm: each MQTT connection logs "
-                    "in a client session through the edge's own client endpoint")
+        raise _fail(p + "listen", "needs clients.udp or clients.shm: the MQTT sessions of each "
+                    "identity log in a client session through the edge's own client endpoint")
     flags = {}
     for key in ("allow_anonymous", "tls_require_client_cert", "tls_identity_from_cert",
                 "ws_tls"):
@@ -818,8 +822,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"], bridges=bridges,
         tls_require_client_cert=flags["tls_require_client_cert"],
         tls_identity_from_cert=flags["tls_identity_from_cert"],
-        max_offline_sessions=_int(mq, "max_offline_sessions", p,
-                                  min(MQTT_MAX_OFFLINE_SESSIONS, max_sessions), 0, max_sessions),
+        max_offline_sessions=_int(mq, "max_offline_sessions", p, MQTT_MAX_OFFLINE_SESSIONS, 0,
+                                  MQTT_MAX_CONNECTIONS_LIMIT),
         max_session_expiry_s=_int(mq, "max_session_expiry_s", p, MQTT_MAX_SESSION_EXPIRY_S, 0,
                                   2**32 - 2),
         topic_alias_maximum=_int(mq, "topic_alias_maximum", p, MQTT_TOPIC_ALIAS_MAXIMUM, 0,
@@ -827,8 +831,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         server_keep_alive_s=_int(mq, "server_keep_alive_s", p, MQTT_SERVER_KEEP_ALIVE_S, 0,
                                  65_535),
         listen=listen,
-        max_connections=_int(mq, "max_connections", p, min(MQTT_MAX_CONNECTIONS, max_sessions),
-                             1, max_sessions),
+        max_connections=_int(mq, "max_connections", p, MQTT_MAX_CONNECTIONS, 1,
+                             MQTT_MAX_CONNECTIONS_LIMIT),
         max_packet_bytes=_int(mq, "max_packet_bytes", p, MQTT_MAX_PACKET_BYTES, 64,
                               16 * 1024 * 1024),
         max_subscriptions=_int(mq, "max_subscriptions", p,

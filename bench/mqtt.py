@@ -7,11 +7,9 @@ Scenarios after EMQ's open MQTT benchmark (``--clients`` changes the counts):
 - ``fanin``: 100 publishers (a topic each) to one subscriber of the shared subscription
   ``$share/g/bench/fanin/+``.
 - ``conns``: N connections (5,000 asked), each subscribed to its own topic and publishing to
-  it at 1 msg/s. The edge holds at most ``EDGE_MAX_CONNECTIONS`` (each MQTT connection is a
-  native client session of the appliance: ``clients.max_sessions`` is at most 400, and a
-  QoS 1 subscriber also takes a guaranteed place, 446 egress ports for both): both brokers
-  are measured at that count, and mosquitto alone at the asked count
-  (``params.mosquitto_at_asked``).
+  it at 1 msg/s. The edge's MQTT sessions of one identity share one native client session
+  (appliance/edge/mqtt/identities.py), so both brokers hold the asked count (at most
+  ``EDGE_MAX_CONNECTIONS``, the edge's own bound).
 
 The load is bench/c/mqtt_load.c (C on Debian's libmosquitto, one epoll loop per process),
 built here with ``cc -O2 ... -lmosquitto`` into ``$XDG_CACHE_HOME/topicwire/bench`` once per
@@ -86,12 +84,12 @@ LOOPBACK = "127.0.0.1"
 LOAD_SOURCE = Path(__file__).resolve().parent / "c" / "mqtt_load.c"
 LOAD_CFLAGS = ("-O2", "-Wall")
 LOAD_LIBS = ("-lmosquitto",)
-CLIENT_PORTS = 446
-"""Egress ports an appliance has for client sessions and guaranteed places
-(appliance/config.py: EGRESS_PORTS less APPLIANCE_EGRESS_PORTS)."""
-EDGE_MAX_SESSIONS = 400
-"""The most ``clients.max_sessions`` an appliance takes (appliance/config.py)."""
-EDGE_SPARE_SESSIONS = 2
+EDGE_MAX_CONNECTIONS = 100_000
+"""The most ``mqtt.max_connections`` an edge takes (appliance/config.py)."""
+EDGE_SPARE_CONNECTIONS = 16
+EDGE_MAX_SUBSCRIPTIONS = 65_536
+"""The edge's ``clients.max_subscriptions``: every connection's filter is an entry (two, one
+per native class) of the one native session of the bench's identity."""
 EDGE_START_TIMEOUT_S = 600.0
 """A first start after a source change compiles numba kernels (`topicwire warm` does it ahead)."""
 EDGE_IDLE_TIMEOUT_S = 120.0
@@ -212,14 +210,6 @@ subscriber's inflight slot are kept as mosquitto's are with ``max_queued_message
 dropped past the default 1,000 when a subscriber falls behind (fan-out on a loaded host)."""
 
 
-def edge_max_connections(qos: int) -> int:
-    """The most MQTT connections the bench's edge holds: each is a client session
-    (``clients.max_sessions`` <= 400); at QoS 1 each subscriber also takes a guaranteed
-    place, and sessions plus guaranteed places share ``CLIENT_PORTS`` egress ports."""
-    return EDGE_MAX_SESSIONS - EDGE_SPARE_SESSIONS if qos == 0 else (
-        CLIENT_PORTS // 2 - EDGE_SPARE_SESSIONS)
-
-
 # --- the brokers -------------------------------------------------------------------------------
 
 def _free_port() -> int:
@@ -315,16 +305,15 @@ class Edge(Broker):
     def __init__(self, workdir: Path, connections: int, qos: int) -> None:
         self.port = _free_port()
         self.mgmt_port = _free_port()
-        sessions = min(EDGE_MAX_SESSIONS, connections + EDGE_SPARE_SESSIONS)
-        guaranteed = min(CLIENT_PORTS - sessions, EDGE_MAX_SESSIONS)
         config = workdir / f"edge-{self.port}.toml"
         config.write_text(
             '[appliance]\nname = "bench-mqtt"\nrole = "edge"\n'
-            f'[clients]\nudp = "{LOOPBACK}:{_free_udp_port()}"\nmax_sessions = {sessions}\n'
-            f"max_guaranteed_sessions = {guaranteed}\n"
+            f'[clients]\nudp = "{LOOPBACK}:{_free_udp_port()}"\n'
+            f"max_subscriptions = {EDGE_MAX_SUBSCRIPTIONS}\n"
             f"session_dead_ms = {EDGE_SESSION_DEAD_MS}\n"
             '[pm.identities.anonymous]\npublish = ["bench/#"]\nsubscribe = ["bench/#"]\n'
-            f'[mqtt]\nlisten = "{LOOPBACK}:{self.port}"\nmax_connections = {sessions}\n'
+            f'[mqtt]\nlisten = "{LOOPBACK}:{self.port}"\n'
+            f"max_connections = {connections + EDGE_SPARE_CONNECTIONS}\n"
             f"max_queued = {EDGE_MAX_QUEUED}\n"
             'allow_anonymous = true\n[log]\nlevel = "warning"\n'
             f'[mgmt]\nlisten = "{LOOPBACK}:{self.mgmt_port}"\n')
@@ -517,21 +506,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mosquitto's full publish rate (or ``--rate``); medians."""
     scenario, qos = args.scenario, args.qos
     asked = args.clients or DEFAULT_CLIENTS[scenario]
-    clients = asked
-    edge_cap = edge_max_connections(qos)
-    limited = False
-    if scenario == "conns":
-        clients = min(asked, edge_cap)
-        limited = clients < asked
-    elif shape(scenario, asked).connections > edge_cap:
+    if shape(scenario, asked).connections > EDGE_MAX_CONNECTIONS - EDGE_SPARE_CONNECTIONS:
         raise UserError(f"--clients {asked}: {shape(scenario, asked).connections} connections, "
-                        f"the edge holds at most {edge_cap} at QoS {qos} (one client session "
-                        "each)", component=_COMPONENT)
-    sh = shape(scenario, clients)
+                        f"the edge holds at most {EDGE_MAX_CONNECTIONS - EDGE_SPARE_CONNECTIONS}"
+                        " here (mqtt.max_connections)", component=_COMPONENT)
+    sh = shape(scenario, asked)
     load = build_load()
     runs: dict[str, list[dict[str, float]]] = {"topicwire": [], "mosquitto": []}
     half_rates: list[float] = []
-    asked_runs: list[dict[str, float]] = []
     common = {"qos": qos, "duration_s": args.duration_s, "window": args.window,
               "payload_bytes": args.payload_bytes}
     start_load = os.getloadavg()
@@ -561,12 +543,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              f"{half:,.0f} publishes/s")
                     paced = measure(broker, load, sh, rate=half, tag=f"{repeat}h", **common)
                     figures[name].update({f"half_{k}": v for k, v in paced.items()})
-                    if limited and name == "mosquitto" and repeat == 0:
-                        progress(NAME, f"mosquitto alone at the asked {asked:,} connections")
-                        big = shape(scenario, asked)
-                        asked_runs.append(measure(broker, load, big,
-                                                  rate=CONNS_RATE_PER_CLIENT * big.publishers,
-                                                  tag="asked", **common))
                 finally:
                     code = broker.stop()
                 if name == "topicwire" and code not in (0, -signal.SIGTERM):
@@ -596,16 +572,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg": {"start": start_load, "end": os.getloadavg()},
         "runs": runs,
     }
-    if scenario == "conns":
-        params["connections_asked"] = asked
-        params["edge_max_connections"] = edge_cap
-        if limited:
-            params["limit"] = (
-                f"the edge holds {edge_cap} MQTT connections at QoS {qos}: each is a native "
-                "client session (clients.max_sessions <= 400, a thread and a UDP socket "
-                "each), and at QoS 1 each subscriber also takes a guaranteed place (sessions "
-                f"plus guaranteed places share {CLIENT_PORTS} egress ports); both brokers "
-                f"were measured at {clients}, mosquitto alone at {asked} "
-                "(mosquitto_at_asked)")
-            params["mosquitto_at_asked"] = {k: v for k, v in asked_runs[0].items()}
     return build_report(NAME, params, results)

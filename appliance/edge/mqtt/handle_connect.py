@@ -11,8 +11,9 @@ no username while ``mqtt.allow_anonymous`` is false, enhanced authentication (5.
 username other than the CN of the client certificate (``mqtt.tls_identity_from_cert``).
 A client already connected with the same identifier is disconnected first (no will: a
 takeover). Then the conn: a persistent one of that identifier and identity is taken up
-again with clean start 0 (session present 1); otherwise a new session logs in a native
-client as the identity. 5.0 limits agreed here: Session Expiry Interval (at most
+again with clean start 0 (session present 1); otherwise a new session joins its identity's
+shared native client session (identities.py; the first of the identity logs it in). 5.0
+limits agreed here: Session Expiry Interval (at most
 ``mqtt.max_session_expiry_s``; 3.1.1 persistent sessions get that), Server Keep Alive
 (``mqtt.server_keep_alive_s``), Topic Alias Maximum both ways, Receive Maximum, Maximum
 Packet Size.
@@ -117,7 +118,7 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
 
         state = SessionState(server, client_id, identity)
         try:
-            state.native = await server.blocking(server.native_login, identity)
+            await state.join()
         except LoginError:
             return _refuse(conn, version, "not_authorized", Reason.NOT_AUTHORIZED)
         except ClientError:

@@ -1,18 +1,18 @@
 """PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP: MQTT publishes (and wills) into the fabric.
 
-An MQTT PUBLISH becomes a native publish of the connection's own client session (the
-identity's entitlements decide; a refused topic is counted as ``publishes_denied`` and
-answered with reason 0x87 in 5.0, dropped silently in 3.1.1 as mosquitto does), then the
-retained store is updated and the publish acknowledged: QoS 1 with PUBACK once the native
-publish left for the appliance, QoS 2 with PUBREC (published once; a repeat of the packet id
-before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0 travels as a native
-best-effort message, QoS 1 and 2 as guaranteed ones (the connection's reliable stream,
-recovered hop by hop); the acknowledgement says the edge took the message, not that
-subscribers got it (docs/mqtt.md, "QoS"). 5.0: a Topic Alias sets or names the topic (at
-most ``mqtt.topic_alias_maximum``: 0x94 beyond, 0x82 for an unknown one). The message's
-MQTT metadata (publish QoS, retain flag, 5.0 properties and expiry) travels as headers of
-the native message (meta.py), read back by whichever edge delivers it; a message whose
-metadata does not fit the header block is refused (``publishes_refused_metadata``; 5.0
+An MQTT PUBLISH becomes a native publish of its identity's shared client session
+(identities.py; the identity's entitlements decide; a refused topic is counted as
+``publishes_denied`` and answered with reason 0x87 in 5.0, dropped silently in 3.1.1 as
+mosquitto does), then the retained store is updated and the publish acknowledged: QoS 1 with
+PUBACK once the native publish left for the appliance, QoS 2 with PUBREC (published once; a
+repeat of the packet id before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0
+travels as a native best-effort message, QoS 1 and 2 as guaranteed ones (the connection's
+reliable stream, recovered hop by hop); the acknowledgement says the edge took the message,
+not that subscribers got it (docs/mqtt.md, "QoS"). 5.0: a Topic Alias sets or names the
+topic (at most ``mqtt.topic_alias_maximum``: 0x94 beyond, 0x82 for an unknown one). The
+message's MQTT metadata (publish QoS, retain flag, 5.0 properties and expiry) travels as
+headers of the native message (meta.py), read back by whichever edge delivers it; a message
+whose metadata does not fit the header block is refused (``publishes_refused_metadata``; 5.0
 QoS 1/2: PUBACK/PUBREC 0x83 Implementation specific error), never published without it.
 
 With ``mqtt.state_dir`` (store.py) an incoming QoS 1/2 PUBLISH is first recorded in the state
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 NATIVE_QOS = ("best-effort", "guaranteed")
 """The native class of an MQTT publish at QoS 0, and at QoS 1 or 2."""
 REGISTERED_TOPICS = 16_384
-"""Topics per connection remembered as registered with the appliance: their publishes run on
+"""Topics per identity remembered as registered with the appliance: their publishes run on
 the event loop (no round trip: the native client has their key); others on a worker thread."""
 
 
@@ -74,20 +74,24 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
     if seq:
         meta = MessageMeta([], None, retain, seq) if meta is None else replace(meta, origin=seq)
     try:
-        headers = to_headers(meta, qos)
+        headers = to_headers(meta, qos, state.number if state.no_local_for(topic) else 0)
     except MetadataTooLarge as exc:
         state.count("publishes_refused_metadata")
         log.info("mqtt: a publish to %r refused: its metadata does not fit the native "
                  "headers (%s)", topic, exc)
         return Reason.IMPLEMENTATION_SPECIFIC
+    ident = state.ident
+    if ident is None or ident.native is None:
+        raise Closed("native_session_gone", Reason.UNSPECIFIED)
+    native = ident.native
     try:
-        if topic in state.registered:  # its key is known: publishing does not wait
-            state.native.publish(topic, payload, flush=True, qos=native_qos, headers=headers)
+        if topic in ident.registered:  # its key is known: publishing does not wait
+            native.publish(topic, payload, flush=True, qos=native_qos, headers=headers)
         else:  # the first publish of a topic registers it: a round trip to the appliance
-            await server.blocking(state.native.publish, topic, payload, flush=True,
+            await server.blocking(native.publish, topic, payload, flush=True,
                                   qos=native_qos, headers=headers)
-            if len(state.registered) < REGISTERED_TOPICS:
-                state.registered.add(topic)
+            if len(ident.registered) < REGISTERED_TOPICS:
+                ident.registered.add(topic)
     except EntitlementError:
         state.count("publishes_denied")
         return Reason.NOT_AUTHORIZED

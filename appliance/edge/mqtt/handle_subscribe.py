@@ -1,7 +1,8 @@
 """SUBSCRIBE -> SUBACK and UNSUBSCRIBE -> UNSUBACK.
 
 Each filter is checked (MQTT's rules and the fabric's bounds, appliance/edge/mqtt/topics.py),
-then subscribed by the connection's native session, whose identity's P&M entitlements decide:
+then held by the identity's shared native session (identities.py: subscribed natively unless
+another session of the identity holds it already), whose P&M entitlements decide:
 a denied filter gets 0x80 (3.1.1) or 0x87 "not authorized" (5.0), an invalid one 0x80 or
 0x8F, one beyond ``mqtt.max_subscriptions`` 0x80 or 0x97. ``$share/GROUP/FILTER`` joins a
 shared subscription (shared.py). The retained messages a new subscription matches follow its
@@ -9,9 +10,10 @@ SUBACK (5.0 retain handling 0, 1 and 2; none for a shared one). A 5.0 Subscripti
 Identifier is kept with each filter of the SUBSCRIBE and sent with the messages they match.
 
 MQTT subscriptions are a set of filters; the fabric's subscription lists are ordered with
-partial unsubscribes (seed 000). So an UNSUBSCRIBE of a filter the client holds withdraws it
-natively and subscribes again every remaining filter that overlaps it (the native
-withdrawal also removes what it includes); an UNSUBSCRIBE of a filter the client does not
+partial unsubscribes (seed 000). So an UNSUBSCRIBE of a filter the client holds releases it;
+once no session of the identity holds its pattern, the identity withdraws it natively and
+subscribes again every remaining pattern that overlaps it (the native withdrawal also
+removes what it includes; identities.py); an UNSUBSCRIBE of a filter the client does not
 hold changes nothing (0x11 in 5.0), never a partial unsubscribe.
 """
 
@@ -28,12 +30,6 @@ from appliance.edge.mqtt.topics import SHARED_PREFIX, filter_problem
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.connection import MqttConnection
-    from appliance.edge.mqtt.sessions import SessionState
-
-NATIVE_RESUBSCRIBE_FACTOR = 4
-"""After this many native subscribes per allowed filter, an unsubscribe rebuilds the native
-session's list from scratch (each native subscribe keeps a subscription object)."""
-
 
 def _code(conn: MqttConnection, v5_code: int) -> int:
     return v5_code if conn.version == codec.V5 else SUBACK_FAILURE_V3
@@ -88,7 +84,8 @@ async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
             continue
         if new:
             try:
-                await server.blocking(native_subscribe, state, topic_filter, opts.match)
+                assert state.ident is not None
+                await state.ident.hold(state, topic_filter, opts.match)
             except EntitlementError:
                 conn.count("subscriptions_denied")
                 codes.append(_code(conn, Reason.NOT_AUTHORIZED))
@@ -113,46 +110,6 @@ async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
         conn.count("retained_delivered")
 
 
-def native_subscribe(state: SessionState, key: str, match: str) -> None:
-    """Subscribe ``match`` natively in both classes (best-effort, then guaranteed: MQTT QoS
-    1/2 and native guaranteed publications travel as guaranteed); a refused guaranteed class
-    (no guaranteed place left at the appliance) is counted and the best-effort one kept.
-    Raises ``EntitlementError`` when P&M refuses the filter. Runs off the event loop."""
-    from appliance.client.errors import ClientError
-
-    native = state.native
-    native.subscribe(match, callback=state.on_native)  # P&M's decision
-    state.native_subscribes += 1
-    try:  # allowed by now: a refusal here is the appliance's guaranteed places, not P&M
-        native.subscribe(match, qos="guaranteed", callback=state.on_native)
-        state.native_subscribes += 1
-        state.guaranteed_filters.add(key)
-    except ClientError:
-        state.guaranteed_filters.discard(key)
-        state.count("subscriptions_guaranteed_refused")
-
-
-def _native_unsubscribe(state: SessionState, match: str,
-                        remaining: dict[str, SubOptions]) -> None:
-    """Withdraw ``match`` from the native session and subscribe again what the withdrawal
-    may have taken from the remaining filters (runs off the event loop)."""
-    from appliance.client.errors import EntitlementError
-    from datapath.topics.algebra import overlaps
-
-    native = state.native
-    rebuild = state.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(1, len(remaining))
-    native.unsubscribe("#" if rebuild else match)
-    again = list(remaining) if rebuild else [
-        k for k, o in remaining.items() if overlaps(o.match, match)]
-    if rebuild:
-        state.native_subscribes = 0
-    for other in again:
-        try:
-            native_subscribe(state, other, remaining[other].match)
-        except EntitlementError:  # P&M took it back meanwhile
-            remaining.pop(other, None)
-
-
 async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
     state = conn.state
     assert state is not None
@@ -162,13 +119,10 @@ async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
         if opts is None:
             codes.append(Reason.NO_SUBSCRIPTION_EXISTED)
             continue
-        state.guaranteed_filters.discard(topic_filter)
         if opts.group is not None:
             conn.server.shared_router.leave(opts.group, state)
-        remaining = dict(state.filters)
-        await conn.server.blocking(_native_unsubscribe, state, opts.match, remaining)
-        for gone in set(state.filters) - set(remaining):
-            del state.filters[gone]
+        if state.ident is not None:
+            await state.ident.release(state, topic_filter, opts.match)
         conn.count("unsubscriptions")
         codes.append(Reason.SUCCESS)
     if state.stored:

@@ -20,6 +20,9 @@ reads them back (``from_headers``), whichever edge or native client published it
                              the index keeps their order and repeated names
     mqtt.origin              text, decimal: the publishing edge's state-store record
                              (store.py); meaningful to that edge only
+    mqtt.sender              text, decimal: the publishing MQTT session's number on its
+                             edge, set only when that session holds a No Local filter
+                             matching the topic (identities.py); meaningful to that edge only
 
 A header of a native message that is not under ``mqtt.`` becomes a 5.0 user property
 (name = key), after the carried ones; one whose value is not an MQTT string (bytes that are
@@ -47,6 +50,8 @@ CARRIED_PROPS = frozenset({codec.PROP["payload_format_indicator"], codec.PROP["c
 PREFIX = "mqtt."
 """The reserved header prefix: MQTT metadata."""
 USER_PREFIX = PREFIX + "user."
+SENDER_HEADER = PREFIX + "sender"
+"""The publishing session of this edge, for No Local (identities.py)."""
 _PFI, _CT, _RT, _CD, _UP = (codec.PROP[n] for n in (
     "payload_format_indicator", "content_type", "response_topic", "correlation_data",
     "user_property"))
@@ -92,10 +97,13 @@ def meta_of(props: codec.Props, retain: bool) -> MessageMeta | None:
     return MessageMeta(carried, deadline, retain)
 
 
-def to_headers(meta: MessageMeta | None, qos: int) -> dict[str, str | bytes]:
-    """The native headers that carry an MQTT message's metadata (module docstring);
-    ``MetadataTooLarge`` naming the limit when they do not fit a header block."""
+def to_headers(meta: MessageMeta | None, qos: int, sender: int = 0) -> dict[str, str | bytes]:
+    """The native headers that carry an MQTT message's metadata (module docstring), and
+    ``mqtt.sender`` when ``sender``; ``MetadataTooLarge`` naming the limit when they do not
+    fit a header block."""
     headers: dict[str, str | bytes] = {"mqtt.qos": str(qos)}
+    if sender:
+        headers[SENDER_HEADER] = str(sender)
     if meta is not None:
         if meta.retain:
             headers["mqtt.retain"] = "1"
@@ -186,6 +194,8 @@ def from_headers(headers: Mapping[str, str | bytes],
                 expires_at = time.monotonic() + left
             elif key == "mqtt.origin":
                 origin = int(value)
+            elif key == SENDER_HEADER:  # (read by identities.py)
+                continue
             else:
                 raise ValueError(key)
         except ValueError:

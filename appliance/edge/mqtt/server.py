@@ -4,14 +4,17 @@ event loop on a thread of its own, the connections (``MqttConnection``), the ses
 5.0 message metadata and the counters.
 
 Started by ``EdgeAppliance.start`` when the config has ``[mqtt]`` (appliance/edge/node.py),
-after the appliance itself: every accepted connection logs in a native client session at
-this appliance (``clients.udp``, else ``clients.shm``), so MQTT clients are clients of the
-fabric like any other. Calls that wait for the appliance (login, subscribe, the first
+after the appliance itself: the MQTT sessions of one P&M identity share one native client
+session at this appliance (``clients.udp``, else ``clients.shm``; identities.py), so MQTT
+clients are clients of the fabric like any other, and a connection costs no thread or socket
+beyond its own TCP socket. Calls that wait for the appliance (login, subscribe, the first
 publish of a topic, scrypt) run on a small thread pool (``blocking``), never on the loop.
 
 Bounds: ``mqtt.max_connections`` open connections (one more is closed at once, counted
-``refused_max_connections``), per connection ``max_subscriptions``, ``max_inflight``,
-``send_buffer_bytes`` and the packet size, and the retained store's count and bytes.
+``refused_max_connections``; at start the open-file limit's soft value is raised to its hard
+one, and an edge whose ``max_connections`` cannot fit it does not start), per connection
+``max_subscriptions``, ``max_inflight``, ``send_buffer_bytes`` and the packet size, and the
+retained store's count and bytes.
 ``status()`` is the ``mqtt`` section of ``/status``.
 
 With ``mqtt.state_dir`` the server opens the state store (store.py) at start, before it
@@ -38,6 +41,7 @@ from typing import Any
 from appliance.config import ApplianceConfig, ConfigError, MqttConfig, local_client_url
 from appliance.edge.mqtt.codec import Reason
 from appliance.edge.mqtt.connection import MqttConnection
+from appliance.edge.mqtt.identities import IdentitySession
 from appliance.edge.mqtt.meta import MessageMeta, MetadataTooLarge, to_headers
 from appliance.edge.mqtt.retain import RetainedStore
 from appliance.edge.mqtt.sessions import SessionState, restore_session
@@ -49,7 +53,11 @@ log = logging.getLogger("topicwire.edge.mqtt")
 BLOCKING_THREADS = 8
 """Threads that run the calls waiting for the appliance (logins, subscribes, scrypt)."""
 NATIVE_IDLE = "sleep"
-"""The native sessions' client threads sleep 1 ms when idle (one thread per connection)."""
+"""The native sessions' client threads sleep 1 ms when idle (one thread per identity)."""
+RESERVED_FILES = 1_024
+"""Open files kept beside the MQTT connections (the appliance's sockets, the native
+sessions', the state store, listeners): ``mqtt.max_connections`` + this must fit the
+process's open-file limit (RLIMIT_NOFILE, its soft value raised to the hard one)."""
 STOP_TIMEOUT_S = 10.0
 """How long ``close`` waits for the connections' native sessions to log out."""
 LISTEN_BACKLOG = 128
@@ -72,6 +80,9 @@ class MqttServer:
         self.retained = RetainedStore(self.cfg.max_retained, self.cfg.max_retained_bytes)
         self.sessions: dict[str, SessionState] = {}
         """Client identifier -> its session (connected, or persistent and offline)."""
+        self.identities: dict[str, IdentitySession] = {}
+        """P&M identity -> its shared native session (identities.py)."""
+        self.stopping = False
         self.store: Any = None
         """The state store (store.StateStore) with ``mqtt.state_dir``; None: in memory."""
         self.open: set[MqttConnection] = set()
@@ -101,6 +112,7 @@ class MqttServer:
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> MqttServer:
         """Listen (a port in use is a ``ConfigError`` naming its key), then serve."""
+        open_file_limit(self.cfg.max_connections)
         self._tls = None
         listens = {"tcp": ("listen", self.cfg.listen), "tls": ("tls_listen", self.cfg.tls_listen),
                    "ws": ("ws_listen", self.cfg.ws_listen)}
@@ -318,6 +330,7 @@ class MqttServer:
         return sum(1 for s in self.sessions.values() if s.conn is None)
 
     async def _shutdown(self) -> None:
+        self.stopping = True
         for server in self._servers:
             server.close()
         await asyncio.gather(*(c.close("shutdown", Reason.SERVER_SHUTTING_DOWN)
@@ -329,6 +342,8 @@ class MqttServer:
             while self.store.inbound_pending() and self.loop.time() < deadline:
                 await asyncio.sleep(0.05)
         await asyncio.gather(*(s.end("shutdown") for s in list(self.sessions.values())),
+                             return_exceptions=True)
+        await asyncio.gather(*(i.close() for i in list(self.identities.values())),
                              return_exceptions=True)
         try:  # (websockets closes its server in a task of its own)
             async with asyncio.timeout(STOP_TIMEOUT_S / 2):
@@ -395,6 +410,8 @@ class MqttServer:
         return {"listen": f"{self.address[0]}:{self.address[1]}" if self.address else None,
                 "listeners": {n: f"{a[0]}:{a[1]}" for n, a in self.addresses.items()},
                 "connections": len(self.open), "sessions": len(self.sessions),
+                "native_sessions": sum(1 for i in list(self.identities.values())
+                                       if i.native is not None),
                 "sessions_offline": self.offline_sessions(),
                 "shared_groups": len(self.shared_router.groups),
                 "successors": self.successors.status(),
@@ -403,6 +420,27 @@ class MqttServer:
                 "state_dir": None if self.store is None else str(self.cfg.state_dir),
                 "state_bytes": None if self.store is None else self.store.bytes,
                 "bridges": {n: b.status() for n, b in list(self.bridges.items())}}
+
+
+def open_file_limit(max_connections: int) -> int:
+    """Raise the process's open-file soft limit to its hard one; a ``ConfigError`` naming
+    ``mqtt.max_connections`` when that many connections and ``RESERVED_FILES`` do not fit.
+    Returns the limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and max_connections + RESERVED_FILES > soft:
+        raise ConfigError(f"mqtt.max_connections: {max_connections} connections and "
+                          f"{RESERVED_FILES} other files need more than this process's "
+                          f"open-file limit ({soft}, RLIMIT_NOFILE hard limit {hard}); lower "
+                          "it or raise the limit (ulimit -Hn, LimitNOFILE=)")
+    return soft
 
 
 def _listen(key: str, address: tuple[str, int]) -> socket.socket:

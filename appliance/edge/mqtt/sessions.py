@@ -1,10 +1,11 @@
-"""An MQTT session apart from its connection: the native client session, the subscriptions,
-the QoS 1/2 deliveries in flight and queued, the QoS 2 publishes awaiting PUBREL, and how the
-session ends (expiry, a delayed will).
+"""An MQTT session apart from its connection: its identity's shared native session, the
+subscriptions, the QoS 1/2 deliveries in flight and queued, the QoS 2 publishes awaiting
+PUBREL, and how the session ends (expiry, a delayed will).
 
 A clean session (3.1.1 clean session 1, 5.0 Session Expiry Interval 0) ends with its
 connection. A persistent one outlives it: while its client is away (``conn`` None) its
-native session stays logged in and subscribed, QoS 1/2 messages wait in its queue (at most
+filters keep its identity's native subscriptions alive (identities.py: the session holds no
+native session of its own), QoS 1/2 messages wait in its queue (at most
 ``mqtt.max_queued``; beyond, dropped, counted and logged once per absence) and QoS 0 ones are
 dropped (counted). A CONNECT with the same client identifier, the same identity and clean
 start 0 takes the session up again (session present 1): the deliveries left unacknowledged
@@ -15,8 +16,8 @@ persistent session, its filters, its QoS 1/2 deliveries (queued or unacknowledge
 incoming QoS 2 ids awaiting PUBREL are recorded in the state store (store.py) as they change,
 and ``restore`` takes them up again as offline sessions when the edge starts.
 
-Messages from the fabric arrive on the native client's thread (``on_native``) and are
-handed to the event loop, bounded (``NATIVE_PENDING_MESSAGES``).
+Messages from the fabric arrive at the identity's shared native session, which hands each
+session the filters of its that match (``from_fabric``, on the event loop).
 """
 
 from __future__ import annotations
@@ -24,32 +25,28 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from appliance.client.messages import QOS
-from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType
-from appliance.edge.mqtt.meta import from_headers
 from appliance.edge.mqtt.state import Delivery, SubOptions
-from appliance.edge.mqtt.topics import mqtt_matches
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.connection import MqttConnection
+    from appliance.edge.mqtt.identities import IdentitySession
     from appliance.edge.mqtt.server import MqttServer
 
 log = logging.getLogger("topicwire.edge.mqtt")
 
-NATIVE_PENDING_MESSAGES = 10_000
-"""Messages from the fabric handed to the event loop for one session and not yet sent;
-more are dropped and counted (``deliveries_dropped_backlog``)."""
 GUARANTEED_QOS = QOS["guaranteed"]
 WILL_AT_ONCE_S = 0.001
 """A restored session that expired while the edge was down, with a will still waiting: it
 ends this soon after the start, publishing its will."""
+_NUMBERS = itertools.count(1)
+"""Session numbers on this edge (``mqtt.sender``: identities.py, No Local)."""
 
 
 class SessionState:
@@ -60,21 +57,17 @@ class SessionState:
         self.cfg = server.cfg
         self.client_id = client_id
         self.identity = identity
-        self.native: Any = None
-        """The native ``appliance.client.Client`` logged in for this session."""
+        self.number = next(_NUMBERS)
+        self.ident: IdentitySession | None = None
+        """Its identity's shared native session (identities.py), once joined."""
         self.conn: MqttConnection | None = None
         self.filters: dict[str, SubOptions] = {}
-        self.guaranteed_filters: set[str] = set()
-        """Filters with a native guaranteed subscription too (handle_subscribe)."""
-        self.native_subscribes = 0
         self.inflight: dict[int, Delivery] = {}
         """Outgoing QoS 1/2 packet id -> its delivery (``awaiting``: the next ack)."""
         self.queued: deque[Delivery] = deque()
         """QoS 1/2 deliveries waiting for a free inflight slot or for the client."""
         self.awaiting_rel: set[int] = set()
         """Incoming QoS 2 packet ids published, awaiting PUBREL."""
-        self.registered: set[str] = set()
-        """Topics this session published before (handle_publish.REGISTERED_TOPICS)."""
         self.expiry_s = 0
         """Session Expiry Interval: how long it outlives its connection (0: it does not)."""
         self.will: codec.Will | None = None
@@ -91,13 +84,42 @@ class SessionState:
         the same publish sent again at start is not delivered twice."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._ids = itertools.cycle(range(1, 65_536))
-        self._pending = 0
-        self._pending_lock = threading.Lock()
-        self._last_native: Any = None
         self._drop_logged = False
 
     def count(self, name: str, n: int = 1) -> None:
         self.server.count(name, n)
+
+    @property
+    def native(self) -> Any:
+        """The identity's shared native client (None before the login, after the end)."""
+        return None if self.ident is None else self.ident.native
+
+    async def join(self) -> None:
+        """Join the identity's shared native session (logging it in when it is the first);
+        raises the login's ``ClientError``, the session then holds none."""
+        server = self.server
+        ident = server.identities.get(self.identity)
+        if ident is None or ident.closing:
+            from appliance.edge.mqtt.identities import IdentitySession
+
+            ident = server.identities[self.identity] = IdentitySession(server, self.identity)
+        ident.members.add(self)
+        self.ident = ident
+        try:
+            await ident.ready()
+        except BaseException:
+            self.ident = None
+            ident.members.discard(self)
+            if not ident.members:
+                await ident.close()
+            raise
+
+    def no_local_for(self, topic: str) -> bool:
+        """A No Local filter of this session matches ``topic`` (its PUBLISH to ``topic`` is
+        marked with ``mqtt.sender``: identities.py)."""
+        from appliance.edge.mqtt.topics import mqtt_matches
+
+        return any(o.no_local and mqtt_matches(o.match, topic) for o in self.filters.values())
 
     # --- towards the client --------------------------------------------------------------------
     def window(self) -> int:
@@ -281,69 +303,49 @@ class SessionState:
         will, self.will = self.will, None
         if will is not None and why != "shutdown":  # its last publish
             await self.publish_will(will)
-        native, self.native = self.native, None
-        if native is not None:
-            await server.blocking(native.close)
+        ident, self.ident = self.ident, None
+        if ident is not None:
+            await ident.leave(self)
 
     # --- from the fabric ---------------------------------------------------------------------
-    def on_native(self, msg: Any) -> None:
-        """A native message for one of this session's subscriptions (client thread). The
-        native client calls this once per matching subscription: only the first counts."""
-        if msg is self._last_native:
-            return
-        self._last_native = msg
-        with self._pending_lock:
-            if self._pending >= NATIVE_PENDING_MESSAGES:
-                self.server.count("deliveries_dropped_backlog")
-                return
-            self._pending += 1
-        try:
-            self.server.loop.call_soon_threadsafe(self._from_fabric, msg)
-        except RuntimeError:  # the server's loop has stopped: the edge is going down
-            self.server.count("deliveries_dropped_stopping")
-
-    def _from_fabric(self, msg: Any) -> None:
-        with self._pending_lock:
-            self._pending -= 1
+    def from_fabric(self, msg: Any, keys: list[str], meta: Any, published_qos: int | None,
+                    sender: int, groups: set[str]) -> None:
+        """A native message of the identity that matches this session's filters ``keys``
+        (identities.py, on the loop). ``sender``: the number of the session of this edge
+        that published it (0: another, or unknown), for No Local. ``groups``: the shared
+        groups this message was offered to already (each once)."""
         if self.ended:
             return
-        server = self.server
-        stream = msg.stream & ~RELIABLE_STREAM_BIT
-        own = self.native is not None and msg.origin == server.node_id and (
-            stream == self.native.session)
-        # with a filter subscribed in both native classes, every message arrives twice:
-        # over the reliable stream (msg.guaranteed) and as a best-effort copy, dropped here
-        copy = not msg.guaranteed
+        own = sender == self.number
         guaranteed = msg.qos == GUARANTEED_QOS
-        qos, rap, sub_ids, groups = -1, False, [], []
-        for key, options in self.filters.items():
-            if (own and options.no_local) or not mqtt_matches(options.match, msg.topic):
+        qos, rap, sub_ids, my_groups = -1, False, [], []
+        for key in keys:
+            options = self.filters.get(key)
+            if options is None or (own and options.no_local):
                 continue
-            if copy and key in self.guaranteed_filters:
-                self.count("deliveries_guaranteed_copies")
-                return
             if options.group is not None:
-                groups.append(options.group)
+                my_groups.append(options.group)
                 continue
             qos = max(qos, options.qos)
             rap = rap or options.retain_as_published
             if options.sub_id:
                 sub_ids.append(options.sub_id)
-        if qos < 0 and not groups:
-            self.count("deliveries_unmatched")  # the $ rule, no-local, or withdrawn
+        if qos < 0 and not my_groups:
+            self.count("deliveries_unmatched")  # no-local, or withdrawn
             return
-        meta, published_qos = from_headers(msg.headers, self.count)  # (meta.py)
         if meta is not None and meta.expired(time.monotonic()):
             self.count("deliveries_dropped_expired")
             return
-        if meta is not None and meta.origin and msg.origin == server.node_id and (
+        if meta is not None and meta.origin and msg.origin == self.server.node_id and (
                 meta.origin in self.restored_origins):
             self.restored_origins.discard(meta.origin)
             self.count("store_duplicates_skipped")
             return
-        for group in groups:
-            server.shared_router.offer(group, msg, meta, delivery_qos(guaranteed,
-                                                                      published_qos, 2))
+        for group in my_groups:
+            if group not in groups:
+                groups.add(group)
+                self.server.shared_router.offer(group, msg, meta, delivery_qos(
+                    guaranteed, published_qos, 2))
         if qos < 0:
             return
         retain = rap and meta is not None and meta.retain
@@ -372,7 +374,6 @@ async def restore_session(server: MqttServer, stored: Any, now: float) -> Sessio
     ``max_offline_sessions``, or its identity may no longer log in (its records are
     deleted)."""
     from appliance.client.errors import ClientError, EntitlementError
-    from appliance.edge.mqtt.handle_subscribe import native_subscribe
 
     store = server.store
     state = SessionState(server, stored.client_id, stored.identity)
@@ -388,7 +389,7 @@ async def restore_session(server: MqttServer, stored: Any, now: float) -> Sessio
         store.forget_session(state)
         return None
     try:
-        state.native = await server.blocking(server.native_login, stored.identity)
+        await state.join()
     except ClientError as exc:
         log.warning("mqtt: stored session %r not restored: login as %r: %s",
                     stored.client_id, stored.identity, exc)
@@ -397,7 +398,7 @@ async def restore_session(server: MqttServer, stored: Any, now: float) -> Sessio
         return None
     for key, opts in stored.filters.items():
         try:
-            await server.blocking(native_subscribe, state, key, opts.match)
+            await state.ident.hold(state, key, opts.match)  # type: ignore[union-attr]
         except (EntitlementError, ClientError):
             server.count("store_filters_refused")
             continue

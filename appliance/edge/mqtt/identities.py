@@ -1,0 +1,388 @@
+"""One native client session per P&M identity, shared by every MQTT session of that identity
+(connected or offline) on this edge.
+
+The first CONNECT of an identity logs in a native client (``appliance.client.connect``) as
+that identity; later CONNECTs of the same identity join it; it logs out when the last MQTT
+session of the identity ends. So an MQTT connection costs no thread, socket or appliance
+session of its own: an edge holds as many connections as ``mqtt.max_connections`` and the
+open-file limit allow, and ``clients.max_sessions`` bounds identities, not connections.
+Entitlements are per identity, so the appliance checks the shared session exactly as it
+checked one session per connection.
+
+**Subscriptions.** The identity's native subscriptions are the union of its MQTT sessions'
+filters, reference-counted per native pattern (each subscribed in both native classes,
+best-effort and guaranteed, as before: handle_subscribe.py). A SUBSCRIBE of a pattern the
+identity holds natively needs no native call (the earlier subscribe's success is the
+entitlement check; a refusal is not cached, so a refused filter is asked again). An
+UNSUBSCRIBE, or a session's end, withdraws the native pattern only when no session of the
+identity still holds it: at once while the identity holds at most ``EAGER_UNSUBSCRIBE_PATTERNS``
+patterns; beyond, the pattern lingers (its messages reach the edge and are dropped,
+``deliveries_unmatched``) until lingering patterns outnumber live ones, when the native list
+is rebuilt in one go (a native unsubscribe costs the client library time in proportion to
+the patterns it holds, so this keeps the cost per unsubscribe bounded on average).
+
+**Deliveries.** Messages arrive on the native client's thread (``on_native``), are handed to
+the event loop (at most ``NATIVE_PENDING_MESSAGES`` waiting per identity) and demultiplexed
+there to the sessions whose filters match: a dict of exact patterns and a set of wildcard
+patterns per identity, each pattern naming its (session, filter) references. Each session
+then applies its own options (QoS, No Local, Retain As Published, subscription identifiers,
+shared groups) and its own bounded queue (sessions.py), so a slow subscriber drops and counts
+its own deliveries without holding up the others of its identity.
+
+**No Local.** The native no-local test (the message came from my native session) cannot tell
+the sessions of one identity apart any more. A PUBLISH from a session that holds a No Local
+filter matching the topic carries the header ``mqtt.sender`` = the session's number on this
+edge (meta.py); a delivery from this edge's own native session of the identity whose
+``mqtt.sender`` is a session's number does not go to that session's No Local filters, and
+does go to the other sessions of the identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
+from appliance.edge.mqtt.meta import SENDER_HEADER, from_headers
+from appliance.edge.mqtt.topics import mqtt_matches
+
+if TYPE_CHECKING:
+    from appliance.edge.mqtt.server import MqttServer
+    from appliance.edge.mqtt.sessions import SessionState
+
+log = logging.getLogger("topicwire.edge.mqtt")
+
+NATIVE_PENDING_MESSAGES = 10_000
+"""Messages from the fabric handed to the event loop for one identity and not yet
+demultiplexed; more are dropped and counted (``deliveries_dropped_backlog``)."""
+EAGER_UNSUBSCRIBE_PATTERNS = 256
+"""An identity holding at most this many native patterns withdraws an unneeded one at once;
+beyond, it lingers until lingering patterns outnumber live ones (module docstring)."""
+NATIVE_RESUBSCRIBE_FACTOR = 4
+"""After this many native subscribes per held pattern, an unsubscribe rebuilds the native
+session's list from scratch (each native subscribe keeps a subscription object)."""
+
+Ref = tuple["SessionState", str]
+"""(an MQTT session, one of its filter keys)."""
+
+
+class _Gate:
+    """Native subscribes of an identity run side by side (the appliance then compiles its
+    tables once for many); an unsubscribe or a rebuild runs alone."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._shared = 0
+        self._alone = False
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._alone)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._alone and self._shared == 0)
+            self._alone = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._alone = False
+                self._cond.notify_all()
+
+
+class IdentitySession:
+    """The shared native session of one identity; see the module docstring."""
+
+    def __init__(self, server: MqttServer, identity: str) -> None:
+        self.server = server
+        self.identity = identity
+        self.native: Any = None
+        """The native ``appliance.client.Client`` (None until logged in, and once closed)."""
+        self.members: set[SessionState] = set()
+        self.refs: dict[str, set[Ref]] = {}
+        """Native pattern -> the (session, filter key) holding it (empty: lingering)."""
+        self.wildcards: set[str] = set()
+        """The patterns of ``refs`` with ``+`` or ``#`` (the others match by lookup)."""
+        self.guaranteed: set[str] = set()
+        """Patterns subscribed in the native guaranteed class too."""
+        self.lingering: set[str] = set()
+        self.registered: set[str] = set()
+        """Topics the native session published before (handle_publish.REGISTERED_TOPICS)."""
+        self.native_subscribes = 0
+        self.closing = False
+        self._login: asyncio.Future | None = None
+        self._pending: dict[str, asyncio.Future] = {}
+        self._gate = _Gate()
+        self._queued = 0
+        self._queued_lock = threading.Lock()
+        self._last_native: Any = None
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.server.count(name, n)
+
+    # --- login and logout ------------------------------------------------------------------
+    async def ready(self) -> None:
+        """Logged in (the first caller logs in; the others wait for it). Raises the login's
+        ``ClientError`` (``LoginError``: P&M refused the identity)."""
+        if self.native is not None:
+            return
+        if self._login is None:
+            self._login = self.server.loop.create_task(self._log_in())
+        login = self._login
+        try:
+            await asyncio.shield(login)
+        except BaseException:
+            if self._login is login:
+                self._login = None  # the next CONNECT tries again
+            raise
+
+    async def _log_in(self) -> None:
+        native = await self.server.blocking(self.server.native_login, self.identity)
+        if self.closing:  # every member left meanwhile
+            await self.server.blocking(native.close)
+            from appliance.client.errors import ClientError
+
+            raise ClientError("the identity's sessions ended during the login")
+        self.native = native
+        self.count("native_logins")
+
+    async def leave(self, state: SessionState) -> None:
+        """``state`` ended: its filters are released; the last member logs the native
+        session out (without withdrawing its patterns one by one)."""
+        self.members.discard(state)
+        if not self.members:
+            await self.close()
+            return
+        if self.server.stopping:  # (every native session logs out in a moment)
+            return
+        for key, opts in list(state.filters.items()):
+            await self.release(state, key, opts.match)
+
+    async def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        server = self.server
+        if server.identities.get(self.identity) is self:
+            del server.identities[self.identity]
+        login, self._login = self._login, None
+        if login is not None and not login.done():
+            try:
+                await asyncio.shield(login)
+            except BaseException:  # (it closes what it logged in)
+                pass
+        native, self.native = self.native, None
+        if native is not None:
+            self.count("native_logouts")
+            await server.blocking(native.close)
+
+    # --- subscriptions ---------------------------------------------------------------------
+    async def hold(self, state: SessionState, key: str, match: str) -> None:
+        """``state``'s filter ``key`` needs native pattern ``match``: subscribed natively
+        unless the identity holds it already. Raises ``EntitlementError`` when P&M refuses
+        it, ``ClientError`` when the appliance cannot take it."""
+        while True:
+            refs = self.refs.get(match)
+            if refs is not None:
+                refs.add((state, key))
+                self.lingering.discard(match)
+                self.count("native_subscribes_shared")
+                await self._ended_meanwhile(state, key, match)
+                return
+            pending = self._pending.get(match)
+            if pending is None:
+                break
+            await asyncio.wait([pending])  # another session's subscribe of it: its result
+            if pending.exception() is not None:
+                raise pending.exception()  # type: ignore[misc]
+        fut = self.server.loop.create_future()
+        self._pending[match] = fut
+        try:
+            async with self._gate.shared():
+                guaranteed = await self.server.blocking(self._subscribe, match)
+        except BaseException as exc:
+            fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+            fut.exception()  # (retrieved: waiters read it, none may)
+            raise
+        finally:
+            del self._pending[match]
+        self._add(match, guaranteed, {(state, key)})
+        fut.set_result(None)
+        await self._ended_meanwhile(state, key, match)
+
+    async def _ended_meanwhile(self, state: SessionState, key: str, match: str) -> None:
+        """``state`` ended while its subscribe waited (its end released what it held
+        then): what it took since is released too."""
+        if state.ended:
+            await self.release(state, key, match)
+
+    def _add(self, match: str, guaranteed: bool, refs: set[Ref]) -> None:
+        self.refs[match] = refs
+        if "+" in match or "#" in match:
+            self.wildcards.add(match)
+        if guaranteed:
+            self.guaranteed.add(match)
+        else:
+            self.guaranteed.discard(match)
+
+    def _drop(self, match: str) -> set[Ref]:
+        self.wildcards.discard(match)
+        self.guaranteed.discard(match)
+        self.lingering.discard(match)
+        return self.refs.pop(match, set())
+
+    def _subscribe(self, match: str) -> bool:
+        """Subscribe ``match`` natively in both classes (best-effort, then guaranteed: MQTT
+        QoS 1/2 and native guaranteed publications travel as guaranteed); a refused
+        guaranteed class (no guaranteed place left at the appliance) is counted and the
+        best-effort one kept. True with the guaranteed class. Runs off the event loop."""
+        from appliance.client.errors import ClientError
+
+        native = self.native
+        if native is None:
+            raise ClientError("the identity's native session is closed")
+        native.subscribe(match, callback=self.on_native)  # P&M's decision
+        self.native_subscribes += 1
+        try:  # allowed by now: a refusal here is the appliance's guaranteed places, not P&M
+            native.subscribe(match, qos="guaranteed", callback=self.on_native)
+        except ClientError:
+            self.count("subscriptions_guaranteed_refused")
+            return False
+        self.native_subscribes += 1
+        return True
+
+    async def release(self, state: SessionState, key: str, match: str) -> None:
+        """``state`` no longer holds filter ``key``: the native pattern goes when no session
+        of the identity holds it (module docstring: at once, or lingering)."""
+        refs = self.refs.get(match)
+        if refs is None:
+            return
+        refs.discard((state, key))
+        if refs or self.closing:
+            return
+        if len(self.refs) > EAGER_UNSUBSCRIBE_PATTERNS:
+            self.lingering.add(match)
+            self.count("native_patterns_lingering")
+            if len(self.lingering) > len(self.refs) - len(self.lingering):
+                await self._rebuild()
+            return
+        async with self._gate.alone():
+            if self.refs.get(match) or self.closing or self.native is None:
+                return  # held again meanwhile
+            self._drop(match)
+            await self._withdraw(match, rebuild=False)
+
+    async def _rebuild(self) -> None:
+        """Withdraw every lingering pattern: the native list is made again from the live
+        ones."""
+        async with self._gate.alone():
+            if self.closing or self.native is None or not self.lingering:
+                return
+            for match in list(self.lingering):
+                if not self.refs.get(match):
+                    self._drop(match)
+            self.lingering.clear()
+            self.count("native_rebuilds")
+            await self._withdraw("#", rebuild=True)
+
+    async def _withdraw(self, match: str, rebuild: bool) -> None:
+        """Withdraw ``match`` natively (seed 000: also what it includes) and subscribe again
+        the held patterns it may have taken; a held pattern P&M now refuses is taken from
+        its sessions."""
+        from appliance.client.errors import EntitlementError
+        from datapath.topics.algebra import overlaps
+
+        rebuild = rebuild or self.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(
+            1, len(self.refs))
+        again = list(self.refs) if rebuild else [p for p in self.refs if overlaps(p, match)]
+        native = self.native
+
+        def work() -> dict[str, bool | None]:
+            native.unsubscribe("#" if rebuild else match)
+            if rebuild:
+                self.native_subscribes = 0
+            out: dict[str, bool | None] = {}
+            for pattern in again:
+                try:
+                    out[pattern] = self._subscribe(pattern)
+                except EntitlementError:  # P&M took it back meanwhile
+                    out[pattern] = None
+            return out
+
+        for pattern, guaranteed in (await self.server.blocking(work)).items():
+            if guaranteed is None:
+                for state, key in self._drop(pattern):
+                    state.filters.pop(key, None)
+                    self.count("subscriptions_withdrawn")
+            elif pattern in self.refs:
+                self._add(pattern, guaranteed, self.refs[pattern])
+
+    # --- from the fabric -------------------------------------------------------------------
+    def on_native(self, msg: Any) -> None:
+        """A native message for one of the identity's patterns (client thread). The native
+        client calls this once per matching subscription: only the first counts."""
+        if msg is self._last_native:
+            return
+        self._last_native = msg
+        with self._queued_lock:
+            if self._queued >= NATIVE_PENDING_MESSAGES:
+                self.server.count("deliveries_dropped_backlog")
+                return
+            self._queued += 1
+        try:
+            self.server.loop.call_soon_threadsafe(self._from_fabric, msg)
+        except RuntimeError:  # the server's loop has stopped: the edge is going down
+            self.server.count("deliveries_dropped_stopping")
+
+    def matching(self, topic: str) -> list[str]:
+        """The held patterns ``topic`` matches (MQTT's rules, the ``$`` rule too)."""
+        out = [topic] if topic in self.refs else []
+        out.extend(p for p in self.wildcards if mqtt_matches(p, topic))
+        return out
+
+    def _from_fabric(self, msg: Any) -> None:
+        with self._queued_lock:
+            self._queued -= 1
+        if self.closing:
+            return
+        patterns = self.matching(msg.topic)
+        # with a pattern subscribed in both native classes, a guaranteed message arrives
+        # twice: over the reliable stream (msg.guaranteed) and as a best-effort copy
+        if not msg.guaranteed and any(p in self.guaranteed for p in patterns):
+            self.count("deliveries_guaranteed_copies")
+            return
+        by_session: dict[SessionState, list[str]] = {}
+        for pattern in patterns:
+            for state, key in self.refs[pattern]:
+                by_session.setdefault(state, []).append(key)
+        if not by_session:
+            self.count("deliveries_unmatched")  # the $ rule, or a lingering pattern
+            return
+        sender = 0
+        native = self.native
+        if native is not None and msg.origin == self.server.node_id and (
+                msg.stream & ~RELIABLE_STREAM_BIT) == native.session:
+            value = msg.headers.get(SENDER_HEADER) if msg.headers else None
+            if value is not None:
+                try:
+                    sender = int(value)
+                except ValueError:
+                    sender = 0
+        meta, published_qos = from_headers(msg.headers, self.count)  # (meta.py)
+        groups: set[str] = set()
+        for state, keys in by_session.items():
+            state.from_fabric(msg, keys, meta, published_qos, sender, groups)
