@@ -57,8 +57,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("topicwire.edge.mqtt")
 
 NATIVE_PENDING_MESSAGES = 10_000
-"""Messages from the fabric handed to the event loop for one identity and not yet
-demultiplexed; more are dropped and counted (``deliveries_dropped_backlog``)."""
+"""Messages from the fabric handed to the event loop and not yet demultiplexed, per MQTT
+session of the identity (the budget each connection had with a native session of its own),
+at most ``NATIVE_PENDING_MAX`` for one identity; more are dropped and counted
+(``deliveries_dropped_backlog``)."""
+NATIVE_PENDING_MAX = 1_000_000
+"""The most messages one identity may have waiting for the event loop, whatever its
+sessions."""
 EAGER_UNSUBSCRIBE_PATTERNS = 256
 """An identity holding at most this many native patterns withdraws an unneeded one at once;
 beyond, it lingers until lingering patterns outnumber live ones (module docstring)."""
@@ -339,7 +344,8 @@ class IdentitySession:
             return
         self._last_native = msg
         with self._queued_lock:
-            if self._queued >= NATIVE_PENDING_MESSAGES:
+            if self._queued >= min(NATIVE_PENDING_MESSAGES * max(1, len(self.members)),
+                                   NATIVE_PENDING_MAX):
                 self.server.count("deliveries_dropped_backlog")
                 return
             self._queued += 1
