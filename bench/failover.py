@@ -268,6 +268,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                          args.subscriptions, args.mirror))
                 finally:
                     primary.kill()
+                if i + 1 < args.kills:
+                    _repair(workdir, neighbour, standby, standby_fabric, key)
         finally:
             publisher.stop.set()
             publisher.join(ROUND_TIMEOUT_S)
@@ -294,6 +296,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "rounds": rounds,
               "goal": "failover_p50_ms < 300, lost 0 (issue 21)"}
     return build_report(NAME, params, results)
+
+
+def _repair(workdir: Path, neighbour: Any, standby: Any, standby_fabric: int,
+            key: str) -> None:
+    """Bring the killed primary back once, as an operator would, and stop it: its new
+    incarnation's interest (none) replaces the guaranteed interest the standby holds for it
+    while it is unreachable (docs/fault-tolerance.md, "Failures"). Left dead, every killed
+    primary keeps a reliable sender at the standby, and each round is slower than the last."""
+    name = neighbour.name
+    again = _Primary(workdir, name, neighbour.address[1], "standby", standby_fabric, key)
+    try:
+        _wait(lambda: not any(s["origin"] == name for s in standby.status()["subscriptions"]),
+              f"{name}'s held interest replaced at the standby")
+    finally:
+        again.kill()
 
 
 def _wait_up(standby: Any, name: str) -> None:
