@@ -1927,7 +1927,10 @@ def _opener(url: str, rdma: dict) -> tuple[Callable[[], tuple[Any, str | None]],
         bind = "127.0.0.1" if host.startswith("127.") else "0.0.0.0"
 
         def open_udp() -> tuple[Any, str | None]:
-            return UdpChannel((bind, 0), dest=(host, port), name=f"client:{host}:{port}"), None
+            # connected: the kernel takes datagrams from the appliance's address only, so no
+            # other local process can pose as the appliance (a LOGOUT, a delivery)
+            return UdpChannel((bind, 0), dest=(host, port), connect=True,
+                              name=f"client:{host}:{port}"), None
 
         return open_udp, False
     if url.startswith("shm://"):

@@ -438,6 +438,32 @@ def test_the_client_library_survives_a_hostile_appliances_documents():
 
 
 # --- (b) exhaustion is a refusal -----------------------------------------------------------------
+def test_another_local_process_cannot_pose_as_the_appliance(target):
+    """A client's UDP socket is connected to its appliance: a LOGOUT (or anything else) sent
+    to the client's port from another local socket never reaches the client library."""
+    t = target
+    with connect(t.url, "feed", timeout_s=10) as client:
+        here = client.channel.local_address
+        assert client.channel._sock.getpeername() == t.client
+        sub = client.subscribe("pose/#")
+        session = client.session
+        forger = _udp()
+        try:
+            for reason in ('{"reason": "operator"}', '{"move": true}', "{}"):
+                forger.sendto(_frame([_control(ControlKind.LOGOUT, reason)],
+                                     session=client.session), here)
+        finally:
+            forger.close()
+        # on loopback a datagram is queued at its receiver when sent: the round trip below
+        # comes after the forged LOGOUTs, so the client has seen them unless the kernel
+        # dropped them, as a connected socket does
+        client.publish("pose/x", b"after", flush=True)
+        got = sub.get(timeout=10)
+        assert got is not None and got.payload == b"after"
+        assert client.logged_out_reason is None
+        assert client.losses_of_connection == 0 and client.session == session
+
+
 def test_sessions_guaranteed_subscribers_subscriptions_and_registrations_have_limits():
     t = _appliance({"max_sessions": 4, "max_guaranteed_sessions": 1, "max_subscriptions": 3,
                     "max_registrations": 2})
