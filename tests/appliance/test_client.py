@@ -128,7 +128,7 @@ def test_status_has_every_key_of_the_contract_and_is_json(served):
     app, url = served
     with connect(url, "feed") as c:
         c.subscribe("s/#")
-        status = wait_for(lambda: app.status() if app.status()["clients"] else None)
+        status = wait_for(lambda: (s := app.status())["clients"] and s["subscriptions"] and s)
     json.dumps(status)
     assert set(status) >= {"node", "neighbours", "subscriptions", "routes", "channels",
                            "offload", "denials", "auth"}
