@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from appliance.config import parse_config
 from appliance.edge.node import EdgeAppliance
@@ -488,3 +490,84 @@ def test_mosquitto_killed_in_the_middle_of_traffic_loses_nothing_the_bridge_hold
             broker2.stop()
     finally:
         edge.stop()
+
+
+def _props(**values: object) -> Properties:
+    props = Properties(PacketTypes.PUBLISH)
+    for name, value in values.items():
+        setattr(props, name, value)
+    return props
+
+
+def _carried(message: object) -> dict:
+    """The 5.0 properties of a received message that a bridge carries (origin tags apart)."""
+    p = message.properties  # type: ignore[attr-defined]
+    return {"ContentType": getattr(p, "ContentType", None),
+            "ResponseTopic": getattr(p, "ResponseTopic", None),
+            "CorrelationData": getattr(p, "CorrelationData", None),
+            "PayloadFormatIndicator": getattr(p, "PayloadFormatIndicator", None),
+            "expiry": getattr(p, "MessageExpiryInterval", None),
+            "users": [u for u in getattr(p, "UserProperty", None) or []
+                      if u[0] != "topicwire-origin"]}
+
+
+def test_mqtt_5_properties_cross_a_bridge_both_ways_and_survive_its_backlog(tmp_path):
+    """Content type, response topic, correlation data, payload format, user properties (in
+    order, a name repeated) and the remaining message expiry go out to mosquitto at QoS 1
+    (through the durable backlog, across a restart of the edge) and QoS 0, and come in from
+    mosquitto to an MQTT 5 subscriber of the edge; the origin tag is not carried in."""
+    broker = Mosquitto(tmp_path / "m").start()
+    remote = Client(broker.port, "watch")
+    remote.subscribe("edge1/#", 1)
+    doc = bridge_doc(tmp_path, broker.port, protocol="5",
+                     out=[{"local": "plant/#", "remote_prefix": "edge1/", "qos": 1}],
+                     **{"in": [{"remote": "cmd/#", "local_prefix": "cloud/", "qos": 1}]})
+    sent = {"ContentType": "text/plain", "ResponseTopic": "reply/1",
+            "CorrelationData": b"\x00c1", "PayloadFormatIndicator": 1}
+    users = [("k", "v1"), ("k", "v2"), ("site", "north")]
+    edge = start(doc)
+    try:
+        wait_bridge(edge, "connected and subscribed",
+                    lambda s: s["connected"] and s["counters"].get("in_subscribed"))
+        with Peer(edge, "local-sub", version=5) as sub, \
+                Peer(edge, "local-pub", version=5) as pub:
+            assert sub.subscribe("cloud/#", 1) == 1
+            for qos in (1, 0):
+                pub.publish("plant/boiler", f"out{qos}".encode(), qos,
+                            props=_props(**sent, UserProperty=users, MessageExpiryInterval=300))
+                got = _carried(remote.wait_payload(f"out{qos}".encode()))
+                assert {k: got[k] for k in sent} == sent and got["users"] == users
+                assert 250 <= got["expiry"] <= 300
+            remote.client.publish("cmd/valve", b"in1", 1, properties=_props(
+                **sent, UserProperty=[*users, ("topicwire-origin", "elsewhere")],
+                MessageExpiryInterval=120)).wait_for_publish(10)
+            m = sub.next()
+            got = _carried(m)
+            assert m.payload == b"in1" and {k: got[k] for k in sent} == sent
+            assert got["users"] == users and 60 <= got["expiry"] <= 120
+        wait_bridge(edge, "acked", lambda s: s["acked"] == 1)
+    finally:
+        edge.stop()
+    # kept in the backlog while mosquitto is down, sent with its properties after a restart
+    broker.stop()
+    edge = start(doc)
+    try:
+        with Peer(edge, "local-pub", version=5) as pub:
+            pub.publish("plant/boiler", b"kept", 1, props=_props(**sent, UserProperty=users))
+        wait_bridge(edge, "backlogged", lambda s: s["backlog_messages"] == 1)
+    finally:
+        edge.stop()
+    remote.close()
+    broker.start()
+    remote = Client(broker.port, "watch2")
+    remote.subscribe("edge1/#", 1)
+    edge = start(doc)
+    try:
+        got = _carried(remote.wait_payload(b"kept"))
+        assert {k: got[k] for k in sent} == sent and got["users"] == users
+        assert got["expiry"] is None
+        wait_bridge(edge, "drained", lambda s: s["backlog_messages"] == 0)
+    finally:
+        edge.stop()
+        remote.close()
+        broker.stop()

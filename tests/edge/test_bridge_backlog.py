@@ -7,6 +7,7 @@ from collections import Counter
 
 from appliance.edge.mqtt import bridge_backlog
 from appliance.edge.mqtt.bridge_backlog import JOURNAL, Backlog
+from datapath.protocol.extensions import decode_headers, encode_headers
 
 
 def opened(path, max_messages=1_000, max_bytes=1 << 20) -> tuple[Backlog, Counter]:
@@ -28,6 +29,21 @@ def test_only_unacknowledged_messages_survive_a_reopen_in_order(tmp_path):
     assert again.recovered == 4 and again.bytes == sum(e.size for e in again.snapshot())
     nxt = again.append("t/new", b"n", 1, False)  # sequence numbers go on after the old ones
     assert nxt.seq > max(e.seq for e in entries)
+    again.close()
+
+
+def test_metadata_is_kept_with_its_entry_across_a_reopen_and_counts_in_the_bounds(tmp_path):
+    meta = encode_headers({"mqtt.qos": "1", "mqtt.content_type": "text/plain"})
+    b, _ = opened(tmp_path, max_bytes=len("t/0") * 2 + 2 + len(meta) + 1)
+    plain = b.append("t/0", b"a", 1, False)
+    rich = b.append("t/1", b"b", 1, True, meta)
+    assert plain is not None and rich is not None and rich.size == 3 + 1 + len(meta)
+    assert b.append("t/2", b"", 1, False) is None  # the metadata's bytes count
+    b.close()
+    again, _ = opened(tmp_path)
+    assert [(e.topic, e.payload, e.retain, e.meta) for e in again.snapshot()] == [
+        ("t/0", b"a", False, b""), ("t/1", b"b", True, meta)]
+    assert decode_headers(again.snapshot()[1].meta)["mqtt.content_type"] == "text/plain"
     again.close()
 
 

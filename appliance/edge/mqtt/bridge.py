@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.client.messages import QOS
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
+from appliance.edge.mqtt import bridge_meta
 from appliance.edge.mqtt.bridge_backlog import Backlog, Entry
 from appliance.edge.mqtt.bridge_config import BridgeConfig
+from appliance.edge.mqtt.meta import MetadataTooLarge, from_headers
 from appliance.edge.mqtt.topics import mqtt_matches, topic_problem
 from appliance.errors import ConfigError
 
@@ -336,8 +338,19 @@ class MqttBridge:
                     if entry.seq in live:  # else acknowledged meanwhile
                         batch.append(entry)
                         self._reserved += 1
-            props = self._props()
+            plain = self._props(None)
             for i, entry in enumerate(batch):
+                props = plain
+                if entry.meta:
+                    meta = bridge_meta.meta_of_block(entry.meta, self.count)
+                    if bridge_meta.expired(meta):  # its Message Expiry passed while kept
+                        with self._cv:
+                            self._reserved -= 1
+                            self.counters["out_expired"] += 1
+                            self._cv.notify_all()
+                        self.backlog.ack(entry.seq)
+                        continue
+                    props = self._props(meta)
                 info = client.publish(entry.topic, entry.payload, 1, entry.retain,
                                       properties=props)
                 with self._cv:
@@ -356,15 +369,11 @@ class MqttBridge:
                 if early is not None:
                     self._acked(info.mid, early)
 
-    def _props(self) -> Any:
+    def _props(self, meta: Any) -> Any:
+        """A 5.0 PUBLISH's properties: ``meta``'s (bridge_meta.py) and the origin tag."""
         if self.cfg.protocol != 5:
             return None
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        props = Properties(PacketTypes.PUBLISH)
-        props.UserProperty = [(ORIGIN_PROPERTY, self.origin)]
-        return props
+        return bridge_meta.publish_properties(meta, ORIGIN_PROPERTY, self.origin)
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, rc: Any, _p: Any) -> None:
         with self._cv:
@@ -408,7 +417,8 @@ class MqttBridge:
         topic = mapping.remote_prefix + msg.topic
         if mapping.qos == 1 and msg.qos == GUARANTEED_QOS:
             assert self.backlog is not None
-            entry = self.backlog.append(topic, msg.payload, 1, False)
+            entry = self.backlog.append(topic, msg.payload, 1, False,
+                                        bridge_meta.header_block(msg.headers))
             if entry is None:
                 self.count("out_dropped_backlog_full")
                 return
@@ -422,7 +432,11 @@ class MqttBridge:
         if client is None:
             self.count("out_dropped_qos0_disconnected")
             return
-        client.publish(topic, msg.payload, 0, False, properties=self._props())
+        meta = from_headers(msg.headers, self.count)[0] if msg.headers else None
+        if bridge_meta.expired(meta):
+            self.count("out_expired")
+            return
+        client.publish(topic, msg.payload, 0, False, properties=self._props(meta))
         self.count("out_sent_qos0")
 
     # --- from the remote ------------------------------------------------------------------------
@@ -447,7 +461,12 @@ class MqttBridge:
         if native is None:
             return
         try:
-            native.publish(topic, message.payload, flush=True,
+            headers = bridge_meta.fabric_headers(message, ORIGIN_PROPERTY)
+        except MetadataTooLarge:
+            self.count("in_dropped_metadata_too_large")
+            return
+        try:
+            native.publish(topic, message.payload, flush=True, headers=headers,
                            qos="guaranteed" if message.qos >= 1 else "best-effort")
         except EntitlementError:
             self.count("in_denied")
