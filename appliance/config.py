@@ -447,6 +447,11 @@ class MqttConfig:
     response_information: str = ""
     """Response Information for a 5.0 client that asks (``{client_id}`` its identifier);
     "" sends none."""
+    retained_namespace: int | None = None
+    """Retained messages shared with the other edges through this namespace
+    (appliance/edge/mqtt/retain_share.py); None: this edge's own only."""
+    retained_identity: str = ""
+    """The P&M identity of the session that shares them (with ``retained_namespace``)."""
 
 
 @dataclass(frozen=True)
@@ -784,7 +789,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
                               "tls_require_client_cert",
                               "tls_identity_from_cert", "ws_listen", "ws_tls", "bridges",
-                              "state_dir", "response_information"}, "")
+                              "state_dir", "response_information", "retained_namespace",
+                              "retained_identity"}, "")
     p = "mqtt."
     if role != "edge":
         raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
@@ -818,6 +824,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         if state_dir.exists() and not state_dir.is_dir():
             raise _fail(p + "state_dir", f"{state_dir} is not a directory")
     return MqttConfig(
+        **_retained_share(mq, p, identities),
         state_dir=state_dir, response_information=_response_information(mq, p),
         **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"], bridges=bridges,
         tls_require_client_cert=flags["tls_require_client_cert"],
@@ -848,6 +855,25 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         send_buffer_bytes=_int(mq, "send_buffer_bytes", p, MQTT_SEND_BUFFER_BYTES, 4_096,
                                1 << 30),
         allow_anonymous=flags["allow_anonymous"])
+
+
+def _retained_share(mq: dict, p: str, identities: dict[str, IdentityConfig] | None
+                    ) -> dict[str, Any]:
+    """``mqtt.retained_namespace`` and ``mqtt.retained_identity``: both or neither."""
+    if "retained_namespace" not in mq and "retained_identity" not in mq:
+        return {}
+    for key in ("retained_namespace", "retained_identity"):
+        if key not in mq:
+            other = ({"retained_namespace", "retained_identity"} - {key}).pop()
+            raise _fail(p + key, f"required with mqtt.{other}: retained messages are shared "
+                        "through a namespace by a session of a P&M identity")
+    namespace = _int(mq, "retained_namespace", p, 1, 1, 2**32 - 1)
+    identity = mq["retained_identity"]
+    if not isinstance(identity, str) or not identity:
+        raise _fail(p + "retained_identity", "must be the name of a P&M identity")
+    if identities and identity not in identities:
+        raise _fail(p + "retained_identity", f"{identity!r} is not in pm.identities")
+    return {"retained_namespace": namespace, "retained_identity": identity}
 
 
 def _response_information(mq: dict, p: str) -> str:

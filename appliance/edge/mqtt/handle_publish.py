@@ -99,7 +99,7 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
         raise Closed("native_publish_failed", Reason.UNSPECIFIED, detail=str(exc)) from None
     state.count("publishes_in")
     if retain:
-        if server.retained.set(topic, payload, qos, meta, seq):
+        if server.keep_retained(topic, payload, qos, meta, seq, headers):
             state.count("retained_set" if payload else "retained_cleared")
         else:
             state.count("retained_refused_full")

@@ -23,6 +23,9 @@ reads them back (``from_headers``), whichever edge or native client published it
     mqtt.sender              text, decimal: the publishing MQTT session's number on its
                              edge, set only when that session holds a No Local filter
                              matching the topic (identities.py); meaningful to that edge only
+    mqtt.retain_stamp        text, decimal: on a retained message's copy shared across
+                             edges, when it was set, ns of the setting edge's clock
+                             (retain_share.py)
 
 A header of a native message that is not under ``mqtt.`` becomes a 5.0 user property
 (name = key), after the carried ones; one whose value is not an MQTT string (bytes that are
@@ -52,6 +55,10 @@ PREFIX = "mqtt."
 USER_PREFIX = PREFIX + "user."
 SENDER_HEADER = PREFIX + "sender"
 """The publishing session of this edge, for No Local (identities.py)."""
+ORIGIN_HEADER = PREFIX + "origin"
+"""The publishing edge's state-store record (store.py)."""
+STAMP_HEADER = PREFIX + "retain_stamp"
+"""When a retained message shared across edges was set (retain_share.py)."""
 _PFI, _CT, _RT, _CD, _UP = (codec.PROP[n] for n in (
     "payload_format_indicator", "content_type", "response_topic", "correlation_data",
     "user_property"))
@@ -194,7 +201,7 @@ def from_headers(headers: Mapping[str, str | bytes],
                 expires_at = time.monotonic() + left
             elif key == "mqtt.origin":
                 origin = int(value)
-            elif key == SENDER_HEADER:  # (read by identities.py)
+            elif key in (SENDER_HEADER, STAMP_HEADER):  # (identities.py, retain_share.py)
                 continue
             else:
                 raise ValueError(key)

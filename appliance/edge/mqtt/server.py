@@ -78,6 +78,9 @@ class MqttServer:
         """Bridge name -> its ``MqttBridge`` (bridge.py)."""
         self.native_url = self._native_url(config)
         self.retained = RetainedStore(self.cfg.max_retained, self.cfg.max_retained_bytes)
+        self.retained.node_id = self.node_id
+        self.retained_share: Any = None
+        """With ``mqtt.retained_namespace``: the ``RetainedShare`` (retain_share.py)."""
         self.sessions: dict[str, SessionState] = {}
         """Client identifier -> its session (connected, or persistent and offline)."""
         self.identities: dict[str, IdentitySession] = {}
@@ -158,6 +161,11 @@ class MqttServer:
         except BaseException:
             self.close()
             raise
+        if self.cfg.retained_namespace is not None:
+            from appliance.edge.mqtt.retain_share import RetainedShare
+
+            self.retained_share = RetainedShare(self, self.cfg.retained_namespace,
+                                                self.cfg.retained_identity).start()
         return self
 
     def _start_bridges(self) -> None:
@@ -190,7 +198,7 @@ class MqttServer:
             if meta is not None and meta.expired(time.monotonic()):
                 store.retained(topic, b"", 0)  # expired while the edge was down
                 self.count("store_retained_expired")
-            elif self.retained.set(topic, payload, qos, meta, seq):
+            elif self.retained.set(topic, payload, qos, meta, seq, stamp=(0, 0)):
                 self.count("store_retained_restored")
             else:  # (the bounds may have shrunk)
                 store.retained(topic, b"", 0)
@@ -246,7 +254,8 @@ class MqttServer:
                     continue
                 self.count("store_inbound_republished")
                 if m.retain and m.seq > store.retained_seq(m.topic):
-                    self.retained.set(m.topic, m.payload, m.qos, meta, m.seq)
+                    self.keep_retained(m.topic, m.payload, m.qos, meta, m.seq,
+                                       to_headers(meta, m.qos))
                 store.retire(m.seq)
             self.loop.call_later(INBOUND_CLOSE_S, lambda n=native: self.spawn(
                 self.blocking(n.close)))
@@ -360,6 +369,9 @@ class MqttServer:
         bridges, self.bridges = self.bridges, {}
         for bridge in bridges.values():
             bridge.close()
+        share, self.retained_share = self.retained_share, None
+        if share is not None:
+            share.close()
         thread, self._thread = self._thread, None
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(STOP_TIMEOUT_S)
@@ -394,6 +406,18 @@ class MqttServer:
         return connect(self.native_url, identity, idle=NATIVE_IDLE,
                        _trusted=None if control is None else control.trusted_login_token)
 
+    def keep_retained(self, topic: str, payload: bytes, qos: int, meta: Any, seq: int,
+                      headers: dict) -> bool:
+        """(the event loop) A retained PUBLISH of this edge's: kept (False: the store's
+        bounds refused it) and, with ``mqtt.retained_namespace``, a copy sent to the other
+        edges with its native ``headers``."""
+        stamp_ns = time.time_ns()
+        if not self.retained.set(topic, payload, qos, meta, seq, (stamp_ns, self.node_id)):
+            return False
+        if self.retained_share is not None:
+            self.retained_share.copy(topic, payload, headers, stamp_ns)
+        return True
+
     def password_of(self, identity: str) -> str | None:
         """The stored credential of a P&M identity in this appliance's config (the running
         one: a reload's new passwords apply to the next CONNECT)."""
@@ -419,7 +443,9 @@ class MqttServer:
                 "retained_bytes": self.retained.bytes, "counters": counters,
                 "state_dir": None if self.store is None else str(self.cfg.state_dir),
                 "state_bytes": None if self.store is None else self.store.bytes,
-                "bridges": {n: b.status() for n, b in list(self.bridges.items())}}
+                "bridges": {n: b.status() for n, b in list(self.bridges.items())},
+                "retained_share": None if (share := self.retained_share) is None
+                else share.status()}
 
 
 def open_file_limit(max_connections: int) -> int:

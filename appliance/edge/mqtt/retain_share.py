@@ -1,0 +1,176 @@
+"""Retained messages shared by the edges of a fabric (``mqtt.retained_namespace``,
+docs/mqtt.md "Retained messages across edges").
+
+Without it, each edge keeps the retained messages of its own MQTT publishers only. With it,
+every edge that names the same namespace sends a copy of each retained PUBLISH (a clear
+too) into that namespace, and keeps what the other edges send there: a subscriber at any edge
+gets the retained messages set at every edge that was up when they were set.
+
+- **The session.** One native client session of the edge, logged in as
+  ``mqtt.retained_identity`` (P&M entitles it to publish and subscribe ``#`` in the
+  namespace), subscribes ``#`` in the namespace and publishes the copies (guaranteed: the
+  copies are state, not a stream to sample; a duplicate is harmless), in order, from a
+  thread of its own (``COPY_QUEUE`` bounded: beyond it a copy is dropped and counted).
+  Logged in in the background, again after a loss (P&M's document may reach an edge with a
+  remote P&M after its start).
+- **A copy** is the message as the edge published it into the fabric: its topic, payload and
+  ``mqtt.`` headers (meta.py), plus ``STAMP_HEADER``: when and where the retained message was
+  set (the publishing edge's clock, ns). A native client entitled to the namespace may set a
+  retained message there directly, publishing guaranteed (its publish time is its stamp; an
+  empty payload clears).
+- **Which wins.** Each edge keeps per topic the stamp of what it holds (``RetainedStore``):
+  a copy replaces it only when its (time, node id) is later, so edges that set one topic at
+  the same moment agree on one message once the copies have crossed (last writer wins;
+  ties go to the higher node id). A clear leaves a stamp behind (at most ``max_retained``
+  of them, the oldest forgotten first), so an older set arriving later does not bring the
+  message back.
+- **Not shared:** what was set while an edge was down or not yet logged in (no catch-up at
+  start), and retained messages over a native frame's limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
+from appliance.edge.mqtt.meta import ORIGIN_HEADER, SENDER_HEADER, STAMP_HEADER, from_headers
+
+if TYPE_CHECKING:
+    from appliance.edge.mqtt.server import MqttServer
+
+log = logging.getLogger("topicwire.edge.mqtt.retain_share")
+
+EDGE_LOCAL_HEADERS = (ORIGIN_HEADER, SENDER_HEADER)
+"""Headers meaningful to the publishing edge only: not in a copy."""
+COPY_QUEUE = 10_000
+"""Copies waiting for the session's thread, at most."""
+RETRY_S = 1.0
+"""Delay between login attempts of the session."""
+
+
+class RetainedShare:
+    """See the module docstring."""
+
+    def __init__(self, server: MqttServer, namespace: int, identity: str) -> None:
+        self.server = server
+        self.namespace = namespace
+        self.identity = identity
+        self.native: Any = None
+        self._copies: queue.Queue = queue.Queue(COPY_QUEUE)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> RetainedShare:
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="mqtt-retained-share")
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._copies.put_nowait(None)
+        except queue.Full:
+            pass  # (the thread sees the stop within its 0.5 s wait)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(10)
+        native, self.native = self.native, None
+        if native is not None:
+            try:
+                native.close()
+            except Exception as exc:  # stop anyway
+                log.warning("mqtt: retained share: native logout: %r", exc)
+
+    # --- out: copies of this edge's retained publishes ------------------------------------
+    def copy(self, topic: str, payload: bytes, headers: dict, stamp_ns: int) -> None:
+        """Send a copy of a retained message set here (the event loop; never waits)."""
+        headers = {k: v for k, v in headers.items() if k not in EDGE_LOCAL_HEADERS}
+        headers[STAMP_HEADER] = str(stamp_ns)
+        try:
+            self._copies.put_nowait((topic, payload, headers))
+        except queue.Full:
+            self.server.count("retained_share_dropped_queue_full")
+
+    def _run(self) -> None:
+        from appliance.client.errors import ClientError
+
+        while not self._stop.is_set():
+            native = self.native
+            if native is None or native.closed:
+                native = self._login()
+                if native is None:
+                    self._stop.wait(RETRY_S)
+                    continue
+            try:
+                item = self._copies.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            topic, payload, headers = item
+            try:
+                native.publish(topic, payload, qos="guaranteed", namespace=self.namespace,
+                               headers=headers, flush=True)
+                self.server.count("retained_share_sent")
+            except ClientError as exc:
+                self.server.count("retained_share_send_failed")
+                log.info("mqtt: retained share: a copy of %r not sent: %s", topic, exc)
+
+    def _login(self) -> Any:
+        from appliance.client.errors import ClientError
+
+        try:
+            native = self.server.native_login(self.identity)
+            native.subscribe("#", qos="guaranteed", namespace=self.namespace,
+                             callback=self._on_native)
+        except ClientError as exc:
+            self.server.count("retained_share_login_failed")
+            if self.server.counters.get("retained_share_login_failed", 0) == 1:
+                log.warning("mqtt: retained share: login as %r with namespace %d failed (tried "
+                            "again every %.0f s): %s", self.identity, self.namespace, RETRY_S,
+                            exc)
+            return None
+        self.native = native
+        self.server.count("retained_share_logins")
+        return native
+
+    def status(self) -> dict[str, Any]:
+        native = self.native
+        return {"namespace": self.namespace, "identity": self.identity,
+                "logged_in": native is not None and not native.closed,
+                "copies_waiting": self._copies.qsize()}
+
+    # --- in: the other edges' copies ------------------------------------------------------
+    def _on_native(self, msg: Any) -> None:
+        """A message of the namespace (the native client's thread)."""
+        native = self.native
+        if native is not None and msg.origin == self.server.node_id and (
+                msg.stream & ~RELIABLE_STREAM_BIT) == native.session:
+            return  # our own copy
+        meta, qos = from_headers(msg.headers, self.server.count)
+        if meta is not None and meta.origin:  # (another edge's store record: not ours)
+            meta = replace(meta, origin=0)
+        try:
+            stamp = int(msg.headers.get(STAMP_HEADER, msg.publish_ts_ns))
+        except (TypeError, ValueError):
+            self.server.count("retained_share_bad_stamp")
+            return
+        self.server.loop.call_soon_threadsafe(
+            self._apply, msg.topic, bytes(msg.payload), 1 if qos is None else min(qos, 1),
+            meta, (stamp, msg.origin))
+
+    def _apply(self, topic: str, payload: bytes, qos: int, meta: Any,
+               stamp: tuple[int, int]) -> None:
+        """(the event loop) Keep a copy unless what is held was set later."""
+        if meta is not None and meta.expired(time.monotonic()):
+            self.server.count("retained_share_expired")
+            return
+        result = self.server.retained.set_shared(topic, payload, qos, meta, stamp)
+        self.server.count({None: "retained_share_older", True: "retained_share_taken",
+                           False: "retained_refused_full"}[result])

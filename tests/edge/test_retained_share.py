@@ -1,0 +1,163 @@
+"""Retained messages shared across edges (``mqtt.retained_namespace``, retain_share.py): a
+fabric of edge A (the fabric's P&M), a core and edge B (remote P&M), real MQTT clients
+(paho) at both edges and a native client at the core. A retained message set at one edge
+reaches a later subscriber at the other, with its 5.0 properties; a clear reaches it too; a
+native publisher sets one for every edge; concurrent sets settle on one message."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+
+from appliance.client import connect
+from appliance.client.errors import ClientError
+from appliance.config import ConfigError, parse_config
+from appliance.edge.mqtt.retain import RetainedStore
+from appliance.edge.node import EdgeAppliance
+from appliance.node import Appliance
+from tests.appliance.helpers import FABRIC_KEY, free_port
+from tests.edge.conftest import counter, edge_doc, wait_counter, wait_for
+from tests.edge.peers import Peer
+from tests.edge.test_fabric_metadata import FAST, props
+
+NS = 9
+SHARE = {"retained_namespace": NS, "retained_identity": "edges"}
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[tuple[EdgeAppliance, EdgeAppliance, Any]]:
+    """(edge A with the fabric's P&M, edge B with a remote P&M, a native client at the core
+    entitled to the shared namespace)."""
+    fa, fb, fc = free_port(), free_port(), free_port()
+    doc_a = edge_doc(**SHARE)
+    doc_a["appliance"].update(FAST, namespaces=[0, NS])
+    identities = doc_a["pm"]["identities"]
+    identities["anonymous"] = {"publish": ["#"], "subscribe": ["#"]}
+    identities["edges"] = {"publish": ["#"], "subscribe": ["#"], "namespaces": [NS]}
+    identities["native"]["namespaces"] = [0, NS]
+    doc_a["fabric"] = {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY}
+    doc_a["neighbours"] = [{"name": "core1", "address": f"127.0.0.1:{fc}"}]
+    doc_b = edge_doc(allow_anonymous=True, **SHARE)
+    doc_b["appliance"].update(name="edge2", **FAST)
+    doc_b["pm"] = {"mode": "remote"}
+    doc_b["fabric"] = {"listen": f"127.0.0.1:{fb}", "key": FABRIC_KEY}
+    doc_b["neighbours"] = [{"name": "core1", "address": f"127.0.0.1:{fc}"}]
+    started: list[Any] = []
+    native = None
+    try:
+        started.append(EdgeAppliance(parse_config(doc_a)).start())
+        started.append(Appliance(parse_config({
+            "appliance": {"name": "core1", **FAST},
+            "fabric": {"listen": f"127.0.0.1:{fc}", "key": FABRIC_KEY},
+            "neighbours": [{"name": "edge1", "address": f"127.0.0.1:{fa}"},
+                           {"name": "edge2", "address": f"127.0.0.1:{fb}"}],
+            "clients": {"udp": f"127.0.0.1:{free_port()}"},
+            "pm": {"mode": "remote"}})).start())
+        started.append(EdgeAppliance(parse_config(doc_b)).start())
+        url = f"udp://127.0.0.1:{started[1].config.clients_udp[1]}"
+        native = wait_for(lambda: _login(url), what="a login at the core")
+        for edge in (started[0], started[2]):
+            wait_for(lambda e=edge: e.mqtt.status()["retained_share"]["logged_in"],
+                     what="the retained share's session logged in")
+        yield started[0], started[2], native
+    finally:
+        if native is not None:
+            native.close()
+        for appliance in reversed(started):
+            appliance.stop()
+
+
+def _login(url: str) -> Any:
+    try:
+        return connect(url, "native", timeout_s=2.0)
+    except ClientError:
+        return None
+
+
+def _peer(edge: EdgeAppliance, client_id: str) -> Peer:
+    """An MQTT 5 client of ``edge`` (anonymous at edge B, whose P&M is remote)."""
+    if edge.config.pm_mode == "remote":
+        return Peer(edge, client_id, user=None, version=5)
+    return Peer(edge, client_id, version=5)
+
+
+def _retained_on_subscribe(edge: EdgeAppliance, topic_filter: str, probe: str,
+                           client_id: str) -> list:
+    """The retained messages a new subscriber to ``topic_filter`` at ``edge`` gets: those
+    before its own probe (``probe``, a topic the filter matches, published after the
+    SUBACK, so it comes through the fabric after anything the subscribe sent)."""
+    with _peer(edge, client_id) as sub:
+        assert sub.subscribe(topic_filter, 1) == 1
+        out = []
+        while True:
+            sub.publish(probe, b"probe", 1)
+            msg = sub.next()
+            if msg.topic == probe and msg.payload == b"probe":
+                return out
+            out.append(msg)
+
+
+def test_a_retained_message_set_at_one_edge_reaches_a_later_subscriber_at_the_other(fabric):
+    edge_a, edge_b, _ = fabric
+    taken = counter(edge_b, "retained_share_taken")
+    with _peer(edge_a, "r-pub") as pub:
+        pub.publish("plant/1/state", b"running", 1, retain=True, props=props(
+            PacketTypes.PUBLISH, ContentType="text/plain", UserProperty=[("line", "3")]))
+    wait_counter(edge_b, "retained_share_taken", taken + 1)
+    got = _retained_on_subscribe(edge_b, "plant/+/state", "plant/probe/state", "r-sub")
+    assert [(m.topic, m.payload, m.retain) for m in got] == [("plant/1/state", b"running", True)]
+    assert got[0].properties.ContentType == "text/plain"
+    assert got[0].properties.UserProperty == [("line", "3")]
+    # cleared at edge B: gone at edge A too
+    cleared = counter(edge_a, "retained_share_taken")
+    with _peer(edge_b, "r-clear") as clearer:
+        clearer.publish("plant/1/state", b"", 1, retain=True)
+    wait_counter(edge_a, "retained_share_taken", cleared + 1)
+    assert "plant/1/state" not in edge_a.mqtt.retained.messages
+    assert _retained_on_subscribe(edge_a, "plant/1/#", "plant/1/probe", "r-sub-a") == []
+
+
+def test_a_native_publisher_sets_one_for_every_edge(fabric):
+    edge_a, edge_b, native = fabric
+    before = [counter(e, "retained_share_taken") for e in (edge_a, edge_b)]
+    native.publish("plant/9/mode", b"auto", qos="guaranteed", namespace=NS, flush=True)
+    for edge, n in zip((edge_a, edge_b), before, strict=True):
+        wait_counter(edge, "retained_share_taken", n + 1)
+    for edge, cid in ((edge_a, "n-sub-a"), (edge_b, "n-sub-b")):
+        got = _retained_on_subscribe(edge, "plant/9/#", "plant/9/probe", cid)
+        assert [(m.topic, m.payload, m.retain) for m in got] == [("plant/9/mode", b"auto",
+                                                                 True)]
+
+
+def test_the_later_set_wins_everywhere_and_a_clear_is_not_undone_by_an_older_set():
+    a, b = RetainedStore(10, 1_000), RetainedStore(10, 1_000)
+    a.node_id, b.node_id = 1, 2
+    a.set("t", b"from-a", 1, stamp=(100, 1))
+    b.set("t", b"from-b", 1, stamp=(100, 2))  # the same instant: the higher node id wins
+    assert b.set_shared("t", b"from-a", 1, None, (100, 1)) is None
+    assert a.set_shared("t", b"from-b", 1, None, (100, 2)) is True
+    assert a.messages["t"].payload == b.messages["t"].payload == b"from-b"
+    assert a.set_shared("t", b"", 0, None, (200, 2)) is True and "t" not in a.messages
+    assert a.set_shared("t", b"late-old", 1, None, (150, 1)) is None and "t" not in a.messages
+    assert a.set_shared("t", b"newer", 1, None, (300, 1)) is True
+    assert a.messages["t"].payload == b"newer"
+    for i in range(12):  # clears' stamps are bounded by max_messages
+        a.set(f"c{i}", b"", 0)
+    assert len(a.cleared) == 10
+
+
+@pytest.mark.parametrize("mqtt, error", [
+    ({"retained_namespace": 9}, "mqtt.retained_identity: required"),
+    ({"retained_identity": "edges"}, "mqtt.retained_namespace: required"),
+    ({"retained_namespace": 0, "retained_identity": "edges"}, "mqtt.retained_namespace"),
+    ({"retained_namespace": 9, "retained_identity": "nobody"}, "not in pm.identities"),
+    ({"retained_namespace": 9, "retained_identity": 7}, "mqtt.retained_identity"),
+])
+def test_bad_share_settings_are_refused_naming_the_key(mqtt, error):
+    doc = edge_doc(**mqtt)
+    doc["pm"]["identities"]["edges"] = {"publish": ["#"], "subscribe": ["#"]}
+    with pytest.raises(ConfigError, match=error):
+        parse_config(doc)
