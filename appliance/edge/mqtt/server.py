@@ -394,12 +394,6 @@ class MqttServer:
         return connect(self.native_url, identity, idle=NATIVE_IDLE,
                        _trusted=None if control is None else control.trusted_login_token)
 
-    def password_of(self, identity: str) -> str | None:
-        """The stored credential of a P&M identity in this appliance's config (the running
-        one: a reload's new passwords apply to the next CONNECT)."""
-        ident = self.appliance.config.identities.get(identity)
-        return None if ident is None else ident.password
-
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
