@@ -99,6 +99,8 @@ class ClientSide:
                 elif entry.kind is al.ControlKind.LOGOUT:
                     self._end_session(session, "logout")
                     return
+                elif entry.kind is al.ControlKind.SUCCESSOR:
+                    self.successors.request(self, session, doc)
                 else:  # a LOGIN after the first entry
                     self.counters["client_unexpected"] += 1
         elif ftype is FrameType.HEARTBEAT:
@@ -235,6 +237,7 @@ class ClientSide:
         session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
                           login_token=token if isinstance(token, int) else None,
                           server_signature=signature, standby=bool(doc.get("standby")))
+        session.client_id = doc.get("client_id")
         self.sessions[sid] = session
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
@@ -257,6 +260,8 @@ class ClientSide:
         if moved is not None:
             self._moved_in(session, moved["node_id"], moved["session"],
                            moved.get("why", "silence"))
+        if session.client_id is not None:
+            self.successors.logged_in(self, session, session.client_id)
 
     def _restore(self, session: Session, mirrored: tuple) -> None:
         """Make a moved session's subscriptions from the standby's mirror (control/mirror.py)
@@ -398,6 +403,7 @@ class ClientSide:
             self._retired[session.gport] = ("gclient", session.session_id)
         sid = session.session_id
         self.mirror.ended(session)
+        self.successors.ended(self, session, why)
         self.dp.command("remove_session", sid)
         self._selectors_dirty = self._selectors_dirty or bool(session.rules)
         self._interest_dirty = True
