@@ -175,6 +175,9 @@ class ClientSide:
                            "(clients.max_sessions)"), "sessions"
         elif channel == CLIENT_SHM and not isinstance(ring, str):
             refuse, why = "a shared-memory client must name its reply ring", "no_ring"
+        elif "client_id" in doc:
+            refuse = self.successors.login_refusal(self, identity, doc["client_id"])
+            why = None if refuse is None else "client_id"
         token = doc.get("token")
         old = self.session_of_peer.get((channel, peer))
         if old is not None and old in self.sessions:
@@ -491,6 +494,8 @@ class ClientSide:
             self._interest_dirty = True
             self._tables_dirty = True
             self.mirror.changed(session)
+            if add and session.client_id is not None:
+                self.successors.subscribed(self, session)
             if reply:
                 # answered once the tables with it are live: a message published after the
                 # client heard "accepted" reaches it

@@ -49,6 +49,10 @@ class Node:
     candidate: bool = False
     alive: bool = True
     improper: bool = False
+    returned: bool = False
+    """It logged in again after an improper end and has not subscribed yet: its routes to
+    its successor stay until its first subscription, made in the same table change (no gap,
+    no message to both)."""
     session_id: int | None = None
     patterns: dict = field(default_factory=dict)
     """(namespace, pattern) -> QoS name of its session's subscriptions at its improper end."""
@@ -66,6 +70,16 @@ class Successors:
         """ancestor client id -> (successor's session id, [(ns, pattern, qos name)] made)"""
 
     # --- sessions ----------------------------------------------------------------------------
+    def login_refusal(self, agent: Any, identity: str, client_id: str) -> str | None:
+        """Why a login of ``identity`` may not take ``client_id`` (a live session or a
+        record of another identity holds it), or None."""
+        node = self.nodes.get(client_id)
+        held = node is not None and node.identity != identity
+        held = held or any(getattr(s, "client_id", None) == client_id and s.identity != identity
+                           for s in agent.sessions.values())
+        return (f"client id {client_id!r} belongs to a client of another identity at this "
+                "appliance; pick another") if held else None
+
     def logged_in(self, agent: Any, session: Any, client_id: str) -> None:
         """A session logged in with ``client_id``: a live session of the same client id
         is ended (a takeover, not improper); a record of it is alive again (an ancestor's
@@ -73,20 +87,28 @@ class Successors:
         self._taking_over = client_id
         try:
             for other in list(agent.sessions.values()):
-                if other is not session and getattr(other, "client_id", None) == client_id:
+                if other is not session and getattr(other, "client_id", None) == client_id \
+                        and other.identity == session.identity:
                     agent._end_session(other, "replaced by a new login of its client id")
         finally:
             self._taking_over = None
         node = self.nodes.get(client_id)
-        if node is not None:
-            if node.identity != session.identity:  # another identity takes the client id
-                self._forget(client_id)
-            else:
-                if not node.alive:
-                    agent.counters["successor_returns"] += 1
-                node.alive, node.improper, node.session_id = True, False, session.session_id
-                node.patterns = {}
+        if node is not None and node.identity == session.identity:  # (login_refusal)
+            if not node.alive:
+                agent.counters["successor_returns"] += 1
+                node.returned = node.improper and node.client_id in self.routes
+            if not node.returned:
+                node.improper, node.patterns = False, {}
+            node.alive, node.session_id = True, session.session_id
         self.reroute(agent)
+
+    def subscribed(self, agent: Any, session: Any) -> None:
+        """``session`` made a subscription: a returned ancestor's traffic is its own from
+        this table change on."""
+        node = self.nodes.get(getattr(session, "client_id", None) or "")
+        if node is not None and node.returned and node.session_id == session.session_id:
+            node.returned, node.improper, node.patterns = False, False, {}
+            self.reroute(agent)
 
     def ended(self, agent: Any, session: Any, why: str) -> None:
         client_id = getattr(session, "client_id", None)
@@ -98,8 +120,9 @@ class Successors:
             return  # (a takeover keeps the record: the new session is the client's)
         if why in IMPROPER:
             agent.counters["successor_improper_ends"] += 1
-            node.alive, node.improper, node.session_id = False, True, None
-            node.patterns = dict(session.qos)
+            if not node.returned:  # (a returned one that ends again keeps its first patterns)
+                node.patterns = dict(session.qos)
+            node.alive, node.improper, node.returned, node.session_id = False, True, False, None
         else:  # a clean end: the record goes, with every entry naming it
             self._forget(client_id)
         self.reroute(agent)
@@ -186,17 +209,18 @@ class Successors:
         want: dict[str, int] = {}
         for ancestor, successor in self.successor_of.items():
             a, s = self.nodes.get(ancestor), self.nodes.get(successor)
-            if (a is not None and a.improper and not a.alive and s is not None and s.alive
-                    and s.session_id in agent.sessions):
+            if (a is not None and a.improper and (not a.alive or a.returned) and s is not None
+                    and s.alive and s.session_id in agent.sessions):
                 want[ancestor] = s.session_id
         for ancestor, (sid, made) in list(self.routes.items()):
             if want.get(ancestor) != sid:
                 del self.routes[ancestor]
                 session = agent.sessions.get(sid)
-                if session is not None:
+                if session is not None:  # told once the tables without them are live
                     self._withdraw(agent, session, made)
-                    agent._reply(session, al.ControlKind.SUCCESSOR,
-                                 {"op": "unroute", "ancestor": ancestor})
+                    session.pending += 1
+                    agent._replies_when_live.append((session, al.ControlKind.SUCCESSOR,
+                                                     {"op": "unroute", "ancestor": ancestor}))
                 agent.counters["successor_unrouted"] += 1
         for ancestor, sid in want.items():
             if ancestor in self.routes:
