@@ -217,8 +217,12 @@ class ClientSide:
             else:  # refused: a LOGIN forged from a session's address does not end it
                 self._refuse_login(channel, peer, ring, str(checked[1]), str(checked[0]))
                 return
-        if old is not None:
-            self._end_session(self.sessions[old], "replaced by a new login")
+        if old is not None:  # (a client logging in again with its client id keeps its record)
+            self.successors.taking_over = doc.get("client_id")
+            try:
+                self._end_session(self.sessions[old], "replaced by a new login")
+            finally:
+                self.successors.taking_over = None
         if refuse is None and channel == CLIENT_SHM:
             from channels.shm import ShmChannel
 

@@ -65,7 +65,9 @@ class Successors:
         self.nodes: dict[str, Node] = {}
         self.successor_of: dict[str, str] = {}
         """ancestor client id -> successor client id"""
-        self._taking_over: str | None = None
+        self.taking_over: str | None = None
+        """The client id a login being made takes over (a session of it that ends meanwhile
+        keeps its record)."""
         self.routes: dict[str, tuple[int, list]] = {}
         """ancestor client id -> (successor's session id, [(ns, pattern, qos name)] made)"""
 
@@ -84,14 +86,14 @@ class Successors:
         """A session logged in with ``client_id``: a live session of the same client id
         is ended (a takeover, not improper); a record of it is alive again (an ancestor's
         return takes its traffic back)."""
-        self._taking_over = client_id
+        self.taking_over = client_id
         try:
             for other in list(agent.sessions.values()):
                 if other is not session and getattr(other, "client_id", None) == client_id \
                         and other.identity == session.identity:
                     agent._end_session(other, "replaced by a new login of its client id")
         finally:
-            self._taking_over = None
+            self.taking_over = None
         node = self.nodes.get(client_id)
         if node is not None and node.identity == session.identity:  # (login_refusal)
             if not node.alive:
@@ -116,7 +118,7 @@ class Successors:
             return
         node = self.nodes.get(client_id)
         if node is None or node.session_id != session.session_id \
-                or client_id == self._taking_over:
+                or client_id == self.taking_over:
             return  # (a takeover keeps the record: the new session is the client's)
         if why in IMPROPER:
             agent.counters["successor_improper_ends"] += 1

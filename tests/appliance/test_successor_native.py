@@ -179,7 +179,7 @@ def test_a_clean_close_routes_nothing_and_the_records_go(appliance):
 
 
 def test_vendor_mismatch_other_identity_self_and_no_client_id_are_refused(appliance):
-    _, url = appliance
+    app, url = appliance
     with connect(url, "app", client_id="b") as b, connect(url, "app", client_id="a") as a, \
             connect(url, "other", client_id="o") as o, connect(url, "app") as anon:
         b.announce_successor("acme")
@@ -205,3 +205,9 @@ def test_vendor_mismatch_other_identity_self_and_no_client_id_are_refused(applia
         with pytest.raises(LoginError, match="client id 'a' belongs to a client of another"):
             connect(url, "other", client_id="a", timeout_s=10)
         assert a.successor_candidates("acme") == ["b"]  # a's session still answers
+        # a login of the same identity with a's client id takes over: the records stay
+        sessions = len(app.control.sessions)
+        with connect(url, "app", client_id="a"):
+            assert len(app.control.sessions) == sessions  # a's old session ended
+            assert app.control.successors.successor_of == {"a": "b"}
+            assert _counter(app, "successor_improper_ends") == 0
