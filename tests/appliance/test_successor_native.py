@@ -100,6 +100,8 @@ def test_a_killed_ancestor_s_guaranteed_messages_go_to_its_successor_then_back(a
         except AssertionError:
             raise AssertionError(_debug(app)) from None
         assert _counter(app, "successor_improper_ends") == 1
+        wait_for(lambda: app.status().get("successors", {}).get("routed") == 1, DEADLINE_S,
+                 what="/status showing the route")
         # from the route notice on, nothing published to the ancestor's patterns is lost
         sent = [f"m{i}" for i in range(200)]
         for ident in sent:
