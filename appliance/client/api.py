@@ -104,6 +104,7 @@ from appliance.client.settings import (
     SESSION_TIMEOUT_S,
     SHM_RX_RING_BYTES,
 )
+from appliance.client.successor import SuccessorSide
 from appliance.config import (
     CLIENT_BATCH_BUDGET_NS,
     CLIENT_HEARTBEAT_INTERVAL_NS,
@@ -439,7 +440,7 @@ def _seconds(name: str, value: object, low: float, high: float, *, zero: bool = 
     return float(value)
 
 
-class Client(GuaranteedSide, ConnectionSide):
+class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
     """A logged-in session with one appliance; see the module docstring."""
 
     def __init__(self, channel: Any, identity: str, *, ring: str | None = None,
@@ -450,7 +451,8 @@ class Client(GuaranteedSide, ConnectionSide):
                  session_timeout_s: float = SESSION_TIMEOUT_S,
                  reconnect_s: float = RECONNECT_S,
                  resend: bool = False, password: str | bytes | None = None,
-                 trusted: str | None = None, move_on: MoveBounds | None = None) -> None:
+                 trusted: str | None = None, move_on: MoveBounds | None = None,
+                 client_id: str | None = None) -> None:
         if idle not in IDLE_STRATEGIES:
             raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
         if on_state is not None and not callable(on_state):
@@ -462,6 +464,7 @@ class Client(GuaranteedSide, ConnectionSide):
                                     RECONNECT_MAX_S, zero=True)
         self.channel = channel
         self.identity = identity
+        self._init_successor(client_id)
         self.targets = targets or []
         """The appliances this client may be connected to: the primary, then the standby."""
         self.target_index = target_index
@@ -734,7 +737,8 @@ class Client(GuaranteedSide, ConnectionSide):
 
     def _send_login(self, token: int, extra: dict | None = None) -> None:
         self._control(al.ControlKind.LOGIN, {"identity": self.identity, "ring": self._ring,
-                                             "token": token, **(extra or {})})
+                                             "token": token, **self._login_client_id,
+                                             **(extra or {})})
 
     def _login(self, ring: str | None, timeout_s: float | None = None) -> None:
         """Log in; an identity with a password answers the appliance's challenge with the
@@ -1368,6 +1372,8 @@ class Client(GuaranteedSide, ConnectionSide):
                     self._answer(("replay", doc["id"]), doc)
                 elif entry.kind is al.ControlKind.POLICY_DROPS:
                     self._on_policy_drops(doc)
+                elif entry.kind is al.ControlKind.SUCCESSOR:
+                    self._on_successor(doc)
         elif h.frame_type is fl.FrameType.REGISTRY_UPDATE:
             for entry in entries:
                 self._topics[entry.topic_key] = (entry.namespace_id, entry.topic)
@@ -1455,6 +1461,8 @@ class Client(GuaranteedSide, ConnectionSide):
         if known is not None and known[0] != msg.namespace:  # the key names the namespace,
             msg = replace(msg, namespace=known[0])           # not the publisher's header
         event = None
+        if self._successor_routes:
+            self._successor_dispatch(msg)
         targets = self._targets(msg.namespace, msg.topic, msg.guaranteed)
         alone = len(targets) == 1 and msg.segments == 1  # the appliance's check was its own
         for sub in targets:
@@ -1788,7 +1796,8 @@ def connect(url: str, identity: str = "anonymous", *,
             session_timeout_s: float = SESSION_TIMEOUT_S,
             reconnect_s: float = RECONNECT_S, resend: bool = False,
             password: str | bytes | None = None, standby: str | None = None,
-            move_on: MoveBounds | None = None, _trusted: str | None = None) -> Client:
+            move_on: MoveBounds | None = None, client_id: str | None = None,
+            _trusted: str | None = None) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
     ``rdma_device`` and ``rdma_gid_index`` pick the device and GID (default: the address the
@@ -1813,7 +1822,11 @@ def connect(url: str, identity: str = "anonymous", *,
     measured round trip to its appliance (latency, jitter) or the share of its probes left
     unanswered (loss) stays above a bound over a window, e.g.
     ``MoveBounds(latency_ms=100, window_s=5)``; without it only silence, a logout or a
-    refusal moves it (appliance/client/pathwatch.py)."""
+    refusal moves it (appliance/client/pathwatch.py).
+
+    ``client_id``: a name of this client that outlives its sessions (1..64 printable
+    characters), for successor delivery (``announce_successor``, ``set_successor``): a
+    login with the client id of a session still held replaces that session."""
 
     if not isinstance(url, str):
         raise ClientError(f"connect takes the appliance's address as a string (shm://RING, "
@@ -1848,7 +1861,8 @@ def connect(url: str, identity: str = "anonymous", *,
                               "appliance")
     session = dict(timeout_s=timeout_s, idle=idle, on_state=on_state,
                    session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
-                   resend=resend, password=password, trusted=_trusted, move_on=move_on)
+                   resend=resend, password=password, trusted=_trusted, move_on=move_on,
+                   client_id=client_id)
     if not url.startswith("embedded:"):
         rdma = dict(device=rdma_device, gid_index=rdma_gid_index, bind=rdma_bind,
                     timeout_s=timeout_s)

@@ -49,6 +49,7 @@ from appliance.control.state import (
     Session,
     log,
 )
+from appliance.control.successor import Successors
 from appliance.dataplane.agent import (
     CLIENT_SHM,
     FABRIC,
@@ -199,6 +200,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         change leaves the tables as they were: nothing is sent then)."""
         self._replies_when_live: list[tuple[Session, al.ControlKind, dict]] = []
         """Replies held until the tables they depend on are live in the data path."""
+        self.successors = Successors()
+        """Successor delivery's records and routes (control/successor.py)."""
         self.mirror = Mirror(config.mirror_to)
         """The standby's mirror: the sessions sent to ``clients.mirror_to`` and those kept
         for neighbours (control/mirror.py)."""

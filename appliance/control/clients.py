@@ -99,6 +99,8 @@ class ClientSide:
                 elif entry.kind is al.ControlKind.LOGOUT:
                     self._end_session(session, "logout")
                     return
+                elif entry.kind is al.ControlKind.SUCCESSOR:
+                    self.successors.request(self, session, doc)
                 else:  # a LOGIN after the first entry
                     self.counters["client_unexpected"] += 1
         elif ftype is FrameType.HEARTBEAT:
@@ -173,6 +175,9 @@ class ClientSide:
                            "(clients.max_sessions)"), "sessions"
         elif channel == CLIENT_SHM and not isinstance(ring, str):
             refuse, why = "a shared-memory client must name its reply ring", "no_ring"
+        elif "client_id" in doc:
+            refuse = self.successors.login_refusal(self, identity, doc["client_id"])
+            why = None if refuse is None else "client_id"
         token = doc.get("token")
         old = self.session_of_peer.get((channel, peer))
         if old is not None and old in self.sessions:
@@ -212,8 +217,12 @@ class ClientSide:
             else:  # refused: a LOGIN forged from a session's address does not end it
                 self._refuse_login(channel, peer, ring, str(checked[1]), str(checked[0]))
                 return
-        if old is not None:
-            self._end_session(self.sessions[old], "replaced by a new login")
+        if old is not None:  # (a client logging in again with its client id keeps its record)
+            self.successors.taking_over = doc.get("client_id")
+            try:
+                self._end_session(self.sessions[old], "replaced by a new login")
+            finally:
+                self.successors.taking_over = None
         if refuse is None and channel == CLIENT_SHM:
             from channels.shm import ShmChannel
 
@@ -235,6 +244,7 @@ class ClientSide:
         session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
                           login_token=token if isinstance(token, int) else None,
                           server_signature=signature, standby=bool(doc.get("standby")))
+        session.client_id = doc.get("client_id")
         self.sessions[sid] = session
         self.session_of_peer[(channel, peer)] = sid
         dest = sid if channel == CLIENT_SHM else peer
@@ -257,6 +267,8 @@ class ClientSide:
         if moved is not None:
             self._moved_in(session, moved["node_id"], moved["session"],
                            moved.get("why", "silence"))
+        if session.client_id is not None:
+            self.successors.logged_in(self, session, session.client_id)
 
     def _restore(self, session: Session, mirrored: tuple) -> None:
         """Make a moved session's subscriptions from the standby's mirror (control/mirror.py)
@@ -398,6 +410,7 @@ class ClientSide:
             self._retired[session.gport] = ("gclient", session.session_id)
         sid = session.session_id
         self.mirror.ended(session)
+        self.successors.ended(self, session, why)
         self.dp.command("remove_session", sid)
         self._selectors_dirty = self._selectors_dirty or bool(session.rules)
         self._interest_dirty = True
@@ -485,6 +498,8 @@ class ClientSide:
             self._interest_dirty = True
             self._tables_dirty = True
             self.mirror.changed(session)
+            if add and session.client_id is not None:
+                self.successors.subscribed(self, session)
             if reply:
                 # answered once the tables with it are live: a message published after the
                 # client heard "accepted" reaches it

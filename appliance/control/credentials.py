@@ -8,7 +8,9 @@ An identity's ``password`` in ``pm.identities`` is never the password itself but
 16..64 bytes and a 32-byte derived key). ``hash_password`` makes one;
 ``python -m appliance.control.credentials`` reads a password on standard input and prints
 its line for the config. ``verify_password`` compares in constant time. The MQTT edge
-checks CONNECT's username/password with it (docs/mqtt.md).
+checks CONNECT's username/password against the identity's ``verifier`` in its copy of P&M's
+document (``verify_with_verifier``, docs/mqtt.md), so an edge whose P&M is remote checks
+passwords too.
 
 Native clients never send the password: they prove they know it (SCRAM's exchange, RFC
 5802 section 3, with scrypt for the salted password and keyed BLAKE2b-256 for HMAC and H):
@@ -132,6 +134,22 @@ def verifier_of(stored: str) -> dict[str, object]:
     client_key = _h(b"Client Key", h.digest)
     return {"n": h.n, "r": h.r, "p": h.p, "salt": h.salt.hex(),
             "stored_key": _h(client_key).hex(), "server_key": _h(b"Server Key", h.digest).hex()}
+
+
+def verify_with_verifier(verifier: dict[str, object], password: bytes) -> bool:
+    """Whether ``password`` is the one behind an identity's ``verifier`` (``verifier_of``):
+    scrypt under the verifier's parameters and salt, then StoredKey compared in constant time
+    (SCRAM's property: StoredKey checks a password given in clear, and cannot itself log in).
+    An appliance whose P&M is remote checks an MQTT CONNECT's password this way, with the
+    verifier of its copy of P&M's document. False for parameters outside ``parse_hash``'s
+    bounds or a verifier that does not parse."""
+    try:
+        h = parse_hash(f"{PREFIX}:{verifier['n']}:{verifier['r']}:{verifier['p']}:"
+                       f"{verifier['salt']}:" + "00" * HASH_BYTES)
+        stored = bytes.fromhex(str(verifier["stored_key"]))
+    except (CredentialError, KeyError, ValueError):
+        return False
+    return hmac.compare_digest(_h(_h(b"Client Key", _derive(password, h))), stored)
 
 
 def auth_message(identity: str, client_nonce: bytes, server_nonce: bytes, node: str) -> bytes:

@@ -407,6 +407,13 @@ def _request_result_rule(doc: dict) -> str | None:
     return None if "sub_id" in doc else f"a {doc['request']} result needs key 'sub_id'"
 
 
+SUCCESSOR_OPS = ("announce", "withdraw", "candidates", "set", "clear", "route", "unroute")
+"""A SUCCESSOR document's ``op``: the first five a client's requests (answered with the same
+op, ``ok`` and ``req``), the last two the appliance's notices to a successor."""
+SUCCESSOR_NAME = Str(64, 1, text=str.isprintable, what="printable text")
+"""A client id or vendor id of successor delivery (1..64 printable characters)."""
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind's document: its schema and its largest size (UTF-8 bytes)."""
@@ -475,10 +482,16 @@ KINDS: dict[ControlKind, Kind] = {
                                  "token": Nullable(Int(0, MAX_U63)), "nonce": NONCE,
                                  "server_nonce": NONCE, "proof": KEY_HEX,
                                  "trusted": KEY_HEX, "probe": Int(0, MAX_U63),
-                                 "standby": Bool(),
+                                 "standby": Bool(), "client_id": SUCCESSOR_NAME,
                                  "moved_from": Obj({"node_id": NODE_ID,
                                                     "session": Int(1, MAX_U32)},
                                                    {"why": MOVE_WHY})}), 4_096),
+    ControlKind.SUCCESSOR: Kind(Obj(
+        {"op": Str(16, choices=frozenset(SUCCESSOR_OPS))},
+        {"req": Int(0, MAX_U32), "vendor": SUCCESSOR_NAME, "successor": SUCCESSOR_NAME,
+         "ok": Bool(), "why": Str(32, 1), "error": REASON,
+         "candidates": List(SUCCESSOR_NAME, 64), "ancestor": SUCCESSOR_NAME,
+         "patterns": List(Row((NAMESPACE, PATTERN)), MAX_LIST_ITEMS)}), 16_384),
     ControlKind.SESSION_MIRROR: Kind(Obj(
         {"sessions": List(Row((Int(1, MAX_U32), IDENTITY,
                                List(MIRROR_SUBSCRIPTION, MAX_MIRROR_SUBSCRIPTIONS))),
@@ -519,7 +532,7 @@ KINDS: dict[ControlKind, Kind] = {
 
 ACCEPTED: dict[str, frozenset[ControlKind]] = {
     "client": frozenset({ControlKind.LOGIN, ControlKind.RESOLVE, ControlKind.LOGOUT,
-                         ControlKind.REPLAY}),
+                         ControlKind.REPLAY, ControlKind.SUCCESSOR}),
     "neighbour": frozenset({ControlKind.LSA, ControlKind.INTEREST, ControlKind.PM_UPDATE,
                             ControlKind.INTEREST_SELECTORS,
                             ControlKind.RENDEZVOUS_COUNTS, ControlKind.RENDEZVOUS_REGISTER,
@@ -529,7 +542,7 @@ ACCEPTED: dict[str, frozenset[ControlKind]] = {
                             ControlKind.REMOTE_REPLAY_PART, ControlKind.SESSION_MIRROR}),
     "appliance": frozenset({ControlKind.LOGIN_RESULT, ControlKind.REQUEST_RESULT,
                             ControlKind.LOGOUT, ControlKind.REPLAY_RESULT,
-                            ControlKind.POLICY_DROPS}),
+                            ControlKind.POLICY_DROPS, ControlKind.SUCCESSOR}),
 }
 """The kinds each sender may send: a client to its appliance, a neighbour to an appliance
 (fabric groups carry no CONTROL frames), an appliance to its clients."""

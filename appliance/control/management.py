@@ -321,6 +321,7 @@ class ManagementSide:
             "denials": [{"identity": i, "action": a, "pattern": p, "count": n}
                         for (i, a, p), n in sorted(self.denials.items())],
             "auth": {"rejected": dict(self.auth.rejected), "accepted": self.auth.accepted},
+            "successors": self.successors.status(),
             "clients": self._status_clients(sessions),
             "counters": {**{k: int(v) for k, v in dp_counters.items()},
                          **{f"control_{k}": int(v) for k, v in self.counters.items()},

@@ -76,6 +76,9 @@ class Session:
     standby: bool = False
     """The client said at login that it has a standby appliance to move to
     (``LOGIN.standby``): only such a session is asked to move (``move_clients``)."""
+    client_id: str | None = None
+    """The client id it logged in with (``LOGIN.client_id``; successor delivery,
+    control/successor.py), or None."""
     registered: set[int] = field(default_factory=set)
     """Topic keys this session registered (at most ``clients.max_registrations``)."""
     pending: int = 0

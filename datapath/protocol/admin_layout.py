@@ -140,6 +140,11 @@ class ControlKind(IntEnum):
     subscriptions of its client sessions whose client has a standby, and the sessions that
     ended, so a session that moves there finds them made at its login
     (docs/fault-tolerance.md, "The standby's mirror")."""
+    SUCCESSOR = 21
+    """Successor delivery (seed 004) for native clients: a client's request (announce,
+    withdraw, candidates, set, clear) and the appliance's answer, and the appliance's notice
+    to a successor that an ancestor's messages now come to it (``route``) or no longer
+    (``unroute``) (appliance/control/successor.py; docs/appliance.md, "Successor delivery")."""
 
 
 MAX_CONTROL_DOCUMENT_BYTES = MAX_BODY_BYTES - 8 - AUTH_TRAILER_BYTES

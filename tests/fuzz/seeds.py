@@ -57,6 +57,7 @@ def good_documents(origin: int = 5, name: str = "core-1", self_id: int = 7) -> d
                            "accepted": False, "reason": "identity 'x' may not subscribe"},
         K.RESOLVE: {"keys": [0, 2**64 - 1, _KEYS.key_of("fz/a")]},
         K.LOGOUT: {"reason": "client closed"},
+        K.SUCCESSOR: {"op": "set", "req": 1, "successor": "b", "vendor": "acme"},
         K.ECHO: {"ts": 1_700_000_000_000_000_000},
         K.REMOTE_REPLAY: {"fid": 12, "session": 4, "identity": "feed",
                           "request": {"id": 9, "pattern": "a/#", "durable": "d", "ack": 17,

@@ -6,7 +6,8 @@ Refusals (each counted as ``connect_refused_<why>``): a protocol name other than
 (closed without CONNACK), a level other than 4 (3.1.1) or 5 (5.0) (CONNACK "unacceptable
 protocol version"), a client identifier the edge does not take (empty with a persistent
 3.1.1 conn, longer than ``MAX_CLIENT_ID_BYTES``), an invalid will topic, a username that
-is no P&M identity with a password, a wrong password (scrypt, appliance/control/credentials.py),
+is no P&M identity with a password, a wrong password (checked against the identity's verifier
+in this appliance's copy of P&M's document: appliance/control/credentials.py),
 no username while ``mqtt.allow_anonymous`` is false, enhanced authentication (5.0 AUTH), a
 username other than the CN of the client certificate (``mqtt.tls_identity_from_cert``).
 A client already connected with the same identifier is disconnected first (no will: a
@@ -32,6 +33,7 @@ from appliance.edge.mqtt.topics import topic_problem
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.connection import MqttConnection
+    from appliance.edge.mqtt.server import MqttServer
 
 MAX_CLIENT_ID_BYTES = 256
 """Longest client identifier the edge takes (MQTT allows 65,535 bytes)."""
@@ -147,7 +149,7 @@ async def _identity(conn: MqttConnection, pkt: codec.Connect) -> str | None:
         if pkt.username is not None and pkt.username != conn.cert_identity:
             _refuse(conn, version, "cert_username", Reason.BAD_USERNAME_OR_PASSWORD)
             return None
-        if conn.cert_identity not in server.appliance.config.identities:
+        if conn.cert_identity not in _pm_identities(server):
             _refuse(conn, version, "cert_identity", Reason.NOT_AUTHORIZED)
             return None
         conn.count("connects_by_certificate")
@@ -158,16 +160,27 @@ async def _identity(conn: MqttConnection, pkt: codec.Connect) -> str | None:
             _refuse(conn, version, "anonymous", Reason.NOT_AUTHORIZED)
             return None
         return ANONYMOUS_IDENTITY
-    from appliance.control.credentials import verify_password
+    from appliance.control.credentials import verifier_of, verify_with_verifier
 
-    stored = server.password_of(pkt.username)
+    spec = _pm_identities(server).get(pkt.username)
+    stored = spec.get("verifier") if isinstance(spec, dict) else None
     # an unknown user costs the same scrypt as a known one (no user enumeration by time)
-    ok = await server.blocking(verify_password, stored or server.decoy_hash,
-                               pkt.password or b"")
+    ok = await server.blocking(verify_with_verifier,
+                               stored or verifier_of(server.decoy_hash), pkt.password or b"")
     if not (ok and stored is not None and pkt.password is not None):
         _refuse(conn, version, "bad_credentials", Reason.BAD_USERNAME_OR_PASSWORD)
         return None
     return pkt.username
+
+
+def _pm_identities(server: MqttServer) -> dict:
+    """The identities of this appliance's copy of P&M's document (its own when it is the
+    P&M, the newest flooded one when P&M is remote; none before one arrived, so every
+    CONNECT with a username is refused until then): each with its login ``verifier`` when it
+    has a password (appliance/control/pm.py)."""
+    control = server.appliance.control
+    doc = None if control is None else control.pm_doc
+    return (doc or {}).get("identities", {})
 
 
 def _agree(conn: MqttConnection, pkt: codec.Connect,

@@ -418,12 +418,6 @@ class MqttServer:
             self.retained_share.copy(topic, payload, headers, stamp_ns)
         return True
 
-    def password_of(self, identity: str) -> str | None:
-        """The stored credential of a P&M identity in this appliance's config (the running
-        one: a reload's new passwords apply to the next CONNECT)."""
-        ident = self.appliance.config.identities.get(identity)
-        return None if ident is None else ident.password
-
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
