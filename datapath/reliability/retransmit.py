@@ -10,6 +10,13 @@ they fall below the lowest held sequence, where every sequence is answered with 
 
     arena (bytes ring)   | frame k | frame k+1 | ... | frame n |   free   |
     index (per frame)      first_seq, last_seq, offset, length   (oldest first)
+
+Memory grows with use, not with the bounds: the arena starts at ``INITIAL_ARENA_BYTES`` and
+doubles (the held frames copied in order to the start of the new one) each time a frame
+would wrap a ring smaller than ``capacity_bytes``; the per-sequence retransmission times
+start at ``INITIAL_LINGER_SLOTS`` and double while more messages are held than they have
+slots, up to ``capacity_messages``. An idle stream holds about 80 KiB, not its bounds
+(4 MiB and 512 KiB for a guaranteed stream of the appliance: docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from datapath.reliability.config import FIRST_SEQUENCE
 from datapath.reliability.wire import LENGTHS_STRUCT
 
 _NEVER_NS = -(1 << 62)
+INITIAL_ARENA_BYTES = 64 * 1024
+"""The arena's first size (at most ``capacity_bytes``); it doubles as frames need."""
+INITIAL_LINGER_SLOTS = 1024
+"""Retransmission times kept at first (at most ``capacity_messages``)."""
 
 
 def _first(span: tuple[int, int]) -> int:
@@ -37,7 +48,9 @@ class RetransmitBuffer:
     def __init__(self, capacity_bytes: int, capacity_messages: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.capacity_messages = capacity_messages
-        self._arena = bytearray(capacity_bytes)
+        self._size = min(capacity_bytes, INITIAL_ARENA_BYTES)
+        """The arena's current size: the ring's length, at most ``capacity_bytes``."""
+        self._arena = bytearray(self._size)
         self._view = memoryview(self._arena)
         self._firsts: list[int] = []
         self._frames: list[tuple[int, int, int, int]] = []
@@ -45,8 +58,9 @@ class RetransmitBuffer:
         self._write = 0
         self.next_seq = FIRST_SEQUENCE
         """One past the highest sequence stored (or ever stored)."""
-        self._mask = capacity_messages - 1
-        self._retransmitted_ns = np.full(capacity_messages, _NEVER_NS, dtype=np.int64)
+        slots = min(capacity_messages, INITIAL_LINGER_SLOTS)
+        self._mask = slots - 1
+        self._retransmitted_ns = np.full(slots, _NEVER_NS, dtype=np.int64)
         self.evicted_frames = 0
         self._skipped: list[tuple[int, int]] = []
         """Skipped (first, last) ranges at or above the lowest held sequence, in order."""
@@ -73,7 +87,35 @@ class RetransmitBuffer:
             return 0
         i = max(bisect_right(self._firsts, seq, head) - 1, head)
         off, write = frames[i][2], self._write
-        return write - off if off < write else self.capacity_bytes - off + write
+        return write - off if off < write else self._size - off + write
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes the arena takes now (it grows with use up to ``capacity_bytes``)."""
+        return self._size
+
+    def _grow(self, need: int) -> None:
+        """Double the arena (at least to ``need`` bytes, at most ``capacity_bytes``) and copy
+        the held frames, oldest first, to its start."""
+        size = self._size
+        while size < need:
+            size *= 2
+        size = min(size, self.capacity_bytes)
+        arena = bytearray(size)
+        view = memoryview(arena)
+        frames = self._frames
+        pos = 0
+        moved = []
+        for f0, f1, off, length in frames[self._head:]:
+            view[pos:pos + length] = self._view[off:off + length]
+            moved.append((f0, f1, pos, length))
+            pos += length
+        self._view.release()
+        self._arena, self._view, self._size = arena, view, size
+        self._frames = moved
+        self._firsts = [f[0] for f in moved]
+        self._head = 0
+        self._write = pos
 
     def _evict_oldest(self) -> None:
         self._head += 1
@@ -140,8 +182,11 @@ class RetransmitBuffer:
             self._skipped.clear()
             return
         pos = self._write
+        if pos + n > self._size < self.capacity_bytes:  # grow rather than wrap
+            self._grow(sum(f[3] for f in self._frames[self._head:]) + n)
+            pos = self._write
         frames = self._frames
-        if pos + n > self.capacity_bytes:
+        if pos + n > self._size:
             # wrap: the frames left in the skipped tail [pos, end) are the oldest; drop them
             while self._head < len(frames) and frames[self._head][2] >= pos:
                 self._evict_oldest()
@@ -191,6 +236,15 @@ class RetransmitBuffer:
 
     def lingering(self, seq: int, now_ns: int, linger_ns: int) -> bool:
         """True if ``seq`` was retransmitted less than ``linger_ns`` ago; else marks it now."""
+        held = self.next_seq - self.lowest_seq
+        if held > self._mask + 1 and self._mask + 1 < self.capacity_messages:
+            slots = self._mask + 1
+            while slots < held and slots < self.capacity_messages:
+                slots *= 2
+            # each sequence keeps the time its old slot had (the old array repeated)
+            self._retransmitted_ns = np.tile(self._retransmitted_ns,
+                                             slots // len(self._retransmitted_ns))
+            self._mask = slots - 1
         slot = seq & self._mask
         if now_ns - int(self._retransmitted_ns[slot]) < linger_ns:
             return True

@@ -60,3 +60,62 @@ def test_linger_refuses_a_second_retransmission_until_it_has_passed():
     assert not buf.lingering(5, now_ns=0, linger_ns=10)
     assert buf.lingering(5, now_ns=9, linger_ns=10)
     assert not buf.lingering(5, now_ns=10, linger_ns=10)
+
+
+def test_a_growing_arena_holds_exactly_what_a_full_size_one_holds(monkeypatch):
+    """The arena starts small and doubles: frame for frame it keeps and answers the same
+    messages as one allocated at its bound, and stops growing there."""
+    from datapath.reliability import retransmit
+
+    rng = random.Random(5)
+    full = RetransmitBuffer(capacity_bytes=20_000, capacity_messages=256)
+    monkeypatch.setattr(retransmit, "INITIAL_ARENA_BYTES", 512)
+    monkeypatch.setattr(retransmit, "INITIAL_LINGER_SLOTS", 4)
+    grown = RetransmitBuffer(capacity_bytes=20_000, capacity_messages=256)
+    assert grown.arena_bytes == 512 < full.arena_bytes == 20_000
+    sizes = set()
+    seq = 1
+    for _ in range(600):
+        count = rng.randrange(1, 8)
+        body, _ = _frame_body(seq, count, rng)
+        full.append(seq, count, body)
+        grown.append(seq, count, body)
+        seq += count
+        sizes.add(grown.arena_bytes)
+        assert grown.lowest_seq == full.lowest_seq
+        a = rng.randrange(grown.lowest_seq, seq)
+        assert [(s, bytes(m)) for s, m in grown.messages(a, seq - 1)] == [
+            (s, bytes(m)) for s, m in full.messages(a, seq - 1)]
+        assert grown.bytes_from(a) <= 20_000
+    assert sizes >= {1024, 2048, 4096, 8192, 16384, 20_000} and grown.arena_bytes == 20_000
+    assert grown.evicted_frames > 0
+
+
+def test_linger_times_survive_the_growth_of_their_table(monkeypatch):
+    from datapath.reliability import retransmit
+
+    monkeypatch.setattr(retransmit, "INITIAL_LINGER_SLOTS", 4)
+    buf = RetransmitBuffer(100_000, 64)
+    assert not buf.lingering(3, now_ns=0, linger_ns=10)
+    rng = random.Random(6)
+    body, _ = _frame_body(1, 40, rng)
+    buf.append(1, 40, body)  # 40 held: the table grows to 64 slots at the next look
+    assert buf.lingering(3, now_ns=5, linger_ns=10)  # still remembered
+    assert len(buf._retransmitted_ns) == 64
+    # every sequence answers as before the growth: 35 shared 3's slot of 4, 36 did not
+    assert buf.lingering(35, now_ns=5, linger_ns=10)
+    assert not buf.lingering(36, now_ns=5, linger_ns=10)
+
+
+def test_an_idle_stream_holds_little_memory():
+    import os
+
+    def rss() -> int:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    before = rss()
+    bufs = [RetransmitBuffer(4 << 20, 1 << 16) for _ in range(100)]
+    per = (rss() - before) / len(bufs)
+    assert per < 256 * 1024, f"{per:.0f} bytes per idle buffer"  # was 4.6 MiB
+    assert all(b.arena_bytes == 64 * 1024 for b in bufs)
