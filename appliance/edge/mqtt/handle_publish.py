@@ -4,7 +4,9 @@ An MQTT PUBLISH becomes a native publish of its identity's shared client session
 (identities.py; the identity's entitlements decide; a refused topic is counted as
 ``publishes_denied`` and answered with reason 0x87 in 5.0, dropped silently in 3.1.1 as
 mosquitto does), then the retained store is updated and the publish acknowledged: QoS 1 with
-PUBACK once the native publish left for the appliance, QoS 2 with PUBREC (published once; a
+PUBACK once the native publish left for the appliance (the publishes of one wake-up of the
+event loop, from every connection of the identity, leave together at its end, before the
+acknowledgements are written: server.end_wakeup), QoS 2 with PUBREC (published once; a
 repeat of the packet id before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0
 travels as a native best-effort message, QoS 1 and 2 as guaranteed ones (the connection's
 reliable stream, recovered hop by hop); the acknowledgement says the edge took the message,
@@ -85,8 +87,10 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
         raise Closed("native_session_gone", Reason.UNSPECIFIED)
     native = ident.native
     try:
-        if topic in ident.registered:  # its key is known: publishing does not wait
-            native.publish(topic, payload, flush=True, qos=native_qos, headers=headers)
+        if topic in ident.registered:  # its key is known: publishing does not wait, and
+            # what a wake-up of the loop publishes is sent at its end in one go (server.py)
+            native.publish(topic, payload, qos=native_qos, headers=headers)
+            server.defer_publish(native, state.conn)
         else:  # the first publish of a topic registers it: a round trip to the appliance
             await server.blocking(native.publish, topic, payload, flush=True,
                                   qos=native_qos, headers=headers)
