@@ -134,9 +134,11 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
     state = conn.state
     assert state is not None
     topic = _topic(conn, pkt)
-    problem = topic_problem(topic)
-    if problem is not None:
-        raise Closed("bad_topic", Reason.TOPIC_NAME_INVALID, detail=problem)
+    ident = state.ident
+    if ident is None or topic not in ident.registered:  # (a registered topic was checked)
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise Closed("bad_topic", Reason.TOPIC_NAME_INVALID, detail=problem)
     if len(pkt.payload) > MAX_PAYLOAD_BYTES:
         raise Closed("payload_too_large", Reason.PACKET_TOO_LARGE,
                      detail=f"{len(pkt.payload)} bytes; the fabric carries {MAX_PAYLOAD_BYTES}")
