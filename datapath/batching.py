@@ -103,6 +103,11 @@ class AdaptiveBatcher:
                 or self.bytes + MESSAGE_HEADER_BYTES > self.max_body_bytes
                 or now_ns - self.open_ns >= self.budget_ns)
 
+    def full(self) -> bool:
+        """True when the open frame can take no further message (count or bytes)."""
+        return (self.count >= self.max_messages
+                or self.bytes + MESSAGE_HEADER_BYTES > self.max_body_bytes)
+
     def due(self, now_ns: int) -> bool:
         """True when the open frame should be flushed (budget spent or target reached)."""
         return self.count > 0 and (now_ns - self.open_ns >= self.budget_ns

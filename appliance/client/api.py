@@ -1079,6 +1079,25 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 reasons=failed)
         self._check_usable()
 
+    hold_frames = False
+    """True: guaranteed messages published with ``flush=False`` wait in their open frame
+    until it is full, ``send_pending`` or ``flush`` sends it, or the client thread's
+    batching budget passes, instead of leaving as soon as the adaptive batcher's target
+    (about one message at low rates) is reached: for a caller that publishes in bursts and
+    calls ``send_pending`` after each (the MQTT edge, once per wake-up of its loop). Set it
+    before the first guaranteed publish."""
+
+    def send_pending(self) -> None:
+        """Send the open publish frames (best-effort and guaranteed) now, as ``publish(...,
+        flush=True)`` sends its own: for a caller that publishes many messages with
+        ``flush=False`` and sends them in one go (the MQTT edge, once per wake-up of its
+        loop). Unlike ``flush()`` it neither waits nor reports failed messages."""
+        with self._pub_lock:
+            self._flush_locked()
+        with self._lock:
+            if self._gsender is not None:
+                self._gsender.flush(time.monotonic_ns())
+
     @property
     def unacknowledged(self) -> int:
         """Guaranteed messages sent whose outcome is still pending (with ``resend=True``,

@@ -143,6 +143,7 @@ class GuaranteedSide:
             self._gsender = _ClientSender(self, session_id=self.session,
                                           stream_id=self.session | RELIABLE_STREAM_BIT,
                                           config=config)
+            self._gsender.hold = self.hold_frames
         return self._gsender
 
     def _publish_segmented(self, key: int, topic: str, payload: Any, block: bytes, now: int,

@@ -90,6 +90,10 @@ class ReliableSender:
         """Bounds what NAKs make this sender resend (shared by the streams to one requester);
         None: only the per-NAK cap bounds it."""
         self.pending = PolicyQueue(config.pending_messages, FlowPolicy.THROTTLE)
+        self.hold = False
+        """True: an appended message does not flush the open frame unless it is full (the
+        owner sends it with ``flush``, its duty cycle once the latency budget is spent):
+        for an owner that offers bursts and flushes after each."""
         self.evicted_source: EvictedSource | None = None
         """Asked for NAKed sequences the buffer no longer holds (None: LOSS at once)."""
         self.acks: dict[int, int] = {}
@@ -177,7 +181,7 @@ class ReliableSender:
                             schema_id=schema_id, qos=qos, flags=flags)
         self.next_seq += 1
         self.counters.messages += 1
-        if batcher.on_append(size, now_ns):
+        if batcher.on_append(size, now_ns) and (not self.hold or batcher.full()):
             self._flush(now_ns)
 
     def skip(self, now_ns: int) -> None:

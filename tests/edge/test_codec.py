@@ -154,6 +154,22 @@ def test_decode_never_raises_on_any_bytes(first, body, version):
                       | codec.Unsubscribe | codec.Simple | codec.Disconnect)
 
 
+@settings(max_examples=3_000, deadline=None)
+@given(st.integers(0x30, 0x3F), st.binary(max_size=48), st.booleans())
+def test_the_inline_3_1_1_publish_decoder_agrees_with_the_general_one(first, body, framed):
+    if framed:  # a well-formed topic length mostly, so both decoders get past it
+        body = len(body[:20]).to_bytes(2, "big") + body
+    fast = codec._publish_311(first, body)
+    try:
+        general: object = codec._decode(first, body, codec.V311)
+    except Exception as exc:  # (_Bad and the reader's errors: a refusal)
+        general = exc
+    if fast is None:
+        assert not isinstance(general, codec.Publish) or "\x00" in general.topic
+    else:
+        assert fast == general
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.text(min_size=1, max_size=20), st.binary(max_size=40), st.integers(0, 2),
        st.booleans(), st.integers(1, 65_535), st.sampled_from([4, 5]))

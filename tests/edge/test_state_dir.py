@@ -149,7 +149,9 @@ def test_queued_messages_and_retained_ones_survive_the_edge(tmp_path, version, h
             assert again.next().payload == b"live"  # (and nothing twice before it)
         finally:
             again.close()
-        assert edge.counter("store_syncs") > 0
+        # (/status answers from the management child's latest snapshot: wait for one that
+        # has the syncs)
+        wait_for(lambda: edge.counter("store_syncs") > 0, what="store_syncs in /status")
     finally:
         edge.close()
 

@@ -1,18 +1,26 @@
 """One MQTT connection (TCP, TLS or WebSocket): its read loop, deadlines, what it sends.
 
-A ``MqttConnection`` runs as one task on the MQTT server's event loop: it reads a packet
-(fixed header first: the remaining length is bounded by ``mqtt.max_packet_bytes`` before the
-body is read), decodes it (``codec.decode``: a packet or a counted ``Refusal``) and hands it
-to the handler of its packet family, one packet at a time, so a connection's packets take
-effect in order. Deadlines: CONNECT within ``mqtt.connect_timeout_ms``, then any packet
-within 1.5x the keep-alive. Whatever goes wrong (a refusal, a timeout, a bug in a handler)
-closes this connection only, counted.
+A ``MqttConnection`` runs as one task on the MQTT server's event loop: it reads what the
+socket holds (up to ``READ_BYTES`` a read) and takes every complete packet of it in turn
+(fixed header first: the remaining length is bounded by ``mqtt.max_packet_bytes`` as soon
+as it is known, before the body is awaited), decodes it (``codec.decode``: a packet or a
+counted ``Refusal``) and hands it to the handler of its packet family, one packet at a time,
+so a connection's packets take effect in order; the loop is not entered again while
+complete packets wait in the buffer. Deadlines: CONNECT within ``mqtt.connect_timeout_ms``,
+then any packet within 1.5x the keep-alive (from the end of the previous packet). Whatever
+goes wrong (a refusal, a timeout, a bug in a handler) closes this connection only, counted.
 
 An accepted CONNECT binds the connection to a ``SessionState`` (sessions.py: the native
 client session, subscriptions, deliveries), new or taken up again; when the connection ends
 the session goes offline or ends, with the will. What is per connection stays here: the
 protocol version, the client's Receive Maximum, Maximum Packet Size and topic aliases both
 ways.
+
+**Sending is per wake-up**: ``send`` appends the packet to the connection's output and the
+server writes each connection's output in one ``write`` at the end of the event loop's
+wake-up (``MqttServer.end_wakeup``), after the native publishes of that wake-up were sent
+(so a PUBACK never leaves before its message left for the appliance). ``send_now`` and the
+close write what waits first.
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ log = logging.getLogger("topicwire.edge.mqtt")
 
 KEEP_ALIVE_GRACE = 1.5
 """A client that sends nothing for this many keep-alive periods is disconnected."""
+READ_BYTES = 65_536
+"""The most bytes one read of a connection's socket takes (its buffer holds at most this
+plus one packet of ``mqtt.max_packet_bytes``)."""
 
 
 class MqttConnection:
@@ -66,6 +77,15 @@ class MqttConnection:
         self.improper = False
         """It ended improperly: the socket dropped or the keep-alive expired (successor.py)."""
         self.done = asyncio.Event()
+        self._buf = bytearray()
+        """Bytes read and not yet taken as packets (from ``_pos``)."""
+        self._pos = 0
+        self._deadline: float | None = None
+        """When the packet being waited for is due (loop time; None: not waiting yet)."""
+        self._packets_in = 0
+        self._out: list[bytes] = []
+        """Packets waiting for the end of the wake-up (``flush_out``)."""
+        self._out_bytes = 0
         self.acks: deque[list] = deque()
         """With a state store: the acknowledgements waiting for their records to be synced,
         in the order of their PUBLISHes (handle_publish.send_acks)."""
@@ -138,38 +158,75 @@ class MqttConnection:
         self.state.expiry_s = min(int(expiry), self.cfg.max_session_expiry_s)  # type: ignore
 
     async def _read(self, timeout_s: float | None, why: str) -> codec.Packet:
-        """The next packet (raises ``Closed`` for a refusal or the deadline)."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                first = (await self.reader.readexactly(1))[0]
-                if first >> 4 == 0:  # reserved: refused before a remaining length that may
-                    refused = codec.decode(first, b"", self.version)  # never end
-                    if isinstance(refused, Refusal):
-                        self.count("refused_" + refused.reason)
-                        raise Closed(refused.reason, refused.code, detail=refused.detail)
-                header = b""
-                while True:
-                    header += await self.reader.readexactly(1)
-                    got = codec.read_remaining_length(header)
-                    if isinstance(got, Refusal):
-                        self.count("refused_" + got.reason)
-                        raise Closed(got.reason, got.code, detail=got.detail)
-                    if got is not None:
-                        break
-                length = got[0]
-                if 1 + len(header) + length > self.cfg.max_packet_bytes:
-                    self.count("refused_oversize")
-                    raise Closed("oversize", Reason.PACKET_TOO_LARGE,
-                                 detail=f"{length} bytes announced")
-                body = await self.reader.readexactly(length)
-        except TimeoutError:
-            raise Closed(why, Reason.KEEP_ALIVE_TIMEOUT) from None
-        self.count("packets_in")
-        pkt = codec.decode(first, body, self.version)
+        """The next packet (raises ``Closed`` for a refusal or the deadline): from the
+        buffer when a complete one is there, else after reading more."""
+        while True:
+            got = self._take()
+            if got is not None:
+                break
+            if self._deadline is None:
+                self._deadline = None if timeout_s is None else \
+                    self.server.loop.time() + timeout_s
+            await self._fill(why)
+        self._deadline = None
+        self._packets_in += 1
+        pkt = codec.decode(got[0], got[1], self.version)
         if isinstance(pkt, Refusal):
             self.count("refused_" + pkt.reason)
             raise Closed(pkt.reason, pkt.code, detail=pkt.detail)
         return pkt
+
+    def _take(self) -> tuple[int, bytes] | None:
+        """The first byte and body of the buffer's next complete packet; None when it is
+        not complete yet. Raises ``Closed`` for a reserved packet type, a bad remaining
+        length or a packet larger than ``mqtt.max_packet_bytes``."""
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
+            return None
+        first = buf[pos]
+        if first >> 4 == 0:  # reserved: refused before a remaining length that may never end
+            refused = codec.decode(first, b"", self.version)
+            if isinstance(refused, Refusal):
+                self.count("refused_" + refused.reason)
+                raise Closed(refused.reason, refused.code, detail=refused.detail)
+        got = codec.read_remaining_length(buf[pos + 1:pos + 5])
+        if got is None:
+            return None
+        if isinstance(got, Refusal):
+            self.count("refused_" + got.reason)
+            raise Closed(got.reason, got.code, detail=got.detail)
+        length, used = got
+        if 1 + used + length > self.cfg.max_packet_bytes:
+            self.count("refused_oversize")
+            raise Closed("oversize", Reason.PACKET_TOO_LARGE, detail=f"{length} bytes announced")
+        start = pos + 1 + used
+        end = start + length
+        if end > len(buf):
+            return None
+        body = bytes(buf[start:end])
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        else:
+            self._pos = end
+        return first, body
+
+    async def _fill(self, why: str) -> None:
+        """Read what the socket holds (waits for at least a byte, until the deadline)."""
+        if self._packets_in:
+            self.count("packets_in", self._packets_in)
+            self._packets_in = 0
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                data = await self.reader.read(READ_BYTES)
+        except TimeoutError:
+            raise Closed(why, Reason.KEEP_ALIVE_TIMEOUT) from None
+        if not data:
+            raise asyncio.IncompleteReadError(bytes(self._buf), None)
+        self._buf += data
 
     # --- sending ---------------------------------------------------------------------------------
     def send(self, data: bytes) -> bool:
@@ -180,12 +237,34 @@ class MqttConnection:
         if self.version == codec.V5 and len(data) > self.client_max_packet_bytes:
             self.count("deliveries_dropped_client_max_packet")
             return False
-        self.writer.write(data)
-        self.count("packets_out")
+        if not self._out:
+            self.server.defer_write(self)
+        self._out.append(data)
+        self._out_bytes += len(data)
         return True
 
+    def flush_out(self) -> None:
+        """Write the packets ``send`` queued, in one write (end of the wake-up)."""
+        out = self._out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        n = len(out)
+        out.clear()
+        self._out_bytes = 0
+        if not self.writer.is_closing():
+            self.writer.write(data)
+            self.count("packets_out", n)
+
+    def drop_out(self) -> None:
+        """Forget the packets waiting (their connection closes without them)."""
+        self._out.clear()
+        self._out_bytes = 0
+
     def send_now(self, data: bytes) -> None:
-        """Send even while closing (a DISCONNECT before the close)."""
+        """Send now, even while closing (a DISCONNECT before the close), after what
+        waits."""
+        self.flush_out()
         if not self.writer.is_closing():
             self.writer.write(data)
             self.count("packets_out")
@@ -195,7 +274,7 @@ class MqttConnection:
         identifiers and a topic alias); QoS 0 is dropped when the send buffer is full."""
         if self.closing:
             return False
-        if d.qos == 0 and self.writer.transport.get_write_buffer_size() > \
+        if d.qos == 0 and self.writer.transport.get_write_buffer_size() + self._out_bytes > \
                 self.cfg.send_buffer_bytes:
             self.count("deliveries_dropped_send_buffer")
             return False
@@ -233,12 +312,17 @@ class MqttConnection:
             self.send_now(codec.encode_disconnect(code))
         self.no_will = True
         self.closing = True
+        self.flush_out()
         self.writer.close()
         await self.done.wait()
 
     async def _end(self, send_will: bool) -> None:
         self.closing = True
+        if self._packets_in:
+            self.count("packets_in", self._packets_in)
+            self._packets_in = 0
         try:
+            self.flush_out()
             self.writer.close()
         except Exception:  # the socket may be gone already
             pass

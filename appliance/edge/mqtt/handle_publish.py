@@ -4,7 +4,9 @@ An MQTT PUBLISH becomes a native publish of its identity's shared client session
 (identities.py; the identity's entitlements decide; a refused topic is counted as
 ``publishes_denied`` and answered with reason 0x87 in 5.0, dropped silently in 3.1.1 as
 mosquitto does), then the retained store is updated and the publish acknowledged: QoS 1 with
-PUBACK once the native publish left for the appliance, QoS 2 with PUBREC (published once; a
+PUBACK once the native publish left for the appliance (the publishes of one wake-up of the
+event loop, from every connection of the identity, leave together at its end, before the
+acknowledgements are written: server.end_wakeup), QoS 2 with PUBREC (published once; a
 repeat of the packet id before PUBREL is not published again) and PUBCOMP on PUBREL. QoS 0
 travels as a native best-effort message, QoS 1 and 2 as guaranteed ones (the connection's
 reliable stream, recovered hop by hop); the acknowledgement says the edge took the message,
@@ -85,8 +87,10 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
         raise Closed("native_session_gone", Reason.UNSPECIFIED)
     native = ident.native
     try:
-        if topic in ident.registered:  # its key is known: publishing does not wait
-            native.publish(topic, payload, flush=True, qos=native_qos, headers=headers)
+        if topic in ident.registered:  # its key is known: publishing does not wait, and
+            # what a wake-up of the loop publishes is sent at its end in one go (server.py)
+            native.publish(topic, payload, qos=native_qos, headers=headers)
+            server.defer_publish(native, state.conn)
         else:  # the first publish of a topic registers it: a round trip to the appliance
             await server.blocking(native.publish, topic, payload, flush=True,
                                   qos=native_qos, headers=headers)
@@ -130,9 +134,11 @@ async def on_publish(conn: MqttConnection, pkt: codec.Publish) -> None:
     state = conn.state
     assert state is not None
     topic = _topic(conn, pkt)
-    problem = topic_problem(topic)
-    if problem is not None:
-        raise Closed("bad_topic", Reason.TOPIC_NAME_INVALID, detail=problem)
+    ident = state.ident
+    if ident is None or topic not in ident.registered:  # (a registered topic was checked)
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise Closed("bad_topic", Reason.TOPIC_NAME_INVALID, detail=problem)
     if len(pkt.payload) > MAX_PAYLOAD_BYTES:
         raise Closed("payload_too_large", Reason.PACKET_TOO_LARGE,
                      detail=f"{len(pkt.payload)} bytes; the fabric carries {MAX_PAYLOAD_BYTES}")

@@ -22,7 +22,9 @@ is rebuilt in one go (a native unsubscribe costs the client library time in prop
 the patterns it holds, so this keeps the cost per unsubscribe bounded on average).
 
 **Deliveries.** Messages arrive on the native client's thread (``on_native``), are handed to
-the event loop (at most ``NATIVE_PENDING_MESSAGES`` waiting per identity) and demultiplexed
+the event loop in batches (an inbox: the message that finds it empty schedules one call on
+the loop, which takes all that came meanwhile; at most ``NATIVE_PENDING_MESSAGES`` waiting
+per identity) and demultiplexed
 there to the sessions whose filters match: a dict of exact patterns and a set of wildcard
 patterns per identity, each pattern naming its (session, filter) references. Each session
 then applies its own options (QoS, No Local, Retain As Published, subscription identifiers,
@@ -134,6 +136,8 @@ class IdentitySession:
         self._gate = _Gate()
         self._queued = 0
         self._queued_lock = threading.Lock()
+        self._inbox: list[Any] = []
+        """Messages from the client thread waiting for the loop (``_take_inbox``)."""
         self._last_native: Any = None
 
     def count(self, name: str, n: int = 1) -> None:
@@ -162,6 +166,7 @@ class IdentitySession:
             from appliance.client.errors import ClientError
 
             raise ClientError("the identity's sessions ended during the login")
+        native.hold_frames = True  # its publishes leave at the end of each wake-up
         self.native = native
         self.count("native_logins")
 
@@ -349,10 +354,21 @@ class IdentitySession:
                 self.server.count("deliveries_dropped_backlog")
                 return
             self._queued += 1
+            inbox = self._inbox
+            inbox.append(msg)
+            if len(inbox) > 1:  # its call on the loop is due already
+                return
         try:
-            self.server.loop.call_soon_threadsafe(self._from_fabric, msg)
+            self.server.loop.call_soon_threadsafe(self._take_inbox)
         except RuntimeError:  # the server's loop has stopped: the edge is going down
             self.server.count("deliveries_dropped_stopping")
+
+    def _take_inbox(self) -> None:
+        """The messages the client thread handed over since the last call (on the loop)."""
+        with self._queued_lock:
+            batch, self._inbox = self._inbox, []
+        for msg in batch:
+            self._from_fabric(msg)
 
     def matching(self, topic: str) -> list[str]:
         """The held patterns ``topic`` matches (MQTT's rules, the ``$`` rule too)."""

@@ -108,6 +108,8 @@ def to_headers(meta: MessageMeta | None, qos: int, sender: int = 0) -> dict[str,
     """The native headers that carry an MQTT message's metadata (module docstring), and
     ``mqtt.sender`` when ``sender``; ``MetadataTooLarge`` naming the limit when they do not
     fit a header block."""
+    if meta is None and not sender:  # the common case: one header, checked once
+        return _PLAIN_HEADERS[qos]
     headers: dict[str, str | bytes] = {"mqtt.qos": str(qos)}
     if sender:
         headers[SENDER_HEADER] = str(sender)
@@ -139,6 +141,8 @@ def to_headers(meta: MessageMeta | None, qos: int, sender: int = 0) -> dict[str,
 
 
 _SCALAR_KEY = dict(_SCALARS)
+_PLAIN_HEADERS: dict[int, dict[str, str | bytes]] = {q: {"mqtt.qos": str(q)} for q in (0, 1, 2)}
+"""``to_headers`` of a message with no metadata and no sender, per QoS (shared: read only)."""
 
 
 def _mqtt_string(value: str | bytes) -> str | None:

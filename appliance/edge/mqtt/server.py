@@ -103,6 +103,12 @@ class MqttServer:
         self._tasks: set[asyncio.Task] = set()
         self._sock: socket.socket | None = None
         self.address: tuple[str, int] | None = None
+        self._unsent: dict[Any, set[MqttConnection | None]] = {}
+        """Native clients with publishes of this wake-up not sent yet -> the connections
+        (None: a will, a republish) those publishes came from (``end_wakeup``)."""
+        self._writes: list[MqttConnection] = []
+        """Connections with packets waiting for the end of this wake-up."""
+        self._wakeup_end_due = False
         from appliance.control.credentials import hash_password
 
         self.decoy_hash = hash_password(os.urandom(16))
@@ -417,6 +423,49 @@ class MqttServer:
         if self.retained_share is not None:
             self.retained_share.copy(topic, payload, headers, stamp_ns)
         return True
+
+    # --- the end of a wake-up (on the loop) --------------------------------------------------
+    def defer_publish(self, native: Any, conn: MqttConnection | None) -> None:
+        """``native`` took a publish of ``conn`` with nothing sent: it is sent at the end of
+        this wake-up, with every other publish the wake-up gave it."""
+        conns = self._unsent.get(native)
+        if conns is None:
+            self._unsent[native] = conns = set()
+            self._end_due()
+        conns.add(conn)
+
+    def defer_write(self, conn: MqttConnection) -> None:
+        """``conn`` has packets to write at the end of this wake-up."""
+        self._writes.append(conn)
+        self._end_due()
+
+    def _end_due(self) -> None:
+        if not self._wakeup_end_due:
+            self._wakeup_end_due = True
+            self.loop.call_soon(self.end_wakeup)
+
+    def end_wakeup(self) -> None:
+        """Once per wake-up of the loop that published or sent: each native client sends the
+        publishes it took (one frame per class and stream for many connections' packets),
+        then each connection writes its packets in one write. A native send that fails
+        closes the connections whose publishes it held, with their packets unsent (no
+        PUBACK for a message that did not leave)."""
+        self._wakeup_end_due = False
+        unsent, self._unsent = self._unsent, {}
+        for native, conns in unsent.items():
+            try:
+                native.send_pending()
+            except Exception as exc:  # (the connection to the appliance is lost)
+                self.count("native_publish_failed", len(conns))
+                log.info("mqtt: a native send failed (%s); its publishers' connections close",
+                         exc)
+                for conn in conns:
+                    if conn is not None and not conn.closing:
+                        conn.drop_out()
+                        self.spawn(conn.close("native_publish_failed", Reason.UNSPECIFIED))
+        writes, self._writes = self._writes, []
+        for conn in writes:
+            conn.flush_out()
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:

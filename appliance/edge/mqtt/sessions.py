@@ -117,6 +117,8 @@ class SessionState:
     def no_local_for(self, topic: str) -> bool:
         """A No Local filter of this session matches ``topic`` (its PUBLISH to ``topic`` is
         marked with ``mqtt.sender``: identities.py)."""
+        if not self.filters:  # (a publisher's session, mostly)
+            return False
         from appliance.edge.mqtt.topics import mqtt_matches
 
         return any(o.no_local and mqtt_matches(o.match, topic) for o in self.filters.values())

@@ -67,7 +67,7 @@ def cert_common_name(peercert: dict | None) -> str | None:
 
 
 class WsReader:
-    """The MQTT bytes a WebSocket received, read with ``readexactly`` (what
+    """The MQTT bytes a WebSocket received, read with ``read`` or ``readexactly`` (what
     ``MqttConnection`` asks of a reader); ``feed`` waits while more than ``limit`` bytes are
     unread, so the socket is not read meanwhile."""
 
@@ -89,6 +89,15 @@ class WsReader:
         async with self._changed:
             self._eof = True
             self._changed.notify_all()
+
+    async def read(self, n: int) -> bytes:
+        """At most ``n`` of the bytes received, at least one (waits); b"" at the end."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._buf or self._eof)
+            out = bytes(self._buf[:n])
+            del self._buf[:n]
+            self._changed.notify_all()
+            return out
 
     async def readexactly(self, n: int) -> bytes:
         async with self._changed:
