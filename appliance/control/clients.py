@@ -232,6 +232,7 @@ class ClientSide:
         while sid in self.sessions or sid in self.names:
             sid = random.randrange(1, 2**31)
         self.compiler.add_egress(f"c:{sid}", port)
+        self._port_changes[port] = ("client", sid)
         session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
                           login_token=token if isinstance(token, int) else None,
                           server_signature=signature, standby=bool(doc.get("standby")))
@@ -386,9 +387,8 @@ class ClientSide:
     def _end_session(self, session: Session, why: str) -> None:
         if self.sessions.pop(session.session_id, None) is None:
             return
-        for key, sid in list(self.session_of_peer.items()):
-            if sid == session.session_id:
-                del self.session_of_peer[key]
+        if self.session_of_peer.get((session.channel, session.peer)) == session.session_id:
+            del self.session_of_peer[(session.channel, session.peer)]
         self.compiler.remove_egress(f"c:{session.session_id}")
         self._quarantine.append(session.port)
         self._retired[session.port] = ("client", session.session_id)
@@ -459,6 +459,7 @@ class ClientSide:
                         if session.gport is None:  # checked by _subscribe_refused
                             raise OffloadError("no egress port is free")
                         self.compiler.add_egress(f"g:{sid}", session.gport)
+                        self._port_changes[session.gport] = ("gclient", sid)
                     self.compiler.subscribe(f"g:{sid}" if guaranteed else f"c:{sid}", pattern,
                                             ns)
             else:  # an unsubscribe applies to both classes (the client keeps one list)

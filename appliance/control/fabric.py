@@ -406,12 +406,12 @@ class FabricSide:
 
     def _install_tables(self) -> None:
         next_hop, transit, peer_node = getattr(self, "_fwd", ({}, {}, {}))
-        ports: dict[int, tuple[str, int]] = {}
-        ports.update(self._retired)
-        for sid, s in self.sessions.items():
-            ports[s.port] = ("client", sid)
-            if s.gport is not None:
-                ports[s.gport] = ("gclient", sid)
+        changes = self._port_changes
+        if changes:  # the client sessions' ports: a patch, before the tables and snapshot
+            self._port_changes = {}
+            self.dp.command("set_ports", changes)
+        ports: dict[int, tuple[str, int]] = {  # the destination appliances' ports
+            port: what for port, what in self._retired.items() if what[0] in ("node", "gnode")}
         for (kind, node), (port, _) in self.dest_egress.items():
             ports[port] = ("node" if kind == "n" else "gnode", node)
         epochs = {origin: state[0] for origin, state in self.interest.items()}
