@@ -156,6 +156,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._retired: dict[int, tuple[str, int]] = {}
         """Quarantined ports -> what they led to: the forwarding tables keep them until the
         snapshot that no longer uses them is published (its predecessor may still run)."""
+        self._interest_changed: set[int] = set()
+        """Sessions whose patterns changed, or that ended, since the interest was last
+        computed (``InterestSets.update`` looks at these only)."""
         self._port_changes: dict[int, tuple[str, int] | None] = {}
         """Client sessions' ports ("client"/"gclient") changed since the last table build:
         port -> what it leads to, None once it is free again. They reach the data path as a

@@ -400,6 +400,7 @@ class ClientSide:
         self.mirror.ended(session)
         self.dp.command("remove_session", sid)
         self._selectors_dirty = self._selectors_dirty or bool(session.rules)
+        self._interest_changed.add(sid)
         self._interest_dirty = True
         self._tables_dirty = True
         log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
@@ -480,6 +481,7 @@ class ClientSide:
             session.patterns = self._positive(f"c:{sid}")
             if session.gport is not None:
                 session.gpatterns = self._positive(f"g:{sid}")
+            self._interest_changed.add(sid)
             if len(session.qos) > len(session.patterns) + len(session.gpatterns):
                 session.qos = {k: q for k, q in session.qos.items()
                                if k in session.patterns or k in session.gpatterns}
@@ -530,9 +532,9 @@ class ClientSide:
 
     def _session_lists(self, session: Session) -> list[tuple[str, Any]]:
         """(egress name, egress) of the session's egresses (best-effort, guaranteed)."""
-        egresses = self.compiler.egresses
         names = [f"c:{session.session_id}", f"g:{session.session_id}"]
-        return [(name, egresses[name]) for name in names if name in egresses]
+        return [(name, egress) for name in names
+                if (egress := self.compiler.egress_of(name)) is not None]
 
     def _list_entries(self, session: Session) -> int:
         """Entries of the session's subscription lists, both classes together."""
@@ -555,7 +557,7 @@ class ClientSide:
         return grow
 
     def _positive(self, egress: str) -> Counter:
-        return Counter({(n, p): 1 for n, lst in self.compiler.egresses[egress].lists.items()
+        return Counter({(n, p): 1 for n, lst in self.compiler.egress_of(egress).lists.items()
                         for p in lst.positive_patterns()})
 
     def _register(self, session: Session, entries: list) -> None:
@@ -654,6 +656,7 @@ class ClientSide:
                 session.patterns = self._positive(f"c:{sid}")
                 if session.gport is not None:
                     session.gpatterns = self._positive(f"g:{sid}")
+                self._interest_changed.add(sid)
                 session.qos = {k: q for k, q in session.qos.items()
                                if k in session.patterns or k in session.gpatterns}
                 self._interest_dirty = True

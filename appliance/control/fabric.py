@@ -524,9 +524,11 @@ class FabricSide:
         else:
             advertised = None
         sets = self.__dict__.get("_interest_sets")
+        changed, self._interest_changed = self._interest_changed, set()
         if sets is None:
-            sets = self._interest_sets = InterestSets()
-        best_effort, gadvertised = sets.update(self.sessions)
+            sets, changed = InterestSets(), None  # the first: every session
+            self._interest_sets = sets
+        best_effort, gadvertised = sets.update(self.sessions, changed)
         if advertised is None:
             advertised = best_effort
         old = self.advertised

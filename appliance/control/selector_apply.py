@@ -91,8 +91,9 @@ def record(agent: Any, session: Session, entry: al.Subscription, add: bool) -> b
                  if not (r[0] == ns and _within(pattern, r[1]))]
         plain = {p for p in session.plain if not (p[0] == ns and _within(pattern, p[1]))}
         if rules != session.rules or plain != session.plain:
+            # (the plain patterns count only for a session with selectors: ``guards``)
+            agent._selectors_dirty = agent._selectors_dirty or bool(session.rules)
             session.rules, session.plain = rules, plain
-            agent._selectors_dirty = True
         return False
     if entry.qos == QOS_GUARANTEED:
         return False  # its own egress, sequenced streams: the client evaluates
@@ -104,7 +105,9 @@ def record(agent: Any, session: Session, entry: al.Subscription, add: bool) -> b
         return True
     if (ns, pattern) not in session.plain:
         session.plain.add((ns, pattern))
-        agent._selectors_dirty = True
+        # (a session without selectors has no guards whatever its plain patterns: no pass
+        # over every session for its plain subscribe)
+        agent._selectors_dirty = agent._selectors_dirty or bool(session.rules)
     return False
 
 

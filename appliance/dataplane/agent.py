@@ -353,6 +353,17 @@ class DataPlaneAgent(Delivery, Output):
         tables = SoftTables(**{name: getattr(current, name) for name in same}, **changed)
         self.nic.switch.publish(Snapshot(entries, tables))
 
+    def publish_snapshot_rows(self, entries: Any, changed_rows: Any, acl_changed: bool
+                              ) -> None:
+        """``publish_snapshot`` of the snapshot the control plane made from the current one
+        with ``Snapshot.evolve``: ``entries`` (an ``EntriesPatch`` of the current entries)
+        differ in the topic_key rows ``changed_rows`` only, and the software NIC's arrays
+        are made here from those rows as the control plane made its own (no array crosses
+        the link whole, and no one compares whole arrays to find the changes)."""
+        snapshot = self.nic.switch.current
+        entries = entries.apply(snapshot.entries)
+        self.nic.switch.publish(snapshot.evolve(entries, changed_rows, acl_changed))
+
     # --- for the idle strategy (data-path thread) ---------------------------------------------
     def wait_set(self) -> WaitSet:
         """The receiving channels' descriptors (``PollingIdle``); not complete when one of

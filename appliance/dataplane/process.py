@@ -277,6 +277,16 @@ class DataPathProcess:
         few rows of a slot array of 33 MB at 1,000,000 topics), and the entries' key rows
         likewise; the child takes the rest from its current snapshot
         (``DataPlaneAgent.publish_snapshot_delta``)."""
+        delta = snapshot.delta
+        if delta is not None and delta[0] == self._sent_entries.version:
+            # made from the one the child holds: the changed rows alone, and the child makes
+            # the same arrays from them (no comparison of whole arrays here)
+            entries = snapshot_patch.EntriesPatch.rows(snapshot.entries, self._sent_entries,
+                                                       delta[1])
+            self.command("publish_snapshot_rows", entries, delta[1], delta[2])
+            self._sent_tables = snapshot.tables
+            self._sent_entries = snapshot.entries
+            return
         tables, sent = snapshot.tables, self._sent_tables
         changed: dict[str, Any] = {}
         same: list[str] = []

@@ -3,7 +3,8 @@ that changed, nothing else) instead of the whole port map at every table build, 
 path patches its express plan and session table in place: the forwarding is the same as with
 tables built whole. Sessions log in and out between publishes, and each subscriber gets
 exactly its messages; the patched plan and session table equal ones built anew; over the
-data-path process's link a login sends its one port."""
+data-path process's link a login sends its one port, and a subscribe's snapshot its changed
+rows."""
 
 from __future__ import annotations
 
@@ -190,6 +191,9 @@ def test_the_process_link_carries_a_login_as_its_port_alone():
         _check_exact(*_traffic(app, port))
         control = app.control
         wait_for(lambda: not control._tables_dirty, what="the table builds")
+        # the subscribes' snapshots crossed as their changed rows (publish_snapshot_rows)
+        names = [name for name, _ in seen]
+        assert "publish_snapshot_rows" in names and "publish_snapshot_delta" not in names
         tables = [args[0] for name, args in seen if name == "set_tables"]
         assert all(what[0] in ("node", "gnode") for t in tables for what in t.ports.values())
         patches = [args[0] for name, args in seen if name == "set_ports"]
