@@ -510,6 +510,9 @@ class FabricSide:
         self._install_tables()
         try:
             self._pending_snapshot = self.compiler.build()
+            built = getattr(self.dp, "built_snapshot", None)  # (a data path in a process)
+            if built is not None:
+                built(self._pending_snapshot)
         except OffloadError as exc:
             self.counters["compile_failed"] += 1
             log.error("%s: compiling tables failed: %s", self.cfg.name, exc)

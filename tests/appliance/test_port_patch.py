@@ -204,7 +204,7 @@ def test_the_process_link_carries_a_login_as_its_port_alone():
         del seen[:]
         with connect(f"udp://127.0.0.1:{port}", scale.IDENTITY, timeout_s=10) as d:
             mine = control.sessions[d.session].port
-            wait_for(lambda: any(name == "set_ports" and mine in args[0]
+            wait_for(lambda: any(name == "set_ports" and args[0].get(mine) is not None
                                  for name, args in seen), what="the login's set_ports")
             patches = [args[0] for name, args in seen if name == "set_ports"]
             # (and the ports of the sessions that ended before, free again)
