@@ -28,7 +28,7 @@ are collected from the catalog, and lists with negative entries confirm.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -103,6 +103,9 @@ class OffloadCompiler:
         self._spec = spec
         self._synced_version = 0
         self._egresses: dict[str, Egress] = {}
+        self._class_uses: Counter[int] = Counter()
+        """ACL class -> how many egresses have it (``build`` checks them without a pass
+        over every egress)."""
         self._schemas: dict[str, Schema] = {}
         self._classes: dict[int, AclClass] = {}
         self._class_entries: dict[int, tuple[model.TableEntry, ...]] = {}
@@ -138,6 +141,11 @@ class OffloadCompiler:
         """Egresses by name (read them; change them through the methods)."""
         return dict(self._egresses)
 
+    def egress_of(self, name: str) -> Egress | None:
+        """The egress named ``name`` (read it; change it through the methods), or None: no
+        copy of the egresses, as ``egresses`` makes."""
+        return self._egresses.get(name)
+
     @property
     def acl_classes(self) -> dict[int, AclClass]:
         return dict(self._classes)
@@ -148,6 +156,7 @@ class OffloadCompiler:
             raise CompileError(f"egress {name!r} exists; remove it first or pick another name")
         self._check_port_class(name, port, acl_class)
         self._egresses[name] = Egress(name, port, acl_class)
+        self._class_uses[acl_class] += 1
 
     def set_egress(self, name: str, *, port: int | None = None,
                    acl_class: int | None = None) -> None:
@@ -157,6 +166,8 @@ class OffloadCompiler:
         new_class = egress.acl_class if acl_class is None else acl_class
         self._check_port_class(name, new_port, new_class)
         self._mark_egress(egress)
+        self._class_uses[egress.acl_class] -= 1
+        self._class_uses[new_class] += 1
         egress.port, egress.acl_class = new_port, new_class
 
     def remove_egress(self, name: str) -> None:
@@ -166,6 +177,7 @@ class OffloadCompiler:
             for pattern in sublist.positive_patterns():
                 self._index[namespace].remove(pattern, name)
         del self._egresses[name]
+        self._class_uses[egress.acl_class] -= 1
 
     def subscribe(self, egress: str, pattern: str, namespace: int = 0) -> None:
         """Apply ``+pattern`` to the egress's list. After it the egress delivers every topic
@@ -260,7 +272,7 @@ class OffloadCompiler:
         subscription whose pattern matches no known topic, or one that leaves every
         decision as it was), so the caller can tell there is nothing to install."""
         self._sync_registry()
-        for acl_class in {e.acl_class for e in self._egresses.values()} - {0}:
+        for acl_class in [c for c, n in self._class_uses.items() if n and c]:
             if acl_class not in self._classes:
                 raise CompileError(f"egresses use ACL class {acl_class}, which is not "
                                    "defined; define_acl_class() it")

@@ -37,6 +37,10 @@ class Snapshot:
 
     entries: EntrySet
     tables: SoftTables
+    delta: tuple[int, np.ndarray, bool] | None = None
+    """How ``evolve`` made it: (the version it came from, the changed topic_key rows, whether
+    the ACL entries changed); None for a snapshot built whole. A data path holding that
+    version makes this one from the rows alone (appliance/dataplane/process.py)."""
 
     @classmethod
     def build(cls, entries: EntrySet) -> Snapshot:
@@ -52,7 +56,8 @@ class Snapshot:
                                    f"{self.version}")
         if entries.spec != self.spec:
             return Snapshot.build(entries)
-        return Snapshot(entries, patch_tables(self.tables, entries, changed_rows, acl_changed))
+        return Snapshot(entries, patch_tables(self.tables, entries, changed_rows, acl_changed),
+                        (self.version, changed_rows, acl_changed))
 
     @property
     def version(self) -> int:

@@ -157,6 +157,15 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._retired: dict[int, tuple[str, int]] = {}
         """Quarantined ports -> what they led to: the forwarding tables keep them until the
         snapshot that no longer uses them is published (its predecessor may still run)."""
+        self._interest_changed: set[int] = set()
+        """Sessions whose patterns changed, or that ended, since the interest was last
+        computed (``InterestSets.update`` looks at these only)."""
+        self._port_changes: dict[int, tuple[str, int] | None] = {}
+        """Client sessions' ports ("client"/"gclient") changed since the last table build:
+        port -> what it leads to, None once it is free again. They reach the data path as a
+        ``set_ports`` command (a patch) at the next build; the forwarding tables themselves
+        carry only the destination appliances' ports, so a login or logout costs no pass
+        over every session (``_install_tables``)."""
         self._topology_dirty = True
         self._interest_dirty = True
         self._tables_dirty = True
@@ -292,6 +301,9 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
             self._pending_snapshot = None
             for port in self._quarantine:
                 self._free_ports.append(port)
+                what = self._retired.get(port)
+                if what is not None and what[0] in ("client", "gclient"):
+                    self._port_changes[port] = None  # out of the data path's map
             self._quarantine.clear()
             self._retired.clear()
         if self._replies_when_live and not self._tables_dirty and self._pending_snapshot is None:

@@ -241,6 +241,7 @@ class ClientSide:
         while sid in self.sessions or sid in self.names:
             sid = random.randrange(1, 2**31)
         self.compiler.add_egress(f"c:{sid}", port)
+        self._port_changes[port] = ("client", sid)
         session = Session(sid, identity, channel, peer, ents, port, ring, now_ns,
                           login_token=token if isinstance(token, int) else None,
                           server_signature=signature, standby=bool(doc.get("standby")))
@@ -398,9 +399,8 @@ class ClientSide:
     def _end_session(self, session: Session, why: str) -> None:
         if self.sessions.pop(session.session_id, None) is None:
             return
-        for key, sid in list(self.session_of_peer.items()):
-            if sid == session.session_id:
-                del self.session_of_peer[key]
+        if self.session_of_peer.get((session.channel, session.peer)) == session.session_id:
+            del self.session_of_peer[(session.channel, session.peer)]
         self.compiler.remove_egress(f"c:{session.session_id}")
         self._quarantine.append(session.port)
         self._retired[session.port] = ("client", session.session_id)
@@ -413,6 +413,7 @@ class ClientSide:
         self.successors.ended(self, session, why)
         self.dp.command("remove_session", sid)
         self._selectors_dirty = self._selectors_dirty or bool(session.rules)
+        self._interest_changed.add(sid)
         self._interest_dirty = True
         self._tables_dirty = True
         log.info("%s: client %r session %d ended (%s)", self.cfg.name, session.identity,
@@ -472,6 +473,7 @@ class ClientSide:
                         if session.gport is None:  # checked by _subscribe_refused
                             raise OffloadError("no egress port is free")
                         self.compiler.add_egress(f"g:{sid}", session.gport)
+                        self._port_changes[session.gport] = ("gclient", sid)
                     self.compiler.subscribe(f"g:{sid}" if guaranteed else f"c:{sid}", pattern,
                                             ns)
             else:  # an unsubscribe applies to both classes (the client keeps one list)
@@ -492,6 +494,7 @@ class ClientSide:
             session.patterns = self._positive(f"c:{sid}")
             if session.gport is not None:
                 session.gpatterns = self._positive(f"g:{sid}")
+            self._interest_changed.add(sid)
             if len(session.qos) > len(session.patterns) + len(session.gpatterns):
                 session.qos = {k: q for k, q in session.qos.items()
                                if k in session.patterns or k in session.gpatterns}
@@ -544,9 +547,9 @@ class ClientSide:
 
     def _session_lists(self, session: Session) -> list[tuple[str, Any]]:
         """(egress name, egress) of the session's egresses (best-effort, guaranteed)."""
-        egresses = self.compiler.egresses
         names = [f"c:{session.session_id}", f"g:{session.session_id}"]
-        return [(name, egresses[name]) for name in names if name in egresses]
+        return [(name, egress) for name in names
+                if (egress := self.compiler.egress_of(name)) is not None]
 
     def _list_entries(self, session: Session) -> int:
         """Entries of the session's subscription lists, both classes together."""
@@ -569,7 +572,7 @@ class ClientSide:
         return grow
 
     def _positive(self, egress: str) -> Counter:
-        return Counter({(n, p): 1 for n, lst in self.compiler.egresses[egress].lists.items()
+        return Counter({(n, p): 1 for n, lst in self.compiler.egress_of(egress).lists.items()
                         for p in lst.positive_patterns()})
 
     def _register(self, session: Session, entries: list) -> None:
@@ -668,6 +671,7 @@ class ClientSide:
                 session.patterns = self._positive(f"c:{sid}")
                 if session.gport is not None:
                     session.gpatterns = self._positive(f"g:{sid}")
+                self._interest_changed.add(sid)
                 session.qos = {k: q for k, q in session.qos.items()
                                if k in session.patterns or k in session.gpatterns}
                 self._interest_dirty = True

@@ -406,12 +406,12 @@ class FabricSide:
 
     def _install_tables(self) -> None:
         next_hop, transit, peer_node = getattr(self, "_fwd", ({}, {}, {}))
-        ports: dict[int, tuple[str, int]] = {}
-        ports.update(self._retired)
-        for sid, s in self.sessions.items():
-            ports[s.port] = ("client", sid)
-            if s.gport is not None:
-                ports[s.gport] = ("gclient", sid)
+        changes = self._port_changes
+        if changes:  # the client sessions' ports: a patch, before the tables and snapshot
+            self._port_changes = {}
+            self.dp.command("set_ports", changes)
+        ports: dict[int, tuple[str, int]] = {  # the destination appliances' ports
+            port: what for port, what in self._retired.items() if what[0] in ("node", "gnode")}
         for (kind, node), (port, _) in self.dest_egress.items():
             ports[port] = ("node" if kind == "n" else "gnode", node)
         epochs = {origin: state[0] for origin, state in self.interest.items()}
@@ -510,6 +510,9 @@ class FabricSide:
         self._install_tables()
         try:
             self._pending_snapshot = self.compiler.build()
+            built = getattr(self.dp, "built_snapshot", None)  # (a data path in a process)
+            if built is not None:
+                built(self._pending_snapshot)
         except OffloadError as exc:
             self.counters["compile_failed"] += 1
             log.error("%s: compiling tables failed: %s", self.cfg.name, exc)
@@ -524,9 +527,11 @@ class FabricSide:
         else:
             advertised = None
         sets = self.__dict__.get("_interest_sets")
+        changed, self._interest_changed = self._interest_changed, set()
         if sets is None:
-            sets = self._interest_sets = InterestSets()
-        best_effort, gadvertised = sets.update(self.sessions)
+            sets, changed = InterestSets(), None  # the first: every session
+            self._interest_sets = sets
+        best_effort, gadvertised = sets.update(self.sessions, changed)
         if advertised is None:
             advertised = best_effort
         old = self.advertised

@@ -82,6 +82,36 @@ def selector_refusal(agent: Any, session: Session, entry: al.Subscription) -> st
     return reason
 
 
+def ruled_sessions(agent: Any) -> list[Session]:
+    """The sessions that hold selector rules (kept as rules come and go: no pass over every
+    session once they are known); forgets the ended ones."""
+    ruled = _ruled(agent)
+    out = []
+    for sid in list(ruled):
+        session = agent.sessions.get(sid)
+        if session is None or not session.rules:
+            ruled.discard(sid)
+        else:
+            out.append(session)
+    return out
+
+
+def _ruled(agent: Any) -> set[int]:
+    """The ids of the sessions with rules, found by one pass the first time."""
+    ruled = agent.__dict__.get("_ruled_sessions")
+    if ruled is None:
+        ruled = agent._ruled_sessions = {sid for sid, s in agent.sessions.items() if s.rules}
+    return ruled
+
+
+def _note_rules(agent: Any, session: Session) -> None:
+    ruled = _ruled(agent)
+    if session.rules:
+        ruled.add(session.session_id)
+    else:
+        ruled.discard(session.session_id)
+
+
 def record(agent: Any, session: Session, entry: al.Subscription, add: bool) -> bool:
     """Keep an accepted (un)subscribe in the session's rules; whether the appliance filters
     this subscription's messages (a best-effort one with a selector)."""
@@ -91,8 +121,10 @@ def record(agent: Any, session: Session, entry: al.Subscription, add: bool) -> b
                  if not (r[0] == ns and _within(pattern, r[1]))]
         plain = {p for p in session.plain if not (p[0] == ns and _within(pattern, p[1]))}
         if rules != session.rules or plain != session.plain:
+            # (the plain patterns count only for a session with selectors: ``guards``)
+            agent._selectors_dirty = agent._selectors_dirty or bool(session.rules)
             session.rules, session.plain = rules, plain
-            agent._selectors_dirty = True
+            _note_rules(agent, session)
         return False
     if entry.qos == QOS_GUARANTEED:
         return False  # its own egress, sequenced streams: the client evaluates
@@ -101,10 +133,13 @@ def record(agent: Any, session: Session, entry: al.Subscription, add: bool) -> b
         if rule not in session.rules:
             session.rules.append(rule)
             agent._selectors_dirty = True
+            _note_rules(agent, session)
         return True
     if (ns, pattern) not in session.plain:
         session.plain.add((ns, pattern))
-        agent._selectors_dirty = True
+        # (a session without selectors has no guards whatever its plain patterns: no pass
+        # over every session for its plain subscribe)
+        agent._selectors_dirty = agent._selectors_dirty or bool(session.rules)
     return False
 
 
@@ -136,9 +171,8 @@ def selective_interest(agent: Any) -> dict[tuple[int, str], tuple[str, ...]]:
     rules: list[tuple[int, str, str]] = []
     plain: set[tuple[int, str]] = set()
     rdv = getattr(agent, "rdv", None)  # rendezvous mode: registered rules are matched there
-    for s in agent.sessions.values():
-        if s.rules:
-            rules.extend(r for r in s.rules if rdv is None or not rdv.registered(*r))
+    for s in ruled_sessions(agent):
+        rules.extend(r for r in s.rules if rdv is None or not rdv.registered(*r))
     out: dict[tuple[int, str], tuple[str, ...]] = {}
     if not rules:  # the usual case: no pass over every session's patterns
         return out
@@ -211,7 +245,7 @@ def sync(agent: Any) -> None:
     agent._selectors_dirty = False
     agent._selectors_synced = state
     records = agent.registry.entries()
-    maps = {sid: g for sid, s in agent.sessions.items() if s.rules
+    maps = {s.session_id: g for s in ruled_sessions(agent)
             for g in (guards(s, records),) if g}
     nodes = {o: g for o in dests if o in agent.interest_selectors
              for g in (node_guards(agent, o, records),) if g}

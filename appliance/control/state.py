@@ -122,12 +122,21 @@ class InterestSets:
         self._changed = [False, False]
         self._union: list[frozenset] = [frozenset(), frozenset()]
 
-    def update(self, sessions: dict[int, Session]) -> tuple[frozenset, frozenset]:
-        """(best-effort, guaranteed) minimal sets of ``sessions`` now."""
+    def update(self, sessions: dict[int, Session], changed: Any = None
+               ) -> tuple[frozenset, frozenset]:
+        """(best-effort, guaranteed) minimal sets of ``sessions`` now. ``changed``: the ids
+        of the only sessions that may have come, gone or changed their patterns since the
+        last update (no pass over the others); None: look at every session."""
         seen = self._seen
-        for sid in [sid for sid in seen if sid not in sessions]:
+        if changed is None:
+            gone = [sid for sid in seen if sid not in sessions]
+            looked = sessions.items()
+        else:
+            gone = [sid for sid in changed if sid in seen and sid not in sessions]
+            looked = [(sid, sessions[sid]) for sid in changed if sid in sessions]
+        for sid in gone:
             self._apply(seen.pop(sid), (Counter(), Counter()))
-        for sid, session in sessions.items():
+        for sid, session in looked:
             held = seen.get(sid)
             now = (session.patterns, session.gpatterns)
             if held is None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -138,8 +139,16 @@ class DataPlaneAgent(Delivery, Output):
         event its idle wait watches)."""
         self.outbox: deque[tuple[str, int, bytes]] = deque()
         self.tables = ForwardingTables(node_id)
+        """The forwarding tables; their ``ports`` is the agent's own map: the tables' ports
+        and the client sessions' ports of ``set_ports``."""
+        self.session_ports: dict[int, tuple[str, int]] = {}
+        """The client sessions' ports the control agent installed with ``set_ports``."""
+        self._client_port: dict[int, int] = {}
+        """Session id -> its ("client", session) port in ``tables.ports``."""
         self.sessions: dict[int, DpSession] = {}
         self._by_peer: dict[tuple[str, int], DpSession] = {}
+        self._peer_of: dict[int, tuple[str, int]] = {}
+        """Session id -> the peer it logged in from (its key in ``_by_peer``)."""
         self.sessions_version = 0
         """Changes whenever a session comes or goes (the express path's plan follows it)."""
         self.allowed_version = 0
@@ -344,6 +353,17 @@ class DataPlaneAgent(Delivery, Output):
         tables = SoftTables(**{name: getattr(current, name) for name in same}, **changed)
         self.nic.switch.publish(Snapshot(entries, tables))
 
+    def publish_snapshot_rows(self, entries: Any, changed_rows: Any, acl_changed: bool
+                              ) -> None:
+        """``publish_snapshot`` of the snapshot the control plane made from the current one
+        with ``Snapshot.evolve``: ``entries`` (an ``EntriesPatch`` of the current entries)
+        differ in the topic_key rows ``changed_rows`` only, and the software NIC's arrays
+        are made here from those rows as the control plane made its own (no array crosses
+        the link whole, and no one compares whole arrays to find the changes)."""
+        snapshot = self.nic.switch.current
+        entries = entries.apply(snapshot.entries)
+        self.nic.switch.publish(snapshot.evolve(entries, changed_rows, acl_changed))
+
     # --- for the idle strategy (data-path thread) ---------------------------------------------
     def wait_set(self) -> WaitSet:
         """The receiving channels' descriptors (``PollingIdle``); not complete when one of
@@ -382,8 +402,31 @@ class DataPlaneAgent(Delivery, Output):
 
     # --- commands (run on the data-path thread) -----------------------------------------------
     def set_tables(self, tables: ForwardingTables) -> None:
-        self.tables = tables
+        """New forwarding tables; the sessions' ports of ``set_ports`` stay (the control
+        agent's tables carry the destination appliances' ports only)."""
+        ports = {**self.session_ports, **tables.ports}  # (the agent's own: set_ports edits it)
+        self.tables = tables = replace(tables, ports=ports)
+        self._client_port = {arg: port for port, (what, arg) in ports.items()
+                             if what == "client"}
         self.guaranteed.on_tables(tables)
+
+    def set_ports(self, changes: dict[int, tuple[str, int] | None]) -> None:
+        """Install or drop client sessions' ports: port -> ("client" or "gclient", session),
+        or None when the port is free again. Only these ports' rows of the express plan are
+        made again, so a login costs the same whatever the number of sessions."""
+        ports, client_port = self.tables.ports, self._client_port
+        for port, what in changes.items():
+            old = ports.get(port)
+            if old is not None and old[0] == "client" and client_port.get(old[1]) == port:
+                del client_port[old[1]]
+            if what is None:
+                self.session_ports.pop(port, None)
+                ports.pop(port, None)
+            else:
+                self.session_ports[port] = ports[port] = what
+                if what[0] == "client":
+                    client_port[what[1]] = port
+        self.express.patch_ports(changes)
 
     def add_session(self, session: DpSession, peer: tuple[str, int]) -> None:
         if session.channel == CLIENT_SHM and session.tx is None and session.ring is not None:
@@ -399,9 +442,16 @@ class DataPlaneAgent(Delivery, Output):
         self.session_auth.attach(session)
         if self.session_auth.version != grown:
             self.express.reset()  # its kernels' arguments hold the smaller arrays
+        before = (self.sessions_version, self.allowed_version)
+        replaced = self._by_peer.get(peer)
         self.sessions[session.session_id] = session
         self._by_peer[peer] = session
+        self._peer_of[session.session_id] = peer
         self.sessions_version += 1
+        port = self._client_port.get(session.session_id)
+        self.express.patch_ports(() if port is None else (port,), before[0])
+        if replaced is None:  # (else its peer's row changes: the table is built anew)
+            self.express.session_added(session, peer, before)
 
     def remove_session(self, session_id: int) -> None:
         self.flows.forget(session_id)
@@ -409,10 +459,14 @@ class DataPlaneAgent(Delivery, Output):
         session = self.sessions.pop(session_id, None)
         if session is None:
             return
+        before = (self.sessions_version, self.allowed_version)
         self.sessions_version += 1
-        for peer, s in list(self._by_peer.items()):
-            if s is session:
-                del self._by_peer[peer]
+        peer = self._peer_of.pop(session_id, None)
+        if peer is not None and self._by_peer.get(peer) is session:
+            del self._by_peer[peer]
+            self.express.session_removed(session_id, before)
+        port = self._client_port.get(session_id)
+        self.express.patch_ports(() if port is None else (port,), before[0])
         self.guaranteed.flush(0)
         if session.auth_slot >= 0 and session.channel == CLIENT_UDP:
             self._out[CLIENT_UDP].flush()  # what is queued for it (a LOGOUT) leaves signed

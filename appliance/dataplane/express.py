@@ -53,7 +53,7 @@ tests run the same traffic both ways and compare).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numba
@@ -142,6 +142,37 @@ class ExpressPlan:
     their windows, the group's link id)."""
 
 
+def _fill_row(dp: Any, tables: Any, queues: tuple[str, ...], ports: np.ndarray, owners: list,
+              port: int, what: str, arg: int) -> None:
+    """Port ``port``'s row of the plan (all zero: K_NONE before) and its owner."""
+    row = ports[port]
+    if what == "client":
+        session = dp.sessions.get(arg)
+        if session is None:
+            row[0] = row[P_LOCAL] = K_SKIP
+        elif session.selectors is not None or session.flow is not None:
+            # the general loop applies its selectors, or its flow control
+            row[0] = row[P_LOCAL] = K_GENERAL
+        elif session.channel != queues[FABRIC_Q] and session.channel in queues:
+            row[:] = (K_DELIVER, queues.index(session.channel), session.dest,
+                      session.session_id, K_DELIVER)
+            owners[port] = session
+        else:
+            row[0] = row[P_LOCAL] = K_GENERAL
+    elif what == "node" and not tables.group_direct.get(arg):
+        hop = tables.next_hop.get(arg)
+        if arg in dp.node_selectors:  # the general loop applies its selectors
+            row[0] = K_GENERAL
+        elif hop is None:
+            row[0] = K_UNROUTABLE
+        else:
+            row[:4] = (K_DELIVER, FABRIC_Q, hop, arg)
+        row[P_LOCAL] = K_SKIP  # a neighbour's frame goes to this node's clients only
+    else:  # guaranteed egresses, destinations over a fabric group
+        row[0] = K_GENERAL
+        row[P_LOCAL] = K_SKIP  # (for a plain frame from a neighbour: nothing)
+
+
 def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan | None:
     """The plan for the agent's current tables and sessions and the NIC's ``snapshot``
     (``queues``: the out queues' names by the kernel's index), or None when the kernel may
@@ -155,34 +186,8 @@ def build_plan(dp: Any, snapshot: Any, queues: tuple[str, ...]) -> ExpressPlan |
     ports = np.zeros((rows, PORT_WORDS), np.int64)  # kinds K_NONE
     owners: list = [None] * rows
     for port, (what, arg) in tables.ports.items():
-        if not 0 <= port < rows:
-            continue
-        row = ports[port]
-        if what == "client":
-            session = dp.sessions.get(arg)
-            if session is None:
-                row[0] = row[P_LOCAL] = K_SKIP
-            elif session.selectors is not None or session.flow is not None:
-                # the general loop applies its selectors, or its flow control
-                row[0] = row[P_LOCAL] = K_GENERAL
-            elif session.channel != queues[FABRIC_Q] and session.channel in queues:
-                row[:] = (K_DELIVER, queues.index(session.channel), session.dest,
-                          session.session_id, K_DELIVER)
-                owners[port] = session
-            else:
-                row[0] = row[P_LOCAL] = K_GENERAL
-        elif what == "node" and not tables.group_direct.get(arg):
-            hop = tables.next_hop.get(arg)
-            if arg in dp.node_selectors:  # the general loop applies its selectors
-                row[0] = K_GENERAL
-            elif hop is None:
-                row[0] = K_UNROUTABLE
-            else:
-                row[:4] = (K_DELIVER, FABRIC_Q, hop, arg)
-            row[P_LOCAL] = K_SKIP  # a neighbour's frame goes to this node's clients only
-        else:  # guaranteed egresses, destinations over a fabric group
-            row[0] = K_GENERAL
-            row[P_LOCAL] = K_SKIP  # (for a plain frame from a neighbour: nothing)
+        if 0 <= port < rows:
+            _fill_row(dp, tables, queues, ports, owners, port, what, arg)
     groups = snapshot.entries.groups
     top = max((g.group_id for g in groups), default=0)
     start = np.zeros(top + 1, np.int64)
@@ -263,6 +268,43 @@ def build_sessions(dp: Any) -> SessionTable:
                 np.asarray([r for _, r in rows], np.int64)) for name, rows in peers.items()},
         np.zeros((len(sessions), 2), np.int64),
         np.asarray([s.auth_slot for s in sessions], np.int64))
+
+
+def session_added(table: SessionTable, session: Any, name: str, peer: int) -> SessionTable:
+    """``table`` with ``session`` (logged in from ``peer`` over channel ``name``) as a new
+    last row: its list and dict grown in place (the old table is not used again), its
+    arrays copied one row longer; no pass over the sessions in Python."""
+    row = len(table.sessions)
+    table.sessions.append(session)
+    table.rows[session.session_id] = row
+    keys = allowed_keys(session)
+    peers = dict(table.peers)
+    if not session.acl_class:  # a content ACL class: the general loop applies it
+        have, rows = peers.get(name, _NO_PEERS)
+        at = int(np.searchsorted(have, peer))
+        peers[name] = (np.insert(have, at, peer), np.insert(rows, at, row))
+    return SessionTable(
+        table.sessions, table.rows, np.append(table.ids, session.session_id),
+        np.append(table.bounds, table.bounds[-1] + len(keys)),
+        np.concatenate((table.keys, keys)), peers,
+        np.zeros((row + 1, 2), np.int64), np.append(table.slots, session.auth_slot))
+
+
+def session_removed(table: SessionTable, session_id: int) -> SessionTable | None:
+    """``table`` without the session: its row stays (counted to it, found by nobody: its
+    peer goes), or None when the table should be built anew (it was not in it, or the rows
+    of sessions gone outnumber the others)."""
+    row = table.rows.get(session_id)
+    if row is None or 2 * (len(table.sessions) - len(table.rows)) > len(table.sessions) + 64:
+        return None
+    rows = table.rows  # (in place: the old table is not used again)
+    del rows[session_id]
+    peers = {}
+    for name, (have, at) in table.peers.items():
+        keep = at != row
+        peers[name] = (have, at) if keep.all() else (have[keep], at[keep])
+    return SessionTable(table.sessions, rows, table.ids, table.bounds, table.keys, peers,
+                        np.zeros_like(table.counts), table.slots)
 
 
 class Express:
@@ -374,6 +416,61 @@ class Express:
                 # (folded: all zero) the kernels count per port of the plan
                 self.port_delivered = np.zeros(len(self.plan.ports), np.int64)
         return self.plan
+
+    def patch_ports(self, ports: Any, before: int | None = None) -> None:
+        """Patch the plan's rows of ``ports`` (their entries in the agent's tables changed, or
+        the sessions they lead to came or went) instead of building the plan anew at the next
+        burst: one row each, so a login or logout does not cost a pass over every port.
+        ``before``: the agent's sessions version before a session came or went (the plan, if
+        it was current then, is current again after the patch). A plan that is not current
+        is left to the next burst's rebuild."""
+        dp = self.dp
+        tables, version, groups = self._plan_for
+        plan = self.plan
+        if before is not None:
+            if version != before:
+                return
+            self._plan_for = (tables, version := dp.sessions_version, groups)
+        if plan is None or tables is not dp.tables or version != dp.sessions_version:
+            return
+        self.fold()  # what was counted goes to the rows' owners before they change
+        top = max((p for p in ports if 0 <= p < PORTS), default=-1)
+        if top >= len(plan.ports):
+            size = min(PORTS, max(top + 1, 2 * len(plan.ports)))
+            grown = np.zeros((size, PORT_WORDS), np.int64)  # rows beyond: K_NONE
+            grown[:len(plan.ports)] = plan.ports
+            plan = self.plan = replace(plan, ports=grown,
+                                       owners=plan.owners + [None] * (size - len(plan.owners)))
+            if size > len(self.port_delivered):  # (folded: all zero)
+                self.port_delivered = np.zeros(size, np.int64)
+        rows, owners, now = plan.ports, plan.owners, tables.ports
+        for port in ports:
+            if 0 <= port < len(rows):
+                rows[port] = 0
+                owners[port] = None
+                what = now.get(port)
+                if what is not None:
+                    _fill_row(dp, tables, self.queues, rows, owners, port, *what)
+
+    def session_added(self, session: Any, peer: tuple[str, int], before: tuple) -> None:
+        """A session came: its row appended to the session table (``before``: the agent's
+        (sessions version, allowed version) before it came; the table is left to be built
+        anew when it was not current then)."""
+        if self._sessions_for != before:
+            return
+        self.fold()
+        self.sessions = session_added(self.sessions, session, *peer)
+        self._sessions_for = (self.dp.sessions_version, self.dp.allowed_version)
+
+    def session_removed(self, session_id: int, before: tuple) -> None:
+        """A session went: its peer out of the session table (see ``session_added``)."""
+        if self._sessions_for != before:
+            return
+        self.fold()
+        table = session_removed(self.sessions, session_id)
+        if table is not None:
+            self.sessions = table
+            self._sessions_for = (self.dp.sessions_version, self.dp.allowed_version)
 
     def _current_sessions(self) -> SessionTable:
         dp = self.dp

@@ -86,6 +86,22 @@ class EntriesPatch:
             return new  # a column sent whole: the set is as cheap whole
         return cls(columns, new.acl_entries, new.groups, new.version, new.spec)
 
+    @classmethod
+    def rows(cls, new: Any, old: Any, changed: np.ndarray) -> EntriesPatch:
+        """The patch from ``old`` to ``new`` when only the key rows ``changed`` (and rows
+        appended) differ, as the compiler says: no comparison of whole columns."""
+        kept = len(old.key_rows)
+        size = len(new.key_rows)
+        at = np.asarray(changed, np.int64)
+        at = at[at < kept]
+        if size > kept:
+            at = np.concatenate([at, np.arange(kept, size, dtype=np.int64)])
+        columns = {}
+        for f in fields(new.key_rows):
+            column = getattr(new.key_rows, f.name)
+            columns[f.name] = ArrayPatch(at, column[at], size) if len(at) else None
+        return cls(columns, new.acl_entries, new.groups, new.version, new.spec)
+
     def apply(self, current: Any) -> Any:
         from nic_offload.model import EntrySet, KeyRows
 

@@ -79,3 +79,35 @@ def test_a_change_of_most_rows_travels_whole():
     sent, rebuilt = _child_view(second, first)
     assert not isinstance(sent, EntriesPatch)
     assert _same(rebuilt.key_rows.targets, second.entries.key_rows.targets)
+
+
+def test_the_child_makes_the_parents_arrays_from_the_changed_rows_alone():
+    """``publish_snapshot_rows``: the compiler's changed rows (``Snapshot.delta``) travel, not
+    compared arrays; the child's ``evolve`` of its current snapshot gives the parent's arrays
+    exactly, for a subscribe, an unsubscribe and a registration that appends rows."""
+    from dataclasses import fields
+
+    registry, compiler, held = _compiled(5_000)
+    changes = [lambda: compiler.subscribe("b", "t/7/+"),
+               lambda: compiler.unsubscribe("a", "t/1/#"),
+               lambda: [registry.key_for(f"t/new/{i}") for i in range(300)],
+               lambda: compiler.subscribe("a", "t/#")]
+    for change in changes:
+        change()
+        new = compiler.build()
+        base, rows, acl = new.delta
+        assert base == held.version
+        sent = pickle.loads(pickle.dumps(EntriesPatch.rows(new.entries, held.entries, rows)))
+        assert len(pickle.dumps(sent)) < len(pickle.dumps(new.entries)) // 2 or len(rows) > 2_000
+        child = held.evolve(sent.apply(held.entries), rows, acl)
+        for f in fields(new.entries.key_rows):
+            assert _same(getattr(child.entries.key_rows, f.name),
+                         getattr(new.entries.key_rows, f.name)), f.name
+        for f in fields(new.tables):
+            mine, theirs = getattr(child.tables, f.name), getattr(new.tables, f.name)
+            if isinstance(theirs, np.ndarray):
+                assert _same(mine, theirs), f.name
+            else:
+                assert mine == theirs, f.name
+        assert child.entries.groups == new.entries.groups and child.version == new.version
+        held = child
