@@ -558,36 +558,68 @@ class ClientSide:
                         for p in lst.positive_patterns()})
 
     def _register(self, session: Session, entries: list) -> None:
-        granted, results = [], []
+        """A REGISTRY_UPDATE frame of a client: each topic checked (its key, the session's
+        limit, the namespace, the publish entitlement), the allowed ones registered in one
+        pass (``KeyRegistry.register_many``) and sent to the neighbours together, the keys
+        allowed at the data path in one command, and every topic answered (packed
+        REQUEST_RESULT entries, in input order). Per topic this is a few dictionary and
+        string operations: the entitlement check is made once per distinct tuple of
+        patterns (``pm.publish_checker``), not by the pattern algebra per topic."""
+        results: list[dict] = []
+        wanted: list[tuple[int, str]] = []  # allowed so far: (namespace, topic)
+        wanted_at: list[tuple[int, int]] = []  # (index in results, the key it gave)
+        registry, registered = self.registry, session.registered
+        limit = self.cfg.max_registrations
+        may_publish = pmod.publish_checker(session.ents.publish)
+        namespaces: dict[int, str | None] = {}
+        taking: set[int] = set()
         for entry in entries:
-            result = {"request": "register", "topic": entry.topic,
-                      "namespace": entry.namespace_id, "accepted": True}
+            topic, ns = entry.topic, entry.namespace_id
+            result = {"request": "register", "topic": topic, "namespace": ns,
+                      "accepted": True}
+            results.append(result)
             try:
-                key = self.registry.key_of(entry.topic, entry.namespace_id)
+                record = registry.record_of(topic, ns)
+                key = record.topic_key if record is not None else registry.key_of(topic, ns)
                 if key != entry.topic_key:
                     raise RegistryError(f"key {entry.topic_key:#x} is not the key of "
-                                        f"{entry.topic!r}")
-                limit = self.cfg.max_registrations
-                if key not in session.registered and len(session.registered) >= limit:
+                                        f"{topic!r}")
+                if key not in registered and key not in taking and \
+                        len(registered) + len(taking) >= limit:
                     self.counters["refused_registrations"] += 1
                     result.update(accepted=False, reason=f"the session registered {limit} "
                                   "topics, as many as one session may "
                                   "(clients.max_registrations)")
-                elif (refused := self._namespace_refused(session, "publish",
-                                                          entry.namespace_id)) is not None:
+                elif (refused := self._publish_namespace(session, ns, namespaces)) \
+                        is not None:
                     result.update(accepted=False, reason=refused)
-                elif not session.ents.may_publish(entry.topic):
-                    self._deny(session.identity, "publish", entry.topic)
+                elif not may_publish(topic):
+                    self._deny(session.identity, "publish", topic)
                     result.update(accepted=False, reason=f"identity {session.identity!r} may "
-                                  f"not publish to {entry.topic!r}")
+                                  f"not publish to {topic!r}")
                 else:
-                    new = self._merge_registry([entry], None)
-                    del new
-                    granted.append(key)
-                    session.registered.add(key)
+                    wanted.append((ns, topic))
+                    wanted_at.append((len(results) - 1, key))
+                    taking.add(key)
             except (RegistryError, TopicError) as exc:
                 result.update(accepted=False, reason=str(exc))
-            results.append(result)
+        granted: list[int] = []
+        if wanted:
+            before = registry.version
+            outcomes = registry.register_many(wanted)
+            for (at, _key), outcome in zip(wanted_at, outcomes):
+                if isinstance(outcome, RegistryError):
+                    self.counters["registry_refused"] += 1
+                    results[at].update(accepted=False, reason=str(outcome))
+                else:
+                    granted.append(outcome.topic_key)
+            registered.update(granted)
+            if registry.version != before:  # new topics: the tables, then the neighbours
+                self._tables_dirty = True
+                new = registry.updates_since(before)
+                for nb in self.neighbours.values():
+                    if nb.up:
+                        self._send_registry(nb, new)
         if granted:  # before the replies: the data path allows the keys before a publish
             sid = session.session_id
             self.dp.command("allow_keys", sid, granted)
@@ -597,6 +629,17 @@ class ClientSide:
                     key: self.registry.lookup(key)[1] for key in granted
                     if self.registry.lookup(key) is not None})
         self._reply_many(session, al.ControlKind.REQUEST_RESULT, results)
+
+    def _publish_namespace(self, session: Session, ns: int, known: dict[int, str | None]
+                           ) -> str | None:
+        """``_namespace_refused(session, "publish", ns)`` looked up once per namespace in
+        ``known`` (each refusal still counted as a denial)."""
+        if ns not in known:
+            known[ns] = self._namespace_refused(session, "publish", ns)
+        elif known[ns] is not None:
+            self.counters["namespace_denials"] += 1
+            self._deny(session.identity, "publish", f"namespace {ns}")
+        return known[ns]
 
     def _resolve(self, session: Session, keys: list) -> None:
         records = []
