@@ -81,8 +81,7 @@ class ClientSide:
         self.counters["client_admin_frames"] += 1  # its entries are counted as they go
         session.last_heard_ns = now_ns
         if ftype in (FrameType.SUBSCRIBE, FrameType.UNSUBSCRIBE):
-            for entry in entries:
-                self._subscribe(session, entry, ftype is FrameType.SUBSCRIBE)
+            self._subscribe_frame(session, entries, ftype is FrameType.SUBSCRIBE)
         elif ftype is FrameType.REGISTRY_UPDATE:
             self._register(session, entries)
         elif ftype is FrameType.CONTROL:
@@ -430,10 +429,36 @@ class ClientSide:
             if now_ns - session.last_heard_ns > dead_ns:
                 self._end_session(session, "silent")
 
+    def _subscribe_frame(self, session: Session, entries: list, add: bool) -> None:
+        """The (un)subscribes of one SUBSCRIBE or UNSUBSCRIBE frame (a client's
+        ``subscribe_many`` sends many patterns in one): each decided and answered as alone,
+        but the session's pattern sets are made once for the frame, the frame counts as one
+        of the session's pending requests (``clients.max_pending_requests``) and the tables
+        are built once for all of them (the answers of the accepted ones go together once
+        they are live)."""
+        batch = {"pending": False}
+        accepted = False
+        for entry in entries:
+            accepted |= self._subscribe(session, entry, add, batch=batch)
+        if accepted:
+            self._patterns_changed(session)
+
+    def _patterns_changed(self, session: Session) -> None:
+        """The session's lists changed: its pattern sets follow them."""
+        sid = session.session_id
+        session.patterns = self._positive(f"c:{sid}")
+        if session.gport is not None:
+            session.gpatterns = self._positive(f"g:{sid}")
+        if len(session.qos) > len(session.patterns) + len(session.gpatterns):
+            session.qos = {k: q for k, q in session.qos.items()
+                           if k in session.patterns or k in session.gpatterns}
+
     def _subscribe(self, session: Session, entry: al.Subscription, add: bool,
-                   reply: bool = True) -> bool:
+                   reply: bool = True, batch: dict | None = None) -> bool:
         """A (un)subscribe of ``session``, answered (REQUEST_RESULT; once the tables with it
-        are live when accepted) unless ``reply`` is false; whether it was accepted."""
+        are live when accepted) unless ``reply`` is false; whether it was accepted.
+        ``batch``: one entry of a frame (``_subscribe_frame``): the caller updates the
+        session's pattern sets after the last, and the frame is one pending request."""
         pattern, ns = entry.pattern, entry.namespace_id
         result = {"request": "subscribe" if add else "unsubscribe", "sub_id": entry.sub_id,
                   "pattern": pattern, "accepted": True}
@@ -476,19 +501,18 @@ class ClientSide:
                 result["selector_filtered"] = filtered
             if add:
                 session.qos[(ns, pattern)] = QOS_NAMES.get(entry.qos, "best-effort")
-            session.patterns = self._positive(f"c:{sid}")
-            if session.gport is not None:
-                session.gpatterns = self._positive(f"g:{sid}")
-            if len(session.qos) > len(session.patterns) + len(session.gpatterns):
-                session.qos = {k: q for k, q in session.qos.items()
-                               if k in session.patterns or k in session.gpatterns}
+            if batch is None:
+                self._patterns_changed(session)
             self._interest_dirty = True
             self._tables_dirty = True
             self.mirror.changed(session)
             if reply:
                 # answered once the tables with it are live: a message published after the
                 # client heard "accepted" reaches it
-                session.pending += 1
+                if batch is None or not batch["pending"]:
+                    session.pending += 1
+                    if batch is not None:
+                        batch["pending"] = True
                 self._replies_when_live.append((session, al.ControlKind.REQUEST_RESULT,
                                                 result))
         elif reply:
