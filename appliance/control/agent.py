@@ -446,15 +446,16 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         self._to_client((session.channel, dest), FrameType.CONTROL, [self._control(kind, doc)],
                         dest_session=session.session_id)
 
-    def _reply_many(self, session: Session, kind: al.ControlKind, docs: list[dict]) -> None:
-        """``_reply`` of each of ``docs``, packed into CONTROL frames of up to
-        REPLY_FRAME_BYTES (a client takes every entry of a frame): a registration of
-        100,000 topics is answered in about 700 frames, not 100,000."""
+    def _reply_many(self, session: Session, kind: al.ControlKind,
+                    docs: list[dict] | list[dict | str]) -> None:
+        """``_reply`` of each of ``docs`` (a str: a document already encoded), packed into
+        CONTROL frames of up to REPLY_FRAME_BYTES (a client takes every entry of a frame): a
+        registration of 100,000 topics is answered in about 700 frames, not 100,000."""
         dest = session.session_id if session.channel == CLIENT_SHM else session.peer
         chunk: list = []
         size = 0
         for doc in docs:
-            entry = self._control(kind, doc)
+            entry = al.Control(kind, doc) if isinstance(doc, str) else self._control(kind, doc)
             cost = len(entry.document) + 16
             if chunk and size + cost > REPLY_FRAME_BYTES:
                 self._to_client((session.channel, dest), FrameType.CONTROL, chunk,
