@@ -13,7 +13,11 @@ checked one session per connection.
 filters, reference-counted per native pattern (each subscribed in both native classes,
 best-effort and guaranteed, as before: handle_subscribe.py). A SUBSCRIBE of a pattern the
 identity holds natively needs no native call (the earlier subscribe's success is the
-entitlement check; a refusal is not cached, so a refused filter is asked again). An
+entitlement check; a refusal is not cached, so a refused filter is asked again). The new
+patterns asked for within one wake-up of the event loop go in one native ``subscribe_many``
+per class (one request, one table compile at the appliance), each waiter answered with its
+own pattern's outcome; the eager unsubscribes of one wake-up likewise go in one
+``unsubscribe_many``. An
 UNSUBSCRIBE, or a session's end, withdraws the native pattern only when no session of the
 identity still holds it: at once while the identity holds at most ``EAGER_UNSUBSCRIBE_PATTERNS``
 patterns; beyond, the pattern lingers (its messages reach the edge and are dropped,
