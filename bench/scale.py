@@ -22,7 +22,10 @@ answers through one epoll; no client API objects, no threads per client. Phases,
   unanswered), ``register_s`` until the registry and the tables hold them all.
 
 ``phases`` also gives the CPU seconds of the appliance's control thread during the preload
-and the registration (``preload_control_cpu_s``, ``register_control_cpu_s``, from /proc):
+and the registration (``preload_control_cpu_s``, ``register_control_cpu_s``, from /proc),
+and for the registration that of this whole process (``register_process_cpu_s``: the
+control thread, the bench's clients) and of the data path's process
+(``register_dataplane_cpu_s``):
 on a host loaded by other work the wall-clock figures mostly measure the wait for a core.
 
 Topic ``i`` is ``scale/{i // 100000}/{(i // 10) % 10000}/{i % 10}``: ``scale/A/B/+`` touches
@@ -298,6 +301,19 @@ def control_cpu_s(app: Any) -> float:
     return 0.0
 
 
+def children_cpu_s() -> float:
+    """CPU seconds of this process's forked children (the appliance's data path)."""
+    total = 0.0
+    for child in forked_children(os.getpid()):
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _profile_control(app: Any, profiler: cProfile.Profile) -> None:
     """Profile the control agent's duty cycles (it runs on a thread of its own)."""
     agent = app.control
@@ -454,6 +470,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         answered.clear()
         deadline = time.monotonic() + PHASE_TIMEOUT_S
         start, cpu_start = time.perf_counter(), control_cpu_s(app)
+        dp_start, own_start = children_cpu_s(), time.process_time()
         _send_paced(clients, reg, frames, answered, count, deadline)
         _wait("the batched registration", lambda: answered.get(reg, 0) >= batch
               or len(control.registry) >= topics, deadline, clients, count)
@@ -463,8 +480,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               deadline)
         figures["register_s"] = time.perf_counter() - start
         phases["register_control_cpu_s"] = control_cpu_s(app) - cpu_start
-        progress(NAME, f"register: {figures['register_s']:.2f} s (control thread CPU "
-                 f"{phases['register_control_cpu_s']:.2f} s)")
+        phases["register_process_cpu_s"] = time.process_time() - own_start
+        phases["register_dataplane_cpu_s"] = children_cpu_s() - dp_start
+        progress(NAME, f"register: {figures['register_s']:.2f} s (CPU: control thread "
+                 f"{phases['register_control_cpu_s']:.2f} s, this process "
+                 f"{phases['register_process_cpu_s']:.2f} s, data path process "
+                 f"{phases['register_dataplane_cpu_s']:.2f} s)")
         rss_end = appliance_rss()
         figures["bytes_per_idle_session"] = (rss_logged - rss_before) / sessions
         figures["bytes_per_subscription"] = (rss_subscribed - rss_logged) / (sessions * subs)
