@@ -805,6 +805,8 @@ class Client(GuaranteedSide, ConnectionSide):
                     at += 1
                 if at == len(waiters) or time.monotonic() >= deadline:
                     break
+                if not repeatable:  # (woken early: wait out the deadline)
+                    continue
                 for frame in frames:  # (answered entries are answered again: harmless)
                     self._send(frame)
                 self.request_retries += 1

@@ -471,7 +471,8 @@ class ClientSide:
         guaranteed = entry.qos == QOS_GUARANTEED
         sid = session.session_id
         try:
-            refused = self._subscribe_refused(session, entry, add)
+            refused = self._subscribe_refused(session, entry, add,
+                                              batch is not None and batch["pending"])
             if refused is None and add and entry.selector:
                 refused = selector_apply.selector_refusal(self, session, entry)
             if refused is not None:
@@ -525,13 +526,14 @@ class ClientSide:
             self._reply(session, al.ControlKind.REQUEST_RESULT, result)
         return bool(result["accepted"])
 
-    def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool
-                           ) -> str | None:
+    def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool,
+                           counted: bool = False) -> str | None:
         """Why a (un)subscribe must be refused for a limit (counted ``refused_<limit>``), or
-        None. May raise TopicError (the pattern is not one)."""
+        None. May raise TopicError (the pattern is not one). ``counted``: its frame is
+        already one of the session's pending requests (an earlier entry was accepted)."""
         cfg = self.cfg
         why = reason = None
-        if session.pending >= cfg.max_pending_requests:
+        if session.pending - counted >= cfg.max_pending_requests:
             why, reason = "pending", (f"{session.pending} requests of this session are still "
                                       "waiting for their answer (clients.max_pending_requests "
                                       f"= {cfg.max_pending_requests}); wait for them")
