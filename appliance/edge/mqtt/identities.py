@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from appliance.client.errors import ClientError
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt.meta import SENDER_HEADER, from_headers
 from appliance.edge.mqtt.topics import mqtt_matches
@@ -368,6 +369,9 @@ class IdentitySession:
                     self.count("native_unsubscribe_batches")
                     await self._withdraw(gone, rebuild=False)
         except BaseException as exc:
+            if self.closing and isinstance(exc, ClientError):
+                done.set_result(None)  # the native session went with its last member
+                return
             done.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
             done.exception()  # (retrieved: the releases waiting read it)
             return
@@ -384,7 +388,11 @@ class IdentitySession:
                     self._drop(match)
             self.lingering.clear()
             self.count("native_rebuilds")
-            await self._withdraw(["#"], rebuild=True)
+            try:
+                await self._withdraw(["#"], rebuild=True)
+            except ClientError:
+                if not self.closing:
+                    raise  # (closing: the native session went with its last member)
 
     async def _withdraw(self, matches: list[str], rebuild: bool) -> None:
         """Withdraw ``matches`` natively in one request (seed 000: also what they include)
