@@ -411,7 +411,12 @@ def _decode_plan(layout: al.AdminLayout) -> tuple | None:
                 break
         if args is not None:
             enums = tuple((layout.fields.index(name), name, enum) for name, enum in layout.enums)
-            plan = (lens, tuple(args), enums)
+            n = len(layout.texts)
+            head = None  # the texts are the last arguments, in order: make(*head(values), *texts)
+            if n and args[-n:] == [-1 - rank for rank in range(n)] and len(args) > n:
+                head = operator.itemgetter(*args[:-n]) if len(args) - n > 1 else \
+                    (lambda values, at=args[0]: (values[at],))
+            plan = (lens, tuple(args), enums, head)
     _PLANS[id(layout)] = plan
     return plan
 
@@ -419,7 +424,7 @@ def _decode_plan(layout: al.AdminLayout) -> tuple | None:
 def _walk_entries_fast(buf: Buffer, pos: int, body_end: int, count: int,
                        layout: al.AdminLayout, plan: tuple) -> list[Any]:
     """``_walk_admin``'s entries by ``_decode_plan``: the same checks and errors."""
-    lens, args, enums = plan
+    lens, args, enums, head = plan
     fixed = layout.entry_struct
     unpack, size, limit, make = fixed.unpack_from, fixed.size, layout.text_limit_bytes, \
         layout.entry_type
@@ -459,7 +464,10 @@ def _walk_entries_fast(buf: Buffer, pos: int, body_end: int, count: int,
         if end > body_end:
             raise ProtocolError(R.MESSAGE_OVERRUN, f"entry {index} padding past the body end",
                                 text_pos)
-        append(make(*[values[a] if a >= 0 else texts[-1 - a] for a in args]))
+        if head is not None:
+            append(make(*head(values), *texts))
+        else:
+            append(make(*[values[a] if a >= 0 else texts[-1 - a] for a in args]))
         pos = end
     if pos != body_end:
         raise ProtocolError(R.TRAILING_BYTES, f"{body_end - pos} bytes after entry {count - 1}",
