@@ -445,6 +445,11 @@ def _subscribe_options(qos: str, poll: object, selector: str | None, callback: o
         raise ClientError(str(exc)) from None
 
 
+def frame_entries(frame: bytearray) -> int:
+    """The entry count of an encoded admin frame (its header's ``msg_count``)."""
+    return int.from_bytes(frame[fl.MSG_COUNT_OFFSET:fl.MSG_COUNT_OFFSET + 2], "big")
+
+
 class _Waiter:
     __slots__ = ("event", "result")
 
@@ -779,6 +784,27 @@ class Client(GuaranteedSide, ConnectionSide):
             frames.append(encode_admin(ftype, chunk, body_header=body_header,
                                        source_session=self.session, send_ts_ns=time.time_ns()))
         return frames
+
+    def _request_frames(self, keys: list[tuple], entries: list, ftype: fl.FrameType,
+                        timeout_s: float | None) -> list[dict | None]:
+        """A batched (un)subscribe: its frames one after the other, each sent once the
+        previous one's entries were answered (the appliance admits a frame whole while the
+        session has fewer than ``clients.max_pending_requests`` requests waiting, so frames
+        sent together would find the first one's entries waiting); ``timeout_s`` for the
+        whole."""
+        frames = self._admin_frames(ftype, entries)
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        answers: list[dict | None] = []
+        at = 0
+        for frame in frames:
+            count = frame_entries(frame)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                answers.extend([None] * (len(keys) - at))
+                break
+            answers.extend(self._request_many(keys[at:at + count], [frame], timeout_s=left))
+            at += count
+        return answers
 
     def _request_many(self, keys: list[tuple], frames: list[bytearray], *,
                       repeatable: bool = False, timeout_s: float | None = None
@@ -1341,11 +1367,9 @@ class Client(GuaranteedSide, ConnectionSide):
                                   f"bytes, at most {al.MAX_SELECTOR_BYTES}; shorten it")
             compiled = compile_selector(selector)
         ids = [next(self._sub_ids) for _ in patterns]
-        frames = self._admin_frames(fl.FrameType.SUBSCRIBE, [
+        answers = self._request_frames([("subscribe", i) for i in ids], [
             al.Subscription(sub_id, namespace, QOS[qos], flow_flags, pattern, selector or "")
-            for sub_id, pattern in zip(ids, patterns)])
-        answers = self._request_many([("subscribe", i) for i in ids], frames,
-                                     timeout_s=timeout_s)
+            for sub_id, pattern in zip(ids, patterns)], fl.FrameType.SUBSCRIBE, timeout_s)
         out: list[Subscription | ClientError] = []
         made: list[Subscription] = []
         for sub_id, pattern, result in zip(ids, patterns, answers):
@@ -1390,11 +1414,9 @@ class Client(GuaranteedSide, ConnectionSide):
         if not patterns:
             return []
         ids = [next(self._sub_ids) for _ in patterns]
-        frames = self._admin_frames(fl.FrameType.UNSUBSCRIBE, [
+        answers = self._request_frames([("unsubscribe", i) for i in ids], [
             al.Subscription(sub_id, namespace, 0, 0, pattern)
-            for sub_id, pattern in zip(ids, patterns)])
-        answers = self._request_many([("unsubscribe", i) for i in ids], frames,
-                                     timeout_s=timeout_s)
+            for sub_id, pattern in zip(ids, patterns)], fl.FrameType.UNSUBSCRIBE, timeout_s)
         out: list[ClientError | None] = []
         done: list[str] = []
         for pattern, result in zip(patterns, answers):

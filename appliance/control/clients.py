@@ -438,11 +438,12 @@ class ClientSide:
     def _subscribe_frame(self, session: Session, entries: list, add: bool) -> None:
         """The (un)subscribes of one SUBSCRIBE or UNSUBSCRIBE frame (a client's
         ``subscribe_many`` sends many patterns in one): each decided and answered as alone,
-        but the session's pattern sets are made once for the frame, the frame counts as one
-        of the session's pending requests (``clients.max_pending_requests``) and the tables
-        are built once for all of them (the answers of the accepted ones go together once
-        they are live)."""
-        batch = {"pending": False}
+        but the session's pattern sets are made once for the frame, the frame is admitted
+        whole when the session had fewer than ``clients.max_pending_requests`` requests
+        waiting before it (each accepted entry then counts as one: a session holds at most
+        the limit plus one frame's entries), and the tables are built once for all of them
+        (the answers of the accepted ones go together once they are live)."""
+        batch = {"pending": session.pending}
         accepted = False
         for entry in entries:
             accepted |= self._subscribe(session, entry, add, batch=batch)
@@ -464,7 +465,8 @@ class ClientSide:
         """A (un)subscribe of ``session``, answered (REQUEST_RESULT; once the tables with it
         are live when accepted) unless ``reply`` is false; whether it was accepted.
         ``batch``: one entry of a frame (``_subscribe_frame``): the caller updates the
-        session's pattern sets after the last, and the frame is one pending request."""
+        session's pattern sets after the last, and the pending requests are those before the
+        frame."""
         pattern, ns = entry.pattern, entry.namespace_id
         result = {"request": "subscribe" if add else "unsubscribe", "sub_id": entry.sub_id,
                   "pattern": pattern, "accepted": True}
@@ -472,7 +474,7 @@ class ClientSide:
         sid = session.session_id
         try:
             refused = self._subscribe_refused(session, entry, add,
-                                              batch is not None and batch["pending"])
+                                              None if batch is None else batch["pending"])
             if refused is None and add and entry.selector:
                 refused = selector_apply.selector_refusal(self, session, entry)
             if refused is not None:
@@ -516,10 +518,7 @@ class ClientSide:
             if reply:
                 # answered once the tables with it are live: a message published after the
                 # client heard "accepted" reaches it
-                if batch is None or not batch["pending"]:
-                    session.pending += 1
-                    if batch is not None:
-                        batch["pending"] = True
+                session.pending += 1
                 self._replies_when_live.append((session, al.ControlKind.REQUEST_RESULT,
                                                 result))
         elif reply:
@@ -527,14 +526,15 @@ class ClientSide:
         return bool(result["accepted"])
 
     def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool,
-                           counted: bool = False) -> str | None:
+                           pending: int | None = None) -> str | None:
         """Why a (un)subscribe must be refused for a limit (counted ``refused_<limit>``), or
-        None. May raise TopicError (the pattern is not one). ``counted``: its frame is
-        already one of the session's pending requests (an earlier entry was accepted)."""
+        None. May raise TopicError (the pattern is not one). ``pending``: the session's
+        requests waiting when its frame came (default: now)."""
         cfg = self.cfg
         why = reason = None
-        if session.pending - counted >= cfg.max_pending_requests:
-            why, reason = "pending", (f"{session.pending} requests of this session are still "
+        pending = session.pending if pending is None else pending
+        if pending >= cfg.max_pending_requests:
+            why, reason = "pending", (f"{pending} requests of this session are still "
                                       "waiting for their answer (clients.max_pending_requests "
                                       f"= {cfg.max_pending_requests}); wait for them")
         elif add and entry.qos == QOS_GUARANTEED and session.gport is None:
