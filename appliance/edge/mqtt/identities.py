@@ -137,7 +137,9 @@ class IdentitySession:
         self._login: asyncio.Future | None = None
         self._pending: dict[str, asyncio.Future] = {}
         self._sub_batch: list[tuple[str, asyncio.Future]] = []
-        """Native subscribes asked for in this wake-up of the event loop (one request)."""
+        """Native subscribes asked for in this wake-up of the event loop (one request), or
+        while the previous batch ran."""
+        self._sub_running = False
         self._unsub_batch: tuple[list[str], asyncio.Future] | None = None
         """Native unsubscribes asked for in this wake-up (one request), and their end."""
         self._gate = _Gate()
@@ -265,14 +267,21 @@ class IdentitySession:
         what refused ``match`` alone."""
         loop = self.server.loop
         outcome = loop.create_future()
-        if not self._sub_batch:
+        if not self._sub_batch and not self._sub_running:
             loop.call_soon(self._flush_subscribes)
         self._sub_batch.append((match, outcome))
         return await outcome
 
     def _flush_subscribes(self) -> None:
+        """Send the patterns gathered so far as one batch; one batch at a time per
+        identity (the appliance admits a SUBSCRIBE frame while the session has fewer than
+        ``clients.max_pending_requests`` requests waiting): what comes meanwhile goes in
+        the next."""
+        if self._sub_running:
+            return
         batch, self._sub_batch = self._sub_batch, []
         if batch:
+            self._sub_running = True
             self.count("native_subscribe_batches")
             self.server.loop.create_task(self._run_subscribes(batch))
 
@@ -287,6 +296,10 @@ class IdentitySession:
                     outcome.set_exception(exc if isinstance(exc, Exception)
                                           else RuntimeError("cancelled"))
             return
+        finally:
+            self._sub_running = False
+            if self._sub_batch:  # asked for while this batch ran: the next batch
+                self.server.loop.call_soon(self._flush_subscribes)
         for (_, outcome), result in zip(batch, results):
             if outcome.done():  # (its subscribe was cancelled)
                 continue
