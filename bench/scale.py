@@ -21,6 +21,13 @@ answers through one epoll; no client API objects, no threads per client. Phases,
   ``REGISTER_FRAME_ENTRIES`` sent back to back, at most ``REGISTER_WINDOW_FRAMES`` of them
   unanswered), ``register_s`` until the registry and the tables hold them all.
 
+``phases`` also gives the CPU seconds of the appliance's control thread during the preload
+and the registration (``preload_control_cpu_s``, ``register_control_cpu_s``, from /proc),
+and for the registration that of this whole process (``register_process_cpu_s``: the
+control thread, the bench's clients) and of the data path's process
+(``register_dataplane_cpu_s``):
+on a host loaded by other work the wall-clock figures mostly measure the wait for a core.
+
 Topic ``i`` is ``scale/{i // 100000}/{(i // 10) % 10000}/{i % 10}``: ``scale/A/B/+`` touches
 10 keys, ``scale/A/#`` up to 100,000. Session ``s``'s ``k``-th subscription is the 10-key
 group ``(s * subscriptions + k) mod groups``.
@@ -29,7 +36,8 @@ Memory: the resident set (RSS, /proc) of this process plus its forked data path,
 logins, after them (``bytes_per_idle_session``: the difference over the sessions; it includes
 this process's own socket objects, about 1 KiB a session) and after the subscriptions
 (``bytes_per_subscription``). ``--profile FILE`` writes a cProfile of the control agent's
-thread (pstats) for finding where a phase spends its time.
+thread (pstats; in that thread's CPU time, which other work on the host does not inflate)
+for finding where a phase spends its time.
 """
 
 from __future__ import annotations
@@ -277,6 +285,36 @@ def _start_appliance(sessions: int, topics: int, subscriptions: int) -> Any:
     return Appliance(cfg).start(), (LOOPBACK, port)
 
 
+def control_cpu_s(app: Any) -> float:
+    """CPU seconds the appliance's control thread has used (/proc: its utime + stime), a
+    figure a loaded host does not inflate as it does wall-clock time; 0.0 if not found."""
+    import threading
+
+    name = f"{app.config.name}-control"
+    for thread in threading.enumerate():
+        if thread.name == name and thread.native_id is not None:
+            try:
+                with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return 0.0
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's forked children (the appliance's data path)."""
+    total = 0.0
+    for child in forked_children(os.getpid()):
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _profile_control(app: Any, profiler: cProfile.Profile) -> None:
     """Profile the control agent's duty cycles (it runs on a thread of its own)."""
     agent = app.control
@@ -314,7 +352,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError("--topics less --register must hold at least 20 topics",
                         component=_COMPONENT)
     app, target = _start_appliance(sessions, topics, subs)
-    profiler = cProfile.Profile() if args.profile is not None else None
+    profiler = cProfile.Profile(time.thread_time) if args.profile is not None else None
     if profiler is not None:
         _profile_control(app, profiler)
     clients = Clients(target)
@@ -350,12 +388,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               on_login)
         progress(NAME, f"preload: registering {preload:,} topics")
         control = app.control
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), control_cpu_s(app)
         _send_paced(clients, reg, _register_frames(clients.sessions[reg], 0, preload),
                     answered, count, deadline)
         _wait("the preload", lambda: answered.get(reg, 0) >= preload
               or len(control.registry) >= preload, deadline, clients, count)
         phases["preload_s"] = time.perf_counter() - start
+        phases["preload_control_cpu_s"] = control_cpu_s(app) - cpu_start
         progress(NAME, f"preload: {phases['preload_s']:.1f} s")
         rss_before = appliance_rss()
         # -- logins -----------------------------------------------------------------------
@@ -431,7 +470,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         frames = _register_frames(clients.sessions[reg], preload, batch)
         answered.clear()
         deadline = time.monotonic() + PHASE_TIMEOUT_S
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), control_cpu_s(app)
+        dp_start, own_start = children_cpu_s(), time.process_time()
         _send_paced(clients, reg, frames, answered, count, deadline)
         _wait("the batched registration", lambda: answered.get(reg, 0) >= batch
               or len(control.registry) >= topics, deadline, clients, count)
@@ -440,6 +480,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        and len(control.compiler.snapshot.entries.key_rows) >= topics),
               deadline)
         figures["register_s"] = time.perf_counter() - start
+        phases["register_control_cpu_s"] = control_cpu_s(app) - cpu_start
+        phases["register_process_cpu_s"] = time.process_time() - own_start
+        phases["register_dataplane_cpu_s"] = children_cpu_s() - dp_start
+        progress(NAME, f"register: {figures['register_s']:.2f} s (CPU: control thread "
+                 f"{phases['register_control_cpu_s']:.2f} s, this process "
+                 f"{phases['register_process_cpu_s']:.2f} s, data path process "
+                 f"{phases['register_dataplane_cpu_s']:.2f} s)")
         rss_end = appliance_rss()
         figures["bytes_per_idle_session"] = (rss_logged - rss_before) / sessions
         figures["bytes_per_subscription"] = (rss_subscribed - rss_logged) / (sessions * subs)

@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -421,6 +421,36 @@ class Subscription:
         self.client.unsubscribe(self.pattern, namespace=self.namespace)
 
 
+BATCH_FRAME_OVERHEAD_BYTES = 256
+"""Room left in a batched request's frame for the header, body header and MAC trailer."""
+
+
+def _subscribe_options(qos: str, poll: object, selector: str | None, callback: object,
+                       durable: str | None, on_loss: object, flow_policy: str | None) -> int:
+    """``subscribe``'s options checked (ClientError otherwise); the entry's flow flags."""
+    if qos not in QOS:
+        raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
+    if not isinstance(poll, bool):
+        raise ClientError(f"poll is True or False, not {poll!r}")
+    if poll and (qos != "best-effort" or selector or callback is not None or durable
+                 is not None or on_loss is not None):
+        raise ClientError("subscribe(poll=True) makes a best-effort subscription whose "
+                          "messages client.poll(handler) hands over: it takes no qos other "
+                          "than best-effort, no selector, callback, on_loss nor durable "
+                          "name (subscribe without poll=True for those)")
+    if flow_policy is None:
+        return 0
+    try:
+        return int(policy_from_name(flow_policy, "flow_policy")) + 1
+    except FlowControlError as exc:
+        raise ClientError(str(exc)) from None
+
+
+def frame_entries(frame: bytearray) -> int:
+    """The entry count of an encoded admin frame (its header's ``msg_count``)."""
+    return int.from_bytes(frame[fl.MSG_COUNT_OFFSET:fl.MSG_COUNT_OFFSET + 2], "big")
+
+
 class _Waiter:
     __slots__ = ("event", "result")
 
@@ -735,6 +765,89 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             raise ClientError(f"the client was closed while waiting for the answer to {key[0]}")
         return waiter.result
 
+    def _admin_frames(self, ftype: fl.FrameType, entries: list,
+                      body_header: dict | None = None) -> list[bytearray]:
+        """``entries`` in as few admin frames as the channel takes (a batched request)."""
+        room = min(MAX_FRAME_BYTES, self.channel.max_frame_bytes) - BATCH_FRAME_OVERHEAD_BYTES
+        frames: list[bytearray] = []
+        chunk: list = []
+        size = 0
+        for entry in entries:
+            text = entry.topic if ftype is fl.FrameType.REGISTRY_UPDATE else \
+                entry.pattern + entry.selector
+            cost = 24 + ((len(text.encode("utf-8")) + 7) & ~7)
+            if chunk and size + cost > room:
+                frames.append(encode_admin(ftype, chunk, body_header=body_header,
+                                           source_session=self.session,
+                                           send_ts_ns=time.time_ns()))
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += cost
+        if chunk:
+            frames.append(encode_admin(ftype, chunk, body_header=body_header,
+                                       source_session=self.session, send_ts_ns=time.time_ns()))
+        return frames
+
+    def _request_frames(self, keys: list[tuple], entries: list, ftype: fl.FrameType,
+                        timeout_s: float | None) -> list[dict | None]:
+        """A batched (un)subscribe: its frames one after the other, each sent once the
+        previous one's entries were answered (the appliance admits a frame whole while the
+        session has fewer than ``clients.max_pending_requests`` requests waiting, so frames
+        sent together would find the first one's entries waiting); ``timeout_s`` for the
+        whole."""
+        frames = self._admin_frames(ftype, entries)
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        answers: list[dict | None] = []
+        at = 0
+        for frame in frames:
+            count = frame_entries(frame)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                answers.extend([None] * (len(keys) - at))
+                break
+            answers.extend(self._request_many(keys[at:at + count], [frame], timeout_s=left))
+            at += count
+        return answers
+
+    def _request_many(self, keys: list[tuple], frames: list[bytearray], *,
+                      repeatable: bool = False, timeout_s: float | None = None
+                      ) -> list[dict | None]:
+        """``_request`` of many requests sent together in ``frames``: the answer of each key
+        (None: none came within ``timeout_s``). ``repeatable``: the frames are sent again
+        with backoff while some are unanswered (registration: a repeat is answered as the
+        first)."""
+        waiters = [_Waiter() for _ in keys]
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            for key, waiter in zip(keys, waiters):
+                self._waiters[key] = waiter
+        try:
+            deadline = time.monotonic() + timeout_s
+            retry_s = REQUEST_RETRY_FIRST_S if repeatable else timeout_s
+            for frame in frames:
+                self._send(frame)
+            at = 0
+            while at < len(waiters):
+                resend = time.monotonic() + retry_s
+                while at < len(waiters) and waiters[at].event.wait(max(0.0, min(
+                        resend, deadline) - time.monotonic())):
+                    at += 1
+                if at == len(waiters) or time.monotonic() >= deadline:
+                    break
+                if not repeatable:  # (woken early: wait out the deadline)
+                    continue
+                for frame in frames:  # (answered entries are answered again: harmless)
+                    self._send(frame)
+                self.request_retries += 1
+                retry_s = min(retry_s * 2, REQUEST_RETRY_MAX_S)
+        finally:
+            with self._lock:
+                for key in keys:
+                    self._waiters.pop(key, None)
+        if self.closed and any(w.result is None for w in waiters):
+            raise ClientError("the client was closed while waiting for the answers")
+        return [w.result for w in waiters]
+
     def _send_login(self, token: int, extra: dict | None = None) -> None:
         self._control(al.ControlKind.LOGIN, {"identity": self.identity, "ring": self._ring,
                                              "token": token, **self._login_client_id,
@@ -882,6 +995,49 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         self._keys[(namespace, topic)] = key
         self._topics[key] = (namespace, topic)
         return key
+
+    def register_many(self, topics: Iterable[str], *, namespace: int = 0,
+                      timeout_s: float | None = None) -> list[ClientError | None]:
+        """Register many topics in one batched request (REGISTRY_UPDATE frames as full as
+        the channel takes, sent together), so the first publish to each needs no round
+        trip: one result per topic, in order: None (registered, usable at once), an
+        ``EntitlementError`` (P&M does not let the identity publish to it; the others are
+        registered all the same) or a ``NoAnswerError`` (no answer within ``timeout_s``,
+        default the client's timeout). A topic that is not one raises ``ClientError``
+        before anything is sent. Topics registered before answer None at once."""
+        self._check_usable()
+        check_int("namespace", namespace, MAX_NAMESPACE)
+        topics = list(topics)
+        for topic in topics:
+            check_topic(topic)
+        out: list[ClientError | None] = [None] * len(topics)
+        asked: dict[str, list[int]] = {}
+        for i, topic in enumerate(topics):
+            if (namespace, topic) not in self._keys:
+                asked.setdefault(topic, []).append(i)
+        if not asked:
+            return out
+        names = list(asked)
+        keys = [self._keyer.key_of(topic, namespace) for topic in names]
+        frames = self._admin_frames(fl.FrameType.REGISTRY_UPDATE, [
+            al.RegistryEntry(key, namespace, topic) for key, topic in zip(keys, names)],
+            {"version": 0})
+        answers = self._request_many([("register", namespace, t) for t in names], frames,
+                                     repeatable=True, timeout_s=timeout_s)
+        for topic, key, answer in zip(names, keys, answers):
+            error: ClientError | None = None
+            if answer is None:
+                error = NoAnswerError(f"no answer from the appliance to the registration "
+                                      f"of {topic!r}; is it running?")
+            elif not answer.get("accepted"):
+                error = EntitlementError(f"publish to {topic!r} refused: "
+                                         f"{answer.get('reason')}")
+            else:
+                self._keys[(namespace, topic)] = key
+                self._topics[key] = (namespace, topic)
+            for i in asked[topic]:
+                out[i] = error
+        return out
 
     def _idle_strategy(self, idle: str) -> Any:
         """The client thread's idle strategy (``IDLE_STRATEGIES``)."""
@@ -1157,22 +1313,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         appliance does with this subscription's messages while this client holds them off
         (``"throttle"``, ``"drop-oldest"``, ``"conflate"``; default: the identity's or
         P&M's policy, else the QoS's: docs/flow-control.md)."""
-        if qos not in QOS:
-            raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
-        if not isinstance(poll, bool):
-            raise ClientError(f"poll is True or False, not {poll!r}")
-        if poll and (qos != "best-effort" or selector or callback is not None or durable
-                     is not None or on_loss is not None):
-            raise ClientError("subscribe(poll=True) makes a best-effort subscription whose "
-                              "messages client.poll(handler) hands over: it takes no qos other "
-                              "than best-effort, no selector, callback, on_loss nor durable "
-                              "name (subscribe without poll=True for those)")
-        flow_flags = 0
-        if flow_policy is not None:
-            try:
-                flow_flags = int(policy_from_name(flow_policy, "flow_policy")) + 1
-            except FlowControlError as exc:
-                raise ClientError(str(exc)) from None
+        flow_flags = _subscribe_options(qos, poll, selector, callback, durable, on_loss,
+                                        flow_policy)
         self._check_usable()
         check_pattern(pattern)
         check_int("namespace", namespace, MAX_NAMESPACE)
@@ -1216,6 +1358,121 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             self._subs.append(sub)
             self._subs_changed()
         return sub
+
+    def subscribe_many(self, patterns: Iterable[str], selector: str | None = None, *,
+                       qos: str = "best-effort", namespace: int = 0,
+                       callback: Callable[[Message], None] | None = None,
+                       on_loss: Callable[[Loss], None] | None = None, poll: bool = False,
+                       flow_policy: str | None = None, timeout_s: float | None = None
+                       ) -> list[Subscription | ClientError]:
+        """``subscribe`` of many patterns in one request (SUBSCRIBE frames as full as the
+        channel takes, sent together; the appliance builds its tables once for all of them
+        and answers each once the tables holding it are live), with the same options for
+        each: one result per pattern, in order: its ``Subscription``, or the error
+        ``subscribe`` would have raised for it alone (``EntitlementError`` when P&M refuses
+        it, ``SelectorRefusedError``, a ``ClientError`` for a limit of the appliance, a
+        ``NoAnswerError`` when no answer came within ``timeout_s``, default the client's
+        timeout); the others are made all the same. A pattern or an option that is not one
+        raises ``ClientError`` before anything is sent. No durable subscriptions here."""
+        flow_flags = _subscribe_options(qos, poll, selector, callback, None, on_loss,
+                                        flow_policy)
+        self._check_usable()
+        patterns = [check_pattern(p) for p in patterns]
+        check_int("namespace", namespace, MAX_NAMESPACE)
+        if not patterns:
+            return []
+        compiled = None
+        if selector:
+            from nic_offload.selectors import compile_selector
+
+            if len(selector.encode("utf-8")) > al.MAX_SELECTOR_BYTES:
+                raise ClientError(f"the selector has {len(selector.encode('utf-8'))} UTF-8 "
+                                  f"bytes, at most {al.MAX_SELECTOR_BYTES}; shorten it")
+            compiled = compile_selector(selector)
+        ids = [next(self._sub_ids) for _ in patterns]
+        answers = self._request_frames([("subscribe", i) for i in ids], [
+            al.Subscription(sub_id, namespace, QOS[qos], flow_flags, pattern, selector or "")
+            for sub_id, pattern in zip(ids, patterns)], fl.FrameType.SUBSCRIBE, timeout_s)
+        out: list[Subscription | ClientError] = []
+        made: list[Subscription] = []
+        for sub_id, pattern, result in zip(ids, patterns, answers):
+            if result is None:
+                out.append(NoAnswerError(f"no answer from the appliance to the subscription "
+                                         f"to {pattern!r}; is it running?"))
+                continue
+            if not result.get("accepted"):
+                reason = str(result.get("reason"))
+                error = SelectorRefusedError if selector and reason.startswith(
+                    "selectors:") else EntitlementError
+                out.append(error(f"subscription to {pattern!r} refused: {reason}"))
+                continue
+            sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback,
+                               on_loss, poll=poll)
+            sub.selector_filtered = bool(result.get("selector_filtered"))
+            sub.flow_flags = flow_flags
+            sub.flow_policy = result.get("flow_policy")
+            made.append(sub)
+            out.append(sub)
+        if made:
+            with self._lock:
+                if poll and self._pollq is None:
+                    self._pollq = PollQueue(self)
+                lst = self._lists.setdefault(namespace, SubscriptionList())
+                for sub in made:
+                    lst.subscribe(sub.pattern)
+                self._subs.extend(made)
+                self._subs_changed()
+        return out
+
+    def unsubscribe_many(self, patterns: Iterable[str], *, namespace: int = 0,
+                         timeout_s: float | None = None) -> list[ClientError | None]:
+        """``unsubscribe`` of many patterns in one request (one table build at the
+        appliance): one result per pattern, in order: None (withdrawn), or the error
+        ``unsubscribe`` would have raised for it (a ``NoAnswerError`` when no answer came
+        within ``timeout_s``). A pattern that is not one raises ``ClientError`` before
+        anything is sent."""
+        self._check_usable()
+        patterns = [check_pattern(p) for p in patterns]
+        check_int("namespace", namespace, MAX_NAMESPACE)
+        if not patterns:
+            return []
+        ids = [next(self._sub_ids) for _ in patterns]
+        answers = self._request_frames([("unsubscribe", i) for i in ids], [
+            al.Subscription(sub_id, namespace, 0, 0, pattern)
+            for sub_id, pattern in zip(ids, patterns)], fl.FrameType.UNSUBSCRIBE, timeout_s)
+        out: list[ClientError | None] = []
+        done: list[str] = []
+        for pattern, result in zip(patterns, answers):
+            if result is None:
+                out.append(NoAnswerError(f"no answer from the appliance to the unsubscribe "
+                                         f"of {pattern!r}; is it running?"))
+            elif not result.get("accepted"):
+                out.append(ClientError(f"unsubscribe {pattern!r} refused: "
+                                       f"{result.get('reason')}"))
+            else:
+                out.append(None)
+                done.append(pattern)
+        if done:
+            self._withdrawn(namespace, done)
+        return out
+
+    def _withdrawn(self, namespace: int, patterns: list[str]) -> None:
+        """``patterns`` were unsubscribed at the appliance: the client's list follows, and
+        the subscriptions it no longer covers end."""
+        with self._lock:
+            lst = self._lists.setdefault(namespace, SubscriptionList())
+            for pattern in patterns:
+                lst.unsubscribe(pattern)
+            live = set(lst.positive_patterns())
+            keep = []
+            for sub in self._subs:
+                if sub.namespace == namespace and not any(matches_or_includes(p, sub.pattern)
+                                                          for p in live):
+                    sub._close()
+                else:
+                    keep.append(sub)
+            self._subs = keep
+            self._subs_changed()
 
     def _subs_changed(self) -> None:
         """The live subscriptions changed (under ``_lock``): routes are computed afresh."""
@@ -1308,19 +1565,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             fl.FrameType.UNSUBSCRIBE, [al.Subscription(sub_id, namespace, 0, 0, pattern)]))
         if not result.get("accepted"):
             raise ClientError(f"unsubscribe {pattern!r} refused: {result.get('reason')}")
-        with self._lock:
-            lst = self._lists.setdefault(namespace, SubscriptionList())
-            lst.unsubscribe(pattern)
-            live = set(lst.positive_patterns())
-            keep = []
-            for sub in self._subs:
-                if sub.namespace == namespace and not any(matches_or_includes(p, sub.pattern)
-                                                          for p in live):
-                    sub._close()
-                else:
-                    keep.append(sub)
-            self._subs = keep
-            self._subs_changed()
+        self._withdrawn(namespace, [pattern])
 
     # --- receiving (the client thread) ---------------------------------------------------------
     def _on_frame(self, data: memoryview, now_ns: int, login_only: bool = False) -> None:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from appliance.client.errors import ClientError, ConnectionLostError
+from appliance.client.errors import ClientError, ConnectionLostError, NoAnswerError
 from appliance.client.messages import QOS, Loss
 from appliance.client.outcomes import REASON_LOST, REASON_REFUSED, describe
 from appliance.client.settings import (
@@ -451,11 +451,18 @@ class ConnectionSide:
     def _register_again(self: Client) -> None:
         """Register the topics this client published to again (those P&M now refuses are
         forgotten: the next publish to one raises ``EntitlementError``)."""
-        for (namespace, topic), key in list(self._keys.items()):
-            result = self._request(("register", namespace, topic), lambda k=key, n=namespace,
-                                   t=topic: self._admin(
-                fl.FrameType.REGISTRY_UPDATE, [al.RegistryEntry(k, n, t)], {"version": 0}),
-                repeatable=True, timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
+        held = list(self._keys.items())
+        if not held:
+            return
+        # one batched request (Client.register_many's frames), not a round trip per topic
+        frames = self._admin_frames(fl.FrameType.REGISTRY_UPDATE, [
+            al.RegistryEntry(k, n, t) for (n, t), k in held], {"version": 0})
+        answers = self._request_many([("register", n, t) for (n, t), _ in held], frames,
+                                     repeatable=True, timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
+        for ((namespace, topic), _), result in zip(held, answers):
+            if result is None:
+                raise NoAnswerError(f"no answer from the appliance to the registration of "
+                                    f"{topic!r} on reconnection")
             if not result.get("accepted"):
                 log.warning("client %s: topic %r refused on reconnection: %s", self.identity,
                             topic, result.get("reason"))

@@ -10,6 +10,7 @@ import os
 import random
 import time
 from collections import Counter
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from appliance.config import (
@@ -48,6 +49,11 @@ from datapath.topics.registry import RegistryError
 from datapath.topics.sublist import SubscriptionList
 from nic_offload.errors import OffloadError
 
+_ACCEPTED_REGISTER = '{"request":"register","topic":%s,"namespace":%d,"accepted":true}'
+"""The answer to an accepted registration, its topic as a JSON string (``_json_text``): what
+``json.dumps`` makes of the answer's dict, made without it (100,000 answers per batch)."""
+_json_text = encode_basestring_ascii
+
 
 class ClientSide:
     """Client sessions: login, subscribe, register, resolve, expiry, refusals. Its methods
@@ -81,8 +87,7 @@ class ClientSide:
         self.counters["client_admin_frames"] += 1  # its entries are counted as they go
         session.last_heard_ns = now_ns
         if ftype in (FrameType.SUBSCRIBE, FrameType.UNSUBSCRIBE):
-            for entry in entries:
-                self._subscribe(session, entry, ftype is FrameType.SUBSCRIBE)
+            self._subscribe_frame(session, entries, ftype is FrameType.SUBSCRIBE)
         elif ftype is FrameType.REGISTRY_UPDATE:
             self._register(session, entries)
         elif ftype is FrameType.CONTROL:
@@ -444,17 +449,47 @@ class ClientSide:
             if now_ns - session.last_heard_ns > dead_ns:
                 self._end_session(session, "silent")
 
+    def _subscribe_frame(self, session: Session, entries: list, add: bool) -> None:
+        """The (un)subscribes of one SUBSCRIBE or UNSUBSCRIBE frame (a client's
+        ``subscribe_many`` sends many patterns in one): each decided and answered as alone,
+        but the session's pattern sets are made once for the frame, the frame is admitted
+        whole when the session had fewer than ``clients.max_pending_requests`` requests
+        waiting before it (each accepted entry then counts as one: a session holds at most
+        the limit plus one frame's entries), and the tables are built once for all of them
+        (the answers of the accepted ones go together once they are live)."""
+        batch = {"pending": session.pending}
+        accepted = False
+        for entry in entries:
+            accepted |= self._subscribe(session, entry, add, batch=batch)
+        if accepted:
+            self._patterns_changed(session)
+
+    def _patterns_changed(self, session: Session) -> None:
+        """The session's lists changed: its pattern sets follow them."""
+        sid = session.session_id
+        session.patterns = self._positive(f"c:{sid}")
+        if session.gport is not None:
+            session.gpatterns = self._positive(f"g:{sid}")
+        self._interest_changed.add(sid)
+        if len(session.qos) > len(session.patterns) + len(session.gpatterns):
+            session.qos = {k: q for k, q in session.qos.items()
+                           if k in session.patterns or k in session.gpatterns}
+
     def _subscribe(self, session: Session, entry: al.Subscription, add: bool,
-                   reply: bool = True) -> bool:
+                   reply: bool = True, batch: dict | None = None) -> bool:
         """A (un)subscribe of ``session``, answered (REQUEST_RESULT; once the tables with it
-        are live when accepted) unless ``reply`` is false; whether it was accepted."""
+        are live when accepted) unless ``reply`` is false; whether it was accepted.
+        ``batch``: one entry of a frame (``_subscribe_frame``): the caller updates the
+        session's pattern sets after the last, and the pending requests are those before the
+        frame."""
         pattern, ns = entry.pattern, entry.namespace_id
         result = {"request": "subscribe" if add else "unsubscribe", "sub_id": entry.sub_id,
                   "pattern": pattern, "accepted": True}
         guaranteed = entry.qos == QOS_GUARANTEED
         sid = session.session_id
         try:
-            refused = self._subscribe_refused(session, entry, add)
+            refused = self._subscribe_refused(session, entry, add,
+                                              None if batch is None else batch["pending"])
             if refused is None and add and entry.selector:
                 refused = selector_apply.selector_refusal(self, session, entry)
             if refused is not None:
@@ -491,13 +526,8 @@ class ClientSide:
                 result["selector_filtered"] = filtered
             if add:
                 session.qos[(ns, pattern)] = QOS_NAMES.get(entry.qos, "best-effort")
-            session.patterns = self._positive(f"c:{sid}")
-            if session.gport is not None:
-                session.gpatterns = self._positive(f"g:{sid}")
-            self._interest_changed.add(sid)
-            if len(session.qos) > len(session.patterns) + len(session.gpatterns):
-                session.qos = {k: q for k, q in session.qos.items()
-                               if k in session.patterns or k in session.gpatterns}
+            if batch is None:
+                self._patterns_changed(session)
             self._interest_dirty = True
             self._tables_dirty = True
             self.mirror.changed(session)
@@ -513,14 +543,16 @@ class ClientSide:
             self._reply(session, al.ControlKind.REQUEST_RESULT, result)
         return bool(result["accepted"])
 
-    def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool
-                           ) -> str | None:
+    def _subscribe_refused(self, session: Session, entry: al.Subscription, add: bool,
+                           pending: int | None = None) -> str | None:
         """Why a (un)subscribe must be refused for a limit (counted ``refused_<limit>``), or
-        None. May raise TopicError (the pattern is not one)."""
+        None. May raise TopicError (the pattern is not one). ``pending``: the session's
+        requests waiting when its frame came (default: now)."""
         cfg = self.cfg
         why = reason = None
-        if session.pending >= cfg.max_pending_requests:
-            why, reason = "pending", (f"{session.pending} requests of this session are still "
+        pending = session.pending if pending is None else pending
+        if pending >= cfg.max_pending_requests:
+            why, reason = "pending", (f"{pending} requests of this session are still "
                                       "waiting for their answer (clients.max_pending_requests "
                                       f"= {cfg.max_pending_requests}); wait for them")
         elif add and entry.qos == QOS_GUARANTEED and session.gport is None:
@@ -576,36 +608,70 @@ class ClientSide:
                         for p in lst.positive_patterns()})
 
     def _register(self, session: Session, entries: list) -> None:
-        granted, results = [], []
+        """A REGISTRY_UPDATE frame of a client: each topic checked (its key, the session's
+        limit, the namespace, the publish entitlement), the allowed ones registered in one
+        pass (``KeyRegistry.register_many``) and sent to the neighbours together, the keys
+        allowed at the data path in one command, and every topic answered (packed
+        REQUEST_RESULT entries, in input order). Per topic this is a few dictionary and
+        string operations: the entitlement check is made once per distinct tuple of
+        patterns (``pm.publish_checker``), not by the pattern algebra per topic."""
+        results: list[dict | str] = []  # (a str: an accepted topic's answer, encoded)
+        wanted: list[tuple[int, str, int]] = []  # allowed so far: (namespace, topic, key)
+        wanted_at: list[tuple[int, int]] = []  # (index in results, the key it gave)
+        registry, registered = self.registry, session.registered
+        limit = self.cfg.max_registrations
+        may_publish = pmod.publish_checker(session.ents.publish)
+        namespaces: dict[int, str | None] = {}
+        taking: set[int] = set()
         for entry in entries:
-            result = {"request": "register", "topic": entry.topic,
-                      "namespace": entry.namespace_id, "accepted": True}
+            topic, ns = entry.topic, entry.namespace_id
+            result = {"request": "register", "topic": topic, "namespace": ns,
+                      "accepted": True}
+            results.append(result)
             try:
-                key = self.registry.key_of(entry.topic, entry.namespace_id)
+                record = registry.record_of(topic, ns)
+                key = record.topic_key if record is not None else registry.key_of(topic, ns)
                 if key != entry.topic_key:
                     raise RegistryError(f"key {entry.topic_key:#x} is not the key of "
-                                        f"{entry.topic!r}")
-                limit = self.cfg.max_registrations
-                if key not in session.registered and len(session.registered) >= limit:
+                                        f"{topic!r}")
+                if key not in registered and key not in taking and \
+                        len(registered) + len(taking) >= limit:
                     self.counters["refused_registrations"] += 1
                     result.update(accepted=False, reason=f"the session registered {limit} "
                                   "topics, as many as one session may "
                                   "(clients.max_registrations)")
-                elif (refused := self._namespace_refused(session, "publish",
-                                                          entry.namespace_id)) is not None:
+                elif (refused := self._publish_namespace(session, ns, namespaces)) \
+                        is not None:
                     result.update(accepted=False, reason=refused)
-                elif not session.ents.may_publish(entry.topic):
-                    self._deny(session.identity, "publish", entry.topic)
+                elif not may_publish(topic):
+                    self._deny(session.identity, "publish", topic)
                     result.update(accepted=False, reason=f"identity {session.identity!r} may "
-                                  f"not publish to {entry.topic!r}")
+                                  f"not publish to {topic!r}")
                 else:
-                    new = self._merge_registry([entry], None)
-                    del new
-                    granted.append(key)
-                    session.registered.add(key)
+                    wanted.append((ns, topic, key))  # (the check split the topic)
+                    wanted_at.append((len(results) - 1, key))
+                    taking.add(key)
             except (RegistryError, TopicError) as exc:
                 result.update(accepted=False, reason=str(exc))
-            results.append(result)
+        granted: list[int] = []
+        if wanted:
+            before = registry.version
+            outcomes = registry.register_many(wanted, checked=True)
+            for (at, _key), outcome in zip(wanted_at, outcomes):
+                if isinstance(outcome, RegistryError):
+                    self.counters["registry_refused"] += 1
+                    results[at].update(accepted=False, reason=str(outcome))  # type: ignore[union-attr]
+                else:
+                    granted.append(outcome.topic_key)
+                    results[at] = _ACCEPTED_REGISTER % (_json_text(outcome.topic),
+                                                        outcome.namespace_id)
+            registered.update(granted)
+            if registry.version != before:  # new topics: the tables, then the neighbours
+                self._tables_dirty = True
+                new = registry.updates_since(before)
+                for nb in self.neighbours.values():
+                    if nb.up:
+                        self._send_registry(nb, new)
         if granted:  # before the replies: the data path allows the keys before a publish
             sid = session.session_id
             self.dp.command("allow_keys", sid, granted)
@@ -615,6 +681,17 @@ class ClientSide:
                     key: self.registry.lookup(key)[1] for key in granted
                     if self.registry.lookup(key) is not None})
         self._reply_many(session, al.ControlKind.REQUEST_RESULT, results)
+
+    def _publish_namespace(self, session: Session, ns: int, known: dict[int, str | None]
+                           ) -> str | None:
+        """``_namespace_refused(session, "publish", ns)`` looked up once per namespace in
+        ``known`` (each refusal still counted as a denial)."""
+        if ns not in known:
+            known[ns] = self._namespace_refused(session, "publish", ns)
+        elif known[ns] is not None:
+            self.counters["namespace_denials"] += 1
+            self._deny(session.identity, "publish", f"namespace {ns}")
+        return known[ns]
 
     def _resolve(self, session: Session, keys: list) -> None:
         records = []

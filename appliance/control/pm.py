@@ -7,11 +7,20 @@ namespaces, route overrides); every appliance keeps the newest version it has re
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from datapath.topics.algebra import includes, matches
+from datapath.topics.algebra import (
+    MULTI,
+    SINGLE,
+    includes,
+    matches_levels,
+    split_pattern,
+    split_topic,
+)
 
 if TYPE_CHECKING:
     from appliance.config import ApplianceConfig
@@ -87,10 +96,53 @@ class Entitlements:
         return self.namespaces is None or namespace in self.namespaces
 
     def may_publish(self, topic: str) -> bool:
-        return any(matches(p, topic) for p in self.publish)
+        """Whether it may publish to (and register) ``topic``; TopicError when ``topic`` is
+        not a concrete topic (or an entitlement not a pattern)."""
+        return publish_checker(self.publish)(topic)
 
     def may_subscribe(self, pattern: str) -> bool:
         return any(includes(p, pattern) for p in self.subscribe)
+
+
+@functools.lru_cache(maxsize=1024)
+def publish_checker(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """``topic -> bool``: whether a topic matches one of ``patterns`` (publish entitlements),
+    made once per distinct tuple: a pattern ``#`` allows every topic, a prefix ``a/b/#`` is a
+    string comparison and a pattern without wildcards an equality, the rest match the
+    topic's levels (split once per topic, not once per pattern). A registration of 100,000
+    topics checks each in a few microseconds (issue 19). Same answers as ``any(matches(p,
+    topic) for p in patterns)``, TopicError included."""
+    plan: list[tuple[int, Any]] = []
+    for pattern in patterns:
+        levels = split_pattern(pattern)
+        if levels == (MULTI,):
+            plan.append((_ALL, None))
+        elif MULTI not in levels and SINGLE not in levels:
+            plan.append((_EXACT, pattern))
+        elif levels[-1] == MULTI and MULTI not in levels[:-1] and SINGLE not in levels:
+            plan.append((_PREFIX, pattern[:-1]))  # "a/b/#" -> "a/b/": "a/b" or "a/b/..."
+        else:
+            plan.append((_LEVELS, levels))
+
+    def check(topic: str) -> bool:
+        levels = split_topic(topic)
+        for kind, arg in plan:
+            if kind == _ALL:
+                return True
+            if kind == _PREFIX:
+                if topic.startswith(arg) or topic == arg[:-1]:
+                    return True
+            elif kind == _EXACT:
+                if topic == arg:
+                    return True
+            elif matches_levels(arg, levels):
+                return True
+        return False
+
+    return check
+
+
+_ALL, _EXACT, _PREFIX, _LEVELS = range(4)
 
 
 NONE = Entitlements((), (), namespaces=frozenset())

@@ -575,14 +575,23 @@ def test_pending_requests_have_a_limit():
     sock = _udp()
     try:
         sid = raw_login(t, sock)["session"]
+        # a frame is admitted whole when fewer than the limit wait before it (a batched
+        # subscribe_many): its entries then wait, at most the limit plus one frame's
         entries = [al.Subscription(i, 0, 0, 0, f"q/{i}") for i in range(10)]
         sock.sendto(_frame(entries, FrameType.SUBSCRIBE, session=sid), t.client)
         results = {d["sub_id"]: d for d in _documents_of(sock, ControlKind.REQUEST_RESULT, 10)}
-        accepted = sorted(i for i, d in results.items() if d["accepted"])
-        assert accepted == [0, 1]
-        assert all("clients.max_pending_requests" in results[i]["reason"]
-                   for i in range(2, 10))
-        wait_for(lambda: t.counter("control_refused_pending") == 8)
+        assert sorted(i for i, d in results.items() if d["accepted"]) == list(range(10))
+        # with the limit reached (two requests still waiting), a frame is refused whole
+        session = t.app.control.sessions[sid]
+        wait_for(lambda: session.pending == 0)  # (its answers went)
+        session.pending = 2
+        entries = [al.Subscription(i, 0, 0, 0, f"r/{i}") for i in range(10, 20)]
+        sock.sendto(_frame(entries, FrameType.SUBSCRIBE, session=sid), t.client)
+        results = {d["sub_id"]: d for d in _documents_of(sock, ControlKind.REQUEST_RESULT, 10)}
+        assert not any(d["accepted"] for d in results.values()) and len(results) == 10
+        assert all("clients.max_pending_requests" in d["reason"] for d in results.values())
+        wait_for(lambda: t.counter("control_refused_pending") == 10)
+        session.pending = 0
         round_trip(t)  # the limit is per session; others go on
     finally:
         sock.close()

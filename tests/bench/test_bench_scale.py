@@ -28,7 +28,10 @@ def test_report_has_the_shared_shape_and_every_phase():
     assert params["register_batch"] == 100 and params["preloaded_topics"] == 300
     assert len(params["subscribe_10_keys_ms"]) == 3
     assert len(params["subscribe_100k_keys_ms"]) == 1
-    assert set(params["phases"]) == {"preload_s", "subscribe_all_s"}
+    assert set(params["phases"]) == {"preload_s", "subscribe_all_s", "preload_control_cpu_s",
+                                     "register_control_cpu_s", "register_process_cpu_s",
+                                     "register_dataplane_cpu_s"}
+    assert params["phases"]["register_process_cpu_s"] > 0
     assert set(params["rss_bytes"]) == {"start", "before_logins", "after_logins",
                                         "after_subscriptions", "end"}
 

@@ -10,6 +10,7 @@ import asyncio
 import queue
 import resource
 import shutil
+import socket
 import subprocess
 import threading
 
@@ -21,6 +22,7 @@ from tests.appliance.helpers import CLI, free_port, run_appliance, stop, write_c
 from tests.appliance.mgmt_fabric import http
 from tests.edge.conftest import (
     counter,
+    port_of,
     raw_connect,
     read_packet,
     start_edge,
@@ -238,3 +240,56 @@ max_connections = 5000
     assert done.stderr.strip().splitlines()[-1].startswith(
         "topicwire: config: mqtt.max_connections: 5000 connections and 1024 other files need "
         "more than this process's open-file limit (2048"), done.stderr
+
+
+COALESCED = 200
+"""Connections of one identity subscribing each its own topic at once in the test below."""
+
+
+def test_native_subscribes_arriving_together_go_in_one_native_request():
+    """Each of COALESCED connections of bob subscribes its own topic, all sent before any
+    SUBACK is read: the identity's native subscribes are coalesced (fewer native requests
+    than patterns), each SUBACK still comes once its subscription is live (a message
+    published right after it is delivered), and a filter P&M refuses gets 0x80 alone.
+    Then the connections unsubscribe together."""
+    edge = start_edge(max_connections=COALESCED + 8)
+    socks = []
+    try:
+        for i in range(COALESCED):
+            sock = socket.create_connection(("127.0.0.1", port_of(edge)), timeout=30)
+            sock.sendall(codec.encode_connect(f"co{i}", username="bob",
+                                              password=b"bob-secret"))
+            first, body = read_packet(sock)
+            assert first >> 4 == codec.PacketType.CONNACK and body[1] == 0, body
+            socks.append(sock)
+        refused = {7, 150}
+        topics = [f"private/co/{i}" if i in refused else f"public/co/{i}"
+                  for i in range(COALESCED)]
+        batches = counter(edge, "native_subscribe_batches")
+        for i, sock in enumerate(socks):
+            sock.sendall(codec.encode_subscribe(1, [(topics[i], 1)]))
+        for i, sock in enumerate(socks):
+            first, body = read_packet(sock)
+            assert first >> 4 == codec.PacketType.SUBACK, (i, first)
+            assert body[2:] == (b"\x80" if i in refused else b"\x01"), (i, body)
+        made = counter(edge, "native_subscribe_batches") - batches
+        assert 1 <= made < COALESCED - len(refused), made
+        with Peer(edge, "copub", user="bob") as pub:
+            for i in (0, COALESCED - 1):
+                pub.publish(topics[i], f"to {i}".encode(), 1)
+                sock = socks[i]
+                first, body = read_packet(sock)
+                assert first >> 4 == codec.PacketType.PUBLISH and body.endswith(
+                    f"to {i}".encode()), (first, body)
+        unsubscribes = counter(edge, "native_unsubscribe_batches")
+        for i, sock in enumerate(socks):
+            sock.sendall(codec.packet(codec.PacketType.UNSUBSCRIBE, 0b0010,
+                                      b"\x00\x02" + codec._str(topics[i])))
+        for sock in socks:
+            first, _ = read_packet(sock)
+            assert first >> 4 == codec.PacketType.UNSUBACK
+        assert counter(edge, "native_unsubscribe_batches") - unsubscribes < COALESCED
+    finally:
+        for sock in socks:
+            sock.close()
+        edge.stop()

@@ -13,7 +13,11 @@ checked one session per connection.
 filters, reference-counted per native pattern (each subscribed in both native classes,
 best-effort and guaranteed, as before: handle_subscribe.py). A SUBSCRIBE of a pattern the
 identity holds natively needs no native call (the earlier subscribe's success is the
-entitlement check; a refusal is not cached, so a refused filter is asked again). An
+entitlement check; a refusal is not cached, so a refused filter is asked again). The new
+patterns asked for within one wake-up of the event loop go in one native ``subscribe_many``
+per class (one request, one table compile at the appliance), each waiter answered with its
+own pattern's outcome; the eager unsubscribes of one wake-up likewise go in one
+``unsubscribe_many``. An
 UNSUBSCRIBE, or a session's end, withdraws the native pattern only when no session of the
 identity still holds it: at once while the identity holds at most ``EAGER_UNSUBSCRIBE_PATTERNS``
 patterns; beyond, the pattern lingers (its messages reach the edge and are dropped,
@@ -48,6 +52,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from appliance.client.errors import ClientError
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt.meta import SENDER_HEADER, from_headers
 from appliance.edge.mqtt.topics import mqtt_matches
@@ -133,6 +138,12 @@ class IdentitySession:
         self.closing = False
         self._login: asyncio.Future | None = None
         self._pending: dict[str, asyncio.Future] = {}
+        self._sub_batch: list[tuple[str, asyncio.Future]] = []
+        """Native subscribes asked for in this wake-up of the event loop (one request), or
+        while the previous batch ran."""
+        self._sub_running = False
+        self._unsub_batch: tuple[list[str], asyncio.Future] | None = None
+        """Native unsubscribes asked for in this wake-up (one request), and their end."""
         self._gate = _Gate()
         self._queued = 0
         self._queued_lock = threading.Lock()
@@ -222,8 +233,7 @@ class IdentitySession:
         fut = self.server.loop.create_future()
         self._pending[match] = fut
         try:
-            async with self._gate.shared():
-                guaranteed = await self.server.blocking(self._subscribe, match)
+            guaranteed = await self._subscribe_batched(match)
         except BaseException as exc:
             fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
             fut.exception()  # (retrieved: waiters read it, none may)
@@ -255,25 +265,85 @@ class IdentitySession:
         self.lingering.discard(match)
         return self.refs.pop(match, set())
 
-    def _subscribe(self, match: str) -> bool:
-        """Subscribe ``match`` natively in both classes (best-effort, then guaranteed: MQTT
-        QoS 1/2 and native guaranteed publications travel as guaranteed); a refused
-        guaranteed class (no guaranteed place left at the appliance) is counted and the
-        best-effort one kept. True with the guaranteed class. Runs off the event loop."""
+    async def _subscribe_batched(self, match: str) -> bool:
+        """``_subscribe_all`` of ``match`` together with every other pattern asked for in the
+        same wake-up of the event loop (one native ``subscribe_many`` per class for all of
+        them: the appliance builds its tables once). True with the guaranteed class; raises
+        what refused ``match`` alone."""
+        loop = self.server.loop
+        outcome = loop.create_future()
+        if not self._sub_batch and not self._sub_running:
+            loop.call_soon(self._flush_subscribes)
+        self._sub_batch.append((match, outcome))
+        return await outcome
+
+    def _flush_subscribes(self) -> None:
+        """Send the patterns gathered so far as one batch; one batch at a time per
+        identity (the appliance admits a SUBSCRIBE frame while the session has fewer than
+        ``clients.max_pending_requests`` requests waiting): what comes meanwhile goes in
+        the next."""
+        if self._sub_running:
+            return
+        batch, self._sub_batch = self._sub_batch, []
+        if batch:
+            self._sub_running = True
+            self.count("native_subscribe_batches")
+            self.server.loop.create_task(self._run_subscribes(batch))
+
+    async def _run_subscribes(self, batch: list[tuple[str, asyncio.Future]]) -> None:
+        try:
+            async with self._gate.shared():
+                results = await self.server.blocking(self._subscribe_all,
+                                                     [m for m, _ in batch])
+        except BaseException as exc:
+            for _, outcome in batch:
+                if not outcome.done():
+                    outcome.set_exception(exc if isinstance(exc, Exception)
+                                          else RuntimeError("cancelled"))
+            return
+        finally:
+            self._sub_running = False
+            if self._sub_batch:  # asked for while this batch ran: the next batch
+                self.server.loop.call_soon(self._flush_subscribes)
+        for (_, outcome), result in zip(batch, results):
+            if outcome.done():  # (its subscribe was cancelled)
+                continue
+            if isinstance(result, BaseException):
+                outcome.set_exception(result)
+            else:
+                outcome.set_result(result)
+
+    def _subscribe_all(self, matches: list[str]) -> list[bool | Exception]:
+        """Subscribe ``matches`` natively in both classes (best-effort, then guaranteed:
+        MQTT QoS 1/2 and native guaranteed publications travel as guaranteed), each class in
+        one native request (``Client.subscribe_many``); a refused guaranteed class (no
+        guaranteed place left at the appliance) is counted and the best-effort one kept.
+        Per pattern: True with the guaranteed class, False without, or the ``ClientError``
+        that refused its best-effort class (``EntitlementError``: P&M). Runs off the event
+        loop."""
         from appliance.client.errors import ClientError
 
         native = self.native
         if native is None:
             raise ClientError("the identity's native session is closed")
-        native.subscribe(match, callback=self.on_native)  # P&M's decision
-        self.native_subscribes += 1
-        try:  # allowed by now: a refusal here is the appliance's guaranteed places, not P&M
-            native.subscribe(match, qos="guaranteed", callback=self.on_native)
-        except ClientError:
-            self.count("subscriptions_guaranteed_refused")
-            return False
-        self.native_subscribes += 1
-        return True
+        if not matches:
+            return []
+        first = native.subscribe_many(matches, callback=self.on_native)  # P&M's decision
+        out: list[bool | Exception] = [r if isinstance(r, ClientError) else True
+                                       for r in first]
+        allowed = [m for m, r in zip(matches, out) if r is True]
+        self.native_subscribes += len(allowed)
+        # allowed by now: a refusal here is the appliance's guaranteed places, not P&M
+        second = iter(native.subscribe_many(allowed, qos="guaranteed",
+                                            callback=self.on_native) if allowed else ())
+        for i, r in enumerate(out):
+            if r is True:
+                if isinstance(next(second), ClientError):
+                    self.count("subscriptions_guaranteed_refused")
+                    out[i] = False
+                else:
+                    self.native_subscribes += 1
+        return out
 
     async def release(self, state: SessionState, key: str, match: str) -> None:
         """``state`` no longer holds filter ``key``: the native pattern goes when no session
@@ -290,11 +360,40 @@ class IdentitySession:
             if len(self.lingering) > len(self.refs) - len(self.lingering):
                 await self._rebuild()
             return
-        async with self._gate.alone():
-            if self.refs.get(match) or self.closing or self.native is None:
-                return  # held again meanwhile
-            self._drop(match)
-            await self._withdraw(match, rebuild=False)
+        await self._unsubscribe_batched(match)
+
+    async def _unsubscribe_batched(self, match: str) -> None:
+        """Withdraw ``match`` natively together with every other pattern released in the
+        same wake-up of the event loop (one native ``unsubscribe_many``), unless held again
+        by then."""
+        loop = self.server.loop
+        if self._unsub_batch is None:
+            self._unsub_batch = ([], loop.create_future())
+            loop.call_soon(lambda: loop.create_task(self._run_unsubscribes()))
+        self._unsub_batch[0].append(match)
+        await asyncio.shield(self._unsub_batch[1])
+
+    async def _run_unsubscribes(self) -> None:
+        if self._unsub_batch is None:
+            return
+        matches, done = self._unsub_batch
+        self._unsub_batch = None
+        try:
+            async with self._gate.alone():
+                gone = [m for m in dict.fromkeys(matches) if not self.refs.get(m)]
+                if gone and not self.closing and self.native is not None:
+                    for match in gone:  # (the others were held again meanwhile)
+                        self._drop(match)
+                    self.count("native_unsubscribe_batches")
+                    await self._withdraw(gone, rebuild=False)
+        except BaseException as exc:
+            if self.closing and isinstance(exc, ClientError):
+                done.set_result(None)  # the native session went with its last member
+                return
+            done.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+            done.exception()  # (retrieved: the releases waiting read it)
+            return
+        done.set_result(None)
 
     async def _rebuild(self) -> None:
         """Withdraw every lingering pattern: the native list is made again from the live
@@ -307,30 +406,44 @@ class IdentitySession:
                     self._drop(match)
             self.lingering.clear()
             self.count("native_rebuilds")
-            await self._withdraw("#", rebuild=True)
+            try:
+                await self._withdraw(["#"], rebuild=True)
+            except ClientError:
+                if not self.closing:
+                    raise  # (closing: the native session went with its last member)
 
-    async def _withdraw(self, match: str, rebuild: bool) -> None:
-        """Withdraw ``match`` natively (seed 000: also what it includes) and subscribe again
-        the held patterns it may have taken; a held pattern P&M now refuses is taken from
-        its sessions."""
-        from appliance.client.errors import EntitlementError
+    async def _withdraw(self, matches: list[str], rebuild: bool) -> None:
+        """Withdraw ``matches`` natively in one request (seed 000: also what they include)
+        and subscribe again, in one request, the held patterns they may have taken; a held
+        pattern P&M now refuses is taken from its sessions."""
+        from appliance.client.errors import ClientError, EntitlementError
         from datapath.topics.algebra import overlaps
 
         rebuild = rebuild or self.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(
             1, len(self.refs))
-        again = list(self.refs) if rebuild else [p for p in self.refs if overlaps(p, match)]
+        again = list(self.refs) if rebuild else [
+            p for p in self.refs if any(overlaps(p, m) for m in matches)]
         native = self.native
 
         def work() -> dict[str, bool | None]:
-            native.unsubscribe("#" if rebuild else match)
             if rebuild:
+                native.unsubscribe("#")
                 self.native_subscribes = 0
+            else:
+                for error in native.unsubscribe_many(matches):
+                    if error is not None:
+                        raise error
             out: dict[str, bool | None] = {}
-            for pattern in again:
-                try:
-                    out[pattern] = self._subscribe(pattern)
-                except EntitlementError:  # P&M took it back meanwhile
+            failed: ClientError | None = None
+            for pattern, result in zip(again, self._subscribe_all(again)):
+                if isinstance(result, EntitlementError):  # P&M took it back meanwhile
                     out[pattern] = None
+                elif isinstance(result, ClientError):
+                    failed = failed or result
+                else:
+                    out[pattern] = result
+            if failed is not None:
+                raise failed
             return out
 
         for pattern, guaranteed in (await self.server.blocking(work)).items():

@@ -286,3 +286,23 @@ def test_records_are_plain_values():
     assert record == RegistryRecord(1, "a", 5, 2)
     with pytest.raises(AttributeError):
         record.topic = "b"
+
+
+def test_register_many_refuses_each_bad_name_alone_and_adds_the_rest():
+    registry = KeyRegistry(hash_fn=lambda ns, topic: 7 if topic.startswith("clash") else
+                           topic_key_hash(ns, topic))
+    registry.key_for("old/one")
+    out = registry.register_many([(0, "a/b"), (0, "a/+"), (0, "old/one"), (2**32, "x"),
+                                  (0, "clash/1"), (0, "clash/2"), (1, "a/b")])
+    assert [type(o).__name__ for o in out] == ["RegistryRecord", "RegistryError",
+                                              "RegistryRecord", "RegistryError",
+                                              "RegistryRecord", "RegistryError",
+                                              "RegistryRecord"]
+    assert "clash/1" in str(out[5]) and "collision" in str(out[5])
+    assert out[2].version == 1  # the record it had
+    assert registry.version == 4 and len(registry) == 4
+    assert registry.get("a/b", 1) == topic_key_hash(1, "a/b")
+    assert registry.updates_since(1) == [out[0], out[4], out[6]]
+    # checked=True: the caller's keys and topic checks are taken as they are
+    more = registry.register_many([(0, "c/d", registry.key_of("c/d"))], checked=True)
+    assert more[0].topic_key == topic_key_hash(0, "c/d") and registry.version == 5
