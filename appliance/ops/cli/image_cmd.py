@@ -41,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="give up when not ready after this long (default 300: TCG on a "
                    "busy host)")
+    s.add_argument("--root-bus", choices=("virtio", "ahci", "nvme"), default="virtio",
+                   help="attach the image as a virtio disk (default), a SATA disk on AHCI "
+                   "(/dev/sda, as on bare metal) or an NVMe disk: the root is found by label")
+    s.add_argument("--state-disk", type=Path, metavar="FILE",
+                   help="a raw ext4 file labelled appstate, attached read-write and mounted "
+                   "at /var/lib/topicwire/state in the guest (made, empty, when missing)")
     s.add_argument("--stay", action="store_true",
                    help="once ready, keep the guest running until Ctrl-C (then power it "
                    "off cleanly)")

@@ -57,7 +57,18 @@ ext4
 crc32c_generic
 """
 """Written by mmdebstrap's setup hook, before the kernel's package makes its initramfs: a
-list, not ``MODULES=dep`` (that one reads the build machine's devices, not the guest's)."""
+list, not ``MODULES=dep`` (that one reads the build machine's devices, not the guest's).
+Loaded at every boot: the virtio root's."""
+INITRAMFS_HOOK = """#!/bin/sh
+# the image's: the storage drivers of a root disk on bare metal or a non-virtio VM disk
+# (SATA/AHCI as /dev/sda, NVMe, virtio-scsi) in the initrd too, loaded by the initramfs's udev
+# only when such a controller is there (the root is found by its label, approot)
+PREREQ=""
+prereqs() { echo "$PREREQ"; }
+case "$1" in prereqs) prereqs; exit 0 ;; esac
+. /usr/share/initramfs-tools/hook-functions
+manual_add_modules ahci sd_mod nvme virtio_scsi
+"""
 MASKED_UNITS = ("e2scrub_reap.service", "e2scrub_all.timer", "apt-daily.timer",
                 "apt-daily-upgrade.timer", "dpkg-db-backup.timer", "fstrim.timer")
 """Debian's periodic and boot-time housekeeping that an appliance (root filesystem rebuilt by
@@ -109,7 +120,7 @@ def inputs_digest() -> str:
     for path in _source_files():
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(repr((PACKAGES, EXCLUDES, SUITE, INITRAMFS_CONF, INITRAMFS_MODULES,
-                   sys.version_info[:2])).encode())
+                   INITRAMFS_HOOK, sys.version_info[:2])).encode())
     h.update(APT_SOURCES.read_bytes())
     return h.hexdigest()[:16]
 
@@ -210,10 +221,13 @@ def bootstrap(work: Path, digest: str) -> Path:
     shutil.rmtree(initramfs, ignore_errors=True)
     (initramfs / "conf.d").mkdir(parents=True)
     (initramfs / "modules.d").mkdir()
+    (initramfs / "hooks").mkdir()
+    (initramfs / "hooks" / "topicwire-storage").write_text(INITRAMFS_HOOK)
+    (initramfs / "hooks" / "topicwire-storage").chmod(0o755)
     (initramfs / "conf.d" / "topicwire.conf").write_text(INITRAMFS_CONF)
     (initramfs / "modules.d" / "topicwire").write_text(INITRAMFS_MODULES)
     setup_hook = (f'mkdir -p "$1/etc/initramfs-tools" "$1/usr/share/initramfs-tools" && '
-                  f'cp -r {initramfs}/conf.d "$1/etc/initramfs-tools/" && '
+                  f'cp -r {initramfs}/conf.d {initramfs}/hooks "$1/etc/initramfs-tools/" && '
                   f'cp -r {initramfs}/modules.d "$1/usr/share/initramfs-tools/"')
     hook = work / "customize.sh"
     hook.write_text(_hook_script(overlay, wheels))
