@@ -51,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="once ready, keep the guest running until Ctrl-C (then power it "
                    "off cleanly)")
     s.set_defaults(handler=run_boot)
+    c = sub.add_parser("compare", help="two images byte for byte; where they differ, which "
+                       "ext4 blocks, inodes (and fields) and files")
+    c.add_argument("a", type=Path, metavar="A", help="a .qcow2")
+    c.add_argument("b", type=Path, metavar="B", help="another .qcow2")
+    c.set_defaults(handler=run_compare)
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -64,3 +69,9 @@ def run_boot(args: argparse.Namespace) -> int:
     from appliance.ops.image.boot import boot_command
 
     return boot_command(args)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from appliance.ops.image.compare import compare_command
+
+    return compare_command(args.a, args.b)
