@@ -4,6 +4,7 @@ The boots themselves are hwtests/images."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -71,3 +72,42 @@ def test_guest_root_buses_and_state_drive(tmp_path: Path) -> None:
     assert "-device nvme,drive=root,serial=approot" in cmd and "if=virtio,snapshot" not in cmd
     with pytest.raises(UserError, match="root bus 'scsi'"):
         boot.Guest(image, tmp_path, root_bus="scsi")
+
+
+def _ext4(tree: Path, raw: Path, clamp: bool) -> bytes:
+    from appliance.ops.image import build
+
+    if clamp:
+        build.make_ext4(tree, raw, 8 << 20, "0123456789abcdef", 1700000000)
+    else:
+        real = build.clamp_times
+        build.clamp_times = lambda *_a: 0
+        try:
+            build.make_ext4(tree, raw, 8 << 20, "0123456789abcdef", 1700000000)
+        finally:
+            build.clamp_times = real
+    return raw.read_bytes()
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("mkfs.ext4", "debugfs")),
+                    reason="mkfs.ext4 and debugfs (e2fsprogs) are needed")
+def test_the_filesystem_of_one_tree_is_the_same_bytes_whenever_it_is_made(
+        tmp_path: Path) -> None:
+    """mkfs.ext4 -d copies each file's change and access times, which say when the tree was
+    written and read; make_ext4 sets them from the commit's time: the same tree gives the
+    same bytes after its files were read and their change times moved."""
+    tree = tmp_path / "tree"
+    (tree / "etc" / "sub").mkdir(parents=True)
+    (tree / "etc" / "a.conf").write_text("a\n")
+    (tree / "etc" / "sub" / "b with space").write_text("b\n" * 3000)
+    (tree / "link").symlink_to("etc/a.conf")
+    images = {}
+    for clamp in (True, False):
+        for n in (1, 2):
+            for path in tree.rglob("*"):  # reads (access times), chmods (change times)
+                if path.is_file() and not path.is_symlink():
+                    path.read_bytes()
+                    path.chmod(path.stat().st_mode)
+            images[clamp, n] = _ext4(tree, tmp_path / f"{clamp}{n}.raw", clamp)
+    assert images[True, 1] == images[True, 2]
+    assert images[False, 1] != images[False, 2]  # what the clamp removes

@@ -331,6 +331,26 @@ def _tree_bytes(path: Path) -> int:
     return int(done.stdout.split()[0])
 
 
+def make_ext4(tree: Path, raw: Path, size: int, digest: str, epoch: int,
+              name: str = "image") -> None:
+    """``raw``: an ext4 filesystem (label approot) of ``tree``, ``size`` bytes, without a
+    loop mount; its UUID and directory hash seed from ``digest``, its own times and (with
+    ``clamp_times``) every file's change, creation and access times from ``epoch``."""
+    raw.unlink(missing_ok=True)
+    with open(raw, "wb") as f:
+        f.truncate(size)
+    uuid = "-".join((digest[:8], digest[8:12], "4" + digest[13:16], "8" + digest[1:4],
+                     digest[:12]))
+    env = {"E2FSPROGS_FAKE_TIME": str(epoch)} if epoch else {}
+    _stream(["mkfs.ext4", "-q", "-F", "-L", guest_files.ROOT_LABEL, "-U", uuid, "-E",
+             f"hash_seed={uuid}", "-d", str(tree), str(raw)], "mkfs.ext4", env=env)
+    if epoch:
+        say(f"{name}: every file's change, creation and access times set to the commit's "
+            f"({epoch}; debugfs -w)")
+        entries = clamp_times(tree, raw, epoch)
+        say(f"{name}: {entries} entries")
+
+
 def make_disk(rootfs: Path, role: str, out: Path, digest: str) -> dict:
     """The qcow2 image of ``rootfs`` with ``role``'s default config, kernel and initrd."""
     _write_files(rootfs, role)
@@ -346,18 +366,7 @@ def make_disk(rootfs: Path, role: str, out: Path, digest: str) -> dict:
     size = _tree_bytes(rootfs) * 12 // 10 + SLACK_BYTES
     size = (size + (1 << 20) - 1) >> 20 << 20
     say(f"{name}: ext4 of the tree ({size >> 20} MiB, mkfs.ext4 -d, no loop mount)")
-    raw.unlink(missing_ok=True)
-    with open(raw, "wb") as f:
-        f.truncate(size)
-    uuid = "-".join((digest[:8], digest[8:12], "4" + digest[13:16], "8" + digest[1:4],
-                     digest[:12]))
-    env = {"E2FSPROGS_FAKE_TIME": _source_date_epoch()} if _source_date_epoch() else {}
-    _stream(["mkfs.ext4", "-q", "-F", "-L", "approot", "-U", uuid, "-E",
-             f"hash_seed={uuid}", "-d", str(rootfs), str(raw)], "mkfs.ext4", env=env)
-    if epoch:
-        say(f"{name}: every file's times set to the commit's ({epoch}; debugfs -w)")
-        entries = clamp_times(rootfs, raw, epoch)
-        say(f"{name}: {entries} entries")
+    make_ext4(rootfs, raw, size, digest, epoch, name)
     qcow = out / f"{name}.qcow2"
     say(f"{name}: qemu-img convert -c -O qcow2")
     _stream(["qemu-img", "convert", "-c", "-O", "qcow2", str(raw), str(qcow)], "qemu-img")
