@@ -186,7 +186,10 @@ clamp() {{
     # the commit, not when the build ran (docs/images.md, "Reproducibility")
     e="${{SOURCE_DATE_EPOCH:-}}"
     if [ -n "$e" ]; then
-        find "$r" -xdev -newermt "@$e" -exec touch -h -d "@$e" {{}} +
+        # not /proc, /sys, /dev: mmdebstrap's mounts for the hooks (-xdev still visits the
+        # mount points themselves)
+        find "$r" -xdev \\( -path "$r/proc" -o -path "$r/sys" -o -path "$r/dev" \\) -prune \
+            -o -newermt "@$e" -exec touch -h -d "@$e" {{}} +
     fi
 }}
 echo "hook: times clamped to SOURCE_DATE_EPOCH before numba stamps its sources' times"
