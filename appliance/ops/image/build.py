@@ -239,17 +239,22 @@ def clamp_times(rootfs: Path, raw: Path, epoch: int) -> int:
     ``mkfs.ext4 -d rootfs`` set to ``epoch`` (the commit's time; nanoseconds zero) with
     ``debugfs -w``: mkfs copies them from the tree, where they record when the build ran
     (and the access times move with mkfs's own reads), and no tool sets a change time in a
-    tree. Modification times are kept: numba's cache index holds each source file's
-    (the cache would be stale with any other). The number of entries."""
-    commands = []
+    tree. Modification times are kept (numba's cache index holds each source file's: the
+    cache would be stale with any other), except those later than ``epoch`` (what the
+    customize hook's clamp did not reach: the device nodes in /dev, the cache's .complete),
+    set to it. The number of entries."""
+    commands, entries = [], 0
     for path in [rootfs, *sorted(rootfs.rglob("*"))]:
         name = "/" + str(path.relative_to(rootfs)) if path != rootfs else "/"
         if '"' in name or "\n" in name:
             raise UserError(f"image: {name!r}: a name debugfs cannot be given")
         quoted = f'"{name}"'
-        commands += [f"sif {quoted} {field} {value}" for field, value in (
-            ("ctime", f"@{epoch}"), ("ctime_extra", "0"), ("crtime", f"@{epoch}"),
-            ("crtime_extra", "0"), ("atime", f"@{epoch}"), ("atime_extra", "0"))]
+        fields = [("ctime", f"@{epoch}"), ("ctime_extra", "0"), ("crtime", f"@{epoch}"),
+                  ("crtime_extra", "0"), ("atime", f"@{epoch}"), ("atime_extra", "0")]
+        if path.lstat().st_mtime > epoch:  # what the hook's clamp did not reach: /dev's
+            fields += [("mtime", f"@{epoch}"), ("mtime_extra", "0")]  # nodes, .complete
+        commands += [f"sif {quoted} {field} {value}" for field, value in fields]
+        entries += 1
     script = raw.with_suffix(".debugfs")
     script.write_text("\n".join(commands) + "\n")
     done = subprocess.run(["debugfs", "-w", "-f", str(script), str(raw)],
@@ -260,7 +265,7 @@ def clamp_times(rootfs: Path, raw: Path, epoch: int) -> int:
     if done.returncode != 0 or errors:
         raise UserError("image: debugfs (setting the files' times) failed: "
                         + " / ".join(errors[:5] or [done.stderr.strip()]))
-    return len(commands) // 6
+    return entries
 
 
 def _mmdebstrap_cmd(work: Path) -> list[str]:

@@ -162,6 +162,10 @@ def compare(a: Path, b: Path) -> dict:
                 elif parts:
                     by_kind["blocks of no file (free in A, or the journal)"] += 1
         names = _paths(raws[0], sorted(set(owners) | set(inode_fields)))
+        by_dir: Counter[str] = Counter()
+        for ino in owners:
+            parts = names.get(ino, "?").split("/")
+            by_dir["/".join(parts[:5]) if "numba" in parts else "/".join(parts[:-1]) or "/"] += 1
         field_sets = Counter(", ".join(sorted(f)) for f in inode_fields.values())
         result.update({
             "differing_blocks": len(blocks),
@@ -173,6 +177,7 @@ def compare(a: Path, b: Path) -> dict:
                                 for ino, fields in sorted(inode_fields.items())[:SHOW]],
             "files_with_differing_data": len(owners),
             "data_blocks_differing": sum(owners.values()),
+            "files_by_directory": dict(by_dir.most_common()),
             "files_examples": [f"{names.get(ino, f'inode {ino}')}: {count} blocks"
                                for ino, count in owners.most_common(SHOW)],
         })
