@@ -240,8 +240,8 @@ def clamp_times(rootfs: Path, raw: Path, epoch: int) -> int:
     ``debugfs -w``: mkfs copies them from the tree, where they record when the build ran
     (and the access times move with mkfs's own reads), and no tool sets a change time in a
     tree. Modification times are kept (numba's cache index holds each source file's: the
-    cache would be stale with any other), except those later than ``epoch`` (what the
-    customize hook's clamp did not reach: the device nodes in /dev, the cache's .complete),
+    cache would be stale with any other), except those the customize hook's clamp did not
+    reach (the device nodes in /dev, the cache's .complete) and any later than ``epoch``:
     set to it. The number of entries."""
     commands, entries = [], 0
     for path in [rootfs, *sorted(rootfs.rglob("*"))]:
@@ -251,8 +251,11 @@ def clamp_times(rootfs: Path, raw: Path, epoch: int) -> int:
         quoted = f'"{name}"'
         fields = [("ctime", f"@{epoch}"), ("ctime_extra", "0"), ("crtime", f"@{epoch}"),
                   ("crtime_extra", "0"), ("atime", f"@{epoch}"), ("atime_extra", "0")]
-        if path.lstat().st_mtime > epoch:  # what the hook's clamp did not reach: /dev's
-            fields += [("mtime", f"@{epoch}"), ("mtime_extra", "0")]  # nodes, .complete
+        # what the hook's clamp did not reach (mmdebstrap's /dev nodes, the cache's .complete:
+        # made when the build ran, nothing reads their times) and anything later than epoch
+        if (name.startswith(("/dev/", "/.complete")) or name == "/dev"
+                or path.lstat().st_mtime > epoch):
+            fields += [("mtime", f"@{epoch}"), ("mtime_extra", "0")]
         commands += [f"sif {quoted} {field} {value}" for field, value in fields]
         entries += 1
     script = raw.with_suffix(".debugfs")
