@@ -234,15 +234,18 @@ def _write_if_changed(target: Path, text: str) -> None:
         target.write_text(text)
 
 
-def clamp_times(rootfs: Path, raw: Path, epoch: int) -> int:
+def clamp_times(rootfs: Path, raw: Path, epoch: int, tree_epoch: int = 0) -> int:
     """The change, creation and access times of every file in the ext4 ``raw`` made by
     ``mkfs.ext4 -d rootfs`` set to ``epoch`` (the commit's time; nanoseconds zero) with
     ``debugfs -w``: mkfs copies them from the tree, where they record when the build ran
     (and the access times move with mkfs's own reads), and no tool sets a change time in a
     tree. Modification times are kept (numba's cache index holds each source file's: the
     cache would be stale with any other), except those the customize hook's clamp did not
-    reach (the device nodes in /dev, the cache's .complete) and any later than ``epoch``:
-    set to it. The number of entries."""
+    reach (the device nodes in /dev, the cache's .complete) and any later than
+    ``tree_epoch`` (the time the root filesystem's build clamped to, written in its
+    .complete; default ``epoch``): mmdebstrap's clean-up after the hook, a file the disk
+    step rewrote: set to ``tree_epoch``. The number of entries."""
+    limit = tree_epoch or epoch
     commands, entries = [], 0
     for path in [rootfs, *sorted(rootfs.rglob("*"))]:
         name = "/" + str(path.relative_to(rootfs)) if path != rootfs else "/"
@@ -254,8 +257,8 @@ def clamp_times(rootfs: Path, raw: Path, epoch: int) -> int:
         # what the hook's clamp did not reach (mmdebstrap's /dev nodes, the cache's .complete:
         # made when the build ran, nothing reads their times) and anything later than epoch
         if (name.startswith(("/dev/", "/.complete")) or name == "/dev"
-                or path.lstat().st_mtime > epoch):
-            fields += [("mtime", f"@{epoch}"), ("mtime_extra", "0")]
+                or path.lstat().st_mtime > limit):
+            fields += [("mtime", f"@{limit}"), ("mtime_extra", "0")]
         commands += [f"sif {quoted} {field} {value}" for field, value in fields]
         entries += 1
     script = raw.with_suffix(".debugfs")
@@ -319,7 +322,7 @@ def bootstrap(work: Path, digest: str) -> Path:
     say(f"root filesystem: mmdebstrap {SUITE} ({len(PACKAGES)} packages and their "
         "dependencies), then the venv and the numba warm-up")
     _stream(cmd, "mmdebstrap", env=env, keep=_mmdebstrap_progress)
-    (tmp / ".complete").touch()
+    (tmp / ".complete").write_text(f"{epoch}\n")  # the hook's SOURCE_DATE_EPOCH
     tmp.rename(rootfs)
     return rootfs
 
@@ -358,7 +361,9 @@ def make_ext4(tree: Path, raw: Path, size: int, digest: str, epoch: int,
     if epoch:
         say(f"{name}: every file's change, creation and access times set to the commit's "
             f"({epoch}; debugfs -w)")
-        entries = clamp_times(tree, raw, epoch)
+        marker = tree / ".complete"
+        stamp = marker.read_text().strip() if marker.exists() else ""
+        entries = clamp_times(tree, raw, epoch, int(stamp) if stamp.isdigit() else 0)
         say(f"{name}: {entries} entries")
 
 
