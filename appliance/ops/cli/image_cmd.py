@@ -41,10 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--timeout", type=float, default=300.0, metavar="S",
                    help="give up when not ready after this long (default 300: TCG on a "
                    "busy host)")
+    s.add_argument("--root-bus", choices=("virtio", "ahci", "nvme"), default="virtio",
+                   help="attach the image as a virtio disk (default), a SATA disk on AHCI "
+                   "(/dev/sda, as on bare metal) or an NVMe disk: the root is found by label")
+    s.add_argument("--state-disk", type=Path, metavar="FILE",
+                   help="a raw ext4 file labelled appstate, attached read-write and mounted "
+                   "at /var/lib/topicwire/state in the guest (made, empty, when missing)")
     s.add_argument("--stay", action="store_true",
                    help="once ready, keep the guest running until Ctrl-C (then power it "
                    "off cleanly)")
     s.set_defaults(handler=run_boot)
+    c = sub.add_parser("compare", help="two images byte for byte; where they differ, which "
+                       "ext4 blocks, inodes (and fields) and files")
+    c.add_argument("a", type=Path, metavar="A", help="a .qcow2")
+    c.add_argument("b", type=Path, metavar="B", help="another .qcow2")
+    c.set_defaults(handler=run_compare)
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -58,3 +69,9 @@ def run_boot(args: argparse.Namespace) -> int:
     from appliance.ops.image.boot import boot_command
 
     return boot_command(args)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from appliance.ops.image.compare import compare_command
+
+    return compare_command(args.a, args.b)

@@ -48,12 +48,18 @@ UNUSED_MODULES = ("floppy", "pcspkr", "piix4_smbus", "ata_piix", "ata_generic", 
 features (the floppy and IDE controllers, PC speaker, SMBus, PS/2 mouse, KVM, the CPU's
 crypto) and ``modprobe@`` units (drm, device mapper, fuse, loop): nothing the appliance uses,
 and each load costs the guest's CPU while the appliance starts (``modprobe.blacklist``)."""
-KERNEL_ARGS = ("console=ttyS0 root=/dev/vda rw quiet panic=-1 net.ifnames=0 i8042.noaux "
-               "modprobe.blacklist=" + ",".join(UNUSED_MODULES))
+KERNEL_ARGS = (f"console=ttyS0 root=LABEL={guest_files.ROOT_LABEL} rw quiet panic=-1 "
+               "net.ifnames=0 i8042.noaux modprobe.blacklist=" + ",".join(UNUSED_MODULES))
 READY_RE = re.compile(r"topicwire: appliance (\S+) \(id (\d+)\) ready")
 CONFIG_ERROR_RE = re.compile(r"topicwire: (config: .*)")
 FAILED_RE = re.compile(r"(Failed to start topicwire|topicwire\.service: Failed|"
-                       r"topicwire-config: (no topicwire\.toml|cannot mount).*)")
+                       r"topicwire-config: (no topicwire\.toml|cannot mount).*|"
+                       r"topicwire-state: (the config names|the state disk \S+ has errors|"
+                       r"cannot mount).*)")
+ROOT_BUSES = ("virtio", "ahci", "nvme")
+"""How ``Guest`` attaches the image: a virtio disk (/dev/vda), a SATA disk on an AHCI
+controller (/dev/sda, as on most bare metal) or an NVMe disk (/dev/nvme0n1); the image finds
+its root by label on each."""
 TAIL_LINES = 40
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -108,7 +114,9 @@ class Guest:
                  extra_files: Sequence[Path] = (), mgmt_port: int | None = None,
                  netdevs: Sequence[str] = (),
                  snapshot: bool = True, name: str = "guest", echo: bool = False,
-                 config_drive: Path | None = None, wrap: Sequence[str] = ()) -> None:
+                 config_drive: Path | None = None, wrap: Sequence[str] = (),
+                 root_bus: str = "virtio", state_drive: Path | None = None,
+                 forwards: Sequence[tuple[int, int]] = ()) -> None:
         self.image = Path(image).resolve()
         self.kernel, self.initrd = boot_files(self.image)
         self.workdir = Path(workdir)
@@ -123,8 +131,20 @@ class Guest:
         fwd = []
         if mgmt_port is not None:
             fwd.append(f"hostfwd=tcp:127.0.0.1:{mgmt_port}-:{guest_files.MGMT_PORT}")
+        fwd += [f"hostfwd=tcp:127.0.0.1:{host}-:{guest}" for host, guest in forwards]
         user = ",".join(["user", "id=mgmt", "restrict=on", *fwd])
         snap = "on" if snapshot else "off"
+        if root_bus not in ROOT_BUSES:
+            raise UserError(f"image: root bus {root_bus!r}: one of {', '.join(ROOT_BUSES)}")
+        root = f"file={self.image},format=qcow2,snapshot={snap}"
+        root_args = {
+            "virtio": ["-drive", f"{root},if=virtio"],
+            "ahci": ["-drive", f"{root},if=none,id=root", "-device", "ahci,id=ahci0",
+                     "-device", "ide-hd,drive=root,bus=ahci0.0"],
+            "nvme": ["-drive", f"{root},if=none,id=root", "-device",
+                     "nvme,drive=root,serial=approot"],
+        }[root_bus]
+        self.state_drive = state_drive
         self.cmd = [
             *wrap, QEMU, "-accel", "tcg", "-cpu", "max", "-smp", str(CPUS), "-m", str(MEMORY_MB),
             # no default floppy, IDE CD-ROM, VGA or parallel port: the kernel probes none of
@@ -132,9 +152,11 @@ class Guest:
             "-nodefaults", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
             "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", KERNEL_ARGS,
-            "-drive", f"file={self.image},format=qcow2,if=virtio,snapshot={snap}",
+            *root_args,
             *(["-drive", f"file={self.config_drive},format=raw,if=virtio,readonly=on"]
               if self.config_drive else []),
+            # the state disk is written (not snapshot): it outlives the guest and the image
+            *(["-drive", f"file={state_drive},format=raw,if=virtio"] if state_drive else []),
             "-netdev", user, "-device", "virtio-net-pci,netdev=mgmt",
             *[a for nd in netdevs for a in nd.split(" ")],
         ]
@@ -277,6 +299,19 @@ class Guest:
             self.proc.wait(10)
 
 
+def state_disk(path: Path, size_mb: int = 64) -> Path:
+    """A new, empty state disk: a raw file with an ext4 filesystem labelled appstate (no loop
+    mount: ``mkfs.ext4`` on the file)."""
+    if shutil.which("mkfs.ext4") is None:
+        raise UserError("image: mkfs.ext4 is missing (Debian package e2fsprogs; make setup)")
+    path.unlink(missing_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size_mb << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-L", guest_files.STATE_LABEL, str(path)],
+                   check=True, capture_output=True)
+    return path
+
+
 class BootFailure(Exception):
     """The guest did not become ready; ``tail`` is the console's last lines."""
 
@@ -288,9 +323,14 @@ class BootFailure(Exception):
 
 def boot_command(args: argparse.Namespace) -> int:
     mgmt_port = args.forward_mgmt or free_port()
+    if args.state_disk is not None and not args.state_disk.exists():
+        say(f"state disk {args.state_disk}: new, empty (ext4 labelled "
+            f"{guest_files.STATE_LABEL})")
+        state_disk(args.state_disk)
     with tempfile.TemporaryDirectory(prefix="topicwire-boot-") as tmp:
         guest = Guest(args.image, Path(tmp), args.config, mgmt_port=mgmt_port,
-                      echo=bool(os.environ.get("TOPICWIRE_IMAGE_ECHO")))
+                      echo=bool(os.environ.get("TOPICWIRE_IMAGE_ECHO")),
+                      root_bus=args.root_bus, state_drive=args.state_disk)
         say(f"booting {args.image} under QEMU (TCG); management API at "
             f"http://127.0.0.1:{mgmt_port}")
         guest.start()

@@ -57,7 +57,18 @@ ext4
 crc32c_generic
 """
 """Written by mmdebstrap's setup hook, before the kernel's package makes its initramfs: a
-list, not ``MODULES=dep`` (that one reads the build machine's devices, not the guest's)."""
+list, not ``MODULES=dep`` (that one reads the build machine's devices, not the guest's).
+Loaded at every boot: the virtio root's."""
+INITRAMFS_HOOK = """#!/bin/sh
+# the image's: the storage drivers of a root disk on bare metal or a non-virtio VM disk
+# (SATA/AHCI as /dev/sda, NVMe, virtio-scsi) in the initrd too, loaded by the initramfs's udev
+# only when such a controller is there (the root is found by its label, approot)
+PREREQ=""
+prereqs() { echo "$PREREQ"; }
+case "$1" in prereqs) prereqs; exit 0 ;; esac
+. /usr/share/initramfs-tools/hook-functions
+manual_add_modules ahci sd_mod nvme virtio_scsi
+"""
 MASKED_UNITS = ("e2scrub_reap.service", "e2scrub_all.timer", "apt-daily.timer",
                 "apt-daily-upgrade.timer", "dpkg-db-backup.timer", "fstrim.timer")
 """Debian's periodic and boot-time housekeeping that an appliance (root filesystem rebuilt by
@@ -88,9 +99,12 @@ def check_host() -> None:
 
 
 HOST_ONLY = ("appliance/ops/image/boot.py", "appliance/ops/cli/image_cmd.py",
-             "appliance/ops/image/guest_files.py")
+             "appliance/ops/image/guest_files.py", "appliance/ops/image/build.py",
+             "appliance/ops/image/compare.py")
 """In the image's venv too, but only the host runs them: a change there does not rebuild the
-root filesystem (guest_files' units and scripts are written at the disk step, each build)."""
+root filesystem (guest_files' units and scripts are written at the disk step, each build;
+what this module puts into the root filesystem, the mmdebstrap command, its hooks and the
+package list, is in the digest by value: ``inputs_digest``)."""
 
 
 def _source_files() -> list[Path]:
@@ -109,7 +123,10 @@ def inputs_digest() -> str:
     for path in _source_files():
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(repr((PACKAGES, EXCLUDES, SUITE, INITRAMFS_CONF, INITRAMFS_MODULES,
-                   sys.version_info[:2])).encode())
+                   INITRAMFS_HOOK, sys.version_info[:2])).encode())
+    work = Path("/WORK")
+    h.update(repr(_mmdebstrap_cmd(work)).encode())
+    h.update(_hook_script(work / "overlay", work / "wheels").encode())
     h.update(APT_SOURCES.read_bytes())
     return h.hexdigest()[:16]
 
@@ -164,6 +181,19 @@ mkdir -p "$r/tmp/wheels" && cp {wheels}/*.whl "$r/tmp/wheels/"
 chroot "$r" {venv}/bin/pip install -q --no-index --disable-pip-version-check \
     --find-links /tmp/wheels topicwire
 rm -rf "$r/tmp/wheels" "$r/root/.cache"
+clamp() {{
+    # modification times after the commit's (SOURCE_DATE_EPOCH) set to it: the tree records
+    # the commit, not when the build ran (docs/images.md, "Reproducibility")
+    e="${{SOURCE_DATE_EPOCH:-}}"
+    if [ -n "$e" ]; then
+        # not /proc, /sys, /dev: mmdebstrap's mounts for the hooks (-xdev still visits the
+        # mount points themselves)
+        find "$r" -xdev \\( -path "$r/proc" -o -path "$r/sys" -o -path "$r/dev" \\) -prune \
+            -o -newermt "@$e" -exec touch -h -d "@$e" {{}} +
+    fi
+}}
+echo "hook: times clamped to SOURCE_DATE_EPOCH before numba stamps its sources' times"
+clamp
 echo "hook: byte-compiled once for all (unchecked-hash .pyc: no source read or hashed at import)"
 chroot "$r" {venv}/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash \
     {venv}/lib
@@ -181,6 +211,8 @@ unshare --net chroot "$r" /bin/sh -c \
      env {warm_env} {venv}/bin/topicwire warm'
 rm -f "$r"/dev/shm/* 2>/dev/null || true
 rm -rf "$r"/var/cache/apt/*.bin "$r"/var/lib/apt/lists/* "$r"/root/.cache
+echo "hook: times clamped again (the .pyc files, numba's cache: nothing reads their times)"
+clamp
 """
 
 
@@ -190,8 +222,70 @@ def _write_files(tree: Path, role: str) -> None:
     for path, mode, text in guest_files.files(role):
         target = tree / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
+        _write_if_changed(target, text)
+        if target.stat().st_mode & 0o7777 != mode:
+            target.chmod(mode)
+
+
+def _write_if_changed(target: Path, text: str) -> None:
+    """Written only when its text changed: an unchanged file keeps its times, so two disk
+    steps from one root filesystem give the same bytes (docs/images.md, "Reproducibility")."""
+    if not target.exists() or target.read_text() != text:
         target.write_text(text)
-        target.chmod(mode)
+
+
+def clamp_times(rootfs: Path, raw: Path, epoch: int, tree_epoch: int = 0) -> int:
+    """The change, creation and access times of every file in the ext4 ``raw`` made by
+    ``mkfs.ext4 -d rootfs`` set to ``epoch`` (the commit's time; nanoseconds zero) with
+    ``debugfs -w``: mkfs copies them from the tree, where they record when the build ran
+    (and the access times move with mkfs's own reads), and no tool sets a change time in a
+    tree. Modification times are kept (numba's cache index holds each source file's: the
+    cache would be stale with any other), except those the customize hook's clamp did not
+    reach (the device nodes in /dev, the cache's .complete) and any later than
+    ``tree_epoch`` (the time the root filesystem's build clamped to, written in its
+    .complete; default ``epoch``): mmdebstrap's clean-up after the hook, a file the disk
+    step rewrote: set to ``tree_epoch``. The number of entries."""
+    limit = tree_epoch or epoch
+    commands, entries = [], 0
+    for path in [rootfs, *sorted(rootfs.rglob("*"))]:
+        name = "/" + str(path.relative_to(rootfs)) if path != rootfs else "/"
+        if '"' in name or "\n" in name:
+            raise UserError(f"image: {name!r}: a name debugfs cannot be given")
+        quoted = f'"{name}"'
+        fields = [("ctime", f"@{epoch}"), ("ctime_extra", "0"), ("crtime", f"@{epoch}"),
+                  ("crtime_extra", "0"), ("atime", f"@{epoch}"), ("atime_extra", "0")]
+        # what the hook's clamp did not reach (mmdebstrap's /dev nodes, the cache's .complete:
+        # made when the build ran, nothing reads their times) and anything later than epoch
+        if (name.startswith(("/dev/", "/.complete")) or name == "/dev"
+                or path.lstat().st_mtime > limit):
+            fields += [("mtime", f"@{limit}"), ("mtime_extra", "0")]
+        commands += [f"sif {quoted} {field} {value}" for field, value in fields]
+        entries += 1
+    script = raw.with_suffix(".debugfs")
+    script.write_text("\n".join(commands) + "\n")
+    done = subprocess.run(["debugfs", "-w", "-f", str(script), str(raw)],
+                          capture_output=True, text=True, errors="replace")
+    script.unlink()
+    errors = [line for line in done.stderr.splitlines()
+              if line.strip() and not line.startswith("debugfs ")]
+    if done.returncode != 0 or errors:
+        raise UserError("image: debugfs (setting the files' times) failed: "
+                        + " / ".join(errors[:5] or [done.stderr.strip()]))
+    return entries
+
+
+def _mmdebstrap_cmd(work: Path) -> list[str]:
+    """mmdebstrap of the root filesystem into ``work``/rootfs-tmp, with the initramfs's
+    files (``work``/initramfs) and the customize hook (``work``/customize.sh)."""
+    initramfs = work / "initramfs"
+    setup_hook = (f'mkdir -p "$1/etc/initramfs-tools" "$1/usr/share/initramfs-tools" && '
+                  f'cp -r {initramfs}/conf.d {initramfs}/hooks "$1/etc/initramfs-tools/" && '
+                  f'cp -r {initramfs}/modules.d "$1/usr/share/initramfs-tools/"')
+    return ["mmdebstrap", "--mode=root", "--variant=minbase", "--verbose",
+            "--include=" + ",".join(PACKAGES),
+            *[f"--dpkgopt=path-exclude={p}" for p in EXCLUDES],
+            f"--setup-hook={setup_hook}", f"--customize-hook={work / 'customize.sh'} \"$1\"",
+            SUITE, str(work / "rootfs-tmp"), str(APT_SOURCES)]
 
 
 def bootstrap(work: Path, digest: str) -> Path:
@@ -210,21 +304,17 @@ def bootstrap(work: Path, digest: str) -> Path:
     shutil.rmtree(initramfs, ignore_errors=True)
     (initramfs / "conf.d").mkdir(parents=True)
     (initramfs / "modules.d").mkdir()
+    (initramfs / "hooks").mkdir()
+    (initramfs / "hooks" / "topicwire-storage").write_text(INITRAMFS_HOOK)
+    (initramfs / "hooks" / "topicwire-storage").chmod(0o755)
     (initramfs / "conf.d" / "topicwire.conf").write_text(INITRAMFS_CONF)
     (initramfs / "modules.d" / "topicwire").write_text(INITRAMFS_MODULES)
-    setup_hook = (f'mkdir -p "$1/etc/initramfs-tools" "$1/usr/share/initramfs-tools" && '
-                  f'cp -r {initramfs}/conf.d "$1/etc/initramfs-tools/" && '
-                  f'cp -r {initramfs}/modules.d "$1/usr/share/initramfs-tools/"')
     hook = work / "customize.sh"
     hook.write_text(_hook_script(overlay, wheels))
     hook.chmod(0o755)
     tmp = work / "rootfs-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = ["mmdebstrap", "--mode=root", "--variant=minbase", "--verbose",
-           "--include=" + ",".join(PACKAGES),
-           *[f"--dpkgopt=path-exclude={p}" for p in EXCLUDES],
-           f"--setup-hook={setup_hook}", f"--customize-hook={hook} \"$1\"",
-           SUITE, str(tmp), str(APT_SOURCES)]
+    cmd = _mmdebstrap_cmd(work)
     env = {}
     epoch = _source_date_epoch()
     if epoch:
@@ -232,7 +322,7 @@ def bootstrap(work: Path, digest: str) -> Path:
     say(f"root filesystem: mmdebstrap {SUITE} ({len(PACKAGES)} packages and their "
         "dependencies), then the venv and the numba warm-up")
     _stream(cmd, "mmdebstrap", env=env, keep=_mmdebstrap_progress)
-    (tmp / ".complete").touch()
+    (tmp / ".complete").write_text(f"{epoch}\n")  # the hook's SOURCE_DATE_EPOCH
     tmp.rename(rootfs)
     return rootfs
 
@@ -255,27 +345,44 @@ def _tree_bytes(path: Path) -> int:
     return int(done.stdout.split()[0])
 
 
+def make_ext4(tree: Path, raw: Path, size: int, digest: str, epoch: int,
+              name: str = "image") -> None:
+    """``raw``: an ext4 filesystem (label approot) of ``tree``, ``size`` bytes, without a
+    loop mount; its UUID and directory hash seed from ``digest``, its own times and (with
+    ``clamp_times``) every file's change, creation and access times from ``epoch``."""
+    raw.unlink(missing_ok=True)
+    with open(raw, "wb") as f:
+        f.truncate(size)
+    uuid = "-".join((digest[:8], digest[8:12], "4" + digest[13:16], "8" + digest[1:4],
+                     digest[:12]))
+    env = {"E2FSPROGS_FAKE_TIME": str(epoch)} if epoch else {}
+    _stream(["mkfs.ext4", "-q", "-F", "-L", guest_files.ROOT_LABEL, "-U", uuid, "-E",
+             f"hash_seed={uuid}", "-d", str(tree), str(raw)], "mkfs.ext4", env=env)
+    if epoch:
+        say(f"{name}: every file's change, creation and access times set to the commit's "
+            f"({epoch}; debugfs -w)")
+        marker = tree / ".complete"
+        stamp = marker.read_text().strip() if marker.exists() else ""
+        entries = clamp_times(tree, raw, epoch, int(stamp) if stamp.isdigit() else 0)
+        say(f"{name}: {entries} entries")
+
+
 def make_disk(rootfs: Path, role: str, out: Path, digest: str) -> dict:
     """The qcow2 image of ``rootfs`` with ``role``'s default config, kernel and initrd."""
     _write_files(rootfs, role)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "unknown"
     stamp = {"commit": commit, "inputs_digest": digest, "role_default": role}
-    (rootfs / "etc/topicwire/image.json").write_text(json.dumps(stamp, sort_keys=True) + "\n")
+    _write_if_changed(rootfs / "etc/topicwire/image.json",
+                      json.dumps(stamp, sort_keys=True) + "\n")
+    epoch = int(_source_date_epoch() or 0)
     out.mkdir(parents=True, exist_ok=True)
     name = f"{IMAGE_NAME}-{role}"
     raw = out / f".{name}.raw"
     size = _tree_bytes(rootfs) * 12 // 10 + SLACK_BYTES
     size = (size + (1 << 20) - 1) >> 20 << 20
     say(f"{name}: ext4 of the tree ({size >> 20} MiB, mkfs.ext4 -d, no loop mount)")
-    raw.unlink(missing_ok=True)
-    with open(raw, "wb") as f:
-        f.truncate(size)
-    uuid = "-".join((digest[:8], digest[8:12], "4" + digest[13:16], "8" + digest[1:4],
-                     digest[:12]))
-    env = {"E2FSPROGS_FAKE_TIME": _source_date_epoch()} if _source_date_epoch() else {}
-    _stream(["mkfs.ext4", "-q", "-F", "-L", "approot", "-U", uuid, "-E",
-             f"hash_seed={uuid}", "-d", str(rootfs), str(raw)], "mkfs.ext4", env=env)
+    make_ext4(rootfs, raw, size, digest, epoch, name)
     qcow = out / f"{name}.qcow2"
     say(f"{name}: qemu-img convert -c -O qcow2")
     _stream(["qemu-img", "convert", "-c", "-O", "qcow2", str(raw), str(qcow)], "qemu-img")

@@ -14,6 +14,15 @@ what it names (key files, tokens) beside it."""
 DEFAULT_DIR = "/etc/topicwire/default"
 """The config baked in by ``--role`` (used when no config disk and no kernel word)."""
 CONFIG_LABEL = "APPCFG"
+ROOT_LABEL = "approot"
+"""The root filesystem's label: the fstab and the kernel command line (``root=LABEL=approot``)
+find it by that, so the same image boots from a virtio disk (/dev/vda), SATA (/dev/sda) or
+NVMe (/dev/nvme0n1)."""
+STATE_LABEL = "appstate"
+STATE_DIR = "/var/lib/topicwire/state"
+"""Where the optional state disk (ext4 labelled appstate) is mounted before the appliance
+starts: point the config's directories that must survive an image replacement there
+(``mqtt.state_dir``, ``[telemetry] dir``, a bridge's ``backlog_dir``)."""
 MGMT_PORT = 8470
 CLIENT_PORT = 47471
 MQTT_PORT = 1883
@@ -34,7 +43,7 @@ set -u
 out=/run/topicwire/config
 mkdir -p "$out" /run/topicwire/disk /run/systemd/network
 src=""
-dev=$(blkid -t LABEL=APPCFG -o device /dev/vd* 2>/dev/null | head -n 1)
+dev=$(blkid -t LABEL=APPCFG -o device 2>/dev/null | head -n 1)
 if [ -n "$dev" ]; then
     if mount -o ro "$dev" /run/topicwire/disk; then
         cp -r /run/topicwire/disk/. "$out"/
@@ -65,6 +74,44 @@ for f in "$out"/*.network; do
 done
 echo "topicwire-config: config from $src"
 """
+
+STATE_SCRIPT = r"""#!/bin/sh
+# topicwire-state: the state disk (an ext4 filesystem labelled appstate, any disk) checked
+# (fsck.ext4 -p) and mounted at STATE_DIR before the appliance starts, so the state the config
+# keeps there survives an image replacement. No such disk: nothing is mounted, unless the
+# config names STATE_DIR, in which case the appliance must not start (it would write its
+# state onto the root disk, to be lost at the next upgrade).
+set -u
+mnt=STATE_DIR
+config=/run/topicwire/config/topicwire.toml
+mkdir -p "$mnt"
+dev=$(blkid -t LABEL=STATE_LABEL -o device 2>/dev/null | head -n 1)
+if [ -z "$dev" ]; then
+    if grep -q "$mnt" "$config" 2>/dev/null; then
+        echo "topicwire-state: the config names $mnt but no disk labelled STATE_LABEL" \
+             "is attached; attach the state disk (an ext4 filesystem:" \
+             "mkfs.ext4 -L STATE_LABEL DEVICE) or point the config elsewhere:" \
+             "the appliance does not start"
+        exit 1
+    fi
+    echo "topicwire-state: no state disk (label STATE_LABEL);" \
+         "the appliance's state is on the root disk"
+    exit 0
+fi
+fsck.ext4 -p "$dev" >/dev/null 2>&1
+rc=$?
+if [ "$rc" -ge 4 ]; then
+    echo "topicwire-state: the state disk $dev has errors fsck.ext4 -p cannot repair" \
+         "(exit $rc): repair it (fsck.ext4 $dev) or attach another; the appliance does not start"
+    exit 1
+fi
+if ! mount -t ext4 -o rw,noatime "$dev" "$mnt"; then
+    echo "topicwire-state: cannot mount the state disk $dev (label STATE_LABEL; ext4 expected)" \
+         "at $mnt: the appliance does not start"
+    exit 1
+fi
+echo "topicwire-state: state disk $dev at $mnt"
+""".replace("STATE_DIR", STATE_DIR).replace("STATE_LABEL", STATE_LABEL)
 
 RXE_SCRIPT = r"""#!/bin/sh
 # topicwire-rxe: soft-RoCE (rdma_rxe) when this machine has no RDMA device of its own, on the
@@ -158,6 +205,24 @@ StandardOutput=journal+console
 StandardError=journal+console
 """
 
+STATE_UNIT = f"""[Unit]
+Description=topicwire: the state disk (label {STATE_LABEL}) at {STATE_DIR}
+DefaultDependencies=no
+# reads the config (does it name {STATE_DIR}?); the disk's /dev node: as the config disk's
+After=topicwire-config.service systemd-remount-fs.service systemd-journald.socket
+Requires=topicwire-config.service
+Before=topicwire.service
+Conflicts=shutdown.target
+Before=shutdown.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/topicwire-state
+StandardOutput=journal+console
+StandardError=journal+console
+"""
+
 RXE_UNIT = """[Unit]
 Description=topicwire: soft-RoCE (rdma_rxe) when there is no RDMA device
 # the appliance does not wait for it unless its config names rdma (topicwire-wait); it reads
@@ -174,15 +239,21 @@ StandardOutput=journal+console
 WantedBy=multi-user.target
 """
 
+def _mount_unit(path: str) -> str:
+    return path.strip("/").replace("-", "\\x2d").replace("/", "-") + ".mount"
+
+
 APPLIANCE_UNIT = f"""[Unit]
 Description=topicwire appliance (config: {RUN_DIR}/topicwire.toml)
-Requires=topicwire-config.service
+Requires=topicwire-config.service topicwire-state.service
 # not after sysinit.target and basic.target (the early units of a Debian boot take tens of
 # seconds under TCG, and Python's start-up is most of the boot): started once its config is
 # there, beside them; not after the network as a whole: topicwire-wait waits for the
 # addresses the config names
 DefaultDependencies=no
-After=topicwire-config.service systemd-journald.socket
+After=topicwire-config.service topicwire-state.service systemd-journald.socket
+# stopped (drained, its state written) before the state disk is unmounted at power-off
+After={_mount_unit(STATE_DIR)}
 # what the default dependencies gave for stopping: stopped (drained) before the power-off
 Conflicts=shutdown.target
 Before=shutdown.target
@@ -241,7 +312,7 @@ ib_uverbs
 rdma_ucm
 """
 
-FSTAB = "/dev/vda / ext4 rw,relatime 0 1\n"
+FSTAB = f"LABEL={ROOT_LABEL} / ext4 rw,relatime 0 1\n"
 
 
 def default_config(role: str) -> str:
@@ -272,9 +343,11 @@ def files(role: str) -> list[tuple[str, int, str]]:
         ("/usr/local/sbin/topicwire-config", 0o755, CONFIG_SCRIPT),
         ("/usr/local/sbin/topicwire-rxe", 0o755, RXE_SCRIPT),
         ("/usr/local/sbin/topicwire-wait", 0o755, WAIT_SCRIPT),
+        ("/usr/local/sbin/topicwire-state", 0o755, STATE_SCRIPT),
         ("/etc/rdma/modules/rdma.conf", 0o644, RDMA_MODULES),
         ("/etc/systemd/system/topicwire-config.service", 0o644, CONFIG_UNIT),
         ("/etc/systemd/system/topicwire-rxe.service", 0o644, RXE_UNIT),
+        ("/etc/systemd/system/topicwire-state.service", 0o644, STATE_UNIT),
         ("/etc/systemd/system/topicwire.service", 0o644, APPLIANCE_UNIT),
         ("/usr/lib/systemd/network/99-topicwire-default.network", 0o644, NETWORK_DEFAULT),
         (f"{DEFAULT_DIR}/topicwire.toml", 0o644, default_config(role)),
