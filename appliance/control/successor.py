@@ -252,6 +252,7 @@ class Successors:
                         agent.counters["successor_refused_ports"] += 1
                         continue
                     agent.compiler.add_egress(f"g:{sid}", session.gport)
+                    agent._port_changes[session.gport] = ("gclient", sid)  # (to the data path)
                 agent.compiler.subscribe(f"g:{sid}", pattern, ns)
             else:
                 agent.compiler.subscribe(f"c:{sid}", pattern, ns)
@@ -270,10 +271,7 @@ class Successors:
         self._changed(agent, session)
 
     def _changed(self, agent: Any, session: Any) -> None:
-        sid = session.session_id
-        session.patterns = agent._positive(f"c:{sid}")
-        if session.gport is not None:
-            session.gpatterns = agent._positive(f"g:{sid}")
+        agent._patterns_changed(session)  # (its pattern sets, the interest's changed sessions)
         agent._interest_dirty = True
         agent._tables_dirty = True
 
