@@ -10,6 +10,7 @@ import itertools
 import queue
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -37,17 +38,21 @@ def props(kind: int, **values: Any) -> Properties:
     return out
 
 
-@pytest.fixture(scope="module")
-def fabric() -> Iterator[tuple[EdgeAppliance, EdgeAppliance, Any]]:
+@contextmanager
+def edge_core_edge(mqtt: dict | None = None, edit_a: Any = None
+                   ) -> Iterator[tuple[EdgeAppliance, EdgeAppliance, Any]]:
     """(edge A with the fabric's P&M, edge B with a remote P&M and anonymous MQTT clients,
-    a native client logged in at the core between them)."""
+    a native client logged in at the core between them); ``mqtt``: more ``[mqtt]`` keys of
+    both edges, ``edit_a(doc)``: changes to edge A's config document (its P&M's)."""
     fa, fb, fc = free_port(), free_port(), free_port()
-    doc_a = edge_doc()
+    doc_a = edge_doc(**(mqtt or {}))
     doc_a["appliance"].update(FAST)
     doc_a["pm"]["identities"]["anonymous"] = {"publish": ["#"], "subscribe": ["#"]}
     doc_a["fabric"] = {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY}
     doc_a["neighbours"] = [{"name": "core1", "address": f"127.0.0.1:{fc}"}]
-    doc_b = edge_doc(allow_anonymous=True)
+    if edit_a is not None:
+        edit_a(doc_a)
+    doc_b = edge_doc(allow_anonymous=True, **(mqtt or {}))
     doc_b["appliance"].update(name="edge2", **FAST)
     doc_b["pm"] = {"mode": "remote"}
     doc_b["fabric"] = {"listen": f"127.0.0.1:{fb}", "key": FABRIC_KEY}
@@ -75,6 +80,12 @@ def fabric() -> Iterator[tuple[EdgeAppliance, EdgeAppliance, Any]]:
             native.close()
         for appliance in reversed(started):
             appliance.stop()
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[tuple[EdgeAppliance, EdgeAppliance, Any]]:
+    with edge_core_edge() as appliances:
+        yield appliances
 
 
 def _login(url: str) -> Any:

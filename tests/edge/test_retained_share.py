@@ -12,69 +12,35 @@ from typing import Any
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from appliance.client import connect
-from appliance.client.errors import ClientError
 from appliance.config import ConfigError, parse_config
 from appliance.edge.mqtt.retain import RetainedStore
 from appliance.edge.node import EdgeAppliance
-from appliance.node import Appliance
-from tests.appliance.helpers import FABRIC_KEY, free_port
 from tests.edge.conftest import counter, edge_doc, wait_counter, wait_for
 from tests.edge.peers import Peer
-from tests.edge.test_fabric_metadata import FAST, props
+from tests.edge.test_fabric_metadata import edge_core_edge, props
 
 NS = 9
 SHARE = {"retained_namespace": NS, "retained_identity": "edges"}
 
 
+def _entitle_the_share(doc_a: dict) -> None:
+    """At the P&M (edge A): the shared namespace exists, identity ``edges`` may use it, and
+    so may the native client at the core."""
+    doc_a["appliance"]["namespaces"] = [0, NS]
+    identities = doc_a["pm"]["identities"]
+    identities["edges"] = {"publish": ["#"], "subscribe": ["#"], "namespaces": [NS]}
+    identities["native"]["namespaces"] = [0, NS]
+
+
 @pytest.fixture(scope="module")
 def fabric() -> Iterator[tuple[EdgeAppliance, EdgeAppliance, Any]]:
     """(edge A with the fabric's P&M, edge B with a remote P&M, a native client at the core
-    entitled to the shared namespace)."""
-    fa, fb, fc = free_port(), free_port(), free_port()
-    doc_a = edge_doc(**SHARE)
-    doc_a["appliance"].update(FAST, namespaces=[0, NS])
-    identities = doc_a["pm"]["identities"]
-    identities["anonymous"] = {"publish": ["#"], "subscribe": ["#"]}
-    identities["edges"] = {"publish": ["#"], "subscribe": ["#"], "namespaces": [NS]}
-    identities["native"]["namespaces"] = [0, NS]
-    doc_a["fabric"] = {"listen": f"127.0.0.1:{fa}", "key": FABRIC_KEY}
-    doc_a["neighbours"] = [{"name": "core1", "address": f"127.0.0.1:{fc}"}]
-    doc_b = edge_doc(allow_anonymous=True, **SHARE)
-    doc_b["appliance"].update(name="edge2", **FAST)
-    doc_b["pm"] = {"mode": "remote"}
-    doc_b["fabric"] = {"listen": f"127.0.0.1:{fb}", "key": FABRIC_KEY}
-    doc_b["neighbours"] = [{"name": "core1", "address": f"127.0.0.1:{fc}"}]
-    started: list[Any] = []
-    native = None
-    try:
-        started.append(EdgeAppliance(parse_config(doc_a)).start())
-        started.append(Appliance(parse_config({
-            "appliance": {"name": "core1", **FAST},
-            "fabric": {"listen": f"127.0.0.1:{fc}", "key": FABRIC_KEY},
-            "neighbours": [{"name": "edge1", "address": f"127.0.0.1:{fa}"},
-                           {"name": "edge2", "address": f"127.0.0.1:{fb}"}],
-            "clients": {"udp": f"127.0.0.1:{free_port()}"},
-            "pm": {"mode": "remote"}})).start())
-        started.append(EdgeAppliance(parse_config(doc_b)).start())
-        url = f"udp://127.0.0.1:{started[1].config.clients_udp[1]}"
-        native = wait_for(lambda: _login(url), what="a login at the core")
-        for edge in (started[0], started[2]):
+    entitled to the shared namespace), both edges sharing retained messages."""
+    with edge_core_edge(SHARE, _entitle_the_share) as (edge_a, edge_b, native):
+        for edge in (edge_a, edge_b):
             wait_for(lambda e=edge: e.mqtt.status()["retained_share"]["logged_in"],
                      what="the retained share's session logged in")
-        yield started[0], started[2], native
-    finally:
-        if native is not None:
-            native.close()
-        for appliance in reversed(started):
-            appliance.stop()
-
-
-def _login(url: str) -> Any:
-    try:
-        return connect(url, "native", timeout_s=2.0)
-    except ClientError:
-        return None
+        yield edge_a, edge_b, native
 
 
 def _peer(edge: EdgeAppliance, client_id: str) -> Peer:
