@@ -1,9 +1,11 @@
 """Frames from an appliance to a client session with a password carry the session's MAC, and
 the client library takes no other (appliance/dataplane/frame_auth.py, docs/security.md).
 
-A real appliance in this process (loopback UDP and shared memory), real clients, a host that
-forges the appliance's frames from a socket of its own, and a relay between one client and
-the appliance that records what the appliance sent, to send it again.
+A real appliance in this process (loopback UDP and shared memory), real clients, and a relay
+between one client and the appliance (a host on the path) that records what the appliance
+sent, to send it again, and forges frames from the address the client talks to. (A forger
+at an address of its own does not reach a client at all: its UDP socket is connected to its
+appliance, tests/appliance/test_hostile_input.py.)
 """
 
 from __future__ import annotations
@@ -109,6 +111,12 @@ def _forge(frame: bytes, to: tuple[str, int]) -> None:
         sock.sendto(frame, to)
 
 
+def _forge_on_path(relay: Relay, frame: bytes) -> None:
+    """Send ``frame`` to the relay's client from the address it talks to (the path)."""
+    assert relay.client is not None
+    relay.front.sendto(frame, relay.client)
+
+
 def _forged_data(sid: int, topic: str, payload: bytes) -> bytes:
     key = KeyRegistry().key_of(topic, 0)
     return encode_data_frame([{"topic_key": key, "sequence": 99, "payload": payload}],
@@ -121,20 +129,22 @@ def _forged_control(kind: al.ControlKind, doc: dict, node_id: int, sid: int) -> 
                               send_ts_ns=time.time_ns()))
 
 
-def test_frames_forged_from_another_socket_are_refused_counted_and_not_delivered(appliance):
-    """A host sends alice's client, at its own address, a DATA frame on a topic she is
-    subscribed to, a LOGIN_RESULT that would end her session and a REQUEST_RESULT that
-    would refuse her next subscription: the client refuses each (no MAC), counts it, and
-    none is delivered or read; her session goes on, and the appliance's own frames (a
-    request's result, deliveries) pass."""
-    forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with connect(_url(appliance), "alice", password=PASSWORD, timeout_s=10) as a:
+def test_frames_forged_on_the_path_are_refused_counted_and_not_delivered(appliance):
+    """A host on the path sends alice's client, from the appliance's address as the client
+    sees it, a DATA frame on a topic she is subscribed to, a LOGIN_RESULT that would end her
+    session and a REQUEST_RESULT that would refuse her next subscription: the client refuses
+    each (no MAC), counts it, and none is delivered or read; her session goes on, and the
+    appliance's own frames (a request's result, deliveries) pass."""
+    relay = Relay(appliance.config.clients_udp)
+    forger = relay.front
+    with connect(relay.url, "alice", password=PASSWORD, timeout_s=10) as a:
         sub = a.subscribe("a/#")
         a.publish("a/x", b"genuine", flush=True)
         assert sub.get(timeout=10).payload == b"genuine"
         received, refused = a.received, a.refused_frames
         assert a.authenticated_frames >= 2  # the subscription's result, the delivery
-        to = _address(a)
+        to = relay.client
+        assert to == _address(a)
         forger.sendto(_forged_data(a.session, "a/x", b"forged"), to)
         forger.sendto(_forged_control(al.ControlKind.LOGIN_RESULT, {
             "accepted": False, "reason": "forged", "node": a.node}, a.node_id, a.session), to)
@@ -151,7 +161,7 @@ def test_frames_forged_from_another_socket_are_refused_counted_and_not_delivered
         a.publish("a/y/1", b"after", flush=True)
         assert sub.get(timeout=10).payload == b"after"
         assert other.get(timeout=10).payload == b"after"
-    forger.close()
+    relay.close()
     # the appliance signed every frame to alice, left none unsigned
     wait_for(lambda: _counter(appliance, "client_mac_signed") >= 7, 10)
     assert _counter(appliance, "client_mac_unsigned") == 0
@@ -189,9 +199,9 @@ def test_a_captured_frame_sent_again_or_changed_is_refused(appliance):
             waiting.start()
             wait_for(lambda: a._waiters.get(("subscribe", sub_id)), 10, what="the request")
             refused = a.refused_frames
-            _forge(_forged_control(al.ControlKind.REQUEST_RESULT, {
+            _forge_on_path(relay, _forged_control(al.ControlKind.REQUEST_RESULT, {
                 "request": "subscribe", "sub_id": sub_id, "accepted": False,
-                "reason": "forged"}, a.node_id, a.session), relay.client)
+                "reason": "forged"}, a.node_id, a.session))
             wait_for(lambda: a.refused_frames == refused + 1, 10, what="the forgery refused")
             assert not done and waiting.is_alive()
             relay.hold.clear()
@@ -218,18 +228,28 @@ def test_guaranteed_streams_and_results_of_a_session_with_a_key_work(appliance, 
 
 def test_a_session_without_a_password_stays_unsigned(appliance):
     """bob has no password: the appliance signs nothing to him and his client takes his
-    frames as they come."""
-    with connect(_url(appliance), "bob", timeout_s=10) as b:
-        sub = b.subscribe("a/#")
-        b.publish("a/x", b"plain", flush=True)
-        assert sub.get(timeout=10).payload == b"plain"
-        assert b.refused_frames == 0 and b.authenticated_frames == 0
-        # such a client takes what comes to its address: a forged refusal of its session
-        # (the frame the password client refused above) ends it here
-        _forge(_forged_control(al.ControlKind.LOGIN_RESULT, {
-            "accepted": False, "reason": "forged", "node": b.node}, b.node_id, b.session),
-            _address(b))
-        wait_for(lambda: b.losses_of_connection == 1, 10, what="the forged refusal taken")
+    frames as they come from its appliance's address."""
+    relay = Relay(appliance.config.clients_udp)
+    try:
+        with connect(relay.url, "bob", timeout_s=10) as b:
+            sub = b.subscribe("a/#")
+            b.publish("a/x", b"plain", flush=True)
+            assert sub.get(timeout=10).payload == b"plain"
+            assert b.refused_frames == 0 and b.authenticated_frames == 0
+            refusal = _forged_control(al.ControlKind.LOGIN_RESULT, {
+                "accepted": False, "reason": "forged", "node": b.node}, b.node_id, b.session)
+            # from an address of its own a forger does not reach the client (its socket is
+            # connected): the round trip after it passes and the session stays
+            _forge(refusal, _address(b))
+            b.publish("a/x", b"still", flush=True)
+            assert sub.get(timeout=10).payload == b"still"
+            assert b.losses_of_connection == 0
+            # on the path it does: a forged refusal of its session (the frame the password
+            # client refused above) ends it here
+            _forge_on_path(relay, refusal)
+            wait_for(lambda: b.losses_of_connection == 1, 10, what="the forged refusal taken")
+    finally:
+        relay.close()
     assert _counter(appliance, "client_mac_signed") == 0
 
 
