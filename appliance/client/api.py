@@ -1329,14 +1329,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             with self._lock:
                 self._durables.append(sub)
             return sub
-        compiled = None
-        if selector:
-            from nic_offload.selectors import compile_selector
-
-            if len(selector.encode("utf-8")) > al.MAX_SELECTOR_BYTES:
-                raise ClientError(f"the selector has {len(selector.encode('utf-8'))} UTF-8 "
-                                  f"bytes, at most {al.MAX_SELECTOR_BYTES}; shorten it")
-            compiled = compile_selector(selector)
+        compiled = _compiled_selector(selector)
         sub_id = next(self._sub_ids)
         result = self._request(("subscribe", sub_id), lambda: self._admin(
             fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], flow_flags,
@@ -1381,14 +1374,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         check_int("namespace", namespace, MAX_NAMESPACE)
         if not patterns:
             return []
-        compiled = None
-        if selector:
-            from nic_offload.selectors import compile_selector
-
-            if len(selector.encode("utf-8")) > al.MAX_SELECTOR_BYTES:
-                raise ClientError(f"the selector has {len(selector.encode('utf-8'))} UTF-8 "
-                                  f"bytes, at most {al.MAX_SELECTOR_BYTES}; shorten it")
-            compiled = compile_selector(selector)
+        compiled = _compiled_selector(selector)
         ids = [next(self._sub_ids) for _ in patterns]
         answers = self._request_frames([("subscribe", i) for i in ids], [
             al.Subscription(sub_id, namespace, QOS[qos], flow_flags, pattern, selector or "")
@@ -2181,6 +2167,19 @@ class Target:
     reopen: bool
     """A reconnection to it needs a new channel (shared memory, RDMA: a restarted
     appliance's bus or queue pair is new); a UDP socket serves a restarted appliance."""
+
+
+def _compiled_selector(selector: str | None) -> Any:
+    """A subscription's selector compiled (None without one); ClientError when too long,
+    SelectorSyntaxError when it does not parse."""
+    if not selector:
+        return None
+    from nic_offload.selectors import compile_selector
+
+    if len(selector.encode("utf-8")) > al.MAX_SELECTOR_BYTES:
+        raise ClientError(f"the selector has {len(selector.encode('utf-8'))} UTF-8 "
+                          f"bytes, at most {al.MAX_SELECTOR_BYTES}; shorten it")
+    return compile_selector(selector)
 
 
 def _opener(url: str, rdma: dict) -> tuple[Callable[[], tuple[Any, str | None]], bool]:
