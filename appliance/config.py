@@ -181,6 +181,9 @@ REQUEST_RETRY_MAX_S = 1.0
 """...up to this long, until the request's deadline (``REQUEST_TIMEOUT_S``)."""
 CLIENT_HEARTBEAT_INTERVAL_NS = 1_000_000_000
 """A client heartbeats its appliance this often."""
+CLIENT_SESSION_DEAD_MIN_MS = 3 * CLIENT_HEARTBEAT_INTERVAL_NS // 1_000_000
+"""The least ``clients.session_dead_ms``: three client heartbeats, so one late or lost
+heartbeat never logs an idle client out."""
 CLIENT_BATCH_BUDGET_NS = 200_000
 """A client's open frame leaves at the latest this long after its first message."""
 SUBMIT_TIMEOUT_S = 5.0
@@ -1381,7 +1384,14 @@ def parse_config(doc: dict, source: Path | None = None) -> ApplianceConfig:
         raise _fail(p + "shm", f"must be a ring name (letters, digits, '.', '_', '-'), not "
                     f"{shm!r}")
     max_sessions = _int(cl, "max_sessions", p, CLIENT_MAX_SESSIONS, 1, CLIENT_SESSIONS_LIMIT)
-    session_dead = _int(cl, "session_dead_ms", p, CLIENT_SESSION_DEAD_MS, 100, 3_600_000)
+    dead_ms = cl.get("session_dead_ms")
+    if isinstance(dead_ms, int) and not isinstance(dead_ms, bool) \
+            and 0 < dead_ms < CLIENT_SESSION_DEAD_MIN_MS:
+        raise _fail(p + "session_dead_ms", f"must be at least {CLIENT_SESSION_DEAD_MIN_MS} "
+                    f"(three of the clients' {CLIENT_HEARTBEAT_INTERVAL_NS // 1_000_000} ms "
+                    f"heartbeats, so an idle client is not logged out), not {dead_ms}")
+    session_dead = _int(cl, "session_dead_ms", p, CLIENT_SESSION_DEAD_MS,
+                        CLIENT_SESSION_DEAD_MIN_MS, 3_600_000)
     client_ports = EGRESS_PORTS - APPLIANCE_EGRESS_PORTS
     max_guaranteed = _int(cl, "max_guaranteed_sessions", p,
                           min(CLIENT_MAX_GUARANTEED_SESSIONS, client_ports - max_sessions), 0,

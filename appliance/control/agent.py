@@ -534,12 +534,15 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         work = 0
         cfg = self.cfg
         if now_ns >= self._heartbeat_at:
-            self._heartbeat_at = now_ns + cfg.heartbeat_interval_ms * 1_000_000
+            interval_ns = cfg.heartbeat_interval_ms * 1_000_000
+            self._heartbeat_at = now_ns + interval_ns
             dead_ns = cfg.neighbour_dead_ms * 1_000_000
             # After a stall of this process (its control or data-path thread did not run for
             # half the dead interval: a busy host), heartbeats may sit unread in the socket:
-            # judge neighbours once both threads have run again, not now.
-            paused_ns = max(now_ns - self._timers_ran_ns, now_ns - self.dp.cycle_ns)
+            # judge neighbours once both threads have run again, not now. The timers run once
+            # an interval by design, so only their lateness beyond it is a pause.
+            paused_ns = max(now_ns - self._timers_ran_ns - interval_ns,
+                            now_ns - self.dp.cycle_ns)
             stalled = paused_ns > dead_ns // 2
             self._timers_ran_ns = now_ns
             if stalled:

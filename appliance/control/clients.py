@@ -447,6 +447,7 @@ class ClientSide:
                 session.last_heard_ns = max(session.last_heard_ns, now_ns - dead_ns // 2)
         for session in list(self.sessions.values()):
             if now_ns - session.last_heard_ns > dead_ns:
+                self.counters["sessions_expired"] += 1
                 self._end_session(session, "silent")
 
     def _subscribe_frame(self, session: Session, entries: list, add: bool) -> None:

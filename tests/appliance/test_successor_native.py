@@ -44,7 +44,7 @@ while True:
 def appliance():
     app = Appliance(parse_config({
         "appliance": {"name": f"succ{os.getpid()}", "heartbeat_interval_ms": 100},
-        "clients": {"udp": f"127.0.0.1:{free_port()}", "session_dead_ms": 1_500},
+        "clients": {"udp": f"127.0.0.1:{free_port()}", "session_dead_ms": 3_000},
         "pm": {"require_passwords": False, "identities": IDENTITIES}})).start()
     try:
         yield app, f"udp://127.0.0.1:{app.config.clients_udp[1]}"

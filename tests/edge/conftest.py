@@ -25,7 +25,7 @@ def edge_doc(**mqtt: Any) -> dict:
     hashes = {name: hash_password(pw, n=1 << 10) for name, pw in PASSWORDS.items()}
     return {
         "appliance": {"name": "edge1", "role": "edge"},
-        "clients": {"udp": f"127.0.0.1:{free_port()}", "session_dead_ms": 2_000},
+        "clients": {"udp": f"127.0.0.1:{free_port()}"},
         "pm": {"require_passwords": False, "identities": {
             "alice": {"publish": ["#"], "subscribe": ["#"], "password": hashes["alice"]},
             "bob": {"publish": ["bob/#", "public/#"], "subscribe": ["bob/#", "public/#"],

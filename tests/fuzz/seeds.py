@@ -228,7 +228,7 @@ def config_seeds() -> list[dict]:
                        "heartbeat_interval_ms": 50, "namespaces": [0, 3]},
          "fabric": {"listen": "127.0.0.1:47470", "key": FABRIC_KEY, "max_frame_bytes": 1472},
          "neighbours": [{"name": "b", "address": "127.0.0.1:47480", "cost": 3}],
-         "clients": {"udp": "127.0.0.1:47471", "max_sessions": 4, "session_dead_ms": 1000},
+         "clients": {"udp": "127.0.0.1:47471", "max_sessions": 4, "session_dead_ms": 3000},
          "pm": {"identities": {"feed": {"publish": ["#"], "subscribe": ["a/+", "#"]}},
                 "schemas": {"quote": {"id": 7, "fields": [["price", 0, "u32"],
                                                           ["symbol", 4, "ascii", 8]]}}}},
