@@ -57,7 +57,7 @@ RESTART_AFTER_S = 0.8
 TOPIC = "g/chain/x"
 LSA_REFRESH_MS = (250, 2_000)
 """The short setting ages C out at A during B's outage (4 x 250 ms), the long one does not."""
-REPEAT = int(os.environ.get("TW_RESTART_REPEAT", "2"))
+REPEAT = int(os.environ.get("TW_RESTART_REPEAT", "1"))
 """Runs per setting (TW_RESTART_REPEAT=N: more, to measure how often a run fails)."""
 FABRIC_PORT = 47470
 CLIENT_PORT = 47471
