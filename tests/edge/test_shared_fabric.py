@@ -121,14 +121,18 @@ class _Clock:
         return self.now
 
 
-def _view_of(node_id: int, clock: _Clock, flags: dict[str, int] | None = None) -> SharedView:
+def _view_of(node_id: int, clock: _Clock, flags: dict[str, int] | None = None,
+             since: dict[str, float] | None = None) -> SharedView:
+    """A view whose router has ``flags`` (groups joined ``since``, else long ago)."""
     counters: dict[str, int] = {}
     server = SimpleNamespace(
         node_id=node_id, counters=counters,
         count=lambda name, n=1: counters.__setitem__(name, counters.get(name, 0) + n),
-        shared_router=SimpleNamespace(flags=lambda: dict(flags or {})),
+        shared_router=SimpleNamespace(flags=lambda: dict(flags or {}), since=since or {}),
         loop=SimpleNamespace(call_later=lambda *a: SimpleNamespace(cancel=lambda: None)))
-    return SharedView(server, NS, "edges", clock=clock)  # type: ignore[arg-type]
+    view = SharedView(server, NS, "edges", clock=clock)  # type: ignore[arg-type]
+    view.local_changed()
+    return view
 
 
 def _msg(i: int) -> Any:
@@ -138,7 +142,7 @@ def _msg(i: int) -> Any:
 
 def test_edges_with_one_view_agree_on_one_owner_per_message_and_a_silent_edge_expires():
     clock = _Clock()
-    views = {n: _view_of(n, clock) for n in (3, 5, 9)}
+    views = {n: _view_of(n, clock, {GROUP: 1}) for n in (3, 5, 9)}
     for n, view in views.items():
         for other in views:
             if other != n:
@@ -161,7 +165,7 @@ def test_edges_with_one_view_agree_on_one_owner_per_message_and_a_silent_edge_ex
 
 
 def test_connected_members_are_preferred_and_edges_without_members_are_not_candidates():
-    view = _view_of(3, _Clock())
+    view = _view_of(3, _Clock(), {GROUP: 1})
     view.apply(5, 1, 1, {GROUP: 0, "other/x": 1})   # edge 5: offline members only
     assert view.candidates(GROUP, 1) == [3]          # this edge has a connected member
     assert view.candidates(GROUP, 0) == [3, 5]       # nobody connected: every member edge
@@ -192,6 +196,20 @@ def test_the_view_is_bounded_and_hostile_announcements_are_refused(monkeypatch):
         assert parse_announcement(bad) is None
     assert parse_announcement(b"{\"boot\": 1, \"seq\": 2, \"groups\": {\"g/t\": 0}}") == (
         1, 2, {"g/t": 0})
+
+
+def test_a_group_new_at_an_edge_takes_its_share_after_the_join_grace():
+    clock = _Clock()
+    view = _view_of(3, clock, {GROUP: 1}, since={GROUP: clock.now})
+    assert view.local == {}                         # not announced yet
+    assert view.owns(GROUP, 1, _msg(1))             # alone: its members get everything
+    view.apply(5, 1, 1, {GROUP: 1})
+    assert not any(view.owns(GROUP, 1, _msg(i)) for i in range(50))  # edge 5 has them all
+    clock.now += shared_view.JOIN_GRACE_S
+    view.local_changed()
+    assert view.local == {GROUP: 1} and view._groups == {GROUP: 1}
+    assert view.candidates(GROUP, 1) == [3, 5]
+    assert 0 < sum(view.owns(GROUP, 1, _msg(i)) for i in range(50)) < 50
 
 
 @pytest.mark.parametrize("mqtt, error", [

@@ -16,6 +16,7 @@ router tells the view when its groups or their members' connections change.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,8 @@ class SharedRouter:
         self._seen: set[tuple] = set()
         self._seen_order: deque[tuple] = deque()
         self._count = count
+        self.since: dict[str, float] = {}
+        """Group -> when its first member joined (monotonic s; shared_view.JOIN_GRACE_S)."""
         self.view: Any = None
         """With ``mqtt.shared_namespace``: the ``SharedView`` (shared_view.py)."""
 
@@ -69,6 +72,8 @@ class SharedRouter:
         return {key: self.flag(key) or 0 for key in self.groups}
 
     def join(self, key: str, state: SessionState) -> None:
+        if key not in self.groups:
+            self.since[key] = time.monotonic()
         members = self.groups.setdefault(key, [])
         if state not in members:
             members.append(state)
@@ -83,6 +88,7 @@ class SharedRouter:
         if not members:
             self.groups.pop(key, None)
             self._next.pop(key, None)
+            self.since.pop(key, None)
         self.changed()
 
     def leave_all(self, state: SessionState) -> None:

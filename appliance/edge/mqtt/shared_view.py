@@ -48,6 +48,10 @@ log = logging.getLogger("topicwire.edge.mqtt.shared_view")
 
 ANNOUNCE_S = 2.0
 """An edge with members announces its groups again this often."""
+JOIN_GRACE_S = 1.0
+"""A group new at an edge is announced, and the edge takes a share of its messages, this
+long after its first member joined: time for the member's native subscription to reach the
+publishers' appliances, so that the other edges do not leave it messages it never gets."""
 EXPIRY_S = 6.0
 """An edge's announcement counts this long after it arrived (three announcements missed)."""
 MAX_EDGES = 64
@@ -123,7 +127,8 @@ class SharedView:
         self.index: dict[str, dict[int, int]] = {}
         """Group -> the other edges that announced it -> their flag (1: a connected member)."""
         self.local: dict[str, int] = {}
-        """This edge's groups as last given to the session's thread."""
+        """This edge's groups past their ``JOIN_GRACE_S`` (announced) -> their flag."""
+        self._maturing: Any = None
         self.native: Any = None
         self.boot = time.time_ns()
         self._seq = 0
@@ -165,7 +170,20 @@ class SharedView:
         """The router's groups or their members' connections changed: announce at once."""
         if self._stop.is_set():
             return
-        state = self.server.shared_router.flags()
+        router = self.server.shared_router
+        now = self.clock()
+        state, young = {}, []
+        for key, flag in router.flags().items():
+            since = router.since.get(key, now - JOIN_GRACE_S)
+            if now - since >= JOIN_GRACE_S:
+                state[key] = flag
+            else:
+                young.append(since + JOIN_GRACE_S - now)
+        if young and self._maturing is None:  # (announced when they come of age)
+            def mature() -> None:
+                self._maturing = None
+                self.local_changed()
+            self._maturing = self.server.loop.call_later(min(young) + 0.01, mature)
         if state != self.local:
             self.local = state
             self._groups = self._bounded(state)
@@ -204,11 +222,11 @@ class SharedView:
     # --- the owner (the loop, per message) --------------------------------------------------
     def candidates(self, key: str, own: int | None) -> list[int]:
         """The edges that share ``key``'s messages, sorted; ``own``: this edge's flag (None:
-        no member here)."""
+        no member here; this edge counts once the group is announced)."""
         now = self.clock()
         edges = {e: f for e, f in self.index.get(key, {}).items()
                  if now - self.remote[e].heard <= EXPIRY_S}
-        if own is not None:
+        if own is not None and key in self.local:
             edges[self.node_id] = own
         connected = [e for e, f in edges.items() if f]
         return sorted(connected or edges)
@@ -216,9 +234,9 @@ class SharedView:
     def owns(self, key: str, own: int | None, msg: Any) -> bool:
         """Whether this edge delivers ``msg`` of group ``key``."""
         candidates = self.candidates(key, own)
-        if len(candidates) <= 1:
-            return not candidates or candidates[0] == self.node_id
-        return owner_of(candidates, key, msg) == self.node_id
+        if self.node_id not in candidates:  # (no other edge: this one's members, joining)
+            return not candidates and own is not None
+        return len(candidates) == 1 or owner_of(candidates, key, msg) == self.node_id
 
     # --- the other edges' announcements -----------------------------------------------------
     def _on_native(self, msg: Any) -> None:
