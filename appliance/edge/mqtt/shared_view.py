@@ -59,7 +59,8 @@ MAX_EDGES = 64
 MAX_GROUPS = 1024
 """Groups of one edge announced and kept, at most (``shared_view_groups_full`` beyond)."""
 ANNOUNCE_MAX_BYTES = 256 * 1024
-"""An announcement's payload, at most: groups beyond are not announced (counted)."""
+"""An announcement's payload, at most: groups beyond are not announced (counted), a larger
+one received is refused (so the view holds at most ``MAX_EDGES`` times this)."""
 ANNOUNCE_TOPIC = "edges"
 """The announcements' topic in the namespace."""
 RETRY_S = 1.0
@@ -243,7 +244,8 @@ class SharedView:
         """A message of the namespace (the native client's thread)."""
         if msg.origin == self.node_id:
             return  # our own announcement
-        parsed = parse_announcement(msg.payload)
+        parsed = None if len(msg.payload) > ANNOUNCE_MAX_BYTES else parse_announcement(
+            msg.payload)
         if parsed is None:
             self.server.count("shared_view_bad_announcements")
             return
