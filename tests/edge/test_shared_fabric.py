@@ -112,6 +112,30 @@ def test_each_message_reaches_one_member_across_edges_and_a_withdrawn_edge_is_ta
         assert sorted(p for p in again if p.startswith(b"n")) == sorted(second)
 
 
+def test_an_edge_fallen_silent_expires_from_the_view_and_its_share_goes_to_the_others(
+        fabric, monkeypatch):
+    """Edge B stops announcing (as if dead, no withdrawal): after ``EXPIRY_S`` edge A's view
+    holds edge A alone and edge A's member gets every message (edge B, still up here,
+    delivers its own share too: the duplicates of a view that differs)."""
+    edge_a, edge_b = fabric
+    ids = sorted([edge_a.config.node_id, edge_b.config.node_id])
+    with Peer(edge_a, "sx-a", version=5) as member_a, Peer(edge_a, "sx-pub") as pub, \
+            _peer_b(edge_b, "sx-b") as member_b:
+        for member in (member_a, member_b):
+            assert member.subscribe("$share/g/t/#", 1) == 1
+        wait_for(lambda: _view(edge_a) == ids, what="edge B in edge A's view")
+        expired = counter(edge_a, "shared_view_expired")
+        monkeypatch.setattr(edge_b.mqtt.shared_view, "_announce", lambda native, groups: True)
+        wait_for(lambda: counter(edge_a, "shared_view_expired") > expired
+                 and _view(edge_a) == [edge_a.config.node_id], what="edge B expired at A")
+        third = [f"x{i}".encode() for i in range(20)]
+        for i, payload in enumerate(third):
+            pub.publish(f"t/{i}", payload, 1)
+        (got,) = _collect([member_a], set(third))
+        assert sorted(p for p in got if p.startswith(b"x")) == sorted(third)
+        assert _view(edge_b) == ids  # edge B still counts edge A (its announcements go on)
+
+
 # --- the view, apart from the fabric --------------------------------------------------------
 class _Clock:
     def __init__(self) -> None:
