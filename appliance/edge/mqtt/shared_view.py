@@ -10,7 +10,9 @@ groups they have members of, and each message goes to one edge's members only:
   namespace), subscribes ``#`` there and publishes on ``ANNOUNCE_TOPIC`` the edge's whole
   state: ``{"boot": ns, "seq": n, "groups": {"GROUP/FILTER": 1 | 0}}`` (1: a member is
   connected; 0: its members are all offline persistent sessions), at once when it changes
-  and every ``ANNOUNCE_S`` while it has groups (an empty state is a withdrawal, sent when
+  (a new group ``JOIN_GRACE_S`` after its first member joined: until then this edge takes
+  no share of it while another edge has members) and every ``ANNOUNCE_S`` while it has
+  groups (an empty state is a withdrawal, sent when
   the last member leaves and when the edge stops). The announcing edge is the message's
   origin (its appliance id), not anything in the payload.
 - **The view.** Each edge keeps, per other edge, its latest announcement (a later ``(boot,
