@@ -455,6 +455,11 @@ class MqttConfig:
     (appliance/edge/mqtt/retain_share.py); None: this edge's own only."""
     retained_identity: str = ""
     """The P&M identity of the session that shares them (with ``retained_namespace``)."""
+    shared_namespace: int | None = None
+    """Shared subscription groups span the edges that announce their members through this
+    namespace (appliance/edge/mqtt/shared_view.py); None: groups are per edge."""
+    shared_identity: str = ""
+    """The P&M identity of the session that announces them (with ``shared_namespace``)."""
 
 
 @dataclass(frozen=True)
@@ -793,7 +798,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "tls_require_client_cert",
                               "tls_identity_from_cert", "ws_listen", "ws_tls", "bridges",
                               "state_dir", "response_information", "retained_namespace",
-                              "retained_identity"}, "")
+                              "retained_identity", "shared_namespace", "shared_identity"}, "")
     p = "mqtt."
     if role != "edge":
         raise _fail("mqtt", "only for appliance.role = \"edge\" (MQTT clients connect to edges)")
@@ -827,7 +832,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
         if state_dir.exists() and not state_dir.is_dir():
             raise _fail(p + "state_dir", f"{state_dir} is not a directory")
     return MqttConfig(
-        **_retained_share(mq, p, identities),
+        **_retained_share(mq, p, identities), **_shared_view(mq, p, identities),
         state_dir=state_dir, response_information=_response_information(mq, p),
         **tls, ws_listen=ws_listen, ws_tls=flags["ws_tls"], bridges=bridges,
         tls_require_client_cert=flags["tls_require_client_cert"],
@@ -863,20 +868,41 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
 def _retained_share(mq: dict, p: str, identities: dict[str, IdentityConfig] | None
                     ) -> dict[str, Any]:
     """``mqtt.retained_namespace`` and ``mqtt.retained_identity``: both or neither."""
-    if "retained_namespace" not in mq and "retained_identity" not in mq:
+    return _namespace_session(mq, p, identities, "retained", "retained messages are shared")
+
+
+def _shared_view(mq: dict, p: str, identities: dict[str, IdentityConfig] | None
+                 ) -> dict[str, Any]:
+    """``mqtt.shared_namespace`` and ``mqtt.shared_identity``: both or neither, and not the
+    retained messages' namespace (each session takes everything of its namespace as its own
+    kind of record)."""
+    out = _namespace_session(mq, p, identities, "shared",
+                             "shared subscription groups are announced")
+    if out and out["shared_namespace"] == mq.get("retained_namespace"):
+        raise _fail(p + "shared_namespace", f"{out['shared_namespace']} is also "
+                    "mqtt.retained_namespace: give the group announcements a namespace of "
+                    "their own")
+    return out
+
+
+def _namespace_session(mq: dict, p: str, identities: dict[str, IdentityConfig] | None,
+                       kind: str, what: str) -> dict[str, Any]:
+    """``mqtt.KIND_namespace`` and ``mqtt.KIND_identity``: both or neither."""
+    ns_key, id_key = f"{kind}_namespace", f"{kind}_identity"
+    if ns_key not in mq and id_key not in mq:
         return {}
-    for key in ("retained_namespace", "retained_identity"):
+    for key in (ns_key, id_key):
         if key not in mq:
-            other = ({"retained_namespace", "retained_identity"} - {key}).pop()
-            raise _fail(p + key, f"required with mqtt.{other}: retained messages are shared "
-                        "through a namespace by a session of a P&M identity")
-    namespace = _int(mq, "retained_namespace", p, 1, 1, 2**32 - 1)
-    identity = mq["retained_identity"]
+            other = ({ns_key, id_key} - {key}).pop()
+            raise _fail(p + key, f"required with mqtt.{other}: {what} through a namespace "
+                        "by a session of a P&M identity")
+    namespace = _int(mq, ns_key, p, 1, 1, 2**32 - 1)
+    identity = mq[id_key]
     if not isinstance(identity, str) or not identity:
-        raise _fail(p + "retained_identity", "must be the name of a P&M identity")
+        raise _fail(p + id_key, "must be the name of a P&M identity")
     if identities and identity not in identities:
-        raise _fail(p + "retained_identity", f"{identity!r} is not in pm.identities")
-    return {"retained_namespace": namespace, "retained_identity": identity}
+        raise _fail(p + id_key, f"{identity!r} is not in pm.identities")
+    return {ns_key: namespace, id_key: identity}
 
 
 def _response_information(mq: dict, p: str) -> str:

@@ -296,3 +296,20 @@ def test_metadata_beyond_the_header_limits_refuses_the_publish(fabric):
                                                       UserProperty=many[:20]))
         # (the refused ones, published first, went nowhere)
         assert _next_on(sub, "big/fits").properties.UserProperty == many[:20]
+
+
+def test_without_a_shared_namespace_each_edge_has_its_own_members_of_a_group(fabric):
+    """No ``mqtt.shared_namespace``: a group is per edge, its member at each edge gets every
+    message (test_shared_fabric.py: one member of the fabric with it)."""
+    edge_a, edge_b, _ = fabric
+    assert edge_a.mqtt.status()["shared"] is None
+    with Peer(edge_a, "pe-a", version=5) as member_a, Peer(edge_a, "pe-pub") as pub, \
+            _peer_b(edge_b, "pe-b") as member_b:
+        for member in (member_a, member_b):
+            assert member.subscribe("$share/pe/pe/#", 1) == 1
+        _ready(pub, [member_a, member_b], "pe")  # (a probe reaches one member per edge)
+        for i in range(10):
+            pub.publish(f"pe/{i}", str(i).encode(), 1)
+        for member in (member_a, member_b):
+            assert [_next_on(member, f"pe/{i}").payload for i in range(10)] == [
+                str(i).encode() for i in range(10)]

@@ -81,6 +81,8 @@ class MqttServer:
         self.retained.node_id = self.node_id
         self.retained_share: Any = None
         """With ``mqtt.retained_namespace``: the ``RetainedShare`` (retain_share.py)."""
+        self.shared_view: Any = None
+        """With ``mqtt.shared_namespace``: the ``SharedView`` (shared_view.py)."""
         self.sessions: dict[str, SessionState] = {}
         """Client identifier -> its session (connected, or persistent and offline)."""
         self.identities: dict[str, IdentitySession] = {}
@@ -172,6 +174,14 @@ class MqttServer:
 
             self.retained_share = RetainedShare(self, self.cfg.retained_namespace,
                                                 self.cfg.retained_identity).start()
+        if self.cfg.shared_namespace is not None:
+            from appliance.edge.mqtt.shared_view import SharedView
+
+            self.shared_view = SharedView(self, self.cfg.shared_namespace,
+                                          self.cfg.shared_identity)
+            self.loop.call_soon_threadsafe(setattr, self.shared_router, "view",
+                                           self.shared_view)
+            self.shared_view.start()
         return self
 
     def _start_bridges(self) -> None:
@@ -378,6 +388,9 @@ class MqttServer:
         share, self.retained_share = self.retained_share, None
         if share is not None:
             share.close()
+        view, self.shared_view = self.shared_view, None
+        if view is not None:  # (withdraws first: the other edges take this one's share)
+            view.close()
         thread, self._thread = self._thread, None
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(STOP_TIMEOUT_S)
@@ -488,7 +501,8 @@ class MqttServer:
                 "state_bytes": None if self.store is None else self.store.bytes,
                 "bridges": {n: b.status() for n, b in list(self.bridges.items())},
                 "retained_share": None if (share := self.retained_share) is None
-                else share.status()}
+                else share.status(),
+                "shared": None if (view := self.shared_view) is None else view.status()}
 
 
 def open_file_limit(max_connections: int) -> int:

@@ -213,6 +213,8 @@ class SessionState:
         self._timers.clear()
         self._drop_logged = False
         conn.send(connack)
+        if any(o.group is not None for o in self.filters.values()):
+            self.server.shared_router.changed()  # (a member connected again)
         for packet_id, d in list(self.inflight.items()):
             if d.awaiting == "pubcomp":
                 conn.send(codec.encode_ack(PacketType.PUBREL, packet_id, conn.version))

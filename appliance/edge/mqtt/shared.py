@@ -8,11 +8,15 @@ arrival picks the member and the others are recognised by the message's identity
 publishing session, publish time, topic) among the last ``SHARED_SEEN_MESSAGES`` and dropped
 (``shared_duplicates``). A message in flight or queued to a member whose connection ends, or
 who leaves the group, goes to another (connected) member (``shared_redelivered``) instead of
-waiting for it. Groups are per edge: members on two edges each get a copy.
+waiting for it. Groups are per edge (members on two edges each get a copy) unless the edges
+share them (``mqtt.shared_namespace``, shared_view.py): then only the edge that owns a
+message by the fabric-wide view delivers it (``shared_remote_owner`` at the others), and the
+router tells the view when its groups or their members' connections change.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -46,11 +50,34 @@ class SharedRouter:
         self._seen: set[tuple] = set()
         self._seen_order: deque[tuple] = deque()
         self._count = count
+        self.since: dict[str, float] = {}
+        """Group -> when its first member joined (monotonic s; shared_view.JOIN_GRACE_S)."""
+        self.view: Any = None
+        """With ``mqtt.shared_namespace``: the ``SharedView`` (shared_view.py)."""
+
+    def changed(self) -> None:
+        """The groups, or their members' connections, changed (tell the view)."""
+        if self.view is not None:
+            self.view.local_changed()
+
+    def flag(self, key: str) -> int | None:
+        """1: a member of ``key`` is connected here; 0: members, none connected; None: none."""
+        members = self.groups.get(key)
+        if not members:
+            return None
+        return 1 if any(m.conn is not None and not m.ended for m in members) else 0
+
+    def flags(self) -> dict[str, int]:
+        """Every group of this edge -> its ``flag``."""
+        return {key: self.flag(key) or 0 for key in self.groups}
 
     def join(self, key: str, state: SessionState) -> None:
+        if key not in self.groups:
+            self.since[key] = time.monotonic()
         members = self.groups.setdefault(key, [])
         if state not in members:
             members.append(state)
+            self.changed()
 
     def leave(self, key: str, state: SessionState) -> None:
         """``state`` leaves the group; what it had not acknowledged goes to another member."""
@@ -61,6 +88,8 @@ class SharedRouter:
         if not members:
             self.groups.pop(key, None)
             self._next.pop(key, None)
+            self.since.pop(key, None)
+        self.changed()
 
     def leave_all(self, state: SessionState) -> None:
         for key in [k for k, members in self.groups.items() if state in members]:
@@ -70,6 +99,7 @@ class SharedRouter:
         """``state``'s connection ended: its unacknowledged shared deliveries go to another
         connected member (kept when there is none)."""
         self._hand_over(state, lambda d: d.group is not None, connected_only=True)
+        self.changed()
 
     def _choose(self, key: str, exclude: SessionState | None = None,
                 connected_only: bool = False) -> SessionState | None:
@@ -99,6 +129,9 @@ class SharedRouter:
         self._seen_order.append(ident)
         if len(self._seen_order) > SHARED_SEEN_MESSAGES:
             self._seen.discard(self._seen_order.popleft())
+        if self.view is not None and not self.view.owns(key, self.flag(key), msg):
+            self._count("shared_remote_owner")
+            return
         member = self._choose(key)
         if member is None:
             self._count("shared_no_member")

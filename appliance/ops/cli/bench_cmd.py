@@ -27,6 +27,7 @@ BENCHMARKS = (
     "bench.persist",
     "bench.ack_persisted",
     "bench.mqtt",
+    "bench.mqtt_shared",
     "bench.failover",
     "bench.scale",
 )

@@ -1,0 +1,360 @@
+"""Shared subscription groups across the edges of a fabric (``mqtt.shared_namespace``,
+docs/mqtt.md "Shared subscriptions across edges").
+
+Without it a group is per edge (shared.py): members of one group on two edges each get a copy
+of every message. With it, the edges that name the same namespace tell each other which
+groups they have members of, and each message goes to one edge's members only:
+
+- **Announcements.** One native client session of the edge, logged in as
+  ``mqtt.shared_identity`` (P&M entitles it to publish and subscribe ``#`` in the
+  namespace), subscribes ``#`` there and publishes on ``ANNOUNCE_TOPIC`` the edge's whole
+  state: ``{"boot": ns, "seq": n, "groups": {"GROUP/FILTER": 1 | 0}}`` (1: a member is
+  connected; 0: its members are all offline persistent sessions), at once when it changes
+  (a new group ``JOIN_GRACE_S`` after its first member joined: until then this edge takes
+  no share of it while another edge has members) and every ``ANNOUNCE_S`` while it has
+  groups (an empty state is a withdrawal, sent when
+  the last member leaves and when the edge stops). The announcing edge is the message's
+  origin (its appliance id), not anything in the payload.
+- **The view.** Each edge keeps, per other edge, its latest announcement (a later ``(boot,
+  seq)`` replaces it) for ``EXPIRY_S`` after it arrived: an edge that died drops out of the
+  view then. At most ``MAX_EDGES`` other edges and ``MAX_GROUPS`` groups per edge are kept
+  (beyond: ignored and counted); an edge's own groups come from its router, at once.
+- **The owner.** For a message of group ``GROUP/FILTER`` the candidates are the edges with a
+  connected member (else, when none has one, every edge with a member), sorted by appliance
+  id; the owner is ``candidates[h % n]``, ``h`` a stable hash (BLAKE2b) of the group and of
+  the message's identity that shared.py already uses to recognise repeated arrivals (origin,
+  publishing session, publish time, topic: set by the publisher, the same at every edge).
+  Only the owner delivers (to one of its members, as shared.py does within an edge); the
+  others drop the message (``shared_remote_owner``). While the edges' views agree, each
+  message goes to one member of the fabric; while they differ (an announcement on its way,
+  an edge dead and not yet expired) a message may go to two members or to none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
+
+if TYPE_CHECKING:
+    from appliance.edge.mqtt.server import MqttServer
+
+log = logging.getLogger("topicwire.edge.mqtt.shared_view")
+
+ANNOUNCE_S = 2.0
+"""An edge with members announces its groups again this often."""
+JOIN_GRACE_S = 1.0
+"""A group new at an edge is announced, and the edge takes a share of its messages, this
+long after its first member joined: time for the member's native subscription to reach the
+publishers' appliances, so that the other edges do not leave it messages it never gets."""
+EXPIRY_S = 6.0
+"""An edge's announcement counts this long after it arrived (three announcements missed)."""
+MAX_EDGES = 64
+"""Other edges kept in the view, at most (``shared_view_edges_full`` beyond)."""
+MAX_GROUPS = 1024
+"""Groups of one edge announced and kept, at most (``shared_view_groups_full`` beyond)."""
+ANNOUNCE_MAX_BYTES = 256 * 1024
+"""An announcement's payload, at most: groups beyond are not announced (counted), a larger
+one received is refused (so the view holds at most ``MAX_EDGES`` times this)."""
+ANNOUNCE_TOPIC = "edges"
+"""The announcements' topic in the namespace."""
+RETRY_S = 1.0
+"""Delay between login attempts of the session."""
+STATUS_GROUPS = 100
+"""Groups listed in ``/status`` ``mqtt.shared.groups``, at most (sorted by key)."""
+
+
+def owner_hash(key: str, msg: Any) -> int:
+    """A stable hash (not Python's salted ``hash``) of group ``key`` and the message's
+    identity: the same at every edge for one message."""
+    head = struct.pack(">QQq", msg.origin & (2**64 - 1),
+                       (msg.stream & ~RELIABLE_STREAM_BIT) & (2**64 - 1), msg.publish_ts_ns)
+    topic = msg.topic if isinstance(msg.topic, bytes) else str(msg.topic).encode()
+    digest = hashlib.blake2b(head + key.encode() + b"\0" + topic, digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def owner_of(candidates: list[int], key: str, msg: Any) -> int:
+    """The edge of ``candidates`` (sorted appliance ids) that delivers ``msg``."""
+    return candidates[owner_hash(key, msg) % len(candidates)]
+
+
+@dataclass
+class EdgeEntry:
+    """Another edge's latest announcement."""
+
+    boot: int
+    seq: int
+    groups: dict[str, int] = field(default_factory=dict)
+    heard: float = 0.0
+    """When it arrived (monotonic seconds)."""
+
+
+def parse_announcement(payload: bytes) -> tuple[int, int, dict[str, int]] | None:
+    """(boot, seq, groups) of an announcement; None when it is not one."""
+    try:
+        doc = json.loads(bytes(payload))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    boot, seq, groups = doc.get("boot"), doc.get("seq"), doc.get("groups")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (boot, seq)):
+        return None
+    if not isinstance(groups, dict) or not all(
+            isinstance(k, str) and k and v in (0, 1) and not isinstance(v, bool)
+            for k, v in groups.items()):
+        return None
+    return boot, seq, groups
+
+
+class SharedView:
+    """See the module docstring. The view lives on the server's event loop; the session's
+    thread sends and receives announcements."""
+
+    def __init__(self, server: MqttServer, namespace: int, identity: str,
+                 clock: Any = time.monotonic) -> None:
+        self.server = server
+        self.namespace = namespace
+        self.identity = identity
+        self.node_id = server.node_id
+        self.clock = clock
+        self.remote: dict[int, EdgeEntry] = {}
+        self.index: dict[str, dict[int, int]] = {}
+        """Group -> the other edges that announced it -> their flag (1: a connected member)."""
+        self.local: dict[str, int] = {}
+        """This edge's groups past their ``JOIN_GRACE_S`` (announced) -> their flag."""
+        self._maturing: Any = None
+        self.native: Any = None
+        self.boot = time.time_ns()
+        self._seq = 0
+        self._groups: dict[str, int] = {}
+        """What the session's thread announces (replaced whole by the loop)."""
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sweep: Any = None
+        self._snapshot: dict[str, Any] = {"edges": [], "groups": {}}
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> SharedView:
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="mqtt-shared-view")
+        self._thread.start()
+        self.server.loop.call_soon_threadsafe(self._tick)
+        return self
+
+    def close(self) -> None:
+        """Withdraw (an empty announcement), log out (safe twice)."""
+        self._stop.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(10)
+        sweep, self._sweep = self._sweep, None
+        if sweep is not None:
+            self.server.loop.call_soon_threadsafe(sweep.cancel)
+        native, self.native = self.native, None
+        if native is not None:
+            try:
+                native.close()
+            except Exception as exc:  # stop anyway
+                log.warning("mqtt: shared view: native logout: %r", exc)
+
+    # --- this edge's groups (the loop) ------------------------------------------------------
+    def local_changed(self) -> None:
+        """The router's groups or their members' connections changed: announce at once."""
+        if self._stop.is_set():
+            return
+        router = self.server.shared_router
+        now = self.clock()
+        state, young = {}, []
+        for key, flag in router.flags().items():
+            since = router.since.get(key, now - JOIN_GRACE_S)
+            if now - since >= JOIN_GRACE_S:
+                state[key] = flag
+            else:
+                young.append(since + JOIN_GRACE_S - now)
+        if young and self._maturing is None:  # (announced when they come of age)
+            def mature() -> None:
+                self._maturing = None
+                self.local_changed()
+            self._maturing = self.server.loop.call_later(min(young) + 0.01, mature)
+        if state != self.local:
+            self.local = state
+            self._groups = self._bounded(state)
+            self._wake.set()
+            self._refresh_snapshot()
+
+    def _bounded(self, state: dict[str, int]) -> dict[str, int]:
+        """The groups to announce, within ``MAX_GROUPS`` and ``ANNOUNCE_MAX_BYTES``."""
+        groups: dict[str, int] = {}
+        size = 0
+        for key in sorted(state):
+            size += len(json.dumps(key)) + 4
+            if len(groups) >= MAX_GROUPS or size > ANNOUNCE_MAX_BYTES:
+                self.server.count("shared_view_groups_not_announced")
+                break
+            groups[key] = state[key]
+        return groups
+
+    def _tick(self) -> None:
+        """Every ``ANNOUNCE_S`` (the loop): expired edges leave the view; this edge's state is
+        taken again (a change a hook missed is announced)."""
+        if self._stop.is_set():
+            return
+        now = self.clock()
+        for edge, entry in list(self.remote.items()):
+            if now - entry.heard > EXPIRY_S:
+                if entry.groups:
+                    self.server.count("shared_view_expired")
+                    log.info("mqtt: shared view: edge %d silent for %.0f s: out of the view",
+                             edge, now - entry.heard)
+                self._drop(edge)
+        self.local_changed()
+        self._refresh_snapshot()
+        self._sweep = self.server.loop.call_later(ANNOUNCE_S, self._tick)
+
+    # --- the owner (the loop, per message) --------------------------------------------------
+    def candidates(self, key: str, own: int | None) -> list[int]:
+        """The edges that share ``key``'s messages, sorted; ``own``: this edge's flag (None:
+        no member here; this edge counts once the group is announced)."""
+        now = self.clock()
+        edges = {e: f for e, f in self.index.get(key, {}).items()
+                 if now - self.remote[e].heard <= EXPIRY_S}
+        if own is not None and key in self.local:
+            edges[self.node_id] = own
+        connected = [e for e, f in edges.items() if f]
+        return sorted(connected or edges)
+
+    def owns(self, key: str, own: int | None, msg: Any) -> bool:
+        """Whether this edge delivers ``msg`` of group ``key``."""
+        candidates = self.candidates(key, own)
+        if self.node_id not in candidates:  # (no other edge: this one's members, joining)
+            return not candidates and own is not None
+        return len(candidates) == 1 or owner_of(candidates, key, msg) == self.node_id
+
+    # --- the other edges' announcements -----------------------------------------------------
+    def _on_native(self, msg: Any) -> None:
+        """A message of the namespace (the native client's thread)."""
+        if msg.origin == self.node_id:
+            return  # our own announcement
+        parsed = None if len(msg.payload) > ANNOUNCE_MAX_BYTES else parse_announcement(
+            msg.payload)
+        if parsed is None:
+            self.server.count("shared_view_bad_announcements")
+            return
+        self.server.loop.call_soon_threadsafe(self.apply, msg.origin, *parsed)
+
+    def apply(self, edge: int, boot: int, seq: int, groups: dict[str, int]) -> None:
+        """(the loop) Edge ``edge``'s announcement."""
+        entry = self.remote.get(edge)
+        if entry is not None and (boot, seq) <= (entry.boot, entry.seq):
+            self.server.count("shared_view_stale")
+            return
+        if entry is None and len(self.remote) >= MAX_EDGES:
+            self.server.count("shared_view_edges_full")
+            return
+        if len(groups) > MAX_GROUPS:
+            self.server.count("shared_view_groups_full")
+            groups = dict(sorted(groups.items())[:MAX_GROUPS])
+        self._drop(edge)
+        self.remote[edge] = EdgeEntry(boot, seq, groups, self.clock())
+        for key, flag in groups.items():
+            self.index.setdefault(key, {})[edge] = flag
+        self.server.count("shared_view_announcements")
+        self._refresh_snapshot()
+
+    def _drop(self, edge: int) -> None:
+        entry = self.remote.pop(edge, None)
+        if entry is None:
+            return
+        for key in entry.groups:
+            edges = self.index.get(key)
+            if edges is not None:
+                edges.pop(edge, None)
+                if not edges:
+                    del self.index[key]
+
+    # --- the session's thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        last = 0.0
+        sent: dict[str, int] | None = None
+        while not self._stop.is_set():
+            native = self.native
+            if native is None or native.closed:
+                native = self._login()
+                if native is None:
+                    self._stop.wait(RETRY_S)
+                    continue
+                sent = None
+            self._wake.wait(max(0.0, last + ANNOUNCE_S - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            groups = self._groups
+            due = time.monotonic() >= last + ANNOUNCE_S
+            if groups == sent and not (groups and due):
+                continue
+            if self._announce(native, groups):
+                sent, last = groups, time.monotonic()
+        native = self.native
+        if native is not None and not native.closed and sent:
+            self._announce(native, {})  # the withdrawal
+
+    def _announce(self, native: Any, groups: dict[str, int]) -> bool:
+        from appliance.client.errors import ClientError
+
+        self._seq += 1
+        payload = json.dumps({"boot": self.boot, "seq": self._seq, "groups": groups},
+                             separators=(",", ":")).encode()
+        try:
+            native.publish(ANNOUNCE_TOPIC, payload, qos="guaranteed",
+                           namespace=self.namespace, flush=True)
+        except ClientError as exc:
+            self.server.count("shared_view_send_failed")
+            log.info("mqtt: shared view: an announcement not sent: %s", exc)
+            return False
+        self.server.count("shared_view_sent")
+        return True
+
+    def _login(self) -> Any:
+        from appliance.client.errors import ClientError
+
+        try:
+            native = self.server.native_login(self.identity)
+            native.subscribe("#", qos="guaranteed", namespace=self.namespace,
+                             callback=self._on_native)
+        except ClientError as exc:
+            self.server.count("shared_view_login_failed")
+            if self.server.counters.get("shared_view_login_failed", 0) == 1:
+                log.warning("mqtt: shared view: login as %r with namespace %d failed (tried "
+                            "again every %.0f s): %s", self.identity, self.namespace, RETRY_S,
+                            exc)
+            return None
+        self.native = native
+        self.server.count("shared_view_logins")
+        return native
+
+    # --- status -----------------------------------------------------------------------------
+    def _refresh_snapshot(self) -> None:
+        """(the loop) What ``status`` shows, rebuilt here so another thread reads it whole."""
+        now = self.clock()
+        live = sorted(e for e, entry in self.remote.items()
+                      if entry.groups and now - entry.heard <= EXPIRY_S)
+        keys = sorted(set(self.index) | set(self.local))[:STATUS_GROUPS]
+        self._snapshot = {"edges": live, "groups": {
+            k: self.candidates(k, self.local.get(k)) for k in keys}}
+
+    def status(self) -> dict[str, Any]:
+        native = self.native
+        return {"namespace": self.namespace, "identity": self.identity,
+                "logged_in": native is not None and not native.closed,
+                "node": self.node_id, "announced": len(self.local), **self._snapshot}

@@ -1,0 +1,251 @@
+"""Shared subscription groups across edges (``mqtt.shared_namespace``, shared_view.py): a
+fabric of edge A (the fabric's P&M), a core and edge B (remote P&M), a member of
+``$share/g/t/#`` at each edge (paho): every message reaches one member of the fabric; when
+the member at edge B leaves, edge B withdraws and every later message reaches the member at
+edge A. Then the view itself: the owner rule, expiry of a silent edge, the bounds, hostile
+announcements, and bad settings."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from appliance.config import ConfigError, parse_config
+from appliance.edge.mqtt import shared_view
+from appliance.edge.mqtt.shared_view import SharedView, owner_of, parse_announcement
+from appliance.edge.node import EdgeAppliance
+from tests.edge.conftest import DEADLINE_S, counter, edge_doc, wait_for
+from tests.edge.peers import Peer
+from tests.edge.test_fabric_metadata import _peer_b, _ready, edge_core_edge
+
+NS = 11
+SHARE = {"shared_namespace": NS, "shared_identity": "edges"}
+GROUP = "g/t/#"
+
+
+def _entitle_the_view(doc_a: dict) -> None:
+    """At the P&M (edge A): the announcements' namespace exists, identity ``edges`` uses it."""
+    doc_a["appliance"]["namespaces"] = [0, NS]
+    doc_a["pm"]["identities"]["edges"] = {"publish": ["#"], "subscribe": ["#"],
+                                          "namespaces": [NS]}
+
+
+@pytest.fixture(scope="module")
+def fabric() -> Iterator[tuple[EdgeAppliance, EdgeAppliance]]:
+    with edge_core_edge(SHARE, _entitle_the_view) as (edge_a, edge_b, _):
+        for edge in (edge_a, edge_b):
+            wait_for(lambda e=edge: e.mqtt.status()["shared"]["logged_in"],
+                     what="the shared view's session logged in")
+        yield edge_a, edge_b
+
+
+def _view(edge: EdgeAppliance) -> list[int] | None:
+    return edge.mqtt.status()["shared"]["groups"].get(GROUP)
+
+
+def _drain(peer: Peer, into: list[bytes]) -> None:
+    while True:
+        try:
+            msg = peer.messages.get_nowait()
+        except queue.Empty:
+            return
+        if msg.topic.startswith("t/"):
+            into.append(msg.payload)
+
+
+def _collect(members: list[Peer], want: set[bytes]) -> list[list[bytes]]:
+    """What each member got of the topics ``t/...`` once ``want`` all arrived (a deadline)."""
+    got: list[list[bytes]] = [[] for _ in members]
+    deadline = time.monotonic() + DEADLINE_S
+    while not want <= {p for g in got for p in g}:
+        assert time.monotonic() < deadline, f"missing {sorted(want - set(sum(got, [])))[:5]}"
+        for peer, into in zip(members, got, strict=True):
+            _drain(peer, into)
+        time.sleep(0.02)
+    return got
+
+
+def test_each_message_reaches_one_member_across_edges_and_a_withdrawn_edge_is_taken_over(
+        fabric):
+    edge_a, edge_b = fabric
+    ids = sorted([edge_a.config.node_id, edge_b.config.node_id])
+    with Peer(edge_a, "sh-a", version=5) as member_a, Peer(edge_a, "sh-pub") as pub:
+        member_b = _peer_b(edge_b, "sh-b")
+        try:
+            for member in (member_a, member_b):
+                assert member.subscribe("$share/g/t/#", 1) == 1
+                assert member.subscribe("ready/#", 0) == 0
+            _ready(pub, [member_a, member_b], "ready")  # edge B's interest reached edge A
+            for edge in (edge_a, edge_b):
+                wait_for(lambda e=edge: _view(e) == ids, what="both edges in the view")
+            before = {e: (counter(e, "shared_remote_owner"), counter(e, "shared_delivered"))
+                      for e in (edge_a, edge_b)}
+            first = [f"m{i}".encode() for i in range(200)]
+            for i, payload in enumerate(first):
+                pub.publish(f"t/{i}", payload, 1)
+            got_a, got_b = _collect([member_a, member_b], set(first))
+            # each message once: delivered by one edge, dropped by the other
+            for kind in (0, 1):
+                wait_for(lambda k=kind: sum(counter(e, ("shared_remote_owner",
+                                                        "shared_delivered")[k]) - before[e][k]
+                                            for e in (edge_a, edge_b)) >= 200,
+                         what="every message decided at both edges")
+            assert sorted(got_a + got_b) == sorted(first)
+            assert got_a and got_b, "each edge owns some of the messages"
+            assert [counter(e, "shared_delivered") - before[e][1]
+                    for e in (edge_a, edge_b)] == [len(got_a), len(got_b)]
+        finally:
+            member_b.close()  # clean start, no expiry: its session ends, edge B withdraws
+        wait_for(lambda: _view(edge_a) == [edge_a.config.node_id],
+                 what="edge A's view without edge B")
+        wait_for(lambda: edge_b.mqtt.status()["shared"]["announced"] == 0
+                 and _view(edge_b) == [edge_a.config.node_id], what="edge B withdrew")
+        second = [f"n{i}".encode() for i in range(100)]
+        for i, payload in enumerate(second):
+            pub.publish(f"t/{i}", payload, 1)
+        (again,) = _collect([member_a], set(second))
+        assert sorted(p for p in again if p.startswith(b"n")) == sorted(second)
+
+
+def test_an_edge_fallen_silent_expires_from_the_view_and_its_share_goes_to_the_others(
+        fabric, monkeypatch):
+    """Edge B stops announcing (as if dead, no withdrawal): after ``EXPIRY_S`` edge A's view
+    holds edge A alone and edge A's member gets every message (edge B, still up here,
+    delivers its own share too: the duplicates of a view that differs)."""
+    edge_a, edge_b = fabric
+    ids = sorted([edge_a.config.node_id, edge_b.config.node_id])
+    with Peer(edge_a, "sx-a", version=5) as member_a, Peer(edge_a, "sx-pub") as pub, \
+            _peer_b(edge_b, "sx-b") as member_b:
+        for member in (member_a, member_b):
+            assert member.subscribe("$share/g/t/#", 1) == 1
+        wait_for(lambda: _view(edge_a) == ids, what="edge B in edge A's view")
+        expired = counter(edge_a, "shared_view_expired")
+        monkeypatch.setattr(edge_b.mqtt.shared_view, "_announce", lambda native, groups: True)
+        wait_for(lambda: counter(edge_a, "shared_view_expired") > expired
+                 and _view(edge_a) == [edge_a.config.node_id], what="edge B expired at A")
+        third = [f"x{i}".encode() for i in range(20)]
+        for i, payload in enumerate(third):
+            pub.publish(f"t/{i}", payload, 1)
+        (got,) = _collect([member_a], set(third))
+        assert sorted(p for p in got if p.startswith(b"x")) == sorted(third)
+        assert _view(edge_b) == ids  # edge B still counts edge A (its announcements go on)
+
+
+# --- the view, apart from the fabric --------------------------------------------------------
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _view_of(node_id: int, clock: _Clock, flags: dict[str, int] | None = None,
+             since: dict[str, float] | None = None) -> SharedView:
+    """A view whose router has ``flags`` (groups joined ``since``, else long ago)."""
+    counters: dict[str, int] = {}
+    server = SimpleNamespace(
+        node_id=node_id, counters=counters,
+        count=lambda name, n=1: counters.__setitem__(name, counters.get(name, 0) + n),
+        shared_router=SimpleNamespace(flags=lambda: dict(flags or {}), since=since or {}),
+        loop=SimpleNamespace(call_later=lambda *a: SimpleNamespace(cancel=lambda: None)))
+    view = SharedView(server, NS, "edges", clock=clock)  # type: ignore[arg-type]
+    view.local_changed()
+    return view
+
+
+def _msg(i: int) -> Any:
+    return SimpleNamespace(origin=7, stream=0x8000_0000_0000_0000 | 3,
+                           publish_ts_ns=1_700_000_000_000_000_000 + i, topic=f"t/{i}")
+
+
+def test_edges_with_one_view_agree_on_one_owner_per_message_and_a_silent_edge_expires():
+    clock = _Clock()
+    views = {n: _view_of(n, clock, {GROUP: 1}) for n in (3, 5, 9)}
+    for n, view in views.items():
+        for other in views:
+            if other != n:
+                view.apply(other, 1, 1, {GROUP: 1})
+    owners = [[n for n, v in views.items() if v.owns(GROUP, 1, _msg(i))] for i in range(300)]
+    assert all(len(o) == 1 for o in owners)  # one owner per message, the same for all
+    assert {o[0] for o in owners} == {3, 5, 9}
+    assert owner_of([3, 5, 9], GROUP, _msg(4)) == owners[4][0]  # stable (no salted hash)
+    # edge 9 falls silent: after EXPIRY_S the others share its messages between them
+    clock.now += shared_view.EXPIRY_S / 2
+    for n in (3, 5):
+        views[n].apply(3 if n == 5 else 5, 1, 2, {GROUP: 1})
+    assert views[3].candidates(GROUP, 1) == [3, 5, 9]
+    clock.now += shared_view.EXPIRY_S / 2 + 0.1
+    for n in (3, 5):
+        assert views[n].candidates(GROUP, 1) == [3, 5]
+        views[n]._tick()
+        assert views[n].server.counters["shared_view_expired"] == 1
+    assert all(sum(views[n].owns(GROUP, 1, _msg(i)) for n in (3, 5)) == 1 for i in range(100))
+
+
+def test_connected_members_are_preferred_and_edges_without_members_are_not_candidates():
+    view = _view_of(3, _Clock(), {GROUP: 1})
+    view.apply(5, 1, 1, {GROUP: 0, "other/x": 1})   # edge 5: offline members only
+    assert view.candidates(GROUP, 1) == [3]          # this edge has a connected member
+    assert view.candidates(GROUP, 0) == [3, 5]       # nobody connected: every member edge
+    assert view.candidates(GROUP, None) == [5]       # no member here: never the owner
+    assert not view.owns(GROUP, None, _msg(1))
+    view.apply(5, 1, 2, {})                          # withdrawn
+    assert view.candidates(GROUP, None) == [] and view.index == {}
+    view.apply(5, 1, 1, {GROUP: 1})                  # older than what is held: ignored
+    assert view.index == {} and view.server.counters["shared_view_stale"] == 1
+
+
+def test_the_view_is_bounded_and_hostile_announcements_are_refused(monkeypatch):
+    monkeypatch.setattr(shared_view, "MAX_EDGES", 2)
+    monkeypatch.setattr(shared_view, "MAX_GROUPS", 3)
+    view = _view_of(3, _Clock(), {f"g{i}/t": 1 for i in range(5)})
+    for edge in (4, 5, 6):
+        view.apply(edge, 1, 1, {f"g{i}/t": 1 for i in range(5)})
+    assert sorted(view.remote) == [4, 5] and all(len(e.groups) == 3
+                                                 for e in view.remote.values())
+    counters = view.server.counters
+    assert counters["shared_view_edges_full"] == 1 and counters["shared_view_groups_full"] == 2
+    view.local_changed()
+    assert len(view.local) == 5 and len(view._groups) == 3
+    assert counters["shared_view_groups_not_announced"] == 1
+    for bad in (b"", b"[]", b"{\"boot\": 1, \"seq\": -1, \"groups\": {}}",
+                b"{\"boot\": 1, \"seq\": 1, \"groups\": {\"g/t\": 2}}",
+                b"{\"boot\": true, \"seq\": 1, \"groups\": {}}", b"\xff"):
+        assert parse_announcement(bad) is None
+    assert parse_announcement(b"{\"boot\": 1, \"seq\": 2, \"groups\": {\"g/t\": 0}}") == (
+        1, 2, {"g/t": 0})
+
+
+def test_a_group_new_at_an_edge_takes_its_share_after_the_join_grace():
+    clock = _Clock()
+    view = _view_of(3, clock, {GROUP: 1}, since={GROUP: clock.now})
+    assert view.local == {}                         # not announced yet
+    assert view.owns(GROUP, 1, _msg(1))             # alone: its members get everything
+    view.apply(5, 1, 1, {GROUP: 1})
+    assert not any(view.owns(GROUP, 1, _msg(i)) for i in range(50))  # edge 5 has them all
+    clock.now += shared_view.JOIN_GRACE_S
+    view.local_changed()
+    assert view.local == {GROUP: 1} and view._groups == {GROUP: 1}
+    assert view.candidates(GROUP, 1) == [3, 5]
+    assert 0 < sum(view.owns(GROUP, 1, _msg(i)) for i in range(50)) < 50
+
+
+@pytest.mark.parametrize("mqtt, error", [
+    ({"shared_namespace": 11}, "mqtt.shared_identity: required"),
+    ({"shared_identity": "edges"}, "mqtt.shared_namespace: required"),
+    ({"shared_namespace": 0, "shared_identity": "edges"}, "mqtt.shared_namespace"),
+    ({"shared_namespace": 11, "shared_identity": "nobody"}, "not in pm.identities"),
+    ({"shared_namespace": 9, "shared_identity": "edges", "retained_namespace": 9,
+      "retained_identity": "edges"}, "mqtt.shared_namespace: 9 is also"),
+])
+def test_bad_shared_view_settings_are_refused_naming_the_key(mqtt, error):
+    doc = edge_doc(**mqtt)
+    doc["pm"]["identities"]["edges"] = {"publish": ["#"], "subscribe": ["#"]}
+    with pytest.raises(ConfigError, match=error):
+        parse_config(doc)
