@@ -14,6 +14,7 @@ from paho.mqtt.packettypes import PacketTypes
 
 from appliance.config import ConfigError, parse_config
 from appliance.edge.mqtt.retain import RetainedStore
+from appliance.edge.mqtt.retain_share import parse_stamp
 from appliance.edge.node import EdgeAppliance
 from tests.edge.conftest import counter, edge_doc, wait_counter, wait_for
 from tests.edge.peers import Peer
@@ -96,6 +97,46 @@ def test_a_native_publisher_sets_one_for_every_edge(fabric):
         got = _retained_on_subscribe(edge, "plant/9/#", "plant/9/probe", cid)
         assert [(m.topic, m.payload, m.retain) for m in got] == [("plant/9/mode", b"auto",
                                                                  True)]
+
+
+def test_an_edge_that_was_down_catches_up_on_what_was_set_and_cleared_meanwhile():
+    """Edge B stops; edge A sets one retained message and clears another that B held; B
+    starts again (same config, no state directory): its share session asks, A answers with
+    all it holds, and B's subscribers get exactly what A has."""
+    with edge_core_edge(SHARE, _entitle_the_share) as (edge_a, edge_b, _):
+        for edge in (edge_a, edge_b):
+            wait_for(lambda e=edge: e.mqtt.status()["retained_share"]["logged_in"],
+                     what="the retained share's session logged in")
+        with _peer(edge_a, "c-pub") as pub:
+            pub.publish("line/old", b"to be cleared", 1, retain=True)
+        wait_counter(edge_b, "retained_share_taken", 1)
+        config_b = edge_b.config
+        edge_b.stop()
+        with _peer(edge_a, "c-pub2") as pub:
+            pub.publish("line/new", b"set while B was down", 1, retain=True, props=props(
+                PacketTypes.PUBLISH, ContentType="text/plain"))
+            pub.publish("line/old", b"", 1, retain=True)
+        edge_b = EdgeAppliance(config_b).start()
+        try:
+            wait_counter(edge_a, "retained_share_sync_sent", 2)  # its message and its clear
+            wait_for(lambda: "line/new" in edge_b.mqtt.retained.messages,
+                     what="edge B to take edge A's answer")
+            got = _retained_on_subscribe(edge_b, "line/#", "line/probe", "c-sub")
+            assert [(m.topic, m.payload) for m in got] == [("line/new",
+                                                            b"set while B was down")]
+            assert got[0].properties.ContentType == "text/plain"
+            assert edge_b.mqtt.retained.cleared.get("line/old") == \
+                edge_a.mqtt.retained.cleared["line/old"]
+        finally:
+            edge_b.stop()
+
+
+def test_stamps_read_from_a_copy_and_from_a_catch_up_answer():
+    assert parse_stamp(None, 5, 7) == (5, 7)
+    assert parse_stamp("123", 5, 7) == (123, 7)
+    assert parse_stamp(b"123:9", 5, 7) == (123, 9)
+    assert parse_stamp("12x", 5, 7) is None
+    assert parse_stamp("1:y", 5, 7) is None
 
 
 def test_the_later_set_wins_everywhere_and_a_clear_is_not_undone_by_an_older_set():

@@ -24,8 +24,15 @@ gets the retained messages set at every edge that was up when they were set.
   ties go to the higher node id). A clear leaves a stamp behind (at most ``max_retained``
   of them, the oldest forgotten first), so an older set arriving later does not bring the
   message back.
-- **Not shared:** what was set while an edge was down or not yet logged in (no catch-up at
-  start), and retained messages over a native frame's limits.
+- **Catch-up.** Each time the session logs in (at start, after a restart, after a loss) it
+  publishes a request on ``SYNC_TOPIC`` in the namespace; every other edge that hears it
+  sends again all it holds: each retained message and each clear it remembers, with its
+  stamp (``"ns:node"``: when and where it was set). So an edge that was down, or not yet
+  logged in, gets what was set meanwhile; the stamps decide as for any copy. An edge answers
+  one request at a time: requests that come while its answer is on its way are covered by
+  it (the requester is subscribed before it asks, so what is set later reaches it as a
+  copy) and counted (``retained_share_sync_coalesced``).
+- **Not shared:** retained messages over a native frame's limits.
 """
 
 from __future__ import annotations
@@ -38,7 +45,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
-from appliance.edge.mqtt.meta import ORIGIN_HEADER, SENDER_HEADER, STAMP_HEADER, from_headers
+from appliance.edge.mqtt.meta import (
+    ORIGIN_HEADER,
+    SENDER_HEADER,
+    STAMP_HEADER,
+    MetadataTooLarge,
+    from_headers,
+    to_headers,
+)
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.server import MqttServer
@@ -51,6 +65,24 @@ COPY_QUEUE = 10_000
 """Copies waiting for the session's thread, at most."""
 RETRY_S = 1.0
 """Delay between login attempts of the session."""
+SYNC_TOPIC = "$tw/retained/sync"
+"""A (re)logged-in edge's request for every other edge's retained messages and clears (a
+``$`` topic: no MQTT subscriber's ``#`` matches it)."""
+
+
+def parse_stamp(value: Any, default_ns: int, origin: int) -> tuple[int, int] | None:
+    """``STAMP_HEADER`` as (ns, node): ``"ns"`` (a copy: set at its sender, ``origin``) or
+    ``"ns:node"`` (a catch-up answer: set at ``node``); absent: ``default_ns`` at
+    ``origin``; None when it does not read."""
+    if value is None:
+        return default_ns, origin
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    ns, sep, node = str(value).partition(":")
+    try:
+        return int(ns), int(node) if sep else origin
+    except ValueError:
+        return None
 
 
 class RetainedShare:
@@ -64,6 +96,9 @@ class RetainedShare:
         self._copies: queue.Queue = queue.Queue(COPY_QUEUE)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._answering = False
+        """(the event loop sets it, the thread clears it) An answer to a catch-up request
+        is on its way."""
 
     def start(self) -> RetainedShare:
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -98,7 +133,6 @@ class RetainedShare:
             self.server.count("retained_share_dropped_queue_full")
 
     def _run(self) -> None:
-        from appliance.client.errors import ClientError
 
         while not self._stop.is_set():
             native = self.native
@@ -113,14 +147,45 @@ class RetainedShare:
                 continue
             if item is None:
                 return
-            topic, payload, headers = item
-            try:
-                native.publish(topic, payload, qos="guaranteed", namespace=self.namespace,
-                               headers=headers, flush=True)
-                self.server.count("retained_share_sent")
-            except ClientError as exc:
-                self.server.count("retained_share_send_failed")
-                log.info("mqtt: retained share: a copy of %r not sent: %s", topic, exc)
+            if isinstance(item, list):  # the answer to a catch-up request
+                self._send_all(native, item)
+                continue
+            self._send(native, *item, flush=True)
+
+    def _send(self, native: Any, topic: str, payload: bytes, headers: dict,
+              flush: bool) -> bool:
+        from appliance.client.errors import ClientError
+
+        try:
+            native.publish(topic, payload, qos="guaranteed", namespace=self.namespace,
+                           headers=headers, flush=flush)
+        except ClientError as exc:
+            self.server.count("retained_share_send_failed")
+            log.info("mqtt: retained share: a copy of %r not sent: %s", topic, exc)
+            return False
+        self.server.count("retained_share_sent")
+        return True
+
+    def _send_all(self, native: Any, held: list) -> None:
+        """Send every (topic, payload, qos, meta, stamp) of ``held`` (the catch-up answer)."""
+        try:
+            now = time.monotonic()
+            for topic, payload, qos, meta, (stamp_ns, node) in held:
+                if meta is not None and meta.expired(now):
+                    continue
+                try:
+                    headers = dict(to_headers(meta, qos))
+                except MetadataTooLarge:  # (it came in a frame: it fits one going out)
+                    continue
+                for key in EDGE_LOCAL_HEADERS:
+                    headers.pop(key, None)
+                headers[STAMP_HEADER] = f"{stamp_ns}:{node}"
+                if not self._send(native, topic, payload, headers, flush=False):
+                    return
+                self.server.count("retained_share_sync_sent")
+            native.flush()
+        finally:
+            self._answering = False
 
     def _login(self) -> Any:
         from appliance.client.errors import ClientError
@@ -129,6 +194,8 @@ class RetainedShare:
             native = self.server.native_login(self.identity)
             native.subscribe("#", qos="guaranteed", namespace=self.namespace,
                              callback=self._on_native)
+            native.publish(SYNC_TOPIC, b"", qos="guaranteed", namespace=self.namespace,
+                           flush=True)
         except ClientError as exc:
             self.server.count("retained_share_login_failed")
             if self.server.counters.get("retained_share_login_failed", 0) == 1:
@@ -138,6 +205,7 @@ class RetainedShare:
             return None
         self.native = native
         self.server.count("retained_share_logins")
+        self.server.count("retained_share_sync_requests")
         return native
 
     def status(self) -> dict[str, Any]:
@@ -153,17 +221,37 @@ class RetainedShare:
         if native is not None and msg.origin == self.server.node_id and (
                 msg.stream & ~RELIABLE_STREAM_BIT) == native.session:
             return  # our own copy
+        if msg.topic == SYNC_TOPIC:
+            if msg.origin != self.server.node_id:
+                self.server.loop.call_soon_threadsafe(self._answer_sync)
+            return
         meta, qos = from_headers(msg.headers, self.server.count)
         if meta is not None and meta.origin:  # (another edge's store record: not ours)
             meta = replace(meta, origin=0)
-        try:
-            stamp = int(msg.headers.get(STAMP_HEADER, msg.publish_ts_ns))
-        except (TypeError, ValueError):
+        stamp = parse_stamp(msg.headers.get(STAMP_HEADER), msg.publish_ts_ns, msg.origin)
+        if stamp is None:
             self.server.count("retained_share_bad_stamp")
             return
         self.server.loop.call_soon_threadsafe(
             self._apply, msg.topic, bytes(msg.payload), 1 if qos is None else min(qos, 1),
-            meta, (stamp, msg.origin))
+            meta, stamp)
+
+    def _answer_sync(self) -> None:
+        """(the event loop) Another edge asked: everything held goes to the thread, once."""
+        self.server.count("retained_share_sync_asked")
+        if self._answering:
+            self.server.count("retained_share_sync_coalesced")
+            return
+        store = self.server.retained
+        held = [(topic, m.payload, m.qos, m.meta, store.stamps[topic])
+                for topic, m in store.messages.items() if topic in store.stamps]
+        held += [(topic, b"", 0, None, stamp) for topic, stamp in store.cleared.items()]
+        self._answering = True
+        try:
+            self._copies.put_nowait(held)
+        except queue.Full:
+            self._answering = False
+            self.server.count("retained_share_dropped_queue_full")
 
     def _apply(self, topic: str, payload: bytes, qos: int, meta: Any,
                stamp: tuple[int, int]) -> None:
