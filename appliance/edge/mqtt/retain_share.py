@@ -53,6 +53,7 @@ from appliance.edge.mqtt.meta import (
     from_headers,
     to_headers,
 )
+from appliance.edge.mqtt.namespace_session import RETRY_S, namespace_login, session_status
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.server import MqttServer
@@ -63,8 +64,6 @@ EDGE_LOCAL_HEADERS = (ORIGIN_HEADER, SENDER_HEADER)
 """Headers meaningful to the publishing edge only: not in a copy."""
 COPY_QUEUE = 10_000
 """Copies waiting for the session's thread, at most."""
-RETRY_S = 1.0
-"""Delay between login attempts of the session."""
 SYNC_TOPIC = "$tw/retained/sync"
 """A (re)logged-in edge's request for every other edge's retained messages and clears (a
 ``$`` topic: no MQTT subscriber's ``#`` matches it)."""
@@ -188,30 +187,20 @@ class RetainedShare:
             self._answering = False
 
     def _login(self) -> Any:
-        from appliance.client.errors import ClientError
-
-        try:
-            native = self.server.native_login(self.identity)
-            native.subscribe("#", qos="guaranteed", namespace=self.namespace,
-                             callback=self._on_native)
-            native.publish(SYNC_TOPIC, b"", qos="guaranteed", namespace=self.namespace,
-                           flush=True)
-        except ClientError as exc:
-            self.server.count("retained_share_login_failed")
-            if self.server.counters.get("retained_share_login_failed", 0) == 1:
-                log.warning("mqtt: retained share: login as %r with namespace %d failed (tried "
-                            "again every %.0f s): %s", self.identity, self.namespace, RETRY_S,
-                            exc)
-            return None
-        self.native = native
-        self.server.count("retained_share_logins")
-        self.server.count("retained_share_sync_requests")
+        native = namespace_login(self.server, self.identity, self.namespace, self._on_native,
+                                 "retained share", "retained_share", self._ask_for_all)
+        if native is not None:
+            self.native = native
         return native
 
+    def _ask_for_all(self, native: Any) -> None:
+        """The catch-up request, once logged in and subscribed."""
+        native.publish(SYNC_TOPIC, b"", qos="guaranteed", namespace=self.namespace,
+                       flush=True)
+        self.server.count("retained_share_sync_requests")
+
     def status(self) -> dict[str, Any]:
-        native = self.native
-        return {"namespace": self.namespace, "identity": self.identity,
-                "logged_in": native is not None and not native.closed,
+        return {**session_status(self.native, self.namespace, self.identity),
                 "copies_waiting": self._copies.qsize()}
 
     # --- in: the other edges' copies ------------------------------------------------------

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
+from appliance.edge.mqtt.namespace_session import RETRY_S, namespace_login, session_status
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.server import MqttServer
@@ -65,8 +66,6 @@ ANNOUNCE_MAX_BYTES = 256 * 1024
 one received is refused (so the view holds at most ``MAX_EDGES`` times this)."""
 ANNOUNCE_TOPIC = "edges"
 """The announcements' topic in the namespace."""
-RETRY_S = 1.0
-"""Delay between login attempts of the session."""
 STATUS_GROUPS = 100
 """Groups listed in ``/status`` ``mqtt.shared.groups``, at most (sorted by key)."""
 
@@ -326,21 +325,10 @@ class SharedView:
         return True
 
     def _login(self) -> Any:
-        from appliance.client.errors import ClientError
-
-        try:
-            native = self.server.native_login(self.identity)
-            native.subscribe("#", qos="guaranteed", namespace=self.namespace,
-                             callback=self._on_native)
-        except ClientError as exc:
-            self.server.count("shared_view_login_failed")
-            if self.server.counters.get("shared_view_login_failed", 0) == 1:
-                log.warning("mqtt: shared view: login as %r with namespace %d failed (tried "
-                            "again every %.0f s): %s", self.identity, self.namespace, RETRY_S,
-                            exc)
-            return None
-        self.native = native
-        self.server.count("shared_view_logins")
+        native = namespace_login(self.server, self.identity, self.namespace, self._on_native,
+                                 "shared view", "shared_view")
+        if native is not None:
+            self.native = native
         return native
 
     # --- status -----------------------------------------------------------------------------
@@ -354,7 +342,5 @@ class SharedView:
             k: self.candidates(k, self.local.get(k)) for k in keys}}
 
     def status(self) -> dict[str, Any]:
-        native = self.native
-        return {"namespace": self.namespace, "identity": self.identity,
-                "logged_in": native is not None and not native.closed,
+        return {**session_status(self.native, self.namespace, self.identity),
                 "node": self.node_id, "announced": len(self.local), **self._snapshot}
