@@ -28,9 +28,11 @@ from typing import Any
 from datapath import jit
 from datapath.errors import UserError
 
-WARM_TIMEOUT_S = 300.0
+WARM_TIMEOUT_S = float(os.environ.get("TOPICWIRE_WARM_TIMEOUT_S", "300"))
 """Longest the warm-up fabric may take to converge or to deliver a round (a cold cache
-compiles everything on the way, on a 2-core host for a few minutes)."""
+compiles everything on the way, on a 2-core host for a few minutes). The image build's
+warm-up (docs/images.md) sets ``TOPICWIRE_WARM_TIMEOUT_S`` longer: it compiles from nothing
+inside a chroot, on a host that may be busy."""
 WARM_ROUNDS = 3
 """Rounds of traffic: each registers new topics (parked at first) and repeats the old ones."""
 BURST_MESSAGES = 64
