@@ -91,7 +91,7 @@ def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:
                               "dataplane": "thread",
                               # a message whose key is not known yet waits as long as a cold
                               # cache may take to compile on a busy host (not 2 s)
-                              "parked_ttl_ms": int(WARM_TIMEOUT_S * 1000)},
+                              "parked_ttl_ms": int(min(WARM_TIMEOUT_S, 600) * 1000)},
                 "fabric": {"listen": f"127.0.0.1:{fabric[name]}", "key": key},
                 "neighbours": neighbours,
                 "clients": {"udp": f"127.0.0.1:{_free_port()}", "shm": f"twwarm-{tag}-{name}",

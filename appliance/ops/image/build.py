@@ -175,7 +175,7 @@ def wheelhouse(work: Path) -> Path:
 def _hook_script(overlay: Path, wheels: Path) -> str:
     venv = guest_files.VENV
     warm_env = ("NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/var/cache/topicwire/numba "
-                "HOME=/root PYTHONUNBUFFERED=1 TOPICWIRE_WARM_TIMEOUT_S=1200")
+                "HOME=/root PYTHONUNBUFFERED=1 TOPICWIRE_WARM_TIMEOUT_S=600")
     return f"""#!/bin/sh
 set -eu
 r="$1"
