@@ -12,7 +12,7 @@ PY          := $(VENV)/bin/python
 APT_PACKAGES := python3-venv python3-dev gcc make iproute2 tcpdump nftables iptables sockperf \
                 qemu-system-x86 kmod busybox-static rdma-core ibverbs-providers ibverbs-utils \
                 libibverbs-dev python3-pyverbs perftest stress-ng mosquitto mosquitto-clients libmosquitto-dev \
-                tshark openssl dpkg-dev mmdebstrap qemu-utils mtools dosfstools
+                tshark openssl dpkg-dev mmdebstrap qemu-utils mtools dosfstools ovmf
 APT_STAMP   := $(VENV)/.apt-stamp
 PIP_STAMP   := $(VENV)/.pip-stamp
 # Debian's python3-pyverbs (built for rdma-core's libibverbs; PyPI's does not load against it),

@@ -28,9 +28,11 @@ from typing import Any
 from datapath import jit
 from datapath.errors import UserError
 
-WARM_TIMEOUT_S = 300.0
+WARM_TIMEOUT_S = float(os.environ.get("TOPICWIRE_WARM_TIMEOUT_S", "300"))
 """Longest the warm-up fabric may take to converge or to deliver a round (a cold cache
-compiles everything on the way, on a 2-core host for a few minutes)."""
+compiles everything on the way, on a 2-core host for a few minutes). The image build's
+warm-up (docs/images.md) sets ``TOPICWIRE_WARM_TIMEOUT_S`` longer: it compiles from nothing
+inside a chroot, on a host that may be busy."""
 WARM_ROUNDS = 3
 """Rounds of traffic: each registers new topics (parked at first) and repeats the old ones."""
 BURST_MESSAGES = 64
@@ -89,7 +91,7 @@ def _configs(multicast: bool, telemetry_dir: str) -> dict[str, dict]:
                               "dataplane": "thread",
                               # a message whose key is not known yet waits as long as a cold
                               # cache may take to compile on a busy host (not 2 s)
-                              "parked_ttl_ms": int(WARM_TIMEOUT_S * 1000)},
+                              "parked_ttl_ms": int(min(WARM_TIMEOUT_S, 600) * 1000)},
                 "fabric": {"listen": f"127.0.0.1:{fabric[name]}", "key": key},
                 "neighbours": neighbours,
                 "clients": {"udp": f"127.0.0.1:{_free_port()}", "shm": f"twwarm-{tag}-{name}",

@@ -1,7 +1,8 @@
 """Appliance images booted under QEMU on this host (TCG): ready within the deadline, the
 management API through a forwarded loopback port, a clean power-off by the management API's
 shutdown command and by the ACPI power button, an upgrade that keeps the config and state
-disks, the root found by its label on a SATA (AHCI) and an NVMe disk, a refused config, and
+disks, the root found by its label on a SATA (AHCI) and an NVMe disk, a boot through UEFI
+firmware and the image's own boot loader with the config on a USB stick, a refused config, and
 a config that names the state disk's directory booted without one.
 
 The upgrade shares the first boot with the other checks (a boot under TCG is a minute): boot
@@ -107,6 +108,8 @@ def _first_boot(guest: Guest, mqtt_port: int) -> tuple:
     assert code in (200, 0)  # /metrics is text: http() parses JSON only
     assert f"topicwire-state: state disk /dev/vdc at {STATE_DIR}" in "\n".join(guest.lines), \
         guest.tail()
+    # direct kernel boot: the UEFI test's line below is not printed by every boot
+    assert "booted through UEFI" not in "\n".join(guest.lines), guest.tail()
     _publish_retained(mqtt_port)
     answer, off_s = guest.shutdown(TOKEN)
     print(f"power-off: QEMU ended {off_s:.1f} s after POST /shutdown ({answer})")
@@ -184,9 +187,19 @@ def test_ready_status_clean_poweroff_and_upgrade_keeping_the_config_disk(
     assert seen[0] == seen[1] == ("imgedge", 4242, "edge"), seen
 
 
-def test_bad_config_is_reported_root_on_nvme(image: Path, tmp_path: Path) -> None:
-    """The image as an NVMe disk (/dev/nvme0n1): the root is found by its label, the boot
-    reaches the appliance, which refuses its config."""
+def test_bad_config_is_reported_root_on_nvme_booted_by_uefi_from_a_usb_stick(
+        image: Path, tmp_path: Path) -> None:
+    """Booted as on bare metal: UEFI firmware (OVMF, no -kernel) boots the image's own boot
+    loader (systemd-boot on its EFI system partition) from an NVMe disk (/dev/nvme0n1), the
+    root is found by its label, and the config comes from a USB stick (usb-storage on xHCI);
+    the appliance refuses that config, which proves the stick was read (the image's default
+    config is a good one)."""
+    from appliance.ops.image.boot import OVMF_CODE, OVMF_VARS
+
+    from .conftest import _cannot
+
+    if not (OVMF_CODE.exists() and OVMF_VARS.exists()):
+        _cannot(f"{OVMF_CODE} is missing (Debian package ovmf; make setup installs it)")
     config = _config(tmp_path, """
         [appliance]
         name = "imgbad"
@@ -196,13 +209,19 @@ def test_bad_config_is_reported_root_on_nvme(image: Path, tmp_path: Path) -> Non
         [mgmt]
         listen = "0.0.0.0:8470"
         """)
-    guest = Guest(image, tmp_path, config, name="bad", root_bus="nvme").start()
+    guest = Guest(image, tmp_path, config, name="bad", root_bus="nvme", firmware="uefi",
+                  config_bus="usb")
+    assert "-kernel" not in guest.cmd
+    guest.start()
     try:
         with pytest.raises(BootFailure) as failure:
             guest.wait_ready(READY_DEADLINE_S)
-        print(f"refused {guest.elapsed():.1f} s after QEMU started: {failure.value}")
+        print(f"refused {guest.elapsed():.1f} s after QEMU started (UEFI): {failure.value}")
         assert failure.value.config_error is not None, failure.value.tail
         assert "appliance.id" in failure.value.config_error
+        console = "\n".join(guest.lines)
+        assert "topicwire-config: booted through UEFI firmware" in console, guest.tail()
+        assert "topicwire-config: config from config disk /dev/sda" in console, guest.tail()
     finally:
         guest.kill()
 

@@ -2,6 +2,7 @@
 
     topicwire image build [--role core|edge] [--out DIR]
     topicwire image boot IMAGE [--config FILE] [--forward-mgmt PORT] [--timeout S]
+                               [--firmware direct|uefi] [--config-bus virtio|usb]
 
 ``build`` (as root) writes DIR/topicwire-ROLE.qcow2 with its kernel, initrd and a manifest;
 one image serves every role, ``--role`` picks only the default config baked in. ``boot``
@@ -44,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--root-bus", choices=("virtio", "ahci", "nvme"), default="virtio",
                    help="attach the image as a virtio disk (default), a SATA disk on AHCI "
                    "(/dev/sda, as on bare metal) or an NVMe disk: the root is found by label")
+    s.add_argument("--firmware", choices=("direct", "uefi"), default="direct",
+                   help="direct: QEMU loads the kernel and initrd beside the image (default); "
+                   "uefi: UEFI firmware (OVMF, Debian package ovmf) boots the disk through "
+                   "its own boot loader, as bare metal does")
+    s.add_argument("--config-bus", choices=("virtio", "usb"), default="virtio",
+                   help="attach the config disk as a virtio disk (default) or as a USB stick "
+                   "(as on bare metal)")
     s.add_argument("--state-disk", type=Path, metavar="FILE",
                    help="a raw ext4 file labelled appstate, attached read-write and mounted "
                    "at /var/lib/topicwire/state in the guest (made, empty, when missing)")

@@ -1,7 +1,9 @@
 """``topicwire image boot``: one appliance image under QEMU, until it reports ready.
 
 The guest: QEMU in TCG (KVM is not usable on every host, and not here), direct kernel boot
-with the kernel and initrd ``image build`` put beside the image, the image as a virtio disk
+with the kernel and initrd ``image build`` put beside the image (or, ``firmware="uefi"``,
+OVMF booting the disk through its own boot loader: systemd-boot on its EFI system
+partition), the image as a virtio disk
 in snapshot mode (writes are dropped at exit: the image stays as built), the config on a small
 FAT disk labelled APPCFG, the serial console on QEMU's standard output, and one NIC on QEMU's
 user network with ``restrict=on`` (the guest reaches nothing outside; the host reaches it only
@@ -49,13 +51,29 @@ features (the floppy and IDE controllers, PC speaker, SMBus, PS/2 mouse, KVM, th
 crypto) and ``modprobe@`` units (drm, device mapper, fuse, loop): nothing the appliance uses,
 and each load costs the guest's CPU while the appliance starts (``modprobe.blacklist``)."""
 KERNEL_ARGS = (f"console=ttyS0 root=LABEL={guest_files.ROOT_LABEL} rw quiet panic=-1 "
-               "net.ifnames=0 i8042.noaux modprobe.blacklist=" + ",".join(UNUSED_MODULES))
+               "net.ifnames=0 i8042.noaux no_timer_check modprobe.blacklist="
+               + ",".join(UNUSED_MODULES))
+"""``no_timer_check``: the kernel's check that the PIT's interrupt reaches the IO-APIC,
+which under TCG on a loaded host times out and panics the boot (``IO-APIC + timer doesn't
+work!``, seen once at host load 12); a usual argument for virtual machines."""
 READY_RE = re.compile(r"topicwire: appliance (\S+) \(id (\d+)\) ready")
 CONFIG_ERROR_RE = re.compile(r"topicwire: (config: .*)")
 FAILED_RE = re.compile(r"(Failed to start topicwire|topicwire\.service: Failed|"
                        r"topicwire-config: (no topicwire\.toml|cannot mount).*|"
                        r"topicwire-state: (the config names|the state disk \S+ has errors|"
                        r"cannot mount).*)")
+FIRMWARES = ("direct", "uefi")
+"""How ``Guest`` boots the image: ``direct``, QEMU's direct kernel boot (``-kernel``/``-initrd``
+from the build, SeaBIOS; the tests' default), or ``uefi``: OVMF (UEFI firmware) boots the
+disk through its own boot loader (systemd-boot on the EFI system partition), as bare metal
+and ``virt-install --boot uefi`` do."""
+OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE.fd")
+OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS.fd")
+"""Debian's ovmf: the firmware (read-only) and the template of its variable store (each guest
+gets a writable copy)."""
+CONFIG_BUSES = ("virtio", "usb")
+"""The config disk as a virtio disk, or as a USB stick (``usb-storage`` on an xHCI
+controller), as on bare metal."""
 ROOT_BUSES = ("virtio", "ahci", "nvme")
 """How ``Guest`` attaches the image: a virtio disk (/dev/vda), a SATA disk on an AHCI
 controller (/dev/sda, as on most bare metal) or an NVMe disk (/dev/nvme0n1); the image finds
@@ -72,6 +90,15 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def uefi_firmware() -> tuple[Path, Path]:
+    """OVMF's code and variables template, or a UserError naming the package."""
+    for path in (OVMF_CODE, OVMF_VARS):
+        if not path.exists():
+            raise UserError(f"image: {path} is missing (Debian package ovmf, the UEFI "
+                            "firmware `--firmware uefi` boots the image with; make setup)")
+    return OVMF_CODE, OVMF_VARS
 
 
 def boot_files(image: Path) -> tuple[Path, Path]:
@@ -116,11 +143,30 @@ class Guest:
                  snapshot: bool = True, name: str = "guest", echo: bool = False,
                  config_drive: Path | None = None, wrap: Sequence[str] = (),
                  root_bus: str = "virtio", state_drive: Path | None = None,
-                 forwards: Sequence[tuple[int, int]] = ()) -> None:
+                 forwards: Sequence[tuple[int, int]] = (), firmware: str = "direct",
+                 config_bus: str = "virtio") -> None:
         self.image = Path(image).resolve()
-        self.kernel, self.initrd = boot_files(self.image)
+        if firmware not in FIRMWARES:
+            raise UserError(f"image: firmware {firmware!r}: one of {', '.join(FIRMWARES)}")
+        if config_bus not in CONFIG_BUSES:
+            raise UserError(f"image: config bus {config_bus!r}: one of "
+                            f"{', '.join(CONFIG_BUSES)}")
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if firmware == "direct":
+            self.kernel, self.initrd = boot_files(self.image)
+            boot = ["-kernel", str(self.kernel), "-initrd", str(self.initrd),
+                    "-append", KERNEL_ARGS]
+        else:
+            if not self.image.exists():
+                raise UserError(f"image: {self.image} is missing")
+            code, template = uefi_firmware()
+            variables = self.workdir / f"{name}-OVMF_VARS.fd"
+            shutil.copyfile(template, variables)
+            # no -kernel: the firmware boots the disk's /EFI/BOOT/BOOTX64.EFI (systemd-boot),
+            # which boots its loader entry's kernel, initrd and command line
+            boot = ["-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={code}",
+                    "-drive", f"if=pflash,format=raw,unit=1,file={variables}"]
         self.name = name
         self.echo = echo
         self.mgmt_port = mgmt_port
@@ -137,13 +183,24 @@ class Guest:
         if root_bus not in ROOT_BUSES:
             raise UserError(f"image: root bus {root_bus!r}: one of {', '.join(ROOT_BUSES)}")
         root = f"file={self.image},format=qcow2,snapshot={snap}"
+        first = ",bootindex=0" if firmware == "uefi" else ""  # the firmware's boot disk
         root_args = {
-            "virtio": ["-drive", f"{root},if=virtio"],
+            "virtio": (["-drive", f"{root},if=none,id=root", "-device",
+                        f"virtio-blk-pci,drive=root{first}"] if first
+                       else ["-drive", f"{root},if=virtio"]),
             "ahci": ["-drive", f"{root},if=none,id=root", "-device", "ahci,id=ahci0",
-                     "-device", "ide-hd,drive=root,bus=ahci0.0"],
+                     "-device", f"ide-hd,drive=root,bus=ahci0.0{first}"],
             "nvme": ["-drive", f"{root},if=none,id=root", "-device",
-                     "nvme,drive=root,serial=approot"],
+                     f"nvme,drive=root,serial=approot{first}"],
         }[root_bus]
+        config_args: list[str] = []
+        if self.config_drive and config_bus == "usb":
+            config_args = ["-device", "qemu-xhci,id=xhci", "-drive",
+                           f"file={self.config_drive},format=raw,if=none,id=cfg,readonly=on",
+                           "-device", "usb-storage,bus=xhci.0,drive=cfg,removable=on"]
+        elif self.config_drive:
+            config_args = ["-drive",
+                           f"file={self.config_drive},format=raw,if=virtio,readonly=on"]
         self.state_drive = state_drive
         self.cmd = [
             *wrap, QEMU, "-accel", "tcg", "-cpu", "max", "-smp", str(CPUS), "-m", str(MEMORY_MB),
@@ -151,10 +208,9 @@ class Guest:
             # them (seconds under TCG); the serial console and the disks are given below
             "-nodefaults", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
-            "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", KERNEL_ARGS,
+            *boot,
             *root_args,
-            *(["-drive", f"file={self.config_drive},format=raw,if=virtio,readonly=on"]
-              if self.config_drive else []),
+            *config_args,
             # the state disk is written (not snapshot): it outlives the guest and the image
             *(["-drive", f"file={state_drive},format=raw,if=virtio"] if state_drive else []),
             "-netdev", user, "-device", "virtio-net-pci,netdev=mgmt",
@@ -330,8 +386,11 @@ def boot_command(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="topicwire-boot-") as tmp:
         guest = Guest(args.image, Path(tmp), args.config, mgmt_port=mgmt_port,
                       echo=bool(os.environ.get("TOPICWIRE_IMAGE_ECHO")),
-                      root_bus=args.root_bus, state_drive=args.state_disk)
-        say(f"booting {args.image} under QEMU (TCG); management API at "
+                      root_bus=args.root_bus, state_drive=args.state_disk,
+                      firmware=args.firmware, config_bus=args.config_bus)
+        how = ("UEFI firmware (OVMF) and the image's boot loader" if args.firmware == "uefi"
+               else "direct kernel boot")
+        say(f"booting {args.image} under QEMU (TCG; {how}); management API at "
             f"http://127.0.0.1:{mgmt_port}")
         guest.start()
         try:

@@ -41,9 +41,12 @@ SUITE = "bookworm"
 APT_SOURCES = Path("/etc/apt/sources.list.d/debian.sources")
 PACKAGES = ("linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod",
             "e2fsprogs", "python3", "python3-venv", "iproute2", "rdma-core",
-            "ibverbs-providers", "ibverbs-utils", "python3-pyverbs", "dbus")
+            "ibverbs-providers", "ibverbs-utils", "python3-pyverbs", "dbus",
+            "systemd-boot-efi")
 """dbus: systemd-logind, which powers the guest off on ACPI's power button (QEMU's
-``system_powerdown``), needs it. python3-pyverbs: the RDMA channel's verbs (Debian's, built
+``system_powerdown``), needs it. systemd-boot-efi: the UEFI boot loader the disk step puts on
+the image's EFI system partition (only its ``systemd-bootx64.efi``; nothing in the root runs
+it). python3-pyverbs: the RDMA channel's verbs (Debian's, built
 against its libibverbs; the venv loads that one package from dist-packages)."""
 INITRAMFS_CONF = """# the image's: only the modules in modules.d/topicwire (the virtio disk, ext4),
 # not Debian's MODULES=most (every storage driver: an initrd three times the size, loaded
@@ -62,12 +65,15 @@ Loaded at every boot: the virtio root's."""
 INITRAMFS_HOOK = """#!/bin/sh
 # the image's: the storage drivers of a root disk on bare metal or a non-virtio VM disk
 # (SATA/AHCI as /dev/sda, NVMe, virtio-scsi) in the initrd too, loaded by the initramfs's udev
-# only when such a controller is there (the root is found by its label, approot)
+# only when such a controller is there (the root is found by its label, approot); and USB's
+# host controllers and mass storage, so a config stick (label APPCFG) is probed while the
+# initramfs runs, before the config unit looks for it
 PREREQ=""
 prereqs() { echo "$PREREQ"; }
 case "$1" in prereqs) prereqs; exit 0 ;; esac
 . /usr/share/initramfs-tools/hook-functions
 manual_add_modules ahci sd_mod nvme virtio_scsi
+manual_add_modules xhci_pci xhci_hcd ehci_pci ehci_hcd usb_storage uas
 """
 MASKED_UNITS = ("e2scrub_reap.service", "e2scrub_all.timer", "apt-daily.timer",
                 "apt-daily-upgrade.timer", "dpkg-db-backup.timer", "fstrim.timer")
@@ -169,7 +175,7 @@ def wheelhouse(work: Path) -> Path:
 def _hook_script(overlay: Path, wheels: Path) -> str:
     venv = guest_files.VENV
     warm_env = ("NUMBA_CPU_NAME=generic NUMBA_CACHE_DIR=/var/cache/topicwire/numba "
-                "HOME=/root PYTHONUNBUFFERED=1")
+                "HOME=/root PYTHONUNBUFFERED=1 TOPICWIRE_WARM_TIMEOUT_S=600")
     return f"""#!/bin/sh
 set -eu
 r="$1"
@@ -234,7 +240,8 @@ def _write_if_changed(target: Path, text: str) -> None:
         target.write_text(text)
 
 
-def clamp_times(rootfs: Path, raw: Path, epoch: int, tree_epoch: int = 0) -> int:
+def clamp_times(rootfs: Path, raw: Path, epoch: int, tree_epoch: int = 0,
+                offset: int = 0) -> int:
     """The change, creation and access times of every file in the ext4 ``raw`` made by
     ``mkfs.ext4 -d rootfs`` set to ``epoch`` (the commit's time; nanoseconds zero) with
     ``debugfs -w``: mkfs copies them from the tree, where they record when the build ran
@@ -263,8 +270,11 @@ def clamp_times(rootfs: Path, raw: Path, epoch: int, tree_epoch: int = 0) -> int
         entries += 1
     script = raw.with_suffix(".debugfs")
     script.write_text("\n".join(commands) + "\n")
-    done = subprocess.run(["debugfs", "-w", "-f", str(script), str(raw)],
-                          capture_output=True, text=True, errors="replace")
+    device = f"{raw}?offset={offset}" if offset else str(raw)
+    # its own write time in the superblock: the commit's too
+    done = subprocess.run(["debugfs", "-w", "-f", str(script), device],
+                          capture_output=True, text=True, errors="replace",
+                          env={**os.environ, "E2FSPROGS_FAKE_TIME": str(epoch)})
     script.unlink()
     errors = [line for line in done.stderr.splitlines()
               if line.strip() and not line.startswith("debugfs ")]
@@ -346,25 +356,164 @@ def _tree_bytes(path: Path) -> int:
 
 
 def make_ext4(tree: Path, raw: Path, size: int, digest: str, epoch: int,
-              name: str = "image") -> None:
+              name: str = "image", offset: int = 0) -> None:
     """``raw``: an ext4 filesystem (label approot) of ``tree``, ``size`` bytes, without a
     loop mount; its UUID and directory hash seed from ``digest``, its own times and (with
-    ``clamp_times``) every file's change, creation and access times from ``epoch``."""
-    raw.unlink(missing_ok=True)
-    with open(raw, "wb") as f:
-        f.truncate(size)
+    ``clamp_times``) every file's change, creation and access times from ``epoch``.
+    ``offset``: the filesystem goes ``offset`` bytes into ``raw``, an existing disk file (a
+    partition of it: ``mkfs.ext4 -E offset``, ``debugfs FILE?offset=``); 0: ``raw`` is made,
+    the filesystem alone."""
+    if not offset:
+        raw.unlink(missing_ok=True)
+        with open(raw, "wb") as f:
+            f.truncate(size)
     uuid = "-".join((digest[:8], digest[8:12], "4" + digest[13:16], "8" + digest[1:4],
                      digest[:12]))
     env = {"E2FSPROGS_FAKE_TIME": str(epoch)} if epoch else {}
-    _stream(["mkfs.ext4", "-q", "-F", "-L", guest_files.ROOT_LABEL, "-U", uuid, "-E",
-             f"hash_seed={uuid}", "-d", str(tree), str(raw)], "mkfs.ext4", env=env)
+    extended = f"hash_seed={uuid}" + (f",offset={offset}" if offset else "")
+    _stream(["mkfs.ext4", "-q", "-F", "-b", "4096", "-L", guest_files.ROOT_LABEL, "-U", uuid, "-E",
+             extended, "-d", str(tree), str(raw), *([f"{size >> 10}k"] if offset else [])],
+            "mkfs.ext4", env=env)
     if epoch:
         say(f"{name}: every file's change, creation and access times set to the commit's "
             f"({epoch}; debugfs -w)")
         marker = tree / ".complete"
         stamp = marker.read_text().strip() if marker.exists() else ""
-        entries = clamp_times(tree, raw, epoch, int(stamp) if stamp.isdigit() else 0)
+        entries = clamp_times(tree, raw, epoch, int(stamp) if stamp.isdigit() else 0,
+                              offset=offset)
         say(f"{name}: {entries} entries")
+
+
+ESP_BYTES = 128 << 20
+"""The EFI system partition: FAT32 (the UEFI specification's for a fixed disk; mkfs.fat makes
+FAT32 from about 33 MiB), holding systemd-boot, its loader entry, the kernel and the initrd
+(about 16 MB), room for more."""
+ALIGN = 1 << 20
+"""Partitions start on MiB boundaries (the GPT and its entries fit in the first MiB; the
+backup GPT in the last)."""
+SECTOR = 512
+ESP_TYPE = "c12a7328-f81f-11d2-ba4b-00a0c93ec93b"
+LINUX_DATA_TYPE = "0fc63daf-8483-4772-8e79-3d69d8477de4"
+BOOT_EFI = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi"
+"""systemd-boot (Debian's systemd-boot-efi, in the image's root filesystem), copied to the
+ESP's /EFI/BOOT/BOOTX64.EFI: the removable-media path every x86-64 UEFI firmware boots
+without a boot entry of its own."""
+LOADER_ENTRY = "loader/entries/topicwire.conf"
+
+
+def loader_files(commit: str) -> dict[str, str]:
+    """systemd-boot's configuration on the ESP: boot the one entry at once (no menu; hold a
+    key at power-on for it), no command-line editor at the console (the image has no
+    password login; the command line is changed by editing the entry on the ESP)."""
+    from appliance.ops.image.boot import KERNEL_ARGS
+
+    return {
+        "loader/loader.conf": "default topicwire.conf\ntimeout 0\neditor no\n",
+        LOADER_ENTRY: (f"title topicwire appliance ({commit})\n"
+                       "linux /topicwire/vmlinuz\n"
+                       "initrd /topicwire/initrd.img\n"
+                       # a screen too on bare metal; the last console= (the serial port)
+                       # gets systemd's and the appliance's lines, as under QEMU
+                       f"options console=tty0 {KERNEL_ARGS}\n"),
+    }
+
+
+def make_esp(path: Path, kernel: Path, initrd: Path, boot_efi: Path, commit: str,
+             digest: str, epoch: int) -> None:
+    """``path``: the FAT32 EFI system partition (mkfs.vfat on a file, mtools: no mount) with
+    systemd-boot as the fallback loader, its entry, the kernel and the initrd; its volume id
+    from ``digest``, its files' times ``epoch`` (``mkfs.fat --invariant``, mtools'
+    SOURCE_DATE_EPOCH and ``mcopy -m``)."""
+    for tool, pkg in (("mkfs.vfat", "dosfstools"), ("mcopy", "mtools")):
+        if shutil.which(tool) is None:
+            raise UserError(f"image: {tool} is missing (Debian package {pkg}; make setup)")
+    path.unlink(missing_ok=True)
+    env = {"SOURCE_DATE_EPOCH": str(epoch)} if epoch else {}
+    _stream(["mkfs.vfat", "--invariant", "-C", "-F", "32", "-n", "TWESP", "-i", digest[:8],
+             str(path), str(ESP_BYTES >> 10)], "mkfs.vfat", env=env)
+    _stream(["mmd", "-i", str(path), "::/EFI", "::/EFI/BOOT", "::/loader",
+             "::/loader/entries", "::/topicwire"], "mmd", env=env)
+    stage = path.with_suffix(".stage")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        pairs = [(boot_efi, "EFI/BOOT/BOOTX64.EFI"), (kernel, "topicwire/vmlinuz"),
+                 (initrd, "topicwire/initrd.img")]
+        for name, text in loader_files(commit).items():
+            staged = stage / name.replace("/", "_")
+            staged.write_text(text)
+            pairs.append((staged, name))
+        for source, name in pairs:
+            staged = stage / ("f_" + name.replace("/", "_"))
+            shutil.copyfile(source, staged)
+            if epoch:
+                os.utime(staged, (epoch, epoch))
+            _stream(["mcopy", "-m", "-i", str(path), str(staged), f"::/{name}"], "mcopy",
+                    env=env)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _guid(text: str) -> bytes:
+    import uuid
+
+    return uuid.UUID(text).bytes_le
+
+
+def _digest_guid(digest: str, what: str) -> str:
+    import uuid
+
+    return str(uuid.UUID(hashlib.sha256(f"{digest}:{what}".encode()).hexdigest()[:32]))
+
+
+def write_gpt(disk: Path, size: int, parts: list[tuple[str, str, int, int, str]],
+              disk_guid: str) -> None:
+    """A protective MBR, the GPT and its backup on ``disk`` (``size`` bytes) for ``parts``:
+    (type GUID, partition GUID, first byte, size in bytes, name). Written here (no sfdisk
+    on a minimal Debian, no loop device), every GUID given: the same bytes at each build."""
+    import struct
+    import zlib
+
+    sectors = size // SECTOR
+    last = sectors - 1
+    entries = bytearray(128 * 128)
+    for n, (type_guid, part_guid, first, length, name) in enumerate(parts):
+        entries[n * 128:(n + 1) * 128] = struct.pack(
+            "<16s16sQQQ72s", _guid(type_guid), _guid(part_guid), first // SECTOR,
+            (first + length) // SECTOR - 1, 0, name.encode("utf-16-le"))
+    entries_crc = zlib.crc32(entries)
+
+    def header(current: int, backup: int, entries_lba: int) -> bytes:
+        fields = [b"EFI PART", 0x00010000, 92, 0, 0, current, backup, 34, last - 33,
+                  _guid(disk_guid), entries_lba, 128, 128, entries_crc]
+        fmt = "<8sIIIIQQQQ16sQIII"
+        crc = zlib.crc32(struct.pack(fmt, *fields))
+        fields[3] = crc
+        return struct.pack(fmt, *fields).ljust(SECTOR, b"\0")
+
+    mbr = bytearray(SECTOR)
+    mbr[446:462] = struct.pack("<B3sB3sII", 0, b"\x00\x02\x00", 0xEE, b"\xff\xff\xff", 1,
+                               min(last, 0xFFFFFFFF))
+    mbr[510:512] = b"\x55\xaa"
+    with open(disk, "r+b") as f:
+        f.write(mbr)
+        f.write(header(1, last, 2))
+        f.write(entries)
+        f.seek((last - 32) * SECTOR)
+        f.write(entries)
+        f.write(header(last, 1, last - 32))
+
+
+def _copy_into(source: Path, disk: Path, offset: int) -> None:
+    """``source``'s bytes into ``disk`` at ``offset``, its all-zero MiBs skipped (sparse)."""
+    zero = bytes(ALIGN)
+    with open(source, "rb") as src, open(disk, "r+b") as dst:
+        at = offset
+        while chunk := src.read(ALIGN):
+            if chunk != zero[:len(chunk)]:
+                dst.seek(at)
+                dst.write(chunk)
+            at += len(chunk)
 
 
 def make_disk(rootfs: Path, role: str, out: Path, digest: str) -> dict:
@@ -380,23 +529,46 @@ def make_disk(rootfs: Path, role: str, out: Path, digest: str) -> dict:
     name = f"{IMAGE_NAME}-{role}"
     raw = out / f".{name}.raw"
     size = _tree_bytes(rootfs) * 12 // 10 + SLACK_BYTES
-    size = (size + (1 << 20) - 1) >> 20 << 20
-    say(f"{name}: ext4 of the tree ({size >> 20} MiB, mkfs.ext4 -d, no loop mount)")
-    make_ext4(rootfs, raw, size, digest, epoch, name)
-    qcow = out / f"{name}.qcow2"
-    say(f"{name}: qemu-img convert -c -O qcow2")
-    _stream(["qemu-img", "convert", "-c", "-O", "qcow2", str(raw), str(qcow)], "qemu-img")
-    raw.unlink()
+    size = (size + ALIGN - 1) // ALIGN * ALIGN
     vmlinuz = sorted((rootfs / "boot").glob("vmlinuz-*"))
     initrd = sorted((rootfs / "boot").glob("initrd.img-*"))
     if not vmlinuz or not initrd:
         raise UserError(f"image: {rootfs}/boot has no vmlinuz-* or initrd.img-*")
+    boot_efi = rootfs / BOOT_EFI.lstrip("/")
+    if not boot_efi.exists():
+        raise UserError(f"image: {boot_efi} is missing (Debian's systemd-boot-efi: the root "
+                        "filesystem predates the boot loader; delete its cache to rebuild it)")
+    # GPT: the EFI system partition (systemd-boot, kernel, initrd), then the root (ext4)
+    root_at = ALIGN + ESP_BYTES
+    disk_bytes = root_at + size + ALIGN
+    raw.unlink(missing_ok=True)
+    with open(raw, "wb") as f:
+        f.truncate(disk_bytes)
+    say(f"{name}: ext4 of the tree ({size >> 20} MiB, mkfs.ext4 -d, no loop mount) as the "
+        f"second partition of a GPT disk")
+    make_ext4(rootfs, raw, size, digest, epoch, name, offset=root_at)
+    esp = out / f".{name}.esp"
+    say(f"{name}: EFI system partition ({ESP_BYTES >> 20} MiB FAT32: systemd-boot, its "
+        "loader entry, the kernel and initrd; mkfs.vfat and mtools, no mount)")
+    make_esp(esp, vmlinuz[-1], initrd[-1], boot_efi, commit, digest, epoch)
+    _copy_into(esp, raw, ALIGN)
+    esp.unlink()
+    write_gpt(raw, disk_bytes,
+              [(ESP_TYPE, _digest_guid(digest, "esp"), ALIGN, ESP_BYTES, "EFI system"),
+               (LINUX_DATA_TYPE, _digest_guid(digest, "root"), root_at, size,
+                guest_files.ROOT_LABEL)],
+              _digest_guid(digest, "disk"))
+    qcow = out / f"{name}.qcow2"
+    say(f"{name}: qemu-img convert -c -O qcow2")
+    _stream(["qemu-img", "convert", "-c", "-O", "qcow2", str(raw), str(qcow)], "qemu-img")
+    raw.unlink()
     shutil.copyfile(vmlinuz[-1], out / f"{name}.vmlinuz")
     shutil.copyfile(initrd[-1], out / f"{name}.initrd")
     manifest = {"image": qcow.name, "commit": commit, "role_default": role,
                 "kernel": vmlinuz[-1].name,
                 "inputs_digest": digest, "qcow2_bytes": qcow.stat().st_size,
-                "virtual_bytes": size, "suite": SUITE}
+                "virtual_bytes": disk_bytes, "root_bytes": size, "suite": SUITE,
+                "partitions": {"esp": [ALIGN, ESP_BYTES], "root": [root_at, size]}}
     (out / f"{name}.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 
@@ -410,8 +582,11 @@ def build(role: str, out: Path, cache: Path | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     digest = inputs_digest()
     say(f"inputs digest {digest} (sources, packages, mirror)")
-    disk_key = hashlib.sha256((digest + role).encode() + Path(guest_files.__file__)
-                              .read_bytes()).hexdigest()[:16]
+    # the disk step's inputs besides the root filesystem: the units and scripts, the loader
+    # entry (the kernel command line), this module (the disk's layout)
+    disk_key = hashlib.sha256((digest + role + repr(loader_files(""))).encode()
+                              + Path(guest_files.__file__).read_bytes()
+                              + Path(__file__).read_bytes()).hexdigest()[:16]
     previous = out / f"{IMAGE_NAME}-{role}.json"
     if previous.exists() and (out / f"{IMAGE_NAME}-{role}.qcow2").exists():
         manifest = json.loads(previous.read_text())
@@ -426,5 +601,6 @@ def build(role: str, out: Path, cache: Path | None = None) -> dict:
     (out / f"{IMAGE_NAME}-{role}.json").write_text(json.dumps(manifest, indent=1,
                                                               sort_keys=True) + "\n")
     print(f"image: {out / manifest['image']}: {manifest['qcow2_bytes'] / 1e6:.0f} MB qcow2 "
-          f"({manifest['virtual_bytes'] >> 20} MiB ext4), built in {seconds:.0f} s", flush=True)
+          f"({manifest['virtual_bytes'] >> 20} MiB GPT disk: {ESP_BYTES >> 20} MiB ESP, "
+          f"{manifest['root_bytes'] >> 20} MiB ext4 root), built in {seconds:.0f} s", flush=True)
     return manifest

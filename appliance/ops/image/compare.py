@@ -48,10 +48,10 @@ def _run(cmd: list[str]) -> str:
     return done.stdout
 
 
-def _layout(raw: Path) -> tuple[dict[int, str], list[tuple[int, int, int]], int, int]:
+def _layout(fs: str) -> tuple[dict[int, str], list[tuple[int, int, int]], int, int]:
     """A's metadata blocks by kind, inode tables (group, first, last block), inodes per
-    group, inode size."""
-    text = _run(["dumpe2fs", str(raw)])
+    group, inode size (``fs``: a file, ``FILE?offset=N`` for a partition)."""
+    text = _run(["dumpe2fs", fs])
     kinds: dict[int, str] = {0: "superblock"}
     tables = []
     per_group = int(re.search(r"Inodes per group:\s+(\d+)", text).group(1))
@@ -90,16 +90,47 @@ def _differing_blocks(a: Path, b: Path) -> list[int]:
             base += 1024
 
 
-def _paths(raw: Path, inodes: list[int]) -> dict[int, str]:
+def _paths(fs: str, inodes: list[int]) -> dict[int, str]:
     names: dict[int, str] = {}
     for i in range(0, len(inodes), 200):
         text = _run(["debugfs", "-R", "ncheck " + " ".join(map(str, inodes[i:i + 200])),
-                     str(raw)])
+                     fs])
         for line in text.splitlines()[1:]:
             parts = line.split("\t", 1)
             if len(parts) == 2 and parts[0].strip().isdigit():
                 names.setdefault(int(parts[0]), parts[1])
     return names
+
+
+def _root_partition(raw: Path) -> tuple[int, int, list[tuple[int, int, str]]]:
+    """(offset, size) of the root filesystem in a raw disk and the disk's other partitions
+    (first byte, size, name): the GPT's partition named approot (``image build``'s layout:
+    the EFI system partition, then the root), or the whole file when it has no GPT (an
+    image built before the boot loader)."""
+    import struct
+
+    size = raw.stat().st_size
+    with open(raw, "rb") as f:
+        f.seek(512)
+        header = f.read(92)
+        if header[:8] != b"EFI PART":
+            return 0, size, []
+        entries_lba, count, entry_size = struct.unpack_from("<QII", header, 72)
+        f.seek(entries_lba * 512)
+        table = f.read(count * entry_size)
+    parts, root = [], (0, size)
+    for n in range(count):
+        entry = table[n * entry_size:(n + 1) * entry_size]
+        if not any(entry[:16]):
+            continue
+        first, last = struct.unpack_from("<QQ", entry, 32)
+        name = entry[56:128].decode("utf-16-le").rstrip("\0")
+        span = (first * 512, (last - first + 1) * 512)
+        if name == "approot":
+            root = span
+        else:
+            parts.append((*span, name))
+    return root[0], root[1], parts
 
 
 def compare(a: Path, b: Path) -> dict:
@@ -125,9 +156,17 @@ def compare(a: Path, b: Path) -> dict:
                            check=True)
             raws.append(raw)
         blocks = _differing_blocks(*raws)
-        kinds, tables, per_group, inode_size = _layout(raws[0])
-        per_block = BLOCK // inode_size
+        offset, length, others = _root_partition(raws[0])
+        first, end = offset // BLOCK, (offset + length) // BLOCK
         by_kind: Counter[str] = Counter()
+        for block in [b for b in blocks if not first <= b < end]:  # outside the root
+            part = next((name for start, size, name in others
+                         if start <= block * BLOCK < start + size), None)
+            by_kind[f"partition {part}" if part else "partition table (GPT)"] += 1
+        blocks = [b - first for b in blocks if first <= b < end]
+        fs = f"{raws[0]}?offset={offset}" if offset else str(raws[0])
+        kinds, tables, per_group, inode_size = _layout(fs)
+        per_block = BLOCK // inode_size
         inode_fields: dict[int, set[str]] = defaultdict(set)
         data_blocks = []
         with open(raws[0], "rb") as fa, open(raws[1], "rb") as fb:
@@ -140,8 +179,8 @@ def compare(a: Path, b: Path) -> dict:
                     data_blocks.append(block)
                     continue
                 by_kind["inode table"] += 1
-                fa.seek(block * BLOCK)
-                fb.seek(block * BLOCK)
+                fa.seek(offset + block * BLOCK)
+                fb.seek(offset + block * BLOCK)
                 ba, bb = fa.read(BLOCK), fb.read(BLOCK)
                 for slot in range(per_block):
                     ia = ba[slot * inode_size:(slot + 1) * inode_size]
@@ -154,14 +193,14 @@ def compare(a: Path, b: Path) -> dict:
         owners: Counter[int] = Counter()
         for i in range(0, len(data_blocks), 500):
             text = _run(["debugfs", "-R", "icheck " + " ".join(map(str, data_blocks[i:i + 500])),
-                         str(raws[0])])
+                         fs])
             for line in text.splitlines()[1:]:
                 parts = line.split()
                 if len(parts) == 2 and parts[1].isdigit():
                     owners[int(parts[1])] += 1
                 elif parts:
                     by_kind["blocks of no file (free in A, or the journal)"] += 1
-        names = _paths(raws[0], sorted(set(owners) | set(inode_fields)))
+        names = _paths(fs, sorted(set(owners) | set(inode_fields)))
         by_dir: Counter[str] = Counter()
         for ino in owners:
             parts = names.get(ino, "?").split("/")

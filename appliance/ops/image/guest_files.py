@@ -35,6 +35,10 @@ ADDRESS_WAIT_S = 15
 READY_MARKER = "topicwire: appliance "
 """``topicwire run`` prints ``topicwire: appliance NAME (id N) ready`` once it serves."""
 
+USB_WAIT_S = 20
+"""How long the config unit waits for a USB stick's disk (labelled APPCFG) once a USB
+mass-storage device is attached (bare metal: the config on a stick)."""
+
 CONFIG_SCRIPT = r"""#!/bin/sh
 # topicwire-config: put the appliance's config in /run/topicwire/config, from (first found)
 # a disk labelled APPCFG, the kernel word topicwire.config=<base64 of a TOML>, or the image's
@@ -43,7 +47,26 @@ set -u
 out=/run/topicwire/config
 mkdir -p "$out" /run/topicwire/disk /run/systemd/network
 src=""
-dev=$(blkid -t LABEL=APPCFG -o device 2>/dev/null | head -n 1)
+find_disk() { blkid -t LABEL=APPCFG -o device 2>/dev/null | head -n 1; }
+usb_storage() {
+    # a USB mass-storage interface (class 08) is attached: its disk may not be probed yet
+    for c in /sys/bus/usb/devices/*/bInterfaceClass; do
+        [ "$(cat "$c" 2>/dev/null)" = 08 ] && return 0
+    done
+    return 1
+}
+dev=$(find_disk)
+if [ -z "$dev" ] && usb_storage; then
+    # a USB stick's disk appears after usb-storage's settle delay (1 s) and its SCSI scan
+    echo "topicwire-config: a USB storage device is attached: waiting (at most USB_WAIT_S s)" \
+         "for a disk labelled APPCFG"
+    n=0
+    while [ -z "$dev" ] && [ "$n" -lt $((USB_WAIT_S * 4)) ]; do
+        sleep 0.25
+        n=$((n + 1))
+        dev=$(find_disk)
+    done
+fi
 if [ -n "$dev" ]; then
     if mount -o ro "$dev" /run/topicwire/disk; then
         cp -r /run/topicwire/disk/. "$out"/
@@ -73,7 +96,10 @@ for f in "$out"/*.network; do
     [ -f "$f" ] && cp "$f" /run/systemd/network/
 done
 echo "topicwire-config: config from $src"
-"""
+if [ -d /sys/firmware/efi ]; then
+    echo "topicwire-config: booted through UEFI firmware (the EFI system partition's loader)"
+fi
+""".replace("USB_WAIT_S", str(USB_WAIT_S))
 
 STATE_SCRIPT = r"""#!/bin/sh
 # topicwire-state: the state disk (an ext4 filesystem labelled appstate, any disk) checked
