@@ -57,11 +57,6 @@ log = logging.getLogger(__name__)
 
 NATIVE_QOS = ("best-effort", "guaranteed")
 """The native class of an MQTT publish at QoS 0, and at QoS 1 or 2."""
-REGISTERED_TOPICS = 16_384
-"""Topics per identity remembered as registered with the appliance (``identities.py``,
-``IdentitySession.register``): their publishes need no step off the event loop; a publish
-of another topic asks the native session once more (which answers at once for a topic it
-registered before)."""
 
 
 async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,

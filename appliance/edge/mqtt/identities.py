@@ -74,10 +74,19 @@ sessions."""
 EAGER_UNSUBSCRIBE_PATTERNS = 256
 """An identity holding at most this many native patterns withdraws an unneeded one at once;
 beyond, it lingers until lingering patterns outnumber live ones (module docstring)."""
+REGISTERED_TOPICS = 16_384
+"""Topics per identity remembered as registered with the appliance (``register``): their
+publishes need no step off the event loop; a publish of another topic asks the native
+session once more (which answers at once for a topic it registered before)."""
 REGISTER_WAIT_S = 30.0
 """How long the first publish of a topic waits for the identity's native session to
 register the topic (``IdentitySession.register``), retries included, before its connection
 closes (``closed_native_register_timeout``)."""
+REGISTER_BATCH_TOPICS = 256
+"""Topics one native ``register_many`` of an identity asks at most (a few REGISTRY_UPDATE
+frames): the others wait for the next batch. Thousands in one request went unanswered
+past the native request timeout again and again at 5,000 connections (the client sends
+every frame of the request again while any is unanswered)."""
 REGISTER_RETRY_S = 0.5
 """A registration the appliance did not answer (``NoAnswerError``) or could not take while
 the native session was lost (``ConnectionLostError``) is asked again after this long."""
@@ -140,7 +149,7 @@ class IdentitySession:
         """Patterns subscribed in the native guaranteed class too."""
         self.lingering: set[str] = set()
         self.registered: set[str] = set()
-        """Topics the native session published before (handle_publish.REGISTERED_TOPICS)."""
+        """Topics the native session registered (at most ``REGISTERED_TOPICS``)."""
         self.native_subscribes = 0
         self.closing = False
         self._login: asyncio.Future | None = None
@@ -259,10 +268,16 @@ class IdentitySession:
                     return
 
     def _flush_registers(self) -> None:
-        """Send the topics gathered so far as one batch (what comes meanwhile: the next)."""
+        """Send the topics gathered so far (at most ``REGISTER_BATCH_TOPICS``) as one batch;
+        the others, and what comes meanwhile: the next."""
         if self._reg_running:
             return
-        batch, self._reg_batch = self._reg_batch, {}
+        waiting = self._reg_batch
+        if len(waiting) <= REGISTER_BATCH_TOPICS:
+            batch, self._reg_batch = waiting, {}
+        else:  # (the rest: the next batch, once this one is answered)
+            topics = list(waiting)[:REGISTER_BATCH_TOPICS]
+            batch = {t: waiting.pop(t) for t in topics}
         if batch:
             self._reg_running = True
             self.count("native_register_batches")
@@ -285,8 +300,6 @@ class IdentitySession:
             self._reg_running = False
             if self._reg_batch:  # asked for while this batch ran: the next batch
                 self.server.loop.call_soon(self._flush_registers)
-        from appliance.edge.mqtt.handle_publish import REGISTERED_TOPICS
-
         for topic, result in zip(topics, results):
             if result is None and len(self.registered) < REGISTERED_TOPICS:
                 self.registered.add(topic)
