@@ -104,6 +104,8 @@ CONNECT_TIMEOUT_S = 300.0
 RESULT_GRACE_S = 120.0
 """A generator's result comes within its duration plus this (mqtt_load waits at most 30 s
 for acknowledgements, and its subscribers at most 60 s after END)."""
+EDGE_LOG_TAIL_LINES = 20
+"""Lines of the edge's log an error of the bench quotes."""
 _COMPONENT = "bench mqtt"
 
 
@@ -218,7 +220,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, what: str, timeout_s: float) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen, what: str, timeout_s: float,
+                    log_path: Path | None = None) -> None:
+    """Until ``port`` takes a connection; a ``DeviceError`` with the end of the process's
+    standard error (piped, or in ``log_path``) when it exits or times out first."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -226,12 +231,14 @@ def _wait_listening(port: int, proc: subprocess.Popen, what: str, timeout_s: flo
             return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                err = ""
+                err: bytes = b""
                 if proc.poll() is None:
                     proc.kill()
                 try:
                     err = (proc.communicate(timeout=10)[1] or b"")[-2000:]
-                except (subprocess.TimeoutExpired, ValueError):
+                    if log_path is not None:
+                        err = log_path.read_bytes()[-2000:]
+                except (subprocess.TimeoutExpired, ValueError, OSError):
                     pass
                 raise DeviceError(f"{what} did not listen on {LOOPBACK}:{port} (exit "
                                   f"{proc.returncode}): {err!r}", component=_COMPONENT) from None
@@ -318,10 +325,23 @@ class Edge(Broker):
             'allow_anonymous = true\n[log]\nlevel = "warning"\n'
             f'[mgmt]\nlisten = "{LOOPBACK}:{self.mgmt_port}"\n')
         code = "import sys; from appliance.ops.cli import main; sys.exit(main(sys.argv[1:]))"
-        self.proc = subprocess.Popen([sys.executable, "-c", code, "run", "--config",
-                                      str(config)], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _wait_listening(self.port, self.proc, "the edge (topicwire run)", EDGE_START_TIMEOUT_S)
+        # its log goes to a file: a pipe nobody reads while it runs fills up (64 KiB) and
+        # then blocks the edge's next log line, and the loop with it
+        self.log_path = workdir / f"edge-{self.port}.log"
+        with open(self.log_path, "wb") as log_file:
+            self.proc = subprocess.Popen([sys.executable, "-c", code, "run", "--config",
+                                          str(config)], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=log_file)
+        _wait_listening(self.port, self.proc, "the edge (topicwire run)", EDGE_START_TIMEOUT_S,
+                        self.log_path)
+
+    def log_tail(self) -> str:
+        """The last lines of the edge's log."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-EDGE_LOG_TAIL_LINES:])
 
     def _status(self) -> dict[str, Any]:
         import json
@@ -338,7 +358,8 @@ class Edge(Broker):
             return ""
         why = {k: v for k, v in counters.items()
                if v and k.startswith(("closed_", "connect_refused_", "refused_"))}
-        return f" (the edge's counters: {why})"
+        tail = self.log_tail()
+        return f" (the edge's counters: {why}" + (f"; its log ends:\n{tail})" if tail else ")")
 
     def wait_idle(self) -> None:
         """Until the previous measurement's connections and their native client sessions are

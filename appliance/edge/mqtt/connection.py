@@ -86,6 +86,8 @@ class MqttConnection:
         self._out: list[bytes] = []
         """Packets waiting for the end of the wake-up (``flush_out``)."""
         self._out_bytes = 0
+        self.task: asyncio.Task | None = None
+        """The task running ``run`` (the server cancels it when a shutdown finds it late)."""
         self.acks: deque[list] = deque()
         """With a state store: the acknowledgements waiting for their records to be synced,
         in the order of their PUBLISHes (handle_publish.send_acks)."""

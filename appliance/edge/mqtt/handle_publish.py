@@ -57,9 +57,6 @@ log = logging.getLogger(__name__)
 
 NATIVE_QOS = ("best-effort", "guaranteed")
 """The native class of an MQTT publish at QoS 0, and at QoS 1 or 2."""
-REGISTERED_TOPICS = 16_384
-"""Topics per identity remembered as registered with the appliance: their publishes run on
-the event loop (no round trip: the native client has their key); others on a worker thread."""
 
 
 async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
@@ -68,7 +65,8 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
     retained message. 0 when published, else the reason code of the refusal: 0x87 when
     entitlements refuse, 0x83 when the metadata does not fit a header block (counted
     ``publishes_refused_metadata``). ``seq``: its record in the state store."""
-    from appliance.client.errors import ClientError, EntitlementError
+    from appliance.client.errors import ClientError, EntitlementError, NoAnswerError
+    from appliance.edge.mqtt.identities import REGISTER_WAIT_S
 
     server = state.server
     native_qos = NATIVE_QOS[min(qos, 1)]
@@ -85,21 +83,29 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
     ident = state.ident
     if ident is None or ident.native is None:
         raise Closed("native_session_gone", Reason.UNSPECIFIED)
-    native = ident.native
     try:
-        if topic in ident.registered:  # its key is known: publishing does not wait, and
-            # what a wake-up of the loop publishes is sent at its end in one go (server.py)
-            native.publish(topic, payload, qos=native_qos, headers=headers)
-            server.defer_publish(native, state.conn)
-        else:  # the first publish of a topic registers it: a round trip to the appliance
-            await server.blocking(native.publish, topic, payload, flush=True,
-                                  qos=native_qos, headers=headers)
-            if len(ident.registered) < REGISTERED_TOPICS:
-                ident.registered.add(topic)
+        if topic not in ident.registered:  # the first publish of a topic registers it:
+            # together with the others of this wake-up, retried while unanswered (this
+            # connection's reading waits meanwhile: identities.py)
+            await ident.register(topic)
+        native = ident.native
+        if native is None:
+            raise Closed("native_session_gone", Reason.UNSPECIFIED)
+        # its key is known: publishing does not wait, and what a wake-up of the loop
+        # publishes is sent at its end in one go (server.py)
+        native.publish(topic, payload, qos=native_qos, headers=headers)
+        server.defer_publish(native, state.conn)
     except EntitlementError:
         state.count("publishes_denied")
         return Reason.NOT_AUTHORIZED
+    except NoAnswerError as exc:  # asked again for identities.REGISTER_WAIT_S, in vain
+        log.warning("mqtt %s: the appliance did not register topic %r for identity %r "
+                    "within %g s (%s); connection closed", _peer(state), topic,
+                    ident.identity, REGISTER_WAIT_S, exc)
+        raise Closed("native_register_timeout", Reason.UNSPECIFIED, detail=str(exc)) from None
     except ClientError as exc:
+        log.warning("mqtt %s: a publish to %r failed natively (%s: %s); connection closed",
+                    _peer(state), topic, type(exc).__name__, exc)
         raise Closed("native_publish_failed", Reason.UNSPECIFIED, detail=str(exc)) from None
     state.count("publishes_in")
     if retain:
@@ -108,6 +114,10 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
         else:
             state.count("retained_refused_full")
     return 0
+
+
+def _peer(state: SessionState) -> object:
+    return state.conn.peer if state.conn is not None else "-"
 
 
 def _topic(conn: MqttConnection, pkt: codec.Publish) -> str:

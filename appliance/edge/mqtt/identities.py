@@ -74,6 +74,22 @@ sessions."""
 EAGER_UNSUBSCRIBE_PATTERNS = 256
 """An identity holding at most this many native patterns withdraws an unneeded one at once;
 beyond, it lingers until lingering patterns outnumber live ones (module docstring)."""
+REGISTERED_TOPICS = 16_384
+"""Topics per identity remembered as registered with the appliance (``register``): their
+publishes need no step off the event loop; a publish of another topic asks the native
+session once more (which answers at once for a topic it registered before)."""
+REGISTER_WAIT_S = 30.0
+"""How long the first publish of a topic waits for the identity's native session to
+register the topic (``IdentitySession.register``), retries included, before its connection
+closes (``closed_native_register_timeout``)."""
+REGISTER_BATCH_TOPICS = 256
+"""Topics one native ``register_many`` of an identity asks at most (a few REGISTRY_UPDATE
+frames): the others wait for the next batch. Thousands in one request went unanswered
+past the native request timeout again and again at 5,000 connections (the client sends
+every frame of the request again while any is unanswered)."""
+REGISTER_RETRY_S = 0.5
+"""A registration the appliance did not answer (``NoAnswerError``) or could not take while
+the native session was lost (``ConnectionLostError``) is asked again after this long."""
 NATIVE_RESUBSCRIBE_FACTOR = 4
 """After this many native subscribes per held pattern, an unsubscribe rebuilds the native
 session's list from scratch (each native subscribe keeps a subscription object)."""
@@ -133,7 +149,7 @@ class IdentitySession:
         """Patterns subscribed in the native guaranteed class too."""
         self.lingering: set[str] = set()
         self.registered: set[str] = set()
-        """Topics the native session published before (handle_publish.REGISTERED_TOPICS)."""
+        """Topics the native session registered (at most ``REGISTERED_TOPICS``)."""
         self.native_subscribes = 0
         self.closing = False
         self._login: asyncio.Future | None = None
@@ -142,6 +158,10 @@ class IdentitySession:
         """Native subscribes asked for in this wake-up of the event loop (one request), or
         while the previous batch ran."""
         self._sub_running = False
+        self._reg_batch: dict[str, list[asyncio.Future]] = {}
+        """Topics whose first publish came in this wake-up of the event loop (one native
+        ``register_many``), or while the previous batch ran -> their publishes' waiters."""
+        self._reg_running = False
         self._unsub_batch: tuple[list[str], asyncio.Future] | None = None
         """Native unsubscribes asked for in this wake-up (one request), and their end."""
         self._gate = _Gate()
@@ -165,9 +185,11 @@ class IdentitySession:
         login = self._login
         try:
             await asyncio.shield(login)
-        except BaseException:
+        except BaseException as exc:
             if self._login is login:
                 self._login = None  # the next CONNECT tries again
+                log.warning("mqtt: the native login of identity %r failed (%s: %s); its "
+                            "CONNECTs are refused", self.identity, type(exc).__name__, exc)
             raise
 
     async def _log_in(self) -> None:
@@ -210,6 +232,86 @@ class IdentitySession:
         if native is not None:
             self.count("native_logouts")
             await server.blocking(native.close)
+
+    # --- registrations ---------------------------------------------------------------------
+    async def register(self, topic: str) -> None:
+        """The first publish of ``topic`` by this identity: the native session registers it
+        (then its publishes need no round trip: ``registered``). The topics asked for within
+        one wake-up of the event loop go in one native ``register_many`` (one request, one
+        pass at the appliance), one batch at a time per identity; the caller (the
+        publisher's read loop) waits meanwhile. A topic the appliance did not answer
+        (``NoAnswerError``: it is busy, e.g. with thousands of first publishes at once) or
+        that could not be asked while the native session was lost (``ConnectionLostError``)
+        is asked again after ``REGISTER_RETRY_S``, for ``REGISTER_WAIT_S`` at most; then
+        that ``NoAnswerError`` is raised. Raises ``EntitlementError`` when P&M refuses the
+        topic, ``ClientError`` for a native session that is closed."""
+        if topic in self.registered:
+            return
+        loop = self.server.loop
+        deadline = loop.time() + REGISTER_WAIT_S
+        from appliance.client.errors import ConnectionLostError, NoAnswerError
+
+        while True:
+            waiter = loop.create_future()
+            if not self._reg_batch and not self._reg_running:
+                loop.call_soon(self._flush_registers)
+            self._reg_batch.setdefault(topic, []).append(waiter)
+            try:
+                await waiter
+                return
+            except (NoAnswerError, ConnectionLostError):
+                if self.closing or loop.time() + REGISTER_RETRY_S > deadline:
+                    raise
+                self.count("native_register_retries")
+                await asyncio.sleep(REGISTER_RETRY_S)
+                if topic in self.registered:  # (another publisher's registration)
+                    return
+
+    def _flush_registers(self) -> None:
+        """Send the topics gathered so far (at most ``REGISTER_BATCH_TOPICS``) as one batch;
+        the others, and what comes meanwhile: the next."""
+        if self._reg_running:
+            return
+        waiting = self._reg_batch
+        if len(waiting) <= REGISTER_BATCH_TOPICS:
+            batch, self._reg_batch = waiting, {}
+        else:  # (the rest: the next batch, once this one is answered)
+            topics = list(waiting)[:REGISTER_BATCH_TOPICS]
+            batch = {t: waiting.pop(t) for t in topics}
+        if batch:
+            self._reg_running = True
+            self.count("native_register_batches")
+            self.server.spawn(self._run_registers(batch))
+
+    async def _run_registers(self, batch: dict[str, list[asyncio.Future]]) -> None:
+        topics = list(batch)
+        cancelled: BaseException | None = None
+        try:
+            native = self.native
+            if native is None:
+                raise ClientError("the identity's native session is closed")
+            results: list = await self.server.blocking(native.register_many, topics)
+        except Exception as exc:  # (the whole request failed: every topic with it)
+            results = [exc] * len(topics)
+        except BaseException as exc:  # cancelled: the edge is stopping
+            cancelled = exc
+            results = [ClientError("the edge is stopping")] * len(topics)
+        finally:
+            self._reg_running = False
+            if self._reg_batch:  # asked for while this batch ran: the next batch
+                self.server.loop.call_soon(self._flush_registers)
+        for topic, result in zip(topics, results):
+            if result is None and len(self.registered) < REGISTERED_TOPICS:
+                self.registered.add(topic)
+            for waiter in batch[topic]:
+                if waiter.done():  # (its publisher's connection was cancelled)
+                    continue
+                if result is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(result)
+        if cancelled is not None:
+            raise cancelled
 
     # --- subscriptions ---------------------------------------------------------------------
     async def hold(self, state: SessionState, key: str, match: str) -> None:

@@ -59,7 +59,12 @@ RESERVED_FILES = 1_024
 sessions', the state store, listeners): ``mqtt.max_connections`` + this must fit the
 process's open-file limit (RLIMIT_NOFILE, its soft value raised to the hard one)."""
 STOP_TIMEOUT_S = 10.0
-"""How long ``close`` waits for the connections' native sessions to log out."""
+"""How long ``close`` waits for the shutdown on the loop (connections, sessions, native
+logouts), then for the loop's thread: a stop of the MQTT server takes at most twice this."""
+CLOSE_GRACE_S = 2.0
+"""At shutdown, how long the connections get to end on their own once their sockets are
+closed; those still waiting then (e.g. a publish waiting for the appliance to register its
+topic) are cancelled, and get as long again to finish."""
 LISTEN_BACKLOG = 128
 INBOUND_CLOSE_S = 5.0
 """How long the native sessions that publish recorded messages again stay logged in."""
@@ -303,6 +308,7 @@ class MqttServer:
         self.open.add(conn)
         self.count("connections_opened")
         self.count("connections_opened_" + conn.transport)
+        conn.task = asyncio.current_task()
         await conn.run()
 
     async def _accept_tls(self, reader: asyncio.StreamReader,
@@ -358,8 +364,7 @@ class MqttServer:
         self.stopping = True
         for server in self._servers:
             server.close()
-        await asyncio.gather(*(c.close("shutdown", Reason.SERVER_SHUTTING_DOWN)
-                               for c in list(self.open)), return_exceptions=True)
+        await self._close_connections()
         if self.store is not None:  # the last publishes reach the sessions and are retired
             from appliance.edge.mqtt.store import INBOUND_RETIRE_S
 
@@ -376,6 +381,28 @@ class MqttServer:
                                      return_exceptions=True)
         except TimeoutError:
             log.warning("mqtt: a listener did not close in time")
+
+    async def _close_connections(self) -> None:
+        """Close every connection: each gets ``CLOSE_GRACE_S`` to end once its socket is
+        closed; those still waiting then are cancelled (bounded: a connection waiting for
+        the appliance does not hold the stop up)."""
+        conns = list(self.open)
+        if not conns:
+            return
+        closing = [asyncio.ensure_future(c.close("shutdown", Reason.SERVER_SHUTTING_DOWN))
+                   for c in conns]
+        _, waiting = await asyncio.wait(closing, timeout=CLOSE_GRACE_S)
+        if waiting:
+            late = [c for c in conns if not c.done.is_set() and c.task is not None]
+            self.count("shutdown_connections_cancelled", len(late))
+            log.warning("mqtt: %d of %d connections had not ended %g s after the shutdown "
+                        "closed them; cancelled", len(late), len(conns), CLOSE_GRACE_S)
+            for conn in late:
+                conn.task.cancel()
+            _, waiting = await asyncio.wait(closing, timeout=CLOSE_GRACE_S)
+        for fut in waiting:
+            fut.cancel()
+        await asyncio.gather(*closing, return_exceptions=True)
 
     def close(self) -> None:
         """Close every connection (no wills: the edge stops), their native sessions, the
