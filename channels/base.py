@@ -160,6 +160,15 @@ def as_frame_arrays(frames: FrameBatch | FrameArrays | tuple) -> FrameArrays:
     count = int(count)
     if count < 0 or count > len(offsets) or count > len(lengths):
         raise ChannelUserError(f"count {count} exceeds the offsets/lengths arrays")
+    if count == 1 and isinstance(offsets, np.ndarray) and isinstance(lengths, np.ndarray) \
+            and offsets.dtype == np.int64 and lengths.dtype == np.int64 \
+            and len(offsets) == 1 and len(lengths) == 1:
+        # one frame in one-slot arrays (a client's publish): checked without numpy's
+        # reductions, which cost more than the send's own work for a single frame
+        offset, length = int(offsets[0]), int(lengths[0])
+        if offset < 0 or length < 0 or offset + length > len(buf):
+            raise ChannelUserError("a frame lies outside its buffer; check offsets and lengths")
+        return FrameArrays(buf, offsets, lengths, 1)
     if count:
         offs = np.asarray(offsets[:count], dtype=np.int64)
         lens = np.asarray(lengths[:count], dtype=np.int64)

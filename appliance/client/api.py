@@ -181,12 +181,14 @@ ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
 IDLE_STRATEGIES = ("block", "busy", "backoff", "sleep")
 """How a client's thread waits when idle (``connect(..., idle=)``): ``block`` (the default)
-spins ``CLIENT_SPIN_NS`` after its last work, then blocks in poll(2) on its channel's
-descriptor (a socket, or a shared-memory ring's doorbell) for at most 1 ms, so a frame ends
-the wait at once; ``busy`` spins; ``backoff`` spins, yields, then sleeps up to 1 ms (a frame
-waits for the sleep to end); ``sleep`` sleeps 1 ms (least CPU, up to 1 ms more latency)."""
+blocks in poll(2) on its channel's descriptor (a socket, or a shared-memory ring's doorbell)
+for at most 1 ms, so a frame ends the wait at once (it spins ``CLIENT_SPIN_NS`` first only
+while a publish frame waits for its batching budget); ``busy`` spins; ``backoff`` spins,
+yields, then sleeps up to 1 ms (a frame waits for the sleep to end); ``sleep`` sleeps 1 ms
+(least CPU, up to 1 ms more latency)."""
 CLIENT_SPIN_NS = 200_000
-"""``idle="block"``: how long the client's thread keeps looking after its last work."""
+"""``idle="block"``: how long the client's thread keeps looking after its last work while a
+publish frame waits for its batching budget (otherwise it parks at once)."""
 CLIENT_MAX_PARK_NS = 1_000_000
 """``idle="block"``: its longest wait in poll(2) (its timers: heartbeats, retransmissions)."""
 RESOLVE_RETRY_NS = 200_000_000
@@ -666,6 +668,9 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         self._open_since_ns = 0
         self._one = np.zeros(1, np.int64)
         self._sign_len = np.zeros(1, np.int64)
+        self._pub_frames = (self._pub_np, np.zeros(1, np.int64), np.zeros(1, np.int64), 1)
+        """The open publish frame as ``channel.send`` takes it (buffer, offset 0, its length
+        set by ``_flush_locked``): made once, so a publish allocates no arrays."""
         self._gsender: Any = None
         self._greceiver: Any = None
         self._held: dict[tuple[int, int], deque] = {}
@@ -1047,8 +1052,16 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 return WaitSet(fds or (), fds is not None)
 
             return PollingIdle(wait_set, self._wakeup, spin_ns=CLIENT_SPIN_NS,
-                               max_park_ns=CLIENT_MAX_PARK_NS)
+                               max_park_ns=CLIENT_MAX_PARK_NS, spin_worth=self._spin_worth)
         return {"busy": BusySpinIdle, "backoff": BackoffIdle, "sleep": SleepingIdle}[idle]()
+
+    def _spin_worth(self) -> bool:
+        """``idle="block"``: whether the client's thread, out of work, spins before it parks:
+        only while a publish frame waits for its batching budget. After a receive it parks at
+        once: what comes next rings its descriptor (the socket, the ring's doorbell), and a
+        thread spinning between messages took a core from the appliance and the publisher on
+        a small host (docs/appliance.md, "Benchmark: the client API")."""
+        return self._open_since_ns > 0
 
     def publish(self, topic: str, payload: bytes | bytearray | memoryview = b"", *,
                 qos: str = "best-effort", namespace: int = 0, schema_id: int = 0,
@@ -1275,8 +1288,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         self._open_since_ns = 0
         if not length:
             return
-        self._one[0] = self._sign(self._pub_np, length)
-        frames = (self._pub_np, np.zeros(1, np.int64), self._one.copy(), 1)
+        frames = self._pub_frames
+        frames[2][0] = self._sign(self._pub_np, length)
         sent = self._channel_send(frames)
         if sent == 1:
             return

@@ -64,6 +64,12 @@ def test_raw_frame_arrays_are_checked_once_per_call():
         as_frame_arrays((bytearray(10), [0], [10], 1))
     arrays = as_frame_arrays((buf, [0, 50], [50, 50], 2))
     assert arrays.count == 2 and arrays.offsets.dtype == np.int64
+    # one frame in one-slot int64 arrays (a client's publish): checked, taken as they are
+    with pytest.raises(ChannelUserError, match="outside its buffer"):
+        as_frame_arrays((buf, np.array([-1], np.int64), np.array([10], np.int64), 1))
+    offsets, lengths = np.array([10], np.int64), np.array([90], np.int64)
+    arrays = as_frame_arrays((buf, offsets, lengths, 1))
+    assert arrays.offsets is offsets and arrays.lengths is lengths and arrays.count == 1
 
 
 def test_errors_belong_to_the_project_tree_and_carry_errno():
