@@ -283,11 +283,26 @@ def _losses(clients: dict[str, Any], appliances: dict[str, Any]) -> str:
     return "; ".join(out)
 
 
-def run_warm(force: bool = False, say: Callable[[str], None] = print) -> dict[str, Any]:
+def _reorder(record: dict[str, Any], say: Callable[[str], None]) -> None:
+    """The cache compiled again in a fixed order (warm_order.py); noted in ``record``."""
+    from appliance.ops.warm_order import recompile_in_order
+
+    started = time.monotonic()
+    say("warm: compiling the cache again in a fixed order (--reproducible)")
+    record["reproducible"] = recompile_in_order(jit.cache_dir())
+    record["reorder_seconds"] = round(time.monotonic() - started, 1)
+
+
+def run_warm(force: bool = False, say: Callable[[str], None] = print,
+             reproducible: bool = False) -> dict[str, Any]:
     """Warm the cache of the current kernel sources (a no-op when done, unless ``force``);
-    returns the record written to ``warm.json``."""
+    returns the record written to ``warm.json``. ``reproducible``: then compile the cache
+    again in a fixed order (warm_order.py), also when it was warm already."""
     if not force and jit.warmed():
         record = dict(jit.warm_record() or {})
+        if reproducible and not record.get("reproducible"):
+            _reorder(record, say)
+            jit.write_warm_record(record)
         record["skipped"] = True
         return record
     started = time.monotonic()
@@ -319,6 +334,8 @@ def run_warm(force: bool = False, say: Callable[[str], None] = print) -> dict[st
     record = {"seconds": round(time.monotonic() - started, 1), "multicast": multicast,
               "delivered": delivered, "signatures": jit.signatures(),
               "pruned": [p.name for p in removed]}
+    if reproducible:
+        _reorder(record, say)
     jit.write_warm_record(record)
     say(f"warm: done in {record['seconds']} s ({sum(map(len, record['signatures'].values()))} "
         f"signatures of {len(record['signatures'])} kernels)")

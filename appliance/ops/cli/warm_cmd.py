@@ -18,6 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--check", action="store_true",
                         help="only say whether the cache is warm for these kernel sources "
                         "(exit 0) or not (exit 1)")
+    parser.add_argument("--reproducible", action="store_true",
+                        help="then compile the cache again in a fixed order, address space "
+                        "randomisation off, so two warm-ups give the same bytes (the image "
+                        "build uses it; a few minutes more)")
     parser.add_argument("--json", action="store_true", help="print the record as JSON")
     parser.set_defaults(handler=run)
 
@@ -36,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     # the appliances inside say the cache is cold: that is what this command mends
     logging.getLogger("topicwire.jit").setLevel(logging.ERROR)
-    record = run_warm(force=args.force, say=lambda text: print(text, file=sys.stderr,
-                                                               flush=True))
+    record = run_warm(force=args.force, reproducible=args.reproducible,
+                      say=lambda text: print(text, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(record))
     elif record.get("skipped"):
