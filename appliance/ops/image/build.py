@@ -11,8 +11,9 @@ or a daemon:
    apt uses (its own deb822 sources file), with a kernel, initramfs, systemd, rdma-core and
    python3; a customize hook writes the units and scripts (``guest_files``), makes the venv
    /opt/topicwire from the wheelhouse (no index), locks root's password, enables the units and
-   runs ``topicwire warm`` with ``NUMBA_CPU_NAME=generic`` in the new root (its own network
-   namespace: only its loopback) so the compiled kernels ship in the image;
+   runs ``topicwire warm --reproducible`` with ``NUMBA_CPU_NAME=generic`` in the new root (its
+   own network namespace: only its loopback) so the compiled kernels ship in the image, the
+   same bytes from build to build (appliance/ops/warm_order.py);
 3. ``mkfs.ext4 -d`` of that tree into a raw file, ``qemu-img convert -c -O qcow2``, and the
    kernel and initrd copied beside it for QEMU's direct kernel boot.
 
@@ -211,10 +212,10 @@ chroot "$r" systemctl enable systemd-networkd.service topicwire-rxe.service topi
 chroot "$r" systemctl mask systemd-networkd-wait-online.service
 echo "hook: masked what an appliance does not run (they compete with its start under TCG)"
 chroot "$r" systemctl mask {" ".join(MASKED_UNITS)}
-echo "hook: topicwire warm (NUMBA_CPU_NAME=generic), in a network namespace of its own"
+echo "hook: topicwire warm --reproducible (NUMBA_CPU_NAME=generic), own network namespace"
 unshare --net chroot "$r" /bin/sh -c \
     'ip link set lo up && ip link set lo multicast on && \
-     env {warm_env} {venv}/bin/topicwire warm'
+     env {warm_env} {venv}/bin/topicwire warm --reproducible'
 rm -f "$r"/dev/shm/* 2>/dev/null || true
 rm -rf "$r"/var/cache/apt/*.bin "$r"/var/lib/apt/lists/* "$r"/root/.cache
 echo "hook: times clamped again (the .pyc files, numba's cache: nothing reads their times)"
