@@ -40,7 +40,14 @@ from datapath.topics.sublist import SubscriptionList
 from nic_offload import model
 from nic_offload.acl import AclClass, Verdict, compile_class
 from nic_offload.errors import CompileError
-from nic_offload.model import EntrySet, KeyAction, KeyRows, MulticastGroup, PipelineSpec
+from nic_offload.model import (
+    EntrySet,
+    KeyAction,
+    KeyRows,
+    MulticastGroup,
+    PipelineSpec,
+    sorted_unique,
+)
 from nic_offload.schema import Schema
 from nic_offload.snapshot import Snapshot
 
@@ -289,7 +296,7 @@ class OffloadCompiler:
         for row, decision in zip(dirty.tolist(), decisions):
             self._apply(row, decision)
         if len(united):
-            dirty = np.union1d(dirty, united)
+            dirty = sorted_unique(np.concatenate([dirty, united]))
             self._dirty.update(united.tolist())
         n = len(self._names)
         groups = tuple(MulticastGroup(g, self._ports_of_group[g])
@@ -397,33 +404,30 @@ class OffloadCompiler:
             drop = act == KeyAction.DROP
             fwd = (act == KeyAction.FORWARD) & ~punt & (tgt != port)
             grp = (act == KeyAction.FORWARD_GROUP) & ~punt
-            for group, n in zip(*np.unique(tgt[punt & (act == KeyAction.FORWARD_GROUP)],
-                                           return_counts=True)):
+            for group, n in zip(*sorted_unique(tgt[punt & (act == KeyAction.FORWARD_GROUP)],
+                                               return_counts=True)):
                 self._release_group(int(group), int(n))
             new_tgt = tgt.copy()
             new_act = act.copy()
             new_cls = cls.copy()
             new_act[punt], new_tgt[punt], new_cls[punt] = KeyAction.PUNT, 0, model.NO_ACL_CLASS
             new_act[drop], new_tgt[drop], new_cls[drop] = KeyAction.FORWARD, port, acl
-            for other in np.unique(tgt[fwd]).tolist():
-                at = fwd & (tgt == other)
-                group = self._acquire_group(tuple(sorted((other, port))), int(at.sum()))
+            for other, at in _runs(tgt, fwd):
+                group = self._acquire_group(tuple(sorted((other, port))), len(at))
                 new_act[at], new_tgt[at] = KeyAction.FORWARD_GROUP, group
-            for group in np.unique(tgt[grp]).tolist():
+            for group, at in _runs(tgt, grp):
                 ports = self._ports_of_group[group]
                 if port in ports:
                     continue
-                at = grp & (tgt == group)
-                n = int(at.sum())
-                new_tgt[at] = self._acquire_group(tuple(sorted((*ports, port))), n)
-                self._release_group(group, n)
+                new_tgt[at] = self._acquire_group(tuple(sorted((*ports, port))), len(at))
+                self._release_group(group, len(at))
             moved = (new_act != act) | (new_tgt != tgt) | (new_cls != cls)
             if moved.any():
                 actions[rows], targets[rows], classes[rows] = new_act, new_tgt, new_cls
                 changed.append(rows[moved])
         if not changed:
             return np.zeros(0, np.int64)
-        return np.unique(np.concatenate(changed))
+        return sorted_unique(np.concatenate(changed))
 
     def _mark_egress(self, egress: Egress) -> None:
         for namespace, sublist in egress.lists.items():
@@ -523,3 +527,17 @@ class OffloadCompiler:
             del self._group_refs[group]
             del self._group_of_ports[self._ports_of_group.pop(group)]
             heapq.heappush(self._free_groups, group)
+
+
+def _runs(values: np.ndarray, mask: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(value, the places where ``mask`` holds and ``values`` is it) for each distinct value
+    of ``values[mask]``, ascending: one sort, not a pass over every place per value (a
+    subscribe of 100,000 keys held by 400 other ports made 400 passes over them)."""
+    at = np.flatnonzero(mask)
+    if not len(at):
+        return []
+    order = at[np.argsort(values[at], kind="stable")]
+    ordered = values[order]
+    cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
+    firsts = ordered[np.concatenate([[0], cuts])].tolist()
+    return list(zip(firsts, np.split(order, cuts)))

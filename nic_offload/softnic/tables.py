@@ -15,7 +15,14 @@ import numpy as np
 
 from nic_offload import model
 from nic_offload.errors import ModelError
-from nic_offload.model import AclAction, EntrySet, KeyRows, PipelineSpec, TableEntry
+from nic_offload.model import (
+    AclAction,
+    EntrySet,
+    KeyRows,
+    PipelineSpec,
+    TableEntry,
+    sorted_unique,
+)
 from nic_offload.softnic import _kernels
 from nic_offload.softnic import layout as L
 
@@ -232,7 +239,7 @@ def patch_tables(prev: SoftTables, entries: EntrySet, changed_rows: np.ndarray,
     rows = entries.key_rows
     if key_table_slots(len(rows)) != prev.n_slots or len(rows) < prev.rows:
         return build_tables(entries)
-    changed = np.unique(np.asarray(changed_rows, dtype=np.int64))
+    changed = sorted_unique(np.asarray(changed_rows, dtype=np.int64))
     if len(changed) and (changed[0] < 0 or changed[-1] >= len(rows)):
         raise ModelError("changed rows lie outside the topic_key rows")
     KeyRows(rows.keys[changed], rows.actions[changed], rows.targets[changed],
