@@ -130,7 +130,8 @@ class OffloadCompiler:
         # no match cache: rows are decided once per change, and a cache costs a pass over
         # its topics at every pattern added or removed
         self._index: dict[int, TopicIndex[str]] = defaultdict(_uncached_index)
-        self._row_of: dict[int, int] = {}
+        self._rows_of: dict[int, dict[str, int]] = defaultdict(dict)
+        """Namespace -> topic -> its row (no registry lookup and key per matched topic)."""
         self._names: list[tuple[int, str]] = []
         self._keys = np.zeros(INITIAL_ROWS, np.uint64)
         self._actions = np.zeros(INITIAL_ROWS, np.uint8)
@@ -392,10 +393,8 @@ class OffloadCompiler:
         catalog = self._catalogs.get(namespace)
         if catalog is None:
             return np.zeros(0, np.int64)
-        row_of = self._row_of
-        get = self._registry.get
-        rows = [row_of[key] for topic in catalog.matching(pattern)
-                if (key := get(topic, namespace)) is not None]
+        row_of = self._rows_of[namespace]
+        rows = [row_of[topic] for topic in catalog.matching(pattern)]
         return np.fromiter(rows, np.int64, len(rows))
 
     def _port_alone(self, egress: Egress) -> bool:
@@ -421,10 +420,10 @@ class OffloadCompiler:
         catalog = self._catalogs.get(namespace)
         if sublist is not None and catalog is not None:
             confirm = egress.has_negatives(namespace)
-            row_of, get = self._row_of, self._registry.get
+            row_of = self._rows_of[namespace]
             for positive in sublist.positive_patterns():
                 for topic in catalog.matching(positive):
-                    row = row_of[get(topic, namespace)]  # type: ignore[index]
+                    row = row_of[topic]
                     if inside[row] and not still[row] and (not confirm
                                                            or sublist.decides(topic)):
                         still[row] = True
@@ -511,7 +510,7 @@ class OffloadCompiler:
             if row >= len(self._keys):
                 self._grow()
             self._names.append((record.namespace_id, record.topic))
-            self._row_of[record.topic_key] = row
+            self._rows_of[record.namespace_id][record.topic] = row
             self._keys[row] = record.topic_key
             self._actions[row] = _DROP_VALUE
             self._catalogs[record.namespace_id].add(record.topic)
@@ -553,7 +552,7 @@ class OffloadCompiler:
                 seen: set[int] = set()
                 for pattern in sublist.positive_patterns():
                     for topic in catalog.matching(pattern):
-                        row = self._row_of[self._registry.get(topic, namespace)]  # type: ignore[index]
+                        row = self._rows_of[namespace][topic]
                         if row in seen or row not in wanted:
                             continue
                         seen.add(row)
