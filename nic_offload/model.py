@@ -680,7 +680,9 @@ class EntrySet:
                                  f"0..{MAX_EGRESS_PORT}")
             ids.add(group.group_id)
         used = self.key_rows.targets[self.key_rows.actions == KeyAction.FORWARD_GROUP]
-        missing = set(sorted_unique(used).tolist()) - ids
+        known = np.zeros(MAX_GROUP + 1, bool)  # a look-up per row, no sort of the rows
+        known[list(ids)] = True
+        missing = set(used[(used > MAX_GROUP) | ~known[np.minimum(used, MAX_GROUP)]].tolist())
         if missing:
             raise ModelError(f"topic keys forward to undefined multicast groups "
                              f"{sorted(missing)[:5]}; define them in groups")
