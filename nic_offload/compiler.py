@@ -318,8 +318,8 @@ class OffloadCompiler:
             assert self._snapshot is not None
             return self._snapshot
         self._version += 1
-        rows = KeyRows(self._keys[:n].copy(), self._actions[:n].copy(),
-                       self._targets[:n].copy(), self._acl_classes[:n].copy())
+        rows = KeyRows(*(_frozen_copy(a[:n]) for a in (  # (KeyRows copies writeable ones)
+            self._keys, self._actions, self._targets, self._acl_classes)))
         acl_entries = tuple(e for c in sorted(self._class_entries) for e in self._class_entries[c])
         entries = EntrySet(self._spec, rows, acl_entries, groups, self._version)
         if self._snapshot is None:
@@ -608,3 +608,10 @@ def _runs(values: np.ndarray, mask: np.ndarray) -> list[tuple[int, np.ndarray]]:
     cuts = np.flatnonzero(ordered[1:] != ordered[:-1]) + 1
     firsts = ordered[np.concatenate([[0], cuts])].tolist()
     return list(zip(firsts, np.split(order, cuts)))
+
+
+def _frozen_copy(array: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``array``."""
+    copy = array.copy()
+    copy.flags.writeable = False
+    return copy

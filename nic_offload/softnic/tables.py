@@ -34,11 +34,11 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _line_aligned_words(words: int) -> np.ndarray:
-    """A zeroed uint64 array of ``words`` words starting on a cache-line boundary (a key
-    table bucket must be one line)."""
+def _line_aligned_words(words: int, zeroed: bool = True) -> np.ndarray:
+    """A zeroed (else uninitialized) uint64 array of ``words`` words starting on a
+    cache-line boundary (a key table bucket must be one line)."""
     per_line = L.CACHE_LINE_BYTES // _U64().itemsize
-    raw = np.zeros(words + per_line, dtype=_U64)
+    raw = (np.zeros if zeroed else np.empty)(words + per_line, dtype=_U64)
     skip = (-raw.ctypes.data % L.CACHE_LINE_BYTES) // _U64().itemsize
     return raw[skip:skip + words]
 
@@ -244,7 +244,7 @@ def patch_tables(prev: SoftTables, entries: EntrySet, changed_rows: np.ndarray,
         raise ModelError("changed rows lie outside the topic_key rows")
     KeyRows(rows.keys[changed], rows.actions[changed], rows.targets[changed],
             rows.acl_classes[changed]).validate(entries.spec)
-    slots = _line_aligned_words(len(prev.slots))
+    slots = _line_aligned_words(len(prev.slots), zeroed=False)  # every word copied next
     slots[:] = prev.slots
     longest = _kernels._build_key_table(slots, prev.shift, rows.keys[changed],
                                         pack_values(rows, changed))
