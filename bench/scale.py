@@ -37,7 +37,11 @@ logins, after them (``bytes_per_idle_session``: the difference over the sessions
 this process's own socket objects, about 1 KiB a session) and after the subscriptions
 (``bytes_per_subscription``). ``--profile FILE`` writes a cProfile of the control agent's
 thread (pstats; in that thread's CPU time, which other work on the host does not inflate)
-for finding where a phase spends its time.
+for finding where a phase spends its time. ``--trace FILE`` time-stamps each timed subscribe
+and unsubscribe end to end, the data path's process included (``bench/scale_trace.py``: the
+methods it runs through are wrapped before the appliance forks); the breakdown (per stage,
+its median start from the SUBSCRIBE's send and its median duration) goes into the report's
+``trace`` and to FILE.
 """
 
 from __future__ import annotations
@@ -508,12 +512,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 del control_agent.do_work
         clients.close()
         app.stop()
+        if args.trace is not None:
+            scale_trace.uninstall()
     if profiler is not None:
         profiler.dump_stats(str(args.profile))
     trace = None
     if args.trace is not None:
         trace = {name: scale_trace.breakdown(w) for name, w in windows.items()}
-        scale_trace.uninstall()
         scale_trace.dump(args.trace, trace)
     params = {"sessions": sessions, "topics": topics, "subscriptions_per_session": subs,
               "keys_per_subscription": 10, "register_batch": batch, "preloaded_topics": preload,
