@@ -6,7 +6,8 @@ too). Each call records (label, start, end) in ``time.monotonic_ns`` (one clock 
 processes); the data path's child appends its records to ``FILE.child`` (a line a call).
 ``breakdown`` then takes, for each timed subscribe (from the bench's send of the SUBSCRIBE
 to its answer read), the records inside it: per label, the median start (from the send),
-the median duration and in how many of the subscribes it ran.
+the median duration, the median CPU time of the thread that ran it (``thread_time``) and
+in how many of the subscribes it ran.
 
 The labels: ``link_in`` (the parent's reader thread takes frames the child received,
 ``_on_message`` of an ``i`` message), ``admin`` (the control thread decodes and handles
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-_RECORDS: list[tuple[str, int, int]] = []
+_RECORDS: list[tuple[str, int, int, int]] = []
 _PARENT_PID = 0
 _CHILD_FILE: Path | None = None
 _INSTALLED: list[tuple[type, str, Any]] = []
@@ -62,12 +63,12 @@ def _targets() -> list[tuple[type, str, str]]:
     ]
 
 
-def _record(label: str, start: int, end: int) -> None:
+def _record(label: str, start: int, end: int, cpu: int) -> None:
     if os.getpid() == _PARENT_PID:
-        _RECORDS.append((label, start, end))
+        _RECORDS.append((label, start, end, cpu))
     elif _CHILD_FILE is not None:
         with open(_CHILD_FILE, "a") as f:
-            f.write(f"child_{label.removeprefix('child_')} {start} {end}\n")
+            f.write(f"child_{label.removeprefix('child_')} {start} {end} {cpu}\n")
 
 
 def _wrap(label: str, method: Any) -> Any:
@@ -75,11 +76,11 @@ def _wrap(label: str, method: Any) -> Any:
     def traced(*args: Any, **kwargs: Any) -> Any:
         if label == "link_in" and args[1][0] != "i":
             return method(*args, **kwargs)
-        start = time.monotonic_ns()
+        start, cpu = time.monotonic_ns(), time.thread_time_ns()
         try:
             return method(*args, **kwargs)
         finally:
-            _record(label, start, time.monotonic_ns())
+            _record(label, start, time.monotonic_ns(), time.thread_time_ns() - cpu)
 
     return traced
 
@@ -105,36 +106,39 @@ def uninstall() -> None:
             setattr(cls, name, own)
 
 
-def records() -> list[tuple[str, int, int]]:
+def records() -> list[tuple[str, int, int, int]]:
     """The parent's records and the child's."""
     got = list(_RECORDS)
     if _CHILD_FILE is not None and _CHILD_FILE.exists():
         for line in _CHILD_FILE.read_text().splitlines():
-            label, start, end = line.split()
-            got.append((label, int(start), int(end)))
+            label, start, end, cpu = line.split()
+            got.append((label, int(start), int(end), int(cpu)))
     got.sort(key=lambda r: r[1])
     return got
 
 
 def breakdown(windows: list[tuple[int, int]]) -> dict[str, Any]:
     """Per label: in how many of ``windows`` (send, answer) it ran, its median start from
-    the send and median total duration inside the window (ms)."""
+    the send, median total duration inside the window and median CPU time of its thread
+    meanwhile (ms; the CPU time is what a loaded host does not inflate)."""
     got = records()
-    per: dict[str, list[tuple[float, float]]] = {}
+    per: dict[str, list[tuple[float, float, float]]] = {}
     for begin, end in windows:
         seen: dict[str, list[float]] = {}
-        for label, start, stop in got:
+        for label, start, stop, cpu in got:
             if start >= begin and start <= end:
-                held = seen.setdefault(label, [(start - begin) / 1e6, 0.0])
+                held = seen.setdefault(label, [(start - begin) / 1e6, 0.0, 0.0])
                 held[1] += (stop - start) / 1e6
-        for label, (first, total) in seen.items():
-            per.setdefault(label, []).append((first, total))
+                held[2] += cpu / 1e6
+        for label, (first, total, used) in seen.items():
+            per.setdefault(label, []).append((first, total, used))
     out = {}
     for label, values in sorted(per.items(), key=lambda kv: statistics.median(
             v[0] for v in kv[1])):
         out[label] = {"runs": len(values),
                       "start_ms": round(statistics.median(v[0] for v in values), 3),
-                      "duration_ms": round(statistics.median(v[1] for v in values), 3)}
+                      "duration_ms": round(statistics.median(v[1] for v in values), 3),
+                      "cpu_ms": round(statistics.median(v[2] for v in values), 3)}
     answer = [(end - begin) / 1e6 for begin, end in windows]
     return {"answer_ms": round(statistics.median(answer), 3) if answer else None,
             "labels": out}
