@@ -131,7 +131,7 @@ class OffloadCompiler:
         # its topics at every pattern added or removed
         self._index: dict[int, TopicIndex[str]] = defaultdict(_uncached_index)
         self._rows_of: dict[int, dict[str, int]] = defaultdict(dict)
-        """Namespace -> topic -> its row (no registry lookup and key per matched topic)."""
+        """Namespace -> topic -> its row."""
         self._names: list[tuple[int, str]] = []
         self._keys = np.zeros(INITIAL_ROWS, np.uint64)
         self._actions = np.zeros(INITIAL_ROWS, np.uint8)
@@ -394,7 +394,9 @@ class OffloadCompiler:
         if catalog is None:
             return np.zeros(0, np.int64)
         row_of = self._rows_of[namespace]
-        rows = [row_of[topic] for topic in catalog.matching(pattern)]
+        get = self._registry.get
+        rows = [row_of[topic] for topic in catalog.matching(pattern)  # (the catalog may
+                if get(topic, namespace) is not None]  # hold topics the registry has not)
         return np.fromiter(rows, np.int64, len(rows))
 
     def _port_alone(self, egress: Egress) -> bool:
@@ -420,9 +422,11 @@ class OffloadCompiler:
         catalog = self._catalogs.get(namespace)
         if sublist is not None and catalog is not None:
             confirm = egress.has_negatives(namespace)
-            row_of = self._rows_of[namespace]
+            row_of, get = self._rows_of[namespace], self._registry.get
             for positive in sublist.positive_patterns():
                 for topic in catalog.matching(positive):
+                    if get(topic, namespace) is None:
+                        continue  # (as _rows_matching)
                     row = row_of[topic]
                     if inside[row] and not still[row] and (not confirm
                                                            or sublist.decides(topic)):
