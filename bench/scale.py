@@ -37,7 +37,11 @@ logins, after them (``bytes_per_idle_session``: the difference over the sessions
 this process's own socket objects, about 1 KiB a session) and after the subscriptions
 (``bytes_per_subscription``). ``--profile FILE`` writes a cProfile of the control agent's
 thread (pstats; in that thread's CPU time, which other work on the host does not inflate)
-for finding where a phase spends its time.
+for finding where a phase spends its time. ``--trace FILE`` time-stamps each timed subscribe
+and unsubscribe end to end, the data path's process included (``bench/scale_trace.py``: the
+methods it runs through are wrapped before the appliance forks); the breakdown (per stage,
+its median start from the SUBSCRIBE's send and its median duration) goes into the report's
+``trace`` and to FILE.
 """
 
 from __future__ import annotations
@@ -107,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"100,000-key subscribes timed (default {BIG_REPEATS})")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write a cProfile (pstats) of the control agent's thread here")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="time stamps of each timed subscribe through the control thread, "
+                             "the process link and the data path (bench/scale_trace.py); "
+                             "the breakdown goes into the report and to this file")
 
 
 def topic(i: int) -> str:
@@ -351,6 +359,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if groups < 2:
         raise UserError("--topics less --register must hold at least 20 topics",
                         component=_COMPONENT)
+    if args.trace is not None:
+        from bench import scale_trace
+
+        scale_trace.install(args.trace)
+    windows: dict[str, list[tuple[int, int]]] = {"small": [], "big": [], "big_off": []}
     app, target = _start_appliance(sessions, topics, subs)
     profiler = cProfile.Profile(time.thread_time) if args.profile is not None else None
     if profiler is not None:
@@ -441,12 +454,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         one = indexes[0]
         sid = clients.sessions[one]
 
-        def timed(pattern: str, add: bool = True) -> float:
+        def timed(pattern: str, add: bool = True, window: str = "small") -> float:
             answered.clear()
-            begin = time.perf_counter()
+            begin, begin_ns = time.perf_counter(), time.monotonic_ns()
             clients.send(one, _subscribe_frame(sid, [(1_000_000, pattern)], add))
             _wait(f"the subscribe of {pattern!r}", lambda: answered.get(one, 0) >= 1,
                   time.monotonic() + PHASE_TIMEOUT_S, clients, count)
+            windows[window].append((begin_ns, time.monotonic_ns()))
             return (time.perf_counter() - begin) * 1e3
 
         small = [timed(group_pattern((subs + r) % groups)) for r in range(args.repeats)]
@@ -459,8 +473,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress(NAME, f"subscribe_100k: {args.big_repeats} subscribes of {big_keys:,} keys")
         big, big_off = [], []
         for _ in range(args.big_repeats):
-            big.append(timed("scale/0/#"))
-            big_off.append(timed("scale/0/#", add=False))
+            big.append(timed("scale/0/#", window="big"))
+            big_off.append(timed("scale/0/#", add=False, window="big_off"))
         figures["subscribe_100k_keys_median_ms"] = statistics.median(big)
         figures["unsubscribe_100k_keys_median_ms"] = statistics.median(big_off)
         progress(NAME, f"subscribe_100k: {figures['subscribe_100k_keys_median_ms']:.0f} ms, "
@@ -498,8 +512,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 del control_agent.do_work
         clients.close()
         app.stop()
+        if args.trace is not None:
+            scale_trace.uninstall()
     if profiler is not None:
         profiler.dump_stats(str(args.profile))
+    trace = None
+    if args.trace is not None:
+        trace = {name: scale_trace.breakdown(w) for name, w in windows.items()}
+        scale_trace.dump(args.trace, trace)
     params = {"sessions": sessions, "topics": topics, "subscriptions_per_session": subs,
               "keys_per_subscription": 10, "register_batch": batch, "preloaded_topics": preload,
               "repeats": args.repeats, "big_repeats": args.big_repeats,
@@ -517,4 +537,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "register_s": "< 2 for 100,000 topics",
                         "bytes_per_idle_session": "< 65,536"},
               "load_average": os.getloadavg()}
+    if trace is not None:
+        params["trace"] = trace
     return build_report(NAME, params, {"topicwire": figures})

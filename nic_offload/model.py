@@ -195,6 +195,22 @@ KEY_ACTION_OF_NAME = {name: action for action, name in KEY_ACTION_NAMES.items()}
 ACL_ACTION_OF_NAME = {name: action for action, name in ACL_ACTION_NAMES.items()}
 
 
+def sorted_unique(values: Any, return_counts: bool = False) -> Any:
+    """``np.unique(values)`` (sorted distinct values, and their counts when asked) by a sort
+    and a comparison of neighbours. numpy 2's ``np.unique`` hashes, and on this project's
+    arrays (100,000 int64 rows or uint64 keys) it took 200 to 390 ms against 1.5 ms for the
+    sort: a subscribe or unsubscribe of 100,000 keys called it a dozen times."""
+    ordered = np.sort(np.asarray(values).ravel())
+    keep = np.empty(len(ordered), bool)
+    keep[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    distinct = ordered[keep]
+    if not return_counts:
+        return distinct
+    starts = np.flatnonzero(keep)
+    return distinct, np.diff(np.append(starts, len(ordered)))
+
+
 def acl_table(stage: int) -> str:
     """Name of ACL stage table ``stage``."""
     return f"{ACL_TABLE_PREFIX}{stage}"
@@ -563,7 +579,7 @@ class KeyRows:
                              f"({spec.key_table_entries} entries); raise key_table_entries")
         if len(self) and not self.keys.all():
             raise ModelError("topic key 0 is reserved (unknown topic) and cannot have an entry")
-        if len(np.unique(self.keys)) != len(self):
+        if len(sorted_unique(self.keys)) != len(self):
             raise ModelError("the topic_key table holds a key twice; one entry per key")
         known = np.isin(self.actions, np.array([int(a) for a in KeyAction], np.uint8))
         if not known.all():
@@ -664,7 +680,9 @@ class EntrySet:
                                  f"0..{MAX_EGRESS_PORT}")
             ids.add(group.group_id)
         used = self.key_rows.targets[self.key_rows.actions == KeyAction.FORWARD_GROUP]
-        missing = set(np.unique(used).tolist()) - ids
+        known = np.zeros(MAX_GROUP + 1, bool)  # a look-up per row, no sort of the rows
+        known[list(ids)] = True
+        missing = set(used[(used > MAX_GROUP) | ~known[np.minimum(used, MAX_GROUP)]].tolist())
         if missing:
             raise ModelError(f"topic keys forward to undefined multicast groups "
                              f"{sorted(missing)[:5]}; define them in groups")

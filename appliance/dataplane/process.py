@@ -52,6 +52,7 @@ import numpy as np
 from appliance.config import INBOX_FRAMES, OUTBOX_FRAMES, ApplianceConfig, ConfigError
 from appliance.dataplane import snapshot_patch
 from datapath.errors import TopicwireError
+from nic_offload.model import sorted_unique
 
 log = logging.getLogger("topicwire.appliance")
 
@@ -288,7 +289,8 @@ class DataPathProcess:
         rows = None
         if (chain is not None and chain[0] == self._sent_entries.version
                 and chain[1] == snapshot.version):
-            rows = chain[2][0] if len(chain[2]) == 1 else np.unique(np.concatenate(chain[2]))
+            rows = (chain[2][0] if len(chain[2]) == 1
+                    else sorted_unique(np.concatenate(chain[2])))
         if rows is not None and (len(rows) <= ROWS_PATCH_ALWAYS or len(rows) * snapshot_patch.
                                  PATCH_MAX_SHARE <= len(snapshot.entries.key_rows)):
             # made from the one the child holds (through snapshots built and not sent), a

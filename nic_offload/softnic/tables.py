@@ -15,7 +15,14 @@ import numpy as np
 
 from nic_offload import model
 from nic_offload.errors import ModelError
-from nic_offload.model import AclAction, EntrySet, KeyRows, PipelineSpec, TableEntry
+from nic_offload.model import (
+    AclAction,
+    EntrySet,
+    KeyRows,
+    PipelineSpec,
+    TableEntry,
+    sorted_unique,
+)
 from nic_offload.softnic import _kernels
 from nic_offload.softnic import layout as L
 
@@ -27,11 +34,11 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _line_aligned_words(words: int) -> np.ndarray:
-    """A zeroed uint64 array of ``words`` words starting on a cache-line boundary (a key
-    table bucket must be one line)."""
+def _line_aligned_words(words: int, zeroed: bool = True) -> np.ndarray:
+    """A zeroed (else uninitialized) uint64 array of ``words`` words starting on a
+    cache-line boundary (a key table bucket must be one line)."""
     per_line = L.CACHE_LINE_BYTES // _U64().itemsize
-    raw = np.zeros(words + per_line, dtype=_U64)
+    raw = (np.zeros if zeroed else np.empty)(words + per_line, dtype=_U64)
     skip = (-raw.ctypes.data % L.CACHE_LINE_BYTES) // _U64().itemsize
     return raw[skip:skip + words]
 
@@ -232,12 +239,12 @@ def patch_tables(prev: SoftTables, entries: EntrySet, changed_rows: np.ndarray,
     rows = entries.key_rows
     if key_table_slots(len(rows)) != prev.n_slots or len(rows) < prev.rows:
         return build_tables(entries)
-    changed = np.unique(np.asarray(changed_rows, dtype=np.int64))
+    changed = sorted_unique(np.asarray(changed_rows, dtype=np.int64))
     if len(changed) and (changed[0] < 0 or changed[-1] >= len(rows)):
         raise ModelError("changed rows lie outside the topic_key rows")
     KeyRows(rows.keys[changed], rows.actions[changed], rows.targets[changed],
             rows.acl_classes[changed]).validate(entries.spec)
-    slots = _line_aligned_words(len(prev.slots))
+    slots = _line_aligned_words(len(prev.slots), zeroed=False)  # every word copied next
     slots[:] = prev.slots
     longest = _kernels._build_key_table(slots, prev.shift, rows.keys[changed],
                                         pack_values(rows, changed))

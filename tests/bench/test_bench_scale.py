@@ -7,11 +7,12 @@ import json
 from bench import scale
 
 
-def test_report_has_the_shared_shape_and_every_phase():
+def test_report_has_the_shared_shape_and_every_phase(tmp_path):
     parser = argparse.ArgumentParser()
     scale.add_arguments(parser)
     args = parser.parse_args(["--sessions", "5", "--topics", "400", "--subscriptions", "3",
-                              "--register", "100", "--repeats", "3", "--big-repeats", "1"])
+                              "--register", "100", "--repeats", "3", "--big-repeats", "1",
+                              "--trace", str(tmp_path / "trace.json")])
     report = json.loads(json.dumps(scale.run(args)))
     assert list(report) == ["bench", "host", "params", "results", "ratios"]
     assert report["bench"] == "scale"
@@ -34,6 +35,20 @@ def test_report_has_the_shared_shape_and_every_phase():
     assert params["phases"]["register_process_cpu_s"] > 0
     assert set(params["rss_bytes"]) == {"start", "before_logins", "after_logins",
                                         "after_subscriptions", "end"}
+    # --trace: each timed subscribe's stages, in the control thread and the data path's
+    # process (its records come from the forked child), in the order they run
+    trace = params["trace"]
+    assert json.loads((tmp_path / "trace.json").read_text()) == trace
+    assert set(trace) == {"small", "big", "big_off"}
+    small = trace["small"]["labels"]
+    for label in ("admin", "build_snapshot", "compiler_build", "publish_snapshot", "reply"):
+        assert small[label]["runs"] == 3, label
+    assert small["admin"]["start_ms"] <= small["build_snapshot"]["start_ms"] \
+        <= small["publish_snapshot"]["start_ms"] <= small["reply"]["start_ms"]
+    assert any(label.startswith("child_") for label in small), small
+    assert 0 < trace["small"]["answer_ms"]
+    from nic_offload.compiler import OffloadCompiler
+    assert not hasattr(OffloadCompiler.build, "__wrapped__")  # the wrappers are gone
 
 
 def test_topics_and_patterns_touch_the_stated_keys():
