@@ -132,7 +132,6 @@ class RetainedShare:
             self.server.count("retained_share_dropped_queue_full")
 
     def _run(self) -> None:
-
         while not self._stop.is_set():
             native = self.native
             if native is None or native.closed:
