@@ -15,8 +15,9 @@ kernel's cached signatures (``collect``, kernels sorted by name, signatures by t
 the cache files are removed, and a fresh process with address space randomisation off
 (``setarch -R``: the same allocations land at the same addresses) compiles exactly that list
 in that order (``compile``), with a fixed ``PYTHONHASHSEED`` (set and dict orders inside
-numba's passes follow string hashes). Measured on the project's kernels: two such passes, from two
-warm-ups whose files differed, gave identical files (docs/images.md).
+numba's passes follow string hashes) and a fixed environment (``_fixed_env``). Measured on
+the project's kernels: two such passes, from two warm-ups whose files differed, gave
+identical files (docs/images.md).
 
 Run as ``python -m appliance.ops.warm_order collect|compile PLAN [MODULE ...]``: the plan
 file is a pickle of ``[(module, attribute, [signature, ...]), ...]``; ``MODULE``s default to
@@ -91,7 +92,7 @@ def recompile_in_order(cache_dir: Path, modules: list[str] | None = None) -> int
     plan_file = cache_dir / "order.pickle"
     argv = [sys.executable, "-m", "appliance.ops.warm_order"]
     tail = [str(plan_file), *(modules or [])]
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir), PYTHONHASHSEED="0")
+    env = _fixed_env(cache_dir)
     _run([*argv, "collect", *tail], env, "listing the cached signatures")
     with open(plan_file, "rb") as f:
         want = sum(len(sigs) for _, _, sigs in pickle.load(f))
@@ -104,6 +105,17 @@ def recompile_in_order(cache_dir: Path, modules: list[str] | None = None) -> int
     if got != want:
         raise UserError(f"warm: --reproducible compiled {got} signatures of {want}")
     return got
+
+
+def _fixed_env(cache_dir: Path) -> dict[str, str]:
+    """The passes' environment: the same from build to build. The process's own environment
+    is allocated on its heap, so another one (an image build's temporary paths) moves every
+    later object, and the addresses the annotations print, even with randomisation off."""
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith("NUMBA_") or k in ("PYTHONPATH", "HOME")}
+    env.update(PATH="/usr/sbin:/usr/bin:/sbin:/bin", NUMBA_CACHE_DIR=str(cache_dir),
+               PYTHONHASHSEED="0", LC_ALL="C.UTF-8")
+    return env
 
 
 def _run(argv: list[str], env: dict[str, str], what: str) -> str:
