@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -53,7 +52,7 @@ from appliance.edge.mqtt.meta import (
     from_headers,
     to_headers,
 )
-from appliance.edge.mqtt.namespace_session import RETRY_S, namespace_login, session_status
+from appliance.edge.mqtt.namespace_session import NamespaceSession
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.server import MqttServer
@@ -84,25 +83,21 @@ def parse_stamp(value: Any, default_ns: int, origin: int) -> tuple[int, int] | N
         return None
 
 
-class RetainedShare:
+class RetainedShare(NamespaceSession):
     """See the module docstring."""
 
+    WHAT = "retained share"
+    PREFIX = "retained_share"
+
     def __init__(self, server: MqttServer, namespace: int, identity: str) -> None:
-        self.server = server
-        self.namespace = namespace
-        self.identity = identity
-        self.native: Any = None
+        super().__init__(server, namespace, identity)
         self._copies: queue.Queue = queue.Queue(COPY_QUEUE)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._answering = False
         """(the event loop sets it, the thread clears it) An answer to a catch-up request
         is on its way."""
 
     def start(self) -> RetainedShare:
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="mqtt-retained-share")
-        self._thread.start()
+        self._start_thread("mqtt-retained-share")
         return self
 
     def close(self) -> None:
@@ -111,15 +106,7 @@ class RetainedShare:
             self._copies.put_nowait(None)
         except queue.Full:
             pass  # (the thread sees the stop within its 0.5 s wait)
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(10)
-        native, self.native = self.native, None
-        if native is not None:
-            try:
-                native.close()
-            except Exception as exc:  # stop anyway
-                log.warning("mqtt: retained share: native logout: %r", exc)
+        self._join_and_log_out()
 
     # --- out: copies of this edge's retained publishes ------------------------------------
     def copy(self, topic: str, payload: bytes, headers: dict, stamp_ns: int) -> None:
@@ -133,12 +120,9 @@ class RetainedShare:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            native = self.native
-            if native is None or native.closed:
-                native = self._login()
-                if native is None:
-                    self._stop.wait(RETRY_S)
-                    continue
+            native = self.logged_in()
+            if native is None:
+                continue
             try:
                 item = self._copies.get(timeout=0.5)
             except queue.Empty:
@@ -185,21 +169,14 @@ class RetainedShare:
         finally:
             self._answering = False
 
-    def _login(self) -> Any:
-        native = namespace_login(self.server, self.identity, self.namespace, self._on_native,
-                                 "retained share", "retained_share", self._ask_for_all)
-        if native is not None:
-            self.native = native
-        return native
-
-    def _ask_for_all(self, native: Any) -> None:
+    def _after_login(self, native: Any) -> None:
         """The catch-up request, once logged in and subscribed."""
         native.publish(SYNC_TOPIC, b"", qos="guaranteed", namespace=self.namespace,
                        flush=True)
         self.server.count("retained_share_sync_requests")
 
     def status(self) -> dict[str, Any]:
-        return {**session_status(self.native, self.namespace, self.identity),
+        return {**self.session_status(),
                 "copies_waiting": self._copies.qsize()}
 
     # --- in: the other edges' copies ------------------------------------------------------

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
-from appliance.edge.mqtt.namespace_session import RETRY_S, namespace_login, session_status
+from appliance.edge.mqtt.namespace_session import NamespaceSession
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.server import MqttServer
@@ -114,15 +114,16 @@ def parse_announcement(payload: bytes) -> tuple[int, int, dict[str, int]] | None
     return boot, seq, groups
 
 
-class SharedView:
+class SharedView(NamespaceSession):
     """See the module docstring. The view lives on the server's event loop; the session's
     thread sends and receives announcements."""
 
+    WHAT = "shared view"
+    PREFIX = "shared_view"
+
     def __init__(self, server: MqttServer, namespace: int, identity: str,
                  clock: Any = time.monotonic) -> None:
-        self.server = server
-        self.namespace = namespace
-        self.identity = identity
+        super().__init__(server, namespace, identity)
         self.node_id = server.node_id
         self.clock = clock
         self.remote: dict[int, EdgeEntry] = {}
@@ -131,22 +132,17 @@ class SharedView:
         self.local: dict[str, int] = {}
         """This edge's groups past their ``JOIN_GRACE_S`` (announced) -> their flag."""
         self._maturing: Any = None
-        self.native: Any = None
         self.boot = time.time_ns()
         self._seq = 0
         self._groups: dict[str, int] = {}
         """What the session's thread announces (replaced whole by the loop)."""
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._sweep: Any = None
         self._snapshot: dict[str, Any] = {"edges": [], "groups": {}}
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> SharedView:
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="mqtt-shared-view")
-        self._thread.start()
+        self._start_thread("mqtt-shared-view")
         self.server.loop.call_soon_threadsafe(self._tick)
         return self
 
@@ -154,18 +150,10 @@ class SharedView:
         """Withdraw (an empty announcement), log out (safe twice)."""
         self._stop.set()
         self._wake.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(10)
         sweep, self._sweep = self._sweep, None
         if sweep is not None:
             self.server.loop.call_soon_threadsafe(sweep.cancel)
-        native, self.native = self.native, None
-        if native is not None:
-            try:
-                native.close()
-            except Exception as exc:  # stop anyway
-                log.warning("mqtt: shared view: native logout: %r", exc)
+        self._join_and_log_out()
 
     # --- this edge's groups (the loop) ------------------------------------------------------
     def local_changed(self) -> None:
@@ -286,14 +274,13 @@ class SharedView:
     def _run(self) -> None:
         last = 0.0
         sent: dict[str, int] | None = None
+        held: Any = None
         while not self._stop.is_set():
-            native = self.native
-            if native is None or native.closed:
-                native = self._login()
-                if native is None:
-                    self._stop.wait(RETRY_S)
-                    continue
-                sent = None
+            native = self.logged_in()
+            if native is None:
+                continue
+            if native is not held:  # a new login: announce again
+                held, sent = native, None
             self._wake.wait(max(0.0, last + ANNOUNCE_S - time.monotonic()))
             self._wake.clear()
             if self._stop.is_set():
@@ -324,13 +311,6 @@ class SharedView:
         self.server.count("shared_view_sent")
         return True
 
-    def _login(self) -> Any:
-        native = namespace_login(self.server, self.identity, self.namespace, self._on_native,
-                                 "shared view", "shared_view")
-        if native is not None:
-            self.native = native
-        return native
-
     # --- status -----------------------------------------------------------------------------
     def _refresh_snapshot(self) -> None:
         """(the loop) What ``status`` shows, rebuilt here so another thread reads it whole."""
@@ -342,5 +322,5 @@ class SharedView:
             k: self.candidates(k, self.local.get(k)) for k in keys}}
 
     def status(self) -> dict[str, Any]:
-        return {**session_status(self.native, self.namespace, self.identity),
+        return {**self.session_status(),
                 "node": self.node_id, "announced": len(self.local), **self._snapshot}
