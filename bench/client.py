@@ -260,13 +260,7 @@ def _publisher(spec: dict[str, Any]) -> None:
             interval = 1e9 / rate    # time would take a core the hop and subscriber need
             publish = client.publish
             for i in range(count):
-                due = started + int(i * interval)
-                while True:
-                    left = due - time.monotonic_ns()
-                    if left <= 0:
-                        break
-                    if left > fabric.PACE_SPIN_NS:
-                        time.sleep((left - fabric.PACE_SPIN_NS) / 1e9)
+                fabric.wait_until_ns(started + int(i * interval))
                 publish(TOPIC, payload, flush=True)
         else:
             rows = np.full((spec["batch"], spec["size"]), ord("m"), np.uint8)

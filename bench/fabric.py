@@ -429,17 +429,23 @@ def _blast(channel: Any, data: _Frames, messages: int) -> dict[str, Any]:
     return {"sent": sent_frames * per_frame, "start_ns": start, "end_ns": end}
 
 
+def wait_until_ns(due: int) -> None:
+    """Until ``time.monotonic_ns()`` reaches ``due``: sleeps (precise with
+    ``_precise_sleep``), then spins the last ``PACE_SPIN_NS`` (a paced publisher)."""
+    while True:
+        left = due - time.monotonic_ns()
+        if left <= 0:
+            return
+        if left > PACE_SPIN_NS:
+            time.sleep((left - PACE_SPIN_NS) / 1e9)
+
+
 def _paced(channel: Any, data: _Frames, total: int, rate: int) -> dict[str, Any]:
     interval = 1e9 / rate
     start = time.monotonic_ns()
     for i in range(total):
         due = start + int(i * interval)
-        while True:
-            left = due - time.monotonic_ns()
-            if left <= 0:
-                break
-            if left > PACE_SPIN_NS:
-                time.sleep((left - PACE_SPIN_NS) / 1e9)
+        wait_until_ns(due)
         data.stamp(1, i + 1, time.time_ns())
         _send_all(channel, data.batch, 1)
     return {"sent": total, "start_ns": start, "end_ns": time.monotonic_ns()}

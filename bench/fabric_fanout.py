@@ -250,12 +250,7 @@ def _paced(chans: list, data: list, total: int, per_publisher: int,
     start = time.monotonic_ns()
     for i in range(total):
         due = start + int(i * interval)
-        while True:
-            left = due - time.monotonic_ns()
-            if left <= 0:
-                break
-            if left > fabric.PACE_SPIN_NS:
-                time.sleep((left - fabric.PACE_SPIN_NS) / 1e9)
+        fabric.wait_until_ns(due)
         p = i % n
         data[p].stamp(1, p * per_publisher + i // n + 1, time.time_ns())
         fabric._send_all(chans[p], data[p].batch, 1)
