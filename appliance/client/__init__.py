@@ -31,7 +31,8 @@ subscriptions again (docs/appliance.md, "Connection states").
 
 Every error the API raises is a ``TopicwireError`` (exported here): ``ClientError`` for a
 refused operation (``LoginError``, ``EntitlementError``, ``ConnectionLostError``,
-``NoAnswerError`` (the appliance did not answer: not running or unreachable),
+``NoAnswerError`` (the appliance did not answer: not running or unreachable), ``BusyError``
+(it could not take a (un)subscribe yet: ask again later),
 ``UnacknowledgedError``, ``PublishFailedError``, ``SelectorRefusedError``), the channels'
 and the protocol's errors for what the transport reports.
 """
@@ -50,6 +51,7 @@ from appliance.client.api import (
 from appliance.client.connection import STATES, StateChange
 from appliance.client.errors import (
     BackPressureError,
+    BusyError,
     ConnectionLostError,
     NoAnswerError,
     PublishFailedError,
@@ -64,6 +66,7 @@ from datapath.errors import TopicwireError
 __all__ = [
     "QOS",
     "BackPressureError",
+    "BusyError",
     "TopicwireError",
     "Client",
     "ClientError",

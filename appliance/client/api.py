@@ -68,6 +68,7 @@ from appliance.client.connection import (
 )
 from appliance.client.errors import (
     BackPressureError,
+    BusyError,
     ClientError,
     EntitlementError,
     LoginError,
@@ -90,6 +91,7 @@ from appliance.client.pathwatch import MoveBounds, PathMonitor
 from appliance.client.polling import PollQueue, PollView
 from appliance.client.rdma import SCHEME as RDMA_SCHEME
 from appliance.client.replay import take_frame
+from appliance.client.routes import Routes
 from appliance.client.settings import (
     CLOSE_ACK_TIMEOUT_S,
     LOGIN_ROUNDS,
@@ -153,7 +155,6 @@ from datapath.protocol.segments import (
     Reassembler,
     segment,
 )
-from datapath.topics.algebra import matches
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
 
@@ -605,6 +606,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         the appliance connected to now)."""
         """Durable subscriptions (paged in from the cache; not in the live lists)."""
         self._route_cache: dict[tuple[int, str, bool], list[Subscription]] = {}
+        self._routes = Routes()
+        """``_subs`` indexed by pattern (``_targets``)."""
         self._lists: dict[int, SubscriptionList] = {}
         self._sub_ids = itertools.count(1)
         self._keyer = KeyRegistry()
@@ -815,12 +818,14 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         return answers
 
     def _request_many(self, keys: list[tuple], frames: list[bytearray], *,
-                      repeatable: bool = False, timeout_s: float | None = None
+                      repeatable: bool = False, timeout_s: float | None = None,
+                      again: Callable[[list[int]], list[bytearray]] | None = None
                       ) -> list[dict | None]:
         """``_request`` of many requests sent together in ``frames``: the answer of each key
-        (None: none came within ``timeout_s``). ``repeatable``: the frames are sent again
-        with backoff while some are unanswered (registration: a repeat is answered as the
-        first)."""
+        (None: none came within ``timeout_s``). ``repeatable``: sent again with backoff while
+        some are unanswered (registration: a repeat is answered as the first): the frames
+        ``again`` makes of the unanswered keys' indices, else all ``frames`` (an answered
+        entry sent again costs the appliance and the channel as much as a new one)."""
         waiters = [_Waiter() for _ in keys]
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:
@@ -841,7 +846,10 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                     break
                 if not repeatable:  # (woken early: wait out the deadline)
                     continue
-                for frame in frames:  # (answered entries are answered again: harmless)
+                if again is not None:
+                    frames = again([i for i in range(at, len(waiters))
+                                    if not waiters[i].event.is_set()])
+                for frame in frames:
                     self._send(frame)
                 self.request_retries += 1
                 retry_s = min(retry_s * 2, REQUEST_RETRY_MAX_S)
@@ -1024,11 +1032,9 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             return out
         names = list(asked)
         keys = [self._keyer.key_of(topic, namespace) for topic in names]
-        frames = self._admin_frames(fl.FrameType.REGISTRY_UPDATE, [
+        answers = self._register_entries([
             al.RegistryEntry(key, namespace, topic) for key, topic in zip(keys, names)],
-            {"version": 0})
-        answers = self._request_many([("register", namespace, t) for t in names], frames,
-                                     repeatable=True, timeout_s=timeout_s)
+            timeout_s)
         for topic, key, answer in zip(names, keys, answers):
             error: ClientError | None = None
             if answer is None:
@@ -1043,6 +1049,19 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             for i in asked[topic]:
                 out[i] = error
         return out
+
+    def _register_entries(self, entries: list[al.RegistryEntry], timeout_s: float | None
+                          ) -> list[dict | None]:
+        """One batched registration of ``entries`` (REGISTRY_UPDATE frames as full as the
+        channel takes, sent together; while some are unanswered, the frames of those are sent
+        again with backoff): the answer of each (None: none within ``timeout_s``)."""
+        def frames(at: list[int]) -> list[bytearray]:
+            return self._admin_frames(fl.FrameType.REGISTRY_UPDATE,
+                                      [entries[i] for i in at], {"version": 0})
+
+        return self._request_many([("register", e.namespace_id, e.topic) for e in entries],
+                                  frames(list(range(len(entries)))), repeatable=True,
+                                  timeout_s=timeout_s, again=frames)
 
     def _idle_strategy(self, idle: str) -> Any:
         """The client thread's idle strategy (``IDLE_STRATEGIES``)."""
@@ -1313,7 +1332,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                   on_loss: Callable[[Loss], None] | None = None,
                   durable: str | None = None, poll: bool = False,
                   flow_policy: str | None = None) -> Subscription:
-        """Subscribe to ``pattern``; EntitlementError when P&M refuses it. ``on_loss`` is
+        """Subscribe to ``pattern``; EntitlementError when P&M refuses it (BusyError when
+        the session had ``clients.max_pending_requests`` requests waiting). ``on_loss`` is
         called with each ``Loss`` event of a guaranteed subscription (also kept in
         ``Subscription.losses``). ``durable``: a name under which the appliance keeps this
         subscription's place while it is away; its messages come from the appliance's
@@ -1348,10 +1368,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], flow_flags,
                                                      pattern, selector or "")]))
         if not result.get("accepted"):
-            reason = str(result.get("reason"))
-            error = SelectorRefusedError if selector and reason.startswith("selectors:") \
-                else EntitlementError
-            raise error(f"subscription to {pattern!r} refused: {reason}")
+            raise _refusal(f"subscription to {pattern!r}", result, selector)
         sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback, on_loss,
                            poll=poll)
         sub.selector_filtered = bool(result.get("selector_filtered"))
@@ -1362,7 +1379,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 self._pollq = PollQueue(self)
             self._lists.setdefault(namespace, SubscriptionList()).subscribe(pattern)
             self._subs.append(sub)
-            self._subs_changed()
+            self._subs_changed([sub])
         return sub
 
     def subscribe_many(self, patterns: Iterable[str], selector: str | None = None, *,
@@ -1375,11 +1392,13 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         channel takes, sent together; the appliance builds its tables once for all of them
         and answers each once the tables holding it are live), with the same options for
         each: one result per pattern, in order: its ``Subscription``, or the error
-        ``subscribe`` would have raised for it alone (``EntitlementError`` when P&M refuses
-        it, ``SelectorRefusedError``, a ``ClientError`` for a limit of the appliance, a
-        ``NoAnswerError`` when no answer came within ``timeout_s``, default the client's
-        timeout); the others are made all the same. A pattern or an option that is not one
-        raises ``ClientError`` before anything is sent. No durable subscriptions here."""
+        ``subscribe`` would have raised for it alone (``EntitlementError`` when P&M or a
+        limit of the appliance refuses it, a ``BusyError`` when the session had
+        ``clients.max_pending_requests`` requests waiting: ask again later,
+        ``SelectorRefusedError``, a ``NoAnswerError`` when no answer came within
+        ``timeout_s``, default the client's timeout); the others are made all the same. A
+        pattern or an option that is not one raises ``ClientError`` before anything is
+        sent. No durable subscriptions here."""
         flow_flags = _subscribe_options(qos, poll, selector, callback, None, on_loss,
                                         flow_policy)
         self._check_usable()
@@ -1400,10 +1419,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                                          f"to {pattern!r}; is it running?"))
                 continue
             if not result.get("accepted"):
-                reason = str(result.get("reason"))
-                error = SelectorRefusedError if selector and reason.startswith(
-                    "selectors:") else EntitlementError
-                out.append(error(f"subscription to {pattern!r} refused: {reason}"))
+                out.append(_refusal(f"subscription to {pattern!r}", result, selector))
                 continue
             sub = Subscription(self, sub_id, pattern, namespace, compiled, qos, callback,
                                on_loss, poll=poll)
@@ -1420,7 +1436,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 for sub in made:
                     lst.subscribe(sub.pattern)
                 self._subs.extend(made)
-                self._subs_changed()
+                self._subs_changed(made)
         return out
 
     def unsubscribe_many(self, patterns: Iterable[str], *, namespace: int = 0,
@@ -1446,8 +1462,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 out.append(NoAnswerError(f"no answer from the appliance to the unsubscribe "
                                          f"of {pattern!r}; is it running?"))
             elif not result.get("accepted"):
-                out.append(ClientError(f"unsubscribe {pattern!r} refused: "
-                                       f"{result.get('reason')}"))
+                out.append(_refusal(f"unsubscribe {pattern!r}", result))
             else:
                 out.append(None)
                 done.append(pattern)
@@ -1473,9 +1488,15 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             self._subs = keep
             self._subs_changed()
 
-    def _subs_changed(self) -> None:
-        """The live subscriptions changed (under ``_lock``): routes are computed afresh."""
+    def _subs_changed(self, added: list[Subscription] | None = None) -> None:
+        """The live subscriptions changed (under ``_lock``): routes are computed afresh;
+        ``added``: only these were appended (indexed as they come), else the index is made
+        again."""
         self._route_cache = {}
+        if added is None:
+            self._routes = Routes(self._subs)
+        else:
+            self._routes.add(added)
         self._subs_version += 1
         self._has_push = any(not sub.poll_mode for sub in self._subs)
 
@@ -1563,7 +1584,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         result = self._request(("unsubscribe", sub_id), lambda: self._admin(
             fl.FrameType.UNSUBSCRIBE, [al.Subscription(sub_id, namespace, 0, 0, pattern)]))
         if not result.get("accepted"):
-            raise ClientError(f"unsubscribe {pattern!r} refused: {result.get('reason')}")
+            raise _refusal(f"unsubscribe {pattern!r}", result)
         self._withdrawn(namespace, [pattern])
 
     # --- receiving (the client thread) ---------------------------------------------------------
@@ -1692,9 +1713,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         with self._lock:  # a miss: compute against a consistent set of subscriptions
             lst = self._lists.get(namespace)
             subs = [] if lst is None or not lst.decides(topic) else [
-                sub for sub in self._subs
-                if sub.namespace == namespace and (sub.qos == "guaranteed") == guaranteed
-                and sub.poll_mode == poll and matches(sub.pattern, topic)]
+                sub for sub in self._routes.matching(namespace, topic)
+                if (sub.qos == "guaranteed") == guaranteed and sub.poll_mode == poll]
             if len(self._route_cache) >= ROUTE_CACHE_TOPICS:
                 self._route_cache.clear()
             self._route_cache[key] = subs
@@ -1843,6 +1863,27 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
 
     def __exit__(self, *exc: object) -> None:
         self.close()  # returns (and logs) the unacknowledged count; see close()
+
+
+PENDING_LIMIT_KEY = "clients.max_pending_requests"
+"""Named by the reason of a (un)subscribe the appliance refused because the session had too
+many requests waiting for their answer (appliance/control/clients.py,
+``_subscribe_refused``)."""
+
+
+def _refusal(what: str, result: dict, selector: str | None = None) -> ClientError:
+    """The error of a (un)subscribe the appliance refused (``what``: "subscription to 'p'"
+    or "unsubscribe 'p'"): ``BusyError`` for its pending requests' limit, ask again later;
+    ``SelectorRefusedError`` for a selector; else ``EntitlementError`` for a subscription,
+    ``ClientError`` for an unsubscribe."""
+    reason = str(result.get("reason"))
+    if PENDING_LIMIT_KEY in reason:
+        error: type[ClientError] = BusyError
+    elif selector and reason.startswith("selectors:"):
+        error = SelectorRefusedError
+    else:
+        error = EntitlementError if what.startswith("subscription") else ClientError
+    return error(f"{what} refused: {reason}")
 
 
 def matches_or_includes(live: str, pattern: str) -> bool:

@@ -454,11 +454,9 @@ class ConnectionSide:
         held = list(self._keys.items())
         if not held:
             return
-        # one batched request (Client.register_many's frames), not a round trip per topic
-        frames = self._admin_frames(fl.FrameType.REGISTRY_UPDATE, [
-            al.RegistryEntry(k, n, t) for (n, t), k in held], {"version": 0})
-        answers = self._request_many([("register", n, t) for (n, t), _ in held], frames,
-                                     repeatable=True, timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
+        # one batched request (Client.register_many's), not a round trip per topic
+        answers = self._register_entries([al.RegistryEntry(k, n, t) for (n, t), k in held],
+                                         RECONNECT_LOGIN_TIMEOUT_S)
         for ((namespace, topic), _), result in zip(held, answers):
             if result is None:
                 raise NoAnswerError(f"no answer from the appliance to the registration of "

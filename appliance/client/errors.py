@@ -30,6 +30,12 @@ class NoAnswerError(ClientError):
     running, not reachable, or overloaded (a runtime failure, not a refusal)."""
 
 
+class BusyError(ClientError):
+    """The appliance could not take a (un)subscribe now: its session had
+    ``clients.max_pending_requests`` requests waiting for their answer (those of an earlier
+    request it did not answer in time, for one). Not a refusal: ask again later."""
+
+
 class ConnectionLostError(ClientError):
     """The connection to the appliance was lost: raised by the next call after the loss
     (once, even when the client has reconnected meanwhile) and by every call while it is

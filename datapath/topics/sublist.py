@@ -89,6 +89,10 @@ class SubscriptionList:
         """The entries whose pattern has a wildcard (in list order)."""
         self._plain: dict[str, Entry] = {}
         """Pattern -> the entry of a pattern without wildcards (at most one each)."""
+        self._order: dict[str, int] = {}
+        """Pattern -> when its entry was appended (a list holds one entry per pattern, and
+        entries keep the order they were appended in): ``decides`` compares two."""
+        self._appended = 0
         for request in requests:
             self.apply(request)
 
@@ -124,7 +128,7 @@ class SubscriptionList:
         shadowed = any(not e.positive and overlaps_levels(e.levels, levels)
                        for e in self._entries)
         if not covered or shadowed:
-            self._entries.append(Entry(True, pattern))
+            self._append(Entry(True, pattern))
         self._drop_leading_negatives()
         self._reindex()
 
@@ -134,26 +138,34 @@ class SubscriptionList:
         own = self._plain.pop(pattern, None)
         if own is not None:  # 41/42: the only plain entry a plain topic includes
             self._entries.remove(own)
+            del self._order[pattern]
         covered = any(e.positive and includes_levels(e.levels, levels) for e in self._wild)
         shadowed = any(not e.positive and overlaps_levels(e.levels, levels)
                        for e in self._wild)
         if not covered or shadowed:
             entry = Entry(True, pattern)
-            self._entries.append(entry)
+            self._append(entry)
             self._plain[pattern] = entry
         if self._entries and not self._entries[0].positive:
             self._drop_leading_negatives()
             self._reindex()
 
+    def _append(self, entry: Entry) -> None:
+        self._entries.append(entry)
+        self._order[entry.pattern] = self._appended
+        self._appended += 1
+
     def _reindex(self) -> None:
         self._wild = [e for e in self._entries if _wildcarded(e.levels)]
         self._plain = {e.pattern: e for e in self._entries if not _wildcarded(e.levels)}
+        order = self._order
+        self._order = {e.pattern: order[e.pattern] for e in self._entries}
 
     def unsubscribe(self, pattern: str) -> None:
         levels = split_pattern(pattern)
         self._remove_included_in(levels)
         if any(e.positive and overlaps_levels(e.levels, levels) for e in self._entries):
-            self._entries.append(Entry(False, pattern))
+            self._append(Entry(False, pattern))
         self._drop_leading_negatives()
         self._reindex()
 
@@ -171,12 +183,18 @@ class SubscriptionList:
         return True
 
     def decides(self, topic: str) -> bool:
-        """Deliver ``topic``? The newest entry whose pattern matches it decides; none: no."""
+        """Deliver ``topic``? The newest entry whose pattern matches it decides; none: no.
+        The entries that can match a topic are those with wildcards and the one of that
+        very topic, if any: the newest of them decides, found without a pass over the
+        plain topics of a list that holds many."""
         levels = split_topic(topic)
-        for entry in reversed(self._entries):
+        own = self._plain.get(topic)
+        for entry in reversed(self._wild):
             if matches_levels(entry.levels, levels):
-                return entry.positive
-        return False
+                if own is None or self._order[entry.pattern] > self._order[own.pattern]:
+                    return entry.positive
+                break
+        return own is not None and own.positive
 
     def positive_patterns(self) -> list[str]:
         """The patterns this list can deliver from (what a topic index needs to hold)."""

@@ -4,7 +4,8 @@ at the same moment, on a ``topicwire run`` edge whose appliance stops answering 
 publishes is): the registrations go unanswered past the native client's request timeout,
 and are asked again (``native_register_retries``) instead of closing the connections
 (``closed_native_publish_failed``, issue 16); once the appliance answers, every publish is
-acknowledged and delivered to its subscriber. Then a SIGTERM while every connection waits
+acknowledged and delivered to its subscriber. The native subscribes and unsubscribes of
+those connections likewise. Then a SIGTERM while every connection waits
 for the appliance ends the edge within its bound (docs/mqtt.md, "How it is built", "Start
 and stop"): the waiting connections are cancelled after ``CLOSE_GRACE_S`` (the data path
 is let run again then, for the appliance's own drain)."""
@@ -88,17 +89,26 @@ class Peer:
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
         self.got: dict[str, asyncio.Event] = {k: asyncio.Event() for k in
-                                              ("connack", "suback", "puback", "publish")}
+                                              ("connack", "suback", "puback", "publish",
+                                               "unsuback")}
         self.payloads: list[bytes] = []
         self.ended = asyncio.Event()
 
-    async def open(self, port: int) -> None:
+    async def open(self, port: int, subscribe: bool = True) -> None:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
         self.task = asyncio.ensure_future(self._read())
         self.writer.write(codec.encode_connect(f"many-{self.i}", keep_alive_s=0))
         await self.got["connack"].wait()
+        if subscribe:
+            self.subscribe()
+            await self.got["suback"].wait()
+
+    def subscribe(self) -> None:
         self.writer.write(codec.encode_subscribe(1, [(self.topic, 1)]))
-        await self.got["suback"].wait()
+
+    def unsubscribe(self) -> None:
+        self.writer.write(codec.packet(PacketType.UNSUBSCRIBE, 0b0010,
+                                       b"\x00\x03" + codec._str(self.topic)))
 
     def publish(self) -> None:
         self.writer.write(codec.encode_publish(self.topic, b"%d" % self.i, 1, packet_id=2))
@@ -120,6 +130,8 @@ class Peer:
                     self.got["suback"].set()
                 elif kind == PacketType.PUBACK:
                     self.got["puback"].set()
+                elif kind == PacketType.UNSUBACK:
+                    self.got["unsuback"].set()
                 elif kind == PacketType.PUBLISH:
                     pkt = codec.decode(first, body, codec.V311)
                     self.payloads.append(pkt.payload)
@@ -136,13 +148,13 @@ class Peer:
         self.writer.close()
 
 
-async def _open_all(port: int) -> list[Peer]:
+async def _open_all(port: int, subscribe: bool = True) -> list[Peer]:
     peers = [Peer(i) for i in range(CONNECTIONS)]
     gate = asyncio.Semaphore(64)
 
     async def one(peer: Peer) -> None:
         async with gate:
-            await peer.open(port)
+            await peer.open(port, subscribe)
 
     await asyncio.wait_for(asyncio.gather(*(one(p) for p in peers)), DEADLINE_S)
     return peers
@@ -194,6 +206,60 @@ def test_first_publishes_the_appliance_does_not_answer_in_time_are_asked_again(t
         closed = {k: v for k, v in counters.items()
                   if k.startswith("closed_") and k != "closed_by_peer"}
         assert closed == {}, closed
+    finally:
+        os.kill(dp, signal.SIGCONT)
+        stop(proc)
+
+
+def test_subscribes_and_unsubscribes_the_appliance_does_not_answer_in_time_are_asked_again(
+        tmp_path):
+    """Every connection subscribes its own topic while the data path is stopped: the native
+    subscribe batch goes unanswered past the request timeout and is asked again
+    (``native_subscribe_retries``; once the appliance runs, it may refuse a repeat while the
+    first request's entries still wait for their tables: ``BusyError``, asked again too)
+    instead of closing the connections (``closed_native_subscribe_failed``, issue 16):
+    each SUBACK grants QoS 1 and a message then reaches every connection. The unsubscribes
+    likewise (``native_unsubscribe_retries``: more patterns than the identity withdraws at
+    once, so its native list is rebuilt, then the last ones withdrawn)."""
+    mqtt_port, mgmt_port = free_port(), free_port()
+    proc = run_appliance(_config(tmp_path, mqtt_port, mgmt_port))
+    dp = _data_path_pid(proc.pid)
+    steps = (("suback", "native_subscribe_retries", Peer.subscribe),
+             ("unsuback", "native_unsubscribe_retries", Peer.unsubscribe))
+
+    async def scenario() -> None:
+        peers = await _open_all(mqtt_port, subscribe=False)
+        try:
+            for answer, retries, send in steps:
+                os.kill(dp, signal.SIGSTOP)
+                try:
+                    for peer in peers:
+                        send(peer)
+                    await _until(lambda name=retries: _counters(mgmt_port).get(name, 0) >= 1,
+                                 f"a native request for {answer} asked again")
+                finally:
+                    os.kill(dp, signal.SIGCONT)
+                await asyncio.wait_for(asyncio.gather(*(p.got[answer].wait() for p in peers)),
+                                       DEADLINE_S)
+                if answer == "suback":
+                    for peer in peers:
+                        peer.publish()
+                    await asyncio.wait_for(asyncio.gather(*(
+                        p.got["publish"].wait() for p in peers)), DEADLINE_S)
+                    assert [p.payloads for p in peers] == [[b"%d" % p.i] for p in peers]
+            assert not any(p.ended.is_set() for p in peers)
+        finally:
+            for peer in peers:
+                peer.close()
+
+    try:
+        asyncio.run(scenario())
+        counters = _counters(mgmt_port)
+        closed = {k: v for k, v in counters.items()
+                  if k.startswith("closed_") and k != "closed_by_peer"}
+        assert closed == {}, closed
+        assert counters.get("subscriptions") == CONNECTIONS, counters
+        assert counters.get("unsubscriptions") == CONNECTIONS, counters
     finally:
         os.kill(dp, signal.SIGCONT)
         stop(proc)

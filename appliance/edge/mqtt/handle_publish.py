@@ -66,7 +66,7 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
     entitlements refuse, 0x83 when the metadata does not fit a header block (counted
     ``publishes_refused_metadata``). ``seq``: its record in the state store."""
     from appliance.client.errors import ClientError, EntitlementError, NoAnswerError
-    from appliance.edge.mqtt.identities import REGISTER_WAIT_S
+    from appliance.edge.mqtt.identities import NATIVE_WAIT_S
 
     server = state.server
     native_qos = NATIVE_QOS[min(qos, 1)]
@@ -98,10 +98,10 @@ async def into_fabric(state: SessionState, topic: str, payload: bytes, qos: int,
     except EntitlementError:
         state.count("publishes_denied")
         return Reason.NOT_AUTHORIZED
-    except NoAnswerError as exc:  # asked again for identities.REGISTER_WAIT_S, in vain
+    except NoAnswerError as exc:  # asked again for identities.NATIVE_WAIT_S, in vain
         log.warning("mqtt %s: the appliance did not register topic %r for identity %r "
                     "within %g s (%s); connection closed", _peer(state), topic,
-                    ident.identity, REGISTER_WAIT_S, exc)
+                    ident.identity, NATIVE_WAIT_S, exc)
         raise Closed("native_register_timeout", Reason.UNSPECIFIED, detail=str(exc)) from None
     except ClientError as exc:
         log.warning("mqtt %s: a publish to %r failed natively (%s: %s); connection closed",

@@ -65,7 +65,8 @@ def _options(conn: MqttConnection, topic_filter: str, options: int,
 
 
 async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
-    from appliance.client.errors import ClientError, EntitlementError
+    from appliance.client.errors import BusyError, ClientError, EntitlementError, NoAnswerError
+    from appliance.edge.mqtt.identities import NATIVE_WAIT_S
 
     sub_id = int(codec.prop(pkt.props, "subscription_identifier", 0))  # type: ignore[arg-type]
     if conn.version == codec.V5 and codec.PROP["subscription_identifier"] in (
@@ -94,7 +95,14 @@ async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
                 conn.count("subscriptions_denied")
                 codes.append(_code(conn, Reason.NOT_AUTHORIZED))
                 continue
-            except ClientError as exc:  # (not asked again: issue 16, not built yet)
+            except (NoAnswerError, BusyError) as exc:  # asked again, in vain (identities.py)
+                log.warning("mqtt %s: the appliance did not take the native subscribe of %r "
+                            "for identity %r within %g s (%s: %s); connection closed",
+                            conn.peer, topic_filter, state.identity, NATIVE_WAIT_S,
+                            type(exc).__name__, exc)
+                raise Closed("native_subscribe_timeout", Reason.UNSPECIFIED,
+                             detail=str(exc)) from None
+            except ClientError as exc:
                 log.warning("mqtt %s: the native subscribe of %r failed (%s: %s); connection "
                             "closed", conn.peer, topic_filter, type(exc).__name__, exc)
                 raise Closed("native_subscribe_failed", Reason.UNSPECIFIED,
@@ -117,6 +125,8 @@ async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
 
 
 async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
+    from appliance.client.errors import ClientError
+
     state = conn.state
     assert state is not None
     codes = []
@@ -128,7 +138,14 @@ async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
         if opts.group is not None:
             conn.server.shared_router.leave(opts.group, state)
         if state.ident is not None:
-            await state.ident.release(state, topic_filter, opts.match)
+            try:
+                await state.ident.release(state, topic_filter, opts.match)
+            except ClientError as exc:  # asked again while unanswered, in vain
+                log.warning("mqtt %s: the native unsubscribe of %r failed (%s: %s); "
+                            "connection closed", conn.peer, topic_filter, type(exc).__name__,
+                            exc)
+                raise Closed("native_unsubscribe_failed", Reason.UNSPECIFIED,
+                             detail=str(exc)) from None
         conn.count("unsubscriptions")
         codes.append(Reason.SUCCESS)
     if state.stored:

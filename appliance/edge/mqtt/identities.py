@@ -48,11 +48,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from appliance.client.errors import ClientError
+from appliance.client.errors import (
+    BusyError,
+    ClientError,
+    ConnectionLostError,
+    EntitlementError,
+    NoAnswerError,
+)
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt.meta import SENDER_HEADER, from_headers
 from appliance.edge.mqtt.topics import mqtt_matches
@@ -78,22 +84,27 @@ REGISTERED_TOPICS = 16_384
 """Topics per identity remembered as registered with the appliance (``register``): their
 publishes need no step off the event loop; a publish of another topic asks the native
 session once more (which answers at once for a topic it registered before)."""
-REGISTER_WAIT_S = 30.0
-"""How long the first publish of a topic waits for the identity's native session to
-register the topic (``IdentitySession.register``), retries included, before its connection
-closes (``closed_native_register_timeout``)."""
+NATIVE_WAIT_S = 30.0
+"""How long a native request of an identity's session waits for the appliance, retries
+included (``IdentitySession._asked_again``): the registration of the first publish of a
+topic, a subscribe, an unsubscribe; then its connection closes
+(``closed_native_register_timeout``, ``closed_native_subscribe_timeout``,
+``closed_native_unsubscribe_failed``)."""
 REGISTER_BATCH_TOPICS = 256
 """Topics one native ``register_many`` of an identity asks at most (a few REGISTRY_UPDATE
 frames): the others wait for the next batch. Thousands in one request went unanswered
 past the native request timeout again and again at 5,000 connections (the client sends
 every frame of the request again while any is unanswered)."""
-REGISTER_RETRY_S = 0.5
-"""A registration the appliance did not answer (``NoAnswerError``) or could not take while
-the native session was lost (``ConnectionLostError``) is asked again after this long."""
+NATIVE_RETRY_S = 0.5
+"""A native request the appliance did not answer (``NoAnswerError``), could not take yet
+(``BusyError``: the session's earlier requests still wait for their answer) or that could
+not be asked while the native session was lost (``ConnectionLostError``) is asked again
+after this long."""
 NATIVE_RESUBSCRIBE_FACTOR = 4
 """After this many native subscribes per held pattern, an unsubscribe rebuilds the native
 session's list from scratch (each native subscribe keeps a subscription object)."""
 
+T = TypeVar("T")
 Ref = tuple["SessionState", str]
 """(an MQTT session, one of its filter keys)."""
 
@@ -196,8 +207,6 @@ class IdentitySession:
         native = await self.server.blocking(self.server.native_login, self.identity)
         if self.closing:  # every member left meanwhile
             await self.server.blocking(native.close)
-            from appliance.client.errors import ClientError
-
             raise ClientError("the identity's sessions ended during the login")
         native.hold_frames = True  # its publishes leave at the end of each wake-up
         self.native = native
@@ -239,33 +248,43 @@ class IdentitySession:
         (then its publishes need no round trip: ``registered``). The topics asked for within
         one wake-up of the event loop go in one native ``register_many`` (one request, one
         pass at the appliance), one batch at a time per identity; the caller (the
-        publisher's read loop) waits meanwhile. A topic the appliance did not answer
-        (``NoAnswerError``: it is busy, e.g. with thousands of first publishes at once) or
-        that could not be asked while the native session was lost (``ConnectionLostError``)
-        is asked again after ``REGISTER_RETRY_S``, for ``REGISTER_WAIT_S`` at most; then
-        that ``NoAnswerError`` is raised. Raises ``EntitlementError`` when P&M refuses the
-        topic, ``ClientError`` for a native session that is closed."""
-        if topic in self.registered:
-            return
-        loop = self.server.loop
-        deadline = loop.time() + REGISTER_WAIT_S
-        from appliance.client.errors import ConnectionLostError, NoAnswerError
+        publisher's read loop) waits meanwhile, asked again while unanswered
+        (``_asked_again``). Raises ``EntitlementError`` when P&M refuses the topic,
+        ``NoAnswerError`` past ``NATIVE_WAIT_S``, ``ClientError`` for a native session that
+        is closed."""
+        if topic not in self.registered:
+            await self._asked_again(lambda: self._register_batched(topic),
+                                    "native_register_retries",
+                                    lambda: topic in self.registered)
 
+    def _register_batched(self, topic: str) -> asyncio.Future:
+        """``topic`` in the next registration batch: its waiter."""
+        waiter = self.server.loop.create_future()
+        if not self._reg_batch and not self._reg_running:
+            self.server.loop.call_soon(self._flush_registers)
+        self._reg_batch.setdefault(topic, []).append(waiter)
+        return waiter
+
+    async def _asked_again(self, ask: Callable[[], Awaitable[T]], retries: str,
+                           done: Callable[[], bool] | None = None) -> T | None:
+        """``await ask()``, asked again after ``NATIVE_RETRY_S`` (counted ``retries``)
+        while the appliance does not answer it in time (``NoAnswerError``: it is busy, e.g.
+        with thousands of first publishes or subscribes at once), cannot take it yet
+        (``BusyError``) or it cannot be asked while the native session is lost
+        (``ConnectionLostError``), for ``NATIVE_WAIT_S`` at most; then that error is
+        raised. ``done``: whether another request did it meanwhile (then None)."""
+        loop = self.server.loop
+        deadline = loop.time() + NATIVE_WAIT_S
         while True:
-            waiter = loop.create_future()
-            if not self._reg_batch and not self._reg_running:
-                loop.call_soon(self._flush_registers)
-            self._reg_batch.setdefault(topic, []).append(waiter)
             try:
-                await waiter
-                return
-            except (NoAnswerError, ConnectionLostError):
-                if self.closing or loop.time() + REGISTER_RETRY_S > deadline:
+                return await ask()
+            except (NoAnswerError, BusyError, ConnectionLostError):
+                if self.closing or loop.time() + NATIVE_RETRY_S > deadline:
                     raise
-                self.count("native_register_retries")
-                await asyncio.sleep(REGISTER_RETRY_S)
-                if topic in self.registered:  # (another publisher's registration)
-                    return
+                self.count(retries)
+                await asyncio.sleep(NATIVE_RETRY_S)
+                if done is not None and done():
+                    return None
 
     def _flush_registers(self) -> None:
         """Send the topics gathered so far (at most ``REGISTER_BATCH_TOPICS``) as one batch;
@@ -335,7 +354,8 @@ class IdentitySession:
         fut = self.server.loop.create_future()
         self._pending[match] = fut
         try:
-            guaranteed = await self._subscribe_batched(match)
+            guaranteed = await self._asked_again(lambda: self._subscribe_batched(match),
+                                                 "native_subscribe_retries")
         except BaseException as exc:
             fut.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
             fut.exception()  # (retrieved: waiters read it, none may)
@@ -367,17 +387,17 @@ class IdentitySession:
         self.lingering.discard(match)
         return self.refs.pop(match, set())
 
-    async def _subscribe_batched(self, match: str) -> bool:
+    def _subscribe_batched(self, match: str) -> asyncio.Future:
         """``_subscribe_all`` of ``match`` together with every other pattern asked for in the
         same wake-up of the event loop (one native ``subscribe_many`` per class for all of
-        them: the appliance builds its tables once). True with the guaranteed class; raises
-        what refused ``match`` alone."""
+        them: the appliance builds its tables once): its outcome, True with the guaranteed
+        class, or what refused ``match`` alone."""
         loop = self.server.loop
         outcome = loop.create_future()
         if not self._sub_batch and not self._sub_running:
             loop.call_soon(self._flush_subscribes)
         self._sub_batch.append((match, outcome))
-        return await outcome
+        return outcome
 
     def _flush_subscribes(self) -> None:
         """Send the patterns gathered so far as one batch; one batch at a time per
@@ -421,10 +441,9 @@ class IdentitySession:
         one native request (``Client.subscribe_many``); a refused guaranteed class (no
         guaranteed place left at the appliance) is counted and the best-effort one kept.
         Per pattern: True with the guaranteed class, False without, or the ``ClientError``
-        that refused its best-effort class (``EntitlementError``: P&M). Runs off the event
-        loop."""
-        from appliance.client.errors import ClientError
-
+        that refused its best-effort class (``EntitlementError``: P&M), or that left its
+        guaranteed class unanswered or not taken yet (``NoAnswerError``, ``BusyError``: the
+        pattern is asked again, ``_asked_again``). Runs off the event loop."""
         native = self.native
         if native is None:
             raise ClientError("the identity's native session is closed")
@@ -440,7 +459,10 @@ class IdentitySession:
                                             callback=self.on_native) if allowed else ())
         for i, r in enumerate(out):
             if r is True:
-                if isinstance(next(second), ClientError):
+                r = next(second)
+                if isinstance(r, (NoAnswerError, BusyError)):
+                    out[i] = r
+                elif isinstance(r, ClientError):
                     self.count("subscriptions_guaranteed_refused")
                     out[i] = False
                 else:
@@ -517,8 +539,8 @@ class IdentitySession:
     async def _withdraw(self, matches: list[str], rebuild: bool) -> None:
         """Withdraw ``matches`` natively in one request (seed 000: also what they include)
         and subscribe again, in one request, the held patterns they may have taken; a held
-        pattern P&M now refuses is taken from its sessions."""
-        from appliance.client.errors import ClientError, EntitlementError
+        pattern P&M now refuses is taken from its sessions. Asked again, both steps, while
+        unanswered (``_asked_again``)."""
         from datapath.topics.algebra import overlaps
 
         rebuild = rebuild or self.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(
@@ -548,7 +570,9 @@ class IdentitySession:
                 raise failed
             return out
 
-        for pattern, guaranteed in (await self.server.blocking(work)).items():
+        done = await self._asked_again(lambda: self.server.blocking(work),
+                                       "native_unsubscribe_retries")
+        for pattern, guaranteed in (done or {}).items():
             if guaranteed is None:
                 for state, key in self._drop(pattern):
                     state.filters.pop(key, None)
