@@ -608,6 +608,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         self._route_cache: dict[tuple[int, str, bool], list[Subscription]] = {}
         self._routes = Routes()
         """``_subs`` indexed by pattern (``_targets``)."""
+        self._flow_subs: list[Subscription] = []
+        """The subscriptions of ``_subs`` with a flow-control policy (``ReceiveFlow``)."""
         self._lists: dict[int, SubscriptionList] = {}
         self._sub_ids = itertools.count(1)
         self._keyer = KeyRegistry()
@@ -1495,8 +1497,12 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         self._route_cache = {}
         if added is None:
             self._routes = Routes(self._subs)
+            self._flow_subs = [sub for sub in self._subs if sub.flow_policy is not None]
         else:
             self._routes.add(added)
+            flow = [sub for sub in added if sub.flow_policy is not None]
+            if flow:  # (a new list: the client thread may be reading the old one)
+                self._flow_subs = self._flow_subs + flow
         self._subs_version += 1
         self._has_push = any(not sub.poll_mode for sub in self._subs)
 

@@ -352,6 +352,8 @@ class ConnectionSide:
             self._subscribe_again()
         finally:
             self._fill_gap(fills)
+            with self._lock:  # (the appliance may have given a subscription another policy)
+                self._subs_changed()
         self._send_again()
         self._wake_durables()
         return moved

@@ -121,13 +121,13 @@ class ReceiveFlow:
         session under flow control from the start and sends only what each "off" allows.
         Otherwise the appliance forwards freely until the client first says "on", and a
         refresh would tell it nothing."""
-        return any(sub.flow_policy is not None for sub in self.client._subs)
+        return bool(self.client._flow_subs)
 
     def depth(self) -> int:
         client = self.client
         queued = 0
-        for sub in client._subs:  # (a default-policy subscription's own queue absorbs)
-            if sub.callback is None and sub.flow_policy is not None:
+        for sub in client._flow_subs:  # (a default-policy subscription's queue absorbs)
+            if sub.callback is None:
                 queued += len(sub._queue) + len(sub._latest)
         pending = client._pending  # messages whose topic the client is resolving
         if pending:
