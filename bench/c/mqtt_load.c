@@ -20,7 +20,8 @@
  * exactly one packet at a time, so nothing of the data phase is left in its buffers.
  *
  * pub: connects every client, prints "READY <connect_ms>", then reads commands on standard
- *   input: "PROBE" publishes one probe message per client (not measured), "GO" publishes for
+ *   input: "PROBE" publishes one probe message per client (not measured; echo: per client
+ *   whose own probe has not come back yet), "GO" publishes for
  *   DURATION_S seconds: at RATE messages per second over all clients (message k from client
  *   k mod COUNT, due at start + k / RATE and stamped with that due time, sent whether or
  *   not earlier ones were acknowledged: an open loop, so a broker that falls behind shows
@@ -518,6 +519,10 @@ static void run_pub(double rate, double duration_s) {
         if (strcmp(line, "PROBE") == 0) {
             long long ts = now_ns();
             for (int i = 0; i < count; i++) {
+                /* echo: a client whose own probe came back has shown its route; another
+                   one would only add to what a broker slower than the rounds still has to
+                   deliver before the measured messages */
+                if (role_echo && streams[i].probed) continue;
                 publish(&clients[i], 0, ts);
                 flush(&clients[i]);
             }

@@ -90,11 +90,14 @@ included (``IdentitySession._asked_again``): the registration of the first publi
 topic, a subscribe, an unsubscribe; then its connection closes
 (``closed_native_register_timeout``, ``closed_native_subscribe_timeout``,
 ``closed_native_unsubscribe_failed``)."""
-REGISTER_BATCH_TOPICS = 256
-"""Topics one native ``register_many`` of an identity asks at most (a few REGISTRY_UPDATE
-frames): the others wait for the next batch. Thousands in one request went unanswered
-past the native request timeout again and again at 5,000 connections (the client sends
-every frame of the request again while any is unanswered)."""
+REGISTER_BATCH_TOPICS = 2_048
+"""Topics one native ``register_many`` of an identity asks at most (two or three
+REGISTRY_UPDATE frames): the others wait for the next batch. 5,000 in one request went
+unanswered past the native request timeout again and again at 5,000 connections while the
+native client's thread spent ~90 ms routing each new topic's first message (appliance/
+client/routes.py) and sent every frame of the request again while any topic was
+unanswered; batches of 256 were answered, but at 5,000 connections their 20 round trips,
+each waiting its turn on an event loop busy with the probes, took minutes."""
 NATIVE_RETRY_S = 0.5
 """A native request the appliance did not answer (``NoAnswerError``), could not take yet
 (``BusyError``: the session's earlier requests still wait for their answer) or that could
