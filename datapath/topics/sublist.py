@@ -19,7 +19,8 @@ request sequences.
 Cost: subscribing a topic without wildcards (the usual request of a list that holds many)
 looks only at the entries with wildcards and at the entry of that same topic, if any (a
 topic includes, and overlaps, only itself): a list of many plain topics takes one more in
-constant time, not in a pass over all of them. Other requests pass over the list.
+constant time, not in a pass over all of them. Other requests pass over the list. Deciding
+a topic likewise looks only at the wildcard entries and the topic's own (``decides``).
 """
 
 from __future__ import annotations
