@@ -424,6 +424,10 @@ class MqttConfig:
     send_buffer_bytes: int = MQTT_SEND_BUFFER_BYTES
     allow_anonymous: bool = False
     """A CONNECT without a username logs in as P&M identity ``anonymous``."""
+    partial_unsubscribe: bool = False
+    """Every connection's UNSUBSCRIBE of a filter narrower than one it holds carves it out
+    (seed 000's partial unsubscribe); without it a 5.0 client opts in per UNSUBSCRIBE with
+    the user property ``tw-partial-unsubscribe`` (appliance/edge/mqtt/handle_subscribe.py)."""
     max_offline_sessions: int = MQTT_MAX_OFFLINE_SESSIONS
     max_session_expiry_s: int = MQTT_MAX_SESSION_EXPIRY_S
     topic_alias_maximum: int = MQTT_TOPIC_ALIAS_MAXIMUM
@@ -791,7 +795,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_subscriptions", "max_inflight", "max_queued",
                               "max_retained",
                               "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
-                              "allow_anonymous", "max_offline_sessions", "max_session_expiry_s",
+                              "allow_anonymous", "partial_unsubscribe",
+                              "max_offline_sessions", "max_session_expiry_s",
                               "topic_alias_maximum", "server_keep_alive_s",
                               "tls_listen",
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
@@ -811,7 +816,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                     "identity log in a client session through the edge's own client endpoint")
     flags = {}
     for key in ("allow_anonymous", "tls_require_client_cert", "tls_identity_from_cert",
-                "ws_tls"):
+                "ws_tls", "partial_unsubscribe"):
         flags[key] = mq.get(key, False)
         if not isinstance(flags[key], bool):
             raise _fail(p + key, "must be true or false")
@@ -862,7 +867,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                                 600_000),
         send_buffer_bytes=_int(mq, "send_buffer_bytes", p, MQTT_SEND_BUFFER_BYTES, 4_096,
                                1 << 30),
-        allow_anonymous=flags["allow_anonymous"])
+        allow_anonymous=flags["allow_anonymous"],
+        partial_unsubscribe=flags["partial_unsubscribe"])
 
 
 def _retained_share(mq: dict, p: str, identities: dict[str, IdentityConfig] | None
