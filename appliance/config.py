@@ -406,6 +406,10 @@ class IdentityConfig:
     which its clients' sessions move to their standby (the fields of
     appliance/client/pathwatch.py ``MoveBounds``), for clients that give none of their own;
     None: only the client's."""
+    scram_sha256: str | None = None
+    """The identity's SCRAM-SHA-256 stored keys (``scram-sha-256:ITER:SALT:STOREDKEY:
+    SERVERKEY``, appliance/control/credentials.py) for MQTT 5.0 enhanced authentication at
+    the edge; None: it cannot log in that way."""
 
 
 @dataclass(frozen=True)
@@ -712,7 +716,7 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
         _known(spec, {"publish", "subscribe", "password", "acl_class", "namespaces",
-                      "flow_policy", "move_on"}, where + ".")
+                      "flow_policy", "move_on", "scram_sha256"}, where + ".")
         acl_class = spec.get("acl_class")
         if acl_class is not None and not isinstance(acl_class, str):
             raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
@@ -725,13 +729,22 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
                 parse_hash(password)
             except CredentialError as exc:
                 raise _fail(where + ".password", str(exc)) from None
+        scram = spec.get("scram_sha256")
+        if scram is not None:
+            from appliance.control.credentials import CredentialError, parse_scram
+
+            try:
+                parse_scram(scram)
+            except CredentialError as exc:
+                raise _fail(where + ".scram_sha256", str(exc)) from None
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"),
                                        password, acl_class,
                                        _namespaces(spec.get("namespaces", [0]),
                                                    where + ".namespaces"),
                                        _flow_policy(spec, where + ".flow_policy"),
-                                       _move_on(spec.get("move_on"), where + ".move_on"))
+                                       _move_on(spec.get("move_on"), where + ".move_on"),
+                                       scram)
     return out
 
 
