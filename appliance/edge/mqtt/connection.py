@@ -139,7 +139,7 @@ class MqttConnection:
                     self.count("disconnects_clean" if clean else "disconnects_with_will")
                     return
                 elif isinstance(pkt, codec.Auth):
-                    handle_auth.on_auth(self, pkt)
+                    handle_auth.on_auth(self, pkt, handle_connect.pm_identities(self.server))
                 elif isinstance(pkt, codec.Connect):
                     raise Closed("second_connect", Reason.PROTOCOL_ERROR)
                 else:

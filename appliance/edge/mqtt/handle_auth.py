@@ -152,11 +152,10 @@ async def connect_exchange(conn: MqttConnection, pkt: codec.Connect,
                                (codec.PROP["authentication_data"], server_final)]
 
 
-def on_auth(conn: MqttConnection, pkt: codec.Auth) -> None:
-    """An AUTH after CONNACK: a step of re-authentication, else a protocol error (raises
-    ``Closed``: the connection ends with DISCONNECT)."""
-    from appliance.edge.mqtt.handle_connect import pm_identities
-
+def on_auth(conn: MqttConnection, pkt: codec.Auth, identities: dict) -> None:
+    """An AUTH after CONNACK: a step of re-authentication (against ``identities``, those of
+    P&M's document now), else a protocol error (raises ``Closed``: the connection ends with
+    DISCONNECT)."""
     if conn.auth_method is None:
         raise Closed("auth_without_method", Reason.PROTOCOL_ERROR)
     if codec.prop(pkt.props, "authentication_method") != conn.auth_method:
@@ -164,7 +163,7 @@ def on_auth(conn: MqttConnection, pkt: codec.Auth) -> None:
     data = codec.prop(pkt.props, "authentication_data")
     try:
         if pkt.reason == Reason.RE_AUTHENTICATE and conn.reauth is None:
-            exchange = ScramExchange(pm_identities(conn.server))
+            exchange = ScramExchange(identities)
             server_first = exchange.first(data)
             if conn.state is None or exchange.identity != conn.state.identity:
                 raise AuthRefused("reauth_identity", Reason.NOT_AUTHORIZED)
