@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -721,22 +722,10 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         if acl_class is not None and not isinstance(acl_class, str):
             raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
                         f"table, not {show(acl_class)}")
-        password = spec.get("password")
-        if password is not None:
-            from appliance.control.credentials import CredentialError, parse_hash
+        from appliance.control.credentials import parse_hash, parse_scram
 
-            try:
-                parse_hash(password)
-            except CredentialError as exc:
-                raise _fail(where + ".password", str(exc)) from None
-        scram = spec.get("scram_sha256")
-        if scram is not None:
-            from appliance.control.credentials import CredentialError, parse_scram
-
-            try:
-                parse_scram(scram)
-            except CredentialError as exc:
-                raise _fail(where + ".scram_sha256", str(exc)) from None
+        password = _credential(spec, "password", where, parse_hash)
+        scram = _credential(spec, "scram_sha256", where, parse_scram)
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"),
                                        password, acl_class,
@@ -746,6 +735,21 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
                                        _move_on(spec.get("move_on"), where + ".move_on"),
                                        scram)
     return out
+
+
+def _credential(spec: dict, key: str, where: str, parse: Callable[[object], object]
+                ) -> str | None:
+    """An identity's stored credential ``key`` (None when absent), checked by ``parse``
+    (appliance/control/credentials.py: ``CredentialError`` names what is wrong)."""
+    from appliance.control.credentials import CredentialError
+
+    value = spec.get(key)
+    if value is not None:
+        try:
+            parse(value)
+        except CredentialError as exc:
+            raise _fail(f"{where}.{key}", str(exc)) from None
+    return value
 
 
 def _move_on(table: object, key: str) -> tuple[tuple[str, float], ...] | None:
