@@ -301,3 +301,20 @@ def test_a_remote_pm_edge_logs_in_by_scram_with_the_keys_pm_distributes(tmp_path
         for proc in (edge, pm):
             if proc is not None:
                 stop(proc)
+
+
+def test_stored_keys_read_in_both_forms_and_carried_in_the_pm_document(bob_keys):
+    import base64
+
+    from appliance.control.credentials import parse_scram, scram_from_document
+
+    keys = parse_scram(bob_keys)
+    assert keys.iterations == 4096 and len(keys.salt) == 32
+    b64 = [base64.b64encode(x).decode() for x in (keys.salt, keys.stored_key, keys.server_key)]
+    assert parse_scram(f"SCRAM-SHA-256$4096:{b64[0]}${b64[1]}:{b64[2]}") == keys
+    assert scram_from_document(keys.document()) == keys
+    assert scram_from_document({"i": 1, "salt": "00"}) is None
+    bad = subprocess.run([sys.executable, "-m", "appliance.control.credentials", "--scram",
+                          "--iterations", "100"], input="pw\n", capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--iterations must be in [4096" in bad.stderr
