@@ -226,6 +226,15 @@ def test_auth_out_of_sequence_closes_that_connection_with_its_reason(scram_edge)
         wait_counter(scram_edge, name)
 
 
+def test_a_challenge_larger_than_the_clients_maximum_packet_size_is_not_sent(scram_edge):
+    client = ScramClient([METHOD], "bob", BOB_SCRAM)
+    sock = raw(scram_edge)
+    sock.sendall(codec.encode_connect("small", version=codec.V5, props=auth_props(
+        client.get_client_first().encode()) + [(codec.PROP["maximum_packet_size"], 40)]))
+    assert_closed(sock)
+    assert wait_counter(scram_edge, "closed_connect_refused_client_max_packet") == 1
+
+
 @pytest.mark.parametrize("data", [b"", b"\xff\xfe\x00", b"n,,", b"garbage", b"n,,n=bob",
                                   b"p=tls-unique,,n=bob,r=abc", b"n,,n=bob,r=" + b"x" * 3000])
 def test_a_bad_client_first_is_refused_cleanly_and_the_edge_serves_on(scram_edge, data, caplog):

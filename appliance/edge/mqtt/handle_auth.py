@@ -138,7 +138,10 @@ async def connect_exchange(conn: MqttConnection, pkt: codec.Connect,
     server_first = exchange.first(codec.prop(pkt.props, "authentication_data"))
     if pkt.username is not None and pkt.username != exchange.identity:
         raise AuthRefused("scram_username", Reason.BAD_USERNAME_OR_PASSWORD)
-    conn.send_now(_auth_packet(Reason.CONTINUE_AUTHENTICATION, server_first))
+    challenge = _auth_packet(Reason.CONTINUE_AUTHENTICATION, server_first)
+    if len(challenge) > conn.client_max_packet_bytes:  # it may not be sent (5.0 3.1.2.11.4)
+        raise Closed("connect_refused_client_max_packet", 0, will=False)
+    conn.send_now(challenge)
     left_s = max(0.0, conn.connect_deadline - conn.server.loop.time())
     reply = await conn.read_packet(left_s, "auth_timeout")
     if not isinstance(reply, codec.Auth) or reply.reason != Reason.CONTINUE_AUTHENTICATION or \
