@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -406,6 +407,10 @@ class IdentityConfig:
     which its clients' sessions move to their standby (the fields of
     appliance/client/pathwatch.py ``MoveBounds``), for clients that give none of their own;
     None: only the client's."""
+    scram_sha256: str | None = None
+    """The identity's SCRAM-SHA-256 stored keys (``scram-sha-256:ITER:SALT:STOREDKEY:
+    SERVERKEY``, appliance/control/credentials.py) for MQTT 5.0 enhanced authentication at
+    the edge; None: it cannot log in that way."""
 
 
 @dataclass(frozen=True)
@@ -716,27 +721,39 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
         _known(spec, {"publish", "subscribe", "password", "acl_class", "namespaces",
-                      "flow_policy", "move_on"}, where + ".")
+                      "flow_policy", "move_on", "scram_sha256"}, where + ".")
         acl_class = spec.get("acl_class")
         if acl_class is not None and not isinstance(acl_class, str):
             raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
                         f"table, not {show(acl_class)}")
-        password = spec.get("password")
-        if password is not None:
-            from appliance.control.credentials import CredentialError, parse_hash
+        from appliance.control.credentials import parse_hash, parse_scram
 
-            try:
-                parse_hash(password)
-            except CredentialError as exc:
-                raise _fail(where + ".password", str(exc)) from None
+        password = _credential(spec, "password", where, parse_hash)
+        scram = _credential(spec, "scram_sha256", where, parse_scram)
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"),
                                        password, acl_class,
                                        _namespaces(spec.get("namespaces", [0]),
                                                    where + ".namespaces"),
                                        _flow_policy(spec, where + ".flow_policy"),
-                                       _move_on(spec.get("move_on"), where + ".move_on"))
+                                       _move_on(spec.get("move_on"), where + ".move_on"),
+                                       scram)
     return out
+
+
+def _credential(spec: dict, key: str, where: str, parse: Callable[[object], object]
+                ) -> str | None:
+    """An identity's stored credential ``key`` (None when absent), checked by ``parse``
+    (appliance/control/credentials.py: ``CredentialError`` names what is wrong)."""
+    from appliance.control.credentials import CredentialError
+
+    value = spec.get(key)
+    if value is not None:
+        try:
+            parse(value)
+        except CredentialError as exc:
+            raise _fail(f"{where}.{key}", str(exc)) from None
+    return value
 
 
 def _move_on(table: object, key: str) -> tuple[tuple[str, float], ...] | None:
