@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -406,6 +407,10 @@ class IdentityConfig:
     which its clients' sessions move to their standby (the fields of
     appliance/client/pathwatch.py ``MoveBounds``), for clients that give none of their own;
     None: only the client's."""
+    scram_sha256: str | None = None
+    """The identity's SCRAM-SHA-256 stored keys (``scram-sha-256:ITER:SALT:STOREDKEY:
+    SERVERKEY``, appliance/control/credentials.py) for MQTT 5.0 enhanced authentication at
+    the edge; None: it cannot log in that way."""
 
 
 @dataclass(frozen=True)
@@ -424,6 +429,10 @@ class MqttConfig:
     send_buffer_bytes: int = MQTT_SEND_BUFFER_BYTES
     allow_anonymous: bool = False
     """A CONNECT without a username logs in as P&M identity ``anonymous``."""
+    partial_unsubscribe: bool = False
+    """Every connection's UNSUBSCRIBE of a filter narrower than one it holds carves it out
+    (seed 000's partial unsubscribe); without it a 5.0 client opts in per UNSUBSCRIBE with
+    the user property ``tw-partial-unsubscribe`` (appliance/edge/mqtt/handle_subscribe.py)."""
     max_offline_sessions: int = MQTT_MAX_OFFLINE_SESSIONS
     max_session_expiry_s: int = MQTT_MAX_SESSION_EXPIRY_S
     topic_alias_maximum: int = MQTT_TOPIC_ALIAS_MAXIMUM
@@ -712,27 +721,39 @@ def _identities(table: object, key: str) -> dict[str, IdentityConfig]:
         if not isinstance(spec, dict):
             raise _fail(where, "must be a table with publish = [...] and subscribe = [...]")
         _known(spec, {"publish", "subscribe", "password", "acl_class", "namespaces",
-                      "flow_policy", "move_on"}, where + ".")
+                      "flow_policy", "move_on", "scram_sha256"}, where + ".")
         acl_class = spec.get("acl_class")
         if acl_class is not None and not isinstance(acl_class, str):
             raise _fail(where + ".acl_class", f"must be the name of a [pm.acl_classes.NAME] "
                         f"table, not {show(acl_class)}")
-        password = spec.get("password")
-        if password is not None:
-            from appliance.control.credentials import CredentialError, parse_hash
+        from appliance.control.credentials import parse_hash, parse_scram
 
-            try:
-                parse_hash(password)
-            except CredentialError as exc:
-                raise _fail(where + ".password", str(exc)) from None
+        password = _credential(spec, "password", where, parse_hash)
+        scram = _credential(spec, "scram_sha256", where, parse_scram)
         out[identity] = IdentityConfig(_patterns(spec.get("publish", []), where + ".publish"),
                                        _patterns(spec.get("subscribe", []), where + ".subscribe"),
                                        password, acl_class,
                                        _namespaces(spec.get("namespaces", [0]),
                                                    where + ".namespaces"),
                                        _flow_policy(spec, where + ".flow_policy"),
-                                       _move_on(spec.get("move_on"), where + ".move_on"))
+                                       _move_on(spec.get("move_on"), where + ".move_on"),
+                                       scram)
     return out
+
+
+def _credential(spec: dict, key: str, where: str, parse: Callable[[object], object]
+                ) -> str | None:
+    """An identity's stored credential ``key`` (None when absent), checked by ``parse``
+    (appliance/control/credentials.py: ``CredentialError`` names what is wrong)."""
+    from appliance.control.credentials import CredentialError
+
+    value = spec.get(key)
+    if value is not None:
+        try:
+            parse(value)
+        except CredentialError as exc:
+            raise _fail(f"{where}.{key}", str(exc)) from None
+    return value
 
 
 def _move_on(table: object, key: str) -> tuple[tuple[str, float], ...] | None:
@@ -791,7 +812,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_subscriptions", "max_inflight", "max_queued",
                               "max_retained",
                               "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
-                              "allow_anonymous", "max_offline_sessions", "max_session_expiry_s",
+                              "allow_anonymous", "partial_unsubscribe",
+                              "max_offline_sessions", "max_session_expiry_s",
                               "topic_alias_maximum", "server_keep_alive_s",
                               "tls_listen",
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
@@ -811,7 +833,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                     "identity log in a client session through the edge's own client endpoint")
     flags = {}
     for key in ("allow_anonymous", "tls_require_client_cert", "tls_identity_from_cert",
-                "ws_tls"):
+                "ws_tls", "partial_unsubscribe"):
         flags[key] = mq.get(key, False)
         if not isinstance(flags[key], bool):
             raise _fail(p + key, "must be true or false")
@@ -862,7 +884,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                                 600_000),
         send_buffer_bytes=_int(mq, "send_buffer_bytes", p, MQTT_SEND_BUFFER_BYTES, 4_096,
                                1 << 30),
-        allow_anonymous=flags["allow_anonymous"])
+        allow_anonymous=flags["allow_anonymous"],
+        partial_unsubscribe=flags["partial_unsubscribe"])
 
 
 def _retained_share(mq: dict, p: str, identities: dict[str, IdentityConfig] | None

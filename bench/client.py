@@ -202,7 +202,7 @@ def _poll_subscriber(spec: dict[str, Any]) -> None:
     probed = threading.Event()
     with connect(spec["url"], "bench", session_timeout_s=60.0) as client:
         client.subscribe(PROBE_TOPIC, callback=lambda msg: probed.set())
-        client.subscribe(TOPIC, poll=True)
+        sub = client.subscribe(TOPIC, poll=True)
         print("READY", flush=True)
         deadline = time.monotonic() + RESULT_TIMEOUT_S
         first_ns = last_ns = 0
@@ -219,6 +219,8 @@ def _poll_subscriber(spec: dict[str, Any]) -> None:
                 wait_s = 0.0
                 continue
             wait_s = 0.001  # nothing: the next poll waits for a frame (up to 1 ms)
+            if tally.received + sum(sub.policy_drops.values()) >= spec["expect"]:
+                break  # the rest was dropped by the flow-control policy, and reported
             now = time.monotonic()
             if now > deadline:
                 break
@@ -231,7 +233,10 @@ def _poll_subscriber(spec: dict[str, Any]) -> None:
         print(json.dumps({
             "received": tally.received, "gaps": tally.gaps, "duplicates": tally.duplicates,
             "msgs_per_s": tally.received * 1e9 / span_ns if span_ns else 0.0,
-            "poll_dropped": counters["dropped_messages"] + counters["unresolved"]}),
+            "poll_dropped": counters["dropped_messages"] + counters["unresolved"],
+            # what the appliance's flow-control policy dropped for this slow subscriber and
+            # reported to it (CONTROL policy_drops: drop-oldest, conflate, throttle)
+            "policy_dropped": sum(sub.policy_drops.values())}),
             flush=True)
 
 
@@ -354,7 +359,8 @@ def measure(url: str, mode: str, args: argparse.Namespace,
     frames = {"appliance_dropped_frames": _appliance_drops(mgmt_port) - drops_before,
               "udp_rcvbuf_errors": (_udp_rcvbuf_errors() - rcvbuf_before
                                     if url.startswith("udp://") else 0)}
-    messages = {"dropped_at_send": sent["dropped_at_send"], "poll_dropped": got["poll_dropped"]}
+    messages = {"dropped_at_send": sent["dropped_at_send"], "poll_dropped": got["poll_dropped"],
+                "policy_dropped": got["policy_dropped"]}
     per_frame = frame_messages(args.size)
     explained = sum(messages.values()) + sum(frames.values()) * per_frame
     return {"sent": count, "sent_msgs_per_s": sent["sent_msgs_per_s"],

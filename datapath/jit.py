@@ -238,20 +238,46 @@ def write_warm_record(record: dict) -> None:
     path = stamp_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**record, "digest": cache_dir().name}, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps({**record, "digest": cache_dir().name, "source_root": str(ROOT)},
+                              indent=1, sort_keys=True))
     tmp.replace(path)
 
 
+UNOWNED_PRUNE_AGE_S = 7 * 24 * 3600
+"""A digest directory that no warm-up recorded an owner for is pruned once this old."""
+
+
+def _prunable(path: Path, now: float) -> bool:
+    """Whether another digest's directory is this checkout's own older cache: its warm-up
+    record names this source tree, or a tree that no longer exists, or (no record) it was
+    last written ``UNOWNED_PRUNE_AGE_S`` ago. Another checkout sharing the cache root (one
+    virtual environment for two clones) keeps its current cache."""
+    try:
+        record = json.loads((path / WARM_STAMP).read_text())
+    except (OSError, ValueError):
+        record = None
+    owner = record.get("source_root") if isinstance(record, dict) else None
+    if owner:
+        return owner == str(ROOT) or not Path(owner).is_dir()
+    try:
+        return now - path.stat().st_mtime > UNOWNED_PRUNE_AGE_S
+    except OSError:
+        return False
+
+
 def prune_other_digests() -> list[Path]:
-    """Remove the cache root's directories of other kernel sources (stale by definition)."""
+    """Remove this checkout's cache directories of older kernel sources (stale by definition);
+    not another checkout's (``_prunable``)."""
     import shutil
 
     removed = []
     root = cache_root()
     if not root.is_dir():
         return removed
+    now = time.time()
     for path in root.iterdir():
-        if path.is_dir() and path.name.startswith(CACHE_PREFIX) and path != cache_dir():
+        if (path.is_dir() and path.name.startswith(CACHE_PREFIX) and path != cache_dir()
+                and _prunable(path, now)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -1740,7 +1740,9 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             self._count_drops(known, {policy: count})
 
     def _count_drops(self, known: tuple[int, str], drops: Mapping[str, int]) -> None:
-        for sub in self._targets(known[0], known[1]):
+        # (flow control applies to best-effort messages: callback, iterator and poll ones)
+        for sub in (*self._targets(known[0], known[1]),
+                    *self._targets(known[0], known[1], poll=True)):
             with sub._cond:
                 sub.policy_drops.update(drops)
                 sub._cond.notify_all()

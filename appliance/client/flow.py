@@ -126,9 +126,16 @@ class ReceiveFlow:
     def depth(self) -> int:
         client = self.client
         queued = 0
+        polled = False
         for sub in client._flow_subs:  # (a default-policy subscription's queue absorbs)
             if sub.callback is None:
-                queued += len(sub._queue) + len(sub._latest)
+                if sub.poll_mode:
+                    polled = True
+                else:
+                    queued += len(sub._queue) + len(sub._latest)
+        pollq = client._pollq
+        if polled and pollq is not None:  # the poll queue holds frames: counted as the
+            queued += pollq.queued_bytes // SOCKET_BYTES_PER_MESSAGE  # socket's bytes are
         pending = client._pending  # messages whose topic the client is resolving
         if pending:
             queued += sum(len(msgs) for msgs in list(pending.values()))

@@ -12,6 +12,11 @@ checks CONNECT's username/password against the identity's ``verifier`` in its co
 document (``verify_with_verifier``, docs/mqtt.md), so an edge whose P&M is remote checks
 passwords too.
 
+``scram_sha256`` is a second, optional credential: SCRAM-SHA-256's stored keys (RFC 5802/
+7677: salt, iteration count, StoredKey, ServerKey; ``hash_scram``, or ``--scram`` on the
+command line), for MQTT 5.0 enhanced authentication at the edge (appliance/edge/mqtt/
+handle_auth.py). The computations are scramp's (PyPI), not ours.
+
 Native clients never send the password: they prove they know it (SCRAM's exchange, RFC
 5802 section 3, with scrypt for the salted password and keyed BLAKE2b-256 for HMAC and H):
 
@@ -34,6 +39,8 @@ session key (datapath/protocol/frame_mac.py; docs/security.md).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import os
@@ -194,13 +201,137 @@ def server_signature(verifier: dict[str, object], message: bytes) -> bytes:
     return _h(message, bytes.fromhex(str(verifier["server_key"])))
 
 
-def main() -> int:
-    """Read one password line on standard input, print its stored form."""
+# --- SCRAM-SHA-256 (RFC 5802/7677) for MQTT 5.0 enhanced authentication -------------------------
+SCRAM_MECHANISM = "SCRAM-SHA-256"
+SCRAM_PREFIX = "scram-sha-256"
+SCRAM_ITERATIONS = 4096
+"""Default PBKDF2 iteration count (RFC 7677's minimum, scramp's default); the client pays it
+per login, the edge never runs PBKDF2."""
+SCRAM_MIN_ITERATIONS = 4096
+SCRAM_MAX_ITERATIONS = 10_000_000
+"""A stored key asking for more is refused: a client would be told to spend minutes."""
+SCRAM_SALT_BYTES = (12, 64)
+"""Bounds of a stored salt (scramp refuses under 12 bytes)."""
+SCRAM_KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class ScramKeys:
+    """An identity's SCRAM-SHA-256 stored keys: what a server keeps (RFC 5802 section 3),
+    from which no login can be made."""
+
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+    def text(self) -> str:
+        return (f"{SCRAM_PREFIX}:{self.iterations}:{self.salt.hex()}:{self.stored_key.hex()}:"
+                f"{self.server_key.hex()}")
+
+    def document(self) -> dict[str, object]:
+        """The form P&M's document carries (appliance/control/documents.py ``SCRAM``)."""
+        return {"i": self.iterations, "salt": self.salt.hex(),
+                "stored_key": self.stored_key.hex(), "server_key": self.server_key.hex()}
+
+    def auth_info(self) -> tuple[bytes, bytes, bytes, int]:
+        """scramp's ``auth_fn`` answer: (salt, StoredKey, ServerKey, iteration count)."""
+        return self.salt, self.stored_key, self.server_key, self.iterations
+
+
+def _scram_keys(iterations: int, salt: bytes, stored: bytes, server: bytes) -> ScramKeys:
+    if not SCRAM_MIN_ITERATIONS <= iterations <= SCRAM_MAX_ITERATIONS:
+        raise CredentialError(f"the iteration count must be in [{SCRAM_MIN_ITERATIONS}, "
+                              f"{SCRAM_MAX_ITERATIONS}], not {iterations}")
+    low, high = SCRAM_SALT_BYTES
+    if not low <= len(salt) <= high:
+        raise CredentialError(f"the salt must be {low}..{high} bytes, not {len(salt)}")
+    if len(stored) != SCRAM_KEY_BYTES or len(server) != SCRAM_KEY_BYTES:
+        raise CredentialError(f"StoredKey and ServerKey must be {SCRAM_KEY_BYTES} bytes each "
+                              "(SHA-256)")
+    return ScramKeys(iterations, salt, stored, server)
+
+
+def parse_scram(text: object) -> ScramKeys:
+    """The stored keys of ``scram-sha-256:ITER:SALT_HEX:STOREDKEY_HEX:SERVERKEY_HEX`` (what
+    ``hash_scram`` prints) or of PostgreSQL's ``SCRAM-SHA-256$ITER:SALT$STOREDKEY:SERVERKEY``
+    (base64, as in ``pg_authid``); raises ``CredentialError``."""
+    form = ('"scram-sha-256:ITER:SALT_HEX:STOREDKEY_HEX:SERVERKEY_HEX" (make one with '
+            '`python -m appliance.control.credentials --scram`), not a password')
+    if not isinstance(text, str):
+        raise CredentialError("must be a string " + form)
+    text = text.strip()
+    try:
+        if text.startswith(SCRAM_MECHANISM + "$"):
+            head, keys = text[len(SCRAM_MECHANISM) + 1:].split("$")
+            iterations, salt = head.split(":")
+            stored, server = keys.split(":")
+            return _scram_keys(int(iterations), *(base64.b64decode(x, validate=True)
+                                                  for x in (salt, stored, server)))
+        parts = text.split(":")
+        if len(parts) != 5 or parts[0] != SCRAM_PREFIX:
+            raise CredentialError("must be " + form)
+        return _scram_keys(int(parts[1]), *(bytes.fromhex(x) for x in parts[2:]))
+    except CredentialError:
+        raise
+    except (ValueError, binascii.Error):
+        raise CredentialError("the iteration count must be a decimal integer and the salt "
+                              "and keys hex (base64 in the SCRAM-SHA-256$ form)") from None
+
+
+def scram_from_document(spec: object) -> ScramKeys | None:
+    """The stored keys of an identity's ``scram_sha256`` in P&M's document; None when it has
+    none or they do not parse."""
+    if not isinstance(spec, dict):
+        return None
+    try:
+        return _scram_keys(int(spec["i"]), *(bytes.fromhex(str(spec[k])) for k in
+                                             ("salt", "stored_key", "server_key")))
+    except (CredentialError, KeyError, ValueError, TypeError):
+        return None
+
+
+def hash_scram(password: str, *, iterations: int = SCRAM_ITERATIONS) -> str:
+    """The stored SCRAM-SHA-256 keys of ``password`` (scramp's ``make_auth_info``: SASLprep,
+    PBKDF2-HMAC-SHA-256 with a fresh random salt), as ``parse_scram`` reads them."""
+    from scramp import ScramMechanism
+
+    salt, stored, server, i = ScramMechanism(SCRAM_MECHANISM).make_auth_info(
+        password, iteration_count=iterations)
+    return _scram_keys(i, salt, stored, server).text()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Read one password line on standard input, print its stored form: the scrypt hash
+    (``password``), or with ``--scram`` the SCRAM-SHA-256 stored keys (``scram_sha256``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m appliance.control.credentials",
+        description="read a password on standard input, print the line for "
+                    "pm.identities.NAME.password (or, with --scram, .scram_sha256)")
+    parser.add_argument("--scram", action="store_true",
+                        help="SCRAM-SHA-256 stored keys (MQTT 5.0 enhanced authentication)")
+    parser.add_argument("--iterations", type=int, default=SCRAM_ITERATIONS,
+                        help=f"PBKDF2 iterations with --scram (default {SCRAM_ITERATIONS}, "
+                             f"at most {SCRAM_MAX_ITERATIONS})")
+    args = parser.parse_args(argv)
     line = sys.stdin.readline().rstrip("\n")
     if not line:
         print("credentials: give the password on standard input", file=sys.stderr)
         return 2
-    print(hash_password(line))
+    if not args.scram:
+        print(hash_password(line))
+        return 0
+    if not SCRAM_MIN_ITERATIONS <= args.iterations <= SCRAM_MAX_ITERATIONS:
+        print(f"credentials: --iterations must be in [{SCRAM_MIN_ITERATIONS}, "
+              f"{SCRAM_MAX_ITERATIONS}]", file=sys.stderr)
+        return 2
+    try:
+        print(hash_scram(line, iterations=args.iterations))
+    except Exception as exc:  # scramp's SASLprep refuses some characters
+        print(f"credentials: the password cannot be used with SCRAM: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -286,6 +286,11 @@ VERIFIER = Obj({"n": Int(2, 1 << 20), "r": Int(1, 32), "p": Int(1, 16),
                 "stored_key": KEY_HEX, "server_key": KEY_HEX})
 """An identity's login verifier (appliance/control/credentials.py): scrypt's parameters and
 salt, StoredKey, ServerKey."""
+SCRAM = Obj({"i": Int(4096, 10_000_000),
+             "salt": Str(128, 24, text=_is_hex, what="12..64 bytes in lower-case hex"),
+             "stored_key": KEY_HEX, "server_key": KEY_HEX})
+"""An identity's SCRAM-SHA-256 stored keys (appliance/control/credentials.py ``ScramKeys``):
+iteration count, salt, StoredKey, ServerKey (MQTT 5.0 enhanced authentication at edges)."""
 CHALLENGE = Obj({"nonce": NONCE, "n": Int(2, 1 << 20), "r": Int(1, 32), "p": Int(1, 16),
                  "salt": Str(128, 32, text=_is_hex, what="16..64 bytes in lower-case hex")})
 PATTERN = Str(MAX_TOPIC_BYTES, 1, text=_is_pattern, what="a topic pattern")
@@ -461,7 +466,8 @@ KINDS: dict[ControlKind, Kind] = {
         {"pm": NAME, "version": Int(0, MAX_U63),
          "identities": Map(IDENTITY, Obj({"publish": List(PATTERN, MAX_LIST_ITEMS),
                                           "subscribe": List(PATTERN, MAX_LIST_ITEMS)},
-                                         {"verifier": VERIFIER, "acl_class": ACL_NAME,
+                                         {"verifier": VERIFIER, "scram_sha256": SCRAM,
+                                          "acl_class": ACL_NAME,
                                           "namespaces": List(NAMESPACE, 4_096),
                                           "flow_policy": FLOW_POLICY,
                                           "move_on": MOVE_BOUNDS}),

@@ -60,6 +60,10 @@ def _identity(ident: Any) -> dict[str, Any]:
         from appliance.control.credentials import verifier_of
 
         out["verifier"] = verifier_of(ident.password)
+    if ident.scram_sha256 is not None:
+        from appliance.control.credentials import parse_scram
+
+        out["scram_sha256"] = parse_scram(ident.scram_sha256).document()  # stored keys only
     return out
 
 

@@ -154,14 +154,16 @@ def test_a_dropping_policy_at_full_rate_accounts_for_every_message(served, polic
         for name, n in stats["dropped_by_policy"].items()}
 
 
-def _held_run(served: Served, identity: str, flow_policy: str | None, topic: str
-              ) -> tuple[int, dict, dict]:
+def _held_run(served: Served, identity: str, flow_policy: str | None, topic: str,
+              poll: bool = False) -> tuple[int, dict, dict]:
     """HELD_MESSAGES published at full rate to a subscriber of this process that reads
     nothing until the publisher is done, or (throttle) until the appliance holds the
-    publisher off: (messages delivered, the subscription's policy drops, pub's summary)."""
+    publisher off: (messages delivered, the subscription's policy drops, pub's summary).
+    ``poll``: a poll subscription (``Client.poll``) instead of the iterator."""
     # (timeout_s: this process may compile the client's kernels first, with bounds checks)
     with connect(f"udp://{served.address}", identity, timeout_s=120) as client:
-        sub = client.subscribe("fc/#", flow_policy=flow_policy)
+        sub = client.subscribe("fc/#", flow_policy=flow_policy, poll=poll)
+        polled = []
         pub = _pub(served, topic, HELD_MESSAGES)
         if flow_policy == "throttle":
             wait_for(lambda: served.counters().get("flow_level_publishers_held", 0) >= 1,
@@ -172,7 +174,10 @@ def _held_run(served: Served, identity: str, flow_policy: str | None, topic: str
         deadline = time.monotonic() + DEADLINE_S
         while delivered + sum(sub.policy_drops.values()) < HELD_MESSAGES:
             assert time.monotonic() < deadline, (delivered, dict(sub.policy_drops))
-            if sub.get(timeout=1.0) is not None:
+            if poll:
+                delivered += client.poll(polled.append, 4096, timeout_s=1.0)
+                polled.clear()
+            elif sub.get(timeout=1.0) is not None:
                 delivered += 1
         out, err = pub.communicate(timeout=DEADLINE_S)
         assert pub.returncode == 0, err
@@ -188,6 +193,12 @@ def test_an_identity_policy_overrides_the_global_one(served):
     delivered, drops, _ = _held_run(served, "lossy", None, "fc/identity")
     assert set(drops) == {"drop-oldest"}
     assert delivered + drops["drop-oldest"] == HELD_MESSAGES
+
+
+def test_a_poll_subscription_is_told_what_its_policy_dropped(served):
+    delivered, drops, _ = _held_run(served, "lossy", None, "fc/poll", poll=True)
+    assert set(drops) == {"drop-oldest"}, drops  # (none before: counted on callback and
+    assert delivered + drops["drop-oldest"] == HELD_MESSAGES  # iterator subscriptions only)
 
 
 def test_a_subscription_policy_overrides_the_identity_one_and_throttle_holds_the_publisher(

@@ -60,3 +60,30 @@ def test_the_cache_directory_is_under_numba_cache_dir_when_set(monkeypatch, tmp_
     assert jit.cache_root() == tmp_path
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / f"{jit.CACHE_PREFIX}0123"))
     assert jit.cache_root() == tmp_path  # a child process inherits the configured directory
+
+
+def test_warm_prunes_only_this_checkouts_old_caches(monkeypatch, tmp_path) -> None:
+    """Two checkouts sharing one cache root (one venv): a warm-up removes its own older
+    digests and those of trees that are gone, never the other checkout's current cache."""
+    import json
+    import os
+    import time
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit, "_configured", tmp_path / f"{jit.CACHE_PREFIX}current")
+    other_tree = tmp_path / "other-checkout"
+    other_tree.mkdir()
+    owners = {"mine-old": str(jit.ROOT), "other": str(other_tree),
+              "gone": str(tmp_path / "deleted-checkout"), "current": str(jit.ROOT)}
+    for name, owner in owners.items():
+        path = tmp_path / f"{jit.CACHE_PREFIX}{name}"
+        path.mkdir()
+        (path / jit.WARM_STAMP).write_text(json.dumps({"source_root": owner}))
+    for name, age_s in (("unowned-new", 60), ("unowned-old", jit.UNOWNED_PRUNE_AGE_S + 60)):
+        path = tmp_path / f"{jit.CACHE_PREFIX}{name}"
+        path.mkdir()
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+    removed = {p.name[len(jit.CACHE_PREFIX):] for p in jit.prune_other_digests()}
+    assert removed == {"mine-old", "gone", "unowned-old"}
+    left = {p.name for p in tmp_path.iterdir()}
+    assert {f"{jit.CACHE_PREFIX}{n}" for n in ("other", "current", "unowned-new")} <= left

@@ -62,9 +62,11 @@ class Peer:
             _, mid = self.client.subscribe(topic_filter, qos, properties=props)
         return self._sub_queue(mid).get(timeout=DEADLINE_S)[0].value
 
-    def unsubscribe(self, topic_filter: str) -> None:
-        _, mid = self.client.unsubscribe(topic_filter)
-        self._sub_queue(mid).get(timeout=DEADLINE_S)
+    def unsubscribe(self, topic_filter: str, props: Any = None) -> list[int]:
+        """The UNSUBACK's reason codes (5.0; 3.1.1 has none: success codes from paho);
+        ``props``: 5.0 UNSUBSCRIBE properties."""
+        _, mid = self.client.unsubscribe(topic_filter, properties=props)
+        return [rc.value for rc in self._sub_queue(mid).get(timeout=DEADLINE_S)]
 
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
                 props: Any = None) -> None:

@@ -112,7 +112,9 @@ def test_a_bad_protocol_name_or_level_decodes_for_the_connect_handler_to_refuse(
     (b"\xc0\x01\x00", 4, "trailing_bytes"),                              # PINGREQ + 1 byte
     (b"\xc1\x00", 4, "bad_flags"),                                       # PINGREQ flags
     (b"\x20\x02\x00\x00", 4, "protocol_error"),                          # CONNACK from a client
-    (b"\xf0\x00", 5, "auth_unsupported"),                                # AUTH
+    (b"\xf0\x00", 4, "auth_unsupported"),                                # AUTH in 3.1.1
+    (b"\xf0\x01\x01", 5, "bad_reason_code"),                             # AUTH 0x01
+    (b"\xf0\x03\x18\x01\x02", 5, "bad_property"),                       # AUTH + expiry
     (b"\x10\x0d\x00\x04MQTT\x04\x03\x00\x3c\x00\x01a", 0, "bad_flags"),  # reserved flag
     (b"\x10\x0d\x00\x04MQTT\x04\x0a\x00\x3c\x00\x01a", 0, "bad_flags"),  # will QoS w/o will
     (b"\x10\x0f\x00\x04MQTT\x04\x42\x00\x3c\x00\x01a\x00\x00", 0, "bad_flags"),  # password only
@@ -121,6 +123,17 @@ def test_malformed_packets_are_refusals_naming_the_reason(data, version, reason)
     pkt = _decode(data, version)
     assert isinstance(pkt, Refusal), pkt
     assert pkt.reason == reason, pkt
+
+
+def test_auth_round_trips_in_5_0():
+    data = codec.encode_auth(Reason.CONTINUE_AUTHENTICATION,
+                             [(codec.PROP["authentication_method"], "SCRAM-SHA-256"),
+                              (codec.PROP["authentication_data"], b"r=abc,s=c2FsdA==,i=4096")])
+    assert data[:4] == b"\xf0\x2c\x18\x2a"  # length 44: reason, 42 bytes of properties
+    pkt = _decode(data, codec.V5)
+    assert pkt == codec.Auth(Reason.CONTINUE_AUTHENTICATION,
+                             [(0x15, "SCRAM-SHA-256"), (0x16, b"r=abc,s=c2FsdA==,i=4096")])
+    assert _decode(b"\xf0\x00", codec.V5) == codec.Auth(Reason.SUCCESS, [])
 
 
 def test_a_property_given_twice_is_a_protocol_error():
@@ -151,7 +164,7 @@ def test_a_publish_may_repeat_its_subscription_identifier_property_to_a_client_b
 def test_decode_never_raises_on_any_bytes(first, body, version):
     pkt = codec.decode(first, body, version)
     assert isinstance(pkt, Refusal | codec.Connect | codec.Publish | codec.Ack | codec.Subscribe
-                      | codec.Unsubscribe | codec.Simple | codec.Disconnect)
+                      | codec.Unsubscribe | codec.Simple | codec.Disconnect | codec.Auth)
 
 
 @settings(max_examples=3_000, deadline=None)

@@ -373,7 +373,8 @@ def session(client_id: str = "c1", filters: dict | None = None) -> SimpleNamespa
     return SimpleNamespace(client_id=client_id, identity="alice", expiry_s=300, ended=False,
                            stored=False, inflight={}, queued=[], awaiting_rel=set(),
                            filters=filters or {"a/#": SubOptions(1, no_local=True, sub_id=7,
-                                                                 match="a/#")})
+                                                                 match="a/#", seq=1)},
+                           carve_outs={"a/x/#": 2})
 
 
 def test_the_store_reads_back_what_it_recorded(tmp_path):
@@ -403,6 +404,7 @@ def test_the_store_reads_back_what_it_recorded(tmp_path):
     assert (back.client_id, back.identity, back.expiry_s, back.offline_since) == (
         "c1", "alice", 300, 123.5)
     assert back.filters == s.filters
+    assert back.carve_outs == {"a/x/#": 2}  # (a partial unsubscribe, after the filter)
     assert [(d.topic, d.payload, d.qos, d.retain, sent_as) for _, d, sent_as in
             back.deliveries] == [("a/1", b"one", 1, False, (5, "puback")),
                                  ("a/2", b"two", 2, False, None),

@@ -56,6 +56,8 @@ class Reason(IntEnum):
     """MQTT 5.0 reason codes the edge uses."""
 
     SUCCESS = 0x00
+    CONTINUE_AUTHENTICATION = 0x18
+    RE_AUTHENTICATE = 0x19
     GRANTED_QOS_1 = 0x01
     GRANTED_QOS_2 = 0x02
     DISCONNECT_WITH_WILL = 0x04
@@ -98,6 +100,8 @@ class ConnackV3(IntEnum):
 
 
 SUBACK_FAILURE_V3 = 0x80
+AUTH_REASONS = frozenset({Reason.SUCCESS, Reason.CONTINUE_AUTHENTICATION,
+                          Reason.RE_AUTHENTICATE})
 
 
 # --- 5.0 properties ------------------------------------------------------------------------------
@@ -234,7 +238,16 @@ class Disconnect:
     props: Props = field(default_factory=list)
 
 
-Packet = Connect | Publish | Ack | Subscribe | Unsubscribe | Simple | Disconnect
+@dataclass(frozen=True)
+class Auth:
+    """5.0 AUTH (enhanced authentication, MQTT 5.0 3.15): a reason (0x00 success, 0x18
+    continue, 0x19 re-authenticate) and its properties (method, data)."""
+
+    reason: int = 0
+    props: Props = field(default_factory=list)
+
+
+Packet = Connect | Publish | Ack | Subscribe | Unsubscribe | Simple | Disconnect | Auth
 
 
 class _Bad(Exception):
@@ -431,8 +444,18 @@ def _decode(first: int, body: bytes, version: int) -> Packet:
                 props = r.props("disconnect")
         packet = Disconnect(reason, props)
     elif ptype == PacketType.AUTH:
-        raise _Bad("auth_unsupported", "AUTH (enhanced authentication) is not supported",
-                   Reason.PROTOCOL_ERROR)
+        if version != V5:
+            raise _Bad("auth_unsupported", "AUTH is an MQTT 5.0 packet (enhanced "
+                       "authentication)", Reason.PROTOCOL_ERROR)
+        reason, props = 0, []
+        if r.left():  # (no body: success, no properties; MQTT 5.0 3.15.2.1)
+            reason = r.byte()
+            if reason not in AUTH_REASONS:
+                raise _Bad("bad_reason_code", f"AUTH with reason code {reason:#04x}",
+                           Reason.PROTOCOL_ERROR)
+            if r.left():
+                props = r.props("auth")
+        packet = Auth(reason, props)
     else:  # CONNACK, SUBACK, UNSUBACK: server-to-client packets
         raise _Bad("protocol_error", f"{ptype.name} is sent by servers, not clients",
                    Reason.PROTOCOL_ERROR)
@@ -629,6 +652,11 @@ def encode_disconnect(reason: int, version: int = V5) -> bytes:
     property length is left out (MQTT 5.0 3.14.2.2.1), as mosquitto does: its conformance
     vectors expect ``e0 01 <reason>``."""
     return packet(PacketType.DISCONNECT, 0, bytes([reason]))
+
+
+def encode_auth(reason: int, props: Props | None = None) -> bytes:
+    """A 5.0 AUTH (both directions: the server's challenges, the tests' clients)."""
+    return packet(PacketType.AUTH, 0, bytes([reason]) + encode_props(props or []))
 
 
 # client-side encoders: the tests' hostile peers and golden vectors use them

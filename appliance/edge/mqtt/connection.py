@@ -68,6 +68,12 @@ class MqttConnection:
         self.client_receive_maximum = 65_535
         self.client_max_packet_bytes = codec.MAX_REMAINING_LENGTH + 5
         self.client_alias_max = 0
+        self.connect_deadline = 0.0
+        """When CONNECT and its enhanced authentication must be done (loop time)."""
+        self.auth_method: str | None = None
+        """The 5.0 Authentication Method it connected with (handle_auth.py), else None."""
+        self.reauth: Any = None
+        """A re-authentication waiting for its client-final (``handle_auth.ScramExchange``)."""
         self.aliases_in: dict[int, str] = {}
         """Topic aliases the client set (at most ``mqtt.topic_alias_maximum``)."""
         self.aliases_out: dict[str, int] = {}
@@ -97,10 +103,16 @@ class MqttConnection:
 
     # --- the read loop ---------------------------------------------------------------------------
     async def run(self) -> None:
-        from appliance.edge.mqtt import handle_connect, handle_publish, handle_subscribe
+        from appliance.edge.mqtt import (
+            handle_auth,
+            handle_connect,
+            handle_publish,
+            handle_subscribe,
+        )
 
         clean = False
         will = False
+        self.connect_deadline = self.server.loop.time() + self.cfg.connect_timeout_ms / 1e3
         try:
             pkt = await self._read(self.cfg.connect_timeout_ms / 1e3, "connect_timeout")
             if not isinstance(pkt, codec.Connect):
@@ -126,6 +138,8 @@ class MqttConnection:
                     clean = pkt.reason != Reason.DISCONNECT_WITH_WILL
                     self.count("disconnects_clean" if clean else "disconnects_with_will")
                     return
+                elif isinstance(pkt, codec.Auth):
+                    handle_auth.on_auth(self, pkt, handle_connect.pm_identities(self.server))
                 elif isinstance(pkt, codec.Connect):
                     raise Closed("second_connect", Reason.PROTOCOL_ERROR)
                 else:
@@ -177,6 +191,10 @@ class MqttConnection:
             self.count("refused_" + pkt.reason)
             raise Closed(pkt.reason, pkt.code, detail=pkt.detail)
         return pkt
+
+    async def read_packet(self, timeout_s: float | None, why: str) -> codec.Packet:
+        """The next packet, within ``timeout_s`` (handle_auth reads its AUTH with it)."""
+        return await self._read(timeout_s, why)
 
     def _take(self) -> tuple[int, bytes] | None:
         """The first byte and body of the buffer's next complete packet; None when it is

@@ -8,8 +8,9 @@ protocol version"), a client identifier the edge does not take (empty with a per
 3.1.1 conn, longer than ``MAX_CLIENT_ID_BYTES``), an invalid will topic, a username that
 is no P&M identity with a password, a wrong password (checked against the identity's verifier
 in this appliance's copy of P&M's document: appliance/control/credentials.py),
-no username while ``mqtt.allow_anonymous`` is false, enhanced authentication (5.0 AUTH), a
-username other than the CN of the client certificate (``mqtt.tls_identity_from_cert``).
+no username while ``mqtt.allow_anonymous`` is false, a username other than the CN of the
+client certificate (``mqtt.tls_identity_from_cert``). A 5.0 CONNECT with an Authentication
+Method runs the SCRAM-SHA-256 exchange first (handle_auth.py: other methods 0x8C).
 A client already connected with the same identifier is disconnected first (no will: a
 takeover). Then the conn: a persistent one of that identifier and identity is taken up
 again with clean start 0 (session present 1); otherwise a new session joins its identity's
@@ -25,7 +26,7 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING
 
-from appliance.edge.mqtt import codec
+from appliance.edge.mqtt import codec, handle_auth
 from appliance.edge.mqtt.codec import ConnackV3, Reason
 from appliance.edge.mqtt.sessions import SessionState
 from appliance.edge.mqtt.state import Closed
@@ -79,8 +80,6 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
         return _refuse(conn, version, "will_topic",
                        Reason.UNSPECIFIED if version == codec.V311 else Reason.TOPIC_NAME_INVALID)
     if version == codec.V5:
-        if codec.prop(pkt.props, "authentication_method") is not None:
-            return _refuse(conn, version, "auth_method", Reason.BAD_AUTHENTICATION_METHOD)
         receive_max = codec.prop(pkt.props, "receive_maximum", 65_535)
         max_packet = codec.prop(pkt.props, "maximum_packet_size", conn.client_max_packet_bytes)
         if receive_max == 0 or max_packet == 0:
@@ -93,14 +92,13 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
                                     conn.cfg.topic_alias_maximum)
 
     props, expiry_s = _agree(conn, pkt, assigned and client_id)
+    identity = await _identity(conn, pkt, props)
+    if identity is None:
+        return False
     if version == codec.V5 and len(codec.encode_connack(version, 0, False, props)) > \
             conn.client_max_packet_bytes:
         # the CONNACK may not be sent (5.0 3.1.2.11.4) and the client may not be left waiting
         raise Closed("connect_refused_client_max_packet", 0, will=False)
-
-    identity = await _identity(conn, pkt)
-    if identity is None:
-        return False
 
     # a client already connected with this identifier goes first (a takeover: no will)
     state = server.sessions.get(client_id)
@@ -142,14 +140,29 @@ async def on_connect(conn: MqttConnection, pkt: codec.Connect) -> bool:
     return True
 
 
-async def _identity(conn: MqttConnection, pkt: codec.Connect) -> str | None:
-    """The P&M identity of the CONNECT (None: refused, answered)."""
+async def _identity(conn: MqttConnection, pkt: codec.Connect,
+                    props: codec.Props) -> str | None:
+    """The P&M identity of the CONNECT (None: refused, answered); an enhanced
+    authentication's CONNACK properties are added to ``props``."""
     server, version = conn.server, pkt.version
+    if version == codec.V5 and codec.prop(pkt.props, "authentication_method") is not None:
+        try:
+            identity, auth_props = await handle_auth.connect_exchange(conn, pkt,
+                                                                      pm_identities(server))
+        except handle_auth.AuthRefused as refused:
+            _refuse(conn, version, refused.why, refused.code)
+            return None
+        if conn.cert_identity is not None and conn.cfg.tls_identity_from_cert and \
+                identity != conn.cert_identity:
+            _refuse(conn, version, "cert_username", Reason.BAD_USERNAME_OR_PASSWORD)
+            return None
+        props.extend(auth_props)
+        return identity
     if conn.cert_identity is not None and conn.cfg.tls_identity_from_cert:
         if pkt.username is not None and pkt.username != conn.cert_identity:
             _refuse(conn, version, "cert_username", Reason.BAD_USERNAME_OR_PASSWORD)
             return None
-        if conn.cert_identity not in _pm_identities(server):
+        if conn.cert_identity not in pm_identities(server):
             _refuse(conn, version, "cert_identity", Reason.NOT_AUTHORIZED)
             return None
         conn.count("connects_by_certificate")
@@ -162,7 +175,7 @@ async def _identity(conn: MqttConnection, pkt: codec.Connect) -> str | None:
         return ANONYMOUS_IDENTITY
     from appliance.control.credentials import verifier_of, verify_with_verifier
 
-    spec = _pm_identities(server).get(pkt.username)
+    spec = pm_identities(server).get(pkt.username)
     stored = spec.get("verifier") if isinstance(spec, dict) else None
     # an unknown user costs the same scrypt as a known one (no user enumeration by time)
     ok = await server.blocking(verify_with_verifier,
@@ -173,7 +186,7 @@ async def _identity(conn: MqttConnection, pkt: codec.Connect) -> str | None:
     return pkt.username
 
 
-def _pm_identities(server: MqttServer) -> dict:
+def pm_identities(server: MqttServer) -> dict:
     """The identities of this appliance's copy of P&M's document (its own when it is the
     P&M, the newest flooded one when P&M is remote; none before one arrived, so every
     CONNECT with a username is refused until then): each with its login ``verifier`` when it

@@ -14,7 +14,10 @@ partial unsubscribes (seed 000). So an UNSUBSCRIBE of a filter the client holds 
 once no session of the identity holds its pattern, the identity withdraws it natively and
 subscribes again every remaining pattern that overlaps it (the native withdrawal also
 removes what it includes; identities.py); an UNSUBSCRIBE of a filter the client does not
-hold changes nothing (0x11 in 5.0), never a partial unsubscribe.
+hold changes nothing (0x11 in 5.0), unless the client opted in to partial unsubscribes
+(``mqtt.partial_unsubscribe``, or the 5.0 user property ``tw-partial-unsubscribe``): then it
+carves that filter out of the ones it overlaps (``SessionState.carve_outs``; of a filter and
+a carve-out matching a topic the newer decides, so a later SUBSCRIBE takes topics back).
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ from appliance.edge.mqtt.topics import SHARED_PREFIX, filter_problem
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.connection import MqttConnection
+    from appliance.edge.mqtt.sessions import SessionState
 
 log = logging.getLogger("topicwire.edge.mqtt")
+
+PARTIAL_PROPERTY = "tw-partial-unsubscribe"
+"""The 5.0 user property that makes one UNSUBSCRIBE a partial one (value true, 1 or yes)."""
+_USER_PROPERTY = codec.PROP["user_property"]
 
 
 def _code(conn: MqttConnection, v5_code: int) -> int:
@@ -107,7 +115,8 @@ async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
                             "closed", conn.peer, topic_filter, type(exc).__name__, exc)
                 raise Closed("native_subscribe_failed", Reason.UNSPECIFIED,
                              detail=str(exc)) from None
-        state.filters[topic_filter] = opts
+        opts.seq = state.stamp()  # (newer than every carve-out so far: it takes back their
+        state.filters[topic_filter] = opts  # topics, as seed 000's ordered lists do)
         conn.count("subscriptions")
         codes.append(opts.qos)
         if opts.group is not None:  # no retained messages for a shared subscription
@@ -124,16 +133,63 @@ async def on_subscribe(conn: MqttConnection, pkt: codec.Subscribe) -> None:
         conn.count("retained_delivered")
 
 
+def _wants_partial(conn: MqttConnection, pkt: codec.Unsubscribe) -> bool:
+    """Whether this UNSUBSCRIBE may carve out (``mqtt.partial_unsubscribe``, or the 5.0 user
+    property ``tw-partial-unsubscribe`` with a true value)."""
+    if conn.cfg.partial_unsubscribe:
+        return True
+    return any(i == _USER_PROPERTY and v[0] == PARTIAL_PROPERTY
+               and v[1].lower() in ("1", "true", "yes") for i, v in pkt.props)
+
+
+def _carve_out(conn: MqttConnection, topic_filter: str) -> int:
+    """A partial unsubscribe of ``topic_filter``, a filter the session does not hold: carved
+    out of the filters it overlaps (SUCCESS), or NO_SUBSCRIPTION_EXISTED when it overlaps none
+    (the standard answer), or a refusal."""
+    from datapath.topics.algebra import overlaps
+
+    state = conn.state
+    assert state is not None
+    if (filter_problem(topic_filter) is not None or topic_filter.startswith(SHARED_PREFIX)
+            or topic_filter.startswith(SUCCESSOR_PREFIX)):
+        conn.count("unsubscriptions_partial_refused")
+        return Reason.TOPIC_FILTER_INVALID
+    if not any(o.group is None and overlaps(o.match, topic_filter)
+               for o in state.filters.values()):
+        return Reason.NO_SUBSCRIPTION_EXISTED
+    if (topic_filter not in state.carve_outs
+            and len(state.filters) + len(state.carve_outs) >= conn.cfg.max_subscriptions):
+        conn.count("unsubscriptions_partial_refused_limit")
+        return Reason.QUOTA_EXCEEDED
+    state.carve_outs.pop(topic_filter, None)  # (re-inserted: the newest)
+    state.carve_outs[topic_filter] = state.stamp()
+    conn.count("unsubscriptions_partial")
+    return Reason.SUCCESS
+
+
+def _forget_idle_carve_outs(state: SessionState) -> None:
+    """Carve-outs that carve nothing any more (no held filter older than one overlaps it):
+    dropped, so that they do not count against the bound."""
+    from datapath.topics.algebra import overlaps
+
+    for carved, seq in list(state.carve_outs.items()):
+        if not any(o.group is None and o.seq < seq and overlaps(o.match, carved)
+                   for o in state.filters.values()):
+            del state.carve_outs[carved]
+
+
 async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
     from appliance.client.errors import ClientError
 
     state = conn.state
     assert state is not None
     codes = []
+    partial = _wants_partial(conn, pkt)
     for topic_filter in pkt.filters:
         opts = state.filters.pop(topic_filter, None)
         if opts is None:
-            codes.append(Reason.NO_SUBSCRIPTION_EXISTED)
+            codes.append(_carve_out(conn, topic_filter) if partial
+                         else Reason.NO_SUBSCRIPTION_EXISTED)
             continue
         if opts.group is not None:
             conn.server.shared_router.leave(opts.group, state)
@@ -148,6 +204,8 @@ async def on_unsubscribe(conn: MqttConnection, pkt: codec.Unsubscribe) -> None:
                              detail=str(exc)) from None
         conn.count("unsubscriptions")
         codes.append(Reason.SUCCESS)
+    if state.carve_outs:
+        _forget_idle_carve_outs(state)
     if state.stored:
         conn.server.store.save_session(state)
     conn.send(codec.encode_unsuback(pkt.packet_id, codes, conn.version))

@@ -62,6 +62,10 @@ class SessionState:
         """Its identity's shared native session (identities.py), once joined."""
         self.conn: MqttConnection | None = None
         self.filters: dict[str, SubOptions] = {}
+        self.carve_outs: dict[str, int] = {}
+        """Partial unsubscribes (seed 000): filter -> its place in the ordered list, taken from
+        the same count as ``SubOptions.seq`` (handle_subscribe.py)."""
+        self.next_seq = 1
         self.inflight: dict[int, Delivery] = {}
         """Outgoing QoS 1/2 packet id -> its delivery (``awaiting``: the next ack)."""
         self.queued: deque[Delivery] = deque()
@@ -312,6 +316,30 @@ class SessionState:
             await ident.leave(self)
 
     # --- from the fabric ---------------------------------------------------------------------
+    def stamp(self) -> int:
+        """The next place in the ordered list of filters and carve-outs."""
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def _not_carved_out(self, keys: list[str], topic: str) -> list[str]:
+        """``keys`` without the filters that a newer carve-out matching ``topic`` takes the
+        topic from (shared subscriptions are not carved)."""
+        from appliance.edge.mqtt.topics import mqtt_matches
+
+        newest = max((seq for f, seq in self.carve_outs.items() if mqtt_matches(f, topic)),
+                     default=0)
+        if not newest:
+            return keys
+        kept = []
+        for key in keys:
+            options = self.filters.get(key)
+            if options is not None and (options.group is not None or options.seq > newest):
+                kept.append(key)
+        if not kept:  # (not delivered at all: counted once per message)
+            self.count("deliveries_carved_out")
+        return kept
+
     def from_fabric(self, msg: Any, keys: list[str], meta: Any, published_qos: int | None,
                     sender: int, groups: set[str]) -> None:
         """A native message of the identity that matches this session's filters ``keys``
@@ -320,6 +348,8 @@ class SessionState:
         groups this message was offered to already (each once)."""
         if self.ended:
             return
+        if self.carve_outs:
+            keys = self._not_carved_out(keys, msg.topic)
         own = sender == self.number
         guaranteed = msg.qos == GUARANTEED_QOS
         qos, rap, sub_ids, my_groups = -1, False, [], []
@@ -409,6 +439,9 @@ async def restore_session(server: MqttServer, stored: Any, now: float) -> Sessio
         state.filters[key] = opts
         if opts.group is not None:
             server.shared_router.join(opts.group, state)
+    state.carve_outs = dict(stored.carve_outs)
+    state.next_seq = 1 + max((*state.carve_outs.values(),
+                              *(o.seq for o in state.filters.values())), default=0)
     limit = server.cfg.max_queued + server.cfg.max_inflight
     for seq, d, sent in stored.deliveries:
         d.stored = seq

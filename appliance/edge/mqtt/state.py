@@ -23,6 +23,9 @@ class SubOptions:
     ``$share/GROUP/``)."""
     group: str | None = None
     """A shared subscription's key in ``MqttServer.shared`` (``GROUP/FILTER``)."""
+    seq: int = 0
+    """Its place in the session's ordered list, beside its carve-outs (partial unsubscribes):
+    of a filter and a carve-out that both match a topic, the newer decides."""
 
 
 @dataclass(slots=True)

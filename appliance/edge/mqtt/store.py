@@ -178,6 +178,8 @@ class StoredSession:
     expiry_s: int
     filters: dict[str, SubOptions]
     offline_since: float | None
+    carve_outs: dict[str, int] = field(default_factory=dict)
+    """Its partial unsubscribes: filter -> place in the ordered list (sessions.py)."""
     will: tuple[codec.Will, float] | None = None
     """A will waiting for its delay when the edge stopped, and when it is due (wall clock)."""
     deliveries: list[tuple[int, Delivery, tuple[int, str] | None]] = field(default_factory=list)
@@ -343,9 +345,10 @@ class StateStore:
                                        int(will["qos"]), bool(will["retain"]),
                                        codec._Reader(bytes.fromhex(will["props"])).props("will")),
                             float(will["due"]))
+                carve_outs = {str(f): int(seq) for f, seq in doc.get("carve_outs", {}).items()}
                 out[key.decode()] = StoredSession(key.decode(), doc["identity"],
                                                   int(doc["expiry_s"]), filters,
-                                                  doc.get("offline_since"), will)
+                                                  doc.get("offline_since"), carve_outs, will)
             except Exception as exc:  # (see _unreadable)
                 self._unreadable(space, key, exc)
         sent = {}
@@ -416,6 +419,7 @@ class StateStore:
         will = getattr(state, "will", None)
         doc = {"identity": state.identity, "expiry_s": state.expiry_s,
                "filters": {k: asdict(o) for k, o in state.filters.items()},
+               "carve_outs": state.carve_outs,
                "offline_since": offline_since,
                "will": None if will is None else {
                    "topic": will.topic, "payload": will.payload.hex(), "qos": will.qos,
