@@ -167,6 +167,33 @@ async def _until(predicate, what: str, log: list[str] | None = None) -> None:
         await asyncio.sleep(0.2)
 
 
+async def _while_stopped(dp: int, peers: list[Peer], send, until, what: str) -> None:
+    """``send`` on every peer with the data path stopped, which goes on once ``until()``."""
+    os.kill(dp, signal.SIGSTOP)
+    try:
+        for peer in peers:
+            send(peer)
+        await _until(until, what)
+    finally:
+        os.kill(dp, signal.SIGCONT)
+
+
+async def _every(peers: list[Peer], name: str) -> None:
+    await asyncio.wait_for(asyncio.gather(*(p.got[name].wait() for p in peers)), DEADLINE_S)
+
+
+async def _published_to_every(peers: list[Peer]) -> None:
+    """Each peer's message acknowledged and delivered to it, once."""
+    for name in ("puback", "publish"):
+        await _every(peers, name)
+    assert [p.payloads for p in peers] == [[b"%d" % p.i] for p in peers]
+
+
+def _closed(counters: dict) -> dict:
+    """The connections the edge closed (not their peers)."""
+    return {k: v for k, v in counters.items() if k.startswith("closed_") and k != "closed_by_peer"}
+
+
 def _unanswered(mgmt_port: int) -> bool:
     """The native side left a first publish unanswered past its request timeout: asked
     again (the fix), or the connection closed for it (issue 16's failure)."""
@@ -174,41 +201,41 @@ def _unanswered(mgmt_port: int) -> bool:
     return bool(c.get("native_register_retries") or c.get("closed_native_publish_failed"))
 
 
-def test_first_publishes_the_appliance_does_not_answer_in_time_are_asked_again(tmp_path):
+def _run_edge(tmp_path: Path, scenario, subscribe: bool = True) -> dict:
+    """``await scenario(peers, dp, mgmt_port)`` with CONNECTIONS raw connections to a
+    ``topicwire run`` edge (each subscribed to its own topic with ``subscribe``; ``dp``: its
+    data path's pid), after which none of them was closed by the edge; its counters then."""
     mqtt_port, mgmt_port = free_port(), free_port()
     proc = run_appliance(_config(tmp_path, mqtt_port, mgmt_port))
     dp = _data_path_pid(proc.pid)
 
-    async def scenario() -> None:
-        peers = await _open_all(mqtt_port)
+    async def run() -> None:
+        peers = await _open_all(mqtt_port, subscribe)
         try:
-            os.kill(dp, signal.SIGSTOP)
-            try:
-                for peer in peers:
-                    peer.publish()
-                await _until(lambda: _unanswered(mgmt_port),
-                             "a registration unanswered past its timeout")
-            finally:
-                os.kill(dp, signal.SIGCONT)
-            for name in ("puback", "publish"):
-                await asyncio.wait_for(asyncio.gather(*(p.got[name].wait() for p in peers)),
-                                       DEADLINE_S)
-            assert [p.payloads for p in peers] == [[b"%d" % p.i] for p in peers]
+            await scenario(peers, dp, mgmt_port)
             assert not any(p.ended.is_set() for p in peers)
         finally:
             for peer in peers:
                 peer.close()
 
     try:
-        asyncio.run(scenario())
+        asyncio.run(run())
         counters = _counters(mgmt_port)
-        assert counters.get("native_register_retries", 0) >= 1, counters
-        closed = {k: v for k, v in counters.items()
-                  if k.startswith("closed_") and k != "closed_by_peer"}
-        assert closed == {}, closed
+        assert _closed(counters) == {}, counters
+        return counters
     finally:
         os.kill(dp, signal.SIGCONT)
         stop(proc)
+
+
+def test_first_publishes_the_appliance_does_not_answer_in_time_are_asked_again(tmp_path):
+    async def scenario(peers: list[Peer], dp: int, mgmt_port: int) -> None:
+        await _while_stopped(dp, peers, Peer.publish, lambda: _unanswered(mgmt_port),
+                             "a registration unanswered past its timeout")
+        await _published_to_every(peers)
+
+    counters = _run_edge(tmp_path, scenario)
+    assert counters.get("native_register_retries", 0) >= 1, counters
 
 
 def test_subscribes_and_unsubscribes_the_appliance_does_not_answer_in_time_are_asked_again(
@@ -221,48 +248,23 @@ def test_subscribes_and_unsubscribes_the_appliance_does_not_answer_in_time_are_a
     each SUBACK grants QoS 1 and a message then reaches every connection. The unsubscribes
     likewise (``native_unsubscribe_retries``: more patterns than the identity withdraws at
     once, so its native list is rebuilt, then the last ones withdrawn)."""
-    mqtt_port, mgmt_port = free_port(), free_port()
-    proc = run_appliance(_config(tmp_path, mqtt_port, mgmt_port))
-    dp = _data_path_pid(proc.pid)
     steps = (("suback", "native_subscribe_retries", Peer.subscribe),
              ("unsuback", "native_unsubscribe_retries", Peer.unsubscribe))
 
-    async def scenario() -> None:
-        peers = await _open_all(mqtt_port, subscribe=False)
-        try:
-            for answer, retries, send in steps:
-                os.kill(dp, signal.SIGSTOP)
-                try:
-                    for peer in peers:
-                        send(peer)
-                    await _until(lambda name=retries: _counters(mgmt_port).get(name, 0) >= 1,
-                                 f"a native request for {answer} asked again")
-                finally:
-                    os.kill(dp, signal.SIGCONT)
-                await asyncio.wait_for(asyncio.gather(*(p.got[answer].wait() for p in peers)),
-                                       DEADLINE_S)
-                if answer == "suback":
-                    for peer in peers:
-                        peer.publish()
-                    await asyncio.wait_for(asyncio.gather(*(
-                        p.got["publish"].wait() for p in peers)), DEADLINE_S)
-                    assert [p.payloads for p in peers] == [[b"%d" % p.i] for p in peers]
-            assert not any(p.ended.is_set() for p in peers)
-        finally:
-            for peer in peers:
-                peer.close()
+    async def scenario(peers: list[Peer], dp: int, mgmt_port: int) -> None:
+        for answer, retries, send in steps:
+            await _while_stopped(
+                dp, peers, send, lambda name=retries: _counters(mgmt_port).get(name, 0) >= 1,
+                f"a native request for {answer} asked again")
+            await _every(peers, answer)
+            if answer == "suback":
+                for peer in peers:
+                    peer.publish()
+                await _published_to_every(peers)
 
-    try:
-        asyncio.run(scenario())
-        counters = _counters(mgmt_port)
-        closed = {k: v for k, v in counters.items()
-                  if k.startswith("closed_") and k != "closed_by_peer"}
-        assert closed == {}, closed
-        assert counters.get("subscriptions") == CONNECTIONS, counters
-        assert counters.get("unsubscriptions") == CONNECTIONS, counters
-    finally:
-        os.kill(dp, signal.SIGCONT)
-        stop(proc)
+    counters = _run_edge(tmp_path, scenario, subscribe=False)
+    assert counters.get("subscriptions") == CONNECTIONS, counters
+    assert counters.get("unsubscriptions") == CONNECTIONS, counters
 
 
 def test_sigterm_while_every_connection_waits_for_the_appliance_exits_within_the_bound(
