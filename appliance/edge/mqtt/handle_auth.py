@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,8 @@ MAX_AUTH_DATA_BYTES = 2048
 _DECOY_KEY = secrets.token_bytes(32)
 """Keys the decoy salts of unknown identities (per process)."""
 
+
+log = logging.getLogger("topicwire.edge.mqtt")
 
 class AuthRefused(Exception):
     """An exchange refused: ``why`` names the counter, ``code`` the reason code."""
@@ -90,8 +93,8 @@ class ScramExchange:
             return self._server.get_server_first().encode()
         except AuthRefused:
             raise
-        except Exception:  # scramp's ScramException, or anything its parsing raises
-            raise AuthRefused("scram_malformed", Reason.NOT_AUTHORIZED) from None
+        except Exception as exc:  # scramp's ScramException, or anything its parsing raises
+            raise _malformed(self.identity, exc) from None
 
     def final(self, data: object) -> bytes:
         """The server-final message for a client-final whose proof is right (raises
@@ -107,7 +110,15 @@ class ScramExchange:
             if getattr(exc, "server_error", None) == ServerError.INVALID_PROOF:
                 raise AuthRefused("scram_" + (self._missing or "bad_proof"),
                                   Reason.BAD_USERNAME_OR_PASSWORD) from None
-            raise AuthRefused("scram_malformed", Reason.NOT_AUTHORIZED) from None
+            raise _malformed(self.identity, exc) from None
+
+
+def _malformed(identity: object, exc: Exception) -> AuthRefused:
+    """A SCRAM message scramp could not take: logged (the refusal itself is counted as
+    ``connect_refused_scram_malformed`` or ``closed_reauth_refused_scram_malformed``)."""
+    log.info("mqtt: SCRAM message of %r refused as malformed: %s: %.200s", identity,
+             type(exc).__name__, exc)
+    return AuthRefused("scram_malformed", Reason.NOT_AUTHORIZED)
 
 
 def _text(data: object) -> str:
