@@ -146,7 +146,6 @@ def _carve_out(conn: MqttConnection, topic_filter: str) -> int:
     """A partial unsubscribe of ``topic_filter``, a filter the session does not hold: carved
     out of the filters it overlaps (SUCCESS), or NO_SUBSCRIPTION_EXISTED when it overlaps none
     (the standard answer), or a refusal."""
-    from datapath.topics.algebra import overlaps
 
     state = conn.state
     assert state is not None
@@ -154,8 +153,7 @@ def _carve_out(conn: MqttConnection, topic_filter: str) -> int:
             or topic_filter.startswith(SUCCESSOR_PREFIX)):
         conn.count("unsubscriptions_partial_refused")
         return Reason.TOPIC_FILTER_INVALID
-    if not any(o.group is None and overlaps(o.match, topic_filter)
-               for o in state.filters.values()):
+    if not _carves(state, topic_filter, state.next_seq):
         return Reason.NO_SUBSCRIPTION_EXISTED
     if (topic_filter not in state.carve_outs
             and len(state.filters) + len(state.carve_outs) >= conn.cfg.max_subscriptions):
@@ -167,14 +165,20 @@ def _carve_out(conn: MqttConnection, topic_filter: str) -> int:
     return Reason.SUCCESS
 
 
-def _forget_idle_carve_outs(state: SessionState) -> None:
-    """Carve-outs that carve nothing any more (no held filter older than one overlaps it):
-    dropped, so that they do not count against the bound."""
+def _carves(state: SessionState, carved: str, seq: int) -> bool:
+    """Whether a carve-out of ``carved`` at place ``seq`` takes topics from a filter the
+    session holds: one older than it that overlaps it (shared subscriptions are not carved)."""
     from datapath.topics.algebra import overlaps
 
+    return any(o.group is None and o.seq < seq and overlaps(o.match, carved)
+               for o in state.filters.values())
+
+
+def _forget_idle_carve_outs(state: SessionState) -> None:
+    """Carve-outs that carve nothing any more: dropped, so that they do not count against
+    the bound."""
     for carved, seq in list(state.carve_outs.items()):
-        if not any(o.group is None and o.seq < seq and overlaps(o.match, carved)
-                   for o in state.filters.values()):
+        if not _carves(state, carved, seq):
             del state.carve_outs[carved]
 
 
