@@ -283,6 +283,10 @@ they hold no client session of their own (their identity's shared one), at most
 MQTT_MAX_SESSION_EXPIRY_S = 86_400
 """Longest an offline persistent session is kept (``mqtt.max_session_expiry_s``): the cap of
 a 5.0 Session Expiry Interval, and the expiry of a 3.1.1 persistent session."""
+MQTT_EXACTLY_ONCE_WINDOW = 65_536
+"""QoS 2 messages an edge remembers delivering, by their publish number, so that one a
+crashed edge publishes again at start is not delivered twice (``mqtt.exactly_once_window``;
+appliance/edge/mqtt/exactly_once.py); 0: none."""
 MQTT_TOPIC_ALIAS_MAXIMUM = 16
 """Topic aliases a 5.0 client may set towards the edge (``mqtt.topic_alias_maximum``)."""
 MQTT_SERVER_KEEP_ALIVE_S = 0
@@ -435,6 +439,7 @@ class MqttConfig:
     the user property ``tw-partial-unsubscribe`` (appliance/edge/mqtt/handle_subscribe.py)."""
     max_offline_sessions: int = MQTT_MAX_OFFLINE_SESSIONS
     max_session_expiry_s: int = MQTT_MAX_SESSION_EXPIRY_S
+    exactly_once_window: int = MQTT_EXACTLY_ONCE_WINDOW
     topic_alias_maximum: int = MQTT_TOPIC_ALIAS_MAXIMUM
     server_keep_alive_s: int = MQTT_SERVER_KEEP_ALIVE_S
     tls_listen: Address | None = None
@@ -814,6 +819,7 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                               "max_retained_bytes", "connect_timeout_ms", "send_buffer_bytes",
                               "allow_anonymous", "partial_unsubscribe",
                               "max_offline_sessions", "max_session_expiry_s",
+                              "exactly_once_window",
                               "topic_alias_maximum", "server_keep_alive_s",
                               "tls_listen",
                               "tls_cert_file", "tls_key_file", "tls_ca_file",
@@ -863,6 +869,8 @@ def _mqtt(doc: dict, role: str, clients_udp: Address | None, shm: str | None,
                                   MQTT_MAX_CONNECTIONS_LIMIT),
         max_session_expiry_s=_int(mq, "max_session_expiry_s", p, MQTT_MAX_SESSION_EXPIRY_S, 0,
                                   2**32 - 2),
+        exactly_once_window=_int(mq, "exactly_once_window", p, MQTT_EXACTLY_ONCE_WINDOW, 0,
+                                 10_000_000),
         topic_alias_maximum=_int(mq, "topic_alias_maximum", p, MQTT_TOPIC_ALIAS_MAXIMUM, 0,
                                  65_535),
         server_keep_alive_s=_int(mq, "server_keep_alive_s", p, MQTT_SERVER_KEEP_ALIVE_S, 0,

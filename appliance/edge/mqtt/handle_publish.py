@@ -24,7 +24,8 @@ synced: the writer thread's callback sends it, in the order the PUBLISHes came
 At most ``mqtt.max_inflight`` acknowledgements wait per connection: beyond, the
 connection's next packet is read once the oldest is sent. The record is deleted
 ``store.INBOUND_RETIRE_S`` after the publish; after a crash before
-that the edge publishes it again at start (at least once). A record that cannot be written
+that the edge publishes it again at start (with its number: MQTT subscribers that had
+it do not get it twice, exactly_once.py). A record that cannot be written
 closes the connection without the acknowledgement (the client sends it again). The incoming
 QoS 2 ids awaiting PUBREL are recorded for persistent sessions.
 """

@@ -50,6 +50,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from appliance.client.errors import (
@@ -647,6 +648,13 @@ class IdentitySession:
                 except ValueError:
                     sender = 0
         meta, published_qos = from_headers(msg.headers, self.count)  # (meta.py)
+        if published_qos == 2 and meta is not None and meta.origin and (
+                self.server.delivered_once.seen_before((self.identity, msg.origin,
+                                                        meta.origin))):
+            self.count("deliveries_duplicates_dropped")  # published again (exactly_once.py)
+            return
+        if meta is not None and meta.origin and msg.origin != self.server.node_id:
+            meta = replace(meta, origin=0)  # another edge's number: its state store's only
         groups: set[str] = set()
         for state, keys in by_session.items():
             state.from_fabric(msg, keys, meta, published_qos, sender, groups)

@@ -53,14 +53,15 @@ def frame(body: bytes) -> bytes:
     return RECORD_HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
-def read(path: Path, magic: bytes) -> tuple[list[bytes], int]:
+def read(path: Path, magic: bytes, older: tuple[bytes, ...] = ()) -> tuple[list[bytes], int]:
     """The record bodies of the journal at ``path`` (none when absent) and the number of bytes
-    of a torn or corrupt tail. Raises ``JournalError`` for a file of another kind."""
+    of a torn or corrupt tail. ``older``: earlier headers of the same kind (as long as
+    ``magic``) read too. Raises ``JournalError`` for a file of another kind."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return [], 0
-    if not data.startswith(magic):
+    if not data.startswith((magic, *older)):
         raise JournalError(f"{path}: not a journal of this kind (header "
                            f"{data[:len(magic)]!r}, expected {magic!r})")
     bodies = []

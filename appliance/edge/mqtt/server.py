@@ -41,6 +41,7 @@ from typing import Any
 from appliance.config import ApplianceConfig, ConfigError, MqttConfig, local_client_url
 from appliance.edge.mqtt.codec import Reason
 from appliance.edge.mqtt.connection import MqttConnection
+from appliance.edge.mqtt.exactly_once import RecentIds
 from appliance.edge.mqtt.identities import IdentitySession
 from appliance.edge.mqtt.meta import MessageMeta, MetadataTooLarge, to_headers
 from appliance.edge.mqtt.retain import RetainedStore
@@ -100,6 +101,8 @@ class MqttServer:
         self._lock = threading.Lock()
         self.shared_router = SharedRouter(self.count)
         self.successors = SuccessorTable(self.count)
+        self.delivered_once = RecentIds(self.cfg.exactly_once_window)
+        """The QoS 2 messages delivered lately, by publish number (exactly_once.py)."""
         self.addresses: dict[str, tuple[str, int]] = {}
         """Listener (``tcp``, ``tls``, ``ws``) -> its bound address."""
         self._socks: dict[str, socket.socket] = {}
@@ -522,6 +525,7 @@ class MqttServer:
                 "sessions_offline": self.offline_sessions(),
                 "shared_groups": len(self.shared_router.groups),
                 "successors": self.successors.status(),
+                "exactly_once_ids": len(self.delivered_once),
                 "retained_messages": len(self.retained.messages),
                 "retained_bytes": self.retained.bytes, "counters": counters,
                 "state_dir": None if self.store is None else str(self.cfg.state_dir),

@@ -86,6 +86,8 @@ class SessionState:
         self.restored_origins: set[int] = set()
         """Restored: the publishes its recorded deliveries came from (store.StoredSession);
         the same publish sent again at start is not delivered twice."""
+        self._unrecorded: set[int] = set()
+        """Packet ids of QoS 2 deliveries waiting for their record's sync (_send_new)."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._ids = itertools.cycle(range(1, 65_536))
         self._drop_logged = False
@@ -174,6 +176,16 @@ class SessionState:
         while packet_id in self.inflight:
             packet_id = next(self._ids)
         assert self.conn is not None
+        if d.qos == 2 and self.stored:
+            # exactly once across a crash: the client gets it only once its record (and
+            # the publish number in it) is on disk, so a copy published again after a
+            # restart finds it (exactly_once.py)
+            d.awaiting = "pubrec"
+            self.inflight[packet_id] = d
+            self._unrecorded.add(packet_id)
+            self.server.store.sent(self, packet_id, d,
+                                   lambda ok: self._send_recorded(packet_id, d))
+            return
         if self.conn.send_publish(d, packet_id, False):
             d.awaiting = "puback" if d.qos == 1 else "pubrec"
             self.inflight[packet_id] = d
@@ -182,6 +194,21 @@ class SessionState:
                 self.server.store.sent(self, packet_id, d)
         else:
             self.forget(d)
+
+    def _send_recorded(self, packet_id: int, d: Delivery) -> None:
+        """A QoS 2 delivery's record is on disk (or could not be written: counted by the
+        store; sent all the same): to the client, unless it left meanwhile (its connection
+        gone: sent with the others when the client is back, ``attach``)."""
+        self._unrecorded.discard(packet_id)
+        conn = self.conn
+        if self.inflight.get(packet_id) is not d or conn is None or conn.closing:
+            return
+        if conn.send_publish(d, packet_id, False):
+            self.count("messages_out")
+        else:
+            del self.inflight[packet_id]
+            self.forget(d)
+            self.drain()
 
     def forget(self, d: Delivery) -> None:
         """``d`` left this session (its flow ended, dropped, handed to another): its record
@@ -220,6 +247,8 @@ class SessionState:
         if any(o.group is not None for o in self.filters.values()):
             self.server.shared_router.changed()  # (a member connected again)
         for packet_id, d in list(self.inflight.items()):
+            if packet_id in self._unrecorded:
+                continue  # sent once its record is on disk (_send_recorded)
             if d.awaiting == "pubcomp":
                 conn.send(codec.encode_ack(PacketType.PUBREL, packet_id, conn.version))
             elif d.meta is not None and d.meta.expired(time.monotonic()):

@@ -24,6 +24,12 @@ group commit with one ``fdatasync`` per batch, torn tail cut, compaction), magic
     INBOUND    u64 seq                        u8 qos | u8 retain | u16 identity len |
                                              identity | u16 topic len | topic | u32 meta
                                              len | meta | payload
+    DONE       u16 len | client id | u64 seq  (empty): a QoS 2 delivery of INBOUND ``seq``
+                                             to the session ended (PUBCOMP) before ``seq``
+                                             was retired; deleted with it (exactly_once.py)
+
+Numbers (``seq``) are not reused across restarts: at open the next one is past both the
+highest recorded and the wall clock in microseconds.
 
 ``meta``: a message's 5.0 metadata (meta.MessageMeta), empty when it has none: f64 expiry
 deadline on the wall clock (-1: none) | u8 retain | its properties as in a PUBLISH. The
@@ -56,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from appliance.dataplane.process import close_at_fork
 from appliance.edge.mqtt import codec, journal
 from appliance.edge.mqtt.journal import Journal, JournalError
 from appliance.edge.mqtt.meta import MessageMeta
@@ -69,10 +76,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topicwire.edge.mqtt")
 
-MAGIC = b"TWMS\x01"
+MAGIC = b"TWMS\x02"
+MAGIC_READ = (b"TWMS\x01",)
+"""Earlier headers read too (their records are a subset); the file is rewritten with
+``MAGIC`` at open, so an earlier version refuses it with an error instead of misreading."""
 JOURNAL = "mqtt-state.log"
 PUT, DELETE = 1, 2
-SESSION, DELIVERY, SENT, REL, RETAINED, INBOUND = 1, 2, 3, 4, 5, 6
+SESSION, DELIVERY, SENT, REL, RETAINED, INBOUND, DONE = 1, 2, 3, 4, 5, 6, 7
 HEAD = struct.Struct(">BBH")
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
@@ -200,12 +210,17 @@ class StateStore:
         self._count = count
         self.lock = threading.Lock()
         self.records: dict[tuple[int, bytes], bytes] = {}
+        self._done: dict[int, list[bytes]] = {}
+        """INBOUND seq -> the DONE keys to delete when it is retired."""
         self.bytes = 0
         self._lock_fd = -1
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # a data path forked later in this process (another appliance of a test or of
+            # an embedded fabric) must not hold the directory's lock after this edge lets go
+            close_at_fork(self._lock_fd)
         except BlockingIOError:
             os.close(self._lock_fd)
             raise ConfigError(f"mqtt.state_dir: {self.directory} is in use by another running "
@@ -216,9 +231,9 @@ class StateStore:
             raise ConfigError(f"mqtt.state_dir: cannot use {self.directory}: "
                               f"{exc.strerror or exc}") from None
         try:
-            bodies, cut = journal.read(self.directory / JOURNAL, MAGIC)
+            bodies, cut = journal.read(self.directory / JOURNAL, MAGIC, MAGIC_READ)
         except (OSError, JournalError) as exc:
-            os.close(self._lock_fd)
+            self._unlock()
             raise ConfigError(
                 f"mqtt.state_dir: cannot read the edge's state in {self.directory}: {exc}; "
                 f"move {JOURNAL} away (its sessions and retained messages are then lost) or "
@@ -236,12 +251,15 @@ class StateStore:
                         if s in (DELIVERY, INBOUND) and len(k) >= 8), default=0)
         self.seq = max([self.seq] + [U64.unpack_from(v)[0] for (s, _), v in
                                      self.records.items() if s == RETAINED and len(v) >= 8])
+        # numbers never repeat across restarts, even when every record was retired: other
+        # edges tell a publish sent again at start by its number (exactly_once.py)
+        self.seq = max(self.seq, time.time_ns() // 1_000)
         try:
             self._journal = Journal(self.directory / JOURNAL, MAGIC, self._snapshot,
                                     lambda: self.bytes, count, prefix="store_",
                                     name="mqtt-state-writer").start(self._snapshot())
         except OSError as exc:
-            os.close(self._lock_fd)
+            self._unlock()
             raise ConfigError(f"mqtt.state_dir: cannot write the edge's state in "
                               f"{self.directory}: {exc}") from None
 
@@ -254,7 +272,7 @@ class StateStore:
         if len(body) < HEAD.size:
             return False
         op, space, klen = HEAD.unpack_from(body)
-        if op not in (PUT, DELETE) or not SESSION <= space <= INBOUND or (
+        if op not in (PUT, DELETE) or not SESSION <= space <= DONE or (
                 len(body) < HEAD.size + klen):
             return False
         key = bytes(body[HEAD.size:HEAD.size + klen])
@@ -316,8 +334,12 @@ class StateStore:
     def close(self) -> None:
         """Write and sync what is queued, then release the directory (safe twice)."""
         self._journal.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, -1
         if fd >= 0:
+            close_at_fork(fd, close=False)
             os.close(fd)
 
     # --- reading back ------------------------------------------------------------------------
@@ -360,7 +382,7 @@ class StateStore:
                 except Exception as exc:
                     self._unreadable(space, key, exc)
         for (space, key), value in sorted(self.records.items()):
-            if space not in (DELIVERY, REL):
+            if space not in (DELIVERY, REL, DONE):
                 continue
             try:
                 cid, rest = _cid_of(key)
@@ -370,6 +392,13 @@ class StateStore:
                     self.delete(SENT, key)
                 elif space == REL:
                     session.awaiting_rel.add(U16.unpack(rest)[0])
+                elif space == DONE:
+                    origin = U64.unpack(rest)[0]
+                    if (INBOUND, rest) in self.records:
+                        session.origins.add(origin)
+                        self._done.setdefault(origin, []).append(key)
+                    else:
+                        self.delete(DONE, key)
                 else:
                     d, origin = decode_delivery(value)
                     if origin:
@@ -444,7 +473,7 @@ class StateStore:
         self.delete(SESSION, state.client_id.encode())
         prefix = _cid_key(state.client_id)
         with self.lock:
-            keys = [k for k in self.records if k[0] in (DELIVERY, SENT, REL) and
+            keys = [k for k in self.records if k[0] in (DELIVERY, SENT, REL, DONE) and
                     k[1].startswith(prefix) and _cid_of(k[1])[0] == state.client_id]
         for space, key in keys:
             self.delete(space, key)
@@ -460,14 +489,18 @@ class StateStore:
         self.put(DELIVERY, delivery_key(state.client_id, d.stored), encode_delivery(d))
         self._count("store_deliveries_kept", 1)
 
-    def sent(self, state: SessionState, packet_id: int, d: Delivery) -> None:
-        """``d`` went to the client as ``packet_id`` (or passed PUBREC)."""
+    def sent(self, state: SessionState, packet_id: int, d: Delivery,
+             on_synced: Callable[[bool], None] | None = None) -> None:
+        """``d`` goes to the client as ``packet_id`` (or passed PUBREC); ``on_synced(ok)``
+        once that is on disk."""
         if not state.stored or d.qos == 0:
+            if on_synced is not None:
+                self.loop.call_soon(on_synced, True)
             return
         if not d.stored:
             self.kept(state, d)
         self.put(SENT, delivery_key(state.client_id, d.stored),
-                 SENT_BODY.pack(packet_id, AWAITING.index(d.awaiting or "puback")))
+                 SENT_BODY.pack(packet_id, AWAITING.index(d.awaiting or "puback")), on_synced)
 
     def done(self, state: SessionState, d: Delivery) -> None:
         """``d``'s flow ended (PUBACK, PUBCOMP) or it left ``state`` (dropped, expired,
@@ -476,6 +509,13 @@ class StateStore:
             return
         key = delivery_key(state.client_id, d.stored)
         d.stored = 0
+        origin = d.meta.origin if d.meta is not None else 0
+        if d.qos == 2 and origin and (INBOUND, U64.pack(origin)) in self.records:
+            # its publish may still be sent again at start: the session must not get it
+            # twice (exactly_once.py); forgotten when the publish is retired
+            done = _cid_key(state.client_id) + U64.pack(origin)
+            self.put(DONE, done, b"")
+            self._done.setdefault(origin, []).append(done)
         self.delete(DELIVERY, key)
         self.delete(SENT, key)
 
@@ -521,4 +561,9 @@ class StateStore:
 
     def retire(self, seq: int, delay_s: float = INBOUND_RETIRE_S) -> None:
         """The publish ``seq`` reached the fabric: forget it after ``delay_s``."""
-        self.loop.call_later(delay_s, self.delete, INBOUND, U64.pack(seq))
+        self.loop.call_later(delay_s, self._retired, seq)
+
+    def _retired(self, seq: int) -> None:
+        self.delete(INBOUND, U64.pack(seq))
+        for key in self._done.pop(seq, ()):
+            self.delete(DONE, key)
