@@ -381,7 +381,7 @@ class CacheAgent:
             client = None
             try:
                 client = connect(url, CACHE_IDENTITY, password=self._password, idle="sleep",
-                                 reconnect_s=RECONNECT_MAX_S)
+                                 reconnect_s=RECONNECT_MAX_S, on_state=self._on_state)
                 with client._lock:
                     topics = _RegistryTopics(self.registry)
                     topics.update(client._topics)
@@ -404,10 +404,19 @@ class CacheAgent:
                     client.close()
                     return
                 self.client = client
+            self.dp.command("cache_ready", client.session)
             self.ready.set()
             log.info("%s: cache: keeping %s in %s (fsync %s)", self.config.name,
                      ", ".join(self.settings.patterns), self.settings.dir, self.settings.fsync)
             return
+
+    def _on_state(self, change: Any) -> None:
+        """The cache's session logged in again and made its subscriptions again: the data
+        path may count on it from now on (``cache_ready``; a neighbour's messages routed
+        before then are not reported persisted)."""
+        client = self.client
+        if change.state == "reconnected" and client is not None and client.session:
+            self.dp.command("cache_ready", client.session)
 
     def close(self) -> None:
         """Log the cache's session out, stop the thread, sync and close the logs (twice is

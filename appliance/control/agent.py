@@ -417,6 +417,10 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
                 and self._remote_patterns is not None):
             held = self.interest.get(nb.node_id)
             ready = held is not None and self._remote_patterns <= held[3]
+        if ready and not self._remote_ready and (self._tables_dirty or
+                                                  self._pending_snapshot is not None):
+            return  # told once the tables routing to its cache are the data path's (their
+            # snapshot goes first): a publish routed before them would not wait for it
         if ready != self._remote_ready:
             self._remote_ready = ready
             self.counters["persisted_remote_ready_changes"] += 1

@@ -271,6 +271,10 @@ class DataPlaneAgent(Delivery, Output):
         """Hold local publishers' acknowledgements for the cache (``GuaranteedPlane``)."""
         self.guaranteed.persist_acks(identity, max_payload_bytes)
 
+    def cache_ready(self, session_id: int) -> None:
+        """The cache's session ``session_id`` is subscribed to its patterns."""
+        self.guaranteed.cache_ready(session_id)
+
     def persisted(self, tokens: list[tuple[int, int]]) -> None:
         """The cache has these local guaranteed messages on disk."""
         self.guaranteed.take_persisted(tokens)

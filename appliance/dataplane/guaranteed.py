@@ -235,6 +235,8 @@ class GuaranteedPlane:
         """(session, topic key, per-topic sequence) -> stream sequence, during one
         ``_run_guaranteed`` (the messages being routed)."""
         self._cache_session: int | None = None
+        self._cache_ready: int | None = None
+        """The cache's session once it is subscribed to its patterns (``cache_ready``)."""
         self.gating = False
         """Local publishers' acknowledgements wait (a cache here, or a neighbour's)."""
         self.reporter: Reporter | None = None
@@ -278,14 +280,15 @@ class GuaranteedPlane:
         self.waiter.take(entries)
 
     def cache_present(self) -> bool:
-        """Whether the cache's session is logged in (what it subscribes to reaches it)."""
-        if self._cache_session is not None and self._cache_session in self.dp.sessions:
-            return True
-        for sid, session in self.dp.sessions.items():
-            if session.identity == self.persist_identity:
-                self._cache_session = sid
-                return True
-        return False
+        """Whether the cache's session is logged in and subscribed to its patterns, so that a
+        message for the cache reaches it (one routed before its subscriptions are in the
+        tables went elsewhere, and must not be reported as settled)."""
+        return self._cache_ready is not None and self._cache_ready in self.dp.sessions
+
+    def cache_ready(self, session_id: int) -> None:
+        """The cache's session ``session_id`` is subscribed to its patterns (its command,
+        sent after the subscriptions were answered: the tables have them by now)."""
+        self._cache_ready = session_id
 
     def use_auth(self, auth: FabricAuth) -> None:
         """Sign and check with ``auth`` from now on (a command from the control agent)."""
@@ -756,6 +759,8 @@ class GuaranteedPlane:
         self.gates.pop(session_id, None)
         self.persist_failed.pop(session_id, None)
         self.cache_naks.session_removed(session_id)
+        if self._cache_ready == session_id:
+            self._cache_ready = None
         if self._cache_session == session_id:
             self._cache_session = None
             if self.reporter is not None:

@@ -226,11 +226,18 @@ def test_publishes_are_taken_only_while_the_neighbours_cache_interest_is_known_h
     side = _control_side()
     side.neighbours = {nb.config.name: nb for nb in side.by_peer.values()}
     side.cache, side._remote_patterns, side._remote_ready = None, None, False
+    side._tables_dirty, side._pending_snapshot = True, None
     side.interest = {2: (1, 1, frozenset(), frozenset({(0, "orders/#"), (0, "fx/#")}))}
     ControlAgent._persisted_timers(side, 0)
     assert side.commands == []  # no beacon yet: not ready
     FabricSide._on_fabric(side, 100, _beacon_frame(2, ["orders/#"]), 0)
     assert side.commands == []  # a beacon moves no gate
+    ControlAgent._persisted_timers(side, 1)
+    assert side.commands == []  # the tables that route to its cache are not built yet
+    side._tables_dirty, side._pending_snapshot = False, object()
+    ControlAgent._persisted_timers(side, 1)
+    assert side.commands == []  # ... nor sent to the data path
+    side._pending_snapshot = None
     ControlAgent._persisted_timers(side, 1)
     assert side.commands == [("remote_ready", True)]
     side.interest[2] = (1, 2, frozenset(), frozenset({(0, "fx/#")}))  # withdrawn
@@ -241,3 +248,17 @@ def test_publishes_are_taken_only_while_the_neighbours_cache_interest_is_known_h
     side.by_peer[100].up = False  # the neighbour is down
     ControlAgent._persisted_timers(side, 4)
     assert side.commands[-2:] == [("remote_ready", True), ("remote_ready", False)]
+
+
+def test_the_cache_counts_as_there_only_once_it_said_it_is_subscribed():
+    """Between the cache session's login and its subscriptions, a neighbour's message routed
+    here does not reach it: it must not be reported settled (the Reporter follows nothing
+    while the cache is not there)."""
+    from appliance.dataplane.guaranteed import GuaranteedPlane
+
+    plane = SimpleNamespace(_cache_ready=None, dp=SimpleNamespace(sessions={5: object()}))
+    assert not GuaranteedPlane.cache_present(plane)  # logged in, not subscribed yet
+    GuaranteedPlane.cache_ready(plane, 5)
+    assert GuaranteedPlane.cache_present(plane)
+    del plane.dp.sessions[5]  # its session ended
+    assert not GuaranteedPlane.cache_present(plane)
