@@ -155,6 +155,7 @@ from datapath.protocol.segments import (
     Reassembler,
     segment,
 )
+from datapath.topics.algebra import is_pattern
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
 
@@ -1480,13 +1481,19 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             for pattern in patterns:
                 lst.unsubscribe(pattern)
             live = set(lst.positive_patterns())
+            wild = [p for p in live if is_pattern(p)]
             keep = []
             for sub in self._subs:
-                if sub.namespace == namespace and not any(matches_or_includes(p, sub.pattern)
-                                                          for p in live):
-                    sub._close()
-                else:
+                if sub.namespace != namespace or sub.pattern in live:
                     keep.append(sub)
+                    continue
+                # a plain pattern overlaps only a wildcard one or itself: the plain live
+                # patterns need no look (thousands of connections at an edge, each its own)
+                around = wild if not is_pattern(sub.pattern) else live
+                if any(matches_or_includes(p, sub.pattern) for p in around):
+                    keep.append(sub)
+                else:
+                    sub._close()
             self._subs = keep
             self._subs_changed()
 
