@@ -30,6 +30,7 @@ neighbours).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
@@ -64,6 +65,9 @@ RECONNECTING = "reconnecting"
 RECONNECTED = "reconnected"
 CLOSED = "closed"
 STATES = (CONNECTED, LOST, RECONNECTING, RECONNECTED, CLOSED)
+AGAIN_PER_TIMEOUT = 512
+"""(Un)subscribes a reconnection makes again per ``RECONNECT_LOGIN_TIMEOUT_S`` of its
+batched request's deadline."""
 SESSION_LOST = "SESSION_LOST"
 """``Loss.reason`` given to guaranteed subscriptions when the connection is lost."""
 _KICKED = "disconnected by management"
@@ -471,10 +475,14 @@ class ConnectionSide:
     def _subscribe_again(self: Client) -> None:
         """Make the subscriptions again: first those the client's lists absorbed (a broader
         entry includes them), then each list's entries in order (positive entries with the
-        QoS of their subscriptions, negative ones as unsubscribes), as they were made."""
+        QoS of their subscriptions, negative ones as unsubscribes), as they were made. A run
+        of subscribes (or of unsubscribes) goes in one batched request, runs in order."""
         with self._lock:
             subs = list(self._subs)
             lists = {ns: lst.entries for ns, lst in self._lists.items()}
+        by_pattern: dict[tuple[int, str], list] = {}
+        for sub in subs:
+            by_pattern.setdefault((sub.namespace, sub.pattern), []).append(sub)
         listed = {(ns, e.pattern) for ns, entries in lists.items() for e in entries if e.positive}
         plan: list[tuple[bool, int, str, int]] = []  # (subscribe, namespace, pattern, qos)
         for sub in subs:
@@ -485,8 +493,7 @@ class ConnectionSide:
                 if not entry.positive:
                     plan.append((False, ns, entry.pattern, 0))
                     continue
-                qoses = {QOS[s.qos] for s in subs
-                         if s.namespace == ns and s.pattern == entry.pattern}
+                qoses = {QOS[s.qos] for s in by_pattern.get((ns, entry.pattern), ())}
                 for qos in sorted(qoses or {0}):
                     plan.append((True, ns, entry.pattern, qos))
         restored, self._restored = self._restored, set()
@@ -497,48 +504,59 @@ class ConnectionSide:
             extra = sorted({(ns, p) for ns, p, q in restored - wanted})
             kept = [(add, ns, p, q) for add, ns, p, q in plan
                     if not (add and (ns, p, q) in restored and (ns, p) not in extra and all(
-                        s.selector is None for s in subs
-                        if s.namespace == ns and s.pattern == p and QOS[s.qos] == q))]
+                        s.selector is None for s in by_pattern.get((ns, p), ())
+                        if QOS[s.qos] == q))]
             found = len(plan) - len(kept)
             self.restored_subscriptions += found
             plan = [(False, ns, p, 0) for ns, p in extra] + kept
             log.info("client %s: %d subscriptions found made at %s (the standby's mirror)",
                      self.identity, found, self.url)
+        items: list[tuple[bool, int, str, int, str, list]] = []
         for subscribe, ns, pattern, qos in plan:
             # the selectors go again too (docs/selectors.md, "In the fabric"): a plain entry
             # when a subscription of it has none (or none was made with exactly it), one
             # entry per distinct selector text
-            same = [s for s in subs if subscribe and s.namespace == ns
-                    and s.pattern == pattern and QOS[s.qos] == qos]
+            same = [s for s in by_pattern.get((ns, pattern), ()) if QOS[s.qos] == qos] \
+                if subscribe else []
             texts = sorted({s.selector.text for s in same if s.selector is not None})
             plain = not same or any(s.selector is None for s in same)
             for text in ([""] if plain else []) + texts:
-                self._make_again(subscribe, ns, pattern, qos, text, subs, same)
+                items.append((subscribe, ns, pattern, qos, text, same))
+        for _, run in itertools.groupby(items, key=lambda item: item[0]):
+            self._make_again(list(run), by_pattern)
 
-    def _make_again(self: Client, subscribe: bool, ns: int, pattern: str, qos: int,
-                    text: str, subs: list, same: list) -> None:
-        """One (un)subscribe of ``_subscribe_again``; a subscription whose selector the
-        appliance filters again is told so, one refused is closed."""
-        sub_id = next(self._sub_ids)
-        ftype = fl.FrameType.SUBSCRIBE if subscribe else fl.FrameType.UNSUBSCRIBE
+    def _make_again(self: Client, items: list[tuple[bool, int, str, int, str, list]],
+                    by_pattern: dict[tuple[int, str], list]) -> None:
+        """A run of (un)subscribes of ``_subscribe_again`` in one batched request; a
+        subscription whose selector the appliance filters again is told so, one refused is
+        closed. ``NoAnswerError`` when some went unanswered (the attempt fails)."""
+        subscribe = items[0][0]
+        ids = [next(self._sub_ids) for _ in items]
         request = "subscribe" if subscribe else "unsubscribe"
-        flags = max((s.flow_flags for s in same), default=0)  # (the policy asked for)
-        result = self._request((request, sub_id), lambda: self._admin(
-            ftype, [al.Subscription(sub_id, ns, qos, flags, pattern, text)]),
-            timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
-        mine = [s for s in same if s.selector is not None and s.selector.text == text]
-        if result.get("accepted"):
-            for sub in same:
-                sub.flow_policy = result.get("flow_policy")
-            for sub in mine:
-                sub.selector_filtered = bool(result.get("selector_filtered"))
-            return
-        log.warning("client %s: %s %r refused on reconnection: %s", self.identity, request,
-                    pattern, result.get("reason"))
-        if subscribe:
-            for sub in mine if text else [s for s in subs
-                                          if s.namespace == ns and s.pattern == pattern]:
-                sub._close()
+        entries = []
+        for sub_id, (_, ns, pattern, qos, text, same) in zip(ids, items):
+            flags = max((s.flow_flags for s in same), default=0)  # (the policy asked for)
+            entries.append(al.Subscription(sub_id, ns, qos, flags, pattern, text))
+        answers = self._request_frames(
+            [(request, i) for i in ids], entries,
+            fl.FrameType.SUBSCRIBE if subscribe else fl.FrameType.UNSUBSCRIBE,
+            RECONNECT_LOGIN_TIMEOUT_S * (1 + len(items) // AGAIN_PER_TIMEOUT))
+        for (_, ns, pattern, _, text, same), result in zip(items, answers):
+            if result is None:
+                raise NoAnswerError(f"no answer from the appliance to the {request} of "
+                                    f"{pattern!r} on reconnection; is it running?")
+            mine = [s for s in same if s.selector is not None and s.selector.text == text]
+            if result.get("accepted"):
+                for sub in same:
+                    sub.flow_policy = result.get("flow_policy")
+                for sub in mine:
+                    sub.selector_filtered = bool(result.get("selector_filtered"))
+                continue
+            log.warning("client %s: %s %r refused on reconnection: %s", self.identity, request,
+                        pattern, result.get("reason"))
+            if subscribe:
+                for sub in mine if text else by_pattern.get((ns, pattern), ()):
+                    sub._close()
 
     # --- reporting --------------------------------------------------------------------------------
     def path_counters(self: Client) -> dict[str, Any] | None:

@@ -264,6 +264,40 @@ def test_a_subscriber_notices_a_killed_appliance_then_reconnects_and_subscribes_
     assert names[-2:] == ["reconnected", "closed"]
 
 
+def test_many_subscriptions_and_a_list_s_order_are_made_again_after_a_restart(process):
+    """The (un)subscribes of a reconnection go in batched requests, a run at a time in the
+    list's order: 600 one-topic subscriptions, then a broad one, a carve-out and a topic
+    taken back; afterwards each decides as before."""
+    states = States()
+    sub_client = connect(process.url, "s", on_state=states, session_timeout_s=SESSION_TIMEOUT_S)
+    try:
+        topics = [f"m/{i}" for i in range(600)]
+        made = sub_client.subscribe_many(topics)
+        assert all(not isinstance(s, Exception) for s in made)
+        broad = sub_client.subscribe("n/#")
+        sub_client.unsubscribe("n/q/#")
+        back = sub_client.subscribe("n/q/keep")
+        process.kill()
+        states.wait("lost")
+        process.restart()
+        states.wait("reconnected")
+        with connect(process.url, "p") as pub:
+            for topic in ("n/q/x", "n/q/keep", "m/599", "n/a", "n/z"):
+                pub.publish(topic, topic.encode(), flush=True)
+        seen = set()
+        while "n/z" not in seen:  # the last: what came before it is there by now
+            msg = broad.get(timeout=DEADLINE_S)
+            assert msg is not None, f"n/z did not come; seen {seen}"
+            seen.add(msg.topic)
+        for sub in (broad, back, made[599]):
+            while (msg := sub.get(timeout=0.001)) is not None:
+                seen.add(msg.topic)
+        assert "n/q/x" not in seen  # the carve-out was made again after the broad one
+        assert {"n/q/keep", "m/599", "n/a", "n/z"} <= seen
+    finally:
+        sub_client.close()
+
+
 def test_an_appliance_restarted_within_the_timeout_is_noticed_by_its_answer(process):
     """The appliance is back before the session timeout: the client's probe reaches the new
     one, which does not know the session; the client reconnects at once."""
