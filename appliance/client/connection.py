@@ -523,6 +523,8 @@ class ConnectionSide:
         ftype = fl.FrameType.SUBSCRIBE if subscribe else fl.FrameType.UNSUBSCRIBE
         request = "subscribe" if subscribe else "unsubscribe"
         flags = max((s.flow_flags for s in same), default=0)  # (the policy asked for)
+        if same and all(s.own_class for s in same):  # (Client._own_flags)
+            flags |= al.SUBSCRIPTION_FLAG_OWN_CLASS
         result = self._request((request, sub_id), lambda: self._admin(
             ftype, [al.Subscription(sub_id, ns, qos, flags, pattern, text)]),
             timeout_s=RECONNECT_LOGIN_TIMEOUT_S)
@@ -530,6 +532,7 @@ class ConnectionSide:
         if result.get("accepted"):
             for sub in same:
                 sub.flow_policy = result.get("flow_policy")
+                sub.own_class_applied = sub.own_class and bool(result.get("own_class"))
             for sub in mine:
                 sub.selector_filtered = bool(result.get("selector_filtered"))
             return
