@@ -45,7 +45,7 @@ from datapath.protocol import admin_layout as al
 from datapath.protocol.codec import decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
 from datapath.protocol.frame_layout import FrameType
-from datapath.topics.algebra import TopicError
+from datapath.topics.algebra import TopicError, is_pattern
 from datapath.topics.registry import RegistryError
 from datapath.topics.sublist import SubscriptionList
 from nic_offload.errors import OffloadError
@@ -550,8 +550,11 @@ class ClientSide:
                 else:
                     unowned.add((ns, pattern))
             else:  # an unsubscribe applies to both classes, and withdraws what it includes
+                wild = is_pattern(pattern)
                 for kept in (*session.owned, *session.unowned):
-                    if kept:
+                    if kept and not wild:
+                        kept.discard((ns, pattern))
+                    elif kept:
                         kept.difference_update([k for k in kept if k[0] == ns and (
                             k[1] == pattern or selector_apply.within(pattern, k[1]))])
             if add:
