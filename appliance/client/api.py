@@ -179,6 +179,8 @@ _STREAM = struct.Struct(">I")
 _MSG = ml.MESSAGE_HEADER_STRUCT
 SUBSCRIPTION_LOSS_EVENTS = 1_024
 """Loss events a subscription keeps (``losses``); ``lost_messages`` counts them all."""
+GUARANTEED_QOS = QOS["guaranteed"]
+"""A message's ``qos`` when it was published guaranteed (its class)."""
 ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
 IDLE_STRATEGIES = ("block", "busy", "backoff", "sleep")
@@ -234,6 +236,13 @@ class Subscription:
         self.delivered = 0
         self.flow_flags = 0
         """The policy this subscription asked for, as its SUBSCRIBE entry's flag bits."""
+        self.own_class = False
+        """Made with ``own_class``: it takes only the messages of its class when the client
+        holds a subscription of the other class that matches them (``Client.subscribe``)."""
+        self.own_class_applied = False
+        """The appliance said it leaves the other class's copies out for this subscription
+        (an appliance built before ``own_class`` does not: the client then drops them on
+        arrival)."""
         self.flow_policy: str | None = None
         """Its flow-control policy when one was configured (asked for, or P&M's identity or
         global policy: the appliance's answer says); None: the QoS's default."""
@@ -430,12 +439,19 @@ BATCH_FRAME_OVERHEAD_BYTES = 256
 
 
 def _subscribe_options(qos: str, poll: object, selector: str | None, callback: object,
-                       durable: str | None, on_loss: object, flow_policy: str | None) -> int:
+                       durable: str | None, on_loss: object, flow_policy: str | None,
+                       own_class: object = False) -> int:
     """``subscribe``'s options checked (ClientError otherwise); the entry's flow flags."""
     if qos not in QOS:
         raise ClientError(f"qos {qos!r} is not one of {', '.join(QOS)}")
     if not isinstance(poll, bool):
         raise ClientError(f"poll is True or False, not {poll!r}")
+    if not isinstance(own_class, bool):
+        raise ClientError(f"own_class is True or False, not {own_class!r}")
+    if own_class and (poll or selector or durable is not None):
+        raise ClientError("subscribe(own_class=True) takes no poll, selector nor durable "
+                          "name: it says which class of the session's messages this "
+                          "subscription takes, and those pick messages otherwise")
     if poll and (qos != "best-effort" or selector or callback is not None or durable
                  is not None or on_loss is not None):
         raise ClientError("subscribe(poll=True) makes a best-effort subscription whose "
@@ -606,7 +622,14 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         """Durable subscriptions' requests given up after a reconnection (asked again of
         the appliance connected to now)."""
         """Durable subscriptions (paged in from the cache; not in the live lists)."""
-        self._route_cache: dict[tuple[int, str, bool], list[Subscription]] = {}
+        self._route_cache: dict[tuple[int, str, bool, bool, bool], list[Subscription]] = {}
+        self._own_left_out: set[tuple[int, str, bool, bool, bool]] = set()
+        """Keys of ``_route_cache`` whose ``own_class`` subscriptions were left out."""
+        self.own_class_copies = 0
+        """Messages received in the other class than their own (a guaranteed one on a plain
+        stream, another on a reliable one) and handed to no ``own_class`` subscription for
+        it: copies an appliance built before ``own_class``, or a session whose other
+        subscriptions need them, still sends (``Client.subscribe``)."""
         self._routes = Routes()
         """``_subs`` indexed by pattern (``_targets``)."""
         self._flow_subs: list[Subscription] = []
@@ -1334,7 +1357,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                   namespace: int = 0, callback: Callable[[Message], None] | None = None,
                   on_loss: Callable[[Loss], None] | None = None,
                   durable: str | None = None, poll: bool = False,
-                  flow_policy: str | None = None) -> Subscription:
+                  flow_policy: str | None = None, own_class: bool = False) -> Subscription:
         """Subscribe to ``pattern``; EntitlementError when P&M refuses it (BusyError when
         the session had ``clients.max_pending_requests`` requests waiting). ``on_loss`` is
         called with each ``Loss`` event of a guaranteed subscription (also kept in
@@ -1348,9 +1371,16 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         callback nor durable name; appliance/client/polling.py). ``flow_policy``: what the
         appliance does with this subscription's messages while this client holds them off
         (``"throttle"``, ``"drop-oldest"``, ``"conflate"``; default: the identity's or
-        P&M's policy, else the QoS's: docs/flow-control.md)."""
+        P&M's policy, else the QoS's: docs/flow-control.md). ``own_class``: this subscription
+        takes only the messages of its own class when this client holds subscriptions of
+        the other class too: a best-effort (or last-value) one not the guaranteed messages
+        that a guaranteed subscription of this client matches (they come over its reliable
+        stream), a guaranteed one not the best-effort messages a best-effort subscription
+        of this client matches; so a pattern subscribed in both classes with it receives
+        each message once, in its class (the appliance leaves the other copy out,
+        ``Subscription.own_class_applied``; docs/appliance.md, "One class per message")."""
         flow_flags = _subscribe_options(qos, poll, selector, callback, durable, on_loss,
-                                        flow_policy)
+                                        flow_policy, own_class)
         self._check_usable()
         check_pattern(pattern)
         check_int("namespace", namespace, MAX_NAMESPACE)
@@ -1367,8 +1397,9 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             return sub
         compiled = _compiled_selector(selector)
         sub_id = next(self._sub_ids)
+        flags = flow_flags | self._own_flag(own_class, namespace, qos, [pattern])
         result = self._request(("subscribe", sub_id), lambda: self._admin(
-            fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], flow_flags,
+            fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], flags,
                                                      pattern, selector or "")]))
         if not result.get("accepted"):
             raise _refusal(f"subscription to {pattern!r}", result, selector)
@@ -1377,6 +1408,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         sub.selector_filtered = bool(result.get("selector_filtered"))
         sub.flow_flags = flow_flags
         sub.flow_policy = result.get("flow_policy")
+        sub.own_class = own_class
+        sub.own_class_applied = bool(result.get("own_class"))
         with self._lock:
             if poll and self._pollq is None:
                 self._pollq = PollQueue(self)
@@ -1389,8 +1422,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                        qos: str = "best-effort", namespace: int = 0,
                        callback: Callable[[Message], None] | None = None,
                        on_loss: Callable[[Loss], None] | None = None, poll: bool = False,
-                       flow_policy: str | None = None, timeout_s: float | None = None
-                       ) -> list[Subscription | ClientError]:
+                       flow_policy: str | None = None, timeout_s: float | None = None,
+                       own_class: bool = False) -> list[Subscription | ClientError]:
         """``subscribe`` of many patterns in one request (SUBSCRIBE frames as full as the
         channel takes, sent together; the appliance builds its tables once for all of them
         and answers each once the tables holding it are live), with the same options for
@@ -1403,7 +1436,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         pattern or an option that is not one raises ``ClientError`` before anything is
         sent. No durable subscriptions here."""
         flow_flags = _subscribe_options(qos, poll, selector, callback, None, on_loss,
-                                        flow_policy)
+                                        flow_policy, own_class)
         self._check_usable()
         patterns = [check_pattern(p) for p in patterns]
         check_int("namespace", namespace, MAX_NAMESPACE)
@@ -1411,8 +1444,10 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             return []
         compiled = _compiled_selector(selector)
         ids = [next(self._sub_ids) for _ in patterns]
+        own = self._own_flags(own_class, namespace, qos, patterns)
         answers = self._request_frames([("subscribe", i) for i in ids], [
-            al.Subscription(sub_id, namespace, QOS[qos], flow_flags, pattern, selector or "")
+            al.Subscription(sub_id, namespace, QOS[qos], flow_flags | own.get(pattern, 0),
+                            pattern, selector or "")
             for sub_id, pattern in zip(ids, patterns)], fl.FrameType.SUBSCRIBE, timeout_s)
         out: list[Subscription | ClientError] = []
         made: list[Subscription] = []
@@ -1429,6 +1464,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             sub.selector_filtered = bool(result.get("selector_filtered"))
             sub.flow_flags = flow_flags
             sub.flow_policy = result.get("flow_policy")
+            sub.own_class = own_class
+            sub.own_class_applied = bool(result.get("own_class"))
             made.append(sub)
             out.append(sub)
         if made:
@@ -1441,6 +1478,27 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 self._subs.extend(made)
                 self._subs_changed(made)
         return out
+
+    def _own_flag(self, own_class: bool, namespace: int, qos: str, patterns: list[str]
+                  ) -> int:
+        """``_own_flags`` of one pattern."""
+        return self._own_flags(own_class, namespace, qos, patterns).get(patterns[0], 0)
+
+    def _own_flags(self, own_class: bool, namespace: int, qos: str, patterns: list[str]
+                   ) -> dict[str, int]:
+        """Pattern -> the SUBSCRIBE entry's ``SUBSCRIPTION_FLAG_OWN_CLASS`` bit for a new
+        subscription with ``own_class``: set unless this client holds a subscription of
+        the same pattern and class without the option, which needs the other class's
+        copies (the appliance keeps one entry per pattern and class: the last subscribe
+        says; this client still leaves them out of the new subscription itself)."""
+        if not own_class:
+            return {}
+        guaranteed = qos == "guaranteed"
+        with self._lock:
+            plain = {s.pattern for s in self._subs
+                     if s.namespace == namespace and not s.own_class
+                     and (s.qos == "guaranteed") == guaranteed}
+        return {p: al.SUBSCRIPTION_FLAG_OWN_CLASS for p in patterns if p not in plain}
 
     def unsubscribe_many(self, patterns: Iterable[str], *, namespace: int = 0,
                          timeout_s: float | None = None) -> list[ClientError | None]:
@@ -1502,6 +1560,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         ``added``: only these were appended (indexed as they come), else the index is made
         again."""
         self._route_cache = {}
+        self._own_left_out = set()
         if added is None:
             self._routes = Routes(self._subs)
             self._flow_subs = [sub for sub in self._subs if sub.flow_policy is not None]
@@ -1715,19 +1774,28 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         return True
 
     def _targets(self, namespace: int, topic: str, guaranteed: bool = False,
-                 poll: bool = False) -> list[Subscription]:
+                 poll: bool = False, qos: int | None = None) -> list[Subscription]:
         """The subscriptions a topic goes to (cached until the subscriptions change): of the
         guaranteed ones for a message from a guaranteed stream, else of the others; of the
-        poll subscriptions with ``poll``, else of the others."""
-        key = (namespace, topic, guaranteed, poll)
+        poll subscriptions with ``poll``, else of the others. ``qos``: the message's; one of
+        the other class than its stream (a guaranteed message on a plain stream, another on
+        a reliable one) goes to no ``own_class`` subscription when a subscription of its
+        own class matches the topic too (that one gets it)."""
+        other = qos is not None and (qos == GUARANTEED_QOS) != guaranteed
+        key = (namespace, topic, guaranteed, poll, other)
         subs = self._route_cache.get(key)
         if subs is not None:
             return subs
         with self._lock:  # a miss: compute against a consistent set of subscriptions
             lst = self._lists.get(namespace)
-            subs = [] if lst is None or not lst.decides(topic) else [
-                sub for sub in self._routes.matching(namespace, topic)
-                if (sub.qos == "guaranteed") == guaranteed and sub.poll_mode == poll]
+            matching = [] if lst is None or not lst.decides(topic) else \
+                self._routes.matching(namespace, topic)
+            subs = [sub for sub in matching
+                    if (sub.qos == "guaranteed") == guaranteed and sub.poll_mode == poll]
+            if other and any(sub.own_class for sub in subs) and any(
+                    (sub.qos == "guaranteed") != guaranteed for sub in matching):
+                subs = [sub for sub in subs if not sub.own_class]
+                self._own_left_out.add(key)
             if len(self._route_cache) >= ROUTE_CACHE_TOPICS:
                 self._route_cache.clear()
             self._route_cache[key] = subs
@@ -1761,7 +1829,10 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         event = None
         if self._successor_routes:
             self._successor_dispatch(msg)
-        targets = self._targets(msg.namespace, msg.topic, msg.guaranteed)
+        targets = self._targets(msg.namespace, msg.topic, msg.guaranteed, qos=msg.qos)
+        if self._own_left_out and (msg.qos == GUARANTEED_QOS) != msg.guaranteed and (
+                msg.namespace, msg.topic, msg.guaranteed, False, True) in self._own_left_out:
+            self.own_class_copies += 1
         alone = len(targets) == 1 and msg.segments == 1  # the appliance's check was its own
         for sub in targets:
             if sub.selector is not None and not (alone and sub.selector_filtered):

@@ -536,6 +536,8 @@ class ConnectionSide:
         entries = []
         for sub_id, (_, ns, pattern, qos, text, same) in zip(ids, items):
             flags = max((s.flow_flags for s in same), default=0)  # (the policy asked for)
+            if same and all(s.own_class for s in same):  # (Client._own_flags)
+                flags |= al.SUBSCRIPTION_FLAG_OWN_CLASS
             entries.append(al.Subscription(sub_id, ns, qos, flags, pattern, text))
         answers = self._request_frames(
             [(request, i) for i in ids], entries,
@@ -549,6 +551,7 @@ class ConnectionSide:
             if result.get("accepted"):
                 for sub in same:
                     sub.flow_policy = result.get("flow_policy")
+                    sub.own_class_applied = sub.own_class and bool(result.get("own_class"))
                 for sub in mine:
                     sub.selector_filtered = bool(result.get("selector_filtered"))
                 continue

@@ -267,7 +267,7 @@ class GuaranteedSide:
             for sub in [s for s in self._subs if s.qos == "guaranteed"]:
                 sub._loss(item)
             return True
-        targets = self._targets(item.namespace, item.topic, True)
+        targets = self._targets(item.namespace, item.topic, True, qos=item.qos)
         if any(sub._full() for sub in targets):
             return False
         self.received += 1

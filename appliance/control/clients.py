@@ -40,11 +40,12 @@ from appliance.dataplane.agent import (
     CLIENT_SHM,
     DpSession,
 )
+from appliance.dataplane.state import OWN_GUARANTEED, OWN_PLAIN
 from datapath.protocol import admin_layout as al
 from datapath.protocol.codec import decode_frame, encode_admin
 from datapath.protocol.errors import ProtocolError
 from datapath.protocol.frame_layout import FrameType
-from datapath.topics.algebra import TopicError
+from datapath.topics.algebra import TopicError, is_pattern
 from datapath.topics.registry import RegistryError
 from datapath.topics.sublist import SubscriptionList
 from nic_offload.errors import OffloadError
@@ -475,6 +476,21 @@ class ClientSide:
         if len(session.qos) > len(session.patterns) + len(session.gpatterns):
             session.qos = {k: q for k, q in session.qos.items()
                            if k in session.patterns or k in session.gpatterns}
+        self._own_class_changed(session)
+
+    def _own_class_changed(self, session: Session) -> None:
+        """Tell the data path when the session's classes become, or stop being, one copy per
+        message: a class whose every positive pattern was subscribed with ``own_class``
+        (``Session.own_class``; docs/appliance.md, "One class per message")."""
+        own = 0
+        for bit, owned, unowned, held in (
+                (OWN_PLAIN, session.owned[0], session.unowned[0], session.patterns),
+                (OWN_GUARANTEED, session.owned[1], session.unowned[1], session.gpatterns)):
+            if owned and held and not unowned:
+                own |= bit
+        if own != session.own_class:
+            session.own_class = own
+            self.dp.command("set_own_class", session.session_id, own)
 
     def _subscribe(self, session: Session, entry: al.Subscription, add: bool,
                    reply: bool = True, batch: dict | None = None) -> bool:
@@ -525,6 +541,22 @@ class ClientSide:
             filtered = selector_apply.record(self, session, entry, add)
             if add and entry.selector:  # (only then: an older client knows no such key)
                 result["selector_filtered"] = filtered
+            if add:
+                owned, unowned = session.owned[guaranteed], session.unowned[guaranteed]
+                if entry.flags & al.SUBSCRIPTION_FLAG_OWN_CLASS:
+                    owned.add((ns, pattern))
+                    unowned.discard((ns, pattern))
+                    result["own_class"] = True  # (only then: an older client knows no such key)
+                else:
+                    unowned.add((ns, pattern))
+            else:  # an unsubscribe applies to both classes, and withdraws what it includes
+                wild = is_pattern(pattern)
+                for kept in (*session.owned, *session.unowned):
+                    if kept and not wild:
+                        kept.discard((ns, pattern))
+                    elif kept:
+                        kept.difference_update([k for k in kept if k[0] == ns and (
+                            k[1] == pattern or selector_apply.within(pattern, k[1]))])
             if add:
                 session.qos[(ns, pattern)] = QOS_NAMES.get(entry.qos, "best-effort")
             if batch is None:

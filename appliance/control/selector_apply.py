@@ -35,7 +35,7 @@ def schema_fields(pm_doc: dict | None) -> frozenset[str]:
                      for f in spec.get("fields", ()) if isinstance(f, dict) and "name" in f)
 
 
-def _within(pattern: str, other: str) -> bool:
+def within(pattern: str, other: str) -> bool:
     """Whether ``pattern`` includes ``other`` (an unsubscribe withdraws it); False when the
     pair is too complex to decide (the rule stays: a guard on a pattern no longer in the
     lists filters nothing that would be delivered)."""
@@ -118,8 +118,8 @@ def record(agent: Any, session: Session, entry: al.Subscription, add: bool) -> b
     ns, pattern = entry.namespace_id, entry.pattern
     if not add:  # seed 000: withdraws the pattern and what it includes
         rules = [r for r in session.rules
-                 if not (r[0] == ns and _within(pattern, r[1]))]
-        plain = {p for p in session.plain if not (p[0] == ns and _within(pattern, p[1]))}
+                 if not (r[0] == ns and within(pattern, r[1]))]
+        plain = {p for p in session.plain if not (p[0] == ns and within(pattern, p[1]))}
         if rules != session.rules or plain != session.plain:
             # (the plain patterns count only for a session with selectors: ``guards``)
             agent._selectors_dirty = agent._selectors_dirty or bool(session.rules)

@@ -94,6 +94,16 @@ class Session:
     flow_policy: int = -1
     """The policy the data path applies to it (the strictest of ``flow_policies``; -1: not
     told yet)."""
+    owned: tuple = field(default_factory=lambda: (set(), set()))
+    """(namespace, pattern) of its best-effort / last-value subscriptions, and of its
+    guaranteed ones, made with ``own_class`` (the SUBSCRIBE flag
+    ``SUBSCRIPTION_FLAG_OWN_CLASS``) ..."""
+    unowned: tuple = field(default_factory=lambda: (set(), set()))
+    """... and made without it, until an unsubscribe withdraws them."""
+    own_class: int = 0
+    """What the data path was told (``set_own_class``): ``OWN_PLAIN`` when its best-effort
+    subscriptions were all made with ``own_class``, ``OWN_GUARANTEED`` likewise for its
+    guaranteed ones."""
 
 
 def _minimal(patterns: Any) -> frozenset[tuple[int, str]]:

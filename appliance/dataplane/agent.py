@@ -90,6 +90,7 @@ from appliance.dataplane.state import (
     _RETX,
     _U32,
     ALL_SELECTORS,
+    OWN_PLAIN,
     UNKNOWN_KEYS_KEPT,
     DpSession,
     ForwardingTables,
@@ -145,6 +146,9 @@ class DataPlaneAgent(Delivery, Output):
         """The client sessions' ports the control agent installed with ``set_ports``."""
         self._client_port: dict[int, int] = {}
         """Session id -> its ("client", session) port in ``tables.ports``."""
+        self.own_sessions = 0
+        """Sessions with ``own_class`` bits (``set_own_class``): while there are none,
+        ``_deliver`` looks at no message's other egresses."""
         self.sessions: dict[int, DpSession] = {}
         self._by_peer: dict[tuple[str, int], DpSession] = {}
         self._peer_of: dict[int, tuple[str, int]] = {}
@@ -448,7 +452,10 @@ class DataPlaneAgent(Delivery, Output):
             self.express.reset()  # its kernels' arguments hold the smaller arrays
         before = (self.sessions_version, self.allowed_version)
         replaced = self._by_peer.get(peer)
+        old = self.sessions.get(session.session_id)
         self.sessions[session.session_id] = session
+        if old is not None and old.own_class:
+            self._count_own()
         self._by_peer[peer] = session
         self._peer_of[session.session_id] = peer
         self.sessions_version += 1
@@ -463,6 +470,8 @@ class DataPlaneAgent(Delivery, Output):
         session = self.sessions.pop(session_id, None)
         if session is None:
             return
+        if session.own_class:
+            self._count_own()
         before = (self.sessions_version, self.allowed_version)
         self.sessions_version += 1
         peer = self._peer_of.pop(session_id, None)
@@ -588,6 +597,24 @@ class DataPlaneAgent(Delivery, Output):
                 session.flow.queue.set_policy(FlowPolicy(policy))
         if engage:
             self.flows.engage(session, self.cycle_ns)
+
+    def set_own_class(self, session_id: int, own: int) -> None:
+        """Session ``session_id`` takes each message once, in its class, for the classes in
+        ``own`` (``OWN_PLAIN``, ``OWN_GUARANTEED``; the control agent, from its subscriptions
+        made with ``own_class``): a message that goes to both of its egresses is given to the
+        other one no more (``Delivery._deliver``). With ``OWN_PLAIN`` the neighbours'
+        frames to it take the general loop (the plain copy of a guaranteed message comes
+        from there)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.own_class == own:
+            return
+        if (session.own_class ^ own) & OWN_PLAIN:
+            self.sessions_version += 1  # the express plan changes the session's kind
+        session.own_class = own
+        self._count_own()
+
+    def _count_own(self) -> None:
+        self.own_sessions = sum(1 for s in self.sessions.values() if s.own_class)
 
     def set_acl_classes(self, classes: dict[int, tuple[str, Any]]) -> None:
         """The content ACL classes of P&M's document: id -> (name, ``AclClass``); the tables

@@ -24,6 +24,8 @@ from appliance.dataplane.state import (
     _GROUP,
     _HEADER,
     _UNKNOWN,
+    OWN_GUARANTEED,
+    OWN_PLAIN,
     UNKNOWN_KEYS_KEPT,
     DpSession,
     log,
@@ -46,6 +48,9 @@ _ACL_OUTCOME = {_ACL_ACCEPT: "accepted", int(AclAction.REJECT): "rejected", _ACL
 """Ingress verdicts -> the outcome in their counters' names (``content_acl_<outcome>``,
 ``content_acl_<outcome>_class_<name>``)."""
 
+
+_GUARANTEED_QOS = int(ml.Qos.GUARANTEED)
+"""A message's ``qos`` when it was published guaranteed (its class)."""
 
 _UNEVALUATED = object()
 """A message the appliance cannot evaluate selectors on (a segment): it passes."""
@@ -114,9 +119,11 @@ class Delivery:
             seqs = msgs["sequence"][:m].tolist()
             stamps = msgs["publish_ts_ns"][:m].tolist()
             rdv_keys, rdv_regs, uncovered = self.rdv_keys, self.rdv_regs, self.rdv_uncovered
+        own: dict | None = None  # one class per message: message -> its egresses (lazily)
         if result.descriptors:
-            for off, length, target, kind, index in nic.descriptors[
-                    : result.descriptors].tolist():
+            descs = nic.descriptors[: result.descriptors].tolist()
+            qos_of = msgs["qos"][:m].tolist() if self.own_sessions else None
+            for off, length, target, kind, index in descs:
                 ingress, origin, stream, session, _, cls = ctxs[frame_index[index]]
                 if rdv_on and not cls:
                     # rendezvous mode: a message is handled here once, whichever copy
@@ -156,6 +163,14 @@ class Delivery:
                             continue
                         client = self.sessions.get(what[1])
                         if client is not None:
+                            if (client.own_class & OWN_PLAIN and qos_of is not None
+                                    and qos_of[index] == _GUARANTEED_QOS):
+                                if own is None:
+                                    own = self._egresses_of(descs, ports_map)
+                                if ("gclient", what[1]) in own[index]:
+                                    # its guaranteed egress takes it: over the reliable stream
+                                    counters["own_class_spared"] += 1
+                                    continue
                             if client.selectors is not None:
                                 texts = client.selectors.get(keys[index])
                                 if texts is not None and not self._selected(
@@ -175,6 +190,16 @@ class Delivery:
                             continue
                         client = self.sessions.get(what[1])
                         if client is not None:
+                            if (client.own_class & OWN_GUARANTEED and qos_of is not None
+                                    and qos_of[index] != _GUARANTEED_QOS and (
+                                        client.selectors is None
+                                        or keys[index] not in client.selectors)):
+                                if own is None:
+                                    own = self._egresses_of(descs, ports_map)
+                                if ("client", what[1]) in own[index]:
+                                    # its best-effort egress takes it (no selector guards it)
+                                    counters["own_class_spared"] += 1
+                                    continue
                             gp.to_client(client.session_id, origin, stream, buf, off, now_ns)
                             client.delivered += 1
                     elif what[0] == "gnode":
@@ -221,6 +246,22 @@ class Delivery:
                 m <= _FEW and _UNKNOWN not in verdicts.tolist()):
             return
         self._park_unknown(buf, m, ctxs, now_ns)
+
+    def _egresses_of(self, descs: list, ports_map: dict) -> dict[int, set]:
+        """Message index -> the egresses (("client" or "gclient", session), ...) the
+        descriptors ``descs`` give it: whether a session whose messages go once, in their
+        class (``DpSession.own_class``), gets this one on its other egress too."""
+        out: dict[int, set] = {}
+        for _, _, target, kind, index in descs:
+            ports = self._ports_of_group(target) if kind == _GROUP else (target,)
+            found = out.get(index)
+            if found is None:
+                found = out[index] = set()
+            for port in ports:
+                what = ports_map.get(port)
+                if what is not None:
+                    found.add(what)
+        return out
 
     def _rdv_wanted(self, dest: int, key: int, ingress: bool, origin: int, buf: np.ndarray,
                     index: int, matched: dict, rdv_keys: dict, rdv_regs: dict,

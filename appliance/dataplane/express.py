@@ -100,6 +100,7 @@ from appliance.dataplane._kernels import (
     receive_forward,
 )
 from appliance.dataplane.names import GROUP_RX
+from appliance.dataplane.state import OWN_PLAIN
 from channels import _mmsg
 from nic_offload.softnic import BurstResult
 
@@ -154,8 +155,11 @@ def _fill_row(dp: Any, tables: Any, queues: tuple[str, ...], ports: np.ndarray, 
             # the general loop applies its selectors, or its flow control
             row[0] = row[P_LOCAL] = K_GENERAL
         elif session.channel != queues[FABRIC_Q] and session.channel in queues:
+            # one class per message: a neighbour's plain copy of a guaranteed message that
+            # its guaranteed egress takes is the general loop's to leave out
             row[:] = (K_DELIVER, queues.index(session.channel), session.dest,
-                      session.session_id, K_DELIVER)
+                      session.session_id,
+                      K_GENERAL if session.own_class & OWN_PLAIN else K_DELIVER)
             owners[port] = session
         else:
             row[0] = row[P_LOCAL] = K_GENERAL

@@ -78,6 +78,15 @@ class ForwardingTables:
     dropped, and the express path is off (appliance/control/rendezvous.py)."""
 
 
+OWN_PLAIN = 1
+"""``DpSession.own_class`` bit: every best-effort subscription of the session was made with
+``own_class``: a guaranteed message that also goes to the session's guaranteed egress is not
+given to its best-effort egress."""
+OWN_GUARANTEED = 2
+"""``DpSession.own_class`` bit: likewise every guaranteed subscription: a best-effort or
+last-value message that also goes to the session's best-effort egress is not given to its
+guaranteed egress (the reliable stream)."""
+
 ALL_SELECTORS: tuple[str, ...] = ()
 """A guard of every selector its session (or destination) holds: any one TRUE passes."""
 
@@ -126,6 +135,9 @@ class DpSession:
     flow: Any = None
     """Its ``SessionFlow`` while its client holds it off or its queue drains (its messages
     take the general loop then); None: none."""
+    own_class: int = 0
+    """``OWN_PLAIN`` | ``OWN_GUARANTEED`` (the control agent's ``set_own_class``): each message
+    that goes to both of its egresses is given to the one of its class only."""
 
 
 class _OutQueue:

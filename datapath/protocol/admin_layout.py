@@ -155,6 +155,14 @@ SUBSCRIPTION_FLAG_POLICY_MASK = 0x03
 """The low two bits of a SUBSCRIBE entry's ``flags``: the flow-control policy the subscriber
 asked for, as ``FlowPolicy + 1`` (0: none asked; P&M's identity or global policy applies, then
 the QoS's default: docs/flow-control.md)."""
+SUBSCRIPTION_FLAG_OWN_CLASS = 0x04
+"""Bit 2 of a SUBSCRIBE entry's ``flags``: the subscription takes only the messages of its own
+class (``Client.subscribe(..., own_class=True)``): a best-effort or last-value one not the
+guaranteed messages its session's guaranteed subscriptions take, a guaranteed one not the
+other messages its session's best-effort subscriptions take, so a session subscribed to a
+pattern in both classes receives each message once (docs/appliance.md, "One class per
+message"). An appliance built before it ignores the bit (the other bits of ``flags`` were
+never checked); the client library then drops the second copy itself."""
 
 SESSION_FLOW_STREAM = 0
 """The ``stream_id`` of a FLOW_CONTROL frame between a client and its appliance about the

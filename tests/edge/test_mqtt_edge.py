@@ -8,7 +8,9 @@ import queue
 import pytest
 
 from appliance.client import connect
-from tests.edge.conftest import counter, wait_counter, wait_for
+from appliance.config import parse_config
+from appliance.edge.node import EdgeAppliance
+from tests.edge.conftest import counter, edge_doc, wait_counter, wait_for
 from tests.edge.peers import Peer
 
 BOTH = pytest.mark.parametrize("version", [4, 5], ids=["3.1.1", "5.0"])
@@ -195,6 +197,43 @@ def test_qos_travels_as_the_native_class_and_native_guaranteed_messages_reach_mq
         native.publish("q/native", b"n", qos="guaranteed", flush=True)
         msg = sub.next()
         assert (msg.topic, msg.payload, msg.qos) == ("q/native", b"n", 1)
+        for i in range(20):  # more of each class, each delivered once
+            pub.publish("q/one", b"%d" % i, 1)
+            pub.publish("q/zero", b"%d" % i, 0)
+        got = [sub.next() for _ in range(40)]
+        assert sorted((m.topic, m.payload, m.qos) for m in got) == sorted(
+            [("q/one", b"%d" % i, 1) for i in range(20)]
+            + [("q/zero", b"%d" % i, 0) for i in range(20)])
+        with pytest.raises(queue.Empty):
+            sub.next(timeout_s=0.5)
+    # the edge's native session subscribed "q/#" in both classes with own_class: each message
+    # came once, in its class; the appliance left the other copy out, so none reached the
+    # edge to be dropped there
+    assert counter(edge, "deliveries_guaranteed_copies") == 0
+    assert wait_for(lambda: edge.status()["counters"].get("own_class_spared", 0) >= 43)
+
+
+def test_without_a_guaranteed_place_every_message_comes_best_effort_at_its_qos():
+    doc = edge_doc(max_packet_bytes=4_096)
+    doc["clients"]["max_guaranteed_sessions"] = 0  # the native guaranteed class is refused
+    edge = EdgeAppliance(parse_config(doc)).start()
+    try:
+        with Peer(edge, "fb-sub", version=5) as sub, Peer(edge, "fb-pub", version=5) as pub:
+            assert sub.subscribe("fb/#", 1) == 1  # granted: the best-effort class takes all
+            for i in range(10):
+                pub.publish("fb/one", b"%d" % i, 1)
+                pub.publish("fb/zero", b"%d" % i, 0)
+            got = [sub.next() for _ in range(20)]
+            assert sorted((m.topic, m.payload, m.qos) for m in got) == sorted(
+                [("fb/one", b"%d" % i, 1) for i in range(10)]
+                + [("fb/zero", b"%d" % i, 0) for i in range(10)])
+            with pytest.raises(queue.Empty):
+                sub.next(timeout_s=0.5)
+        assert counter(edge, "subscriptions_guaranteed_refused") >= 1
+        assert counter(edge, "deliveries_guaranteed_copies") == 0
+        assert edge.status()["counters"].get("own_class_spared", 0) == 0
+    finally:
+        edge.stop()
 
 
 def test_a_reloaded_password_applies_to_the_next_connect(edge):

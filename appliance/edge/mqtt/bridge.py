@@ -5,11 +5,13 @@ Each bridge is a native client session of the edge, logged in as its configured 
 client object per connection):
 
 - **out**: the native session subscribes to each ``out`` mapping's local pattern (both native
-  classes, as the edge's MQTT sessions do). A message published guaranteed (MQTT QoS 1/2 or a
-  native guaranteed publish) on a QoS 1 mapping enters the durable backlog
-  (bridge_backlog.py) and is sent at QoS 1, removed only when the remote's PUBACK arrives;
-  anything else goes at QoS 0 while connected (dropped and counted while not). Messages the
-  bridge's own session published (those that came in from the remote) are never sent out.
+  classes with ``own_class``, as the edge's MQTT sessions do: each message comes once, a
+  guaranteed one over the reliable stream, another best-effort). A message published
+  guaranteed (MQTT QoS 1/2 or a native guaranteed publish) on a QoS 1 mapping enters the
+  durable backlog (bridge_backlog.py) and is sent at QoS 1, removed only when the remote's
+  PUBACK arrives; anything else goes at QoS 0 while connected (dropped and counted while
+  not). Messages the bridge's own session published (those that came in from the remote)
+  are never sent out.
 - **in**: after each CONNACK the bridge subscribes to the ``in`` filters (5.0: No Local,
   Retain As Published, Retain Handling 1) and publishes what arrives natively (QoS 1 as
   guaranteed, QoS 0 best-effort) under ``local_prefix``; the PUBACK to the remote follows the
@@ -119,13 +121,14 @@ class MqttBridge:
                               f"{self.cfg.identity!r} failed: {exc}") from None
         for i, m in enumerate(self.cfg.outs):
             try:
-                self.native.subscribe(m.local, callback=self._on_native)
+                self.native.subscribe(m.local, callback=self._on_native, own_class=True)
             except EntitlementError:
                 self.close()
                 raise ConfigError(f"{p}out[{i}].local: identity {self.cfg.identity!r} may not "
                                   f"subscribe to {m.local!r} (pm.identities)") from None
             try:
-                self.native.subscribe(m.local, qos="guaranteed", callback=self._on_native)
+                self.native.subscribe(m.local, qos="guaranteed", callback=self._on_native,
+                                      own_class=True)
                 self._guaranteed.add(m.local)
             except ClientError:
                 self.count("out_guaranteed_refused")
@@ -412,8 +415,10 @@ class MqttBridge:
         mapping = next((m for m in self.cfg.outs if mqtt_matches(m.local, msg.topic)), None)
         if mapping is None:
             return
-        if not msg.guaranteed and mapping.local in self._guaranteed:
-            return  # the best-effort copy of a message the guaranteed subscription brings
+        if not msg.guaranteed and msg.qos == GUARANTEED_QOS and mapping.local in \
+                self._guaranteed:  # a best-effort copy (own_class: the appliance leaves it out)
+            self.count("out_guaranteed_copies")
+            return
         topic = mapping.remote_prefix + msg.topic
         if mapping.qos == 1 and msg.qos == GUARANTEED_QOS:
             assert self.backlog is not None

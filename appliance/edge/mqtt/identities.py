@@ -11,7 +11,8 @@ checked one session per connection.
 
 **Subscriptions.** The identity's native subscriptions are the union of its MQTT sessions'
 filters, reference-counted per native pattern (each subscribed in both native classes,
-best-effort and guaranteed, as before: handle_subscribe.py). A SUBSCRIBE of a pattern the
+best-effort and guaranteed, each with ``own_class``: a message comes once, in its class,
+the appliance leaving the other copy out; handle_subscribe.py). A SUBSCRIBE of a pattern the
 identity holds natively needs no native call (the earlier subscribe's success is the
 entitlement check; a refusal is not cached, so a refused filter is asked again). The new
 patterns asked for within one wake-up of the event loop go in one native ``subscribe_many``
@@ -60,6 +61,7 @@ from appliance.client.errors import (
     EntitlementError,
     NoAnswerError,
 )
+from appliance.client.messages import QOS
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt.meta import SENDER_HEADER, from_headers
 from appliance.edge.mqtt.topics import mqtt_matches
@@ -107,6 +109,8 @@ after this long."""
 NATIVE_RESUBSCRIBE_FACTOR = 4
 """After this many native subscribes per held pattern, an unsubscribe rebuilds the native
 session's list from scratch (each native subscribe keeps a subscription object)."""
+
+GUARANTEED_QOS = QOS["guaranteed"]
 
 T = TypeVar("T")
 Ref = tuple["SessionState", str]
@@ -442,8 +446,10 @@ class IdentitySession:
     def _subscribe_all(self, matches: list[str]) -> list[bool | Exception]:
         """Subscribe ``matches`` natively in both classes (best-effort, then guaranteed:
         MQTT QoS 1/2 and native guaranteed publications travel as guaranteed), each class in
-        one native request (``Client.subscribe_many``); a refused guaranteed class (no
-        guaranteed place left at the appliance) is counted and the best-effort one kept.
+        one native request (``Client.subscribe_many``) with ``own_class`` (each message
+        comes once, in its class); a refused guaranteed class (no guaranteed place left at
+        the appliance) is counted and the best-effort one kept, which then takes every
+        message.
         Per pattern: True with the guaranteed class, False without, or the ``ClientError``
         that refused its best-effort class (``EntitlementError``: P&M), or that left its
         guaranteed class unanswered or not taken yet (``NoAnswerError``, ``BusyError``: the
@@ -453,13 +459,18 @@ class IdentitySession:
             raise ClientError("the identity's native session is closed")
         if not matches:
             return []
-        first = native.subscribe_many(matches, callback=self.on_native)  # P&M's decision
+        # each class with own_class: a message comes once, in its class (a guaranteed one
+        # over the reliable stream only, another best-effort only); with the guaranteed
+        # class refused, everything comes best-effort (the appliance leaves out only what
+        # the session's guaranteed subscriptions take)
+        first = native.subscribe_many(matches, callback=self.on_native,
+                                      own_class=True)  # P&M's decision
         out: list[bool | Exception] = [r if isinstance(r, ClientError) else True
                                        for r in first]
         allowed = [m for m, r in zip(matches, out) if r is True]
         self.native_subscribes += len(allowed)
         # allowed by now: a refusal here is the appliance's guaranteed places, not P&M
-        second = iter(native.subscribe_many(allowed, qos="guaranteed",
+        second = iter(native.subscribe_many(allowed, qos="guaranteed", own_class=True,
                                             callback=self.on_native) if allowed else ())
         for i, r in enumerate(out):
             if r is True:
@@ -625,9 +636,11 @@ class IdentitySession:
         if self.closing:
             return
         patterns = self.matching(msg.topic)
-        # with a pattern subscribed in both native classes, a guaranteed message arrives
-        # twice: over the reliable stream (msg.guaranteed) and as a best-effort copy
-        if not msg.guaranteed and any(p in self.guaranteed for p in patterns):
+        # each pattern is subscribed in both native classes with own_class, so a guaranteed
+        # message comes over the reliable stream only; a best-effort copy of one (which
+        # the appliance leaves out: never, unless it did not) is dropped and counted
+        if (not msg.guaranteed and msg.qos == GUARANTEED_QOS
+                and any(p in self.guaranteed for p in patterns)):
             self.count("deliveries_guaranteed_copies")
             return
         by_session: dict[SessionState, list[str]] = {}
