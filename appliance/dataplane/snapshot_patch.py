@@ -31,6 +31,11 @@ class ArrayPatch:
     values: np.ndarray
     size: int
 
+    def write(self, buf: np.ndarray) -> None:
+        """Write the changed places into ``buf`` (which holds the base's values, and room for
+        ``size``), in place."""
+        buf[self.indexes] = self.values
+
     def apply(self, base: np.ndarray) -> np.ndarray:
         out = np.empty(self.size, base.dtype)
         kept = min(len(base), self.size)
@@ -103,10 +108,27 @@ class EntriesPatch:
         return cls(columns, new.acl_entries, new.groups, new.version, new.spec)
 
     def apply(self, current: Any) -> Any:
+        """The entry set this patch makes of ``current``: a column that comes as an
+        ``ArrayPatch`` is written into the other of its two buffers (nic_offload/buffers.py;
+        a copy of the column only when a reader may still hold that buffer), not into a
+        copy of the whole column."""
+        from nic_offload import buffers
         from nic_offload.model import EntrySet, KeyRows
 
         rows = current.key_rows
-        key_rows = KeyRows(**{name: getattr(rows, name) if sent is None
-                              else resolve(sent, getattr(rows, name))
-                              for name, sent in self.columns.items()})
+        columns, pairs = {}, {}
+        for name, sent in self.columns.items():
+            column = getattr(rows, name)
+            if sent is None:
+                columns[name] = column
+                pair = buffers.pair_of(rows, name, column)
+                if pair is not None:
+                    pairs[name] = pair
+            elif isinstance(sent, ArrayPatch):
+                columns[name], _, pairs[name] = buffers.advance(
+                    rows, name, column, sent.size, sent.write)
+            else:
+                columns[name] = sent
+        key_rows = KeyRows(**columns)
+        buffers.remember(key_rows, pairs)
         return EntrySet(self.spec, key_rows, self.acl_entries, self.groups, self.version)
