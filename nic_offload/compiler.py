@@ -15,8 +15,8 @@ Decision of one key (namespace, topic): the egresses whose list delivers the top
 Incremental: a subscribe or unsubscribe of pattern p changes the decision of topics p
 matches only (seed 000: the list's answer outside p is unchanged), so only the registered
 topics ``TopicCatalog.matching(p)`` returns are recompiled; new registry entries are compiled
-as they appear. ``build()`` turns the changes into the next immutable snapshot, copying the
-previous key table and rewriting the changed rows (snapshot.py). Rows keep their key forever
+as they appear. ``build()`` turns the changes into the next immutable snapshot, rewriting the
+changed rows in the other of two buffers (snapshot.py, buffers.py). Rows keep their key forever
 (their order is the registry's), so per-key counters survive snapshots.
 
 Two ways to find a key's egresses give the same answer (tests hold them to it): per topic,

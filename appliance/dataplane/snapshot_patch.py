@@ -6,8 +6,9 @@ pickling them for the link took 55 ms per change before the socket and the child
 unpickling. The parent (``DataPathProcess.publish_snapshot``) sends an array that changed
 in a few places as an ``ArrayPatch`` (the indexes that differ and their values, and the new
 tail when it grew: key rows are only ever appended), and the child
-(``DataPlaneAgent.publish_snapshot_delta``) applies it to a copy of its current array (the
-current snapshot may still be running a burst: it is never written). An array that changed
+(``DataPlaneAgent.publish_snapshot_delta``) applies it to a copy of its current array, or,
+for the key rows, to the other of two buffers (nic_offload/buffers.py; the current
+snapshot may still be running a burst: it is never written). An array that changed
 in more than 1/``PATCH_MAX_SHARE`` of its places, or whose shape or type changed, travels
 whole, as before.
 """
