@@ -15,8 +15,8 @@ Decision of one key (namespace, topic): the egresses whose list delivers the top
 Incremental: a subscribe or unsubscribe of pattern p changes the decision of topics p
 matches only (seed 000: the list's answer outside p is unchanged), so only the registered
 topics ``TopicCatalog.matching(p)`` returns are recompiled; new registry entries are compiled
-as they appear. ``build()`` turns the changes into the next immutable snapshot, copying the
-previous key table and rewriting the changed rows (snapshot.py). Rows keep their key forever
+as they appear. ``build()`` turns the changes into the next immutable snapshot, rewriting the
+changed rows in the other of two buffers (snapshot.py, buffers.py). Rows keep their key forever
 (their order is the registry's), so per-key counters survive snapshots.
 
 Two ways to find a key's egresses give the same answer (tests hold them to it): per topic,
@@ -37,7 +37,7 @@ import numpy as np
 from datapath.topics.index import TopicCatalog, TopicIndex
 from datapath.topics.registry import KeyRegistry
 from datapath.topics.sublist import SubscriptionList
-from nic_offload import model
+from nic_offload import buffers, model
 from nic_offload.acl import AclClass, Verdict, compile_class
 from nic_offload.errors import CompileError
 from nic_offload.model import (
@@ -318,14 +318,14 @@ class OffloadCompiler:
             assert self._snapshot is not None
             return self._snapshot
         self._version += 1
-        rows = KeyRows(*(_frozen_copy(a[:n]) for a in (  # (KeyRows copies writeable ones)
-            self._keys, self._actions, self._targets, self._acl_classes)))
+        rows = self._published_rows(n, dirty)
         acl_entries = tuple(e for c in sorted(self._class_entries) for e in self._class_entries[c])
         entries = EntrySet(self._spec, rows, acl_entries, groups, self._version)
         if self._snapshot is None:
             snapshot = Snapshot.build(entries)
         else:
-            entries.validate(keys=False)  # the changed rows are checked while patching
+            # the changed rows are checked while patching, and for their groups here
+            entries.validate(keys=False, rows=dirty)
             snapshot = self._snapshot.evolve(entries, dirty, self._acl_dirty)
         self._snapshot = snapshot
         self._dirty.clear()
@@ -333,6 +333,31 @@ class OffloadCompiler:
         return snapshot
 
     # --- internals -----------------------------------------------------------------------------
+    def _published_rows(self, n: int, changed: np.ndarray) -> KeyRows:
+        """The key rows of the next snapshot (``n`` rows, ``changed`` the rows that differ
+        from the last snapshot's, new ones included): each column the other of two buffers
+        patched in turn (nic_offload/buffers.py), not a copy of the whole column; a copy
+        when the last snapshot was built whole, or a reader still holds the one before."""
+        last = self._snapshot
+        if last is None or len(last.entries.key_rows) > n:
+            return KeyRows(*(_frozen_copy(a[:n]) for a in (
+                self._keys, self._actions, self._targets, self._acl_classes)))
+        prev = last.entries.key_rows
+        at = np.asarray(changed, np.int64)
+        columns, pairs = [], {}
+        for name, working in (("keys", self._keys), ("actions", self._actions),
+                              ("targets", self._targets), ("acl_classes", self._acl_classes)):
+            values = working[at]  # (a copy: the patch is applied again, to the other buffer)
+
+            def patch(buf: np.ndarray, at: np.ndarray = at, values: np.ndarray = values) -> None:
+                buf[at] = values
+
+            view, _, pairs[name] = buffers.advance(prev, name, getattr(prev, name), n, patch)
+            columns.append(view)
+        rows = KeyRows(*columns)
+        buffers.remember(rows, pairs)
+        return rows
+
     def _unchanged(self, n: int, groups: tuple[MulticastGroup, ...]) -> bool:
         """Whether the rows, groups and ACL entries are those of the last snapshot."""
         last = self._snapshot

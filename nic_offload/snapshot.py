@@ -2,8 +2,9 @@
 
 A ``Snapshot`` is one version of everything the offload executes: the entry set (the model;
 what the P4 program is programmed with) and the software NIC's compiled arrays of it, all
-read-only. The control plane never edits a snapshot: it compiles the next one (copying the
-previous arrays and rewriting only what changed) and publishes it.
+read-only. The control plane never edits a snapshot: it compiles the next one (rewriting
+only what changed, in the other of two buffers no burst holds: nic_offload/buffers.py) and
+publishes it.
 
 ``SnapshotSwitch`` is the double buffer between them (DESIGN.md, "The control path"):
 

@@ -244,11 +244,14 @@ def sync(agent: Any) -> None:
         return
     agent._selectors_dirty = False
     agent._selectors_synced = state
-    records = agent.registry.entries()
-    maps = {s.session_id: g for s in ruled_sessions(agent)
-            for g in (guards(s, records),) if g}
-    nodes = {o: g for o in dests if o in agent.interest_selectors
-             for g in (node_guards(agent, o, records),) if g}
+    ruled = ruled_sessions(agent)
+    selective = [o for o in dests if o in agent.interest_selectors]
+    # the registry's records are listed only when someone has guards to compute from them
+    # (a copy of 1,000,000 records at each registration's table build otherwise)
+    records = (agent.registry.entries() if ruled or selective or agent.rdv is not None
+               else [])
+    maps = {s.session_id: g for s in ruled for g in (guards(s, records),) if g}
+    nodes = {o: g for o in selective for g in (node_guards(agent, o, records),) if g}
     routes = (agent.rdv.data_path_routes(dests, records) if agent.rdv is not None else {})
     if maps or nodes or routes or agent._selectors_sent:
         extra = (routes,) if agent.rdv is not None else ()  # rendezvous mode only

@@ -368,6 +368,11 @@ class DataPlaneAgent(Delivery, Output):
         differ in the topic_key rows ``changed_rows`` only, and the software NIC's arrays
         are made here from those rows as the control plane made its own (no array crosses
         the link whole, and no one compares whole arrays to find the changes)."""
+        # No burst runs now (commands run between them, on this thread): the NIC takes the
+        # current snapshot now rather than at its next burst, so that it no longer holds the
+        # one before, whose buffers the evolve below patches (nic_offload/buffers.py; held,
+        # they would be copied whole instead)
+        self.nic.burst_state()
         snapshot = self.nic.switch.current
         entries = entries.apply(snapshot.entries)
         self.nic.switch.publish(snapshot.evolve(entries, changed_rows, acl_changed))
@@ -514,9 +519,19 @@ class DataPlaneAgent(Delivery, Output):
 
     def allow_keys(self, session_id: int, keys: list[int]) -> None:
         session = self.sessions.get(session_id)
-        if session is not None:
-            session.allowed.update(keys)
-            self.allowed_version += 1
+        if session is None:
+            return
+        allowed = session.allowed
+        fresh = [key for key in dict.fromkeys(keys) if key not in allowed]
+        if not fresh:
+            return
+        allowed.update(fresh)
+        # the sorted copy and the session table patched with the new keys, not built anew
+        # from every session's set (a batched registration sends one command per frame)
+        _express.keys_added(session, np.asarray(fresh, np.uint64))
+        before = (self.sessions_version, self.allowed_version)
+        self.allowed_version += 1
+        self.express.keys_allowed(session, before)
 
     def set_selectors(self, guards: dict[int, dict[int, tuple[str, ...]]],
                       schemas: list[dict],

@@ -6,8 +6,9 @@ pickling them for the link took 55 ms per change before the socket and the child
 unpickling. The parent (``DataPathProcess.publish_snapshot``) sends an array that changed
 in a few places as an ``ArrayPatch`` (the indexes that differ and their values, and the new
 tail when it grew: key rows are only ever appended), and the child
-(``DataPlaneAgent.publish_snapshot_delta``) applies it to a copy of its current array (the
-current snapshot may still be running a burst: it is never written). An array that changed
+(``DataPlaneAgent.publish_snapshot_delta``) applies it to a copy of its current array, or,
+for the key rows, to the other of two buffers (nic_offload/buffers.py; the current
+snapshot may still be running a burst: it is never written). An array that changed
 in more than 1/``PATCH_MAX_SHARE`` of its places, or whose shape or type changed, travels
 whole, as before.
 """
@@ -30,6 +31,11 @@ class ArrayPatch:
     indexes: np.ndarray
     values: np.ndarray
     size: int
+
+    def write(self, buf: np.ndarray) -> None:
+        """Write the changed places into ``buf`` (which holds the base's values, and room for
+        ``size``), in place."""
+        buf[self.indexes] = self.values
 
     def apply(self, base: np.ndarray) -> np.ndarray:
         out = np.empty(self.size, base.dtype)
@@ -103,10 +109,27 @@ class EntriesPatch:
         return cls(columns, new.acl_entries, new.groups, new.version, new.spec)
 
     def apply(self, current: Any) -> Any:
+        """The entry set this patch makes of ``current``: a column that comes as an
+        ``ArrayPatch`` is written into the other of its two buffers (nic_offload/buffers.py;
+        a copy of the column only when a reader may still hold that buffer), not into a
+        copy of the whole column."""
+        from nic_offload import buffers
         from nic_offload.model import EntrySet, KeyRows
 
         rows = current.key_rows
-        key_rows = KeyRows(**{name: getattr(rows, name) if sent is None
-                              else resolve(sent, getattr(rows, name))
-                              for name, sent in self.columns.items()})
+        columns, pairs = {}, {}
+        for name, sent in self.columns.items():
+            column = getattr(rows, name)
+            if sent is None:
+                columns[name] = column
+                pair = buffers.pair_of(rows, name, column)
+                if pair is not None:
+                    pairs[name] = pair
+            elif isinstance(sent, ArrayPatch):
+                columns[name], _, pairs[name] = buffers.advance(
+                    rows, name, column, sent.size, sent.write)
+            else:
+                columns[name] = sent
+        key_rows = KeyRows(**columns)
+        buffers.remember(key_rows, pairs)
         return EntrySet(self.spec, key_rows, self.acl_entries, self.groups, self.version)

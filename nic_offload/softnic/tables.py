@@ -1,9 +1,10 @@
 """The software NIC's compiled form of an entry set: the key hash table and the ACL arrays.
 
 ``build_tables`` turns a ``model.EntrySet`` into read-only numpy arrays (layout.py);
-``patch_tables`` makes the next version from the previous one by copying the key table and
-rewriting only the rows that changed (a subscribe touches the keys its pattern overlaps, not
-all of them). Kernel: ``_kernels._build_key_table`` (inserts and updates).
+``patch_tables`` makes the next version from the previous one by rewriting only the rows
+that changed (a subscribe touches the keys its pattern overlaps, not all of them) in the
+other of two slot buffers patched in turn (``nic_offload.buffers``), not in a copy of the
+whole table. Kernel: ``_kernels._build_key_table`` (inserts and updates).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nic_offload import model
+from nic_offload import buffers, model
 from nic_offload.errors import ModelError
 from nic_offload.model import (
     AclAction,
@@ -244,12 +245,24 @@ def patch_tables(prev: SoftTables, entries: EntrySet, changed_rows: np.ndarray,
         raise ModelError("changed rows lie outside the topic_key rows")
     KeyRows(rows.keys[changed], rows.actions[changed], rows.targets[changed],
             rows.acl_classes[changed]).validate(entries.spec)
-    slots = _line_aligned_words(len(prev.slots), zeroed=False)  # every word copied next
-    slots[:] = prev.slots
-    longest = _kernels._build_key_table(slots, prev.shift, rows.keys[changed],
-                                        pack_values(rows, changed))
+    keys, values, shift = rows.keys[changed], pack_values(rows, changed), prev.shift
+
+    def patch(slots: np.ndarray) -> int:
+        # keys are only ever added, in row order (here and in the other buffer's turn), so
+        # both buffers lay the keys out as a build in row order does
+        return int(_kernels._build_key_table(slots, shift, keys, values))
+
+    # the other buffer of the pair (buffers.py), not a copy of the whole slot array, when no
+    # one can still read it
+    slots, longest, pair = buffers.advance(prev, "slots", prev.slots, len(prev.slots), patch,
+                                           _unzeroed_words)
     acl = (_build_acl(entries.spec, entries.acl_entries) if acl_changed
            else _AclArrays(prev.class_root, prev.groups, prev.group_field, prev.bound_lo,
                            prev.bound_result, prev.fields_end))
-    return _tables(_frozen(slots), prev.shift, max(prev.longest_probe, int(longest)), len(rows),
-                   acl)
+    tables = _tables(slots, prev.shift, max(prev.longest_probe, longest), len(rows), acl)
+    buffers.remember(tables, {"slots": pair})
+    return tables
+
+
+def _unzeroed_words(words: int) -> np.ndarray:
+    return _line_aligned_words(words, zeroed=False)

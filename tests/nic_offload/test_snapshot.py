@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from datapath.protocol import codec
-from nic_offload import model
+from nic_offload import buffers, model
 from nic_offload.acl import AclClass, Verdict, compile_class
 from nic_offload.errors import OffloadUserError
 from nic_offload.model import EntrySet, KeyAction, KeyRows
@@ -121,8 +121,9 @@ def test_evolving_needs_a_newer_version():
 
 def test_compiling_and_swapping_while_a_data_path_thread_runs_never_mixes_versions():
     """The data path runs in its own thread (the kernel releases the GIL); the control
-    thread compiles each next version from the current one (copying and patching its
-    arrays) and publishes it while bursts are in flight. Every burst must be exactly one
+    thread compiles each next version from the current one (patching the other of its two
+    slot buffers when no burst holds it, else a copy) and publishes it while bursts are in
+    flight. Every burst must be exactly one
     version, and publishes must have landed while bursts ran (else nothing raced)."""
     versions = 60
     switch = SnapshotSwitch(Snapshot.build(_entries(1)))
@@ -155,3 +156,6 @@ def test_compiling_and_swapping_while_a_data_path_thread_runs_never_mixes_versio
         raise outcome["error"]
     assert outcome["raced"] > 0, "no publish landed while a burst ran"
     assert len(outcome["seen"]) > versions // 4
+    # versions were made in the buffer the data path had left (two buffers patched in turn,
+    # nic_offload/buffers.py), not only in copies: the race covered that path too
+    assert buffers._PAIRS[current.tables]["slots"].patched > 0
