@@ -950,6 +950,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 self._down_mode = DOWN_OPEN
             self._down_login = False
         self._token = token
+        self._hold.release()  # (a hold or credit of a session before this one is no more)
         self.session = int(result["session"])
         self.node = str(result.get("node", ""))
         self.node_id = int(result.get("node_id", 0))
@@ -1335,6 +1336,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             return
         frames = self._pub_frames
         frames[2][0] = self._sign(self._pub_np, length)
+        self._hold.spend(length)  # (a throttle credit: docs/flow-control.md)
         sent = self._channel_send(frames)
         if sent == 1:
             return

@@ -26,7 +26,10 @@ messages is its policy (throttle, drop-oldest, conflate).
 ``PublishHold`` is the publisher's side of throttle: the appliance says "on" while a
 throttling subscriber's queue holds this client's messages above its watermark; ``publish``
 then waits (``Client.flow_wait_s``) and raises ``BackPressureError`` if it is not released.
-An "on" not refreshed for ``FLOW_CONTROL_ON_EXPIRY_NS`` ends by itself.
+An "on" not refreshed for ``FLOW_CONTROL_ON_EXPIRY_NS`` ends by itself. While its messages
+go to a subscriber under flow control, the appliance gives a UDP publisher a credit (an "off"
+with the bytes it may send, renewed while it reads): a spent credit holds ``publish`` as an
+"on" does.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ frame, plus the socket buffer's overhead)."""
 FLOW_WAIT_S = 10.0
 """How long a publish waits while the appliance holds the publisher off
 (``Client.flow_wait_s``)."""
+PUBLISH_CREDIT_EXPIRY_NS = 5_000_000_000
+"""A publisher's credit (throttle) not renewed by its appliance for this long ends: no limit
+again (the appliance renews it every ``FLOW_CREDIT_INTERVAL_NS`` while it is given)."""
 _SO_MEMINFO = getattr(socket, "SO_MEMINFO", 55)
 """Linux's ``getsockopt(SOL_SOCKET, SO_MEMINFO)``: the socket's memory, receive first."""
 _MEMINFO = struct.Struct("=I")
@@ -199,7 +205,17 @@ def _encode(session: int, entry: FlowControl) -> bytearray:
 
 
 class PublishHold:
-    """Whether the appliance holds this client's publishes off (throttle)."""
+    """Whether the appliance holds this client's publishes off (throttle), and the credit it
+    gives them.
+
+    An "on" holds the publisher until an "off" (or ``FLOW_CONTROL_ON_EXPIRY_NS`` without a
+    refresh). An "off" whose ``queue_depth`` is not 0 is a *credit*: the bytes of frames
+    this publisher may send before the appliance's next word (each grant replaces the last).
+    Once it is spent, ``held`` is true (``publish`` waits) until the next grant: the
+    appliance grants what its receive socket has room for, so a publisher cannot outrun an
+    appliance that is slow to read (or not scheduled) and fill that socket, where the kernel
+    would drop what it sent. An "off" with 0 ends the credit (no limit), as does a credit
+    not renewed for ``PUBLISH_CREDIT_EXPIRY_NS``."""
 
     def __init__(self) -> None:
         self._until_ns = 0
@@ -207,10 +223,33 @@ class PublishHold:
         self.signals = 0
         self.waits = 0
         """Publishes that waited for the appliance to release the publisher."""
+        self._credit: int | None = None
+        """Bytes this publisher may still send (None: no credit given, no limit)."""
+        self._granted_ns = 0
+        self.grants = 0
+        """Credits the appliance gave."""
+        self.credit_waits = 0
+        """Of ``waits``: those for a credit (the last one was spent)."""
+
+    def _spent(self, now_ns: int) -> bool:
+        if self._credit is None or self._credit > 0:
+            return False
+        if now_ns - self._granted_ns > PUBLISH_CREDIT_EXPIRY_NS:
+            self._credit = None  # the appliance stopped granting: back to no limit
+            return False
+        return True
 
     @property
     def held(self) -> bool:
-        return self._until_ns > time.monotonic_ns()
+        now = time.monotonic_ns()
+        return self._until_ns > now or (self._credit is not None and self._spent(now))
+
+    def spend(self, nbytes: int) -> None:
+        """A frame of ``nbytes`` was sent (under a credit: taken from it)."""
+        if self._credit is not None:
+            with self._cond:
+                if self._credit is not None:
+                    self._credit = max(self._credit - nbytes, 0)
 
     def on_frame(self, frame: memoryview) -> bool:
         """A FLOW_CONTROL frame from the appliance: True when it was the session's (stream
@@ -225,28 +264,42 @@ class PublishHold:
         with self._cond:
             for entry in entries:
                 self.signals += 1
+                now = time.monotonic_ns()
                 if entry.state is FlowState.ON:
-                    self._until_ns = time.monotonic_ns() + FLOW_CONTROL_ON_EXPIRY_NS
+                    self._until_ns = now + FLOW_CONTROL_ON_EXPIRY_NS
                 else:
                     self._until_ns = 0
+                    if entry.queue_depth:
+                        self._credit = int(entry.queue_depth)
+                        self._granted_ns = now
+                        self.grants += 1
+                    else:
+                        self._credit = None
             self._cond.notify_all()
         return True
 
     def wait(self, timeout_s: float) -> bool:
-        """Wait until released; False when still held after ``timeout_s``."""
+        """Wait until released (and, under a credit, granted more); False when still held
+        after ``timeout_s``."""
         self.waits += 1
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            if self._credit is not None and self._spent(time.monotonic_ns()):
+                self.credit_waits += 1
             while True:
                 now = time.monotonic_ns()
-                if self._until_ns <= now:
+                spent = self._credit is not None and self._spent(now)
+                if self._until_ns <= now and not spent:
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._cond.wait(min(left, (self._until_ns - now) / 1e9))
+                wake = (self._until_ns - now) / 1e9 if self._until_ns > now else \
+                    (self._granted_ns + PUBLISH_CREDIT_EXPIRY_NS - now) / 1e9
+                self._cond.wait(max(min(left, wake), 0.001))
 
     def release(self) -> None:
         with self._cond:
             self._until_ns = 0
+            self._credit = None
             self._cond.notify_all()

@@ -87,6 +87,14 @@ FLOW_INGRESS_LOW_BYTES = 256 << 10
 """... until fewer than this wait."""
 FLOW_INGRESS_CHECK_NS = 1_000_000
 """How often the socket's backlog is looked at while a throttle session exists."""
+FLOW_CREDIT_INTERVAL_NS = 10_000_000
+"""How often a local UDP publisher whose messages go to sessions under flow control is given
+a new credit (the bytes it may send until the next one): a credit of at most
+``FLOW_INGRESS_HIGH_BYTES`` this often lets it send up to 100 MiB/s to a data path that
+keeps up."""
+FLOW_CREDIT_IDLE_NS = 2_000_000_000
+"""A credited publisher that sent nothing to a session under flow control for this long (and
+is not held off) is let go of its credit (an "off" of 0: no limit)."""
 FLOW_REPORT_INTERVAL_NS = 50_000_000
 """Drops are reported to the session at most this often (and when its queue empties)."""
 FLOW_REPORT_ROWS = 256
@@ -152,11 +160,18 @@ class SessionFlows:
         (until less than ``FLOW_INGRESS_LOW_BYTES``): throttle sessions hold their
         publishers off, or the kernel would drop what they publish before it is read."""
         self._ingress_check_ns = 0
+        self.credited: dict[int, int] = {}
+        """Local UDP publishers under a credit: session id -> when one of its messages last
+        went to a session under flow control."""
+        self._credit_at_ns = 0
+        self._uncredited: set[int] = set()
+        """Local publishers on shared memory or RDMA (their ring or queue holds them back)."""
 
     @property
     def active(self) -> bool:
-        """Whether the duty cycle has flow-control work (sessions, or holds to expire)."""
-        return bool(self.flows or self.node_holds)
+        """Whether the duty cycle has flow-control work (sessions, holds to expire, credits
+        to renew)."""
+        return bool(self.flows or self.node_holds or self.credited)
 
     # --- from the client ----------------------------------------------------------------------
     def on_frame(self, session: Any, frame: bytes, now_ns: int) -> None:
@@ -226,6 +241,11 @@ class SessionFlows:
             self._dropped(flow, queue.last_evicted, "drop-oldest")
         if origin == agent.node_id:
             flow.publishers.add(stream)  # a local publish: its stream is its session id
+            credited = self.credited
+            if stream in credited:
+                credited[stream] = agent.cycle_ns
+            elif stream not in self._uncredited:
+                self._start_credit(stream, agent.cycle_ns)
         elif len(flow.remote) < MAX_REMOTE_PUBLISHERS:
             flow.remote.add((origin, stream))  # its session id at its appliance
         if flow.policy is FlowPolicy.THROTTLE and \
@@ -273,12 +293,14 @@ class SessionFlows:
             del holding[publisher]
             signal(publisher, FlowState.OFF)
 
-    def _hold_frame(self, state: FlowState, stream: int, dest: int) -> bytearray:
+    def _hold_frame(self, state: FlowState, stream: int, dest: int,
+                    credit: int = 0) -> bytearray:
         """A throttle hold ("on") or release ("off") from this appliance: to a local
         publisher on ``SESSION_FLOW_STREAM``, or to another appliance about its publisher
-        ``stream``."""
+        ``stream``. ``credit`` (an "off" to a local publisher): the bytes it may send before
+        its next credit (in ``queue_depth``; 0: no limit)."""
         return encode_admin(fl.FrameType.FLOW_CONTROL, [FlowControl(
-            state, FlowPolicy.THROTTLE, 0, FLOW_THROTTLE_HIGH_MESSAGES,
+            state, FlowPolicy.THROTTLE, credit, FLOW_THROTTLE_HIGH_MESSAGES,
             FLOW_THROTTLE_LOW_MESSAGES)], stream_id=stream, source_session=self.agent.node_id,
             dest_session=dest, send_ts_ns=time.time_ns())
 
@@ -342,14 +364,69 @@ class SessionFlows:
                 self.agent.counters["flow_node_holds_expired"] += 1
                 self._release(("n", key[0]), None, (key[1],))
 
-    def _signal_publisher(self, publisher: int, state: FlowState) -> None:
+    def _signal_publisher(self, publisher: int, state: FlowState, credit: int = 0) -> None:
+        """Hold a local publisher off, or let it go (under a credit when it has one)."""
         agent = self.agent
         session = agent.sessions.get(publisher)
         if session is None:
             return
+        if state is FlowState.OFF and not credit and publisher in self.credited:
+            credit = self._grant()
+            if not credit:  # no room now: the next renewal gives it
+                return
         agent.queue_frame(session.channel, session.dest,
-                          self._hold_frame(state, al.SESSION_FLOW_STREAM, publisher))
+                          self._hold_frame(state, al.SESSION_FLOW_STREAM, publisher, credit))
         agent.counters["flow_publisher_signals"] += 1
+
+    # --- credits to local publishers ----------------------------------------------------------
+    def _start_credit(self, publisher: int, now_ns: int) -> None:
+        """Put a local UDP publisher whose message just went to a session under flow control
+        under a credit: from now on it sends at most what this appliance's clients' socket
+        has room for until the next credit, so it cannot fill the socket (where the kernel
+        would drop what it sent, unseen) while the data path is busy or not scheduled."""
+        session = self.agent.sessions.get(publisher)
+        if session is None:
+            return
+        if session.channel != CLIENT_UDP:  # (a ring or RDMA holds back its sender itself)
+            self._uncredited.add(publisher)
+            return
+        self.credited[publisher] = now_ns
+        self.agent.counters["flow_publisher_credits_started"] += 1
+        if publisher not in self.holding:
+            self._signal_publisher(publisher, FlowState.OFF)
+            # sent now, not at the end of the cycle: the burst this message came in may take
+            # the general loop seconds, while the publisher (not limited yet) goes on
+            self.agent._out[CLIENT_UDP].flush()
+
+    def _grant(self) -> int:
+        """The credit of one publisher now: its share of the room left in the clients'
+        socket below ``FLOW_INGRESS_HIGH_BYTES`` (0 when there is none)."""
+        from appliance.client.flow import socket_backlog_bytes
+
+        channel = self.agent.channels.get(CLIENT_UDP)
+        room = FLOW_INGRESS_HIGH_BYTES - socket_backlog_bytes(getattr(channel, "_sock", None))
+        if room <= 0:
+            return 0
+        return max(room // max(len(self.credited), 1), 1)
+
+    def _renew_credits(self, now_ns: int) -> None:
+        """Every ``FLOW_CREDIT_INTERVAL_NS``: a new credit to each credited publisher that is
+        not held off; one idle for ``FLOW_CREDIT_IDLE_NS`` (or with no session under flow
+        control left) is let go (an "off" of 0)."""
+        self._credit_at_ns = now_ns + FLOW_CREDIT_INTERVAL_NS
+        agent = self.agent
+        end = not self.flows
+        credit = 0 if end else self._grant()
+        for publisher, seen in list(self.credited.items()):
+            if publisher in self.holding:
+                continue
+            if end or now_ns - seen > FLOW_CREDIT_IDLE_NS:
+                del self.credited[publisher]
+                self._signal_publisher(publisher, FlowState.OFF)  # (0: no limit)
+                agent.counters["flow_publisher_credits_ended"] += 1
+            elif credit:
+                self._signal_publisher(publisher, FlowState.OFF, credit)
+                agent.counters["flow_publisher_credits"] += 1
 
     # --- the duty cycle -----------------------------------------------------------------------
     def _check_ingress(self, now_ns: int) -> None:
@@ -375,6 +452,8 @@ class SessionFlows:
             self._check_ingress(now_ns)
         if self.node_holds:
             self._expire_node_holds(now_ns)
+        if self.credited and now_ns >= self._credit_at_ns:
+            self._renew_credits(now_ns)
         for sid, flow in list(self.flows.items()):
             session = agent.sessions.get(sid)
             if session is None:
@@ -461,6 +540,8 @@ class SessionFlows:
     def forget_publisher(self, session_id: int) -> None:
         """A local session ended: what held it off is dropped with it."""
         self.holding.pop(session_id, None)
+        self.credited.pop(session_id, None)
+        self._uncredited.discard(session_id)
         for key in [k for k in self.node_holds if k[1] == session_id]:
             del self.node_holds[key]
 

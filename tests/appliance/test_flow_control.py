@@ -5,7 +5,10 @@ One ``topicwire run`` appliance process (started as a user's is: it loads the ke
 rate (``--rate 0``); subscribers are ``topicwire sub --stats`` processes, or a client in this
 process that does not read until told to (so its appliance must hold its messages: the
 policy is certain to act). Every run checks that the counts add up to what was published:
-throttle delivers everything, drop-oldest and conflate deliver the rest of what they report.
+throttle delivers everything, drop-oldest and conflate deliver the rest of what they report;
+and that the kernel dropped nothing at the appliance's clients socket (or the in-process
+subscriber's): a publisher that outran its appliance lost frames there that no policy saw
+(docs/flow-control.md, "Local publishers send under a credit").
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ flow_policy = "drop-oldest"
 """
 
 
+def kernel_drops(port: int) -> int:
+    """Datagrams the kernel dropped at the loopback UDP socket bound to ``port`` because its
+    receive memory was full (``/proc/net/udp``'s ``drops``; 0 when none is bound)."""
+    local = f"0100007F:{port:04X}"
+    with open("/proc/net/udp") as f:
+        return sum(int(line.split()[-1]) for line in list(f)[1:]
+                   if line.split()[1] == local)
+
+
 class Served:
     def __init__(self, tmp_path) -> None:
         self.port, self.mgmt = free_port(), free_port()
@@ -69,6 +81,11 @@ class Served:
         config.write_text(CONFIG.format(port=self.port, mgmt=self.mgmt))
         self.proc = run_appliance(config, env=production_env())
         self.address = f"127.0.0.1:{self.port}"
+
+    def kernel_drops(self) -> int:
+        """What the kernel dropped at the appliance's clients socket (a publisher that
+        outran the data path: no policy would report it)."""
+        return kernel_drops(self.port)
 
     def counters(self) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.mgmt}/status", timeout=10) as r:
@@ -107,11 +124,16 @@ def _max_rate_run(served: Served, policy: str, topic: str) -> tuple[dict, dict, 
     """``pub --rate 0`` of MAX_RATE_MESSAGES to ``sub --stats --flow-policy policy``:
     (the publisher's summary, the subscriber's, the appliance's counter deltas)."""
     before = served.counters()
+    drops_before = served.kernel_drops()
     sub = _sub(served, "viewer", "fc/#", "--count", str(MAX_RATE_MESSAGES),
                "--flow-policy", policy)
     pub = _pub(served, topic, MAX_RATE_MESSAGES)
     pub_out, pub_err = pub.communicate(timeout=DEADLINE_S)
     assert pub.returncode == 0, pub_err
+    # nothing lost unseen where the publisher sends: its appliance's credit keeps it within
+    # what the appliance's socket holds (docs/flow-control.md); checked before waiting for
+    # the subscriber, which would wait out its deadline for what the kernel dropped
+    assert served.kernel_drops() == drops_before, "the appliance's socket overflowed"
     sub_out, sub_err = sub.communicate(timeout=DEADLINE_S + 30)
     assert sub.returncode == 0, sub_err
     published, stats = json.loads(pub_out), json.loads(sub_out)
@@ -161,8 +183,10 @@ def _held_run(served: Served, identity: str, flow_policy: str | None, topic: str
     publisher off: (messages delivered, the subscription's policy drops, pub's summary).
     ``poll``: a poll subscription (``Client.poll``) instead of the iterator."""
     # (timeout_s: this process may compile the client's kernels first, with bounds checks)
+    drops_before = served.kernel_drops()
     with connect(f"udp://{served.address}", identity, timeout_s=120) as client:
         sub = client.subscribe("fc/#", flow_policy=flow_policy, poll=poll)
+        own_port = client.channel._sock.getsockname()[1]
         polled = []
         pub = _pub(served, topic, HELD_MESSAGES)
         if flow_policy == "throttle":
@@ -172,13 +196,20 @@ def _held_run(served: Served, identity: str, flow_policy: str | None, topic: str
             pub.wait(DEADLINE_S)
         delivered = 0
         deadline = time.monotonic() + DEADLINE_S
+        def overflowed() -> tuple[int, int]:  # (the appliance's socket, this subscriber's)
+            return served.kernel_drops() - drops_before, kernel_drops(own_port)
+
         while delivered + sum(sub.policy_drops.values()) < HELD_MESSAGES:
             assert time.monotonic() < deadline, (delivered, dict(sub.policy_drops))
             if poll:
-                delivered += client.poll(polled.append, 4096, timeout_s=1.0)
+                got = client.poll(polled.append, 4096, timeout_s=1.0)
                 polled.clear()
-            elif sub.get(timeout=1.0) is not None:
-                delivered += 1
+            else:
+                got = sub.get(timeout=1.0) is not None
+            delivered += got
+            if not got:  # what the kernel dropped never comes: fail now, saying where
+                assert overflowed() == (0, 0), "a socket overflowed: (appliance, subscriber)"
+        assert overflowed() == (0, 0), "a socket overflowed: (appliance, subscriber)"
         out, err = pub.communicate(timeout=DEADLINE_S)
         assert pub.returncode == 0, err
         return delivered, dict(sub.policy_drops), json.loads(out)
