@@ -79,6 +79,7 @@ from appliance.client.errors import (
 from appliance.client.flow import FLOW_WAIT_S, PublishHold, ReceiveFlow
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
 from appliance.client.messages import (
+    GUARANTEED_QOS,
     GUARANTEED_QUEUE_MESSAGES,
     NO_HEADERS,
     QOS,
@@ -179,8 +180,6 @@ _STREAM = struct.Struct(">I")
 _MSG = ml.MESSAGE_HEADER_STRUCT
 SUBSCRIPTION_LOSS_EVENTS = 1_024
 """Loss events a subscription keeps (``losses``); ``lost_messages`` counts them all."""
-GUARANTEED_QOS = QOS["guaranteed"]
-"""A message's ``qos`` when it was published guaranteed (its class)."""
 ROUTE_CACHE_TOPICS = 65_536
 """Topics whose matching subscriptions a client remembers (cleared when full)."""
 IDLE_STRATEGIES = ("block", "busy", "backoff", "sleep")
@@ -1399,7 +1398,7 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
             return sub
         compiled = _compiled_selector(selector)
         sub_id = next(self._sub_ids)
-        flags = flow_flags | self._own_flag(own_class, namespace, qos, [pattern])
+        flags = flow_flags | self._own_flags(own_class, namespace, qos, [pattern]).get(pattern, 0)
         result = self._request(("subscribe", sub_id), lambda: self._admin(
             fl.FrameType.SUBSCRIBE, [al.Subscription(sub_id, namespace, QOS[qos], flags,
                                                      pattern, selector or "")]))
@@ -1480,11 +1479,6 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                 self._subs.extend(made)
                 self._subs_changed(made)
         return out
-
-    def _own_flag(self, own_class: bool, namespace: int, qos: str, patterns: list[str]
-                  ) -> int:
-        """``_own_flags`` of one pattern."""
-        return self._own_flags(own_class, namespace, qos, patterns).get(patterns[0], 0)
 
     def _own_flags(self, own_class: bool, namespace: int, qos: str, patterns: list[str]
                    ) -> dict[str, int]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 QOS = {"best-effort": 0, "last-value": 1, "guaranteed": 2}
 """QoS names and their wire values (docs/protocol.md, message ``qos``)."""
+GUARANTEED_QOS = QOS["guaranteed"]
+"""A message's ``qos`` when it was published guaranteed (its class)."""
 
 
 class Headers(Mapping[str, "str | bytes"]):

@@ -33,7 +33,7 @@ import threading
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
-from appliance.client.messages import QOS
+from appliance.client.messages import GUARANTEED_QOS
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt import bridge_meta
 from appliance.edge.mqtt.bridge_backlog import Backlog, Entry
@@ -54,7 +54,6 @@ CONNECT_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
 STOP_DRAIN_S = 5.0
 """On stop, how long the bridge waits for the remote to acknowledge what is in flight."""
-GUARANTEED_QOS = QOS["guaranteed"]
 REMOTE_RECEIVE_MAXIMUM = 65_535
 """A 5.0 remote without a Receive Maximum property (and any 3.1.1 remote) takes this many."""
 

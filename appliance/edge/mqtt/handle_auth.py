@@ -52,6 +52,7 @@ _DECOY_KEY = secrets.token_bytes(32)
 
 log = logging.getLogger("topicwire.edge.mqtt")
 
+
 class AuthRefused(Exception):
     """An exchange refused: ``why`` names the counter, ``code`` the reason code."""
 

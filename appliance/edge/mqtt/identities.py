@@ -61,7 +61,7 @@ from appliance.client.errors import (
     EntitlementError,
     NoAnswerError,
 )
-from appliance.client.messages import QOS
+from appliance.client.messages import GUARANTEED_QOS
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt.meta import SENDER_HEADER, from_headers
 from appliance.edge.mqtt.topics import mqtt_matches
@@ -109,8 +109,6 @@ after this long."""
 NATIVE_RESUBSCRIBE_FACTOR = 4
 """After this many native subscribes per held pattern, an unsubscribe rebuilds the native
 session's list from scratch (each native subscribe keeps a subscription object)."""
-
-GUARANTEED_QOS = QOS["guaranteed"]
 
 T = TypeVar("T")
 Ref = tuple["SessionState", str]

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from appliance.client.messages import QOS
+from appliance.client.messages import GUARANTEED_QOS
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType
 from appliance.edge.mqtt.state import Delivery, SubOptions
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topicwire.edge.mqtt")
 
-GUARANTEED_QOS = QOS["guaranteed"]
 WILL_AT_ONCE_S = 0.001
 """A restored session that expired while the edge was down, with a will still waiting: it
 ends this soon after the start, publishing its will."""
