@@ -21,6 +21,11 @@ from tests.appliance.helpers import appliance_pair, free_port, subscription_reac
 
 N = 60
 """Messages of each class."""
+END_G, END_B = b"end-g", b"end-b"
+"""Published after the messages, guaranteed then best-effort: each path to the subscriber
+(the best-effort one, the reliable stream) is in publish order, so once the best-effort
+subscription has ``END_B`` and the guaranteed one ``END_G``, any copy of a message on
+either path has come before them (what the tests check is then complete)."""
 
 
 def _appliance(**clients) -> tuple[Appliance, str]:
@@ -59,7 +64,8 @@ class Got:
 
 
 def _publish_both(pub, topic: str) -> tuple[list[bytes], list[bytes]]:
-    """N best-effort and N guaranteed messages, interleaved; their payloads."""
+    """N best-effort and N guaranteed messages, interleaved, then the end markers; the
+    messages' payloads."""
     plain, guaranteed = [], []
     for i in range(N):
         plain.append(b"b%d" % i)
@@ -67,15 +73,30 @@ def _publish_both(pub, topic: str) -> tuple[list[bytes], list[bytes]]:
         guaranteed.append(b"g%d" % i)
         pub.publish(topic, guaranteed[-1], qos="guaranteed", flush=True)
         if i % 10 == 9:
-            time.sleep(0.01)  # (best-effort over loopback: no burst beyond the socket)
+            time.sleep(0.01)  # (pacing: a best-effort burst over loopback stays in the socket)
+    pub.publish(topic, END_G, qos="guaranteed", flush=True)
+    pub.publish(topic, END_B, flush=True)
     pub.flush(timeout=10)
     return plain, guaranteed
 
 
+def _ended(got: Got, ends: dict[str, bytes]) -> None:
+    """Wait until each subscription named in ``ends`` has its end marker."""
+    def there() -> bool:
+        with got.lock:
+            return all(any(p == end for p, _, _ in got.by[name]) for name, end in ends.items())
+    wait_for(there, 20, what=f"the end markers {ends}")
+
+
+def _messages(got: Got, name: str) -> list[tuple[bytes, int, bool]]:
+    """What subscription ``name`` received, its end markers left out."""
+    with got.lock:
+        return [m for m in got.by[name] if m[0] not in (END_G, END_B)]
+
+
 def _each_once_in_its_class(got: Got, plain: list[bytes], guaranteed: list[bytes]) -> None:
-    wait_for(lambda: got.count() >= 2 * N, 20, what=f"{2 * N} messages")
-    time.sleep(0.5)  # a copy would come meanwhile
-    be, g = got.by["best-effort"], got.by["guaranteed"]
+    _ended(got, {"best-effort": END_B, "guaranteed": END_G})
+    be, g = _messages(got, "best-effort"), _messages(got, "guaranteed")
     assert sorted(p for p, _, _ in be) == sorted(plain)  # each best-effort message once
     assert all(qos == 0 and not reliable for _, qos, reliable in be)
     assert [p for p, _, _ in g] == guaranteed  # each guaranteed one once, in order
@@ -105,9 +126,8 @@ def test_without_a_guaranteed_place_everything_comes_best_effort():
             with pytest.raises(ClientError, match="max_guaranteed_sessions"):
                 sub.subscribe("oc/#", qos="guaranteed", own_class=True)
             plain, guaranteed = _publish_both(pub, "oc/b")
-            wait_for(lambda: got.count() >= 2 * N, 20, what=f"{2 * N} messages")
-            time.sleep(0.5)
-            be = got.by["best-effort"]
+            _ended(got, {"best-effort": END_B})  # (END_G came before it, best-effort too)
+            be = _messages(got, "best-effort")
             assert sorted(p for p, _, _ in be) == sorted(plain + guaranteed)  # each once
             assert {qos for p, qos, _ in be if p in guaranteed} == {2}
             assert not any(reliable for _, _, reliable in be)
@@ -125,12 +145,12 @@ def test_a_subscription_without_the_option_still_gets_both_copies(appliance):
         sub.subscribe("oc/#", qos="guaranteed", callback=got.into("guaranteed"),
                       own_class=True)
         plain, guaranteed = _publish_both(pub, "oc/c")
-        wait_for(lambda: got.count() >= 4 * N, 20, what=f"{4 * N} messages")
-        time.sleep(0.5)
-        assert sorted(p for p, _, _ in got.by["plain"]) == sorted(plain + guaranteed)
+        _ended(got, {"best-effort": END_B, "guaranteed": END_G, "plain": END_B})
+        assert sorted(p for p, _, _ in _messages(got, "plain")) == sorted(plain + guaranteed)
         got.by.pop("plain")
         _each_once_in_its_class(got, plain, guaranteed)
-        assert sub.own_class_copies == N  # the copies came for "plain": left out here
+        # the copies came for "plain": left out here (END_G's too, before END_B)
+        assert sub.own_class_copies == N + 1
 
 
 def test_own_class_is_refused_with_poll_selector_or_durable(appliance):
@@ -153,13 +173,11 @@ def test_across_two_appliances_each_message_comes_once_in_its_class():
                           own_class=True)
             wait_for(lambda: subscription_reached(a, "oc/#"), 30, what="B's interest at A")
             # the first message of each class: the interest of both classes is in place
-            pub.publish("oc/warm", b"w", flush=True)
-            pub.publish("oc/warm", b"w", qos="guaranteed", flush=True)
-            wait_for(lambda: got.by["guaranteed"] and got.by["best-effort"], 30,
-                     what="the first message of each class")
-            time.sleep(0.3)
-            for name in got.by:
-                with got.lock:
+            pub.publish("oc/warm", END_G, qos="guaranteed", flush=True)
+            pub.publish("oc/warm", END_B, flush=True)
+            _ended(got, {"best-effort": END_B, "guaranteed": END_G})
+            with got.lock:  # (what came of them, copies included, is left out below)
+                for name in got.by:
                     got.by[name].clear()
             plain, guaranteed = _publish_both(pub, "oc/d")
             _each_once_in_its_class(got, plain, guaranteed)
