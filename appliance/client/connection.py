@@ -267,6 +267,8 @@ class ConnectionSide:
             self._session_lost_pending = False
             self._session_lost()
         for sub in list(self._subs):
+            if sub._seen is not None:  # live messages a failed attempt held
+                sub._end_fill()
             sub._close()
         self._emit(CLOSED, reason)
 
@@ -335,6 +337,9 @@ class ConnectionSide:
                 old, self.channel = self.channel, channel
                 self._ring = ring
             old.close()
+        fills = [sub for sub in self._subs if sub._seen is not None]
+        for sub in fills:  # live messages wait until the replay has filled the gap: from the
+            sub._begin_fill()  # login on (a session the standby's mirror restores is live then)
         session, node_id = getattr(self, "_lost_session", (0, 0))
         self._moved_from = {"node_id": node_id, "session": session,
                             "why": self._move_why} if (moved and session and node_id) else None
@@ -348,10 +353,7 @@ class ConnectionSide:
             self.moves += 1
         with self._lock:
             self._heard_ns = time.monotonic_ns()
-        self._register_again()
-        fills = [sub for sub in self._subs if sub._seen is not None]
-        for sub in fills:  # live messages wait until the replay has filled the gap
-            sub._begin_fill()
+        self._register_again()  # (a failed attempt leaves the fills begun: held until one fills)
         try:
             self._subscribe_again()
         finally:

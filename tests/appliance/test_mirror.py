@@ -10,6 +10,7 @@ the standby an in-process appliance with a cache. Every wait has a deadline.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
@@ -17,7 +18,14 @@ import pytest
 from appliance.client import connect
 from tests.appliance.helpers import wait_for
 from tests.appliance.test_client_state import States
-from tests.appliance.test_failover import DEADLINE_S, SESSION_TIMEOUT_S, Pair, Publisher, _take
+from tests.appliance.test_failover import (
+    DEADLINE_S,
+    SESSION_TIMEOUT_S,
+    Pair,
+    Publisher,
+    _ranges,
+    _take,
+)
 
 PATTERNS = 50
 
@@ -86,3 +94,52 @@ def test_a_moved_session_finds_its_subscriptions_made_from_the_mirror(mirrored):
     finally:
         client.close()
         partial.close()
+
+
+def test_live_messages_of_a_restored_session_wait_for_the_gap_to_be_filled(mirrored):
+    """A session the mirror restores is live from its login on: messages that reach it before
+    the client asks the cache for the gap are held, not handed over ahead of the gap. The
+    race made certain: after the login the client waits until a live message has reached the
+    subscription, then goes on."""
+    pair = mirrored
+    states = States()
+    client = pair.client(states)
+    try:
+        sub = client.subscribe("orders/#", qos="guaranteed")
+        wait_for(lambda: pair.standby.status()["counters"].get(
+            "control_mirror_records_subscriptions") == 1, DEADLINE_S,
+            what="the standby keeping the session's subscription")
+        register_again = client._register_again
+        arrived = threading.Event()
+
+        def after_a_live_message() -> None:
+            put = sub._put
+
+            def spy(msg) -> None:
+                arrived.set()
+                put(msg)
+
+            sub._put = spy
+            try:
+                wait_for(arrived.is_set, DEADLINE_S, what="a live message at the moved session")
+            finally:
+                del sub._put
+            register_again()
+
+        client._register_again = after_a_live_message
+        publisher = Publisher(pair.standby_url, 1_500)
+        publisher.start()
+        got: list[int] = []
+        _take(sub, 300, got)
+        pair.proc.send_signal(signal.SIGKILL)
+        states.wait("reconnected")
+        assert arrived.is_set()
+        _take(sub, 1_500, got)
+        publisher.join(DEADLINE_S)
+        assert publisher.error is None
+        assert got == list(range(1_500)), _ranges(got)
+        assert sub.lost_messages == 0 and not sub.losses
+        assert client.connection_counters()["restored_subscriptions"] == 1
+        assert client.filled > 0
+    finally:
+        client.close()
