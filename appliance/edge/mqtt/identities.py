@@ -416,7 +416,7 @@ class IdentitySession:
         if batch:
             self._sub_running = True
             self.count("native_subscribe_batches")
-            self.server.loop.create_task(self._run_subscribes(batch))
+            self.server.spawn(self._run_subscribes(batch))
 
     async def _run_subscribes(self, batch: list[tuple[str, asyncio.Future]]) -> None:
         try:
@@ -506,7 +506,7 @@ class IdentitySession:
         loop = self.server.loop
         if self._unsub_batch is None:
             self._unsub_batch = ([], loop.create_future())
-            loop.call_soon(lambda: loop.create_task(self._run_unsubscribes()))
+            loop.call_soon(lambda: self.server.spawn(self._run_unsubscribes()))
         self._unsub_batch[0].append(match)
         await asyncio.shield(self._unsub_batch[1])
 

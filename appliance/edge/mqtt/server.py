@@ -384,6 +384,10 @@ class MqttServer:
                                      return_exceptions=True)
         except TimeoutError:
             log.warning("mqtt: a listener did not close in time")
+        left = [task for task in self._tasks if not task.done()]
+        for task in left:  # (native batches still waiting for an appliance that stops)
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
 
     async def _close_connections(self) -> None:
         """Close every connection: each gets ``CLOSE_GRACE_S`` to end once its socket is
@@ -439,11 +443,13 @@ class MqttServer:
         """Run a call that waits (for the appliance, or scrypt) off the event loop."""
         return await self.loop.run_in_executor(self._pool, functools.partial(fn, *args, **kw))
 
-    def spawn(self, coro: Any) -> None:
-        """Run ``coro`` as a task of the loop, held until it is done (a timer's work)."""
+    def spawn(self, coro: Any) -> asyncio.Task:
+        """Run ``coro`` as a task of the loop, held until it is done (a timer's work, a
+        native batch); the shutdown cancels those still running."""
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def native_login(self, identity: str) -> Any:
         """The native session of a CONNECT the edge authenticated (password or certificate):
