@@ -76,6 +76,7 @@ from appliance.client.errors import (
     SelectorRefusedError,
     UnacknowledgedError,
 )
+from appliance.client.exactly_once import MAX_REPUBLISH_WINDOW, REPUBLISH_WINDOW, Republished
 from appliance.client.flow import FLOW_WAIT_S, PublishHold, ReceiveFlow
 from appliance.client.guaranteed import GuaranteedSide, _ClientSink, _GuaranteedHandler
 from appliance.client.messages import (
@@ -501,7 +502,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
                  reconnect_s: float = RECONNECT_S,
                  resend: bool = False, password: str | bytes | None = None,
                  trusted: str | None = None, move_on: MoveBounds | None = None,
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None,
+                 republish_window: int = REPUBLISH_WINDOW) -> None:
         if idle not in IDLE_STRATEGIES:
             raise ClientError(f"idle {idle!r} is not one of {', '.join(IDLE_STRATEGIES)}")
         if on_state is not None and not callable(on_state):
@@ -629,6 +631,10 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         stream, another on a reliable one) and handed to no ``own_class`` subscription for
         it: copies an appliance built before ``own_class``, or a session whose other
         subscriptions need them, still sends (``Client.subscribe``)."""
+        self._republished = Republished(check_int("republish_window", republish_window,
+                                                  MAX_REPUBLISH_WINDOW))
+        """MQTT QoS 2 publications sent again by an edge after its crash, dropped
+        (appliance/client/exactly_once.py)."""
         self._routes = Routes()
         """``_subs`` indexed by pattern (``_targets``)."""
         self._flow_subs: list[Subscription] = []
@@ -1822,6 +1828,8 @@ class Client(GuaranteedSide, ConnectionSide, SuccessorSide):
         known = self._topics.get(msg.topic_key)
         if known is not None and known[0] != msg.namespace:  # the key names the namespace,
             msg = replace(msg, namespace=known[0])           # not the publisher's header
+        if msg.guaranteed and msg.headers and self._republished.again(msg):
+            return  # a QoS 2 publication an edge sent again after its crash
         event = None
         if self._successor_routes:
             self._successor_dispatch(msg)
@@ -2183,6 +2191,7 @@ def connect(url: str, identity: str = "anonymous", *,
             reconnect_s: float = RECONNECT_S, resend: bool = False,
             password: str | bytes | None = None, standby: str | None = None,
             move_on: MoveBounds | None = None, client_id: str | None = None,
+            republish_window: int = REPUBLISH_WINDOW,
             _trusted: str | None = None) -> Client:
     """Log in to an appliance: ``shm://RING``, ``udp://HOST:PORT``, ``rdma://HOST:PORT`` or
     ``embedded:``. For ``rdma://``, ``rdma_bind`` (this host's address on its RDMA device),
@@ -2212,13 +2221,18 @@ def connect(url: str, identity: str = "anonymous", *,
 
     ``client_id``: a name of this client that outlives its sessions (1..64 printable
     characters), for successor delivery (``announce_successor``, ``set_successor``): a
-    login with the client id of a session still held replaces that session."""
+    login with the client id of a session still held replaces that session.
+
+    ``republish_window``: the MQTT QoS 2 publications (by their publishing edge's number)
+    the client remembers, to drop a copy an edge publishes again after its crash (0: off;
+    appliance/client/exactly_once.py)."""
 
     if not isinstance(url, str):
         raise ClientError(f"connect takes the appliance's address as a string (shm://RING, "
                           f"udp://HOST:PORT, HOST:PORT, rdma://HOST:PORT or embedded:), not "
                           f"{type(url).__name__}")
     check_identity(identity)
+    check_int("republish_window", republish_window, MAX_REPUBLISH_WINDOW)
     if "://" not in url and not url.startswith("embedded:"):
         url = f"udp://{url}"  # HOST:PORT, as the command line takes it
     if on_state is not None and not callable(on_state):
@@ -2248,7 +2262,7 @@ def connect(url: str, identity: str = "anonymous", *,
     session = dict(timeout_s=timeout_s, idle=idle, on_state=on_state,
                    session_timeout_s=session_timeout_s, reconnect_s=reconnect_s,
                    resend=resend, password=password, trusted=_trusted, move_on=move_on,
-                   client_id=client_id)
+                   client_id=client_id, republish_window=republish_window)
     if not url.startswith("embedded:"):
         rdma = dict(device=rdma_device, gid_index=rdma_gid_index, bind=rdma_bind,
                     timeout_s=timeout_s)
@@ -2280,7 +2294,8 @@ def connect(url: str, identity: str = "anonymous", *,
             try:
                 client = connect(f"shm://{name}", identity, timeout_s=timeout_s, idle=idle,
                                  on_state=on_state, session_timeout_s=session_timeout_s,
-                                 reconnect_s=reconnect_s, resend=resend, password=password)
+                                 reconnect_s=reconnect_s, resend=resend, password=password,
+                                 republish_window=republish_window)
                 client._owned = appliance
                 return client
             except ClientError:

@@ -590,7 +590,8 @@ class ConnectionSide:
                 "acknowledged": self._outcomes.acknowledged, "failed": self._outcomes.failed,
                 "unacknowledged": self._outcomes.unacknowledged(),
                 "send_waits": self.send_waits, "send_drops": self.send_drops,
-                "messages_dropped_at_send": self.messages_dropped_at_send}
+                "messages_dropped_at_send": self.messages_dropped_at_send,
+                "republished_dropped": self._republished.dropped}
 
 
 def unacknowledged_text(failed: dict[str, int], pending: int, timeout_s: float | None) -> str:

@@ -42,8 +42,9 @@ def test_a_qos2_publish_sent_again_after_a_crash_reaches_another_edge_once(tmp_p
         doc["mqtt"]["state_dir"] = str(state)
         docs.append(doc)
 
-    with edge_core_edge(edit_a=with_state) as (edge_a, edge_b, _):
+    with edge_core_edge(edit_a=with_state) as (edge_a, edge_b, native):
         sub = Peer(edge_b, "eo-sub", user=None, version=5)
+        at_core = native.subscribe("eo/#", qos="guaranteed")  # a native subscriber too
         again = None
         try:
             assert sub.subscribe("eo/#", 2) == 2
@@ -57,14 +58,30 @@ def test_a_qos2_publish_sent_again_after_a_crash_reaches_another_edge_once(tmp_p
             again = EdgeAppliance(parse_config(docs[0])).start()
             assert counter(again, "store_inbound_republished") == 1
             wait_counter(edge_b, "deliveries_duplicates_dropped", 1)
+            wait_for(lambda: native.connection_counters()["republished_dropped"] == 1,
+                     what="the native subscriber dropping the copy")
             with Peer(again, "eo-pub2", version=5) as pub:
                 pub.publish("eo/2", b"after", 2)
             got = _next_on(sub, "eo/2")  # the copy of eo/1 did not come before it
             assert (got.topic, got.payload) == ("eo/2", b"after")
+            native_got = _native_until(at_core, "eo/2")
+            assert native_got == [("eo/1", b"once"), ("eo/2", b"after")], native_got
         finally:
             sub.close()
             if again is not None:
                 again.stop()
+
+
+def _native_until(sub: Any, topic: str) -> list[tuple[str, bytes]]:
+    """The messages of ``sub`` up to the first on ``topic``, but ``_ready``'s probes (a
+    deadline for each)."""
+    got: list[tuple[str, bytes]] = []
+    while not got or got[-1][0] != topic:
+        msg = sub.get(timeout=30)
+        assert msg is not None, f"no message on {topic!r} after {got}"
+        if "/probe" not in msg.topic:
+            got.append((msg.topic, msg.payload))
+    return got
 
 
 def test_a_persistent_session_that_completed_a_qos2_flow_does_not_get_it_again(tmp_path):

@@ -33,6 +33,7 @@ import threading
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
+from appliance.client.exactly_once import REPUBLISH_WINDOW
 from appliance.client.messages import GUARANTEED_QOS
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt import bridge_meta
@@ -113,7 +114,7 @@ class MqttBridge:
                 log.info("bridge %s: %d messages recovered from the backlog", self.cfg.name,
                          self.backlog.recovered)
         try:
-            self.native = self.server.native_login(self.cfg.identity)
+            self.native = self.server.native_login(self.cfg.identity, REPUBLISH_WINDOW)
         except ClientError as exc:
             self.close()
             raise ConfigError(f"{p}identity: the bridge's native login as "

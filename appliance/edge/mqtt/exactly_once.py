@@ -16,33 +16,12 @@ number (``store_duplicates_skipped``).
 Bounded: the last ``mqtt.exactly_once_window`` numbers of the whole edge (0: off). A copy
 that comes back after more QoS 2 messages than that went through the edge is delivered
 again (at least once, as before): the window must cover the QoS 2 messages of the time a
-publishing edge takes to restart. No library keeps a bounded recency set; an ordered dict
-that forgets its oldest entry is the whole mechanism.
+publishing edge takes to restart. The window is ``RecentIds``
+(appliance/client/exactly_once.py: native clients make the same drop).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from appliance.client.exactly_once import RecentIds
 
-
-class RecentIds:
-    """The last ``capacity`` keys seen, oldest forgotten first."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._keys: OrderedDict[tuple, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def seen_before(self, key: tuple) -> bool:
-        """True when ``key`` is among the last ``capacity`` keys; else it is added."""
-        if not self.capacity:
-            return False
-        keys = self._keys
-        if key in keys:
-            return True
-        keys[key] = None
-        if len(keys) > self.capacity:
-            keys.popitem(last=False)
-        return False
+__all__ = ["RecentIds"]

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from appliance.client.exactly_once import NUMBER_HEADER
 from appliance.edge.mqtt import codec
 from datapath.protocol.extensions import ExtensionError, encode_headers
 
@@ -55,8 +56,8 @@ PREFIX = "mqtt."
 USER_PREFIX = PREFIX + "user."
 SENDER_HEADER = PREFIX + "sender"
 """The publishing session of this edge, for No Local (identities.py)."""
-ORIGIN_HEADER = PREFIX + "origin"
-"""The publishing edge's state-store record (store.py)."""
+ORIGIN_HEADER = NUMBER_HEADER
+"""The publishing edge's state-store record (store.py; native clients read it too)."""
 STAMP_HEADER = PREFIX + "retain_stamp"
 """When a retained message shared across edges was set (retain_share.py)."""
 _PFI, _CT, _RT, _CD, _UP = (codec.PROP[n] for n in (

@@ -451,14 +451,18 @@ class MqttServer:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def native_login(self, identity: str) -> Any:
+    def native_login(self, identity: str, republish_window: int = 0) -> Any:
         """The native session of a CONNECT the edge authenticated (password or certificate):
         the appliance's own process vouches for it (``trusted_login_token``), so an identity
-        with a password needs no second proof."""
+        with a password needs no second proof. ``republish_window``: the client's own drop
+        of QoS 2 publications sent again (appliance/client/exactly_once.py): off but for a
+        bridge, since the identities' sessions drop them per identity
+        (``delivered_once``) and the other sessions' messages are the edges' own copies."""
         from appliance.client.api import connect
 
         control = self.appliance.control
         return connect(self.native_url, identity, idle=NATIVE_IDLE,
+                       republish_window=republish_window,
                        _trusted=None if control is None else control.trusted_login_token)
 
     def keep_retained(self, topic: str, payload: bytes, qos: int, meta: Any, seq: int,
