@@ -566,7 +566,8 @@ class ControlAgent(FabricSide, ClientSide, ReplaySide, ManagementSide):
         if now_ns >= self._refresh_at:
             self._refresh_at = now_ns + cfg.lsa_refresh_ms * 1_000_000
             self._lsa_due = True
-            self._flood(al.ControlKind.INTEREST, self._interest_doc())
+            if any(nb.up for nb in self.neighbours.values()):  # (else nobody to tell)
+                self._flood(al.ControlKind.INTEREST, self._interest_doc())
             if self.advertised_selective:
                 self._flood(al.ControlKind.INTEREST_SELECTORS,
                             selector_apply.selective_doc(self))

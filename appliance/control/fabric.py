@@ -367,9 +367,17 @@ class FabricSide:
                 "seq": self.lsa_seq, "links": links}
 
     def _interest_doc(self) -> dict:
-        return {"origin": self.node_id, "epoch": self.epoch, "seq": self.interest_seq,
-                "patterns": sorted([ns, p] for ns, p in self.advertised),
-                "guaranteed": sorted([ns, p] for ns, p in self.gadvertised)}
+        """This appliance's interest document, built once per (epoch, seq): it sorts every
+        advertised pattern, and the refresh sends it again every ``lsa_refresh_ms``."""
+        key = (self.node_id, self.epoch, self.interest_seq)
+        cached = self.__dict__.get("_interest_cached")
+        if cached is None or cached[0] != key:
+            cached = (key, {"origin": self.node_id, "epoch": self.epoch,
+                            "seq": self.interest_seq,
+                            "patterns": sorted([ns, p] for ns, p in self.advertised),
+                            "guaranteed": sorted([ns, p] for ns, p in self.gadvertised)})
+            self._interest_cached = cached
+        return cached[1]
 
     # --- topology -----------------------------------------------------------------------------
     def _own_lsa(self) -> Lsa:
