@@ -393,13 +393,11 @@ class OffloadCompiler:
                      union: bool = False) -> None:
         egress = self._egress(name)
         sublist = egress.lists.setdefault(namespace, SubscriptionList())
-        before = set(sublist.positive_patterns())
-        change(sublist)
-        after = set(sublist.positive_patterns())
+        added, removed = sublist.tracked(change)
         index = self._index[namespace]
-        for gone in before - after:
+        for gone in removed:
             index.remove(gone, name)
-        for new in after - before:
+        for new in added:
             index.add(new, name)
         if union:
             rows = self._rows_matching(namespace, pattern)

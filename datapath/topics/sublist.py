@@ -25,7 +25,7 @@ a topic likewise looks only at the wildcard entries and the topic's own (``decid
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -94,6 +94,8 @@ class SubscriptionList:
         """Pattern -> when its entry was appended (a list holds one entry per pattern, and
         entries keep the order they were appended in): ``decides`` compares two."""
         self._appended = 0
+        self._log: list[tuple[bool, str]] | None = None
+        """While ``tracked`` runs: (positive entry added, pattern), (removed, pattern)."""
         for request in requests:
             self.apply(request)
 
@@ -140,6 +142,8 @@ class SubscriptionList:
         if own is not None:  # 41/42: the only plain entry a plain topic includes
             self._entries.remove(own)
             del self._order[pattern]
+            if own.positive and self._log is not None:
+                self._log.append((False, pattern))
         covered = any(e.positive and includes_levels(e.levels, levels) for e in self._wild)
         shadowed = any(not e.positive and overlaps_levels(e.levels, levels)
                        for e in self._wild)
@@ -152,6 +156,8 @@ class SubscriptionList:
             self._reindex()
 
     def _append(self, entry: Entry) -> None:
+        if entry.positive and self._log is not None:
+            self._log.append((True, entry.pattern))
         self._entries.append(entry)
         self._order[entry.pattern] = self._appended
         self._appended += 1
@@ -179,6 +185,8 @@ class SubscriptionList:
         if len(kept) == len(self._entries):
             return False
         self._entries = kept
+        if self._log is not None:
+            self._log.append((False, pattern))
         self._drop_leading_negatives()
         self._reindex()
         return True
@@ -201,8 +209,33 @@ class SubscriptionList:
         """The patterns this list can deliver from (what a topic index needs to hold)."""
         return [e.pattern for e in self._entries if e.positive]
 
+    def tracked(self, change: Callable[[SubscriptionList], object]) -> tuple[set[str], set[str]]:
+        """Run ``change(self)``; return the patterns it made positive entries of and those
+        whose positive entry it removed for good (what a topic index adds and removes),
+        without the two passes over the list that comparing ``positive_patterns`` before and
+        after takes. A list holds one entry per pattern and a subscribe removes a pattern's
+        entry before it appends one, so a pattern's first change says what it was."""
+        log: list[tuple[bool, str]] = []
+        self._log = log
+        try:
+            change(self)
+        finally:
+            self._log = None
+        first: dict[str, bool] = {}
+        last: dict[str, bool] = {}
+        for added, pattern in log:
+            first.setdefault(pattern, added)
+            last[pattern] = added
+        gained = {p for p, added in last.items() if added and first[p]}
+        lost = {p for p, added in last.items() if not added and not first[p]}
+        return gained, lost
+
     def _remove_included_in(self, levels: tuple[str, ...]) -> None:
-        self._entries = [e for e in self._entries if not includes_levels(levels, e.levels)]
+        kept = [e for e in self._entries if not includes_levels(levels, e.levels)]
+        if self._log is not None and len(kept) != len(self._entries):
+            self._log.extend((False, e.pattern) for e in self._entries
+                             if e.positive and includes_levels(levels, e.levels))
+        self._entries = kept
 
     def _drop_leading_negatives(self) -> None:
         while self._entries and not self._entries[0].positive:

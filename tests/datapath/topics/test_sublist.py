@@ -126,3 +126,24 @@ def test_plain_topics_take_the_short_way_and_decide_as_the_naive_list():
             wild = [e for e in sl.entries if "+" in e.levels or "#" in e.levels]
             assert sl._wild == wild
             assert sl._plain == {e.pattern: e for e in sl.entries if e not in wild}
+
+
+def test_tracked_changes_are_the_difference_of_the_positive_patterns():
+    """``tracked`` (what the offload compiler's topic index follows) says exactly which
+    patterns a request made positive and which it took back, over random requests, plain
+    topics, repeats and withdrawals."""
+    rng = random.Random(20261129)
+    for _ in range(400):
+        s = SubscriptionList()
+        for _ in range(rng.randint(1, 12)):
+            pattern = random_pattern(rng) if rng.random() < 0.6 else f"a/{rng.choice('xyz')}"
+            kind = rng.random()
+            before = set(s.positive_patterns())
+            if kind < 0.55:
+                added, removed = s.tracked(lambda lst, p=pattern: lst.subscribe(p))
+            elif kind < 0.9:
+                added, removed = s.tracked(lambda lst, p=pattern: lst.unsubscribe(p))
+            else:
+                added, removed = s.tracked(lambda lst, p=pattern: lst.withdraw(p))
+            after = set(s.positive_patterns())
+            assert (added, removed) == (after - before, before - after), (s, pattern)
