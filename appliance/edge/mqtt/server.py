@@ -132,6 +132,9 @@ class MqttServer:
     def start(self) -> MqttServer:
         """Listen (a port in use is a ``ConfigError`` naming its key), then serve."""
         open_file_limit(self.cfg.max_connections)
+        from appliance.edge.mqtt.fastcodec import warm_up
+
+        warm_up()  # the framing kernel: loaded (compiled on a cold cache) now, not on a packet
         self._tls = None
         listens = {"tcp": ("listen", self.cfg.listen), "tls": ("tls_listen", self.cfg.tls_listen),
                    "ws": ("ws_listen", self.cfg.ws_listen)}
