@@ -54,6 +54,7 @@ KERNEL_MODULES = (
     "appliance.cache._kernels",
     "appliance.edge.mqtt._kernels",
     "bench._fabric_kernels",
+    "bench._mqtt_codec_kernels",
 )
 """Every module that defines numba kernels (tests/datapath/test_jit.py keeps it complete)."""
 BAKED_MODULES = (
