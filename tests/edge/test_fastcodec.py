@@ -274,3 +274,52 @@ def test_each_error_is_found_by_the_kernel_itself_with_codecs_refusal():
         assert got == reference(bytes(buf), version, 1000), packet
         refused = got[2] if got[2] is not None else got[0][-1]
         assert isinstance(refused, Refusal) and got[0][0] == codec.Ack(PacketType.PUBACK, 1)
+
+
+def test_a_running_edge_loads_the_kernel_at_start_and_compiles_nothing_for_its_packets(
+        tmp_path):
+    """``topicwire run`` on the user's cache (as ``topicwire warm`` leaves it, no bounds
+    checks): a client's PUBLISHes and acknowledgements go through the kernel, and ``/status``
+    shows no kernel compiled after start (the kernel was preloaded with the appliance's)."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.appliance.helpers import ROOT, production_env, run_appliance, stop, write_config
+    from tests.appliance.mgmt_fabric import http
+    from tests.edge.conftest import DEADLINE_S, read_packet, wait_for
+    from tests.edge.test_run_edge import edge_toml
+
+    env = production_env()
+    warm = subprocess.run([sys.executable, "-c", "import sys; from appliance.ops.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", "warm"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert warm.returncode == 0, warm.stderr
+    from tests.appliance.helpers import free_port
+
+    mqtt_port, mgmt_port, udp_port = free_port(), free_port(), free_port()
+    config = write_config(tmp_path / "edge.toml", edge_toml(mqtt_port, mgmt_port, udp_port))
+    proc = run_appliance(config, env=env)
+    base = f"http://127.0.0.1:{mgmt_port}"
+
+    def status() -> dict:
+        code, _, doc = http("GET", base + "/status")
+        return doc if code == 200 else {}
+
+    try:
+        with socket.create_connection(("127.0.0.1", mqtt_port), timeout=DEADLINE_S) as sock:
+            sock.sendall(codec.encode_connect("fastcodec", username="sensor", password=b"s3nsor"))
+            first, body = read_packet(sock)
+            assert (first >> 4, body[1]) == (PacketType.CONNACK, 0)
+            sock.sendall(b"".join(codec.encode_publish("plant/x", b"%d" % i, 1, False, False,
+                                                       i + 1) for i in range(20)))
+            acks = [read_packet(sock) for _ in range(20)]
+            assert acks == [(0x40, (i + 1).to_bytes(2, "big")) for i in range(20)]
+        seen = status()["node"]["uptime_s"]  # then a snapshot built after the traffic
+        doc = wait_for(lambda: (s if (s := status()).get("node", {}).get("uptime_s", 0) > seen
+                                and s["mqtt"]["counters"].get("publishes_in") == 20 else None))
+        jit = doc["jit"]
+        assert jit["warmed"] and jit["preloaded_signatures"] > 0, jit
+        assert jit["compiled_after_start"] == {}, jit["compiled_after_start"]
+    finally:
+        assert stop(proc) == 0
