@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from appliance.edge.mqtt import codec
 from appliance.edge.mqtt.codec import PacketType, Reason, Refusal
-from appliance.edge.mqtt.fastcodec import Framer
 from appliance.edge.mqtt.state import Closed, Delivery
 
 if TYPE_CHECKING:
@@ -88,9 +87,10 @@ class MqttConnection:
         self._buf = bytearray()
         """Bytes read and not yet taken as packets (from ``_pos``)."""
         self._pos = 0
-        self._framer = Framer(self.cfg.max_packet_bytes)
-        self._ready: deque[codec.Packet | Refusal] = deque()
-        """Packets framed and decoded, not yet handled (a malformed one last)."""
+        self._framer = server.framer
+        self._ready: list[codec.Packet | Refusal] = []
+        """Packets framed and decoded (a malformed one last), handled from ``_next`` on."""
+        self._next = 0
         self._stop: Refusal | None = None
         """The fixed-header refusal behind ``_ready`` (the connection closes there)."""
         self._deadline: float | None = None
@@ -185,7 +185,10 @@ class MqttConnection:
         framed already, else from the buffer's complete packets (``_frame``), else after
         reading more."""
         ready = self._ready
-        while not ready:
+        while self._next >= len(ready):
+            if ready:
+                ready.clear()
+                self._next = 0
             if self._stop is not None:  # a bad fixed header behind the packets taken
                 stop = self._stop
                 self.count("refused_" + stop.reason)
@@ -198,7 +201,8 @@ class MqttConnection:
             await self._fill(why)
         self._deadline = None
         self._packets_in += 1
-        pkt = ready.popleft()
+        pkt = ready[self._next]
+        self._next += 1
         if isinstance(pkt, Refusal):
             self.count("refused_" + pkt.reason)
             raise Closed(pkt.reason, pkt.code, detail=pkt.detail)
