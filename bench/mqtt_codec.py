@@ -6,8 +6,8 @@ of it:
 
 - ``topicwire``: the edge's read loop now, ``fastcodec.Framer.take``: one call of the
   compiled kernel frames and decodes every packet to offsets, then the ``Publish`` objects
-  the handlers take are made from them; ``kernel_pkts_per_s`` is the kernel alone (offsets,
-  no Python objects);
+  the handlers take are made from them; ``kernel_pkts_per_s`` is the kernel's call alone
+  (offsets, no Python objects);
 - ``codec.py`` (baseline): the read loop before, per packet ``codec.read_remaining_length``,
   the body copied out, ``codec.decode`` (its inline 3.1.1 PUBLISH decoder).
 
@@ -90,12 +90,10 @@ def _decoding(args: argparse.Namespace) -> dict[str, float]:
     if compiled() != _python_read(data, codec.V311):
         raise RuntimeError("bench mqtt-codec: the kernel and codec.py decoded differently")
     buf = bytearray(data)
-    segs = np.zeros((1, K.SEG_COLUMNS), np.int64)
     out = np.zeros((max(args.packets, 1), K.OUT_COLUMNS), np.int64)
 
     def kernel() -> None:
-        segs[0, :4] = (0, len(buf), codec.V311, 1 << 28)
-        K.frame_packets(np.frombuffer(buf, np.uint8), segs, out)
+        K.frame_one(np.frombuffer(buf, np.uint8), 0, len(buf), codec.V311, 1 << 28, out)
 
     n = args.packets
     return {"compiled": n * 1e9 / _cpu_ns(compiled, args.rounds),

@@ -1,5 +1,6 @@
 """The MQTT edge's compiled framing kernel (numba): every complete packet of one or many
-connections' input, PUBLISH and PUBACK/PUBREC/PUBREL/PUBCOMP decoded to offsets.
+connections' input, PUBLISH and PUBACK/PUBREC/PUBREL/PUBCOMP decoded to offsets
+(``frame_packets``; ``frame_one`` takes one connection's segment as plain arguments).
 
 ``frame_packets(buf, segs, out)``: ``buf`` holds the input (uint8); each row of ``segs`` is
 one connection's segment of it: columns ``SEG_START`` .. ``SEG_MAX_PACKET`` are given
@@ -184,68 +185,75 @@ def _decode_ack(buf, first, body, end, version, row):
 
 
 @numba.njit(cache=True, nogil=True)
+def _frame_segment(buf, pos, end, version, max_packet, out, nout):
+    """Frame and decode buf[pos:end] into rows ``nout`` on of ``out``; returns (the rows
+    filled now, where the first unframed byte is, error, aux1, aux2)."""
+    capacity = out.shape[0]
+    count = 0
+    err, aux1, aux2 = 0, 0, 0
+    while pos < end and nout < capacity:
+        first = np.int64(buf[pos])
+        if first >> 4 == 0:  # reserved: refused before a length that may never end
+            err = ERR_RESERVED_TYPE
+            break
+        length = 0
+        shift = 0
+        used = 0
+        complete = False
+        avail = end - pos - 1
+        n = 4 if avail > 4 else avail
+        for i in range(n):
+            b = np.int64(buf[pos + 1 + i])
+            length |= (b & 0x7F) << shift
+            if not b & 0x80:
+                used = i + 1
+                complete = True
+                break
+            shift += 7
+        if not complete:
+            if avail >= 4:
+                err = ERR_REMAINING_LENGTH
+            break
+        if 1 + used + length > max_packet:
+            err = ERR_OVERSIZE
+            aux1 = length
+            break
+        body = pos + 1 + used
+        packet_end = body + length
+        if packet_end > end:
+            break
+        row = out[nout]
+        row[OUT_KIND] = KIND_SLOW
+        row[OUT_FIRST] = first
+        row[OUT_BODY] = body
+        row[OUT_END] = packet_end
+        ptype = first >> 4
+        if ptype == 3:
+            err, aux1, aux2 = _decode_publish(buf, first, body, packet_end, version, row)
+        elif 4 <= ptype <= 7:
+            err, aux1, aux2 = _decode_ack(buf, first, body, packet_end, version, row)
+        if err:  # the malformed packet is taken (counted in), not returned as a row
+            pos = packet_end
+            break
+        nout += 1
+        count += 1
+        pos = packet_end
+        if ptype == 1:  # CONNECT: the level it sets decides how the next ones decode
+            break
+    return count, pos, err, aux1, aux2
+
+
+@numba.njit(cache=True, nogil=True)
 def frame_packets(buf, segs, out):
     """Frame and decode every segment's complete packets (module docstring); returns the
     number of rows of ``out`` filled."""
     nout = 0
-    capacity = out.shape[0]
     for s in range(segs.shape[0]):
-        pos = segs[s, SEG_START]
-        end = segs[s, SEG_END]
-        version = segs[s, SEG_VERSION]
-        max_packet = segs[s, SEG_MAX_PACKET]
         segs[s, SEG_FIRST] = nout
-        count = 0
-        err, aux1, aux2 = 0, 0, 0
-        while pos < end and nout < capacity:
-            first = np.int64(buf[pos])
-            if first >> 4 == 0:  # reserved: refused before a length that may never end
-                err = ERR_RESERVED_TYPE
-                break
-            length = 0
-            shift = 0
-            used = 0
-            complete = False
-            avail = end - pos - 1
-            n = 4 if avail > 4 else avail
-            for i in range(n):
-                b = np.int64(buf[pos + 1 + i])
-                length |= (b & 0x7F) << shift
-                if not b & 0x80:
-                    used = i + 1
-                    complete = True
-                    break
-                shift += 7
-            if not complete:
-                if avail >= 4:
-                    err = ERR_REMAINING_LENGTH
-                break
-            if 1 + used + length > max_packet:
-                err = ERR_OVERSIZE
-                aux1 = length
-                break
-            body = pos + 1 + used
-            packet_end = body + length
-            if packet_end > end:
-                break
-            row = out[nout]
-            row[OUT_KIND] = KIND_SLOW
-            row[OUT_FIRST] = first
-            row[OUT_BODY] = body
-            row[OUT_END] = packet_end
-            ptype = first >> 4
-            if ptype == 3:
-                err, aux1, aux2 = _decode_publish(buf, first, body, packet_end, version, row)
-            elif 4 <= ptype <= 7:
-                err, aux1, aux2 = _decode_ack(buf, first, body, packet_end, version, row)
-            if err:  # the malformed packet is taken (counted in), not returned as a row
-                pos = packet_end
-                break
-            nout += 1
-            count += 1
-            pos = packet_end
-            if ptype == 1:  # CONNECT: the level it sets decides how the next ones decode
-                break
+        count, pos, err, aux1, aux2 = _frame_segment(
+            buf, segs[s, SEG_START], segs[s, SEG_END], segs[s, SEG_VERSION],
+            segs[s, SEG_MAX_PACKET], out, nout)
+        nout += count
         segs[s, SEG_POS] = pos
         segs[s, SEG_COUNT] = count
         segs[s, SEG_ERROR] = err
@@ -254,9 +262,17 @@ def frame_packets(buf, segs, out):
     return nout
 
 
+@numba.njit(cache=True, nogil=True)
+def frame_one(buf, start, end, version, max_packet, out):
+    """One connection's segment (``frame_packets`` without the segment table: a read of one
+    connection pays less to call it); returns (rows filled, where the first unframed byte
+    is, error, aux1, aux2)."""
+    return _frame_segment(buf, start, end, version, max_packet, out, 0)
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) ``frame_packets`` for the arrays the edge passes
-    it: a bytearray's writable view, int64 tables."""
+    it: a bytearray's writable view, int64 tables, ints."""
     buf = np.frombuffer(bytearray(b"\x30\x05\x00\x01a\x00\x00\x40\x02\x00\x01"), np.uint8)
     segs = np.zeros((1, SEG_COLUMNS), np.int64)
     segs[0, SEG_END] = len(buf)
@@ -264,3 +280,4 @@ def warm_up() -> None:
     segs[0, SEG_MAX_PACKET] = 1 << 20
     out = np.zeros((4, OUT_COLUMNS), np.int64)
     frame_packets(buf, segs, out)
+    frame_one(buf, 0, len(buf), V5, 1 << 20, out)

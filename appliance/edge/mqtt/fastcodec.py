@@ -75,33 +75,27 @@ def _publish_props(data: bytes, first: int, topic: str, packet_id: int) -> Publi
 
 
 class Framer:
-    """One connection's kernel tables (``take``: the module docstring)."""
+    """The kernel's row table (``take``: the module docstring). ``take`` runs to its end
+    without yielding, so one table serves every connection of an event loop."""
 
-    __slots__ = ("segs", "out", "max_packet_bytes")
+    __slots__ = ("out", "max_packet_bytes")
 
     def __init__(self, max_packet_bytes: int, rows: int = ROWS) -> None:
-        self.segs = np.zeros((1, K.SEG_COLUMNS), np.int64)
         self.out = np.zeros((rows, K.OUT_COLUMNS), np.int64)
         self.max_packet_bytes = max_packet_bytes
 
     def take(self, buf: bytearray, pos: int, version: int,
              into: list) -> tuple[int, Refusal | None]:
-        seg = self.segs[0]
-        seg[K.SEG_START] = pos
-        seg[K.SEG_END] = len(buf)
-        seg[K.SEG_VERSION] = version
-        seg[K.SEG_MAX_PACKET] = self.max_packet_bytes
         view = np.frombuffer(buf, np.uint8)
         try:
-            n = K.frame_packets(view, self.segs, self.out)
+            n, pos, err, aux1, aux2 = K.frame_one(view, pos, len(buf), version,
+                                                  self.max_packet_bytes, self.out)
         finally:
             del view  # (a bytearray with a view cannot grow)
-        rows = self.out[:n].tolist()
-        pos, err, aux1, aux2 = (int(seg[K.SEG_POS]), int(seg[K.SEG_ERROR]),
-                                int(seg[K.SEG_AUX1]), int(seg[K.SEG_AUX2]))
-        refused_at = objects(buf, rows, version, into)
-        if refused_at >= 0:  # a packet decoded in Python was refused: the end
-            return refused_at, None
+        if n:
+            refused_at = objects(buf, self.out[:n].tolist(), version, into)
+            if refused_at >= 0:  # a packet decoded in Python was refused: the end
+                return refused_at, None
         if err:
             if err in K.FRAMING_ERRORS:
                 return pos, refusal(err, aux1, aux2)
