@@ -194,6 +194,7 @@ MQTT_MAX_PACKET = (1 << 20, 48)
 
 def t_mqtt(data: bytes) -> str:
     """The compiled framing of an MQTT stream against codec.py's (tests/edge/mqtt_reference.py)."""
+    from appliance.edge.mqtt.codec import Refusal
     from tests.edge.mqtt_reference import compiled, reference
 
     outcome = "incomplete"
@@ -208,7 +209,7 @@ def t_mqtt(data: bytes) -> str:
                                   f"{max_packet}, {len(chunks)} reads): kernel {got!r}, "
                                   f"codec.py {want!r}"[:2000])
             if version == 5 and max_packet == MQTT_MAX_PACKET[0]:
-                stop = want[2] or (want[0][-1] if want[0] and hasattr(want[0][-1], "reason")
+                stop = want[2] or (want[0][-1] if want[0] and isinstance(want[0][-1], Refusal)
                                    else None)
                 outcome = stop.reason if stop is not None else f"{len(want[0])}_packets"
     return outcome
