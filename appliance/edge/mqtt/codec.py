@@ -3,7 +3,10 @@ and encode.
 
 Why hand-written: no codec on PyPI is broker-side and covers both 3.1.1 and 5.0 (paho-mqtt,
 gmqtt and aiomqtt are clients; amqtt is a 3.1.1 broker; ``mqtt5`` is 5.0 only), see
-docs/mqtt.md. This one is plain Python: the edge's first slice decodes packet by packet.
+docs/mqtt.md. This one is plain Python and the reference: the connection's read loop has
+the hot path's packets (PUBLISH, PUBACK/PUBREC/PUBREL/PUBCOMP) framed and decoded by a
+compiled kernel (fastcodec.py, held to this module by tests/edge/test_fastcodec.py), and
+hands every other packet to ``decode``.
 
 Every MQTT control packet::
 
@@ -13,8 +16,9 @@ Every MQTT control packet::
     | variable header (packet id, 5.0 properties ...) | payload ...        |
     +-------------------------------------------------+--------------------+
 
-The fixed header is read by the connection (``read_remaining_length`` bounds it before the
-body is read); ``decode(first_byte, body, version)`` takes the rest. 5.0 properties are
+The fixed header is read by the framing kernel (``read_remaining_length`` is its reference:
+the length is bounded before the body is read); ``decode(first_byte, body, version)`` takes
+the rest. 5.0 properties are
 ``(identifier, value)`` pairs in arrival order (``Props``); each packet accepts only the
 identifiers the standard allows it, once each (user properties and subscription
 identifiers may repeat).

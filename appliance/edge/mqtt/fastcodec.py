@@ -1,8 +1,8 @@
 """The hot path's packets decoded by a compiled kernel: every complete packet of a buffer in
 one call, the Python objects made from its offsets.
 
-``Framer.take(buf, pos, version, into)`` runs ``_kernels.frame_packets`` over ``buf[pos:]``
-(one connection's segment; the kernel takes many: ``frame_segments``), appends to ``into``
+``Framer.take(buf, pos, version, into)`` runs ``_kernels.frame_one`` over ``buf[pos:]`` (one
+connection's segment; ``frame_segments`` takes many in one call), appends to ``into``
 each complete packet in order, as ``codec`` would decode it (a ``Publish``, an ``Ack``, or
 for any other type ``codec.decode``'s packet or ``Refusal``), and returns where the first
 unframed byte is and the fixed-header error that stopped it (a ``Refusal``, else None). A
