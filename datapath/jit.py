@@ -52,7 +52,9 @@ KERNEL_MODULES = (
     "appliance.ops.telemetry._kernels",
     "appliance.persistence._kernels",
     "appliance.cache._kernels",
+    "appliance.edge.mqtt._kernels",
     "bench._fabric_kernels",
+    "bench._mqtt_codec_kernels",
 )
 """Every module that defines numba kernels (tests/datapath/test_jit.py keeps it complete)."""
 BAKED_MODULES = (

@@ -23,6 +23,10 @@ class EdgeAppliance(CachingAppliance):
     mqtt: Any = None
 
     def start(self) -> EdgeAppliance:
+        if self.config.mqtt is not None:
+            # the MQTT framing kernel is loaded from numba's cache with the appliance's own
+            # kernels, before its threads start (datapath.jit.preload; docs/mqtt.md)
+            import appliance.edge.mqtt._kernels  # noqa: F401
         super().start()
         if self.config.mqtt is not None:
             from appliance.edge.mqtt.server import MqttServer

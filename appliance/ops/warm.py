@@ -50,11 +50,12 @@ def _free_port() -> int:
 
 
 def _warm_unit_kernels() -> None:
-    """The channels', codec's, RDMA, cache and ingress ACL kernels' own warm-ups (signatures
-    the traffic below may not reach on this host, e.g. without an RDMA device, a ``[cache]``
-    or a publisher with a content ACL class)."""
+    """The channels', codec's, RDMA, cache, ingress ACL and MQTT framing kernels' own
+    warm-ups (signatures the traffic below may not reach on this host, e.g. without an RDMA
+    device, a ``[cache]``, a publisher with a content ACL class or an MQTT edge)."""
     import channels
     from appliance.cache.store import warm_up as warm_cache
+    from appliance.edge.mqtt import fastcodec
     from channels import _rdma_kernels
     from nic_offload.softnic import ingress_acl
 
@@ -62,6 +63,7 @@ def _warm_unit_kernels() -> None:
     _rdma_kernels.warm_up()
     warm_cache()
     ingress_acl.warm_up()  # a publisher with a content ACL class
+    fastcodec.warm_up()  # the MQTT edge's framing kernel (no edge runs in the traffic below)
 
 
 def _multicast_ok() -> bool:

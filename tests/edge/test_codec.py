@@ -206,3 +206,27 @@ def test_topic_rules_are_mqtts_and_the_dollar_rule_holds():
     assert mqtt_matches("+/+", "/x") and not mqtt_matches("a/b", "a")
     assert not mqtt_matches("#", "$SYS/x") and not mqtt_matches("+/x", "$SYS/x")
     assert mqtt_matches("$SYS/#", "$SYS/x") and mqtt_matches("$SYS/+", "$SYS/x")
+
+
+@settings(max_examples=1_000, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.binary(max_size=300)), st.binary(max_size=300),
+       st.integers(0, 2), st.booleans(), st.booleans(), st.integers(1, 65535),
+       st.sampled_from([codec.V311, codec.V5]),
+       st.lists(st.sampled_from([(0x23, 2), (0x26, ("k", "v")), (0x0B, 300)]), max_size=2))
+def test_the_hot_path_encoders_build_what_the_general_packet_builder_builds(
+        topic, payload, qos, retain, dup, packet_id, version, props):
+    """``encode_publish`` and ``encode_ack`` build their bytes in one go; the general
+    ``packet`` builder from the standard's layout is the reference."""
+    raw = topic.encode() if isinstance(topic, str) else topic
+    body = len(raw).to_bytes(2, "big") + raw + (packet_id.to_bytes(2, "big") if qos else b"")
+    if version == codec.V5:
+        body += codec.encode_props(props)
+    flags = (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
+    assert codec.encode_publish(topic, payload, qos, retain, dup, packet_id, version, props) \
+        == codec.packet(PacketType.PUBLISH, flags, body + payload)
+    for ptype in (PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP):
+        for reason in (0, 0x10, 0x92):
+            want = packet_id.to_bytes(2, "big") + (bytes([reason]) if version == codec.V5
+                                                   and reason else b"")
+            assert codec.encode_ack(ptype, packet_id, version, reason) == codec.packet(
+                ptype, 0b0010 if ptype == PacketType.PUBREL else 0, want)

@@ -19,7 +19,11 @@ reason it gives (a disagreement is a finding too).
   ``ConfigError``;
 - ``registry``: ``KeyRegistry.load`` (registry files): ``RegistryError``;
 - ``pcap``: ``pcap.dissect`` to its last record (captures): ``UserError`` for a capture it
-  cannot read.
+  cannot read;
+- ``mqtt``: the MQTT edge's compiled framing kernel (``fastcodec.Framer``, numba) over a
+  stream of packets, whole and split into two reads, both protocol levels, against codec.py
+  framing and decoding the same stream as the connection did before (the same packets,
+  refusals and bytes taken; a disagreement is a finding).
 """
 
 from __future__ import annotations
@@ -184,6 +188,33 @@ class SoftNicTarget:
         return "burst"
 
 
+MQTT_MAX_PACKET = (1 << 20, 48)
+"""``mqtt.max_packet_bytes`` values the ``mqtt`` target frames with."""
+
+
+def t_mqtt(data: bytes) -> str:
+    """The compiled framing of an MQTT stream against codec.py's (tests/edge/mqtt_reference.py)."""
+    from appliance.edge.mqtt.codec import Refusal
+    from tests.edge.mqtt_reference import compiled, reference
+
+    outcome = "incomplete"
+    for version in (4, 5):
+        for max_packet in MQTT_MAX_PACKET:
+            want = reference(data, version, max_packet)
+            cut = len(data) // 2
+            for chunks in ([data], [data[:cut], data[cut:]]):
+                got = compiled(chunks, version, max_packet)
+                if got != want:
+                    raise Finding(f"MQTT framing of {len(data)} bytes (level {version}, max "
+                                  f"{max_packet}, {len(chunks)} reads): kernel {got!r}, "
+                                  f"codec.py {want!r}"[:2000])
+            if version == 5 and max_packet == MQTT_MAX_PACKET[0]:
+                stop = want[2] or (want[0][-1] if want[0] and isinstance(want[0][-1], Refusal)
+                                   else None)
+                outcome = stop.reason if stop is not None else f"{len(want[0])}_packets"
+    return outcome
+
+
 def t_document(item: tuple[ControlKind, str, str | None]) -> str:
     from appliance.control.documents import DocumentError, validate
 
@@ -277,6 +308,7 @@ class Inputs:
         self.tomls = [S.toml_of(c) for c in self.configs]
         self.registry = S.registry_seed()
         self.pcap = S.pcap_seed()
+        self.mqtt_packets = S.mqtt_seeds()
 
     def frame(self) -> bytes:
         rng = self.rng
@@ -335,6 +367,15 @@ class Inputs:
     def pcap_file(self) -> bytes:
         return self.m.blob(self.pcap)
 
+    def mqtt_stream(self) -> bytes:
+        """One to eight seed packets, one of them (or the stream) mutated."""
+        rng = self.rng
+        packets = [rng.choice(self.mqtt_packets) for _ in range(rng.randrange(1, 9))]
+        i = rng.randrange(len(packets))
+        packets[i] = self.m.frame(packets[i], self.mqtt_packets)
+        data = b"".join(packets)
+        return self.m.blob(data) if rng.random() < 0.2 else data
+
 
 def targets(inputs: Inputs) -> dict[str, tuple[Callable[[], Any], Callable[[Any], str]]]:
     """name -> (make an input, run the target on it)."""
@@ -346,6 +387,7 @@ def targets(inputs: Inputs) -> dict[str, tuple[Callable[[], Any], Callable[[Any]
         "config": (inputs.config, t_config),
         "registry": (inputs.registry_file, t_registry),
         "pcap": (inputs.pcap_file, t_pcap),
+        "mqtt": (inputs.mqtt_stream, t_mqtt),
     }
 
 

@@ -292,3 +292,29 @@ def pcap_seed(port: int = 47470) -> bytes:
         pkt = eth + ip + udp + payload
         out += struct.pack("<IIII", 1_700_000_000 + i, 0, len(pkt), len(pkt)) + pkt
     return bytes(out)
+
+
+def mqtt_seeds() -> list[bytes]:
+    """MQTT packets of the edge's hot path and beside it (both protocol levels), built with
+    the edge's codec: PUBLISH at each QoS with and without 5.0 properties, a topic with
+    multi-byte characters, a payload past a one-byte remaining length, each acknowledgement
+    (5.0 reason codes and properties), CONNECT, SUBSCRIBE, PINGREQ, DISCONNECT."""
+    from appliance.edge.mqtt import codec
+    from appliance.edge.mqtt.codec import PacketType as P
+
+    out = []
+    for version in (codec.V311, codec.V5):
+        for qos in (0, 1, 2):
+            out.append(codec.encode_publish("sensors/é/€", b"v" * (20 + 60 * qos), qos, qos == 1,
+                                            qos == 2, 300 + qos, version))
+        for ptype in (P.PUBACK, P.PUBREC, P.PUBREL, P.PUBCOMP):
+            out.append(codec.encode_ack(ptype, 77, version, 0x10 if version == codec.V5 and
+                                        ptype in (P.PUBACK, P.PUBREC) else 0))
+        out.append(codec.encode_subscribe(5, [("sensors/#", 1)], version))
+        out.append(codec.encode_connect("fuzz", version=version))
+    out.append(codec.encode_publish("t", b"p", 1, False, False, 9, codec.V5,
+                                    [(0x23, 2), (0x26, ("k", "v")), (0x02, 30)]))
+    out.append(codec.packet(P.PUBACK, 0, b"\x00\x08\x00\x03\x1f\x00\x00"))
+    out.append(codec.packet(P.PINGREQ, 0, b""))
+    out.append(codec.packet(P.DISCONNECT, 0, b""))
+    return out

@@ -3,7 +3,10 @@ and encode.
 
 Why hand-written: no codec on PyPI is broker-side and covers both 3.1.1 and 5.0 (paho-mqtt,
 gmqtt and aiomqtt are clients; amqtt is a 3.1.1 broker; ``mqtt5`` is 5.0 only), see
-docs/mqtt.md. This one is plain Python: the edge's first slice decodes packet by packet.
+docs/mqtt.md. This one is plain Python and the reference: the connection's read loop has
+the hot path's packets (PUBLISH, PUBACK/PUBREC/PUBREL/PUBCOMP) framed and decoded by a
+compiled kernel (fastcodec.py, held to this module by tests/edge/test_fastcodec.py), and
+hands every other packet to ``decode``.
 
 Every MQTT control packet::
 
@@ -13,8 +16,9 @@ Every MQTT control packet::
     | variable header (packet id, 5.0 properties ...) | payload ...        |
     +-------------------------------------------------+--------------------+
 
-The fixed header is read by the connection (``read_remaining_length`` bounds it before the
-body is read); ``decode(first_byte, body, version)`` takes the rest. 5.0 properties are
+The fixed header is read by the framing kernel (``read_remaining_length`` is its reference:
+the length is bounded before the body is read); ``decode(first_byte, body, version)`` takes
+the rest. 5.0 properties are
 ``(identifier, value)`` pairs in arrival order (``Props``); each packet accepts only the
 identifiers the standard allows it, once each (user properties and subscription
 identifiers may repeat).
@@ -610,24 +614,40 @@ def encode_connack(version: int, code: int, session_present: bool = False,
     return packet(PacketType.CONNACK, 0, body)
 
 
+_PUBLISH_HEAD = struct.Struct(">BBH")
+"""A PUBLISH's first byte, a one-byte remaining length and its topic's length."""
+_U16 = struct.Struct(">H")
+
+
 def encode_publish(topic: str | bytes, payload: bytes, qos: int = 0, retain: bool = False,
                    dup: bool = False, packet_id: int = 0, version: int = V311,
                    props: Props | None = None) -> bytes:
-    flags = (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
-    body = _str(topic)
-    if qos:
-        body += struct.pack(">H", packet_id)
-    if version == V5:
-        body += encode_props(props or [])
-    return packet(PacketType.PUBLISH, flags, body + payload)
+    """A PUBLISH, built in one join (a delivery on the hot path; a compiled encoder called
+    per packet was measured slower, docs/mqtt.md)."""
+    raw = topic.encode() if isinstance(topic, str) else topic
+    tlen = len(raw)
+    pid = _U16.pack(packet_id) if qos else b""
+    block = b"" if version != V5 else encode_props(props) if props else b"\x00"
+    size = 2 + tlen + len(pid) + len(block) + len(payload)
+    first = 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
+    if size < 128:
+        head = _PUBLISH_HEAD.pack(first, size, tlen)
+    else:
+        head = bytes((first,)) + varint(size) + _U16.pack(tlen)
+    return b"".join((head, raw, pid, block, payload))
+
+
+_ACK_FIRST = {PacketType.PUBACK: 0x40, PacketType.PUBREC: 0x50, PacketType.PUBREL: 0x62,
+              PacketType.PUBCOMP: 0x70}
+"""Each acknowledgement's first byte (PUBREL's flags are 0010)."""
 
 
 def encode_ack(ptype: PacketType, packet_id: int, version: int = V311, reason: int = 0) -> bytes:
     """PUBACK, PUBREC, PUBREL (flags 0010) or PUBCOMP; 5.0 omits a success reason."""
-    body = struct.pack(">H", packet_id)
+    first = _ACK_FIRST[ptype]
     if version == V5 and reason:
-        body += bytes([reason])
-    return packet(ptype, 0b0010 if ptype == PacketType.PUBREL else 0, body)
+        return bytes((first, 3, packet_id >> 8, packet_id & 0xFF, reason))
+    return bytes((first, 2, packet_id >> 8, packet_id & 0xFF))
 
 
 def encode_suback(packet_id: int, codes: list[int], version: int = V311) -> bytes:

@@ -1,12 +1,13 @@
 """One MQTT connection (TCP, TLS or WebSocket): its read loop, deadlines, what it sends.
 
 A ``MqttConnection`` runs as one task on the MQTT server's event loop: it reads what the
-socket holds (up to ``READ_BYTES`` a read) and takes every complete packet of it in turn
-(fixed header first: the remaining length is bounded by ``mqtt.max_packet_bytes`` as soon
-as it is known, before the body is awaited), decodes it (``codec.decode``: a packet or a
-counted ``Refusal``) and hands it to the handler of its packet family, one packet at a time,
+socket holds (up to ``READ_BYTES`` a read), frames and decodes every complete packet of it
+in one call of the compiled kernel (fastcodec.py: PUBLISH and the acknowledgements decoded
+there, other packets by ``codec.decode``; a malformed one is a counted ``Refusal``; the
+remaining length is bounded by ``mqtt.max_packet_bytes`` as soon as it is known, before the
+body is awaited) and hands each to the handler of its packet family, one packet at a time,
 so a connection's packets take effect in order; the loop is not entered again while
-complete packets wait in the buffer. Deadlines: CONNECT within ``mqtt.connect_timeout_ms``,
+complete packets wait. Deadlines: CONNECT within ``mqtt.connect_timeout_ms``,
 then any packet within 1.5x the keep-alive (from the end of the previous packet). Whatever
 goes wrong (a refusal, a timeout, a bug in a handler) closes this connection only, counted.
 
@@ -86,6 +87,12 @@ class MqttConnection:
         self._buf = bytearray()
         """Bytes read and not yet taken as packets (from ``_pos``)."""
         self._pos = 0
+        self._framer = server.framer
+        self._ready: list[codec.Packet | Refusal] = []
+        """Packets framed and decoded (a malformed one last), handled from ``_next`` on."""
+        self._next = 0
+        self._stop: Refusal | None = None
+        """The fixed-header refusal behind ``_ready`` (the connection closes there)."""
         self._deadline: float | None = None
         """When the packet being waited for is due (loop time; None: not waiting yet)."""
         self._packets_in = 0
@@ -174,19 +181,28 @@ class MqttConnection:
         self.state.expiry_s = min(int(expiry), self.cfg.max_session_expiry_s)  # type: ignore
 
     async def _read(self, timeout_s: float | None, why: str) -> codec.Packet:
-        """The next packet (raises ``Closed`` for a refusal or the deadline): from the
-        buffer when a complete one is there, else after reading more."""
-        while True:
-            got = self._take()
-            if got is not None:
-                break
+        """The next packet (raises ``Closed`` for a refusal or the deadline): from those
+        framed already, else from the buffer's complete packets (``_frame``), else after
+        reading more."""
+        ready = self._ready
+        while self._next >= len(ready):
+            if ready:
+                ready.clear()
+                self._next = 0
+            if self._stop is not None:  # a bad fixed header behind the packets taken
+                stop = self._stop
+                self.count("refused_" + stop.reason)
+                raise Closed(stop.reason, stop.code, detail=stop.detail)
+            if self._pos < len(self._buf) and self._frame():
+                continue
             if self._deadline is None:
                 self._deadline = None if timeout_s is None else \
                     self.server.loop.time() + timeout_s
             await self._fill(why)
         self._deadline = None
         self._packets_in += 1
-        pkt = codec.decode(got[0], got[1], self.version)
+        pkt = ready[self._next]
+        self._next += 1
         if isinstance(pkt, Refusal):
             self.count("refused_" + pkt.reason)
             raise Closed(pkt.reason, pkt.code, detail=pkt.detail)
@@ -196,40 +212,21 @@ class MqttConnection:
         """The next packet, within ``timeout_s`` (handle_auth reads its AUTH with it)."""
         return await self._read(timeout_s, why)
 
-    def _take(self) -> tuple[int, bytes] | None:
-        """The first byte and body of the buffer's next complete packet; None when it is
-        not complete yet. Raises ``Closed`` for a reserved packet type, a bad remaining
-        length or a packet larger than ``mqtt.max_packet_bytes``."""
-        buf, pos = self._buf, self._pos
-        if pos >= len(buf):
-            return None
-        first = buf[pos]
-        if first >> 4 == 0:  # reserved: refused before a remaining length that may never end
-            refused = codec.decode(first, b"", self.version)
-            if isinstance(refused, Refusal):
-                self.count("refused_" + refused.reason)
-                raise Closed(refused.reason, refused.code, detail=refused.detail)
-        got = codec.read_remaining_length(buf[pos + 1:pos + 5])
-        if got is None:
-            return None
-        if isinstance(got, Refusal):
-            self.count("refused_" + got.reason)
-            raise Closed(got.reason, got.code, detail=got.detail)
-        length, used = got
-        if 1 + used + length > self.cfg.max_packet_bytes:
-            self.count("refused_oversize")
-            raise Closed("oversize", Reason.PACKET_TOO_LARGE, detail=f"{length} bytes announced")
-        start = pos + 1 + used
-        end = start + length
-        if end > len(buf):
-            return None
-        body = bytes(buf[start:end])
-        if end == len(buf):
-            buf.clear()
+    def _frame(self) -> bool:
+        """Every complete packet of the buffer, decoded in one call of the compiled kernel
+        (fastcodec.py) into ``_ready`` (a malformed one as its ``Refusal``, the last); a bad
+        fixed header (reserved packet type, remaining length over 4 bytes or over
+        ``mqtt.max_packet_bytes``, refused as soon as it is read) into ``_stop``. True when
+        it took a packet or found such a header."""
+        before = len(self._ready)
+        pos, stop = self._framer.take(self._buf, self._pos, self.version, self._ready)
+        if pos >= len(self._buf):
+            self._buf.clear()
             self._pos = 0
         else:
-            self._pos = end
-        return first, body
+            self._pos = pos
+        self._stop = stop
+        return stop is not None or len(self._ready) > before
 
     async def _fill(self, why: str) -> None:
         """Read what the socket holds (waits for at least a byte, until the deadline)."""

@@ -42,6 +42,7 @@ from appliance.config import ApplianceConfig, ConfigError, MqttConfig, local_cli
 from appliance.edge.mqtt.codec import Reason
 from appliance.edge.mqtt.connection import MqttConnection
 from appliance.edge.mqtt.exactly_once import RecentIds
+from appliance.edge.mqtt.fastcodec import Framer
 from appliance.edge.mqtt.identities import IdentitySession
 from appliance.edge.mqtt.meta import MessageMeta, MetadataTooLarge, to_headers
 from appliance.edge.mqtt.retain import RetainedStore
@@ -118,6 +119,9 @@ class MqttServer:
         (None: a will, a republish) those publishes came from (``end_wakeup``)."""
         self._writes: list[MqttConnection] = []
         """Connections with packets waiting for the end of this wake-up."""
+        self.framer = Framer(self.cfg.max_packet_bytes)
+        """The compiled framing kernel's tables, shared by every connection (each call runs
+        to its end on the loop: fastcodec.py)."""
         self._wakeup_end_due = False
         from appliance.control.credentials import hash_password
 
@@ -132,6 +136,9 @@ class MqttServer:
     def start(self) -> MqttServer:
         """Listen (a port in use is a ``ConfigError`` naming its key), then serve."""
         open_file_limit(self.cfg.max_connections)
+        from appliance.edge.mqtt.fastcodec import warm_up
+
+        warm_up()  # the framing kernel: loaded (compiled on a cold cache) now, not on a packet
         self._tls = None
         listens = {"tcp": ("listen", self.cfg.listen), "tls": ("tls_listen", self.cfg.tls_listen),
                    "ws": ("ws_listen", self.cfg.ws_listen)}

@@ -28,6 +28,7 @@ BENCHMARKS = (
     "bench.ack_persisted",
     "bench.mqtt",
     "bench.mqtt_shared",
+    "bench.mqtt_codec",
     "bench.failover",
     "bench.scale",
 )
