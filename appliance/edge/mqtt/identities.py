@@ -372,6 +372,18 @@ class IdentitySession:
         fut.set_result(None)
         await self._ended_meanwhile(state, key, match)
 
+    def keep(self, holder: Any, key: str, match: str, like: SessionState) -> bool:
+        """``holder`` (shared_handoff.GroupTail: a member of this identity until its
+        ``leave``) holds native pattern ``match`` under filter ``key`` as ``like`` does,
+        with no native call, so the pattern stays when ``like`` releases it. False when
+        ``like`` does not hold it, or the session is closing."""
+        refs = self.refs.get(match)
+        if self.closing or self.native is None or refs is None or (like, key) not in refs:
+            return False
+        refs.add((holder, key))
+        self.members.add(holder)
+        return True
+
     async def _ended_meanwhile(self, state: SessionState, key: str, match: str) -> None:
         """``state`` ended while its subscribe waited (its end released what it held
         then): what it took since is released too."""
