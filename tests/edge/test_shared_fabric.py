@@ -8,6 +8,9 @@ announcements, and bad settings."""
 from __future__ import annotations
 
 import queue
+import socket
+import struct
+import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -16,10 +19,10 @@ from typing import Any
 import pytest
 
 from appliance.config import ConfigError, parse_config
-from appliance.edge.mqtt import shared_view
+from appliance.edge.mqtt import codec, shared_view
 from appliance.edge.mqtt.shared_view import SharedView, owner_of, parse_announcement
 from appliance.edge.node import EdgeAppliance
-from tests.edge.conftest import DEADLINE_S, counter, edge_doc, wait_for
+from tests.edge.conftest import DEADLINE_S, counter, edge_doc, port_of, read_packet, wait_for
 from tests.edge.peers import Peer
 from tests.edge.test_fabric_metadata import _peer_b, _ready, edge_core_edge
 
@@ -249,3 +252,180 @@ def test_bad_shared_view_settings_are_refused_naming_the_key(mqtt, error):
     doc["pm"]["identities"]["edges"] = {"publish": ["#"], "subscribe": ["#"]}
     with pytest.raises(ConfigError, match=error):
         parse_config(doc)
+
+
+# --- hand-offs: no QoS 1/2 message lost when an edge's last member leaves -------------------
+HANDOFF_GROUP = "h/u/#"
+
+
+class _Silent:
+    """A raw MQTT 3.1.1 member of ``$share/h/u/#`` at an edge that reads every PUBLISH and
+    acknowledges none (its deliveries stay in flight at the edge until it leaves)."""
+
+    def __init__(self, edge: EdgeAppliance, client_id: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port_of(edge)), timeout=DEADLINE_S)
+        self.sock.sendall(codec.encode_connect(client_id, version=codec.V311))  # anonymous
+        first, body = read_packet(self.sock)
+        assert first >> 4 == codec.PacketType.CONNACK and body[1] == 0, body
+        self.got: list[bytes] = []
+        self.probes = 0
+        self.sock.sendall(codec.encode_subscribe(1, [("$share/" + HANDOFF_GROUP, 1),
+                                                     ("hready/#", 0)]))
+        first, body = read_packet(self.sock)
+        assert first >> 4 == codec.PacketType.SUBACK and body[2:] == b"\x01\x00", body
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                first, body = read_packet(self.sock)
+                if first >> 4 != codec.PacketType.PUBLISH:
+                    continue
+                (tlen,) = struct.unpack_from(">H", body)
+                topic = body[2:2 + tlen].decode()
+                at = 2 + tlen + (2 if (first >> 1) & 3 else 0)  # (no PUBACK, ever)
+                if topic.startswith("hready/"):
+                    self.probes += 1
+                else:
+                    self.got.append(body[at:])
+        except (OSError, ConnectionError):
+            return
+
+    def unsubscribe_and_disconnect(self) -> None:
+        filt = ("$share/" + HANDOFF_GROUP).encode()
+        self.sock.sendall(codec.packet(codec.PacketType.UNSUBSCRIBE, 0b0010, struct.pack(
+            ">HH", 2, len(filt)) + filt))
+        self.sock.sendall(bytes([codec.PacketType.DISCONNECT << 4, 0]))
+        self.sock.close()
+
+    def kill(self) -> None:
+        """The socket reset (no DISCONNECT): the edge sees the connection drop."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
+
+
+def _group_view(edge: EdgeAppliance) -> list[int] | None:
+    return edge.mqtt.status()["shared"]["groups"].get(HANDOFF_GROUP)
+
+
+HANDOFF_COUNTERS = ("shared_handoffs_left", "shared_handoffs_owed", "shared_handoffs_sent",
+                    "shared_handoffs_received", "shared_handoffs_delivered",
+                    "shared_handoffs_dropped_duplicate", "shared_handoffs_remote_owner")
+
+
+class _HeldAnnouncements:
+    """Edge A applies nothing edge B announces while held (as if B's withdrawal were slow
+    on its way), then the latest (monkeypatched ``SharedView.apply``)."""
+
+    def __init__(self, edge_a: EdgeAppliance, edge_b: EdgeAppliance, monkeypatch) -> None:
+        self.view = edge_a.mqtt.shared_view
+        self.loop = edge_a.mqtt.loop
+        self.original = self.view.apply
+        self.b = edge_b.config.node_id
+        self.latest: tuple | None = None
+        monkeypatch.setattr(self.view, "apply", self._apply)
+
+    def _apply(self, edge: int, *args: Any) -> None:
+        if edge == self.b:
+            self.latest = args
+        else:
+            self.original(edge, *args)
+
+    def release(self) -> None:
+        self.view.apply = self.original
+        if self.latest is not None:
+            self.loop.call_soon_threadsafe(self.original, self.b, *self.latest)
+
+
+@pytest.mark.parametrize("leave", ["socket_killed", "unsubscribe_disconnect",
+                                   "withdrawal_late"])
+def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stream(
+        fabric, leave, monkeypatch):
+    """A member at each edge, QoS 1 messages published steadily at edge A; the member at
+    edge B (raw) never acknowledges, then leaves mid-stream (its socket reset, or UNSUBSCRIBE
+    and DISCONNECT). Its unacknowledged and queued messages are handed off, and so are those
+    edge A left to edge B before B's withdrawal reached it (``withdrawal_late``: edge A
+    applies B's announcements only once B handed off some of those): the member at edge A
+    gets every message, each once."""
+    edge_a, edge_b = fabric
+    ids = sorted([edge_a.config.node_id, edge_b.config.node_id])
+    tag = leave[:4]
+    with Peer(edge_a, f"hh-a-{tag}", version=5) as member_a, \
+            Peer(edge_a, f"hh-pub-{tag}") as pub:
+        assert member_a.subscribe("$share/" + HANDOFF_GROUP, 1) == 1
+        silent = _Silent(edge_b, f"hh-b-{tag}")
+        deadline = time.monotonic() + DEADLINE_S
+        while silent.probes == 0:  # edge B's interest reached edge A
+            assert time.monotonic() < deadline, "no probe reached edge B's member"
+            pub.publish(f"hready/{tag}", b"probe", 0)
+            time.sleep(0.05)
+        for edge in (edge_a, edge_b):
+            wait_for(lambda e=edge: _group_view(e) == ids, what="both edges in the view")
+        before = {e: {n: counter(e, n) for n in HANDOFF_COUNTERS} for e in (edge_a, edge_b)}
+        sent: list[int] = []
+        stop = threading.Event()
+
+        def publish() -> None:
+            while not stop.is_set():
+                i = len(sent)
+                pub.publish(f"u/{i}", f"{tag}-{i}".encode(), 1)
+                sent.append(i)
+
+        publisher = threading.Thread(target=publish, daemon=True)
+        publisher.start()
+        try:
+            wait_for(lambda: len(silent.got) >= 20, what="edge B's member holding 20 "
+                                                          "unacknowledged messages")
+            if leave == "withdrawal_late":
+                held = _HeldAnnouncements(edge_a, edge_b, monkeypatch)
+                silent.kill()
+                wait_for(lambda: counter(edge_b, "shared_handoffs_owed")
+                         - before[edge_b]["shared_handoffs_owed"] >= 5,
+                         what="edge B handing off 5 messages edge A left to it")
+                held.release()
+            elif leave == "socket_killed":
+                silent.kill()
+            else:
+                silent.unsubscribe_and_disconnect()
+            wait_for(lambda: _group_view(edge_a) == [edge_a.config.node_id],
+                     what="edge A's view without edge B")
+            after_view = len(sent)
+            wait_for(lambda: len(sent) >= after_view + 30, what="30 more messages")
+        finally:
+            stop.set()
+            publisher.join(DEADLINE_S)
+        silent.thread.join(DEADLINE_S)
+        total = len(sent)
+        want = {f"{tag}-{i}".encode() for i in range(total)}
+        got: list[bytes] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while not want <= set(got):
+            assert time.monotonic() < deadline, (
+                f"lost at edge A's member: {sorted(want - set(got))[:10]} of {total}; "
+                f"edge B's member had {len(silent.got)} unacknowledged")
+            _drain_u(member_a, got)
+            time.sleep(0.02)
+        moved = {e: {n: counter(e, n) - before[e][n] for n in HANDOFF_COUNTERS}
+                 for e in (edge_a, edge_b)}
+        # every message reached the member at edge A, once (edge A remembers what it
+        # delivered); those edge B's member held unacknowledged came by hand-off
+        assert len(got) == len(set(got)) == total, (len(got), total, moved)
+        unacked = set(silent.got)
+        assert unacked and unacked <= want
+        assert moved[edge_b]["shared_handoffs_left"] >= len(unacked), moved
+        assert moved[edge_b]["shared_handoffs_sent"] >= len(unacked), moved
+        assert moved[edge_a]["shared_handoffs_received"] >= len(unacked), moved
+        assert moved[edge_a]["shared_handoffs_delivered"] >= len(unacked), moved
+        if leave == "withdrawal_late":  # the ones edge A left to edge B: delivered at A
+            assert moved[edge_a]["shared_handoffs_delivered"] >= len(unacked) + 5, moved
+
+
+def _drain_u(peer: Peer, into: list[bytes]) -> None:
+    while True:
+        try:
+            msg = peer.messages.get_nowait()
+        except queue.Empty:
+            return
+        if msg.topic.startswith("u/"):
+            into.append(msg.payload)
