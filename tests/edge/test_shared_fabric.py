@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 
 from appliance.config import ConfigError, parse_config
-from appliance.edge.mqtt import codec, shared_view
+from appliance.edge.mqtt import codec, shared_handoff, shared_view
+from appliance.edge.mqtt.shared import SharedRouter
+from appliance.edge.mqtt.shared_handoff import encode_handoff, parse_handoff
 from appliance.edge.mqtt.shared_view import SharedView, owner_of, parse_announcement
+from appliance.edge.mqtt.state import SubOptions
 from appliance.edge.node import EdgeAppliance
 from tests.edge.conftest import DEADLINE_S, counter, edge_doc, port_of, read_packet, wait_for
 from tests.edge.peers import Peer
@@ -429,3 +432,131 @@ def _drain_u(peer: Peer, into: list[bytes]) -> None:
             return
         if msg.topic.startswith("u/"):
             into.append(msg.payload)
+
+
+# --- hand-offs, apart from the fabric -------------------------------------------------------
+def _handoff(**kw: Any) -> shared_handoff.Handoff:
+    fields = {"key": HANDOFF_GROUP, "origin": 7, "stream": 0x8000_0003,
+              "publish_ts_ns": 1_700_000_000_000_000_001, "topic": "u/1", "qos": 1,
+              "headers": {"mqtt.qos": "1", "mqtt.correlation_data": b"\x00\xff"},
+              "payload": b"hello"}
+    return shared_handoff.Handoff(**{**fields, **kw})
+
+
+def test_a_handoff_round_trips_and_bad_ones_are_refused(monkeypatch):
+    h = _handoff()
+    back = parse_handoff(encode_handoff(h))
+    assert back == shared_handoff.Handoff(HANDOFF_GROUP, 7, 3, h.publish_ts_ns, "u/1", 1,
+                                          h.headers, b"hello")
+    assert back.ident == h.ident == (HANDOFF_GROUP, 7, 3, h.publish_ts_ns, "u/1")
+    good = encode_handoff(h)
+    key, topic = HANDOFF_GROUP.encode(), b"u/1"
+
+    def with_fields(key: bytes = key, topic: bytes = topic, qos: int = 1,
+                    block: bytes = b"", magic: bytes = b"TWH1") -> bytes:
+        return struct.pack(">4sQQqBHHH", magic, 7, 3, 1, qos, len(key), len(topic),
+                           len(block)) + key + topic + block + b"x"
+
+    assert parse_handoff(with_fields()) is not None
+    for bad in (b"", good[:20], with_fields(magic=b"TWH2"), with_fields(qos=0),
+                with_fields(qos=3), good[:40],                      # lengths past the end
+                with_fields(key=b"\xff/u/#"), with_fields(key=b"u/#"[:1]),  # no GROUP/
+                with_fields(key=b"h+/u/#"), with_fields(key=b"h/u/#/x"),   # filter invalid
+                with_fields(topic=b"v/1"),                          # not the group's filter
+                with_fields(topic=b"u/+"), with_fields(block=b"\x00" * 7)):
+        assert parse_handoff(bad) is None, bad
+    monkeypatch.setattr(shared_handoff, "HANDOFF_MAX_BYTES", len(good) - 1)
+    assert parse_handoff(good) is None                             # too large
+    with pytest.raises(ValueError, match="at most"):
+        encode_handoff(h)
+
+
+def test_bad_handoffs_reaching_the_view_are_counted_and_good_ones_go_to_the_router():
+    view = _view_of(3, _Clock())
+    calls: list[Any] = []
+    view.server.loop.call_soon_threadsafe = lambda fn, *a: calls.append((fn, a))
+    view.server.shared_router.handed = "handed"
+
+    def arrive(payload: bytes, origin: int = 5) -> None:
+        view._on_native(SimpleNamespace(origin=origin, topic=shared_handoff.HANDOFF_TOPIC,
+                                        payload=payload))
+
+    arrive(b"garbage")
+    arrive(encode_handoff(_handoff()) + b"\x00" * 0, origin=3)  # this edge's own: ignored
+    arrive(encode_handoff(_handoff()))
+    assert view.server.counters == {"shared_handoffs_bad": 1}
+    assert calls == [("handed", (5, _handoff(stream=3)))]
+
+
+def test_a_handoff_is_owned_by_one_edge_among_the_candidates_without_the_handing_edge():
+    clock = _Clock()
+    views = {n: _view_of(n, clock, {GROUP: 1}) for n in (3, 5, 9)}
+    for n, view in views.items():
+        for other in views:
+            if other != n:
+                view.apply(other, 1, 1, {GROUP: 1})
+    owners = [[n for n in (3, 5) if views[n].owns(GROUP, 1, _msg(i), exclude=9)]
+              for i in range(200)]
+    assert all(len(o) == 1 for o in owners) and {o[0] for o in owners} == {3, 5}
+    # edge 9 was the only one with a connected member: the offline ones take its hand-offs
+    for n in (3, 5):
+        views[n].local = {GROUP: 0}
+        views[n].apply(3 if n == 5 else 5, 1, 2, {GROUP: 0})
+    assert views[3].candidates(GROUP, 0) == [9]
+    assert views[3].candidates(GROUP, 0, exclude=9) == [3, 5]
+    assert all(sum(views[n].owns(GROUP, 0, _msg(i), exclude=9) for n in (3, 5)) == 1
+               for i in range(100))
+    # an edge without a member of the group never takes one
+    assert not any(views[3].owns(GROUP, None, _msg(i), exclude=9) for i in range(50))
+
+
+def test_an_edge_owes_what_it_owned_before_its_withdrawal_for_the_grace_only():
+    clock = _Clock()
+    flags = {GROUP: 1}
+    view = _view_of(3, clock, flags)
+    view.server.shared_router.flags = lambda: dict(flags)
+    view.apply(5, 1, 1, {GROUP: 1})
+    mine = {i for i in range(100) if view.owns(GROUP, 1, _msg(i))}
+    assert 0 < len(mine) < 100
+    flags[GROUP] = 0                         # its last member went offline: 1 -> 0
+    view.local_changed()
+    del flags[GROUP]                         # then left: withdrawn (the flag before: 1)
+    view.local_changed()
+    assert view.local == {} and view.left[GROUP][0] == 1
+    assert not any(view.owns(GROUP, None, _msg(i)) for i in range(100))
+    assert {i for i in range(100) if view.owed(GROUP, _msg(i))} == mine
+    clock.now += shared_handoff.HANDOFF_GRACE_S + 0.1
+    assert not any(view.owed(GROUP, _msg(i)) for i in range(100))
+    view._tick()
+    assert view.left == {}
+    flags[GROUP] = 1                         # a member again: nothing owed any more
+    view.local_changed()
+    assert view.left == {}
+
+
+def test_the_router_delivers_a_handoff_once_and_drops_what_it_delivered_already():
+    counters: dict[str, int] = {}
+    router = SharedRouter(lambda name, n=1: counters.__setitem__(name,
+                                                                 counters.get(name, 0) + n))
+    got: list[Any] = []
+    member = SimpleNamespace(ended=False, conn=object(), deliver=got.append, filters={
+        "$share/" + HANDOFF_GROUP: SubOptions(1, match="u/#", group=HANDOFF_GROUP)})
+    router.groups[HANDOFF_GROUP] = [member]  # type: ignore[list-item]
+    owner = {"yes": True}
+    router.view = SimpleNamespace(owns=lambda key, own, msg, exclude=None: owner["yes"])
+    h = _handoff(headers={"mqtt.qos": "1", "mqtt.origin": "12", "mqtt.content_type": "t"})
+    router.handed(5, h)
+    router.handed(5, h)                      # again: delivered already
+    assert [(d.topic, d.payload, d.qos, d.meta.origin, d.group) for d in got] == [
+        ("u/1", b"hello", 1, 0, HANDOFF_GROUP)]
+    assert got[0].meta.props == [(codec.PROP["content_type"], "t")]
+    original = SimpleNamespace(origin=h.origin, stream=h.stream, publish_ts_ns=h.publish_ts_ns,
+                               topic=h.topic)
+    router.offer(HANDOFF_GROUP, original, None, 1)  # the original, after its hand-off
+    assert len(got) == 1
+    owner["yes"] = False
+    router.handed(5, _handoff(publish_ts_ns=5))
+    assert len(got) == 1
+    assert counters == {"shared_handoffs_received": 3, "shared_handoffs_delivered": 1,
+                        "shared_delivered": 1, "shared_handoffs_dropped_duplicate": 1,
+                        "shared_dropped_delivered": 1, "shared_handoffs_remote_owner": 1}
