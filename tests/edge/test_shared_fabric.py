@@ -372,7 +372,7 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
         def publish() -> None:
             while not stop.is_set():
                 i = len(sent)
-                pub.publish(f"u/{i}", f"{tag}-{i}".encode(), 1)
+                pub.publish(f"u/{tag}/{i}", f"{tag}-{i}".encode(), 1)
                 sent.append(i)
 
         publisher = threading.Thread(target=publish, daemon=True)
@@ -380,6 +380,7 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
         try:
             wait_for(lambda: len(silent.got) >= 20, what="edge B's member holding 20 "
                                                           "unacknowledged messages")
+            marks = [len(sent)]
             if leave == "withdrawal_late":
                 held = _HeldAnnouncements(edge_a, edge_b, monkeypatch)
                 silent.kill()
@@ -391,9 +392,11 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
                 silent.kill()
             else:
                 silent.unsubscribe_and_disconnect()
+            marks.append(len(sent))
             wait_for(lambda: _group_view(edge_a) == [edge_a.config.node_id],
                      what="edge A's view without edge B")
             after_view = len(sent)
+            marks.append(after_view)
             wait_for(lambda: len(sent) >= after_view + 30, what="30 more messages")
         finally:
             stop.set()
@@ -406,7 +409,9 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
         while not want <= set(got):
             assert time.monotonic() < deadline, (
                 f"lost at edge A's member: {sorted(want - set(got))[:10]} of {total}; "
-                f"edge B's member had {len(silent.got)} unacknowledged")
+                f"edge B's member had {len(silent.got)} unacknowledged; "
+                f"{_shared_counters(edge_a)}; {_shared_counters(edge_b)}; published at the "
+                f"leave, the withdrawal, edge A's view alone: {marks}")
             _drain_u(member_a, got)
             time.sleep(0.02)
         moved = {e: {n: counter(e, n) - before[e][n] for n in HANDOFF_COUNTERS}
@@ -422,6 +427,11 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
         assert moved[edge_a]["shared_handoffs_delivered"] >= len(unacked), moved
         if leave == "withdrawal_late":  # the ones edge A left to edge B: delivered at A
             assert moved[edge_a]["shared_handoffs_delivered"] >= len(unacked) + 5, moved
+
+
+def _shared_counters(edge: EdgeAppliance) -> dict[str, int]:
+    return {k: v for k, v in edge.mqtt.status()["counters"].items()
+            if k.startswith(("shared_", "deliveries_", "native_"))}
 
 
 def _drain_u(peer: Peer, into: list[bytes]) -> None:
@@ -498,6 +508,11 @@ def test_a_handoff_is_owned_by_one_edge_among_the_candidates_without_the_handing
     owners = [[n for n in (3, 5) if views[n].owns(GROUP, 1, _msg(i), exclude=9)]
               for i in range(200)]
     assert all(len(o) == 1 for o in owners) and {o[0] for o in owners} == {3, 5}
+    # the same edge that owns the message once edge 9's withdrawal arrived (and which
+    # then recognises a hand-off of a message it delivered already)
+    after = _view_of(3, clock, {GROUP: 1})
+    after.apply(5, 1, 1, {GROUP: 1})
+    assert [o[0] == 3 for o in owners] == [after.owns(GROUP, 1, _msg(i)) for i in range(200)]
     # edge 9 was the only one with a connected member: the offline ones take its hand-offs
     for n in (3, 5):
         views[n].local = {GROUP: 0}

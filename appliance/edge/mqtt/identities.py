@@ -568,8 +568,10 @@ class IdentitySession:
         unanswered (``_asked_again``)."""
         from datapath.topics.algebra import overlaps
 
-        rebuild = rebuild or self.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(
-            1, len(self.refs))
+        if not rebuild and self.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(
+                1, len(self.refs)):
+            rebuild = True
+            self.count("native_rebuilds")
         again = list(self.refs) if rebuild else [
             p for p in self.refs if any(overlaps(p, m) for m in matches)]
         native = self.native
@@ -582,6 +584,11 @@ class IdentitySession:
                 for error in native.unsubscribe_many(matches):
                     if error is not None:
                         raise error
+                # their subscriptions (one per class) went: only the subscribes again of
+                # the patterns they overlap add up towards a rebuild (a rebuild withdraws
+                # every pattern before subscribing the held ones again: a gap in delivery
+                # for the identity's other sessions)
+                self.native_subscribes = max(0, self.native_subscribes - 2 * len(matches))
             out: dict[str, bool | None] = {}
             failed: ClientError | None = None
             for pattern, result in zip(again, self._subscribe_all(again)):
