@@ -331,19 +331,35 @@ class SharedView(NamespaceSession):
             self._outbox_bytes += sum(len(p) for p in payloads)
 
     def _send_handoffs(self, native: Any, payloads: list[bytes]) -> bool:
-        """(the thread) Publish hand-offs; those not sent are put back (False)."""
-        from appliance.client.errors import ClientError
+        """(the thread) Publish hand-offs; those not sent for now (the session lost, held
+        off, busy) are put back (False); one the client refuses otherwise is dropped
+        (``shared_handoffs_refused``)."""
+        from appliance.client.errors import (
+            BackPressureError,
+            BusyError,
+            ClientError,
+            ConnectionLostError,
+            NoAnswerError,
+        )
 
         for i, payload in enumerate(payloads):
             try:
                 native.publish(HANDOFF_TOPIC, payload, qos="guaranteed",
                                namespace=self.namespace, flush=True)
-            except ClientError as exc:
+            except (ConnectionLostError, BackPressureError, BusyError, NoAnswerError) as exc:
                 self.server.count("shared_handoffs_send_failed")
                 log.info("mqtt: shared view: %d hand-offs not sent yet: %s",
                          len(payloads) - i, exc)
                 self._put_back(payloads[i:])
                 return False
+            except ClientError as exc:
+                if native.closed:  # (logged in again by the next round)
+                    self.server.count("shared_handoffs_send_failed")
+                    self._put_back(payloads[i:])
+                    return False
+                self.server.count("shared_handoffs_refused")
+                log.warning("mqtt: shared view: a hand-off refused: %s", exc)
+                continue
             self.server.count("shared_handoffs_sent")
         return True
 
