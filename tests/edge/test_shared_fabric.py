@@ -575,3 +575,35 @@ def test_the_router_delivers_a_handoff_once_and_drops_what_it_delivered_already(
     assert counters == {"shared_handoffs_received": 3, "shared_handoffs_delivered": 1,
                         "shared_delivered": 1, "shared_handoffs_dropped_duplicate": 1,
                         "shared_dropped_delivered": 1, "shared_handoffs_remote_owner": 1}
+
+
+def test_handoffs_wait_for_the_session_and_are_bounded(monkeypatch):
+    from appliance.client.errors import ClientError, ConnectionLostError
+
+    monkeypatch.setattr(shared_view, "HANDOFF_PENDING", 3)
+    view = _view_of(3, _Clock())
+    d = SimpleNamespace(ident=_handoff().ident, meta=None, qos=1, payload=b"p", topic="u/1")
+    assert all(view.hand_off(d) for _ in range(3))
+    assert not view.hand_off(d) and view.server.counters["shared_handoffs_dropped_full"] == 1
+    outcomes = [ConnectionLostError("lost"), None, ClientError("no"), None]
+    sent: list[bytes] = []
+
+    def publish(topic: str, payload: bytes, **kw: Any) -> None:
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+        sent.append(payload)
+
+    native = SimpleNamespace(publish=publish, closed=False)
+    assert not view._send_handoffs(native, view._take_outbox())  # lost: all kept, in order
+    assert len(view._outbox) == 3
+    assert view._send_handoffs(native, view._take_outbox())      # one refused for good
+    assert len(sent) == 2 and not view._outbox
+    assert {k: v for k, v in view.server.counters.items() if "handoffs" in k} == {
+        "shared_handoffs_dropped_full": 1, "shared_handoffs_send_failed": 1,
+        "shared_handoffs_sent": 2, "shared_handoffs_refused": 1}
+    assert parse_handoff(sent[0]) == _handoff(stream=3, headers={"mqtt.qos": "1"},
+                                              payload=b"p")
+    view._stop.set()
+    assert not view.hand_off(d)
+    assert view.server.counters["shared_handoffs_dropped_stopping"] == 1
