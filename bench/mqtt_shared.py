@@ -13,7 +13,8 @@ QoS 1 messages at ``--rate`` for ``--duration-s``. Per repeat, two runs of the s
 Figures: ``lost`` (published, acknowledged, not delivered 3 s after the last
 acknowledgement),
 of them ``lost_at_leave`` published from the UNSUBSCRIBE to the SUBSCRIBE and
-``lost_at_join`` after it), ``duplicates`` (deliveries beyond one per message),
+``lost_at_join`` after it), ``duplicates`` (deliveries beyond one per message; of them
+``duplicates_at_leave`` and ``duplicates_at_join`` of messages published in those spans),
 ``leave_view_ms`` (from the UNSUBSCRIBE sent at edge B until edge A's view, polled every
 5 ms, shows edge A alone) and ``join_view_ms`` (from the SUBSCRIBE until edge A's view shows
 both). Medians over ``--repeats``.
@@ -25,6 +26,7 @@ import argparse
 import statistics
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from bench.report import build_report, positive_int, progress
@@ -121,6 +123,10 @@ def _one_run(edge_a: Any, edge_b: Any, pub: Any, members: list[Any], run: str, r
     figures["lost_at_leave"] = sum(1 for i in lost if marks[0] <= i < marks[1])
     figures["lost_at_join"] = sum(1 for i in lost if i >= marks[1])
     figures["duplicates"] = len(mine) - len(seen)
+    copies = Counter(int(p.rsplit(b"-", 1)[1]) for p in mine)
+    figures["duplicates_at_leave"] = sum(n - 1 for i, n in copies.items()
+                                         if marks[0] <= i < marks[1])
+    figures["duplicates_at_join"] = sum(n - 1 for i, n in copies.items() if i >= marks[1])
     figures["published"] = total
     return figures
 

@@ -63,6 +63,27 @@ def test_an_identity_keeps_a_filter_another_session_still_holds():
         edge.stop()
 
 
+def test_sessions_of_an_identity_coming_and_going_do_not_rebuild_its_native_list():
+    """A session that holds ``keep/#`` while others of its identity subscribe and leave,
+    one after another: each leaving one's pattern is withdrawn alone, never by withdrawing
+    every pattern and subscribing the held ones again (``native_rebuilds``: a gap in which
+    the keeper's messages would be lost). Before, every subscribe ever made counted towards
+    that rebuild, so from the second visitor on each withdrawal was one."""
+    edge = start_edge()
+    try:
+        with Peer(edge, "keeper") as keeper, Peer(edge, "pub") as pub:
+            assert keeper.subscribe("keep/#", 1) == 1
+            for i in range(5):
+                with Peer(edge, f"visitor{i}") as visitor:
+                    assert visitor.subscribe(f"visit{i}/#", 1) == 1
+                wait_counter(edge, "native_unsubscribe_batches", i + 1)
+                pub.publish(f"keep/{i}", b"%d" % i, 1)
+                assert keeper.next().payload == b"%d" % i
+            assert counter(edge, "native_rebuilds") == 0
+    finally:
+        edge.stop()
+
+
 def test_no_local_tells_two_connections_of_one_identity_apart():
     edge = start_edge()
     try:

@@ -372,6 +372,18 @@ class IdentitySession:
         fut.set_result(None)
         await self._ended_meanwhile(state, key, match)
 
+    def keep(self, holder: Any, key: str, match: str, like: SessionState) -> bool:
+        """``holder`` (shared_handoff.GroupTail: a member of this identity until its
+        ``leave``) holds native pattern ``match`` under filter ``key`` as ``like`` does,
+        with no native call, so the pattern stays when ``like`` releases it. False when
+        ``like`` does not hold it, or the session is closing."""
+        refs = self.refs.get(match)
+        if self.closing or self.native is None or refs is None or (like, key) not in refs:
+            return False
+        refs.add((holder, key))
+        self.members.add(holder)
+        return True
+
     async def _ended_meanwhile(self, state: SessionState, key: str, match: str) -> None:
         """``state`` ended while its subscribe waited (its end released what it held
         then): what it took since is released too."""
@@ -556,8 +568,10 @@ class IdentitySession:
         unanswered (``_asked_again``)."""
         from datapath.topics.algebra import overlaps
 
-        rebuild = rebuild or self.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(
-            1, len(self.refs))
+        if not rebuild and self.native_subscribes > NATIVE_RESUBSCRIBE_FACTOR * max(
+                1, len(self.refs)):
+            rebuild = True
+            self.count("native_rebuilds")
         again = list(self.refs) if rebuild else [
             p for p in self.refs if any(overlaps(p, m) for m in matches)]
         native = self.native
@@ -570,6 +584,11 @@ class IdentitySession:
                 for error in native.unsubscribe_many(matches):
                     if error is not None:
                         raise error
+                # their subscriptions (one per class) went: only the subscribes again of
+                # the patterns they overlap add up towards a rebuild (a rebuild withdraws
+                # every pattern before subscribing the held ones again: a gap in delivery
+                # for the identity's other sessions)
+                self.native_subscribes = max(0, self.native_subscribes - 2 * len(matches))
             out: dict[str, bool | None] = {}
             failed: ClientError | None = None
             for pattern, result in zip(again, self._subscribe_all(again)):

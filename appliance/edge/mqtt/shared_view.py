@@ -28,6 +28,11 @@ groups they have members of, and each message goes to one edge's members only:
   others drop the message (``shared_remote_owner``). While the edges' views agree, each
   message goes to one member of the fabric; while they differ (an announcement on its way,
   an edge dead and not yet expired) a message may go to two members or to none.
+- **Hand-offs.** A QoS 1/2 message of a group this edge owns, or owed in the state it
+  announced before (for ``HANDOFF_GRACE_S`` after that state dropped), with no member here
+  to take it is handed to the other edges on ``HANDOFF_TOPIC`` (shared_handoff.py), by the
+  same session after the announcement of the new state; a hand-off received is owned by the
+  owner among the candidates without the handing edge (shared.py ``handed``).
 """
 
 from __future__ import annotations
@@ -38,11 +43,22 @@ import logging
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt.namespace_session import NamespaceSession
+from appliance.edge.mqtt.shared_handoff import (
+    HANDOFF_GRACE_S,
+    HANDOFF_MAX_BYTES,
+    HANDOFF_PENDING,
+    HANDOFF_PENDING_BYTES,
+    HANDOFF_TOPIC,
+    Handoff,
+    encode_handoff,
+    parse_handoff,
+)
 
 if TYPE_CHECKING:
     from appliance.edge.mqtt.server import MqttServer
@@ -68,6 +84,8 @@ ANNOUNCE_TOPIC = "edges"
 """The announcements' topic in the namespace."""
 STATUS_GROUPS = 100
 """Groups listed in ``/status`` ``mqtt.shared.groups``, at most (sorted by key)."""
+HANDOFF_RETRY_S = 0.2
+"""Hand-offs the session could not send are sent again this long after."""
 
 
 def owner_hash(key: str, msg: Any) -> int:
@@ -139,6 +157,13 @@ class SharedView(NamespaceSession):
         self._wake = threading.Event()
         self._sweep: Any = None
         self._snapshot: dict[str, Any] = {"edges": [], "groups": {}}
+        self.left: dict[str, tuple[int, float]] = {}
+        """(the loop) Groups whose announced flag dropped (withdrawn, or 1 -> 0) -> (the
+        flag before, until when this edge hands off what it owed in that state)."""
+        self._outbox: deque[bytes] = deque()
+        """Hand-offs' payloads for the session's thread to send (``_outbox_lock``)."""
+        self._outbox_bytes = 0
+        self._outbox_lock = threading.Lock()
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> SharedView:
@@ -175,6 +200,13 @@ class SharedView(NamespaceSession):
                 self.local_changed()
             self._maturing = self.server.loop.call_later(min(young) + 0.01, mature)
         if state != self.local:
+            until = now + HANDOFF_GRACE_S
+            for key, flag in self.local.items():
+                if state.get(key, -1) < flag:  # (the highest flag of the grace counts)
+                    was = self.left.get(key)
+                    self.left[key] = (flag if was is None else max(flag, was[0]), until)
+            for key in [k for k, (flag, _) in self.left.items() if state.get(k, -1) >= flag]:
+                del self.left[key]
             self.local = state
             self._groups = self._bounded(state)
             self._wake.set()
@@ -205,34 +237,146 @@ class SharedView(NamespaceSession):
                     log.info("mqtt: shared view: edge %d silent for %.0f s: out of the view",
                              edge, now - entry.heard)
                 self._drop(edge)
+        for key in [k for k, (_, until) in self.left.items() if now > until]:
+            del self.left[key]
         self.local_changed()
         self._refresh_snapshot()
         self._sweep = self.server.loop.call_later(ANNOUNCE_S, self._tick)
 
     # --- the owner (the loop, per message) --------------------------------------------------
-    def candidates(self, key: str, own: int | None) -> list[int]:
+    def candidates(self, key: str, own: int | None, exclude: int | None = None) -> list[int]:
         """The edges that share ``key``'s messages, sorted; ``own``: this edge's flag (None:
-        no member here; this edge counts once the group is announced)."""
+        no member here; this edge counts once the group is announced); ``exclude``: an edge
+        left out (one that handed a message off)."""
         now = self.clock()
         edges = {e: f for e, f in self.index.get(key, {}).items()
-                 if now - self.remote[e].heard <= EXPIRY_S}
+                 if e != exclude and now - self.remote[e].heard <= EXPIRY_S}
         if own is not None and key in self.local:
             edges[self.node_id] = own
         connected = [e for e, f in edges.items() if f]
         return sorted(connected or edges)
 
-    def owns(self, key: str, own: int | None, msg: Any) -> bool:
-        """Whether this edge delivers ``msg`` of group ``key``."""
-        candidates = self.candidates(key, own)
+    def owns(self, key: str, own: int | None, msg: Any, exclude: int | None = None) -> bool:
+        """Whether this edge delivers ``msg`` of group ``key`` (``exclude``: ``candidates``)."""
+        candidates = self.candidates(key, own, exclude)
         if self.node_id not in candidates:  # (no other edge: this one's members, joining)
             return not candidates and own is not None
         return len(candidates) == 1 or owner_of(candidates, key, msg) == self.node_id
+
+    def owed(self, key: str, msg: Any) -> bool:
+        """Whether this edge owned ``msg`` of group ``key`` in the state it announced before
+        its flag dropped (``left``, ``HANDOFF_GRACE_S``): another edge still holding that
+        state left it to this one."""
+        was = self.left.get(key)
+        now = self.clock()
+        if was is None or now > was[1]:
+            return False
+        edges = {e: f for e, f in self.index.get(key, {}).items()
+                 if now - self.remote[e].heard <= EXPIRY_S}
+        edges[self.node_id] = was[0]
+        connected = [e for e, f in edges.items() if f]
+        candidates = sorted(connected or edges)
+        return owner_of(candidates, key, msg) == self.node_id
+
+    def connected_elsewhere(self, key: str) -> bool:
+        """Whether another edge in the view has a connected member of ``key``."""
+        now = self.clock()
+        return any(f and now - self.remote[e].heard <= EXPIRY_S
+                   for e, f in self.index.get(key, {}).items())
+
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    # --- hand-offs (the loop, then the session's thread) -------------------------------------
+    def hand_off(self, d: Any) -> bool:
+        """Queue shared delivery ``d`` (QoS 1/2, with its ``ident``) as a hand-off, sent
+        after the announcement of this edge's current state; False when it cannot be
+        (counted): too large, the queue full, the view stopped."""
+        from dataclasses import replace
+
+        from appliance.edge.mqtt.meta import MetadataTooLarge, to_headers
+
+        if self._stop.is_set():
+            self.server.count("shared_handoffs_dropped_stopping")
+            return False
+        key, origin, stream, ts, topic = d.ident
+        meta = d.meta if d.meta is None or not d.meta.origin else replace(d.meta, origin=0)
+        try:
+            payload = encode_handoff(Handoff(key, origin, stream, ts, topic, d.qos,
+                                             dict(to_headers(meta, d.qos)), bytes(d.payload)))
+        except (ValueError, MetadataTooLarge):
+            self.server.count("shared_handoffs_too_large")
+            return False
+        with self._outbox_lock:
+            if (len(self._outbox) >= HANDOFF_PENDING
+                    or self._outbox_bytes + len(payload) > HANDOFF_PENDING_BYTES):
+                self.server.count("shared_handoffs_dropped_full")
+                return False
+            self._outbox.append(payload)
+            self._outbox_bytes += len(payload)
+        self._wake.set()
+        return True
+
+    def _take_outbox(self) -> list[bytes]:
+        with self._outbox_lock:
+            out = list(self._outbox)
+            self._outbox.clear()
+            self._outbox_bytes = 0
+        return out
+
+    def _put_back(self, payloads: list[bytes]) -> None:
+        """Hand-offs not sent: first again (still in order)."""
+        with self._outbox_lock:
+            self._outbox.extendleft(reversed(payloads))
+            self._outbox_bytes += sum(len(p) for p in payloads)
+
+    def _send_handoffs(self, native: Any, payloads: list[bytes]) -> bool:
+        """(the thread) Publish hand-offs; those not sent for now (the session lost, held
+        off, busy) are put back (False); one the client refuses otherwise is dropped
+        (``shared_handoffs_refused``)."""
+        from appliance.client.errors import (
+            BackPressureError,
+            BusyError,
+            ClientError,
+            ConnectionLostError,
+            NoAnswerError,
+        )
+
+        for i, payload in enumerate(payloads):
+            try:
+                native.publish(HANDOFF_TOPIC, payload, qos="guaranteed",
+                               namespace=self.namespace, flush=True)
+            except (ConnectionLostError, BackPressureError, BusyError, NoAnswerError) as exc:
+                self.server.count("shared_handoffs_send_failed")
+                log.info("mqtt: shared view: %d hand-offs not sent yet: %s",
+                         len(payloads) - i, exc)
+                self._put_back(payloads[i:])
+                return False
+            except ClientError as exc:
+                if native.closed:  # (logged in again by the next round)
+                    self.server.count("shared_handoffs_send_failed")
+                    self._put_back(payloads[i:])
+                    return False
+                self.server.count("shared_handoffs_refused")
+                log.warning("mqtt: shared view: a hand-off refused: %s", exc)
+                continue
+            self.server.count("shared_handoffs_sent")
+        return True
 
     # --- the other edges' announcements -----------------------------------------------------
     def _on_native(self, msg: Any) -> None:
         """A message of the namespace (the native client's thread)."""
         if msg.origin == self.node_id:
-            return  # our own announcement
+            return  # our own announcement or hand-off
+        if msg.topic == HANDOFF_TOPIC:
+            handoff = None if len(msg.payload) > HANDOFF_MAX_BYTES else parse_handoff(
+                msg.payload)
+            if handoff is None:
+                self.server.count("shared_handoffs_bad")
+                return
+            self.server.loop.call_soon_threadsafe(self.server.shared_router.handed,
+                                                  msg.origin, handoff)
+            return
         parsed = None if len(msg.payload) > ANNOUNCE_MAX_BYTES else parse_announcement(
             msg.payload)
         if parsed is None:
@@ -281,19 +425,29 @@ class SharedView(NamespaceSession):
                 continue
             if native is not held:  # a new login: announce again
                 held, sent = native, None
-            self._wake.wait(max(0.0, last + ANNOUNCE_S - time.monotonic()))
-            self._wake.clear()
+            if not self._outbox:
+                self._wake.wait(max(0.0, last + ANNOUNCE_S - time.monotonic()))
+                self._wake.clear()
             if self._stop.is_set():
                 break
+            # the hand-offs first, then the state: each was queued after the state it follows
+            handoffs = self._take_outbox()
             groups = self._groups
             due = time.monotonic() >= last + ANNOUNCE_S
-            if groups == sent and not (groups and due):
-                continue
-            if self._announce(native, groups):
+            if groups != sent or (groups and due):
+                if not self._announce(native, groups):
+                    self._put_back(handoffs)
+                    self._stop.wait(HANDOFF_RETRY_S)
+                    continue
                 sent, last = groups, time.monotonic()
+            if handoffs and not self._send_handoffs(native, handoffs):
+                self._stop.wait(HANDOFF_RETRY_S)
         native = self.native
-        if native is not None and not native.closed and sent:
-            self._announce(native, {})  # the withdrawal
+        if native is not None and not native.closed:
+            handoffs = self._take_outbox()
+            if sent:
+                self._announce(native, {})  # the withdrawal
+            self._send_handoffs(native, handoffs)
 
     def _announce(self, native: Any, groups: dict[str, int]) -> bool:
         from appliance.client.errors import ClientError
@@ -323,4 +477,5 @@ class SharedView(NamespaceSession):
 
     def status(self) -> dict[str, Any]:
         return {**self.session_status(),
-                "node": self.node_id, "announced": len(self.local), **self._snapshot}
+                "node": self.node_id, "announced": len(self.local),
+                "handoffs_pending": len(self._outbox), **self._snapshot}

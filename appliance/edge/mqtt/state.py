@@ -46,6 +46,10 @@ class Delivery:
     """In flight: the acknowledgement awaited (``puback``, ``pubrec``, ``pubcomp``)."""
     stored: int = 0
     """Its record's sequence number in the edge's state store (store.py; 0: not recorded)."""
+    ident: tuple | None = None
+    """A shared delivery's message identity in its group (shared.py: group, origin,
+    publishing session, publish time, topic), by which it is handed to another edge when
+    this edge has no member left for it (None: not recorded with a restored delivery)."""
 
 
 class Closed(Exception):
