@@ -95,6 +95,12 @@ class MqttConnection:
         """The fixed-header refusal behind ``_ready`` (the connection closes there)."""
         self._deadline: float | None = None
         """When the packet being waited for is due (loop time; None: not waiting yet)."""
+        self._watch: asyncio.TimerHandle | None = None
+        """The timer that ends a read past ``_deadline`` (``_on_watch``): armed once and
+        moved on when it fires early, not made and cancelled for every read."""
+        self._reading: asyncio.Task | None = None
+        """The task waiting in ``_fill`` (the watch cancels that wait)."""
+        self._expired = False
         self._packets_in = 0
         self._out: list[bytes] = []
         """Packets waiting for the end of the wake-up (``flush_out``)."""
@@ -236,14 +242,46 @@ class MqttConnection:
         if self._pos:
             del self._buf[:self._pos]
             self._pos = 0
+        deadline = self._deadline
+        if deadline is not None:
+            loop = self.server.loop
+            if loop.time() >= deadline:
+                raise Closed(why, Reason.KEEP_ALIVE_TIMEOUT)
+            watch = self._watch
+            if watch is None or watch.when() > deadline:
+                if watch is not None:
+                    watch.cancel()
+                self._watch = loop.call_at(deadline, self._on_watch)
+        task = self._reading = asyncio.current_task()
         try:
-            async with asyncio.timeout_at(self._deadline):
-                data = await self.reader.read(READ_BYTES)
-        except TimeoutError:
-            raise Closed(why, Reason.KEEP_ALIVE_TIMEOUT) from None
+            data = await self.reader.read(READ_BYTES)
+        except asyncio.CancelledError:
+            if self._expired:  # (the watch's cancel, unless the task was cancelled too)
+                self._expired = False
+                if task is not None and task.uncancel() == 0:
+                    raise Closed(why, Reason.KEEP_ALIVE_TIMEOUT) from None
+            raise
+        finally:
+            self._reading = None
         if not data:
             raise asyncio.IncompleteReadError(bytes(self._buf), None)
         self._buf += data
+
+    def _on_watch(self) -> None:
+        """The read deadline's timer: it cancels the wait of a read that is past its
+        deadline; one that fired early (the deadline moved on with the packets read since)
+        is set again for the deadline, and none is set while no read waits (``_fill`` sets
+        it)."""
+        self._watch = None
+        task, deadline = self._reading, self._deadline
+        if task is None or deadline is None or self.closing:
+            return
+        loop = self.server.loop
+        if loop.time() < deadline:
+            self._watch = loop.call_at(deadline, self._on_watch)
+            return
+        self._expired = True
+        task.cancel()
 
     # --- sending ---------------------------------------------------------------------------------
     def send(self, data: bytes) -> bool:
@@ -335,6 +373,9 @@ class MqttConnection:
 
     async def _end(self, send_will: bool) -> None:
         self.closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._packets_in:
             self.count("packets_in", self._packets_in)
             self._packets_in = 0
