@@ -54,13 +54,14 @@ def _view(edge: EdgeAppliance) -> list[int] | None:
     return edge.mqtt.status()["shared"]["groups"].get(GROUP)
 
 
-def _drain(peer: Peer, into: list[bytes]) -> None:
+def _drain(peer: Peer, into: list[bytes], prefix: str = "t/") -> None:
+    """The payloads ``peer`` holds of the topics under ``prefix``, into ``into``."""
     while True:
         try:
             msg = peer.messages.get_nowait()
         except queue.Empty:
             return
-        if msg.topic.startswith("t/"):
+        if msg.topic.startswith(prefix):
             into.append(msg.payload)
 
 
@@ -412,7 +413,7 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
                 f"edge B's member had {len(silent.got)} unacknowledged; "
                 f"{_shared_counters(edge_a)}; {_shared_counters(edge_b)}; published at the "
                 f"leave, the withdrawal, edge A's view alone: {marks}")
-            _drain_u(member_a, got)
+            _drain(member_a, got, "u/")
             time.sleep(0.02)
         moved = {e: {n: counter(e, n) - before[e][n] for n in HANDOFF_COUNTERS}
                  for e in (edge_a, edge_b)}
@@ -432,16 +433,6 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
 def _shared_counters(edge: EdgeAppliance) -> dict[str, int]:
     return {k: v for k, v in edge.mqtt.status()["counters"].items()
             if k.startswith(("shared_", "deliveries_", "native_"))}
-
-
-def _drain_u(peer: Peer, into: list[bytes]) -> None:
-    while True:
-        try:
-            msg = peer.messages.get_nowait()
-        except queue.Empty:
-            return
-        if msg.topic.startswith("u/"):
-            into.append(msg.payload)
 
 
 # --- hand-offs, apart from the fabric -------------------------------------------------------
