@@ -38,16 +38,28 @@ class RecentIds:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._keys
+
+    def add(self, key: tuple) -> bool:
+        """Remember ``key`` (nothing with a capacity of 0, nor when it is remembered
+        already); True when the oldest key was forgotten to make room."""
+        keys = self._keys
+        if not self.capacity or key in keys:
+            return False
+        keys[key] = None
+        if len(keys) > self.capacity:
+            keys.popitem(last=False)
+            return True
+        return False
+
     def seen_before(self, key: tuple) -> bool:
         """True when ``key`` is among the last ``capacity`` keys; else it is added."""
         if not self.capacity:
             return False
-        keys = self._keys
-        if key in keys:
+        if key in self._keys:
             return True
-        keys[key] = None
-        if len(keys) > self.capacity:
-            keys.popitem(last=False)
+        self.add(key)
         return False
 
 

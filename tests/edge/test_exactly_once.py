@@ -161,3 +161,11 @@ def test_recent_ids_forget_the_oldest_beyond_their_capacity():
     assert len(ids) == 2
     off = RecentIds(0)
     assert not off.seen_before((1,)) and not off.seen_before((1,))
+
+
+def test_recent_ids_add_says_when_the_oldest_was_forgotten():
+    ids = RecentIds(2)
+    assert [ids.add(k) for k in [(1,), (2,), (2,), (3,)]] == [False, False, False, True]
+    assert (1,) not in ids and (2,) in ids and (3,) in ids
+    off = RecentIds(0)
+    assert not off.add((1,)) and (1,) not in off

@@ -22,9 +22,9 @@ already is dropped and counted.
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from appliance.client.exactly_once import RecentIds
 from appliance.dataplane.guaranteed import RELIABLE_STREAM_BIT
 from appliance.edge.mqtt.shared_handoff import HANDOFF_GRACE_S, GroupTail, Handoff
 from appliance.edge.mqtt.state import Delivery
@@ -55,15 +55,13 @@ class SharedRouter:
     def __init__(self, count: Any) -> None:
         self.groups: dict[str, list[SessionState]] = {}
         self._next: dict[str, int] = {}
-        self._seen: set[tuple] = set()
-        self._seen_order: deque[tuple] = deque()
+        self._seen = RecentIds(SHARED_SEEN_MESSAGES)
         self._count = count
         self.since: dict[str, float] = {}
         """Group -> when its first member joined (monotonic s; shared_view.JOIN_GRACE_S)."""
         self.view: Any = None
         """With ``mqtt.shared_namespace``: the ``SharedView`` (shared_view.py)."""
-        self._delivered: set[tuple] = set()
-        self._delivered_order: deque[tuple] = deque()
+        self._delivered = RecentIds(SHARED_SEEN_MESSAGES)
         self.tails: dict[str, GroupTail] = {}
         """Groups whose last member left, their pattern held for ``HANDOFF_GRACE_S``."""
 
@@ -141,13 +139,9 @@ class SharedRouter:
         (0 for a best-effort message, else its MQTT publish QoS, 2 when it carries none)."""
         ident = (key, msg.origin, msg.stream & ~RELIABLE_STREAM_BIT, msg.publish_ts_ns,
                  msg.topic)
-        if ident in self._seen:
+        if self._seen.seen_before(ident):
             self._count("shared_duplicates")
             return
-        self._seen.add(ident)
-        self._seen_order.append(ident)
-        if len(self._seen_order) > SHARED_SEEN_MESSAGES:
-            self._seen.discard(self._seen_order.popleft())
         view = self.view
         if view is not None and not view.owns(key, self.flag(key), msg):
             if qos and view.owed(key, msg):  # (left to this edge, which has no member now)
@@ -203,12 +197,8 @@ class SharedRouter:
         qos = min(d.qos, options.qos)
         retain = options.retain_as_published and d.meta is not None and d.meta.retain
         self._count("shared_delivered")
-        if d.ident is not None and self.view is not None and d.ident not in self._delivered:
-            self._delivered.add(d.ident)
-            self._delivered_order.append(d.ident)
-            if len(self._delivered_order) > SHARED_SEEN_MESSAGES:
-                self._delivered.discard(self._delivered_order.popleft())
-                self._count("shared_delivered_forgotten")
+        if d.ident is not None and self.view is not None and self._delivered.add(d.ident):
+            self._count("shared_delivered_forgotten")
         member.deliver(Delivery(d.topic, d.payload, qos, retain, d.meta,
                                 (options.sub_id,) if options.sub_id else (), key,
                                 ident=d.ident))
