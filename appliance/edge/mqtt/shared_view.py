@@ -88,6 +88,13 @@ HANDOFF_RETRY_S = 0.2
 """Hand-offs the session could not send are sent again this long after."""
 
 
+def _ranked(edges: dict[int, int]) -> list[int]:
+    """The candidates among ``edges`` (edge -> flag): those with a connected member (flag 1),
+    else all of them; sorted."""
+    connected = [e for e, f in edges.items() if f]
+    return sorted(connected or edges)
+
+
 def owner_hash(key: str, msg: Any) -> int:
     """A stable hash (not Python's salted ``hash``) of group ``key`` and the message's
     identity: the same at every edge for one message."""
@@ -248,13 +255,16 @@ class SharedView(NamespaceSession):
         """The edges that share ``key``'s messages, sorted; ``own``: this edge's flag (None:
         no member here; this edge counts once the group is announced); ``exclude``: an edge
         left out (one that handed a message off)."""
-        now = self.clock()
-        edges = {e: f for e, f in self.index.get(key, {}).items()
-                 if e != exclude and now - self.remote[e].heard <= EXPIRY_S}
+        edges = self._live(key, exclude)
         if own is not None and key in self.local:
             edges[self.node_id] = own
-        connected = [e for e, f in edges.items() if f]
-        return sorted(connected or edges)
+        return _ranked(edges)
+
+    def _live(self, key: str, exclude: int | None = None) -> dict[int, int]:
+        """The other edges announcing ``key`` and heard within ``EXPIRY_S`` -> their flag."""
+        now = self.clock()
+        return {e: f for e, f in self.index.get(key, {}).items()
+                if e != exclude and now - self.remote[e].heard <= EXPIRY_S}
 
     def owns(self, key: str, own: int | None, msg: Any, exclude: int | None = None) -> bool:
         """Whether this edge delivers ``msg`` of group ``key`` (``exclude``: ``candidates``)."""
@@ -268,21 +278,15 @@ class SharedView(NamespaceSession):
         its flag dropped (``left``, ``HANDOFF_GRACE_S``): another edge still holding that
         state left it to this one."""
         was = self.left.get(key)
-        now = self.clock()
-        if was is None or now > was[1]:
+        if was is None or self.clock() > was[1]:
             return False
-        edges = {e: f for e, f in self.index.get(key, {}).items()
-                 if now - self.remote[e].heard <= EXPIRY_S}
+        edges = self._live(key)
         edges[self.node_id] = was[0]
-        connected = [e for e, f in edges.items() if f]
-        candidates = sorted(connected or edges)
-        return owner_of(candidates, key, msg) == self.node_id
+        return owner_of(_ranked(edges), key, msg) == self.node_id
 
     def connected_elsewhere(self, key: str) -> bool:
         """Whether another edge in the view has a connected member of ``key``."""
-        now = self.clock()
-        return any(f and now - self.remote[e].heard <= EXPIRY_S
-                   for e, f in self.index.get(key, {}).items())
+        return any(self._live(key).values())
 
     def stopped(self) -> bool:
         return self._stop.is_set()
