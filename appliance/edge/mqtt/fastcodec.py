@@ -92,15 +92,24 @@ class Framer:
                                                   self.max_packet_bytes, self.out)
         finally:
             del view  # (a bytearray with a view cannot grow)
-        if n:
-            refused_at = objects(buf, self.out[:n].tolist(), version, into)
-            if refused_at >= 0:  # a packet decoded in Python was refused: the end
-                return refused_at, None
-        if err:
-            if err in K.FRAMING_ERRORS:
-                return pos, refusal(err, aux1, aux2)
-            into.append(refusal(err, aux1, aux2))
-        return pos, None
+        return _packets(buf, self.out[:n].tolist() if n else [], version, into,
+                        pos, err, aux1, aux2)
+
+
+def _packets(buf: bytes | bytearray, rows: list[list[int]], version: int, into: list,
+             pos: int, err: int, aux1: int, aux2: int) -> tuple[int, Refusal | None]:
+    """One segment's result (``Framer.take``'s): its ``rows`` as packets into ``into``, then
+    the kernel's error ``err``: a fixed-header one returned (the connection stops there),
+    another appended as its packet's ``Refusal``; where its first unframed byte is."""
+    if rows:
+        refused_at = objects(buf, rows, version, into)
+        if refused_at >= 0:  # a packet decoded in Python was refused: the end
+            return refused_at, None
+    if err:
+        if err in K.FRAMING_ERRORS:
+            return pos, refusal(err, aux1, aux2)
+        into.append(refusal(err, aux1, aux2))
+    return pos, None
 
 
 _FLAGS = [((f >> 1) & 0x03, bool(f & 0x01), bool(f & 0x08)) for f in range(16)]
@@ -162,21 +171,12 @@ def frame_segments(buf: bytes | bytearray, segments: list[tuple[int, int, int, i
     table = out[:n].tolist()
     result = []
     for i, (_, _, version, _) in enumerate(segments):
-        first, count = int(segs[i, K.SEG_FIRST]), int(segs[i, K.SEG_COUNT])
+        first, count, pos, err, aux1, aux2 = (int(v) for v in segs[i, [
+            K.SEG_FIRST, K.SEG_COUNT, K.SEG_POS, K.SEG_ERROR, K.SEG_AUX1, K.SEG_AUX2]])
         packets: list = []
-        refused_at = objects(buf, table[first:first + count], version, packets)
-        err = int(segs[i, K.SEG_ERROR])
-        stop = None
-        if refused_at >= 0:
-            result.append((refused_at, packets, None))
-            continue
-        if err:
-            got = refusal(err, int(segs[i, K.SEG_AUX1]), int(segs[i, K.SEG_AUX2]))
-            if err in K.FRAMING_ERRORS:
-                stop = got
-            else:
-                packets.append(got)
-        result.append((int(segs[i, K.SEG_POS]), packets, stop))
+        pos, stop = _packets(buf, table[first:first + count], version, packets, pos, err,
+                             aux1, aux2)
+        result.append((pos, packets, stop))
     return result
 
 
