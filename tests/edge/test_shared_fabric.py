@@ -54,14 +54,13 @@ def _view(edge: EdgeAppliance) -> list[int] | None:
     return edge.mqtt.status()["shared"]["groups"].get(GROUP)
 
 
-def _drain(peer: Peer, into: list[bytes], prefix: str = "t/") -> None:
-    """The payloads ``peer`` holds of the topics under ``prefix``, into ``into``."""
+def _drain(peer: Peer, into: list[bytes]) -> None:
     while True:
         try:
             msg = peer.messages.get_nowait()
         except queue.Empty:
             return
-        if msg.topic.startswith(prefix):
+        if msg.topic.startswith("t/"):
             into.append(msg.payload)
 
 
@@ -171,13 +170,20 @@ def _msg(i: int) -> Any:
                            publish_ts_ns=1_700_000_000_000_000_000 + i, topic=f"t/{i}")
 
 
-def test_edges_with_one_view_agree_on_one_owner_per_message_and_a_silent_edge_expires():
-    clock = _Clock()
+def _agreeing_views(clock: Any) -> dict[int, Any]:
+    """The views of edges 3, 5 and 9, each with a connected member of ``GROUP`` and each
+    holding the other two's announcement."""
     views = {n: _view_of(n, clock, {GROUP: 1}) for n in (3, 5, 9)}
     for n, view in views.items():
         for other in views:
             if other != n:
                 view.apply(other, 1, 1, {GROUP: 1})
+    return views
+
+
+def test_edges_with_one_view_agree_on_one_owner_per_message_and_a_silent_edge_expires():
+    clock = _Clock()
+    views = _agreeing_views(clock)
     owners = [[n for n, v in views.items() if v.owns(GROUP, 1, _msg(i))] for i in range(300)]
     assert all(len(o) == 1 for o in owners)  # one owner per message, the same for all
     assert {o[0] for o in owners} == {3, 5, 9}
@@ -272,7 +278,8 @@ class _Silent:
         first, body = read_packet(self.sock)
         assert first >> 4 == codec.PacketType.CONNACK and body[1] == 0, body
         self.got: list[bytes] = []
-        self.probes = 0
+        self.probed = threading.Event()
+        """A probe (``hready/...``) reached it: edge B's interest is at edge A."""
         self.sock.sendall(codec.encode_subscribe(1, [("$share/" + HANDOFF_GROUP, 1),
                                                      ("hready/#", 0)]))
         first, body = read_packet(self.sock)
@@ -290,7 +297,7 @@ class _Silent:
                 topic = body[2:2 + tlen].decode()
                 at = 2 + tlen + (2 if (first >> 1) & 3 else 0)  # (no PUBACK, ever)
                 if topic.startswith("hready/"):
-                    self.probes += 1
+                    self.probed.set()
                 else:
                     self.got.append(body[at:])
         except (OSError, ConnectionError):
@@ -360,10 +367,11 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
         assert member_a.subscribe("$share/" + HANDOFF_GROUP, 1) == 1
         silent = _Silent(edge_b, f"hh-b-{tag}")
         deadline = time.monotonic() + DEADLINE_S
-        while silent.probes == 0:  # edge B's interest reached edge A
+        while True:  # until edge B's interest reached edge A (a probe, asked again)
             assert time.monotonic() < deadline, "no probe reached edge B's member"
             pub.publish(f"hready/{tag}", b"probe", 0)
-            time.sleep(0.05)
+            if silent.probed.wait(0.05):
+                break
         for edge in (edge_a, edge_b):
             wait_for(lambda e=edge: _group_view(e) == ids, what="both edges in the view")
         before = {e: {n: counter(e, n) for n in HANDOFF_COUNTERS} for e in (edge_a, edge_b)}
@@ -408,13 +416,16 @@ def test_no_qos1_message_is_lost_when_the_last_member_of_an_edge_leaves_mid_stre
         got: list[bytes] = []
         deadline = time.monotonic() + DEADLINE_S
         while not want <= set(got):
-            assert time.monotonic() < deadline, (
-                f"lost at edge A's member: {sorted(want - set(got))[:10]} of {total}; "
-                f"edge B's member had {len(silent.got)} unacknowledged; "
-                f"{_shared_counters(edge_a)}; {_shared_counters(edge_b)}; published at the "
-                f"leave, the withdrawal, edge A's view alone: {marks}")
-            _drain(member_a, got, "u/")
-            time.sleep(0.02)
+            try:
+                msg = member_a.messages.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"lost at edge A's member: {sorted(want - set(got))[:10]} of {total}; "
+                    f"edge B's member had {len(silent.got)} unacknowledged; "
+                    f"{_shared_counters(edge_a)}; {_shared_counters(edge_b)}; published at "
+                    f"the leave, the withdrawal, edge A's view alone: {marks}") from None
+            if msg.topic.startswith("u/"):
+                got.append(msg.payload)
         moved = {e: {n: counter(e, n) - before[e][n] for n in HANDOFF_COUNTERS}
                  for e in (edge_a, edge_b)}
         # every message reached the member at edge A, once (edge A remembers what it
@@ -491,11 +502,7 @@ def test_bad_handoffs_reaching_the_view_are_counted_and_good_ones_go_to_the_rout
 
 def test_a_handoff_is_owned_by_one_edge_among_the_candidates_without_the_handing_edge():
     clock = _Clock()
-    views = {n: _view_of(n, clock, {GROUP: 1}) for n in (3, 5, 9)}
-    for n, view in views.items():
-        for other in views:
-            if other != n:
-                view.apply(other, 1, 1, {GROUP: 1})
+    views = _agreeing_views(clock)
     owners = [[n for n in (3, 5) if views[n].owns(GROUP, 1, _msg(i), exclude=9)]
               for i in range(200)]
     assert all(len(o) == 1 for o in owners) and {o[0] for o in owners} == {3, 5}
